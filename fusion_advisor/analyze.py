@@ -1,0 +1,134 @@
+"""The analyze pipeline: model file -> captured graphs -> op graph -> chains -> estimates -> decisions.
+
+:func:`analyze` runs the stages in order and returns an :class:`~fusion_advisor.records.Analysis`; the CLI writes
+the report from it. Each stage lives in its own module; this one only wires them and times them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from fusion_advisor import __version__
+from fusion_advisor.capture import capture
+from fusion_advisor.chains import build_chains
+from fusion_advisor.devices import DeviceSpec, load_spec
+from fusion_advisor.graph import build_op_graph
+from fusion_advisor.load import load_model
+from fusion_advisor.records import Analysis
+from fusion_advisor.roofline import estimate_all
+from fusion_advisor.route import route_all
+from fusion_advisor.rules import load_rules
+
+#: GPU name fragments -> shipped device spec, for picking a default spec on the present GPU.
+_GPU_SPECS = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("L4", "l4"))
+
+
+def default_device() -> str:
+    """``"cuda"`` when a GPU is present, else ``"meta"`` (static analysis, nothing executed)."""
+    return "cuda" if torch.cuda.is_available() else "meta"
+
+
+def default_spec_name() -> str:
+    """The shipped spec of the present GPU when known, else ``"h200"`` (the project's reference GPU)."""
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        for fragment, spec in _GPU_SPECS:
+            if fragment in name:
+                return spec
+    return "h200"
+
+
+def versions() -> dict[str, str]:
+    """Versions of the tool and the libraries whose behaviour shapes the analysis."""
+    out = {"fusion_advisor": __version__, "torch": torch.__version__, "python": platform.python_version()}
+    try:
+        import triton
+
+        out["triton"] = triton.__version__
+    except ImportError:
+        out["triton"] = "not installed"
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+        out["cuda"] = str(torch.version.cuda)
+    return out
+
+
+Stage = Callable[[str], contextlib.AbstractContextManager]
+
+
+@contextlib.contextmanager
+def _no_progress(_: str) -> Iterator[None]:
+    yield
+
+
+def analyze(
+    model_path: str | Path | None,
+    device: str | None = None,
+    dtype: str = "",
+    gpu: str | None = None,
+    rules_files: list[str | Path] | None = None,
+    stage: Stage = _no_progress,
+) -> Analysis:
+    """Analyse the model in ``model_path`` (``None``: the built-in default model).
+
+    Args:
+        model_path: model file in one of the conventions of :mod:`fusion_advisor.load`.
+        device: ``"meta"``, ``"cpu"`` or ``"cuda"``; default :func:`default_device`.
+        dtype: ``""``, ``"fp32"``, ``"bf16"`` or ``"fp16"`` (casts model and floating inputs).
+        gpu: device-spec name or YAML path; default :func:`default_spec_name`.
+        rules_files: user rules files, matched before the shipped rules.
+        stage: context-manager factory called with each stage's name (the CLI shows progress with it).
+
+    Raises:
+        UserError: subclasses name the file, line, rule or op at fault (see :mod:`fusion_advisor.errors`).
+    """
+    timings: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def timed(name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        with stage(name):
+            yield
+        timings[name] = time.perf_counter() - start
+
+    # Cheap checks first, so a bad option fails before a long capture.
+    spec: DeviceSpec = load_spec(gpu or default_spec_name())
+    rules = load_rules(rules_files or [])
+    device = device or default_device()
+
+    with timed("load"):
+        loaded = load_model(model_path, device=device, dtype=dtype)
+    with timed("capture"):
+        cap = capture(loaded)
+    with timed("graph"):
+        og = build_op_graph(cap)
+    with timed("chains"):
+        chains = build_chains(og)
+    with timed("route"):
+        estimates = estimate_all(chains, og.ops, spec)
+        decisions = route_all(chains, estimates, rules)
+
+    return Analysis(
+        model_name=loaded.name,
+        model_file=loaded.file,
+        convention=loaded.convention,
+        device=loaded.device,
+        dtype=loaded.dtype,
+        device_spec=spec.to_dict(),
+        rules_files=list(rules.files),
+        capture_method=cap.method,
+        graph_breaks=cap.breaks,
+        warnings=cap.warnings,
+        ops=og.ops,
+        chains=chains,
+        estimates=estimates,
+        decisions=decisions,
+        timings_s=timings,
+        versions=versions(),
+    )

@@ -1,0 +1,248 @@
+"""Stage 2: capture the model as aten-level torch.fx graph(s).
+
+Methods, tried in order:
+
+1. ``dynamo``: ``torch.compile`` with a recording backend; AOTAutograd lowers each dynamo graph to aten ops with
+   fake-tensor values in ``node.meta["val"]``. Graph breaks are recorded with dynamo's reason and the user's line,
+   and capture continues past them (the code between graphs runs eagerly and is not analysed).
+2. ``export``: ``torch.export.export(strict=False)`` (one graph, no breaks allowed).
+3. ``symbolic_trace``: ``torch.fx.symbolic_trace`` then ``make_fx`` to aten ops.
+
+Everything runs under ``torch.no_grad()``: the forward pass is analysed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from fusion_advisor.errors import CaptureError, ModelRunError
+from fusion_advisor.load import LoadedModel
+from fusion_advisor.records import GraphBreak, SourceLoc
+
+METHODS = ("dynamo", "export", "symbolic_trace")
+
+
+@torch.library.custom_op("fusion_advisor_capture::attention", mutates_args=())
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` kept as one opaque op while lowering to aten.
+
+    Without it, AOTAutograd decomposes SDPA into bmm + softmax on meta and CPU tensors (its math path), although
+    on a GPU it runs as one flash/efficient-attention kernel. q ``[..., Lq, E]``, k ``[..., S, E]``,
+    v ``[..., S, Ev]`` -> ``[..., Lq, Ev]``.
+    """
+    kwargs = {"enable_gqa": True} if enable_gqa else {}
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs
+    )
+
+
+@_attention.register_fake
+def _attention_fake(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+_SDPA_TARGETS = {torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+
+
+def keep_attention_opaque(gm: torch.fx.GraphModule) -> int:
+    """Rewrite SDPA calls in a dynamo graph to :func:`_attention`; return how many were rewritten."""
+    count = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _SDPA_TARGETS:
+            node.target = torch.ops.fusion_advisor_capture.attention.default
+            count += 1
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+    return count
+
+
+@dataclass
+class Capture:
+    """Captured aten graphs of one model.
+
+    Attributes:
+        graphs: aten-level GraphModules in execution order; every node with a tensor result has ``meta["val"]``.
+        method: the method that produced them (one of :data:`METHODS`).
+        breaks: graph breaks (dynamo only).
+        warnings: why earlier methods failed, and other non-fatal notes.
+    """
+
+    graphs: list[torch.fx.GraphModule]
+    method: str
+    breaks: list[GraphBreak] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = " ".join(str(text).strip().split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _user_loc(stack: list[traceback.FrameSummary] | None) -> SourceLoc:
+    """Innermost frame of ``stack`` outside torch itself."""
+    if not stack:
+        return SourceLoc()
+    frames = [f for f in stack if "/torch/" not in f.filename.replace("\\", "/")] or list(stack)
+    f = frames[-1]
+    return SourceLoc(file=f.filename, line=f.lineno or 0, code=(f.line or "").strip())
+
+
+def _capture_dynamo(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Capture:
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[torch.fx.GraphModule] = []
+    breaks: list[GraphBreak] = []
+
+    def collect(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    aot_backend = aot_autograd(fw_compiler=collect, bw_compiler=collect)
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        reason = getattr(gm, "compile_subgraph_reason", None)
+        if reason is not None and getattr(reason, "graph_break", False):
+            breaks.append(
+                GraphBreak(
+                    reason=_first_line(reason.reason),
+                    source=_user_loc(getattr(reason, "user_stack", None)),
+                    graph_index=len(graphs),
+                )
+            )
+        keep_attention_opaque(gm)
+        return aot_backend(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, dynamic=False, fullgraph=False)
+    with torch.no_grad():
+        compiled(*inputs)
+    torch._dynamo.reset()
+    if not graphs:
+        raise CaptureError("dynamo captured no graph (the whole forward ran eagerly)")
+    return Capture(graphs=graphs, method="dynamo", breaks=breaks)
+
+
+def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Capture:
+    with torch.no_grad():
+        ep = torch.export.export(model, tuple(inputs), strict=False)
+        ep = ep.run_decompositions({})
+    return Capture(graphs=[ep.graph_module], method="export")
+
+
+def _capture_symbolic(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Capture:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    traced = torch.fx.symbolic_trace(model)
+    with torch.no_grad(), torch.fx.traceback.preserve_node_meta():
+        gm = make_fx(torch.fx.Interpreter(traced).run)(*inputs)
+    return Capture(graphs=[gm], method="symbolic_trace")
+
+
+_CAPTURERS = {"dynamo": _capture_dynamo, "export": _capture_export, "symbolic_trace": _capture_symbolic}
+
+
+def _run_eagerly(loaded: LoadedModel) -> None:
+    """Run the model on its inputs; raise :class:`ModelRunError` naming the user's line if it fails."""
+    try:
+        with torch.no_grad():
+            loaded.module(*loaded.inputs)
+    except Exception as e:
+        frames = traceback.extract_tb(e.__traceback__)
+        user = [f for f in frames if "/torch/" not in f.filename and "fusion_advisor" not in f.filename]
+        where = f"{user[-1].filename}:{user[-1].lineno}" if user else loaded.file
+        hint = " (on --device meta nothing runs for real: ops that read tensor values need --device cpu or cuda)"
+        raise ModelRunError(
+            f"{where}: the model fails on its own inputs: {type(e).__name__}: {_first_line(str(e), 400)}"
+            + (hint if loaded.device == "meta" else "")
+        ) from e
+
+
+def capture(loaded: LoadedModel, methods: tuple[str, ...] = METHODS) -> Capture:
+    """Capture ``loaded.module`` on ``loaded.inputs`` as aten graphs, trying ``methods`` in order.
+
+    Raises:
+        ModelRunError: the model fails when run eagerly on its own inputs.
+        CaptureError: the model runs but no method could capture it (the message gives each method's reason).
+    """
+    failures: list[str] = []
+    for method in methods:
+        try:
+            with warnings.catch_warnings(), _quiet_torch_logs():
+                warnings.simplefilter("ignore")
+                result = _CAPTURERS[method](loaded.module, loaded.inputs)
+        except Exception as e:  # each capture method fails in its own ways; try the next
+            failures.append(f"{method}: {type(e).__name__}: {_first_line(str(e))}")
+            if method == methods[0]:
+                _run_eagerly(loaded)  # a model that fails on its own inputs gets that message, not a capture one
+            continue
+        result.warnings = [f"capture by {f}" for f in failures] + result.warnings
+        return result
+    raise CaptureError(f"{loaded.file}: no method could capture the model:\n  " + "\n  ".join(failures))
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """Silence dynamo's own logging of graph breaks and recompiles while capturing (we report them ourselves)."""
+    loggers = [logging.getLogger(n) for n in ("torch._dynamo", "torch._inductor", "torch.fx", "torch._functorch")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def source_of(node: torch.fx.Node) -> SourceLoc:
+    """The innermost user-code line in ``node.meta["stack_trace"]``, or an empty :class:`SourceLoc`."""
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return SourceLoc()
+    lines = trace.rstrip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        text = lines[i].strip()
+        if text.startswith('File "'):
+            try:
+                file = text[6 : text.index('"', 6)]
+                line = int(text.split(", line ")[1].split(",")[0])
+            except (ValueError, IndexError):
+                continue
+            if "/torch/" in file.replace("\\", "/"):
+                continue
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            return SourceLoc(file=file, line=line, code=code)
+    return SourceLoc()
+
+
+def short_path(file: str) -> str:
+    """``file`` shortened for display: site-packages paths from the package name on."""
+    p = file.replace("\\", "/")
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in p:
+            return p.split(marker, 1)[1]
+    try:
+        return str(Path(p).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return p

@@ -1,0 +1,308 @@
+"""Stage 4: cut the op graph into fusible chains and heavy items.
+
+A *chain* is a connected set of fusible ops (pointwise, reduction, normalization, softmax, copy) that one fused
+kernel can run, the way Inductor or a handwritten Triton kernel would:
+
+- ops are joined along data edges, looking through views (views are free and belong to no chain);
+- only ops at the same *level* join, the level being the number of non-fusible ops (matmul, attention, ...) on
+  the longest path from the graph inputs: a kernel cannot run both before and after a matmul it feeds;
+- the joined ops iterate over one space: the same number of elements ``N``, or, once the chain holds a reduction
+  over rows of ``W`` elements, also per-row values (``N / W`` elements) — the shape of a row-wise kernel such
+  as RMSNorm (reduce, then scale each element of the row);
+- a join that would let a path leave the chain and come back (through another chain) is refused, so the chains
+  can run in some order.
+
+Heavy ops (matmul, conv, attention, embedding) and ops no fused kernel takes are routing items of their own.
+A chain that alone consumes a matmul's or conv's output is marked as an epilogue candidate of it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from fusion_advisor.graph import FUSIBLE, HEAVY, OpGraph
+from fusion_advisor.records import Chain, OpInfo
+
+
+@dataclass
+class _Group:
+    """A chain under construction (union-find set)."""
+
+    members: list[str]
+    level: int
+    domain: int  # elements of the iteration space
+    row: int = 0  # row width of reductions in the group (0: none)
+    member_set: set[str] = field(default_factory=set)
+
+
+def _domain(op: OpInfo) -> int:
+    return max([m.numel for m in op.inputs] + [m.numel for m in op.outputs] + [1])
+
+
+def _row_width(op: OpInfo) -> int:
+    return op.reduction_elems if op.category in ("reduction", "softmax", "normalization") else 0
+
+
+def _levels(og: OpGraph) -> dict[str, int]:
+    """Level of every node: the number of non-fusible ops on the longest path from the graph inputs."""
+    level: dict[str, int] = {}
+    for nid in _topo(og):
+        best = 0
+        for u in og.g.predecessors(nid):
+            op = og.g.nodes[u]["op"]
+            barrier = op is not None and op.category not in FUSIBLE and not op.is_view
+            best = max(best, level[u] + (1 if barrier else 0))
+        level[nid] = best
+    return level
+
+
+def _topo(og: OpGraph) -> list[str]:
+    import networkx as nx
+
+    return list(nx.topological_sort(og.g))
+
+
+class _Chainer:
+    def __init__(self, og: OpGraph):
+        self.og = og
+        self.level = _levels(og)
+        self.parent: dict[str, str] = {}
+        self.groups: dict[str, _Group] = {}
+        for op in og.ops:
+            if op.category in FUSIBLE:
+                self.parent[op.id] = op.id
+                self.groups[op.id] = _Group([op.id], self.level[op.id], _domain(op), _row_width(op), {op.id})
+
+    def find(self, x: str) -> str:
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def _compatible(self, a: _Group, b: _Group) -> tuple[bool, int, int]:
+        """Can a and b run as one kernel? Returns (ok, domain, row) of the union."""
+        if a.level != b.level:
+            return False, 0, 0
+        if a.row and b.row and a.row != b.row:
+            return False, 0, 0
+        row = a.row or b.row
+        if a.domain == b.domain:
+            return True, a.domain, row
+        big, small = (a, b) if a.domain > b.domain else (b, a)
+        if row and big.domain == small.domain * row:  # per-row values of a row-wise kernel
+            return True, big.domain, row
+        if not small.row and big.domain % small.domain == 0:
+            # a pointwise group over a slice or a broadcast of the big space (rotate_half's halves, a cos table):
+            # the fused kernel computes it by indexing, as Inductor does
+            return True, big.domain, row
+        return False, 0, 0
+
+    def _reaches_outside(self, src: _Group, dst: _Group) -> bool:
+        """True if a path leaves ``src``, passes through ops outside src and dst, and enters ``dst``."""
+        inside = src.member_set | dst.member_set
+        level = src.level
+        frontier = [v for m in src.members for v in self.og.data_succs(m) if v not in inside and v != "<output>"]
+        seen: set[str] = set()
+        while frontier:
+            v = frontier.pop()
+            if v in seen or self.level.get(v, -1) != level:
+                continue  # paths through a barrier raise the level and never come back to this one
+            seen.add(v)
+            op = self.og.g.nodes[v]["op"]
+            if op is None or op.category not in FUSIBLE:
+                continue
+            for w in self.og.data_succs(v):
+                if w in dst.member_set:
+                    return True
+                if w not in inside and w != "<output>":
+                    frontier.append(w)
+        return False
+
+    def union(self, u: str, v: str) -> None:
+        ru, rv = self.find(u), self.find(v)
+        if ru == rv:
+            return
+        a, b = self.groups[ru], self.groups[rv]
+        ok, domain, row = self._compatible(a, b)
+        if not ok or self._reaches_outside(a, b) or self._reaches_outside(b, a):
+            return
+        self.parent[rv] = ru
+        a.members.extend(b.members)
+        a.member_set |= b.member_set
+        a.domain, a.row = domain, row
+        del self.groups[rv]
+
+    def run(self) -> list[list[str]]:
+        for op in self.og.ops:  # execution order, so groups grow along the data flow
+            if op.id not in self.parent:
+                continue
+            for u, _ in self.og.data_preds(op.id):
+                if u in self.parent:
+                    self.union(u, op.id)
+        order = {op.id: i for i, op in enumerate(self.og.ops)}
+        groups = [sorted(g.members, key=order.__getitem__) for g in self.groups.values()]
+        return groups
+
+
+def _pattern(og: OpGraph, member_ids: list[str]) -> str:
+    """Name the pattern a fusible chain implements (``"rmsnorm"``, ``"swiglu"``, ...), or a generic name."""
+    ops = [og.op(m) for m in member_ids]
+    names = Counter(o.target.split(".")[1] if o.target.startswith("aten.") else o.target for o in ops)
+    cats = {o.category for o in ops}
+    has = names.__contains__
+    member_set = set(member_ids)
+
+    def residual_add() -> bool:
+        """An add of two same-shaped tensors (the residual stream) feeding the normalization in the chain."""
+        for o in ops:
+            if o.target.startswith("aten.add.Tensor") and len(o.inputs) == 2 and o.inputs[0].shape == o.inputs[1].shape:
+                if set(og.data_succs(o.id)) & member_set:
+                    return True
+        return False
+
+    if has("_log_softmax") and (has("nll_loss_forward") or has("nll_loss2d_forward")):
+        return "cross_entropy"
+    if has("native_layer_norm") or has("layer_norm"):
+        return "add_layernorm" if residual_add() else "layernorm"
+    if has("mean") and has("rsqrt") and (has("pow") or has("mul")):
+        return "add_rmsnorm" if residual_add() else "rmsnorm"
+    if any(o.category == "softmax" and not o.reduces_last_dim for o in ops):
+        return "softmax_not_last_dim"  # our kernels and the softmax rules assume rows along the last dim
+    if has("_softmax") or has("_safe_softmax"):
+        masked = has("add") or has("where") or has("masked_fill") or has("mul") or has("div")
+        return "masked_softmax" if masked else "softmax"
+    if has("silu") and has("mul"):
+        return "swiglu"
+    if has("gelu"):
+        if has("mul") and len(names) <= 3:
+            return "geglu"
+        if has("add"):
+            return "bias_gelu"
+        return "gelu"
+    if has("cat") and has("neg") and has("mul") and has("add"):
+        return "rope"
+    if "normalization" in cats:
+        return "normalization"
+    if "softmax" in cats:
+        return "softmax"
+    if "reduction" in cats:
+        return "reduction"
+    if cats <= {"copy"}:
+        return "copy"
+    return "pointwise"
+
+
+def _chain_bytes(og: OpGraph, member_ids: list[str]) -> tuple[int, int, str]:
+    """(eager bytes, fused bytes, I/O dtype) of a chain.
+
+    Eager bytes: op-by-op traffic. Fused bytes: chain inputs read once plus chain outputs written once.
+    I/O dtype: dtype of the largest tensor crossing the chain's boundary (what a fused kernel loads and stores).
+    """
+    members = set(member_ids)
+    eager = 0
+    reads: dict[str, int] = {}
+    written = 0
+    io: Counter[str] = Counter()
+    for m in member_ids:
+        op = og.op(m)
+        eager += op.bytes_read + op.bytes_written
+        for u, meta in og.data_preds(m):
+            if u not in members:
+                reads[u] = max(reads.get(u, 0), meta.nbytes)
+                io[meta.dtype] += meta.nbytes
+        succs = set(og.data_succs(m))
+        if succs - members or og.is_graph_output(m):
+            written += sum(o.nbytes for o in op.outputs)
+            for o in op.outputs:
+                io[o.dtype] += o.nbytes
+    floating = {d: n for d, n in io.items() if d in ("fp32", "fp16", "bf16", "fp64")}
+    return eager, sum(reads.values()) + written, max(floating, key=floating.get) if floating else ""
+
+
+def _dominant_dtype(ops: list[OpInfo]) -> str:
+    counts: Counter[str] = Counter()
+    for o in ops:
+        for m in o.outputs or o.inputs:
+            if m.dtype in ("fp32", "fp16", "bf16", "fp64"):
+                counts[m.dtype] += m.numel
+    if not counts:
+        return ops[0].dtype if ops else ""
+    return counts.most_common(1)[0][0]
+
+
+def build_chains(og: OpGraph) -> list[Chain]:
+    """Cut ``og`` into chains (fusible groups) and single-op items (heavy and other ops), in execution order."""
+    groups = _Chainer(og).run()
+    group_of = {m: i for i, g in enumerate(groups) for m in g}
+    order = {op.id: i for i, op in enumerate(og.ops)}
+
+    items: list[tuple[int, list[str], str]] = []  # (first position, members, kind)
+    for g in groups:
+        items.append((order[g[0]], g, "fusible"))
+    for op in og.ops:
+        if op.id in group_of or op.is_view:
+            continue
+        items.append((order[op.id], [op.id], "heavy" if op.category in HEAVY else "other"))
+    items.sort(key=lambda t: t[0])
+
+    chain_of: dict[str, str] = {}
+    chains: list[Chain] = []
+    for idx, (_, members, kind) in enumerate(items):
+        cid = f"c{idx}"
+        for m in members:
+            chain_of[m] = cid
+        ops = [og.op(m) for m in members]
+        if kind == "fusible":
+            eager_bytes, fused_bytes, io_dtype = _chain_bytes(og, members)
+        else:
+            eager_bytes = fused_bytes = sum(o.bytes_read + o.bytes_written for o in ops)
+            io_dtype = ""
+        lead = next((o for o in ops if o.source.file), ops[0])
+        chains.append(
+            Chain(
+                id=cid,
+                kind=kind,
+                op_ids=tuple(members),
+                targets=tuple(o.target for o in ops),
+                pattern=_pattern(og, members) if kind == "fusible" else ops[0].category if kind == "heavy"
+                else ops[0].target.split(".")[1] if ops[0].target.startswith("aten.") else ops[0].target,
+                categories=tuple(sorted({o.category for o in ops})),
+                dtype=io_dtype or _dominant_dtype(ops),
+                eager_kernels=len(ops),
+                eager_bytes=eager_bytes,
+                fused_bytes=fused_bytes,
+                flops=sum(o.flops for o in ops),
+                numel=max(m.numel for o in ops for m in (o.inputs + o.outputs)) if any(o.inputs or o.outputs for o in ops) else 0,
+                row_elems=max((_row_width(o) for o in ops), default=0),
+                source=lead.source,
+                module_path=lead.module_path,
+                graph_index=ops[0].graph_index,
+            )
+        )
+    return _mark_epilogues(og, chains, chain_of)
+
+
+def _mark_epilogues(og: OpGraph, chains: list[Chain], chain_of: dict[str, str]) -> list[Chain]:
+    """Set ``epilogue_of`` on pointwise chains that alone consume a matmul's or conv's output."""
+    from dataclasses import replace
+
+    by_id = {c.id: c for c in chains}
+    out = []
+    for c in chains:
+        if c.kind == "fusible" and set(c.categories) <= {"pointwise", "copy"}:
+            members = set(c.op_ids)
+            for m in c.op_ids:
+                for u, _ in og.data_preds(m):
+                    producer = og.g.nodes[u]["op"]
+                    if producer is None or producer.category not in ("matmul", "conv"):
+                        continue
+                    consumers = set(og.data_succs(u))
+                    if consumers <= members and not og.is_graph_output(u):
+                        c = replace(c, epilogue_of=chain_of[u])
+                        break
+                if c.epilogue_of:
+                    break
+        out.append(c)
+    assert len(out) == len(by_id)
+    return out

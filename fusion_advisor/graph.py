@@ -1,0 +1,350 @@
+"""Stage 3: the op graph — one node per aten op, with shapes, dtypes, FLOPs, bytes and source line.
+
+Built as a ``networkx.DiGraph`` from the captured aten graphs. Node keys are op ids (``"g0:mm_3"``); node
+attribute ``op`` holds the :class:`~fusion_advisor.records.OpInfo`. Graph inputs (parameters, user inputs) are
+nodes with ``op=None``. An edge ``u -> v`` means v reads a tensor u produced; attribute ``meta`` is that tensor.
+
+FLOPs: matmul, convolution and attention from ``torch.utils.flop_counter``'s formulas (a multiply-add counts 2);
+pointwise ops 1 per output element; reductions 1 per input element; softmax and normalization 5 per element
+(max/mean, subtract, exp/square, sum, scale) — approximations that only matter where compute is the ceiling.
+Bytes: each tensor input read once and each output written once, as if the op ran as its own kernel; broadcast
+(stride-0) dimensions count once; views and metadata ops move 0 bytes.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import networkx as nx
+import torch
+import torch.fx
+from torch.utils.flop_counter import flop_registry
+
+from fusion_advisor.capture import Capture, source_of
+from fusion_advisor.records import OpInfo, SourceLoc, TensorMeta
+
+CATEGORIES = (
+    "pointwise",
+    "reduction",
+    "normalization",
+    "softmax",
+    "matmul",
+    "conv",
+    "attention",
+    "view",
+    "copy",
+    "embedding",
+    "other",
+)
+
+#: Categories one fused kernel (Inductor's or a handwritten Triton one) can take into a chain.
+FUSIBLE = frozenset({"pointwise", "reduction", "normalization", "softmax", "copy"})
+#: Categories served by a vendor library (cuBLAS, cuDNN, flash attention) or a gather: routing items of their own.
+HEAVY = frozenset({"matmul", "conv", "attention", "embedding"})
+
+_DTYPE_NAMES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float64: "fp64",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.int16: "int16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+    torch.complex64: "c64",
+}
+
+_BY_NAME: dict[str, set[str]] = {
+    "matmul": {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "matmul", "dot", "mv", "addmv", "_int_mm"},
+    "conv": {"convolution", "_convolution", "cudnn_convolution", "convolution_overrideable", "_slow_conv2d_forward",
+             "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"},
+    "attention": {"attention", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                  "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                  "_flash_attention_forward", "_efficient_attention_forward", "scaled_dot_product_attention"},
+    "embedding": {"embedding", "embedding_bag", "_embedding_bag"},
+    "softmax": {"_softmax", "_safe_softmax", "_log_softmax", "softmax", "log_softmax"},
+    "normalization": {"native_layer_norm", "native_group_norm", "native_batch_norm", "_native_batch_norm_legit",
+                      "_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional",
+                      "_fused_rms_norm", "rms_norm", "layer_norm", "group_norm", "batch_norm"},
+    "reduction": {"sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "std", "std_mean", "prod",
+                  "norm", "linalg_vector_norm", "logsumexp", "argmax", "argmin", "any", "all", "nll_loss_forward",
+                  "nll_loss2d_forward", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy"},
+    "copy": {"_to_copy", "clone", "cat", "stack", "copy", "constant_pad_nd", "contiguous", "_unsafe_view_copy",
+             "repeat", "flip", "roll", "tril", "triu", "fill", "zeros_like", "ones_like", "full_like",
+             "arange", "ones", "zeros", "full", "scalar_tensor", "new_ones", "new_zeros", "new_full", "empty",
+             "new_empty", "empty_like", "empty_strided", "lift_fresh_copy"},
+    "view": {"_unsafe_view", "view", "reshape", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze",
+             "slice", "select", "as_strided", "alias", "detach", "split", "split_with_sizes", "chunk", "unbind",
+             "unflatten", "flatten", "narrow", "view_as", "expand_as", "_reshape_alias", "diagonal", "unfold",
+             "_unsafe_index_put"},
+}
+_NAME_TO_CATEGORY = {name: cat for cat, names in _BY_NAME.items() for name in names}
+
+#: FLOPs per element for ops that are not matmul-like (see module docstring).
+_FLOPS_PER_ELEM = {"pointwise": 1, "reduction": 1, "softmax": 5, "normalization": 5, "copy": 0}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """Short dtype name used in records and reports (``torch.bfloat16`` -> ``"bf16"``)."""
+    return _DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def tensor_meta(t: torch.Tensor) -> TensorMeta:
+    """:class:`TensorMeta` of a (fake or real) tensor; broadcast dims (stride 0) count once in ``nbytes``."""
+    shape = tuple(int(s) for s in t.shape)
+    numel = 1
+    stored = 1
+    try:
+        strides = t.stride()
+    except (RuntimeError, NotImplementedError):  # sparse or nested tensors
+        strides = (1,) * len(shape)
+    for size, stride in zip(shape, strides):
+        numel *= size
+        if stride != 0:
+            stored *= size
+    if numel == 0:
+        stored = 0
+    return TensorMeta(shape=shape, dtype=dtype_name(t.dtype), numel=numel, nbytes=stored * t.element_size())
+
+
+def _op_name(target: Any) -> str:
+    """``aten.mm.default`` -> ``"mm"``; custom ops -> their op name; Python callables -> ``__name__``."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name.split("::")[-1]
+    return getattr(target, "__name__", str(target))
+
+
+def categorize(target: Any) -> str:
+    """Category (one of :data:`CATEGORIES`) of a call_function target."""
+    if target is operator.getitem:
+        return "view"
+    name = _op_name(target)
+    if name in _NAME_TO_CATEGORY:
+        return _NAME_TO_CATEGORY[name]
+    if isinstance(target, torch._ops.OpOverload):
+        if torch.Tag.pointwise in target.tags:
+            return "pointwise"
+        returns = target._schema.returns
+        if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+            return "view"
+    return "other"
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _tensors(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensors(x)
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val", node.meta.get("example_value")) if isinstance(node, torch.fx.Node) else node
+
+
+def _materialize(arg: Any) -> Any:
+    """Replace fx nodes in ``arg`` by their fake values (for FLOP formulas)."""
+    return torch.fx.node.map_aggregate(arg, _val)
+
+
+def _matmul_like_flops(target: Any, node: torch.fx.Node, out: Any) -> int:
+    if _op_name(target) == "attention":  # our opaque SDPA: QK^T and PV, 2 FLOPs per multiply-add
+        q, k, v = (_val(a) for a in node.args[:3])
+        batch = q.numel() // (q.shape[-2] * q.shape[-1])
+        return 2 * batch * q.shape[-2] * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+    packet = getattr(target, "overloadpacket", None)
+    fn = flop_registry.get(packet)
+    if fn is None:
+        return 0
+    try:
+        return int(fn(*_materialize(node.args), **_materialize(node.kwargs), out_val=out))
+    except Exception:  # a formula that does not accept this overload's arguments: count as unknown
+        return 0
+
+
+def _module_path(node: torch.fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    for prefix in ("L['self'].", "L['self']", "L__self___", "self."):
+        if path.startswith(prefix):
+            path = path[len(prefix) :]
+    return path.replace("['", ".").replace("']", "").replace("[", ".").replace("]", "").strip(".")
+
+
+def _reduction_geometry(node: torch.fx.Node, name: str, category: str,
+                        inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...]) -> tuple[int, bool]:
+    """(elements reduced per output, whether the reduction runs over the last dim) of a reducing op."""
+    if category not in ("reduction", "softmax", "normalization") or not inputs or not inputs[0].shape:
+        return 0, True
+    shape = inputs[0].shape
+    if category == "softmax":
+        dim = node.args[1] if len(node.args) > 1 and isinstance(node.args[1], int) else -1
+        dim = dim % len(shape)
+        return shape[dim], dim == len(shape) - 1
+    if name in ("native_layer_norm", "layer_norm") and len(node.args) > 1:
+        width = 1
+        for s in node.args[1]:
+            width *= int(s)
+        return width, True
+    if category == "normalization" or name in ("nll_loss_forward", "nll_loss2d_forward"):
+        return shape[-1], True
+    out_numel = outputs[0].numel if outputs else 1
+    dims = node.args[1] if len(node.args) > 1 else None
+    dims = [dims] if isinstance(dims, int) else list(dims) if isinstance(dims, (list, tuple)) else []
+    last = not dims or (len(shape) - 1) in [d % len(shape) for d in dims]
+    return inputs[0].numel // max(out_numel, 1), last
+
+
+@dataclass
+class OpGraph:
+    """The op graph of a model: a ``networkx.DiGraph`` plus the ops in topological order.
+
+    Attributes:
+        g: nodes are op ids (attribute ``op``: :class:`OpInfo`, or ``None`` for graph inputs); edges carry
+            ``meta`` (:class:`TensorMeta`) of the tensor flowing; graph outputs are marked by node attribute
+            ``is_output=True``.
+        ops: every :class:`OpInfo`, in execution order.
+    """
+
+    g: nx.DiGraph
+    ops: list[OpInfo]
+
+    def op(self, op_id: str) -> OpInfo:
+        """The op with id ``op_id``. Raises ``KeyError`` if absent or a graph input."""
+        op = self.g.nodes[op_id]["op"]
+        if op is None:
+            raise KeyError(f"{op_id} is a graph input, not an op")
+        return op
+
+    def data_preds(self, node_id: str) -> Iterable[tuple[str, TensorMeta]]:
+        """Producers of the data ``node_id`` reads, looking through views: ``(producer id, meta as read)``.
+
+        The producer is the nearest non-view op, or a graph input.
+        """
+        seen: set[str] = set()
+        stack = [(u, self.g.edges[u, node_id]["meta"]) for u in self.g.predecessors(node_id)]
+        while stack:
+            u, meta = stack.pop()
+            op = self.g.nodes[u]["op"]
+            if op is not None and op.is_view:
+                stack.extend((w, meta) for w in self.g.predecessors(u))
+                continue
+            if u not in seen:
+                seen.add(u)
+                yield u, meta
+
+    def data_succs(self, node_id: str) -> Iterable[str]:
+        """Consumers of ``node_id``'s output, looking through views (nearest non-view ops)."""
+        seen: set[str] = set()
+        stack = list(self.g.successors(node_id))
+        while stack:
+            v = stack.pop()
+            op = self.g.nodes[v]["op"]
+            if op is not None and op.is_view:
+                stack.extend(self.g.successors(v))
+                if self.g.nodes[v].get("is_output"):
+                    seen.add("<output>")
+                continue
+            if v not in seen:
+                seen.add(v)
+                yield v
+
+    def is_graph_output(self, node_id: str) -> bool:
+        """True when ``node_id``'s value (or a view of it) leaves the graph."""
+        if self.g.nodes[node_id].get("is_output"):
+            return True
+        stack = list(self.g.successors(node_id))
+        while stack:
+            v = stack.pop()
+            op = self.g.nodes[v]["op"]
+            if op is not None and op.is_view:
+                if self.g.nodes[v].get("is_output"):
+                    return True
+                stack.extend(self.g.successors(v))
+        return False
+
+
+def build_op_graph(capture: Capture) -> OpGraph:
+    """Build the :class:`OpGraph` of all captured graphs (graphs stay disconnected from each other)."""
+    g = nx.DiGraph()
+    ops: list[OpInfo] = []
+    for gi, gm in enumerate(capture.graphs):
+        ids: dict[torch.fx.Node, str] = {}
+        for node in gm.graph.nodes:
+            nid = f"g{gi}:{node.name}"
+            ids[node] = nid
+            if node.op in ("placeholder", "get_attr"):
+                g.add_node(nid, op=None)
+                continue
+            if node.op == "output":
+                for arg in torch.fx.node.map_arg(node.args, lambda n: n) and _flat_nodes(node.args):
+                    if arg in ids:
+                        g.nodes[ids[arg]]["is_output"] = True
+                continue
+            op = _make_op(nid, gi, node)
+            g.add_node(nid, op=op)
+            ops.append(op)
+            for arg in _flat_nodes((node.args, node.kwargs)):
+                if arg in ids:
+                    val = _val(arg)
+                    metas = [tensor_meta(t) for t in _tensors(val)]
+                    if metas:
+                        g.add_edge(ids[arg], nid, meta=metas[0])
+    return OpGraph(g=g, ops=ops)
+
+
+def _flat_nodes(args: Any) -> list[torch.fx.Node]:
+    out: list[torch.fx.Node] = []
+    torch.fx.node.map_arg(args, lambda n: out.append(n) or n)
+    return out
+
+
+def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
+    target = node.target
+    category = categorize(target) if node.op == "call_function" else "other"
+    out_val = _val(node)
+    outputs = tuple(tensor_meta(t) for t in _tensors(out_val))
+    inputs = tuple(tensor_meta(t) for a in _flat_nodes((node.args, node.kwargs)) for t in _tensors(_val(a)))
+    row, last = _reduction_geometry(node, _op_name(target), category, inputs, outputs)
+    if category == "view":
+        flops, read, written = 0, 0, 0
+    else:
+        read = sum(m.nbytes for m in inputs)
+        written = sum(m.nbytes for m in outputs)
+        if category in HEAVY:
+            flops = _matmul_like_flops(target, node, out_val) if category != "embedding" else 0
+            if category == "embedding" and len(inputs) >= 2 and outputs:
+                read = inputs[1].nbytes + outputs[0].nbytes  # a gather reads only the selected rows
+        elif _op_name(target) in ("nll_loss_forward", "nll_loss2d_forward") and len(inputs) >= 2:
+            # a gather of one logit per row, then a sum: reads the targets and one element per row
+            rows = inputs[1].numel
+            read = inputs[1].nbytes + rows * inputs[0].nbytes // max(inputs[0].numel, 1)
+            flops = rows
+        elif category in ("reduction", "softmax", "normalization"):
+            flops = _FLOPS_PER_ELEM[category] * (inputs[0].numel if inputs else 0)
+        else:
+            flops = _FLOPS_PER_ELEM.get(category, 1) * sum(m.numel for m in outputs)
+    return OpInfo(
+        id=nid,
+        graph_index=gi,
+        target=str(target) if not isinstance(target, str) else target,
+        category=category,
+        inputs=inputs,
+        outputs=outputs,
+        flops=int(flops),
+        bytes_read=int(read),
+        bytes_written=int(written),
+        module_path=_module_path(node),
+        source=source_of(node) if node.meta.get("stack_trace") else SourceLoc(),
+        reduction_elems=row,
+        reduces_last_dim=last,
+    )

@@ -1,0 +1,214 @@
+"""Stage 1: load a model file (or the built-in default model) and its example inputs.
+
+Conventions, detected in this order:
+
+- ``kernelbench``: ``class Model(nn.Module)``, ``get_inputs()``, ``get_init_inputs()`` (KernelBench's format);
+- ``get_model``: ``get_model()`` returning an ``nn.Module``, and ``get_inputs()``;
+- ``kernel_contract``: ``kernel_fn``, ``reference_fn``, ``get_inputs()`` (a kernel file; ``reference_fn`` is analysed).
+
+On ``device="meta"`` the model is built and the inputs made under ``torch.device("meta")``: parameters and
+inputs have shapes and dtypes but no storage, so a 7B-parameter model needs no real memory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from fusion_advisor.errors import ModelLoadError, ModelRunError
+
+CONVENTIONS = {
+    "kernelbench": "class Model, get_inputs(), get_init_inputs()  (KernelBench style)",
+    "get_model": "get_model() and get_inputs()",
+    "kernel_contract": "kernel_fn, reference_fn, get_inputs()  (kernel file; reference_fn is analysed)",
+}
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+BUILTIN_DEFAULT = "fusion_advisor.models.llama"
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to capture.
+
+    Attributes:
+        name: model name (file stem, or the built-in's name).
+        file: path of the model file, or ``"<builtin:module>"``.
+        convention: one of :data:`CONVENTIONS` or ``"builtin"``.
+        module: the ``nn.Module`` to analyse (in eval mode).
+        inputs: positional example inputs, on ``device``.
+        device: ``"meta"``, ``"cpu"`` or ``"cuda"``.
+        dtype: dtype override applied (``"bf16"``...), or ``""``.
+    """
+
+    name: str
+    file: str
+    convention: str
+    module: nn.Module
+    inputs: tuple[Any, ...]
+    device: str
+    dtype: str
+
+
+class _FunctionModule(nn.Module):
+    """Wraps a plain function (a kernel file's ``reference_fn``) as an ``nn.Module`` so it can be captured."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+def _user_frame(exc: BaseException, path: Path) -> str:
+    """``file:line`` of the innermost traceback frame inside ``path``, or ``str(path)`` if none."""
+    where = str(path)
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if Path(frame.filename).resolve() == path.resolve():
+            where = f"{frame.filename}:{frame.lineno}"
+    return where
+
+
+def import_model_file(path: str | Path) -> ModuleType:
+    """Import a Python file as a fresh module without touching ``sys.path`` for good.
+
+    Raises:
+        ModelLoadError: the file is missing, unreadable, has a syntax error, or raises on import
+            (the message names the file and line).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: no such file")
+    if path.suffix != ".py":
+        raise ModelLoadError(f"{path}: expected a Python file (.py)")
+    name = f"_fusion_advisor_user_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelLoadError(f"{path}: cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent.resolve()))
+    try:
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        sys.modules.pop(name, None)
+        raise ModelLoadError(f"{e.filename or path}:{e.lineno}: syntax error: {e.msg}") from e
+    except Exception as e:  # the user's module-level code raised
+        sys.modules.pop(name, None)
+        raise ModelLoadError(f"{_user_frame(e, path)}: importing the model file raised {type(e).__name__}: {e}") from e
+    finally:
+        sys.path.remove(str(path.parent.resolve()))
+    return module
+
+
+def detect_convention(module: ModuleType, origin: str) -> str:
+    """Name the convention ``module`` follows.
+
+    Raises:
+        ModelLoadError: no convention fits; the message lists the known ones.
+    """
+    has = lambda n: callable(getattr(module, n, None))  # noqa: E731
+    if has("Model") and has("get_inputs") and has("get_init_inputs"):
+        return "kernelbench"
+    if has("get_model") and has("get_inputs"):
+        return "get_model"
+    if has("kernel_fn") and has("reference_fn") and has("get_inputs"):
+        return "kernel_contract"
+    known = "\n".join(f"  - {v}" for v in CONVENTIONS.values())
+    raise ModelLoadError(f"{origin}: follows no known model convention; define one of:\n{known}")
+
+
+def _call_user(fn: Callable[..., Any], what: str, origin: str, path: Path | None) -> Any:
+    """Call a user function, turning any exception into a :class:`ModelRunError` naming file and line."""
+    try:
+        return fn()
+    except Exception as e:
+        where = _user_frame(e, path) if path is not None else origin
+        raise ModelRunError(f"{where}: {what} raised {type(e).__name__}: {e}") from e
+
+
+def _convert(x: Any, device: str, dtype: torch.dtype | None) -> Any:
+    """Move tensors (nested in lists/tuples/dicts) to ``device``; cast floating ones to ``dtype``."""
+    if isinstance(x, torch.Tensor):
+        if dtype is not None and x.is_floating_point():
+            x = x.to(dtype)
+        return x.to(device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_convert(v, device, dtype) for v in x)
+    if isinstance(x, dict):
+        return {k: _convert(v, device, dtype) for k, v in x.items()}
+    return x
+
+
+def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -> LoadedModel:
+    """Load the model in ``path`` (``None``: the built-in default model) with example inputs on ``device``.
+
+    Args:
+        path: model file, or ``None`` for the built-in Llama-style decoder.
+        device: ``"meta"`` (shapes only, nothing executed), ``"cpu"`` or ``"cuda"``.
+        dtype: ``""`` (as the file makes it), ``"fp32"``, ``"bf16"`` or ``"fp16"``: casts the model's parameters
+            and floating inputs.
+
+    Raises:
+        ModelLoadError: the file cannot be read or follows no convention.
+        ModelRunError: building the model or ``get_inputs()`` raised.
+    """
+    if device not in ("meta", "cpu", "cuda"):
+        raise ModelLoadError(f"unknown --device {device!r}; choose meta, cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda asked for, but no CUDA GPU is available; use --device meta or cpu")
+    if dtype and dtype not in DTYPES:
+        raise ModelLoadError(f"unknown --dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    torch_dtype = DTYPES.get(dtype)
+
+    if path is None:
+        module = importlib.import_module(BUILTIN_DEFAULT)
+        origin, file_path, convention = f"<builtin:{BUILTIN_DEFAULT}>", None, "builtin"
+        name = getattr(module, "MODEL_NAME", "default")
+        inner = "get_model"
+    else:
+        file_path = Path(path)
+        module = import_model_file(file_path)
+        origin = str(file_path)
+        convention = inner = detect_convention(module, origin)
+        name = file_path.stem
+
+    # Build the model and make the inputs under the target device, so meta needs no memory at all.
+    with torch.device(device):
+        if inner == "kernelbench":
+            init = _call_user(module.get_init_inputs, "get_init_inputs()", origin, file_path)
+            model = _call_user(lambda: module.Model(*init), "Model(*get_init_inputs())", origin, file_path)
+        elif inner == "get_model":
+            model = _call_user(module.get_model, "get_model()", origin, file_path)
+        else:
+            model = _FunctionModule(module.reference_fn)
+        inputs = _call_user(module.get_inputs, "get_inputs()", origin, file_path)
+
+    if not isinstance(model, nn.Module):
+        raise ModelLoadError(f"{origin}: the model is a {type(model).__name__}, not a torch.nn.Module")
+    if not isinstance(inputs, (list, tuple)):
+        inputs = (inputs,)
+    try:
+        model = model.to(device=device, dtype=torch_dtype) if torch_dtype else model.to(device)
+    except Exception as e:
+        raise ModelRunError(f"{origin}: moving the model to {device} failed: {e}") from e
+    model.eval()
+    return LoadedModel(
+        name=name,
+        file=origin,
+        convention=convention,
+        module=model,
+        inputs=tuple(_convert(x, device, torch_dtype) for x in inputs),
+        device=device,
+        dtype=dtype,
+    )

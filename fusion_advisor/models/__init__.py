@@ -1,0 +1,1 @@
+"""Built-in models: the default model analysed when ``fusion-advisor analyze`` gets no file."""

@@ -1,0 +1,260 @@
+"""Typed records passed between pipeline stages.
+
+Each stage takes records from the one before and returns its own; no stage reaches into another's internals.
+
+    load.LoadedModel -> capture.Capture -> graph.OpGraph (OpInfo per node) -> chains.Chain
+        -> route.Decision (rules.Rule, devices.DeviceSpec, cost.Estimate) -> report
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Shape and storage facts of one tensor value (from fake-tensor propagation; no data).
+
+    Attributes:
+        shape: sizes per dimension.
+        dtype: short dtype name (``"bf16"``, ``"fp32"``, ``"int64"``, ...).
+        numel: number of elements of the logical tensor.
+        nbytes: bytes the tensor's elements occupy in memory, counting broadcast (stride-0) dims once.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    numel: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class SourceLoc:
+    """Where an op came from in Python source: ``file:line`` plus the code on that line."""
+
+    file: str = ""
+    line: int = 0
+    code: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}" if self.file else "?"
+
+
+@dataclass(frozen=True)
+class GraphBreak:
+    """A point where dynamo stopped capturing and ran Python eagerly.
+
+    Attributes:
+        reason: dynamo's reason, one line.
+        source: the user's source line where the break happened (innermost frame in user code).
+        graph_index: index of the graph that ended at this break.
+    """
+
+    reason: str
+    source: SourceLoc
+    graph_index: int
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """One node of the op graph: an aten op with its cost facts.
+
+    Attributes:
+        id: unique id ``"g<graph>:<node name>"``.
+        graph_index: index of the captured graph the node belongs to.
+        target: aten overload name, e.g. ``"aten.mm.default"``.
+        category: one of :data:`fusion_advisor.graph.CATEGORIES`.
+        inputs: tensor inputs in argument order.
+        outputs: tensor outputs.
+        flops: floating-point operations (multiply and add counted separately, as torch.utils.flop_counter does).
+        bytes_read: bytes read from memory if the op runs as its own kernel (views: 0).
+        bytes_written: bytes written if the op runs as its own kernel (views: 0).
+        module_path: dotted path of the nn.Module that issued the op (``"model.layers.0.mlp"``), ``""`` at top level.
+        source: the Python line that issued the op.
+        reduction_elems: for reductions/normalizations/softmax, elements reduced per output (the row width), else 0.
+        reduces_last_dim: False when a reduction runs over another dim than the last (e.g. softmax over channels).
+    """
+
+    id: str
+    graph_index: int
+    target: str
+    category: str
+    inputs: tuple[TensorMeta, ...]
+    outputs: tuple[TensorMeta, ...]
+    flops: int
+    bytes_read: int
+    bytes_written: int
+    module_path: str
+    source: SourceLoc
+    reduction_elems: int = 0
+    reduces_last_dim: bool = True
+
+    @property
+    def is_view(self) -> bool:
+        """True for ops that move no data (views and metadata-only ops)."""
+        return self.category == "view"
+
+    @property
+    def dtype(self) -> str:
+        """dtype of the first output, or of the first input when there is no tensor output."""
+        metas = self.outputs or self.inputs
+        return metas[0].dtype if metas else ""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A routing item: a fusible chain of ops, or a heavy op (matmul, conv, attention, ...) on its own.
+
+    Attributes:
+        id: ``"c<index>"`` in topological order.
+        kind: ``"fusible"`` (pointwise/reduction/normalization/softmax ops that one fused kernel can run),
+            ``"heavy"`` (a library op: matmul, conv, attention, embedding) or ``"other"`` (an op no fused kernel takes).
+        op_ids: ids of the member ops (views included), topological order.
+        targets: aten op names of the member ops that launch a kernel (views excluded).
+        pattern: recognised pattern (``"rmsnorm"``, ``"softmax"``, ...), else a generic name (``"pointwise"``,
+            ``"matmul"``, ...).
+        categories: categories present among member ops, sorted.
+        dtype: dominant dtype of the chain's data.
+        eager_kernels: kernels launched when run op by op (views launch none).
+        eager_bytes: bytes moved op by op (sum over member ops of read + written).
+        fused_bytes: bytes moved by one fused kernel (chain inputs read once, chain outputs written once).
+        flops: floating-point operations of all member ops.
+        numel: elements of the chain's largest tensor.
+        row_elems: row width of the chain's reductions (0 when the chain has none).
+        source: source line of the first op that launches a kernel.
+        module_path: module of that op.
+        epilogue_of: id of the heavy chain whose output this chain alone consumes (an epilogue candidate), or ``""``.
+        graph_index: captured graph the chain lives in.
+    """
+
+    id: str
+    kind: str
+    op_ids: tuple[str, ...]
+    targets: tuple[str, ...]
+    pattern: str
+    categories: tuple[str, ...]
+    dtype: str
+    eager_kernels: int
+    eager_bytes: int
+    fused_bytes: int
+    flops: int
+    numel: int
+    row_elems: int
+    source: SourceLoc
+    module_path: str
+    epilogue_of: str = ""
+    graph_index: int = 0
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte of the fused chain (``flops / fused_bytes``), 0 when it moves no bytes."""
+        return self.flops / self.fused_bytes if self.fused_bytes else 0.0
+
+    @property
+    def bytes_saved(self) -> int:
+        """Bytes that fusing saves (``eager_bytes - fused_bytes``, never negative)."""
+        return max(self.eager_bytes - self.fused_bytes, 0)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Roofline estimate of one chain on a device spec. Times in microseconds (us).
+
+    Attributes:
+        compute_us: FLOPs over the peak FLOP/s that serves the chain (tensor cores for matmuls, else vector units).
+        memory_eager_us: eager bytes over peak memory bandwidth.
+        memory_fused_us: fused bytes over peak memory bandwidth.
+        launch_eager_us: eager kernel count times the per-kernel launch overhead (host issue time).
+        eager_us: estimated eager time: per op ``max(compute, memory, launch)`` summed.
+        fused_us: estimated time as one fused kernel: ``max(compute, memory_fused, launch)``.
+        saving_us: ``eager_us - fused_us`` (0 for heavy and single-kernel items).
+        ridge_point: FLOP/byte where the device's compute and memory ceilings meet, for the chain's dtype/unit.
+        bound: ``"compute"``, ``"memory"`` or ``"launch"``.
+        peak_tflops: the compute ceiling used (TFLOP/s).
+    """
+
+    compute_us: float
+    memory_eager_us: float
+    memory_fused_us: float
+    launch_eager_us: float
+    eager_us: float
+    fused_us: float
+    saving_us: float
+    ridge_point: float
+    bound: str
+    peak_tflops: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where one chain goes and why.
+
+    Attributes:
+        chain_id: the chain decided.
+        route: ``"skip"``, ``"torch.compile"`` or ``"triton"``.
+        kernel: library kernel name for ``"triton"`` routes, else ``""``.
+        rule_id: id of the rule that decided (first match wins).
+        rules_file: file the rule came from.
+        reason: the rule's reason template rendered with the chain's numbers.
+        bound: bound class after the rule (rules may override the roofline's class).
+        note: extra remark, e.g. a fallback because the named kernel is not in the library.
+    """
+
+    chain_id: str
+    route: str
+    kernel: str
+    rule_id: str
+    rules_file: str
+    reason: str
+    bound: str
+    note: str = ""
+
+
+@dataclass
+class Analysis:
+    """Everything ``analyze`` found, ready for the report.
+
+    Attributes:
+        model_name: name of the analysed model.
+        model_file: path of the model file, or ``"<builtin:...>"``.
+        convention: how the model file was read (``"kernelbench"``, ``"get_model"``, ``"kernel_contract"``, ``"builtin"``).
+        device: where shapes were propagated (``"meta"``, ``"cpu"``, ``"cuda"``).
+        dtype: dtype override applied, or ``""``.
+        device_spec: the device spec, as a dict.
+        rules_files: rules files used, in order, with their versions.
+        capture_method: how graphs were captured (``"dynamo"``, ``"export"``, ``"symbolic_trace"``).
+        graph_breaks: graph breaks with their reasons.
+        warnings: non-fatal problems met on the way.
+        ops: every op.
+        chains: every chain / heavy item.
+        estimates: estimate per chain id.
+        decisions: decision per chain id.
+        timings_s: wall time per pipeline stage in seconds.
+        versions: library versions.
+    """
+
+    model_name: str
+    model_file: str
+    convention: str
+    device: str
+    dtype: str
+    device_spec: dict[str, Any]
+    rules_files: list[dict[str, Any]]
+    capture_method: str
+    graph_breaks: list[GraphBreak]
+    warnings: list[str]
+    ops: list[OpInfo]
+    chains: list[Chain]
+    estimates: dict[str, Estimate]
+    decisions: dict[str, Decision]
+    timings_s: dict[str, float] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of the whole analysis."""
+        d = asdict(self)
+        for c, chain in zip(d["chains"], self.chains):
+            c["arithmetic_intensity"] = chain.arithmetic_intensity
+            c["bytes_saved"] = chain.bytes_saved
+        return d

@@ -1,0 +1,685 @@
+"""Stage 6: write what ``analyze`` found as report.html, chains.csv, ops.csv and report.json.
+
+Every number here is an *estimate* from the roofline model of :mod:`fusion_advisor.cost`, never a measurement;
+the report says so and says how each number was computed (:data:`CHAIN_COLUMNS`, :data:`OP_COLUMNS`).
+
+Public API:
+
+* :func:`write_report` writes the four files into a folder, each atomically (temp file in the same folder, then
+  ``os.replace``), and returns their paths.
+* :func:`chains_frame` / :func:`ops_frame`: one row per chain / per op, columns exactly :data:`CHAIN_COLUMNS` /
+  :data:`OP_COLUMNS` (the CSVs are these frames).
+* :func:`summary_rows`: totals by route and by bound class for the terminal summary (keys :data:`SUMMARY_COLUMNS`).
+
+The HTML page is self-contained (inline CSS, roofline chart as a base64 PNG, no JavaScript, no external
+references) and every user string in it is HTML-escaped by jinja2's autoescape.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+import math
+import os
+import secrets
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+import jinja2
+import pandas as pd
+
+import fusion_advisor
+from fusion_advisor.records import Analysis, Chain, Decision, Estimate, OpInfo, SourceLoc, TensorMeta
+
+#: Route names in the order the report lists them (``fusion_advisor.route`` produces these).
+ROUTES = ("skip", "torch.compile", "triton")
+#: Bound classes in the order the report lists them (``fusion_advisor.cost`` produces these).
+BOUNDS = ("compute", "memory", "launch")
+
+#: File names written by :func:`write_report`, by the key of its result.
+FILE_NAMES = {
+    "html": "report.html",
+    "chains_csv": "chains.csv",
+    "ops_csv": "ops.csv",
+    "json": "report.json",
+}
+
+# Column name -> documentation (unit and how it is computed). The CSVs use exactly these columns, in this order,
+# and the HTML report's "Columns" glossary is rendered from these dicts.
+CHAIN_COLUMNS: dict[str, str] = {
+    "chain_id": "Chain id, 'c<index>' in topological order of the captured graphs.",
+    "kind": "'fusible' (pointwise/reduction/normalization/softmax ops one fused kernel can run), 'heavy' (a "
+    "library op: matmul, conv, attention, embedding) or 'other' (an op no fused kernel takes).",
+    "pattern": "Recognised pattern ('rmsnorm', 'softmax', ...), else a generic name ('pointwise', 'matmul', ...).",
+    "route": "Where the chain goes: 'skip' (leave eager), 'torch.compile' or 'triton' (a library kernel).",
+    "kernel": "Library kernel name for 'triton' routes, else empty.",
+    "rule_id": "Id of the routing rule that decided (first match wins).",
+    "bound": "Bound class after routing: 'compute', 'memory' or 'launch' (the roofline's class unless a rule "
+    "overrides it).",
+    "reason": "The deciding rule's reason, rendered with the chain's numbers.",
+    "note": "Extra remark from the router, e.g. a fallback because the named kernel is not in the library.",
+    "n_ops": "Member ops, views included (count).",
+    "eager_kernels": "Kernels launched when the chain runs op by op (views launch none) (count).",
+    "eager_bytes": "Bytes moved op by op: sum over member ops of bytes read + bytes written (bytes).",
+    "fused_bytes": "Bytes moved by one fused kernel: chain inputs read once + chain outputs written once (bytes).",
+    "bytes_saved": "eager_bytes - fused_bytes, never negative (bytes).",
+    "flops": "Floating-point operations of all member ops, multiply and add counted separately, from fake-tensor "
+    "shapes (FLOP).",
+    "arithmetic_intensity_flop_per_byte": "flops / fused_bytes, 0 when the chain moves no bytes (FLOP/byte).",
+    "ridge_point_flop_per_byte": "Arithmetic intensity where the device's compute and memory ceilings meet for "
+    "the chain's dtype and unit: peak FLOP/s / bandwidth (FLOP/byte).",
+    "est_eager_us": "Estimated eager time: per op max(compute, memory) summed, plus one launch overhead per "
+    "kernel (us). An estimate, not a measurement.",
+    "est_fused_us": "Estimated time as one fused kernel: max(flops / peak, fused_bytes / bandwidth) plus one "
+    "launch overhead (us). An estimate, not a measurement.",
+    "est_saving_us": "est_eager_us - est_fused_us as the cost model reports it (0 for heavy and single-kernel "
+    "items) (us).",
+    "est_after_route_us": "Estimated time after routing: est_fused_us when route is 'torch.compile' or 'triton', "
+    "est_eager_us when 'skip' (us).",
+    "compute_us": "flops / the peak FLOP/s that serves the chain (tensor cores for matmuls, else vector units) (us).",
+    "memory_fused_us": "fused_bytes / peak memory bandwidth (us).",
+    "launch_eager_us": "eager_kernels x per-kernel launch overhead (us).",
+    "numel": "Elements of the chain's largest tensor (count).",
+    "row_elems": "Row width of the chain's reductions, 0 when it has none (elements).",
+    "dtype": "Dominant dtype of the chain's data.",
+    "source": "file:line of the first member op that launches a kernel; paths under site-packages are shortened "
+    "to the part after 'site-packages/'.",
+    "code": "The Python code on that source line.",
+    "module_path": "Dotted path of the nn.Module that issued that op, empty at top level.",
+    "epilogue_of": "Id of the heavy chain whose output this chain alone consumes (an epilogue candidate), else empty.",
+    "op_ids": "Ids of the member ops ('g<graph>:<node>'), space separated, topological order.",
+    "graph_index": "Index of the captured graph the chain lives in.",
+}
+
+OP_COLUMNS: dict[str, str] = {
+    "op_id": "Op id, 'g<graph>:<node name>'.",
+    "graph_index": "Index of the captured graph the op belongs to.",
+    "target": "aten overload, e.g. 'aten.mm.default'.",
+    "category": "Op category (pointwise, reduction, matmul, view, ...).",
+    "chain_id": "Id of the chain that holds the op, empty when no chain does.",
+    "input_shapes": "Shapes of the tensor inputs in argument order, '; ' separated, e.g. '[2048, 4096]; [4096]'.",
+    "output_shapes": "Shapes of the tensor outputs, '; ' separated.",
+    "dtype": "dtype of the first output (of the first input when there is no tensor output).",
+    "flops": "Floating-point operations, multiply and add counted separately, from fake-tensor shapes (FLOP).",
+    "bytes_read": "Bytes read if the op runs as its own kernel, views 0 (bytes).",
+    "bytes_written": "Bytes written if the op runs as its own kernel, views 0 (bytes).",
+    "module_path": "Dotted path of the nn.Module that issued the op, empty at top level.",
+    "source": "file:line that issued the op; site-packages paths shortened to the part after 'site-packages/'.",
+    "code": "The Python code on that source line.",
+}
+
+#: Keys of each :func:`summary_rows` dict -> documentation.
+SUMMARY_COLUMNS: dict[str, str] = {
+    "group": "'route', 'bound' or 'total'.",
+    "key": "The route or bound class ('all' for the total row).",
+    "chains": "Number of chains (count).",
+    "eager_us": "Sum of est_eager_us (us).",
+    "after_route_us": "Sum of est_after_route_us (us).",
+    "saving_us": "eager_us - after_route_us (us).",
+}
+
+HOW_COMPUTED = (
+    "FLOPs and bytes come from fake-tensor shapes propagated through the captured aten graphs: no data is run. "
+    "FLOPs count multiply and add separately (as torch.utils.flop_counter does); an op's bytes are the bytes its "
+    "tensors occupy when it runs as its own kernel (views move none).",
+    "Eager bytes of a chain are the sum over its ops of bytes read + written. Fused bytes assume one kernel: the "
+    "chain's inputs are read once and its outputs written once; intermediates stay on chip.",
+    "Times follow the roofline: max(flops / peak FLOP/s, bytes / peak bandwidth) plus the launch overhead per "
+    "kernel. Eager time sums this per op with one launch per kernel; fused time applies it once to the whole "
+    "chain with one launch. The peak is the tensor-core peak for matmul-like ops and the vector peak otherwise, "
+    "for the chain's dtype.",
+    "A chain is compute-bound when its compute time is the largest term, memory-bound when its memory time is, "
+    "and launch-bound when launch overhead dominates; routing rules may override the class.",
+    "Time after routing is the fused estimate for chains routed to torch.compile or a Triton kernel, and the "
+    "eager estimate for skipped chains. Savings are eager minus after-routing.",
+    "All times are estimates from peak numbers of the device spec, NOT measurements: real kernels reach a "
+    "fraction of peak, and torch.compile may fuse differently. Verify and benchmark before trusting a saving.",
+)
+
+# Roofline chart styling: color per route, marker per bound class (anything else: grey / 'x').
+_ROUTE_COLORS = {"skip": "#8c8c8c", "torch.compile": "#1f77b4", "triton": "#d62728"}
+_BOUND_MARKERS = {"compute": "s", "memory": "o", "launch": "^"}
+_OTHER_COLOR = "#9467bd"
+_OTHER_MARKER = "x"
+
+# Device-spec keys read for the header and the chart's memory roof / launch overhead; the first present wins.
+# (The full spec is also shown field by field, so a key missing here is still in the report.)
+_BANDWIDTH_KEYS = ("bandwidth_gbps", "memory_bandwidth_gbps", "mem_bandwidth_gbps", "hbm_bandwidth_gbps",
+                   "dram_bandwidth_gbps", "bandwidth_GBps", "bandwidth")
+_LAUNCH_KEYS = ("launch_overhead_us", "launch_us", "kernel_launch_us", "launch_latency_us")
+_SOURCE_KEYS = ("sources", "source", "references", "refs")
+
+
+# --- small helpers ------------------------------------------------------------------------------------------
+
+
+def short_path(file: str) -> str:
+    """``file`` with everything up to and including ``site-packages/`` (or ``dist-packages/``) removed."""
+    path = str(file).replace("\\", "/")
+    for marker in ("site-packages/", "dist-packages/"):
+        idx = path.rfind(marker)
+        if idx >= 0:
+            return path[idx + len(marker):]
+    return path
+
+
+def _source_str(loc: SourceLoc) -> str:
+    """``file:line`` with the file shortened, ``""`` when the location is unknown."""
+    if not loc.file:
+        return ""
+    return f"{short_path(loc.file)}:{loc.line}"
+
+
+def _shapes(metas: tuple[TensorMeta, ...]) -> str:
+    """``"[2048, 4096]; [4096]"``; a 0-d tensor is ``"[]"``."""
+    return "; ".join("[" + ", ".join(str(int(s)) for s in m.shape) + "]" for m in metas)
+
+
+def _nan() -> float:
+    return float("nan")
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _after_route_us(route: str, est: Estimate | None) -> float:
+    """Fused time when the route fuses (torch.compile / triton), eager time otherwise (skip, or no decision)."""
+    if est is None:
+        return _nan()
+    return est.fused_us if route in ("torch.compile", "triton") else est.eager_us
+
+
+def _ordered(present: list[str], canonical: tuple[str, ...]) -> list[str]:
+    """Canonical names first (always), then any other names present, sorted."""
+    extra = sorted({p for p in present if p not in canonical})
+    return list(canonical) + extra
+
+
+def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested dicts as ``[("a.b", value), ...]``; lists/tuples of scalars joined with ', '."""
+    out: list[tuple[str, Any]] = []
+    if isinstance(d, dict):
+        for k, v in d.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, dict):
+                out.extend(_flatten(v, key))
+            else:
+                out.append((key, v))
+    elif prefix:
+        out.append((prefix, d))
+    return out
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` made ``json.dumps``-able: dataclasses -> dicts, tuples/sets -> lists, NaN/inf -> None, Path -> str,
+    anything else unknown -> ``str(obj)``."""
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(dataclasses.asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        try:
+            return jsonable(obj.item())
+        except (TypeError, ValueError):
+            pass
+    return str(obj)
+
+
+# --- frames -------------------------------------------------------------------------------------------------
+
+
+def _chain_row(chain: Chain, est: Estimate | None, dec: Decision | None) -> dict[str, Any]:
+    route = dec.route if dec else ""
+    return {
+        "chain_id": chain.id,
+        "kind": chain.kind,
+        "pattern": chain.pattern,
+        "route": route,
+        "kernel": dec.kernel if dec else "",
+        "rule_id": dec.rule_id if dec else "",
+        "bound": dec.bound if dec else (est.bound if est else ""),
+        "reason": dec.reason if dec else "",
+        "note": dec.note if dec else "",
+        "n_ops": len(chain.op_ids),
+        "eager_kernels": chain.eager_kernels,
+        "eager_bytes": chain.eager_bytes,
+        "fused_bytes": chain.fused_bytes,
+        "bytes_saved": chain.bytes_saved,
+        "flops": chain.flops,
+        "arithmetic_intensity_flop_per_byte": chain.arithmetic_intensity,
+        "ridge_point_flop_per_byte": est.ridge_point if est else _nan(),
+        "est_eager_us": est.eager_us if est else _nan(),
+        "est_fused_us": est.fused_us if est else _nan(),
+        "est_saving_us": est.saving_us if est else _nan(),
+        "est_after_route_us": _after_route_us(route, est),
+        "compute_us": est.compute_us if est else _nan(),
+        "memory_fused_us": est.memory_fused_us if est else _nan(),
+        "launch_eager_us": est.launch_eager_us if est else _nan(),
+        "numel": chain.numel,
+        "row_elems": chain.row_elems,
+        "dtype": chain.dtype,
+        "source": _source_str(chain.source),
+        "code": chain.source.code,
+        "module_path": chain.module_path,
+        "epilogue_of": chain.epilogue_of,
+        "op_ids": " ".join(chain.op_ids),
+        "graph_index": chain.graph_index,
+    }
+
+
+def chains_frame(analysis: Analysis) -> pd.DataFrame:
+    """One row per chain, in chain order, columns exactly :data:`CHAIN_COLUMNS`.
+
+    Chains without an estimate get NaN times; chains without a decision get empty route/rule strings.
+    """
+    rows = [
+        _chain_row(c, analysis.estimates.get(c.id), analysis.decisions.get(c.id)) for c in analysis.chains
+    ]
+    return pd.DataFrame(rows, columns=list(CHAIN_COLUMNS))
+
+
+def ops_frame(analysis: Analysis) -> pd.DataFrame:
+    """One row per op, in op order, columns exactly :data:`OP_COLUMNS`."""
+    chain_of: dict[str, str] = {}
+    for chain in analysis.chains:
+        for op_id in chain.op_ids:
+            chain_of.setdefault(op_id, chain.id)
+    rows = [_op_row(op, chain_of.get(op.id, "")) for op in analysis.ops]
+    return pd.DataFrame(rows, columns=list(OP_COLUMNS))
+
+
+def _op_row(op: OpInfo, chain_id: str) -> dict[str, Any]:
+    return {
+        "op_id": op.id,
+        "graph_index": op.graph_index,
+        "target": op.target,
+        "category": op.category,
+        "chain_id": chain_id,
+        "input_shapes": _shapes(op.inputs),
+        "output_shapes": _shapes(op.outputs),
+        "dtype": op.dtype,
+        "flops": op.flops,
+        "bytes_read": op.bytes_read,
+        "bytes_written": op.bytes_written,
+        "module_path": op.module_path,
+        "source": _source_str(op.source),
+        "code": op.source.code,
+    }
+
+
+# --- summary ------------------------------------------------------------------------------------------------
+
+
+def summary_rows(analysis: Analysis) -> list[dict[str, Any]]:
+    """Totals for the terminal summary: one row per route, one per bound class, then one total row.
+
+    Keys are :data:`SUMMARY_COLUMNS`. Canonical routes (:data:`ROUTES`) and bound classes (:data:`BOUNDS`) are
+    always listed, with zeros when no chain has them; a chain without a decision counts under route ``""``
+    (listed only when present). Chains without an estimate are counted but add no time.
+    """
+    frame = chains_frame(analysis)
+    rows: list[dict[str, Any]] = []
+    for group, canonical in (("route", ROUTES), ("bound", BOUNDS)):
+        for key in _ordered(frame[group].tolist(), canonical):
+            rows.append(_summary_row(group, key, frame[frame[group] == key]))
+    rows.append(_summary_row("total", "all", frame))
+    return rows
+
+
+def _summary_row(group: str, key: str, sub: pd.DataFrame) -> dict[str, Any]:
+    eager_us = float(sub["est_eager_us"].sum(skipna=True)) if len(sub) else 0.0
+    after_us = float(sub["est_after_route_us"].sum(skipna=True)) if len(sub) else 0.0
+    return {
+        "group": group,
+        "key": key,
+        "chains": int(len(sub)),
+        "eager_us": eager_us,
+        "after_route_us": after_us,
+        "saving_us": eager_us - after_us,
+    }
+
+
+# --- device spec --------------------------------------------------------------------------------------------
+
+
+def _first(d: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    for k in keys:
+        if k in d and d[k] not in (None, ""):
+            return d[k]
+    return None
+
+
+def _peaks(spec: dict[str, Any]) -> list[tuple[str, float]]:
+    """Every ``*tflops*`` entry of the spec, flattened: ``[("peak_tflops.bf16", 989.0), ...]``."""
+    out: list[tuple[str, float]] = []
+    for key, value in _flatten(spec):
+        if "tflop" in key.lower() and _is_num(value):
+            out.append((key, float(value)))
+    return out
+
+
+def _bandwidth_gbps(analysis: Analysis) -> tuple[float | None, str]:
+    """Peak memory bandwidth in GB/s from the spec, else derived from the estimates (fused_bytes / memory_fused_us).
+
+    Returns the value and where it came from.
+    """
+    value = _first(analysis.device_spec, _BANDWIDTH_KEYS)
+    if _is_num(value) and value > 0:
+        return float(value), "device spec"
+    for chain in analysis.chains:
+        est = analysis.estimates.get(chain.id)
+        if est and chain.fused_bytes > 0 and _is_num(est.memory_fused_us) and est.memory_fused_us > 0:
+            # bytes / us = MB/s; / 1e3 -> GB/s
+            return chain.fused_bytes / est.memory_fused_us / 1e3, f"derived from the estimate of {chain.id}"
+    return None, ""
+
+
+def _spec_view(analysis: Analysis) -> dict[str, Any]:
+    """What the header shows of the device spec."""
+    spec = analysis.device_spec or {}
+    bw, bw_from = _bandwidth_gbps(analysis)
+    peaks = []
+    for key, tflops in _peaks(spec):
+        # ridge point: peak FLOP/s / bandwidth B/s = (TFLOP/s * 1e12) / (GB/s * 1e9) FLOP/byte
+        ridge = tflops * 1e12 / (bw * 1e9) if bw else None
+        peaks.append({"name": key, "tflops": tflops, "ridge": ridge})
+    sources = _first(spec, _SOURCE_KEYS)
+    if isinstance(sources, dict):
+        sources = [f"{k}: {v}" for k, v in _flatten(sources)]
+    elif isinstance(sources, (list, tuple)):
+        sources = [str(s) for s in sources]
+    elif sources is not None:
+        sources = [str(sources)]
+    return {
+        "name": spec.get("name") or spec.get("device") or "(unnamed)",
+        "bandwidth_gbps": bw,
+        "bandwidth_from": bw_from,
+        "launch_overhead_us": _first(spec, _LAUNCH_KEYS),
+        "peaks": peaks,
+        "sources": sources or [],
+        "fields": [(k, _scalar_text(v)) for k, v in _flatten(spec)],
+    }
+
+
+def _scalar_text(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+# --- roofline chart -----------------------------------------------------------------------------------------
+
+
+def roofline_png(analysis: Analysis, frame: pd.DataFrame | None = None) -> tuple[bytes, list[str]]:
+    """The roofline chart as PNG bytes, and notes about what it could not show as is.
+
+    Log-log: x = arithmetic intensity (FLOP/byte), y = attained FLOP/s = flops / est_after_route_us. Memory roof
+    bandwidth * AI, one compute roof per distinct peak the estimates used. Chains with 0 FLOPs (or 0 AI) are
+    drawn at a floor value. Uses matplotlib's Agg canvas directly (no pyplot, no global backend switch).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    frame = chains_frame(analysis) if frame is None else frame
+    notes: list[str] = []
+
+    time_s = frame["est_after_route_us"].astype(float) * 1e-6
+    timed = time_s.notna() & (time_s > 0)
+    if (~timed).any():
+        notes.append(f"{int((~timed).sum())} chain(s) without a positive time estimate are not plotted.")
+    pts = frame[timed].copy()
+    pts["x"] = pts["arithmetic_intensity_flop_per_byte"].astype(float)
+    pts["y"] = pts["flops"].astype(float) / time_s[timed]
+
+    pos_x = pts["x"][pts["x"] > 0]
+    pos_y = pts["y"][pts["y"] > 0]
+    x_floor = (pos_x.min() / 10.0) if len(pos_x) else 1e-2
+    y_floor = (pos_y.min() / 10.0) if len(pos_y) else 1e6
+    zero = (pts["x"] <= 0) | (pts["y"] <= 0)
+    if zero.any():
+        notes.append(
+            f"{int(zero.sum())} chain(s) with 0 FLOPs are drawn on the dashed floor lines "
+            f"(x = {x_floor:.3g} FLOP/byte, y = {y_floor:.3g} FLOP/s)."
+        )
+    pts.loc[pts["x"] <= 0, "x"] = x_floor
+    pts.loc[pts["y"] <= 0, "y"] = y_floor
+
+    fig = Figure(figsize=(9.0, 5.4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+
+    bw, _ = _bandwidth_gbps(analysis)
+    peaks_tflops = sorted({
+        float(e.peak_tflops) for e in analysis.estimates.values() if _is_num(e.peak_tflops) and e.peak_tflops > 0
+    })
+    if not peaks_tflops:
+        peaks_tflops = sorted({p for _, p in _peaks(analysis.device_spec or {}) if p > 0})
+
+    xs = list(pts["x"]) or [1.0]
+    x_lo = min(min(xs), x_floor) / 2.0
+    x_ridge_max = max((p * 1e3 / bw for p in peaks_tflops), default=1.0) if bw else 1.0  # FLOP/byte
+    x_hi = max(max(xs) * 2.0, x_ridge_max * 4.0)
+    if bw:
+        top = max(peaks_tflops) * 1e12 if peaks_tflops else bw * 1e9 * x_hi
+        # memory roof: attained FLOP/s = bandwidth (B/s) * AI, drawn up to the highest compute roof
+        x_knee = top / (bw * 1e9)
+        ax.plot([x_lo, min(x_knee, x_hi)], [bw * 1e9 * x_lo, bw * 1e9 * min(x_knee, x_hi)],
+                color="black", lw=1.5, label=f"memory roof {bw:,.0f} GB/s")
+    else:
+        notes.append("The device spec gives no memory bandwidth: the memory roof is not drawn.")
+    for i, peak in enumerate(peaks_tflops):
+        x_start = peak * 1e3 / bw if bw else x_lo  # TFLOP/s / GB/s * 1e3 = FLOP/byte at the ridge
+        ax.plot([x_start, x_hi], [peak * 1e12, peak * 1e12], color="#444444", lw=1.5, ls=["--", ":", "-."][i % 3],
+                label=f"compute roof {peak:,.4g} TFLOP/s")
+    if zero.any():
+        ax.axvline(x_floor, color="#bbbbbb", ls="--", lw=0.8)
+        ax.axhline(y_floor, color="#bbbbbb", ls="--", lw=0.8)
+        ax.annotate("0 FLOPs (floor)", (x_floor, y_floor), xytext=(4, 4), textcoords="offset points", fontsize=7,
+                    color="#777777")
+
+    for route in _ordered(pts["route"].tolist(), ROUTES):
+        for bound in _ordered(pts["bound"].tolist(), BOUNDS):
+            sel = pts[(pts["route"] == route) & (pts["bound"] == bound)]
+            if len(sel):
+                ax.scatter(sel["x"], sel["y"], s=28, alpha=0.75, linewidths=0.8,
+                           c=_ROUTE_COLORS.get(route, _OTHER_COLOR), marker=_BOUND_MARKERS.get(bound, _OTHER_MARKER))
+    if not len(pts):
+        ax.text(0.5, 0.5, "no chains to plot", transform=ax.transAxes, ha="center", va="center", color="#666666")
+
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_xlabel("arithmetic intensity (FLOP/byte, fused bytes)")
+    ax.set_ylabel("attained FLOP/s (estimated, after routing)")
+    ax.set_title(f"Roofline: {analysis.device_spec.get('name', '') if analysis.device_spec else ''}".strip(": "))
+    ax.grid(True, which="major", color="#e5e5e5", lw=0.6)
+
+    if ax.get_legend_handles_labels()[0]:
+        ax.add_artist(ax.legend(loc="upper left", fontsize=8, frameon=True, title="roofs", title_fontsize=8))
+    routes_present = _ordered(pts["route"].tolist(), ())
+    bounds_present = _ordered(pts["bound"].tolist(), ())
+    handles = [Line2D([], [], ls="", marker="o", color=_ROUTE_COLORS.get(r, _OTHER_COLOR), label=f"route: {r or '?'}")
+               for r in routes_present]
+    handles += [Line2D([], [], ls="", marker=_BOUND_MARKERS.get(b, _OTHER_MARKER), color="#444444",
+                       label=f"bound: {b or '?'}") for b in bounds_present]
+    if handles:
+        ax.legend(handles=handles, loc="lower right", fontsize=8, frameon=True)
+    fig.tight_layout()
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return buf.getvalue(), notes
+
+
+# --- HTML ---------------------------------------------------------------------------------------------------
+
+
+def fmt_int(value: Any) -> str:
+    """``1234567`` -> ``"1,234,567"``; NaN/None -> ``"–"``."""
+    if not _is_num(value):
+        return "–"
+    return f"{int(round(value)):,}"
+
+
+def fmt_float(value: Any, digits: int = 2) -> str:
+    """Thousands separators and ``digits`` decimals; 3 significant digits for nonzero values that would print as
+    zero; NaN/None -> ``"–"``."""
+    if not _is_num(value):
+        return "–"
+    if value != 0 and abs(value) < 0.5 * 10.0 ** -digits:
+        return f"{value:.3g}"
+    return f"{value:,.{digits}f}"
+
+
+def fmt_bytes(value: Any) -> str:
+    """Bytes in binary units: ``"512 B"``, ``"1.5 KiB"``, ``"32.0 MiB"``, ``"1.25 GiB"``."""
+    if not _is_num(value):
+        return "–"
+    n = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n):,} B" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024.0
+    return f"{n:,.1f} TiB"  # pragma: no cover (loop always returns)
+
+
+def _template() -> jinja2.Template:
+    text = resources.files("fusion_advisor.templates").joinpath("report.html.j2").read_text(encoding="utf-8")
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(int=fmt_int, num=fmt_float, bytes=fmt_bytes)
+    return env.from_string(text)
+
+
+def _sorted_for_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Chains by estimated saving (descending), then estimated eager time (descending); missing estimates last."""
+    order = frame.assign(_s=frame["est_saving_us"].fillna(-math.inf), _e=frame["est_eager_us"].fillna(-math.inf))
+    return order.sort_values(["_s", "_e"], ascending=[False, False], kind="stable").drop(columns=["_s", "_e"])
+
+
+def render_html(analysis: Analysis, generated_at: str) -> str:
+    """The self-contained HTML report as a string."""
+    frame = chains_frame(analysis)
+    png, chart_notes = roofline_png(analysis, frame)
+    missing_est = [c.id for c in analysis.chains if c.id not in analysis.estimates]
+    missing_dec = [c.id for c in analysis.chains if c.id not in analysis.decisions]
+    report_notes = []
+    if missing_est:
+        report_notes.append(f"{len(missing_est)} chain(s) have no estimate: {' '.join(missing_est[:20])}"
+                            + (" ..." if len(missing_est) > 20 else ""))
+    if missing_dec:
+        report_notes.append(f"{len(missing_dec)} chain(s) have no routing decision: {' '.join(missing_dec[:20])}"
+                            + (" ..." if len(missing_dec) > 20 else ""))
+    rows = _sorted_for_table(frame).to_dict("records")
+    summary = summary_rows(analysis)
+    return _template().render(
+        a=analysis,
+        tool_version=fusion_advisor.__version__,
+        generated_at=generated_at,
+        spec=_spec_view(analysis),
+        rules_files=[_rules_file_view(r) for r in analysis.rules_files],
+        summary_route=[r for r in summary if r["group"] == "route"],
+        summary_bound=[r for r in summary if r["group"] == "bound"],
+        summary_total=[r for r in summary if r["group"] == "total"][0],
+        chart_png_b64=base64.b64encode(png).decode("ascii"),
+        chart_notes=chart_notes,
+        chains=rows,
+        n_ops=len(analysis.ops),
+        graph_breaks=[{"reason": b.reason, "source": _source_str(b.source), "code": b.source.code,
+                       "graph_index": b.graph_index} for b in analysis.graph_breaks],
+        warnings=list(analysis.warnings),
+        report_notes=report_notes,
+        chain_columns=CHAIN_COLUMNS,
+        op_columns=OP_COLUMNS,
+        how_computed=HOW_COMPUTED,
+        file_names=FILE_NAMES,
+        n_graphs=len({op.graph_index for op in analysis.ops} | {c.graph_index for c in analysis.chains}),
+    )
+
+
+def _rules_file_view(entry: Any) -> dict[str, str]:
+    """A rules-file entry as ``{"path", "version", "extra"}`` whatever keys it has."""
+    if not isinstance(entry, dict):
+        return {"path": str(entry), "version": "", "extra": ""}
+    path = _first(entry, ("path", "file", "rules_file", "name")) or ""
+    version = _first(entry, ("version", "rules_version")) or ""
+    extra = "; ".join(f"{k}={_scalar_text(v)}" for k, v in _flatten(entry)
+                      if k not in ("path", "file", "rules_file", "name", "version", "rules_version"))
+    return {"path": str(path), "version": str(version), "extra": extra}
+
+
+# --- JSON ---------------------------------------------------------------------------------------------------
+
+
+def render_json(analysis: Analysis, generated_at: str) -> str:
+    """``analysis.to_dict()`` plus column docs, summary, generation time and tool version, as strict JSON."""
+    doc = analysis.to_dict()
+    doc["columns"] = {"chains": CHAIN_COLUMNS, "ops": OP_COLUMNS, "summary": SUMMARY_COLUMNS}
+    doc["summary"] = summary_rows(analysis)
+    doc["generated_at"] = generated_at
+    doc["tool_version"] = fusion_advisor.__version__
+    # allow_nan=False: any NaN that jsonable() missed fails here rather than writing invalid JSON.
+    return json.dumps(jsonable(doc), indent=1, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+# --- writing ------------------------------------------------------------------------------------------------
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a temp file in the same folder, fsync, then ``os.replace``.
+
+    On any failure (including KeyboardInterrupt) the temp file is removed and ``path`` is left as it was.
+    The temp file is created with mode 0o666 minus the umask, like a plain ``open(path, "w")``.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_report(analysis: Analysis, out_dir: Path) -> dict[str, Path]:
+    """Write report.html, chains.csv, ops.csv and report.json into ``out_dir`` (created if missing).
+
+    All four are rendered in memory first (a rendering error writes nothing), then each is written atomically
+    (:func:`atomic_write_bytes`). Returns ``{"html", "chains_csv", "ops_csv", "json"}`` -> path.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    generated_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    renderers: dict[str, Callable[[], str]] = {
+        "chains_csv": lambda: chains_frame(analysis).to_csv(index=False, lineterminator="\n"),
+        "ops_csv": lambda: ops_frame(analysis).to_csv(index=False, lineterminator="\n"),
+        "json": lambda: render_json(analysis, generated_at),
+        "html": lambda: render_html(analysis, generated_at),
+    }
+    contents = {key: render().encode("utf-8") for key, render in renderers.items()}
+    paths: dict[str, Path] = {}
+    for key in ("chains_csv", "ops_csv", "json", "html"):
+        path = out_dir / FILE_NAMES[key]
+        atomic_write_bytes(path, contents[key])
+        paths[key] = path
+    return {key: paths[key] for key in FILE_NAMES}

@@ -1,0 +1,73 @@
+"""Roofline estimates of chain times on a device spec, and the bound class of each chain.
+
+Model (Williams, Waterman & Patterson, "Roofline", CACM 2009, plus a per-kernel launch term):
+
+- one kernel moving ``B`` bytes and doing ``F`` FLOPs keeps the GPU busy ``t = max(F / peak, B / bandwidth)``;
+- the host issues one kernel per ``launch`` microseconds (eager dispatch plus launch), overlapping with the GPU,
+  so a kernel costs ``max(t, launch)``: short kernels leave the GPU idle while the next one is issued;
+- eager time of a chain: that, summed over its ops (each op is one kernel; views launch none);
+- fused time: the chain as one kernel, moving only its fused bytes: ``max(t_fused, launch)``;
+- arithmetic intensity = FLOPs / fused bytes; ridge point = peak / bandwidth.
+
+Bound class: **launch-bound** when, run eagerly, the GPU would sit idle waiting for launches longer than it
+computes (``sum(max(0, launch - t_op)) > sum(t_op)``); otherwise **compute-bound** when the arithmetic intensity
+is above the ridge point, else **memory-bound**.
+Matmuls, convolutions and attention use the tensor-core peak of their dtype; everything else the vector peak.
+"""
+
+from __future__ import annotations
+
+from fusion_advisor.devices import DeviceSpec
+from fusion_advisor.records import Chain, Estimate, OpInfo
+
+_TENSOR_CORE_CATEGORIES = frozenset({"matmul", "conv", "attention"})
+
+
+def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
+    tensor = op.category in _TENSOR_CORE_CATEGORIES
+    peak = spec.peak_tflops(op.dtype, tensor) * 1e12
+    compute = op.flops / peak
+    memory = (op.bytes_read + op.bytes_written) / (spec.memory_bandwidth_gbps * 1e9)
+    return max(compute, memory) * 1e6
+
+
+def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate:
+    """Roofline :class:`Estimate` of ``chain`` on ``spec``; ``ops`` maps op ids to :class:`OpInfo`. Times in us."""
+    tensor = bool(set(chain.categories) & _TENSOR_CORE_CATEGORIES)
+    peak_tflops = spec.peak_tflops(chain.dtype, tensor)
+    bw = spec.memory_bandwidth_gbps * 1e9
+    compute_us = chain.flops / (peak_tflops * 1e12) * 1e6
+    memory_eager_us = chain.eager_bytes / bw * 1e6
+    memory_fused_us = chain.fused_bytes / bw * 1e6
+    launch_eager_us = chain.eager_kernels * spec.launch_overhead_us
+    launch = spec.launch_overhead_us
+    busy = [_op_time_us(ops[i], spec) for i in chain.op_ids]
+    eager_us = sum(max(t, launch) for t in busy)
+    idle_us = sum(max(0.0, launch - t) for t in busy)
+    fusible = chain.kind == "fusible" and chain.eager_kernels > 1
+    fused_us = max(compute_us, memory_fused_us, launch) if fusible else eager_us
+    ridge = spec.ridge_point(chain.dtype, tensor)
+    if idle_us > sum(busy):
+        bound = "launch"
+    elif chain.arithmetic_intensity > ridge:
+        bound = "compute"
+    else:
+        bound = "memory"
+    return Estimate(
+        compute_us=compute_us,
+        memory_eager_us=memory_eager_us,
+        memory_fused_us=memory_fused_us,
+        launch_eager_us=launch_eager_us,
+        eager_us=eager_us,
+        fused_us=fused_us,
+        saving_us=max(eager_us - fused_us, 0.0),
+        ridge_point=ridge,
+        bound=bound,
+        peak_tflops=peak_tflops,
+    )
+
+
+def estimate_all(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> dict[str, Estimate]:
+    """:func:`estimate` for every chain, keyed by chain id."""
+    by_id = {o.id: o for o in ops}
+    return {c.id: estimate(c, by_id, spec) for c in chains}

@@ -1,0 +1,76 @@
+"""Stage 5: route every chain through the rules to SKIP, torch.compile or a library Triton kernel.
+
+A triton route names a kernel (or ``auto``: the library kernel that replaces the chain's pattern). When that
+kernel is not in ``kernel_library`` yet, or cannot take the chain (dtype, row width), the chain falls back to
+torch.compile and the decision's note says why.
+"""
+
+from __future__ import annotations
+
+from fusion_advisor.records import Chain, Decision, Estimate
+from fusion_advisor.rules import RuleSet, render_reason
+
+
+def _library() -> tuple[dict, str]:
+    """The kernel registry, and an error message if importing the library failed."""
+    try:
+        from kernel_library.registry import load_all
+
+        return load_all(), ""
+    except Exception as e:  # a broken kernel module must not stop the analysis
+        return {}, f"kernel_library failed to import ({type(e).__name__}: {e})"
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}.get(name)
+
+
+def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, library_error: str = "") -> Decision:
+    """The :class:`Decision` for one chain: the first matching rule, with the library fallback applied."""
+    rule, features = rules.first_match(chain, est)
+    if rule is None:
+        return Decision(chain.id, "skip", "", "(none)", "", "no rule matched", est.bound)
+    route, kernel, note = rule.route, "", ""
+    if route == "triton":
+        candidates = (
+            [k for k in kernels.values() if k.replaces == chain.pattern] if rule.kernel == "auto"
+            else [kernels[rule.kernel]] if rule.kernel in kernels else []
+        )
+        wanted = chain.pattern if rule.kernel == "auto" else rule.kernel
+        if not candidates:
+            route = "torch.compile"
+            note = (
+                f"kernel for '{wanted}' is not in kernel_library yet; falling back to torch.compile"
+                + (f" ({library_error})" if library_error else "")
+            )
+        else:
+            dtype = _torch_dtype(chain.dtype)
+            refusals = []
+            for k in candidates:
+                ok, why = k.supports(dtype, chain.row_elems) if dtype is not None else (False, f"dtype {chain.dtype}")
+                if ok:
+                    kernel = k.name
+                    break
+                refusals.append(f"{k.name}: {why}")
+            if not kernel:
+                route = "torch.compile"
+                note = "library kernel cannot take this chain (" + "; ".join(refusals) + "); falling back to torch.compile"
+    reason = render_reason(rule, features, kernel=kernel or rule.kernel, route=route)
+    return Decision(
+        chain_id=chain.id,
+        route=route,
+        kernel=kernel,
+        rule_id=rule.id,
+        rules_file=rule.file,
+        reason=reason,
+        bound=rule.bound or est.bound,
+        note=note,
+    )
+
+
+def route_all(chains: list[Chain], estimates: dict[str, Estimate], rules: RuleSet) -> dict[str, Decision]:
+    """Decisions for every chain, keyed by chain id."""
+    kernels, error = _library()
+    return {c.id: route_chain(c, estimates[c.id], rules, kernels, error) for c in chains}

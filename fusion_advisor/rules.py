@@ -1,0 +1,270 @@
+"""The YAML rule engine: load, validate and match routing rules.
+
+A rules file::
+
+    version: 1
+    name: default
+    rules:
+      - id: skip-matmul                 # unique id, recorded on every chain it decides
+        description: Lone GEMMs go to cuBLAS.
+        match:                          # every condition must hold; an absent one matches anything
+          kind: [heavy]
+          categories_any: [matmul]
+        route: skip                     # skip | torch.compile | triton
+        kernel: auto                    # triton routes: a kernel_library name, or auto (the kernel that
+                                        #   replaces the chain's pattern)
+        bound: memory                   # optional: override the roofline's bound class
+        reason: "{pattern}: AI {arithmetic_intensity:.0f} FLOP/B vs ridge {ridge_point:.0f}"
+
+Rules are tried in order, first match wins; the user's ``--rules`` files come before the shipped ones, so they
+can override them. Match conditions are listed in :data:`CONDITIONS`; the fields a reason template may cite in
+:data:`TEMPLATE_FIELDS`.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from fusion_advisor.errors import RulesError
+from fusion_advisor.records import Chain, Estimate
+
+ROUTES = ("skip", "torch.compile", "triton")
+BOUNDS = ("compute", "memory", "launch")
+SHIPPED_RULES = Path(__file__).resolve().parent.parent / "rules" / "default.yaml"
+SCHEMA_VERSION = 1
+
+
+def _features(chain: Chain, est: Estimate) -> dict[str, Any]:
+    """The chain features rules match on and reason templates cite."""
+    return {
+        "id": chain.id,
+        "kind": chain.kind,
+        "pattern": chain.pattern,
+        "categories": set(chain.categories),
+        "dtype": chain.dtype,
+        "bound": est.bound,
+        "eager_kernels": chain.eager_kernels,
+        "numel": chain.numel,
+        "row_elems": chain.row_elems,
+        "flops": chain.flops,
+        "eager_bytes": chain.eager_bytes,
+        "fused_bytes": chain.fused_bytes,
+        "bytes_saved": chain.bytes_saved,
+        "arithmetic_intensity": chain.arithmetic_intensity,
+        "ridge_point": est.ridge_point,
+        "eager_us": est.eager_us,
+        "fused_us": est.fused_us,
+        "saving_us": est.saving_us,
+        "compute_us": est.compute_us,
+        "memory_fused_us": est.memory_fused_us,
+        "launch_eager_us": est.launch_eager_us,
+        "peak_tflops": est.peak_tflops,
+        "epilogue": bool(chain.epilogue_of),
+        "epilogue_of": chain.epilogue_of,
+        "module_path": chain.module_path,
+    }
+
+
+TEMPLATE_FIELDS = (
+    "id", "kind", "pattern", "dtype", "bound", "eager_kernels", "numel", "row_elems", "flops", "eager_bytes",
+    "fused_bytes", "bytes_saved", "arithmetic_intensity", "ridge_point", "eager_us", "fused_us", "saving_us",
+    "compute_us", "memory_fused_us", "launch_eager_us", "peak_tflops", "epilogue", "epilogue_of", "module_path",
+    "kernel", "route",
+)
+
+
+def _one_of(values: Any) -> list[Any]:
+    return list(values) if isinstance(values, (list, tuple)) else [values]
+
+
+#: condition name -> (expected YAML type, predicate(features, value)).
+CONDITIONS: dict[str, tuple[type | tuple[type, ...], Callable[[dict[str, Any], Any], bool]]] = {
+    "kind": ((str, list), lambda f, v: f["kind"] in _one_of(v)),
+    "pattern": ((str, list), lambda f, v: f["pattern"] in _one_of(v)),
+    "categories_any": ((str, list), lambda f, v: bool(f["categories"] & set(_one_of(v)))),
+    "categories_all": ((str, list), lambda f, v: set(_one_of(v)) <= f["categories"]),
+    "bound": ((str, list), lambda f, v: f["bound"] in _one_of(v)),
+    "dtype": ((str, list), lambda f, v: f["dtype"] in _one_of(v)),
+    "min_kernels": (int, lambda f, v: f["eager_kernels"] >= v),
+    "max_kernels": (int, lambda f, v: f["eager_kernels"] <= v),
+    "min_elements": (int, lambda f, v: f["numel"] >= v),
+    "max_elements": (int, lambda f, v: f["numel"] <= v),
+    "min_row_elems": (int, lambda f, v: f["row_elems"] >= v),
+    "max_row_elems": (int, lambda f, v: f["row_elems"] <= v),
+    "min_intensity": ((int, float), lambda f, v: f["arithmetic_intensity"] >= v),
+    "max_intensity": ((int, float), lambda f, v: f["arithmetic_intensity"] <= v),
+    "intensity_vs_ridge": (str, lambda f, v: (f["arithmetic_intensity"] > f["ridge_point"]) == (v == "above")),
+    "min_bytes_saved": (int, lambda f, v: f["bytes_saved"] >= v),
+    "min_saving_us": ((int, float), lambda f, v: f["saving_us"] >= v),
+    "epilogue": (bool, lambda f, v: f["epilogue"] == v),
+}
+
+_RULE_FIELDS = ("id", "description", "match", "route", "kernel", "bound", "reason")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One validated routing rule.
+
+    Attributes:
+        id: unique id within all loaded rules.
+        description: what the rule is for.
+        match: condition name -> value (see :data:`CONDITIONS`).
+        route: ``skip``, ``torch.compile`` or ``triton``.
+        kernel: library kernel name or ``"auto"`` for triton routes, ``""`` otherwise.
+        bound: bound-class override, or ``""`` to keep the roofline's.
+        reason: ``str.format`` template over :data:`TEMPLATE_FIELDS`.
+        file: the rules file it came from.
+    """
+
+    id: str
+    description: str
+    match: dict[str, Any]
+    route: str
+    kernel: str
+    bound: str
+    reason: str
+    file: str
+
+    def matches(self, features: dict[str, Any]) -> bool:
+        """True when every condition of the rule holds for ``features``."""
+        return all(CONDITIONS[name][1](features, value) for name, value in self.match.items())
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """Rules in match order, plus the files (with name and version) they came from."""
+
+    rules: tuple[Rule, ...]
+    files: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+    def first_match(self, chain: Chain, est: Estimate) -> tuple[Rule | None, dict[str, Any]]:
+        """The first rule matching ``chain`` (or ``None``), and the chain's features."""
+        features = _features(chain, est)
+        for rule in self.rules:
+            if rule.matches(features):
+                return rule, features
+        return None, features
+
+
+def _check_template(template: str, where: str) -> None:
+    try:
+        names = [fname for _, fname, _, _ in string.Formatter().parse(template) if fname]
+    except ValueError as e:
+        raise RulesError(f"{where}: field 'reason': bad template: {e}") from e
+    unknown = sorted({n.split(".")[0].split("[")[0] for n in names} - set(TEMPLATE_FIELDS))
+    if unknown:
+        raise RulesError(
+            f"{where}: field 'reason': unknown placeholder(s) {', '.join(unknown)}; known: {', '.join(TEMPLATE_FIELDS)}"
+        )
+
+
+def _parse_rule(raw: Any, index: int, file: str) -> Rule:
+    if not isinstance(raw, dict):
+        raise RulesError(f"{file}: rule #{index + 1}: a rule is a mapping with fields {', '.join(_RULE_FIELDS)}")
+    rid = raw.get("id")
+    if not isinstance(rid, str) or not rid:
+        raise RulesError(f"{file}: rule #{index + 1}: field 'id': missing or not a string")
+    where = f"{file}: rule {rid!r}"
+    for key in raw:
+        if key not in _RULE_FIELDS:
+            raise RulesError(f"{where}: unknown field {key!r}; known fields: {', '.join(_RULE_FIELDS)}")
+    route = raw.get("route")
+    if route not in ROUTES:
+        raise RulesError(f"{where}: field 'route': {route!r} is not one of {', '.join(ROUTES)}")
+    match = raw.get("match") or {}
+    if not isinstance(match, dict):
+        raise RulesError(f"{where}: field 'match': must be a mapping of conditions")
+    for name, value in match.items():
+        if name not in CONDITIONS:
+            raise RulesError(f"{where}: field 'match.{name}': unknown condition; known: {', '.join(CONDITIONS)}")
+        expected = CONDITIONS[name][0]
+        if isinstance(value, bool) and expected is not bool:
+            ok = False
+        else:
+            ok = isinstance(value, expected)
+        if not ok:
+            names = expected.__name__ if isinstance(expected, type) else " or ".join(t.__name__ for t in expected)
+            raise RulesError(f"{where}: field 'match.{name}': expected {names}, got {value!r}")
+        if name == "intensity_vs_ridge" and value not in ("above", "below"):
+            raise RulesError(f"{where}: field 'match.intensity_vs_ridge': must be 'above' or 'below'")
+        if name == "bound" and any(b not in BOUNDS for b in _one_of(value)):
+            raise RulesError(f"{where}: field 'match.bound': values must be among {', '.join(BOUNDS)}")
+    kernel = raw.get("kernel", "")
+    if route == "triton" and not (isinstance(kernel, str) and kernel):
+        raise RulesError(f"{where}: field 'kernel': a triton route needs a kernel name (or 'auto')")
+    if route != "triton" and kernel:
+        raise RulesError(f"{where}: field 'kernel': only triton routes name a kernel")
+    bound = raw.get("bound", "") or ""
+    if bound and bound not in BOUNDS:
+        raise RulesError(f"{where}: field 'bound': {bound!r} is not one of {', '.join(BOUNDS)}")
+    reason = raw.get("reason", "")
+    if not isinstance(reason, str) or not reason.strip():
+        raise RulesError(f"{where}: field 'reason': missing; every rule must say why")
+    _check_template(reason, where)
+    description = raw.get("description", "")
+    return Rule(id=rid, description=str(description), match=dict(match), route=route, kernel=kernel or "",
+                bound=bound, reason=reason.strip(), file=file)
+
+
+def load_rules_file(path: str | Path) -> tuple[list[Rule], dict[str, Any]]:
+    """Parse and validate one rules file; return its rules and ``{"file", "name", "version", "rules"}``.
+
+    Raises:
+        RulesError: unreadable file, invalid YAML (with line), wrong schema version, or an invalid rule
+            (the message names the file, the rule id and the field).
+    """
+    path = Path(path)
+    file = str(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise RulesError(f"{file}: cannot read rules file: {e.strerror or e}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise RulesError(f"{file}{line}: invalid YAML: {getattr(e, 'problem', None) or e}") from e
+    if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
+        raise RulesError(f"{file}: a rules file is a mapping with 'version: {SCHEMA_VERSION}' and a 'rules' list")
+    version = data.get("version")
+    if version != SCHEMA_VERSION:
+        raise RulesError(f"{file}: field 'version': {version!r} is not supported (this tool reads version {SCHEMA_VERSION})")
+    rules = [_parse_rule(raw, i, file) for i, raw in enumerate(data["rules"])]
+    info = {"file": file, "name": str(data.get("name", path.stem)), "version": version, "rules": len(rules)}
+    return rules, info
+
+
+def load_rules(extra: list[str | Path] | None = None, shipped: str | Path | None = SHIPPED_RULES) -> RuleSet:
+    """The user's rules files (``extra``, in order) followed by the shipped rules.
+
+    Raises:
+        RulesError: any file is invalid, or two rules share an id.
+    """
+    rules: list[Rule] = []
+    files: list[dict[str, Any]] = []
+    for path in [*(extra or []), *([shipped] if shipped else [])]:
+        file_rules, info = load_rules_file(path)
+        rules.extend(file_rules)
+        files.append(info)
+    seen: dict[str, str] = {}
+    for r in rules:
+        if r.id in seen and seen[r.id] == r.file:
+            raise RulesError(f"{r.file}: rule {r.id!r}: field 'id': duplicate id")
+        seen.setdefault(r.id, r.file)
+    return RuleSet(rules=tuple(rules), files=tuple(files))
+
+
+def render_reason(rule: Rule, features: dict[str, Any], **extra: Any) -> str:
+    """The rule's reason template filled with the chain's features (and ``extra`` fields such as kernel)."""
+    values = {**features, "kernel": rule.kernel, "route": rule.route, **extra}
+    try:
+        return rule.reason.format(**values)
+    except (KeyError, ValueError, IndexError) as e:  # validated at load; a format spec can still misfit a value
+        return f"{rule.reason} (could not render: {e})"
