@@ -1,0 +1,145 @@
+"""The analyze pipeline on real models nobody on the team wrote (transformers' Llama, GPT-2, BERT, a
+KernelBench-style file) and on the built-in default model, all on --device meta (fake tensors, no memory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fusion_advisor.analyze import analyze
+
+pytest.importorskip("transformers")
+
+MODELS = Path(__file__).parent / "data" / "models"
+
+
+@pytest.fixture(scope="module")
+def runs():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = analyze(None if name == "default" else MODELS / f"{name}.py", device="meta")
+        return cache[name]
+
+    return get
+
+
+def _by_pattern(a, pattern):
+    return [c for c in a.chains if c.pattern == pattern]
+
+
+def test_hf_llama_rmsnorm_is_one_memory_bound_normalization_chain(runs):
+    a = runs("hf_llama")
+    norms = _by_pattern(a, "rmsnorm") + _by_pattern(a, "add_rmsnorm")
+    # 2 layers x 2 norms + the final norm
+    assert len(norms) == 5
+    for c in norms:
+        assert c.kind == "fusible"
+        assert "reduction" in c.categories
+        assert c.row_elems == 4096
+        assert a.estimates[c.id].bound == "memory"
+        # pow, mean, add(eps), rsqrt, mul, casts, weight mul: all in ONE chain
+        names = {t.split(".")[1] for t in c.targets}
+        assert {"pow", "mean", "rsqrt", "mul"} <= names
+        assert c.fused_bytes < c.eager_bytes / 3
+        # the source line points into transformers' LlamaRMSNorm
+        assert "modeling_llama.py" in c.source.file
+
+
+def test_hf_llama_big_linears_are_compute_bound_skip(runs):
+    a = runs("hf_llama")
+    # the big linears; the rotary embedding's tiny inv_freq @ positions bmm is not one of them
+    mms = [c for c in a.chains if c.pattern == "matmul" and c.flops > 1e9]
+    assert len(mms) == 2 * 7 + 1  # q k v o gate up down per layer + lm_head
+    for c in mms:
+        assert a.estimates[c.id].bound == "compute"
+        assert a.decisions[c.id].route == "skip"
+        assert a.decisions[c.id].rule_id == "skip-matmul"
+        assert c.arithmetic_intensity > a.estimates[c.id].ridge_point
+
+
+def test_hf_llama_glu_and_rope_route_to_compile(runs):
+    a = runs("hf_llama")
+    swiglu = _by_pattern(a, "swiglu")
+    rope = _by_pattern(a, "rope")
+    assert len(swiglu) == 2 and len(rope) == 4
+    for c in swiglu + rope:
+        assert a.decisions[c.id].route == "torch.compile"
+    assert all(c.epilogue_of for c in swiglu)  # silu consumes gate_proj's output alone
+
+
+def test_tiny_pointwise_chain_is_launch_bound(runs):
+    a = runs("tiny_pointwise")
+    fusible = [c for c in a.chains if c.kind == "fusible"]
+    assert len(fusible) == 1
+    c = fusible[0]
+    assert c.eager_kernels >= 9
+    assert a.estimates[c.id].bound == "launch"
+    assert a.decisions[c.id].route == "torch.compile"
+    assert a.estimates[c.id].fused_us < a.estimates[c.id].eager_us / 5
+
+
+def test_gpt2_and_bert_capture_and_route(runs):
+    for name, norm in (("hf_gpt2", "layernorm"), ("hf_bert", "layernorm")):
+        a = runs(name)
+        assert a.capture_method == "dynamo"
+        patterns = {c.pattern for c in a.chains}
+        assert norm in patterns or f"add_{norm}" in patterns
+        assert any(c.pattern == "matmul" for c in a.chains)
+        assert set(a.decisions) == {c.id for c in a.chains}
+        for d in a.decisions.values():
+            assert d.route in ("skip", "torch.compile", "triton") and d.reason and d.rule_id
+
+
+def test_kernelbench_file(runs):
+    a = runs("kernelbench_conv_gelu")
+    assert a.convention == "kernelbench"
+    kinds = [(c.kind, c.pattern) for c in a.chains]
+    assert ("heavy", "conv") in kinds
+    # softmax over channels (dim=1) is not a last-dim softmax: never routed to the row-wise softmax kernel
+    soft = [c for c in a.chains if "softmax" in c.categories]
+    assert soft and all(a.decisions[c.id].kernel != "softmax" for c in soft)
+
+
+def test_default_model(runs):
+    a = runs("default")
+    assert a.convention == "builtin"
+    patterns = [c.pattern for c in a.chains]
+    assert patterns.count("cross_entropy") == 1
+    ce = _by_pattern(a, "cross_entropy")[0]
+    assert ce.row_elems == 32000
+    assert a.decisions[ce.id].rule_id == "triton-cross-entropy"
+    # attention stays one opaque SDPA op (not decomposed into bmm + softmax)
+    assert patterns.count("attention") == 2
+    assert not any(c.pattern in ("softmax", "masked_softmax") for c in a.chains)
+
+
+def test_graph_break_is_reported_with_source_line(runs):
+    a = runs("graph_break")
+    assert len(a.graph_breaks) == 1
+    b = a.graph_breaks[0]
+    assert b.source.file.endswith("graph_break.py")
+    assert b.source.line == 15
+    assert "graph_break" in b.source.code
+    # analysis continued after the break: the softmax after it was captured too
+    assert any("softmax" in c.categories for c in a.chains)
+
+
+def test_kernel_contract_file_analyses_reference_fn(runs):
+    a = runs("kernel_file")
+    assert a.convention == "kernel_contract"
+    assert [c.pattern for c in a.chains if c.kind == "fusible"] == ["rmsnorm"]
+
+
+def test_ops_have_costs_and_sources(runs):
+    a = runs("default")
+    mm = next(o for o in a.ops if o.target == "aten.mm.default")
+    m, k = mm.inputs[0].shape
+    n = mm.inputs[1].shape[1]
+    assert mm.flops == 2 * m * k * n
+    assert mm.bytes_read == 2 * (m * k + k * n) and mm.bytes_written == 2 * m * n
+    views = [o for o in a.ops if o.category == "view"]
+    assert views and all(o.bytes_read == o.bytes_written == 0 for o in views)
+    assert all(o.source.file for o in a.ops if o.category == "matmul")

@@ -1,0 +1,101 @@
+"""Chain cutting on small hand-written modules with known answers."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fusion_advisor.capture import capture
+from fusion_advisor.chains import build_chains
+from fusion_advisor.graph import build_op_graph
+from fusion_advisor.load import LoadedModel
+
+
+def _chains(module: nn.Module, *inputs: torch.Tensor):
+    with torch.device("meta"):
+        module = module.to("meta")
+    loaded = LoadedModel("m", "<test>", "test", module, tuple(x.to("meta") for x in inputs), "meta", "")
+    og = build_op_graph(capture(loaded))
+    return og, build_chains(og)
+
+
+class Pointwise(nn.Module):
+    def forward(self, x):
+        return torch.relu(x * 2 + 1)
+
+
+def test_pointwise_chain_bytes():
+    og, chains = _chains(Pointwise(), torch.randn(256, 1024))
+    (c,) = chains
+    nbytes = 256 * 1024 * 4
+    assert c.kind == "fusible" and c.eager_kernels == 3
+    assert c.fused_bytes == 2 * nbytes  # x read once, y written once
+    assert c.eager_bytes == 6 * nbytes  # each op reads and writes the full tensor
+    assert c.bytes_saved == 4 * nbytes
+
+
+class Residual(nn.Module):
+    """Two pointwise regions joined by a matmul: the residual add must not join the first region."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 64, bias=False)
+
+    def forward(self, x):
+        h = torch.sigmoid(x) * x
+        return h + torch.relu(self.lin(h)) * 2
+
+
+def test_chains_never_span_a_matmul():
+    og, chains = _chains(Residual(), torch.randn(32, 64))
+    kinds = [(c.kind, c.pattern) for c in chains]
+    assert kinds[1] == ("heavy", "matmul")
+    first, last = chains[0], chains[-1]
+    assert first.kind == last.kind == "fusible"
+    assert not set(first.op_ids) & set(last.op_ids)
+    # the add that reads h is after the matmul: it belongs to the last chain, with relu and the scale
+    assert any("add" in t for t in last.targets) and any("relu" in t for t in last.targets)
+    assert last.epilogue_of == chains[1].id  # relu consumes the matmul's output alone
+
+
+class RowNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(512))
+
+    def forward(self, x):
+        v = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(v + 1e-6))
+
+
+def test_row_reduction_joins_per_row_ops():
+    og, chains = _chains(RowNorm(), torch.randn(8, 512))
+    (c,) = chains
+    assert c.pattern == "rmsnorm" and c.row_elems == 512
+    names = sorted(t.split(".")[1] for t in c.targets)
+    assert names == ["add", "mean", "mul", "mul", "pow", "rsqrt"]
+
+
+class TwoReductions(nn.Module):
+    def forward(self, x):
+        return x.sum(-1, keepdim=True) + x.sum(0)  # rows of 16 and columns of 8: not one row-wise kernel
+
+
+def test_reductions_over_different_rows_split():
+    og, chains = _chains(TwoReductions(), torch.randn(8, 16))
+    sums = [c for c in chains if any("sum" in t for t in c.targets)]
+    assert len(sums) == 2
+
+
+class Attn(nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True) * 2
+
+
+def test_sdpa_stays_one_heavy_op():
+    q = torch.randn(1, 4, 128, 64)
+    og, chains = _chains(Attn(), q, q, q)
+    assert [(c.kind, c.pattern) for c in chains][0] == ("heavy", "attention")
+    att = chains[0]
+    assert att.flops == 2 * 4 * 128 * 128 * (64 + 64)

@@ -1,0 +1,94 @@
+"""`fusion-advisor analyze` from the command line: reports written, and bad input met with a short message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from fusion_advisor.cli import app
+
+DATA = Path(__file__).parent / "data"
+runner = CliRunner()
+
+
+def _run(*args: str):
+    return runner.invoke(app, ["analyze", *args])
+
+
+def test_analyze_writes_reports(tmp_path):
+    out = tmp_path / "rep"
+    r = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(out), "--gpu", "a100")
+    assert r.exit_code == 0, r.output
+    for name in ("report.html", "chains.csv", "ops.csv", "report.json"):
+        assert (out / name).is_file()
+    chains = pd.read_csv(out / "chains.csv")
+    assert (chains["bound"] == "launch").any()
+    report = json.loads((out / "report.json").read_text())
+    assert report["device_spec"]["name"] == "a100"
+    assert "Top" in r.output and "launch" in r.output
+
+
+def test_user_rules_come_first(tmp_path):
+    rules = tmp_path / "mine.yaml"
+    rules.write_text(
+        "version: 1\nname: mine\nrules:\n"
+        "  - id: keep-tiny-eager\n    match: {bound: launch}\n    route: skip\n"
+        "    reason: 'I run this under CUDA graphs ({eager_kernels} kernels)'\n"
+    )
+    out = tmp_path / "rep"
+    r = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(out), "--rules", str(rules))
+    assert r.exit_code == 0, r.output
+    chains = pd.read_csv(out / "chains.csv")
+    row = chains[chains["bound"] == "launch"].iloc[0]
+    assert row["rule_id"] == "keep-tiny-eager" and row["route"] == "skip"
+    assert "CUDA graphs (" in row["reason"]
+    report = json.loads((out / "report.json").read_text())
+    assert [f["name"] for f in report["rules_files"]] == ["mine", "default"]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ([str(DATA / "bad" / "missing.py")], "no such file"),
+        ([str(DATA / "bad" / "syntax_error.py")], "syntax_error.py:3: syntax error"),
+        ([str(DATA / "bad" / "no_convention.py")], "follows no known model convention"),
+        ([str(DATA / "bad" / "inputs_raise.py")], "get_inputs() raised RuntimeError: dataset not found"),
+        ([str(DATA / "bad" / "fails_on_inputs.py"), "--device", "cpu"], "fails on its own inputs"),
+        ([str(DATA / "bad" / "untraceable.py"), "--device", "cpu"], "no method could capture"),
+        ([str(DATA / "models" / "tiny_pointwise.py"), "--rules", str(DATA / "bad" / "bad_rules.yaml")],
+         "rule 'my-rule': field 'match.min_row_elems'"),
+        ([str(DATA / "models" / "tiny_pointwise.py"), "--gpu", "v100"], "unknown device spec 'v100'"),
+        ([str(DATA / "models" / "tiny_pointwise.py"), "--dtype", "int8"], "unknown --dtype"),
+    ],
+)
+def test_bad_input_gives_short_message(tmp_path, args, expected):
+    r = _run(*args, "--out", str(tmp_path / "rep"))
+    assert r.exit_code != 0
+    text = " ".join(r.output.split())
+    assert expected in text, r.output
+    assert "Traceback" not in r.output
+    assert not (tmp_path / "rep").exists()  # nothing analysed, nothing written
+
+
+def test_fails_on_inputs_names_the_user_line(tmp_path):
+    r = _run(str(DATA / "bad" / "fails_on_inputs.py"), "--device", "cpu", "--out", str(tmp_path / "rep"))
+    assert "fails_on_inputs.py:11" in " ".join(r.output.split())
+
+
+def test_debug_shows_traceback(tmp_path):
+    r = _run(str(DATA / "bad" / "no_convention.py"), "--debug", "--out", str(tmp_path / "rep"))
+    assert r.exit_code != 0 and r.exception is not None
+
+
+def test_user_files_untouched(tmp_path):
+    model = tmp_path / "model.py"
+    model.write_text((DATA / "models" / "tiny_pointwise.py").read_text())
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    r = _run(str(model), "--out", str(tmp_path / "rep"))
+    assert r.exit_code == 0, r.output
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert after == before

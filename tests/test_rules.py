@@ -1,0 +1,106 @@
+"""The YAML rule engine: validation names file, rule id and field; first match wins; templates render numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from fusion_advisor.errors import RulesError
+from fusion_advisor.records import Chain, Estimate, SourceLoc
+from fusion_advisor.route import route_chain
+from fusion_advisor.rules import SHIPPED_RULES, load_rules, load_rules_file
+
+
+def _chain(**kw) -> Chain:
+    base = dict(id="c0", kind="fusible", op_ids=("g0:a", "g0:b"), targets=("aten.a", "aten.b"), pattern="softmax",
+                categories=("softmax",), dtype="bf16", eager_kernels=2, eager_bytes=4000, fused_bytes=1000,
+                flops=500, numel=1000, row_elems=32000, source=SourceLoc("m.py", 3, "x"), module_path="")
+    base.update(kw)
+    return Chain(**base)
+
+
+def _est(bound="memory", **kw) -> Estimate:
+    base = dict(compute_us=0.1, memory_fused_us=1.0, memory_eager_us=4.0, launch_eager_us=24.0, eager_us=30.0,
+                fused_us=12.0, saving_us=18.0, ridge_point=185.0, bound=bound, peak_tflops=790.0)
+    base.update(kw)
+    return Estimate(**base)
+
+
+def _write(tmp_path, body: str):
+    p = tmp_path / "r.yaml"
+    p.write_text(body)
+    return p
+
+
+def test_shipped_rules_are_valid():
+    rules, info = load_rules_file(SHIPPED_RULES)
+    assert info["version"] == 1 and len(rules) >= 10
+    assert len({r.id for r in rules}) == len(rules)
+    assert rules[-1].match == {}  # a catch-all closes the list
+
+
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        ("version: 1\nrules:\n  - id: a\n    route: nowhere\n    reason: x\n", "rule 'a': field 'route'"),
+        ("version: 1\nrules:\n  - id: a\n    route: skip\n    match: {colour: red}\n    reason: x\n", "field 'match.colour'"),
+        ("version: 1\nrules:\n  - id: a\n    route: skip\n    match: {min_kernels: two}\n    reason: x\n", "field 'match.min_kernels': expected int"),
+        ("version: 1\nrules:\n  - id: a\n    route: triton\n    reason: x\n", "field 'kernel'"),
+        ("version: 1\nrules:\n  - id: a\n    route: skip\n    reason: 'AI {intensity}'\n", "unknown placeholder(s) intensity"),
+        ("version: 1\nrules:\n  - id: a\n    route: skip\n", "field 'reason'"),
+        ("version: 1\nrules:\n  - id: a\n    route: skip\n    reason: x\n    speed: fast\n", "unknown field 'speed'"),
+        ("version: 1\nrules:\n  - id: a\n    route: skip\n    match: {bound: slow}\n    reason: x\n", "field 'match.bound'"),
+        ("version: 2\nrules: []\n", "field 'version'"),
+        ("rules: [\n", "invalid YAML"),
+        ("version: 1\nrules:\n  - route: skip\n    reason: x\n", "rule #1: field 'id'"),
+    ],
+)
+def test_invalid_rules_name_file_rule_and_field(tmp_path, body, fragment):
+    path = _write(tmp_path, body)
+    with pytest.raises(RulesError) as e:
+        load_rules_file(path)
+    assert str(path) in str(e.value)
+    assert fragment in str(e.value)
+
+
+def test_missing_rules_file(tmp_path):
+    with pytest.raises(RulesError, match="cannot read rules file"):
+        load_rules([tmp_path / "nope.yaml"])
+
+
+def test_first_match_wins_and_user_rules_come_first(tmp_path):
+    user = _write(tmp_path, "version: 1\nrules:\n  - id: mine\n    match: {pattern: softmax}\n    route: skip\n"
+                            "    reason: 'row {row_elems}, AI {arithmetic_intensity:.1f}'\n")
+    rules = load_rules([user])
+    d = route_chain(_chain(), _est(), rules, kernels={})
+    assert (d.rule_id, d.route) == ("mine", "skip")
+    assert d.reason == "row 32000, AI 0.5"
+
+
+def test_triton_route_falls_back_when_kernel_missing():
+    rules = load_rules([])
+    d = route_chain(_chain(), _est(), rules, kernels={})
+    assert d.rule_id == "triton-softmax"
+    assert d.route == "torch.compile"
+    assert "not in kernel_library yet" in d.note
+
+
+def test_triton_route_checks_kernel_constraints():
+    import torch
+
+    from kernel_library.registry import KernelEntry
+
+    narrow = KernelEntry(name="softmax_small", module="x", replaces="softmax", dtypes=(torch.float32,), max_row_elems=1024)
+    rules = load_rules([])
+    d = route_chain(_chain(), _est(), rules, kernels={"softmax_small": narrow})
+    assert d.route == "torch.compile" and "dtype" in d.note
+    ok = KernelEntry(name="softmax_any", module="x", replaces="softmax")
+    d = route_chain(_chain(), _est(), rules, kernels={"softmax_any": ok})
+    assert (d.route, d.kernel) == ("triton", "softmax_any")
+
+
+def test_bound_condition_and_override(tmp_path):
+    user = _write(tmp_path, "version: 1\nrules:\n  - id: launchy\n    match: {bound: [launch]}\n    route: torch.compile\n"
+                            "    bound: memory\n    reason: r\n")
+    rules = load_rules([user], shipped=None)
+    assert route_chain(_chain(), _est(bound="launch"), rules, {}).bound == "memory"
+    assert route_chain(_chain(), _est(bound="memory"), rules, {}).rule_id == "(none)"
