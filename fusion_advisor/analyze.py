@@ -14,7 +14,6 @@ from typing import Callable, Iterator
 
 import torch
 
-from fusion_advisor import __version__
 from fusion_advisor.capture import capture
 from fusion_advisor.chains import build_chains
 from fusion_advisor.devices import DeviceSpec, load_spec
@@ -45,8 +44,8 @@ def default_spec_name() -> str:
 
 
 def versions() -> dict[str, str]:
-    """Versions of the tool and the libraries whose behaviour shapes the analysis."""
-    out = {"fusion_advisor": __version__, "torch": torch.__version__, "python": platform.python_version()}
+    """Versions of the libraries whose behaviour shapes the analysis (the tool's own is in the report header)."""
+    out = {"torch": torch.__version__, "python": platform.python_version()}
     try:
         import triton
 

@@ -1,0 +1,244 @@
+"""GPU benchmark of every kernel_library kernel against eager PyTorch and torch.compile, in one run.
+
+For each registered kernel and each shape in its module's ``BENCH_SHAPES``:
+
+1. verify first: the kernel's output (and gradients, for ops with a backward) against ``reference_fn`` on the
+   same inputs, with the dtype tolerance of ``fusion_advisor.tolerances``; a shape that fails is not timed;
+2. time forward, and forward+backward where the op has one, for three providers: ``triton`` (``kernel_fn``),
+   ``eager`` (``reference_fn``) and ``compile`` (``torch.compile(reference_fn)``), each with
+   ``triton.testing.do_bench`` (median; it clears L2 by writing a 256 MB buffer before every repetition, so
+   inputs are never served from L2); compile time (first call, synchronised) is reported apart;
+3. GB/s from the module's bytes-moved formula (``bytes_moved``; plus ``bytes_moved_backward`` for fwd+bwd, or
+   ``bytes_moved_fwd_bwd`` where the module defines it), and % of the copy bandwidth measured in the same run.
+
+Writes ``kernels.json`` (one row per kernel, shape, mode, provider) and ``kernels.md`` to ``--out``.
+
+    python benchmarks/kernels.py --out DIR [--kernels rmsnorm,softmax] [--max-shapes N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fusion_advisor.verify import compare_outputs  # noqa: E402
+from kernel_library.registry import load_all  # noqa: E402
+
+
+def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth, bytes read plus written, GB/s (the ceiling memory-bound kernels face)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    return []
+
+
+def _float_outputs(out):
+    return [t for t in _tensors(out) if t.is_floating_point() and t.requires_grad]
+
+
+def _upcast(args):
+    """float64 copies of the floating tensors of ``args`` (same requires_grad), for the reference."""
+    def up(x):
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            return x.detach().double().requires_grad_(x.requires_grad)
+        if isinstance(x, (list, tuple)):
+            return type(x)(up(v) for v in x)
+        return x
+    return [up(a) for a in args]
+
+
+def _shape_label(shape: dict) -> str:
+    return ",".join(f"{k}={str(v).replace('torch.', '')}" for k, v in shape.items())
+
+
+def _fwd_bwd(fn, args, grads):
+    def run():
+        out = fn(*args)
+        outs = _float_outputs(out)
+        torch.autograd.backward(outs, grads[: len(outs)])
+
+    return run
+
+
+def bench_kernel(name: str, entry, copy_gbps: float, max_shapes: int, rows: list, log) -> None:
+    mod = importlib.import_module(entry.module)
+    shapes = list(getattr(mod, "BENCH_SHAPES", []))[:max_shapes]
+    for shape in shapes:
+        label = _shape_label(shape)
+        try:
+            args = mod.make_inputs(**shape)
+        except Exception as e:  # noqa: BLE001
+            log(f"{name} {label}: make_inputs failed: {e}")
+            continue
+        leaves = [t for t in _tensors(args) if t.is_floating_point() and t.requires_grad]
+        # 1. verify on this very shape, against a float64 reference
+        ref_args = _upcast(args)
+        with torch.no_grad():
+            ok, max_abs, max_rel, details = compare_outputs(mod.kernel_fn(*args), mod.reference_fn(*ref_args))
+        grads_ok = True
+        if ok and entry.has_backward and leaves:
+            out_k = mod.kernel_fn(*args)
+            outs_k = _float_outputs(out_k)
+            grads = [torch.randn_like(o) for o in outs_k]
+            gk = torch.autograd.grad(outs_k, leaves, grads, allow_unused=True)
+            ref_leaves = [t for t in _tensors(ref_args) if t.is_floating_point() and t.requires_grad]
+            outs_r = _float_outputs(mod.reference_fn(*ref_args))
+            gr = torch.autograd.grad(outs_r, ref_leaves, [g.double() for g in grads], allow_unused=True)
+            grads_ok, g_abs, g_rel, g_details = compare_outputs(list(gk), list(gr), label="grad")
+            details += g_details
+        verified = bool(ok and grads_ok)
+        log(f"{name} {label}: verified={verified} max_abs={max_abs:.3g}")
+        if not verified:
+            rows.append({"kernel": name, "shape": label, "verified": False, "details": details[:5]})
+            continue
+        modes = [("fwd", None)]
+        if entry.has_backward and leaves:
+            outs = _float_outputs(mod.reference_fn(*args))
+            modes.append(("fwd+bwd", [torch.randn_like(o) for o in outs]))
+        for mode, grads in modes:
+            if mode == "fwd":
+                nbytes = mod.bytes_moved(*args)
+            elif hasattr(mod, "bytes_moved_fwd_bwd"):
+                nbytes = mod.bytes_moved_fwd_bwd(*args)
+            else:
+                nbytes = mod.bytes_moved(*args) + mod.bytes_moved_backward(*args)
+            times = {}
+            for provider in ("triton", "eager", "compile"):
+                fn = {"triton": mod.kernel_fn, "eager": mod.reference_fn}.get(provider)
+                compile_s = None
+                try:
+                    if provider == "compile":
+                        torch._dynamo.reset()
+                        fn = torch.compile(mod.reference_fn, dynamic=False)
+                    call = _fwd_bwd(fn, args, grads) if mode == "fwd+bwd" else fn
+                    t0 = time.perf_counter()
+                    if mode == "fwd":
+                        with torch.no_grad():
+                            call(*args)
+                    else:
+                        call()
+                    torch.cuda.synchronize()
+                    first_call_s = time.perf_counter() - t0
+                    if provider in ("compile", "triton"):
+                        compile_s = first_call_s
+                    if mode == "fwd":
+                        def timed(call=call):
+                            with torch.no_grad():
+                                return call(*args)
+                    else:
+                        timed = call
+                    ms = do_bench(timed, warmup=25, rep=100, grad_to_none=leaves or None, return_mode="median")
+                except Exception as e:  # noqa: BLE001 - one provider failing must not stop the run
+                    log(f"{name} {label} {mode} {provider}: FAILED {type(e).__name__}: {str(e)[:200]}")
+                    rows.append({"kernel": name, "shape": label, "mode": mode, "provider": provider,
+                                 "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                    continue
+                times[provider] = ms
+                gbps = nbytes / (ms * 1e-3) / 1e9
+                rows.append({
+                    "kernel": name, "shape": label, "mode": mode, "provider": provider, "verified": True,
+                    "median_ms": ms, "bytes_moved": nbytes, "gbps": gbps, "pct_of_copy": 100 * gbps / copy_gbps,
+                    "first_call_s": compile_s,
+                })
+            for r in rows:
+                if r.get("kernel") == name and r.get("shape") == label and r.get("mode") == mode and "median_ms" in r:
+                    r["speedup_vs_eager"] = times.get("eager", float("nan")) / r["median_ms"]
+                    r["speedup_vs_compile"] = times.get("compile", float("nan")) / r["median_ms"]
+            t, e, c = times.get("triton"), times.get("eager"), times.get("compile")
+            if t:
+                log(f"  {mode:8} triton {t:.4f} ms ({nbytes / t / 1e6:.0f} GB/s, {100 * nbytes / t / 1e6 / copy_gbps:.0f}% of copy)"
+                    f"  eager {e or float('nan'):.4f}  compile {c or float('nan'):.4f}"
+                    f"  -> x{(e or float('nan')) / t:.2f} vs eager, x{(c or float('nan')) / t:.2f} vs compile")
+        del args, ref_args
+        torch.cuda.empty_cache()
+
+
+def markdown(rows: list, copy_gbps: float) -> str:
+    lines = [f"Copy bandwidth measured in this run: {copy_gbps:.0f} GB/s (read + write).", "",
+             "| kernel | shape | mode | triton ms | GB/s | % copy | eager ms | compile ms | x eager | x compile | compile s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    index = {}
+    for r in rows:
+        if "median_ms" in r:
+            index.setdefault((r["kernel"], r["shape"], r["mode"]), {})[r["provider"]] = r
+    for (k, s, m), p in index.items():
+        t = p.get("triton")
+        if not t:
+            continue
+        e, c = p.get("eager", {}), p.get("compile", {})
+        lines.append(
+            f"| {k} | {s} | {m} | {t['median_ms']:.4f} | {t['gbps']:.0f} | {t['pct_of_copy']:.0f} | "
+            f"{e.get('median_ms', float('nan')):.4f} | {c.get('median_ms', float('nan')):.4f} | "
+            f"{t.get('speedup_vs_eager', float('nan')):.2f} | {t.get('speedup_vs_compile', float('nan')):.2f} | "
+            f"{c.get('first_call_s') or float('nan'):.2f} |"
+        )
+    failed = [r for r in rows if r.get("verified") is False or "error" in r]
+    if failed:
+        lines += ["", "Not timed or failed:", ""] + [f"- {r['kernel']} {r['shape']}: {r.get('error') or r.get('details')}" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--kernels", default="", help="comma-separated kernel names (default: all)")
+    ap.add_argument("--max-shapes", type=int, default=100)
+    args = ap.parse_args()
+    assert torch.cuda.is_available(), "this benchmark needs a CUDA GPU"
+    args.out.mkdir(parents=True, exist_ok=True)
+    log_file = open(args.out / "kernels.log", "w")
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+        log_file.write(msg + "\n")
+        log_file.flush()
+
+    copy_gbps = copy_bandwidth_gbps()
+    log(f"copy bandwidth {copy_gbps:.0f} GB/s on {torch.cuda.get_device_name()}")
+    meta = {
+        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+        "cuda": torch.version.cuda, "python": platform.python_version(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "copy_bandwidth_gbps": copy_gbps,
+        "method": "triton.testing.do_bench median (warmup 25 ms, rep 100 ms, L2 cleared before each rep); "
+                  "GB/s = bytes_moved formula of each module / median time; compile time = first call, synchronised",
+    }
+    rows: list = []
+    wanted = {k for k in args.kernels.split(",") if k}
+    for name, entry in sorted(load_all().items()):
+        if wanted and name not in wanted:
+            continue
+        try:
+            bench_kernel(name, entry, copy_gbps, args.max_shapes, rows, log)
+        except Exception as e:  # noqa: BLE001
+            log(f"{name}: FAILED {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            rows.append({"kernel": name, "error": f"{type(e).__name__}: {e}"})
+        (args.out / "kernels.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+        (args.out / "kernels.md").write_text(markdown(rows, copy_gbps))
+    print(markdown(rows, copy_gbps))
+
+
+if __name__ == "__main__":
+    main()
