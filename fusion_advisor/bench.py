@@ -1,0 +1,298 @@
+"""Time a verified kernel against its reference, eager and under ``torch.compile``.
+
+:func:`bench_kernel` first runs :func:`fusion_advisor.verify.verify_kernel` with one seed and refuses to time a
+kernel that fails it (TRITON_RULES: never benchmark before verify passes). Then, on one ``get_inputs()`` draw
+(seed 0), it times the forward of ``kernel_fn``, ``reference_fn`` and ``torch.compile(reference_fn)`` under
+``torch.no_grad()``:
+
+- on CUDA with ``triton.testing.do_bench(fn, warmup, rep)``: the median of per-call CUDA-event times, the L2
+  cache flushed before each timed call; the iteration counts are those do_bench ran (counted, see
+  :func:`time_cuda`);
+- on CPU with ``time.perf_counter`` around each call, the median over ``rep_ms`` worth of calls after
+  ``warmup_ms`` of warm-up (:func:`time_cpu`). Under the Triton interpreter such numbers say nothing about GPU
+  speed, and the result's ``note`` says so.
+
+``torch.compile``'s first call (tracing + Inductor codegen + compilation) is timed on its own as
+``compile_time_ms``, apart from its steady-state median. Dynamo's in-process caches are reset first
+(``torch.compiler.reset()``) so the compile is not skipped; Inductor's on-disk caches may still make a repeat
+compile faster, and the time is reported as measured. A compile failure (on CPU Inductor needs a C++ compiler)
+is caught and reported as ``compiled_reference_time_ms = None`` with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from fusion_advisor.errors import VerificationFailed
+from fusion_advisor.verify import KernelContract, VerifyResult, fresh_inputs, verify_kernel
+
+#: do_bench's defaults (ms of warm-up and of timed calls), also used on CPU.
+DEFAULT_WARMUP_MS = 25.0
+DEFAULT_REP_MS = 100.0
+
+#: Calls used to estimate one call's time on CPU before choosing the iteration counts (as do_bench does).
+CPU_ESTIMATE_CALLS = 5
+
+#: Fewest timed calls on CPU: a median of fewer says little (do_bench allows 1 on GPU, where calls are steadier).
+CPU_MIN_TIMED_CALLS = 3
+
+TIMER_CUDA = "triton.testing.do_bench median (cuda events, L2 flushed before each call)"
+TIMER_CPU = "cpu-wallclock-median"
+
+CPU_NOTE = (
+    "CPU wall-clock timings; under the Triton interpreter (TRITON_INTERPRET=1) they say nothing about GPU speed: "
+    "benchmark on a GPU"
+)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One function's timing.
+
+    Attributes:
+        median_ms: median time of one call, in ms.
+        warmup_iters: calls made and not timed (first call, runtime estimate, warm-up loop).
+        benchmark_iters: calls timed; ``median_ms`` is their median. ``None`` when the timer cannot tell.
+    """
+
+    median_ms: float
+    warmup_iters: int | None
+    benchmark_iters: int | None
+
+
+def time_cuda(fn: Callable[[], Any], warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS,
+              do_bench: Callable[..., Any] | None = None) -> Timing:
+    """Time ``fn`` on the GPU with ``triton.testing.do_bench`` and report how many calls it made.
+
+    do_bench calls ``fn`` once, 5 more times to estimate its runtime, ``max(1, int(warmup / estimate))`` times
+    to warm up, then ``max(1, int(rep / estimate))`` timed times, flushing the L2 cache before each timed call.
+    Asked for every per-call time (``return_mode="all"``), it returns the timed ones: their count is
+    ``benchmark_iters`` and their median is the median do_bench's ``return_mode="median"`` gives. ``fn`` is
+    wrapped in a call counter, so ``warmup_iters`` (every untimed call) is counted, not assumed.
+
+    Args:
+        do_bench: the timer, ``triton.testing.do_bench`` by default (a parameter so tests can check the counting).
+    """
+    if do_bench is None:
+        import triton.testing
+
+        do_bench = triton.testing.do_bench
+    calls = 0
+
+    def counted() -> None:
+        nonlocal calls
+        calls += 1
+        fn()
+
+    try:
+        times = do_bench(counted, warmup=warmup_ms, rep=rep_ms, return_mode="all")
+    except (AssertionError, TypeError, ValueError):
+        if calls:  # fn itself raised
+            raise
+        # A Triton whose do_bench rejects return_mode="all" (it asserts before calling fn): counts unknown.
+        median = do_bench(counted, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+        return Timing(float(median), None, None)
+    return Timing(float(statistics.median(times)), calls - len(times), len(times))
+
+
+def time_cpu(fn: Callable[[], Any], warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS) -> Timing:
+    """Median wall-clock time of ``fn`` on CPU, iteration counts chosen like do_bench's.
+
+    One first call, :data:`CPU_ESTIMATE_CALLS` calls to estimate the time of one, ``max(1, warmup_ms / estimate)``
+    warm-up calls, then ``max(CPU_MIN_TIMED_CALLS, rep_ms / estimate)`` calls each timed with
+    ``time.perf_counter``.
+    """
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(CPU_ESTIMATE_CALLS):
+        fn()
+    estimate_ms = max((time.perf_counter() - t0) * 1e3 / CPU_ESTIMATE_CALLS, 1e-6)
+    n_warmup = max(1, int(warmup_ms / estimate_ms))
+    n_rep = max(CPU_MIN_TIMED_CALLS, int(rep_ms / estimate_ms))
+    for _ in range(n_warmup):
+        fn()
+    times = []
+    for _ in range(n_rep):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return Timing(statistics.median(times), 1 + CPU_ESTIMATE_CALLS + n_warmup, n_rep)
+
+
+@dataclass
+class BenchResult:
+    """Outcome of :func:`bench_kernel`; times are medians in ms of one forward call.
+
+    Attributes:
+        name: the kernel's name.
+        device: where it ran (``"cuda:0 (NVIDIA H200)"``, ``"cpu (Triton interpreter)"``).
+        timer: :data:`TIMER_CUDA` or :data:`TIMER_CPU`.
+        kernel_time_ms, reference_time_ms: ``kernel_fn`` and eager ``reference_fn``.
+        speedup: ``reference_time_ms / kernel_time_ms``.
+        warmup_iters, benchmark_iters: untimed and timed calls of ``kernel_fn`` (``iterations`` has all three).
+        compiled_reference_time_ms: steady-state ``torch.compile(reference_fn)``; ``None`` if skipped or failed.
+        compile_time_ms: wall time of the compiled reference's first call (compilation included), apart from
+            the steady state; ``None`` if skipped or failed.
+        speedup_vs_compile: ``compiled_reference_time_ms / kernel_time_ms``, or ``None``.
+        compile_error: why there is no compiled time (``"skipped (--no-compile)"``, the exception), else ``None``.
+        note: a caveat on the numbers (CPU timings), else ``None``.
+        iterations: ``{"kernel" | "reference" | "compiled_reference": {"warmup": n, "benchmark": n}}``.
+        warmup_ms, rep_ms: the timer's budgets.
+        verify: the one-seed verification that preceded the timing.
+    """
+
+    name: str
+    device: str
+    timer: str
+    kernel_time_ms: float
+    reference_time_ms: float
+    speedup: float
+    warmup_iters: int | None
+    benchmark_iters: int | None
+    compiled_reference_time_ms: float | None = None
+    compile_time_ms: float | None = None
+    speedup_vs_compile: float | None = None
+    compile_error: str | None = None
+    note: str | None = None
+    iterations: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    warmup_ms: float = DEFAULT_WARMUP_MS
+    rep_ms: float = DEFAULT_REP_MS
+    verify: VerifyResult | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict, the contract's keys first; non-finite numbers become ``None``."""
+        f = _json_float
+        return {
+            "kernel_time_ms": f(self.kernel_time_ms),
+            "reference_time_ms": f(self.reference_time_ms),
+            "speedup": f(self.speedup),
+            "warmup_iters": self.warmup_iters,
+            "benchmark_iters": self.benchmark_iters,
+            "compiled_reference_time_ms": f(self.compiled_reference_time_ms),
+            "compile_time_ms": f(self.compile_time_ms),
+            "speedup_vs_compile": f(self.speedup_vs_compile),
+            "compile_error": self.compile_error,
+            "device": self.device,
+            "timer": self.timer,
+            "note": self.note,
+            "kernel": self.name,
+            "iterations": self.iterations,
+            "warmup_ms": self.warmup_ms,
+            "rep_ms": self.rep_ms,
+            "verify": self.verify.to_dict() if self.verify is not None else None,
+        }
+
+
+def _json_float(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def _device_of(args: list[Any]) -> torch.device:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device
+        if isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    return b.device
+    from kernel_library._device import default_device
+
+    return default_device()
+
+
+def _device_label(device: torch.device) -> str:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    from kernel_library._device import interpreted
+
+    return f"{device.type} (Triton interpreter)" if device.type == "cpu" and interpreted() else device.type
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench_kernel(contract: KernelContract, warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS,
+                 compile_reference: bool = True, *, rtol: float | None = None,
+                 atol: float | None = None) -> BenchResult:
+    """Verify ``contract`` (one seed), then time its kernel, its reference and the compiled reference.
+
+    Args:
+        contract: from :func:`fusion_advisor.verify.load_contract`.
+        warmup_ms, rep_ms: warm-up and timed budget per function, in ms (do_bench's ``warmup`` and ``rep``).
+        compile_reference: also time ``torch.compile(reference_fn)``; ``False`` skips it (``--no-compile``).
+        rtol, atol: tolerances for the verification (``None``: per-dtype table).
+
+    Raises:
+        VerificationFailed: the kernel failed verification; nothing was timed. ``.result`` holds the
+            :class:`~fusion_advisor.verify.VerifyResult`.
+        ContractError: ``get_inputs()`` or ``reference_fn`` raised.
+    """
+    verified = verify_kernel(contract, rtol=rtol, atol=atol, seeds=1)
+    if not verified.correct:
+        lines = "\n  ".join(verified.details)
+        raise VerificationFailed(
+            f"{contract.name}: verification failed, so it is not benchmarked:\n  {lines}", result=verified
+        )
+
+    args = fresh_inputs(contract, seed=0)
+    device = _device_of(args)
+    on_cuda = device.type == "cuda"
+
+    def timer(fn: Callable[[], Any]) -> Timing:
+        return time_cuda(fn, warmup_ms, rep_ms) if on_cuda else time_cpu(fn, warmup_ms, rep_ms)
+
+    kernel_fn, reference_fn = contract.kernel_fn, contract.reference_fn
+    with torch.no_grad():
+        kernel = timer(lambda: kernel_fn(*args))
+        reference = timer(lambda: reference_fn(*args))
+        compiled, compile_ms, compile_error = None, None, None
+        if not compile_reference:
+            compile_error = "skipped (--no-compile)"
+        else:
+            try:
+                torch.compiler.reset()  # a cold compile, not a hit in dynamo's in-process cache
+                compiled_fn = torch.compile(reference_fn)
+                _sync(device)
+                start = time.perf_counter()
+                compiled_fn(*args)  # first call: trace + Inductor codegen + compile
+                _sync(device)
+                compile_ms = (time.perf_counter() - start) * 1e3
+                compiled = timer(lambda: compiled_fn(*args))
+            except Exception as exc:  # noqa: BLE001 - any compile failure is reported, not raised
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                compile_error = f"torch.compile(reference_fn) failed: {type(exc).__name__}: {first}"
+                compiled, compile_ms = None, None
+
+    iterations = {"kernel": {"warmup": kernel.warmup_iters, "benchmark": kernel.benchmark_iters},
+                  "reference": {"warmup": reference.warmup_iters, "benchmark": reference.benchmark_iters}}
+    if compiled is not None:
+        iterations["compiled_reference"] = {"warmup": compiled.warmup_iters, "benchmark": compiled.benchmark_iters}
+    return BenchResult(
+        name=contract.name,
+        device=_device_label(device),
+        timer=TIMER_CUDA if on_cuda else TIMER_CPU,
+        kernel_time_ms=kernel.median_ms,
+        reference_time_ms=reference.median_ms,
+        speedup=reference.median_ms / kernel.median_ms if kernel.median_ms > 0 else math.inf,
+        warmup_iters=kernel.warmup_iters,
+        benchmark_iters=kernel.benchmark_iters,
+        compiled_reference_time_ms=compiled.median_ms if compiled is not None else None,
+        compile_time_ms=compile_ms,
+        speedup_vs_compile=(compiled.median_ms / kernel.median_ms if compiled is not None and kernel.median_ms > 0
+                            else None),
+        compile_error=compile_error,
+        note=None if on_cuda else CPU_NOTE,
+        iterations=iterations,
+        warmup_ms=warmup_ms,
+        rep_ms=rep_ms,
+        verify=verified,
+    )

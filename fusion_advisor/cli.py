@@ -1,0 +1,257 @@
+"""Command-line interface: ``fusion-advisor analyze | apply | verify | bench``.
+
+Each command is a thin shell over one pipeline stage; all user-facing errors are
+:class:`fusion_advisor.errors.UserError` and print as one short message (a traceback only with ``--debug``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Callable, Iterator, List, Optional, TypeVar
+
+import typer
+from rich.console import Console
+
+from fusion_advisor.errors import UserError
+
+T = TypeVar("T")
+console = Console(stderr=True)
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Which chains of a PyTorch model to fuse, how, and what it buys.",
+    pretty_exceptions_enable=False,
+)
+
+# --- shared error handling ---------------------------------------------------------------------------------
+
+
+def run_guarded(fn: Callable[[], T], debug: bool) -> T:
+    """Run ``fn``; turn user errors, OOM and interrupts into one short message and a non-zero exit.
+
+    A traceback is printed only with ``debug``. Exit codes: 2 user error, 3 out of memory, 130 interrupted,
+    1 internal error.
+    """
+    try:
+        return fn()
+    except UserError as e:
+        if debug:
+            raise
+        console.print("[bold red]error:[/] " + _escape(str(e)), highlight=False)
+        raise typer.Exit(e.exit_code) from None
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: no report was written or half-written")
+        raise typer.Exit(130) from None
+    except Exception as e:  # noqa: BLE001 - last line of defence: a short message, traceback only with --debug
+        if debug:
+            raise
+        import torch
+
+        if isinstance(e, torch.cuda.OutOfMemoryError):
+            console.print("[bold red]error:[/] GPU out of memory: " + _escape(str(e).splitlines()[0])
+                          + " — try --device meta (static analysis) or a smaller model/inputs")
+            raise typer.Exit(3) from None
+        console.print(f"[bold red]internal error:[/] {type(e).__name__}: " + _escape(str(e).splitlines()[0] if str(e) else "")
+                      + "\n(rerun with --debug for the traceback)")
+        raise typer.Exit(1) from None
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+# --- analyze ------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _progress(name: str) -> Iterator[None]:
+    labels = {
+        "load": "loading the model and its inputs",
+        "capture": "capturing graphs (dynamo + AOTAutograd)",
+        "graph": "building the op graph",
+        "chains": "cutting chains",
+        "route": "estimating and routing",
+    }
+    with console.status(labels.get(name, name) + " ..."):
+        yield
+
+
+@app.command()
+def analyze(
+    model: Optional[Path] = typer.Argument(
+        None, help="Model file (KernelBench style, get_model()+get_inputs(), or a kernel file). Default: built-in Llama."
+    ),
+    device: Optional[str] = typer.Option(
+        None, help="meta (static, nothing executed; default without GPU), cpu, or cuda (default with GPU)."
+    ),
+    dtype: str = typer.Option("", help="Cast the model and floating inputs: fp32, bf16 or fp16."),
+    gpu: Optional[str] = typer.Option(None, help="Device spec: h200, h100, a100, l4, cpu, or a spec YAML path."),
+    rules: List[Path] = typer.Option([], "--rules", help="Extra rules YAML, matched before the shipped rules."),
+    out: Optional[Path] = typer.Option(None, help="Report directory. Default: reports/<model name>/."),
+    top: int = typer.Option(12, help="Chains shown in the terminal summary (by estimated saving)."),
+    debug: bool = typer.Option(False, help="Show tracebacks."),
+) -> None:
+    """Analyse a model: chains, bound classes, routes and reasons; writes report.html, chains.csv, ops.csv, report.json."""
+    from fusion_advisor.analyze import analyze as run_analysis
+    from fusion_advisor.report import write_report
+
+    def job():
+        if dtype and dtype not in ("fp32", "bf16", "fp16"):
+            raise UserError(f"unknown --dtype {dtype!r}; choose fp32, bf16 or fp16")
+        analysis = run_analysis(model, device=device, dtype=dtype, gpu=gpu, rules_files=list(rules), stage=_progress)
+        out_dir = out or Path("reports") / analysis.model_name
+        if out_dir.exists() and not out_dir.is_dir():
+            raise UserError(f"--out {out_dir}: exists and is not a directory")
+        with console.status("writing the report ..."):
+            paths = write_report(analysis, out_dir)
+        return analysis, paths
+
+    analysis, paths = run_guarded(job, debug)
+    _print_summary(analysis, paths, top)
+
+
+def _print_summary(analysis, paths: dict, top: int) -> None:
+    from rich.table import Table
+
+    from fusion_advisor.report import summary_rows
+
+    out = Console(width=None if sys.stdout.isatty() else 140)
+    for b in analysis.graph_breaks:
+        out.print(f"[yellow]graph break[/] at {_escape(str(b.source))}: {_escape(b.reason)}")
+    for w in analysis.warnings:
+        out.print(f"[yellow]warning:[/] {_escape(w)}")
+    spec = analysis.device_spec
+    out.print(
+        f"[bold]{_escape(analysis.model_name)}[/]: {len(analysis.ops)} ops, {len(analysis.chains)} chains/items, "
+        f"captured by {analysis.capture_method} on {analysis.device}; roofline of {spec['display_name']} "
+        f"({spec['memory_bandwidth_gbps']:.0f} GB/s, launch {spec['launch_overhead_us']:.0f} us). All times are estimates."
+    )
+    rows = summary_rows(analysis)
+    if rows:
+        t = Table(title="Totals")
+        for col in rows[0]:
+            t.add_column(str(col), justify="right" if col not in ("group", "value", "route", "bound") else "left")
+        for r in rows:
+            t.add_row(*[f"{v:,.1f}" if isinstance(v, float) else str(v) for v in r.values()])
+        out.print(t)
+    ranked = sorted(analysis.chains, key=lambda c: analysis.estimates[c.id].saving_us, reverse=True)[:top]
+    t = Table(title=f"Top {len(ranked)} chains by estimated saving")
+    for col, just in (("chain", "left"), ("pattern", "left"), ("bound", "left"), ("route", "left"), ("kernel", "left"),
+                      ("eager us", "right"), ("fused us", "right"), ("source", "left")):
+        t.add_column(col, justify=just)
+    for c in ranked:
+        e, d = analysis.estimates[c.id], analysis.decisions[c.id]
+        src = f"{Path(c.source.file).name}:{c.source.line}" if c.source.file else "?"
+        t.add_row(c.id, c.pattern, d.bound, d.route, d.kernel or "-", f"{e.eager_us:,.1f}", f"{e.fused_us:,.1f}", src)
+    out.print(t)
+    out.print(f"report: {paths.get('html')}  (also chains.csv, ops.csv, report.json in {Path(paths['html']).parent})")
+
+# --- verify / bench -----------------------------------------------------------------------------------------
+# (kernel contract commands; see fusion_advisor/verify.py and fusion_advisor/bench.py)
+
+_KERNEL_ARG_HELP = (
+    "Kernel file (.py) defining kernel_fn, reference_fn and get_inputs(), or a kernel_library module "
+    "(rmsnorm, kernel_library.rmsnorm)."
+)
+_TOL_HELP = "{} tolerance for every output and gradient. Default: by output dtype (fusion_advisor.tolerances)."
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    """Write ``data`` as JSON to ``path`` atomically: a temporary file in the same folder, then ``os.replace``."""
+    import json
+    import os
+    import tempfile
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the mode open() would
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=2, allow_nan=False)
+                f.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as e:
+        raise UserError(f"--json-out {path}: cannot write: {e.strerror or e}") from e
+
+
+def _emit_json(data: dict, json_out: Optional[Path]) -> None:
+    """Print ``data`` as JSON on stdout, and write it to ``json_out`` too when given."""
+    import json
+
+    typer.echo(json.dumps(data, indent=2, allow_nan=False))
+    if json_out is not None:
+        _write_json_atomic(json_out, data)
+
+
+@app.command()
+def verify(
+    file: str = typer.Argument(..., help=_KERNEL_ARG_HELP),
+    rtol: Optional[float] = typer.Option(None, "--rtol", min=0.0, help=_TOL_HELP.format("Relative")),
+    atol: Optional[float] = typer.Option(None, "--atol", min=0.0, help=_TOL_HELP.format("Absolute")),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Seeds (fresh get_inputs() each) to verify on."),
+    json_out: Optional[Path] = typer.Option(None, "--json-out", help="Also write the JSON result to this file."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+) -> None:
+    """Check kernel_fn against reference_fn on fresh inputs; print JSON {correct, max_abs_diff, max_rel_diff,
+    details}; exit 1 when incorrect, 2 when the file or its contract is unusable."""
+
+    def job():
+        from fusion_advisor.verify import load_contract, use_triton_interpreter_if_no_gpu, verify_kernel
+
+        use_triton_interpreter_if_no_gpu()
+        result = verify_kernel(load_contract(file), rtol=rtol, atol=atol, seeds=seeds)
+        _emit_json(result.to_dict(), json_out)
+        return result
+
+    result = run_guarded(job, debug)
+    if debug and result.traceback:
+        sys.stderr.write(result.traceback)
+    if not result.correct:
+        raise typer.Exit(1)
+
+
+@app.command()
+def bench(
+    file: str = typer.Argument(..., help=_KERNEL_ARG_HELP),
+    warmup_ms: float = typer.Option(25.0, "--warmup-ms", min=0.0, help="Warm-up budget per function, ms."),
+    rep_ms: float = typer.Option(100.0, "--rep-ms", min=0.0, help="Timed budget per function, ms."),
+    no_compile: bool = typer.Option(False, "--no-compile", help="Skip timing torch.compile(reference_fn)."),
+    rtol: Optional[float] = typer.Option(None, "--rtol", min=0.0, help=_TOL_HELP.format("Relative (verify step)")),
+    atol: Optional[float] = typer.Option(None, "--atol", min=0.0, help=_TOL_HELP.format("Absolute (verify step)")),
+    json_out: Optional[Path] = typer.Option(None, "--json-out", help="Also write the JSON result to this file."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+) -> None:
+    """Verify (one seed), then time kernel_fn, reference_fn and torch.compile(reference_fn); print JSON with
+    kernel_time_ms, reference_time_ms, speedup, iteration counts, compile time. Exit 1 when verification fails."""
+
+    def job():
+        from fusion_advisor.bench import bench_kernel
+        from fusion_advisor.verify import load_contract, use_triton_interpreter_if_no_gpu
+
+        use_triton_interpreter_if_no_gpu()
+        result = bench_kernel(load_contract(file), warmup_ms=warmup_ms, rep_ms=rep_ms,
+                              compile_reference=not no_compile, rtol=rtol, atol=atol)
+        _emit_json(result.to_dict(), json_out)
+
+    run_guarded(job, debug)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

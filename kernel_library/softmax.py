@@ -1,0 +1,554 @@
+"""Softmax over the last dimension, with optional scale, additive or boolean mask and causal mask.
+
+Forward ``y = softmax(scale * x + mask)`` and backward ``dx = scale * y * (dy - sum(dy * y))`` as Triton kernels,
+one row per program. Rows up to :data:`MAX_SINGLE_BLOCK` elements are held in registers (one read, one write);
+wider rows use the online softmax of Milakov & Gimelshein 2018 ("Online normalizer calculation for softmax",
+arXiv:1805.02867): a first pass keeps a running max and a running sum rescaled whenever the max grows, a second
+pass writes the normalised values (two reads, one write).
+
+Semantics (``reference_fn`` implements exactly these):
+
+- ``x`` has any rank >= 1; softmax runs over ``x.shape[-1]``, in fp32, and ``y`` has ``x``'s dtype and shape.
+- ``mask`` broadcasts to ``x`` (never the reverse). A float mask is *added* after scaling (HF's
+  ``attn_weights * scaling + causal_mask``); a bool mask *keeps* positions where it is True (the others become
+  ``-inf``), like ``scaled_dot_product_attention``'s boolean ``attn_mask``.
+- ``causal=True`` masks column ``j`` of a row whose query position is ``q`` when ``j > q``; ``q = row % q_len`` with
+  ``q_len = x.shape[-2]`` (1 for 1-D ``x``). That is top-left alignment, like ``torch.tril`` and
+  ``scaled_dot_product_attention(is_causal=True)``; it differs from bottom-right (KV-cache) alignment when
+  ``q_len != k_len``: pass an explicit mask for that case.
+- A row whose every score is ``-inf`` (fully masked) gives **zeros** and a zero gradient, where
+  ``torch.softmax`` gives NaN. NaN or ``+inf`` scores give a NaN row, like ``torch.softmax``.
+- ``x`` (and the mask broadcast to it) of rank > 4 has its leading axes merged by ``reshape``: a view when their
+  strides allow, else a copy (HF attention scores are rank 4 and never copied).
+- A float mask that requires grad receives ``d(mask) = sum over broadcast axes of y * (dy - sum(dy * y))``;
+  ``scale`` is a Python float and gets no gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_library import _device
+from kernel_library.registry import KernelEntry, register_kernel
+
+# --- constants ----------------------------------------------------------------------------------------------
+
+#: Widest row (power-of-two block) the forward holds in registers. 32768 fp32 values over 32 warps (1024 threads)
+#: is 32 registers per thread, half of the 64 a thread may use when 1024 threads share the 64K-register file;
+#: 65536 would spill. Same limit as Liger-Kernel's softmax (which fails above it; we loop instead).
+MAX_SINGLE_BLOCK = 32768
+
+#: The backward keeps two rows (y and dy) live, so its single-block limit is half the forward's.
+MAX_SINGLE_BLOCK_BWD = 16384
+
+#: Chunk width of the looped (wide-row) path: 8192 elements over 16 warps is 16 values per thread per chunk,
+#: leaving registers for the running statistics; 16 chunks cover a 128256-column row. Not yet tuned on the H200.
+LOOP_BLOCK = 8192
+
+#: Target elements per thread when picking num_warps for a block (16 fp32 registers; 32768-element blocks get the
+#: 32-warp maximum). Matches Liger-Kernel's warps-per-block table within a factor of two.
+ELEMS_PER_THREAD = 16
+
+#: Most warps per program Triton/CUDA allow (1024 threads).
+MAX_WARPS = 32
+
+#: log2(e): the kernels compute exp(v) as exp2(v * log2(e)), which is what the GPU's ex2 unit evaluates.
+LOG2E = tl.constexpr(1.4426950408889634)
+
+#: Mask kinds, passed to the kernel as a constexpr.
+MASK_NONE, MASK_ADDITIVE, MASK_BOOL = 0, 1, 2
+
+
+# --- kernels ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_scores(x_row, m_row, cols, n_live, x_stride_col, m_stride_col, scale,
+                 MASK_KIND: tl.constexpr, EVICT_LAST: tl.constexpr):
+    """fp32 scores ``scale * x (+ mask)`` at ``cols`` of one row; ``-inf`` at masked lanes and at ``cols >= n_live``.
+
+    ``EVICT_LAST`` asks L2 to keep x (it is read again); otherwise x is streamed (evict_first).
+    """
+    live = cols < n_live
+    if EVICT_LAST:
+        x = tl.load(x_row + cols * x_stride_col, mask=live, other=0.0, eviction_policy="evict_last")
+    else:
+        x = tl.load(x_row + cols * x_stride_col, mask=live, other=0.0, eviction_policy="evict_first")
+    x = x.to(tl.float32)
+    z = x * scale
+    if MASK_KIND == 1:
+        add = tl.load(m_row + cols * m_stride_col, mask=live, other=0.0).to(tl.float32)
+        z = z + add
+    elif MASK_KIND == 2:
+        keep = tl.load(m_row + cols * m_stride_col, mask=live, other=0) != 0
+        z = tl.where(keep, z, float("-inf"))
+    return tl.where(live, z, float("-inf"))
+
+
+@triton.jit(do_not_specialize=["n_cols", "size1", "size2"])
+def _softmax_fwd_kernel(
+    x_ptr,  # *T: scores x, seen as [size0, size1, size2, n_cols] (leading axes padded with size 1)
+    x_stride0, x_stride1, x_stride2, x_stride_col,  # strides of x's four axes, in elements
+    m_ptr,  # *mask (float for additive, uint8 for boolean), broadcast to x's 4-D view; unused when MASK_KIND == 0
+    m_stride0, m_stride1, m_stride2, m_stride_col,  # strides of the mask's four axes (0 on broadcast axes)
+    y_ptr,  # *T: output y, contiguous [n_rows, n_cols]
+    y_stride_row,  # stride between output rows, in elements
+    scale,  # fp32 multiplier of x, applied before the mask
+    n_cols,  # row length (softmax axis)
+    size1, size2,  # sizes of axes 1 and 2 of the 4-D view (to split the row index); size2 is q_len for causal
+    MASK_KIND: tl.constexpr,  # 0 none, 1 additive, 2 boolean keep-mask
+    CAUSAL: tl.constexpr,  # mask column j > q, q = row % size2
+    SINGLE_BLOCK: tl.constexpr,  # whole row in one block (BLOCK >= n_cols), else looped online softmax
+    BLOCK: tl.constexpr,  # elements per block (power of two)
+    COLS_I64: tl.constexpr,  # column offsets in int64 (when (n_cols - 1) * |stride_col| may pass 2**31)
+):
+    row = tl.program_id(0)
+    # Split the flat row index into (i0, i1, i2) of the 4-D view; all non-negative, so C division is safe.
+    i2 = row % size2
+    i01 = row // size2
+    i1 = i01 % size1
+    i0 = i01 // size1
+    x_row = x_ptr + i0.to(tl.int64) * x_stride0 + i1.to(tl.int64) * x_stride1 + i2.to(tl.int64) * x_stride2
+    m_row = m_ptr + i0.to(tl.int64) * m_stride0 + i1.to(tl.int64) * m_stride1 + i2.to(tl.int64) * m_stride2
+    y_row = y_ptr + row.to(tl.int64) * y_stride_row
+    # Columns past the causal limit are never loaded: they are -inf scores whose output is 0.
+    n_live = n_cols
+    if CAUSAL:
+        n_live = tl.minimum(n_cols, i2 + 1)
+    offs = tl.arange(0, BLOCK)
+    if COLS_I64:
+        offs = offs.to(tl.int64)
+
+    if SINGLE_BLOCK:
+        z = _load_scores(x_row, m_row, offs, n_live, x_stride_col, m_stride_col, scale, MASK_KIND, False)
+        m = tl.max(z, axis=0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)  # fully masked row: exp2(-inf) = 0 below, not NaN
+        e = tl.exp2((z - m_safe) * LOG2E)
+        s = tl.sum(e, axis=0)
+        # s == 0 only for a fully masked row -> zeros; a NaN s stays NaN. The inner where avoids computing 1 / 0.
+        inv = tl.where(s == 0.0, 0.0, 1.0 / tl.where(s == 0.0, 1.0, s))
+        tl.store(y_row + offs, (e * inv).to(y_ptr.dtype.element_ty), mask=offs < n_cols)
+    else:
+        # Pass 1: running max m and running sum s of exp(z - m), rescaled when m grows (Milakov & Gimelshein).
+        m = tl.full([], float("-inf"), tl.float32)
+        s = tl.full([], 0.0, tl.float32)
+        for start in tl.range(0, n_live, BLOCK):
+            cols = start + offs
+            # evict_last: ask L2 to keep the row for pass 2.
+            z = _load_scores(x_row, m_row, cols, n_live, x_stride_col, m_stride_col, scale, MASK_KIND, True)
+            m_new = tl.maximum(m, tl.max(z, axis=0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            s = s * tl.exp2((m - m_safe) * LOG2E) + tl.sum(tl.exp2((z - m_safe) * LOG2E), axis=0)
+            m = m_new
+        # Pass 2: y = exp(z - m) / s = exp2((z - m) * log2e - log2 s); (z - m) first, so that 1e4-scale scores keep
+        # fp32 accuracy. A fully masked row has s == 0: log2 s := +inf gives zeros (not -inf - -inf = NaN).
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        log2_s = tl.where(s == 0.0, float("inf"), tl.log2(tl.where(s == 0.0, 1.0, s)))
+        for start in tl.range(0, n_cols, BLOCK):
+            cols = start + offs
+            z = _load_scores(x_row, m_row, cols, n_live, x_stride_col, m_stride_col, scale, MASK_KIND, False)
+            y = tl.exp2((z - m_safe) * LOG2E - log2_s)
+            tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+@triton.jit(do_not_specialize=["n_cols", "size1", "size2"])
+def _softmax_bwd_kernel(
+    y_ptr,  # *T: forward output y, contiguous [n_rows, n_cols]
+    y_stride_row,  # stride between rows of y, in elements
+    dy_ptr,  # *T: upstream gradient, seen as [size0, size1, size2, n_cols]
+    dy_stride0, dy_stride1, dy_stride2, dy_stride_col,  # strides of dy's four axes (0 where autograd expanded it)
+    dx_ptr,  # *T: output dx, contiguous [n_rows, n_cols]
+    scale,  # the forward's scale (chain rule through scale * x)
+    n_cols,  # row length
+    size1, size2,  # sizes of axes 1 and 2 of dy's 4-D view
+    SINGLE_BLOCK: tl.constexpr,  # whole row in one block, else two looped passes
+    BLOCK: tl.constexpr,  # elements per block (power of two)
+    COLS_I64: tl.constexpr,  # column offsets of dy in int64
+):
+    row = tl.program_id(0)
+    i2 = row % size2
+    i01 = row // size2
+    i1 = i01 % size1
+    i0 = i01 // size1
+    dy_row = dy_ptr + i0.to(tl.int64) * dy_stride0 + i1.to(tl.int64) * dy_stride1 + i2.to(tl.int64) * dy_stride2
+    y_row = y_ptr + row.to(tl.int64) * y_stride_row
+    dx_row = dx_ptr + row.to(tl.int64) * y_stride_row
+    offs = tl.arange(0, BLOCK)
+    if COLS_I64:
+        offs = offs.to(tl.int64)
+
+    if SINGLE_BLOCK:
+        live = offs < n_cols
+        y = tl.load(y_row + offs, mask=live, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        dy = tl.load(dy_row + offs * dy_stride_col, mask=live, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        dot = tl.sum(y * dy, axis=0)
+        dx = scale * y * (dy - dot)
+        tl.store(dx_row + offs, dx.to(dx_ptr.dtype.element_ty), mask=live)
+    else:
+        acc = tl.zeros([BLOCK], dtype=tl.float32)  # per-lane partial sums of y * dy, reduced once after the loop
+        for start in tl.range(0, n_cols, BLOCK):
+            cols = start + offs
+            live = cols < n_cols
+            y = tl.load(y_row + cols, mask=live, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            dy = tl.load(dy_row + cols * dy_stride_col, mask=live, other=0.0, eviction_policy="evict_last")
+            acc += y * dy.to(tl.float32)
+        dot = tl.sum(acc, axis=0)
+        for start in tl.range(0, n_cols, BLOCK):
+            cols = start + offs
+            live = cols < n_cols
+            y = tl.load(y_row + cols, mask=live, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            dy = tl.load(dy_row + cols * dy_stride_col, mask=live, other=0.0, eviction_policy="evict_first")
+            dx = scale * y * (dy.to(tl.float32) - dot)
+            tl.store(dx_row + cols, dx.to(dx_ptr.dtype.element_ty), mask=live)
+
+
+# --- launchers ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowConfig:
+    """Launch configuration for one row per program.
+
+    Attributes:
+        block_size: elements per block (power of two); the whole row when ``single_block``.
+        num_warps: warps per program.
+        single_block: the row fits one block (held in registers) instead of the looped online path.
+    """
+
+    block_size: int
+    num_warps: int
+    single_block: bool
+
+    @classmethod
+    def for_row(cls, n_cols: int, max_single_block: int = MAX_SINGLE_BLOCK) -> "RowConfig":
+        """Single block when ``next_power_of_2(n_cols) <= max_single_block``, else :data:`LOOP_BLOCK` chunks."""
+        block = triton.next_power_of_2(max(n_cols, 1))
+        if block <= max_single_block:
+            return cls(block, _warps_for(block), True)
+        return cls(LOOP_BLOCK, _warps_for(LOOP_BLOCK), False)
+
+
+def _warps_for(block: int) -> int:
+    """num_warps giving about :data:`ELEMS_PER_THREAD` elements per thread, between 1 and :data:`MAX_WARPS`."""
+    return max(1, min(MAX_WARPS, block // (32 * ELEMS_PER_THREAD)))
+
+
+def needs_int64_cols(n_cols: int, stride_col: int) -> bool:
+    """Whether a column offset ``col * stride_col`` of a row of ``n_cols`` can pass the int32 range."""
+    return (max(n_cols, 1) - 1) * abs(stride_col) >= 2**31
+
+
+def _as_4d(t: torch.Tensor) -> torch.Tensor:
+    """``t`` seen as ``[size0, size1, size2, n_cols]``: leading size-1 axes added (a view), or leading axes beyond
+    the last three merged with ``reshape`` (a view when the strides allow it, else a copy)."""
+    if t.dim() <= 4:
+        return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)) if t.dim() < 4 else t
+    return t.reshape(-1, *t.shape[-3:])
+
+
+def _check_softmax_args(x: torch.Tensor, mask: Optional[torch.Tensor]) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"softmax: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 1:
+        raise ValueError("softmax: x must have at least one dimension (softmax runs over the last)")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"softmax: x must be float32, float16 or bfloat16, got {x.dtype}")
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"softmax: mask must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.device != x.device:
+        raise ValueError(f"softmax: mask is on {mask.device} but x is on {x.device}")
+    if mask.dtype != torch.bool and mask.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise TypeError(f"softmax: mask must be bool (True = keep) or a float additive mask, got {mask.dtype}")
+    try:
+        shape = torch.broadcast_shapes(mask.shape, x.shape)
+    except RuntimeError:
+        shape = None
+    if shape != x.shape:
+        raise ValueError(f"softmax: mask of shape {tuple(mask.shape)} does not broadcast to x's {tuple(x.shape)}")
+
+
+def _softmax_fwd_launch(x: torch.Tensor, scale: float, mask: Optional[torch.Tensor], causal: bool,
+                        config: RowConfig | None = None, force_int64_cols: bool = False) -> torch.Tensor:
+    """Allocate y and launch the forward kernel (``config`` and ``force_int64_cols`` exist for tests)."""
+    _check_softmax_args(x, mask)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return y
+    n_cols = x.shape[-1]
+    x4 = _as_4d(x)
+    n_rows = x4.shape[0] * x4.shape[1] * x4.shape[2]
+    if mask is None:
+        kind, m4 = MASK_NONE, x4
+    else:
+        kind = MASK_BOOL if mask.dtype == torch.bool else MASK_ADDITIVE
+        m4 = _as_4d(mask.expand(x.shape))
+        if kind == MASK_BOOL:
+            m4 = m4.view(torch.uint8)  # same bytes; Triton loads uint8 more portably than i1
+    cfg = config or RowConfig.for_row(n_cols)
+    cols_i64 = force_int64_cols or needs_int64_cols(n_cols, x4.stride(3)) or needs_int64_cols(n_cols, m4.stride(3))
+    torch.library.wrap_triton(_softmax_fwd_kernel)[(n_rows,)](
+        x4, *x4.stride(),
+        m4, *m4.stride(),
+        y, n_cols,
+        float(scale), n_cols, x4.shape[1], x4.shape[2],
+        MASK_KIND=kind, CAUSAL=bool(causal), SINGLE_BLOCK=cfg.single_block, BLOCK=cfg.block_size,
+        COLS_I64=cols_i64, num_warps=cfg.num_warps,
+    )
+    return y
+
+
+def _softmax_bwd_launch(y: torch.Tensor, dy: torch.Tensor, scale: float,
+                        config: RowConfig | None = None, force_int64_cols: bool = False) -> torch.Tensor:
+    """Allocate dx and launch the backward kernel; ``y`` is the contiguous forward output."""
+    if dy.shape != y.shape:
+        raise ValueError(f"softmax backward: dy of shape {tuple(dy.shape)} does not match y's {tuple(y.shape)}")
+    if not y.is_contiguous():
+        raise ValueError("softmax backward: y must be the contiguous forward output")
+    dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    if y.numel() == 0:
+        return dx
+    n_cols = y.shape[-1]
+    dy4 = _as_4d(dy)
+    n_rows = y.numel() // n_cols
+    cfg = config or RowConfig.for_row(n_cols, MAX_SINGLE_BLOCK_BWD)
+    cols_i64 = force_int64_cols or needs_int64_cols(n_cols, dy4.stride(3))
+    torch.library.wrap_triton(_softmax_bwd_kernel)[(n_rows,)](
+        y, n_cols,
+        dy4, *dy4.stride(),
+        dx,
+        float(scale), n_cols, dy4.shape[1], dy4.shape[2],
+        SINGLE_BLOCK=cfg.single_block, BLOCK=cfg.block_size, COLS_I64=cols_i64, num_warps=cfg.num_warps,
+    )
+    return dx
+
+
+# --- custom ops and autograd --------------------------------------------------------------------------------
+
+
+@torch.library.triton_op("fusion_advisor::softmax", mutates_args={})
+def softmax_op(x: torch.Tensor, scale: float, mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
+    """``softmax(scale * x + mask)`` over the last axis (see the module docstring for the mask rules)."""
+    return _softmax_fwd_launch(x, scale, mask, causal)
+
+
+@torch.library.triton_op("fusion_advisor::softmax_backward", mutates_args={})
+def softmax_backward_op(y: torch.Tensor, dy: torch.Tensor, scale: float) -> torch.Tensor:
+    """``dx = scale * y * (dy - sum(dy * y, -1))`` for the contiguous forward output ``y``."""
+    return _softmax_bwd_launch(y, dy, scale)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, scale, mask, _causal = inputs
+    ctx.scale = scale
+    ctx.x_dtype = x.dtype
+    ctx.mask_shape = None if mask is None else mask.shape
+    ctx.mask_dtype = None if mask is None else mask.dtype
+    ctx.save_for_backward(output)
+
+
+def _backward(ctx, dy):
+    (y,) = ctx.saved_tensors
+    need_x, _, need_mask, _ = ctx.needs_input_grad
+    dx = dmask = None
+    if need_mask:
+        # d(z)/d(mask) = 1: the unscaled softmax gradient, summed over the axes the mask was broadcast along.
+        g = softmax_backward_op(y, dy, 1.0)
+        dmask = g.float().sum_to_size(ctx.mask_shape).to(ctx.mask_dtype)
+        if need_x:
+            dx = (g.float() * ctx.scale).to(ctx.x_dtype)
+    elif need_x:
+        dx = softmax_backward_op(y, dy, ctx.scale)
+    return dx, None, dmask, None
+
+
+softmax_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --- public function ----------------------------------------------------------------------------------------
+
+
+def softmax(x: torch.Tensor, scale: float = 1.0, mask: Optional[torch.Tensor] = None,
+            causal: bool = False) -> torch.Tensor:
+    """Softmax of ``scale * x + mask`` over the last axis, with forward and backward in Triton.
+
+    Args:
+        x: scores ``[..., n_cols]`` (e.g. ``[n_rows, n_cols]`` or attention ``[batch, heads, q_len, k_len]``),
+            float32, float16 or bfloat16, any strides.
+        scale: Python float multiplying ``x`` before the mask (HF's attention ``scaling``).
+        mask: ``None``, a float additive mask, or a bool keep-mask (True = keep), broadcastable to ``x``
+            (e.g. ``[batch or 1, heads or 1, q_len, k_len]``); broadcast axes are read with stride 0.
+        causal: also mask column ``j > row % q_len`` with ``q_len = x.shape[-2]`` (top-left aligned).
+
+    Returns:
+        ``y`` with ``x``'s shape and dtype (contiguous): ``softmax(z, -1)`` with ``z = scale * x + mask``
+        computed in fp32. Rows whose scores are all ``-inf`` give zeros (``torch.softmax`` gives NaN).
+
+    Formula: ``y_j = exp(z_j - max z) / sum_k exp(z_k - max z)``; rows wider than :data:`MAX_SINGLE_BLOCK` use the
+    online normaliser of Milakov & Gimelshein 2018. Backward: ``dx = scale * y * (dy - sum(dy * y))``.
+
+    Raises:
+        TypeError: ``x`` is not fp32/fp16/bf16, or ``mask`` is neither bool nor float.
+        ValueError: ``x`` is 0-d, or ``mask`` is on another device or does not broadcast to ``x``.
+    """
+    return softmax_op(x, float(scale), mask, bool(causal))
+
+
+# --- contract -----------------------------------------------------------------------------------------------
+
+
+def kernel_fn(x: torch.Tensor, scale: float = 1.0, mask: Optional[torch.Tensor] = None,
+              causal: bool = False) -> torch.Tensor:
+    """The public wrapper (:func:`softmax`)."""
+    return softmax(x, scale, mask, causal)
+
+
+def reference_fn(x: torch.Tensor, scale: float = 1.0, mask: Optional[torch.Tensor] = None,
+                 causal: bool = False) -> torch.Tensor:
+    """Plain-PyTorch :func:`softmax`: same arguments, same semantics (fully masked rows give zeros).
+
+    Computes in ``promote_types(x.dtype, float32)`` (float64 stays float64) and returns ``x``'s dtype. Fully masked
+    rows are replaced by a zero score before ``torch.softmax`` and zeroed after it, so that their gradient is 0
+    (as in the kernel) rather than NaN.
+    """
+    acc = torch.promote_types(x.dtype, torch.float32)
+    z = x.to(acc) * scale
+    if mask is not None:
+        z = z.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else z + mask.to(acc)
+    if causal:
+        q_len = x.shape[-2] if x.dim() >= 2 else 1
+        q = torch.arange(q_len, device=x.device)[:, None]
+        k = torch.arange(x.shape[-1], device=x.device)[None, :]
+        future = (k > q) if x.dim() >= 2 else (k > q)[0]
+        z = z.masked_fill(future, float("-inf"))
+    fully_masked = (z == float("-inf")).all(dim=-1, keepdim=True)
+    y = torch.softmax(z.masked_fill(fully_masked, 0.0), dim=-1).masked_fill(fully_masked, 0.0)
+    return y.to(x.dtype)
+
+
+def _dtype(d) -> torch.dtype:
+    return getattr(torch, d) if isinstance(d, str) else d
+
+
+def make_inputs(n_rows: int | None = None, n_cols: int = 1000, dtype="float32", shape=None, mask: str | None = None,
+                causal: bool = False, scale: float = 1.0, requires_grad: bool = True, seed: int = 0,
+                device=None) -> list:
+    """Arguments ``[x, scale, mask, causal]`` for :func:`kernel_fn`.
+
+    Args:
+        n_rows, n_cols: ``x`` is ``[n_rows, n_cols]`` unless ``shape`` (e.g. ``(batch, heads, q, k)``) is given.
+        dtype: torch dtype or its name.
+        mask: ``None``, ``"additive"`` (0 / finfo.min, HF style) or ``"bool"``; shape ``[n_rows, n_cols]`` for 2-D
+            ``x``, ``[batch, 1, q, k]`` (broadcast over heads) for 4-D ``x``. About 10% of positions are masked.
+        causal, scale: passed through.
+    """
+    dtype = _dtype(dtype)
+    device = device or _device.default_device()
+    gen = torch.Generator().manual_seed(seed)
+    shape = tuple(shape) if shape is not None else (n_rows if n_rows is not None else 8, n_cols)
+    x = torch.randn(shape, generator=gen).mul_(3.0).to(dtype=dtype, device=device)
+    x.requires_grad_(requires_grad)
+    m = None
+    if mask is not None:
+        mshape = (shape[0], 1, *shape[2:]) if len(shape) == 4 else shape
+        keep = (torch.rand(mshape, generator=gen) > 0.1).to(device)
+        if mask == "bool":
+            m = keep
+        elif mask == "additive":
+            m = torch.zeros(mshape, dtype=dtype, device=device).masked_fill_(~keep, torch.finfo(dtype).min)
+        else:
+            raise ValueError(f"make_inputs: mask must be None, 'additive' or 'bool', got {mask!r}")
+    return [x, float(scale), m, bool(causal)]
+
+
+def get_inputs() -> list:
+    """``[x, 1.0, None, False]``: 8192 x 32000 bf16 (vocab-wide rows) on a GPU, 8 x 1000 fp32 on the CPU."""
+    if _device.on_gpu():
+        return make_inputs(n_rows=8192, n_cols=32000, dtype="bfloat16")
+    return make_inputs(n_rows=8, n_cols=1000, dtype="float32")
+
+
+#: GPU benchmark shapes: the ANCHORS.md rows (8192 x 32000 / 128256 bf16, scale + mask + softmax at 32000), attention
+#: scores of Llama-7B (32 heads, 2048 tokens) with an HF-style additive mask and with causal, and a width sweep
+#: across the single-block limit (16384, 32768 single; 65536 looped) plus a decode-like few-row case.
+BENCH_SHAPES: list[dict] = [
+    {"n_rows": 8192, "n_cols": 32000, "dtype": "bfloat16"},
+    {"n_rows": 8192, "n_cols": 128256, "dtype": "bfloat16"},
+    {"n_rows": 8192, "n_cols": 32000, "dtype": "bfloat16", "mask": "additive", "scale": 0.125},
+    {"shape": (1, 32, 2048, 2048), "dtype": "bfloat16", "mask": "additive", "scale": 1 / math.sqrt(128)},
+    {"shape": (1, 32, 2048, 2048), "dtype": "bfloat16", "causal": True, "scale": 1 / math.sqrt(128)},
+    {"n_rows": 8192, "n_cols": 4096, "dtype": "bfloat16"},
+    {"n_rows": 8192, "n_cols": 16384, "dtype": "bfloat16"},
+    {"n_rows": 8192, "n_cols": 32768, "dtype": "bfloat16"},
+    {"n_rows": 8192, "n_cols": 65536, "dtype": "bfloat16"},
+    {"n_rows": 32, "n_cols": 32000, "dtype": "bfloat16"},
+    {"n_rows": 8192, "n_cols": 32000, "dtype": "float32"},
+]
+
+
+def bytes_moved(x: torch.Tensor, scale: float = 1.0, mask: Optional[torch.Tensor] = None,
+                causal: bool = False) -> int:
+    """Fewest bytes of the forward: read x, read the mask's own elements once (not its broadcast), write y."""
+    n = x.numel() * x.element_size()
+    mask_bytes = 0 if mask is None else mask.numel() * mask.element_size()
+    return 2 * n + mask_bytes
+
+
+def bytes_moved_backward(x: torch.Tensor, scale: float = 1.0, mask: Optional[torch.Tensor] = None,
+                         causal: bool = False) -> int:
+    """Fewest bytes of the backward: read y and dy, write dx."""
+    return 3 * x.numel() * x.element_size()
+
+
+# --- registration -------------------------------------------------------------------------------------------
+
+
+def _softmax_pattern(x: torch.Tensor) -> torch.Tensor:
+    # HF eager attention: nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.nn.functional.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)
+
+
+def _softmax_replacement(x: torch.Tensor) -> torch.Tensor:
+    return kernel_fn(x)
+
+
+def _masked_softmax_pattern(x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    # HF eager attention: attn_weights = q @ k.T * scaling; attn_weights = attn_weights + causal_mask; softmax in fp32
+    return torch.nn.functional.softmax(x * scale + mask, dim=-1, dtype=torch.float32).to(x.dtype)
+
+
+def _masked_softmax_replacement(x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    return kernel_fn(x, scale, mask)
+
+
+ENTRY = register_kernel(KernelEntry(
+    name="softmax",
+    module=__name__,
+    replaces="softmax",
+    op="fusion_advisor::softmax",
+    description="softmax over the last axis in fp32 (matches torch.softmax; rows of any width, online beyond 32768)",
+    max_row_elems=None,
+    has_backward=True,
+    pattern=_softmax_pattern,
+    replacement=_softmax_replacement,
+))
+
+MASKED_ENTRY = register_kernel(KernelEntry(
+    name="masked_softmax",
+    module=__name__,
+    replaces="masked_softmax",
+    op="fusion_advisor::softmax",
+    description="softmax(scale * x + mask) over the last axis in fp32, additive or bool mask broadcast with stride 0; "
+                "fully -inf rows give 0 where torch gives NaN",
+    max_row_elems=None,
+    has_backward=True,
+    pattern=_masked_softmax_pattern,
+    replacement=_masked_softmax_replacement,
+))

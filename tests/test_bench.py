@@ -1,0 +1,187 @@
+"""Tests of fusion_advisor.bench and the ``bench`` command.
+
+On this CPU-only machine the kernels run under the Triton interpreter, so the tests check the bookkeeping
+(fields, timer label, iteration counts, refusal before verification passes, compile-time reporting), never
+speed. Real ``torch.compile`` on CPU costs tens of seconds here, so the compile path is driven through a stand-in
+``torch.compile``; the real one is exercised by the GPU-only test at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fusion_advisor import bench as bench_mod
+from fusion_advisor.bench import TIMER_CPU, BenchResult, bench_kernel, time_cpu, time_cuda
+from fusion_advisor.cli import app
+from fusion_advisor.errors import VerificationFailed
+from fusion_advisor.verify import KernelContract, load_contract
+
+KERNELS = Path(__file__).parent / "data" / "kernels"
+runner = CliRunner()
+
+#: Small budgets keep each bench to a dozen interpreter calls.
+FAST = dict(warmup_ms=1.0, rep_ms=5.0)
+
+CONTRACT_KEYS = {"kernel_time_ms", "reference_time_ms", "speedup", "warmup_iters", "benchmark_iters",
+                 "compiled_reference_time_ms", "compile_time_ms", "device", "timer"}
+
+
+def test_bench_cpu_fields():
+    result = bench_kernel(load_contract(KERNELS / "vector_add.py"), compile_reference=False, **FAST)
+    assert isinstance(result, BenchResult)
+    d = result.to_dict()
+    assert CONTRACT_KEYS <= set(d)
+    assert d["timer"] == TIMER_CPU == "cpu-wallclock-median"
+    assert d["device"].startswith("cpu")
+    assert "say nothing about GPU speed" in d["note"]
+    assert d["kernel_time_ms"] > 0 and d["reference_time_ms"] > 0
+    assert d["speedup"] == pytest.approx(d["reference_time_ms"] / d["kernel_time_ms"])
+    assert d["benchmark_iters"] >= bench_mod.CPU_MIN_TIMED_CALLS
+    assert d["warmup_iters"] >= 1 + bench_mod.CPU_ESTIMATE_CALLS
+    assert d["iterations"]["kernel"] == {"warmup": d["warmup_iters"], "benchmark": d["benchmark_iters"]}
+    assert d["compiled_reference_time_ms"] is None and d["compile_time_ms"] is None
+    assert d["compile_error"] == "skipped (--no-compile)"
+    assert d["verify"]["correct"] is True and d["verify"]["seeds"] == [0]
+    json.dumps(d, allow_nan=False)
+
+
+def test_bench_refuses_an_incorrect_kernel():
+    with pytest.raises(VerificationFailed) as info:
+        bench_kernel(load_contract(KERNELS / "broken_mask.py"), compile_reference=False, **FAST)
+    assert info.value.result is not None and not info.value.result.correct
+    assert "not benchmarked" in str(info.value) and "unwritten" in str(info.value)
+
+
+def test_cli_bench_refuses_an_incorrect_kernel():
+    res = runner.invoke(app, ["bench", str(KERNELS / "broken_mask.py"), "--no-compile"])
+    assert res.exit_code == 1
+    assert res.stdout == ""
+    assert "not benchmarked" in res.stderr and "unwritten" in res.stderr
+    assert "Traceback" not in res.output
+
+
+def test_cli_bench_json_out(tmp_path):
+    out = tmp_path / "bench.json"
+    res = runner.invoke(app, ["bench", str(KERNELS / "vector_add.py"), "--no-compile", "--warmup-ms", "1",
+                              "--rep-ms", "5", "--json-out", str(out)])
+    assert res.exit_code == 0, res.output
+    printed = json.loads(res.stdout)
+    assert json.loads(out.read_text()) == printed
+    assert printed["timer"] == "cpu-wallclock-median"
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]
+
+
+def _plain_contract() -> KernelContract:
+    return KernelContract(name="plain", path=None, kernel_fn=lambda x: x * 2, reference_fn=lambda x: x + x,
+                          get_inputs=lambda: [torch.randn(64)])
+
+
+def test_compile_time_is_reported_apart_from_steady_state(monkeypatch):
+    """A stand-in torch.compile whose first call takes 50 ms: compile_time_ms gets it, the steady state not."""
+
+    def fake_compile(fn):
+        first = [True]
+
+        def compiled(*args):
+            if first[0]:
+                time.sleep(0.05)
+                first[0] = False
+            return fn(*args)
+
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    result = bench_kernel(_plain_contract(), **FAST)
+    assert result.compile_error is None
+    assert result.compile_time_ms >= 50
+    assert result.compiled_reference_time_ms is not None and result.compiled_reference_time_ms < 50
+    assert result.speedup_vs_compile == pytest.approx(result.compiled_reference_time_ms / result.kernel_time_ms)
+    assert set(result.iterations) == {"kernel", "reference", "compiled_reference"}
+
+
+def test_compile_failure_is_reported(monkeypatch):
+    def failing_compile(fn):
+        def compiled(*args):
+            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found\nmore lines")
+
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    d = bench_kernel(_plain_contract(), **FAST).to_dict()
+    assert d["compiled_reference_time_ms"] is None and d["compile_time_ms"] is None and d["speedup_vs_compile"] is None
+    assert d["compile_error"] == (
+        "torch.compile(reference_fn) failed: RuntimeError: InvalidCxxCompiler: no working C++ compiler found"
+    )
+    assert d["kernel_time_ms"] > 0  # the eager numbers are still there
+
+
+def test_time_cpu_counts_every_call():
+    calls = []
+    timing = time_cpu(lambda: calls.append(1), warmup_ms=0.5, rep_ms=2.0)
+    assert timing.warmup_iters + timing.benchmark_iters == len(calls)
+    assert timing.benchmark_iters >= bench_mod.CPU_MIN_TIMED_CALLS
+    assert timing.median_ms >= 0
+
+
+def _fake_do_bench(n_warmup: int, n_rep: int):
+    """Calls fn the way triton.testing.do_bench does: once, 5 estimate calls, n_warmup, then n_rep timed."""
+
+    def do_bench(fn, warmup, rep, return_mode):
+        assert return_mode in ("all", "median")
+        for _ in range(1 + 5 + n_warmup):
+            fn()
+        times = []
+        for i in range(n_rep):
+            fn()
+            times.append(float(i + 1))
+        return times if return_mode == "all" else sorted(times)[len(times) // 2]
+
+    return do_bench
+
+
+def test_time_cuda_reports_the_calls_do_bench_made():
+    calls = []
+    timing = time_cuda(lambda: calls.append(1), warmup_ms=25, rep_ms=100, do_bench=_fake_do_bench(7, 9))
+    assert timing.benchmark_iters == 9
+    assert timing.warmup_iters == 1 + 5 + 7
+    assert len(calls) == timing.warmup_iters + timing.benchmark_iters
+    assert timing.median_ms == 5.0  # median of 1..9
+
+
+def test_time_cuda_without_return_mode_all():
+    def old_do_bench(fn, warmup, rep, return_mode):
+        assert return_mode in ("min", "max", "mean", "median")
+        fn()
+        return 2.5
+
+    timing = time_cuda(lambda: None, do_bench=old_do_bench)
+    assert timing.median_ms == 2.5 and timing.warmup_iters is None and timing.benchmark_iters is None
+
+
+def test_time_cuda_passes_kernel_errors_through():
+    def do_bench(fn, warmup, rep, return_mode):
+        fn()
+
+    def broken():
+        raise AssertionError("kernel assertion")
+
+    with pytest.raises(AssertionError, match="kernel assertion"):
+        time_cuda(broken, do_bench=do_bench)
+
+
+@pytest.mark.gpu
+def test_bench_on_gpu_with_real_compile():
+    result = bench_kernel(load_contract(KERNELS / "vector_add.py"))
+    d = result.to_dict()
+    assert d["timer"] == bench_mod.TIMER_CUDA and d["device"].startswith("cuda")
+    assert d["note"] is None
+    assert d["benchmark_iters"] >= 1 and d["warmup_iters"] >= 6
+    assert d["compile_error"] is None, d["compile_error"]
+    assert d["compile_time_ms"] > 0 and d["compiled_reference_time_ms"] > 0
+    assert d["kernel_time_ms"] > 0 and d["speedup"] > 0

@@ -1,0 +1,402 @@
+"""Tests of fusion_advisor.verify and the ``verify`` command.
+
+Kernel files live in tests/data/kernels (vector_add: correct Triton kernel; broken_mask: leaves its last element
+unwritten; no_contract: lacks reference_fn and get_inputs). Smaller contracts are built in code with plain torch
+kernels, so each check (poisoning, input mutation, gradients, dtypes) is tested on a kernel that breaks only it.
+Runs under TRITON_INTERPRET=1 (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fusion_advisor.cli import app
+from fusion_advisor.errors import ContractError, KernelLoadError
+from fusion_advisor.verify import (
+    KernelContract,
+    PoisonAllocations,
+    compare_outputs,
+    load_contract,
+    poison_value,
+    verify_kernel,
+)
+
+KERNELS = Path(__file__).parent / "data" / "kernels"
+runner = CliRunner()
+
+
+def contract(kernel_fn, reference_fn, get_inputs, name="test") -> KernelContract:
+    return KernelContract(name=name, path=None, kernel_fn=kernel_fn, reference_fn=reference_fn, get_inputs=get_inputs)
+
+
+def two_vectors(n=37, dtype=torch.float32):
+    return lambda: [torch.randn(n, dtype=dtype), torch.randn(n, dtype=dtype)]
+
+
+# --- the example kernel files -------------------------------------------------------------------------------
+
+
+def test_vector_add_verifies():
+    result = verify_kernel(load_contract(KERNELS / "vector_add.py"))
+    assert result.correct, result.details
+    assert result.seeds == [0, 1, 2]
+    assert result.reference_precision == "float64"
+    assert 0 <= result.max_abs_diff < 1e-5
+    assert not result.backward_checked
+    # The Triton op's output allocation was poisoned (the custom op was entered), once per seed.
+    assert sum("1 allocation(s) poisoned" in d for d in result.details) == 3
+    d = result.to_dict()
+    assert list(d)[:4] == ["correct", "max_abs_diff", "max_rel_diff", "details"]
+    json.dumps(d, allow_nan=False)
+
+
+def test_broken_mask_is_caught():
+    result = verify_kernel(load_contract(KERNELS / "broken_mask.py"))
+    assert not result.correct
+    assert result.seeds == [0]  # stops at the first failing seed
+    text = "\n".join(result.details)
+    assert "unwritten" in text and "NaN" in text
+    assert "(9972,)" in text  # the last element of 9973
+    assert result.to_dict()["max_abs_diff"] is None  # inf -> null in JSON
+
+
+def test_cli_verify_ok_and_json_out(tmp_path):
+    out = tmp_path / "sub" / "verify.json"
+    res = runner.invoke(app, ["verify", str(KERNELS / "vector_add.py"), "--seeds", "1", "--json-out", str(out)])
+    assert res.exit_code == 0, res.output
+    printed = json.loads(res.stdout)
+    assert printed["correct"] is True
+    assert set(printed) >= {"correct", "max_abs_diff", "max_rel_diff", "details"}
+    assert json.loads(out.read_text()) == printed
+    assert [p.name for p in out.parent.iterdir()] == ["verify.json"]  # no temporary file left behind
+
+
+def test_cli_verify_broken_exits_nonzero():
+    res = runner.invoke(app, ["verify", str(KERNELS / "broken_mask.py")])
+    assert res.exit_code == 1
+    printed = json.loads(res.stdout)
+    assert printed["correct"] is False
+    assert any("unwritten" in d for d in printed["details"])
+
+
+def test_cli_verify_explicit_tolerances_are_used():
+    res = runner.invoke(app, ["verify", str(KERNELS / "vector_add.py"), "--seeds", "1", "--rtol", "0", "--atol", "0"])
+    # x + y in fp32 against float64: rounding differences exist, so zero tolerance must fail.
+    assert res.exit_code == 1
+    printed = json.loads(res.stdout)
+    assert printed["atol"] == 0 and printed["rtol"] == 0
+    assert any("atol 0, rtol 0" in d for d in printed["details"])
+
+
+# --- refusing unusable files --------------------------------------------------------------------------------
+
+
+def _assert_clean_error(res, *fragments, code=2):
+    assert res.exit_code == code, res.output
+    assert "Traceback" not in res.output
+    flat = " ".join(res.stderr.split())  # the console wraps long lines
+    for fragment in fragments:
+        assert fragment in flat, flat
+    assert res.stdout == ""
+
+
+def test_cli_missing_contract():
+    path = KERNELS / "no_contract.py"
+    res = runner.invoke(app, ["verify", str(path)])
+    _assert_clean_error(res, str(path), "reference_fn", "get_inputs")
+    assert "kernel_fn," not in res.stderr.split("not defined")[0]  # kernel_fn is there: not named as missing
+
+
+def test_cli_missing_file(tmp_path):
+    path = tmp_path / "nope.py"
+    _assert_clean_error(runner.invoke(app, ["verify", str(path)]), str(path), "no such file")
+    _assert_clean_error(runner.invoke(app, ["bench", str(path)]), str(path), "no such file")
+
+
+def test_cli_syntax_error_names_file_and_line(tmp_path):
+    path = tmp_path / "bad_syntax.py"
+    path.write_text("import torch\n\ndef kernel_fn(x)\n    return x\n")
+    _assert_clean_error(runner.invoke(app, ["verify", str(path)]), f"{path}:3", "syntax error")
+
+
+def test_cli_import_error_names_file_and_line(tmp_path):
+    path = tmp_path / "raises.py"
+    path.write_text("import torch\n\nraise RuntimeError('boom at import')\n")
+    _assert_clean_error(runner.invoke(app, ["verify", str(path)]), f"{path}:3", "RuntimeError", "boom at import")
+
+
+def test_cli_unknown_module_name():
+    res = runner.invoke(app, ["verify", "no_such_kernel_xyz"])
+    _assert_clean_error(res, "no_such_kernel_xyz", "no such kernel file or module", "kernel_library.no_such_kernel_xyz")
+
+
+def test_cli_debug_shows_the_exception():
+    res = runner.invoke(app, ["verify", str(KERNELS / "no_contract.py"), "--debug"])
+    assert res.exit_code != 0
+    assert isinstance(res.exception, ContractError)
+
+
+def test_load_contract_module_names(tmp_path, monkeypatch):
+    pkg = tmp_path / "my_kernels_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "double.py").write_text(
+        "import torch\n"
+        "def kernel_fn(x):\n    return x * 2\n"
+        "def reference_fn(x):\n    return x + x\n"
+        "def get_inputs():\n    return [torch.randn(5)]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    c = load_contract("my_kernels_pkg.double")
+    assert c.name == "double" and c.path == pkg / "double.py"
+    assert verify_kernel(c, seeds=1).correct
+    with pytest.raises(KernelLoadError, match="kernel_library modules"):
+        load_contract("no_such_kernel_xyz")
+
+
+def test_load_contract_imports_a_file_once():
+    # Importing a file twice would register its torch.library op twice (which raises).
+    a = load_contract(KERNELS / "vector_add.py")
+    b = load_contract(str(KERNELS / "vector_add.py"))
+    assert a.module is b.module
+    assert a.name == "vector_add"
+
+
+def test_get_inputs_must_return_a_list():
+    c = contract(lambda x: x, lambda x: x, lambda: torch.randn(3))
+    with pytest.raises(ContractError, match="get_inputs"):
+        verify_kernel(c)
+
+
+# --- poisoning, mutation, dtypes ----------------------------------------------------------------------------
+
+
+def _all_but_last_empty_like(x):
+    out = torch.empty_like(x)
+    out[:-1] = x[:-1] * 2
+    return out
+
+
+def _all_but_last_new_empty(x):
+    out = x.new_empty(x.shape)
+    out[:-1] = x[:-1] * 2
+    return out
+
+
+def _all_but_last_empty_strided(x):
+    out = torch.empty_strided(x.shape, (1,), dtype=x.dtype)
+    out[:-1] = x[:-1] * 2
+    return out
+
+
+def _all_but_last_empty(x):
+    out = torch.empty(x.shape, dtype=x.dtype)
+    out[:-1] = x[:-1] * 2
+    return out
+
+
+@pytest.mark.parametrize(
+    "kernel", [_all_but_last_empty, _all_but_last_empty_like, _all_but_last_new_empty, _all_but_last_empty_strided]
+)
+def test_unwritten_element_is_poisoned(kernel):
+    result = verify_kernel(contract(kernel, lambda x: x * 2, lambda: [torch.randn(64)]), seeds=1)
+    assert not result.correct
+    assert any("unwritten" in d and "(63,)" in d for d in result.details), result.details
+
+
+def test_unwritten_integer_element_shows_the_sentinel():
+    def kernel(x):
+        out = torch.empty(x.shape, dtype=torch.int64)
+        out[:-1] = x[:-1].to(torch.int64)
+        return out
+
+    result = verify_kernel(contract(kernel, lambda x: x.to(torch.int64), lambda: [torch.arange(10)]), seeds=1)
+    assert not result.correct
+    assert any(str(poison_value(torch.int64)) in d and "unwritten" in d for d in result.details), result.details
+
+
+def test_poison_enters_custom_ops():
+    @torch.library.custom_op("fusion_advisor_tests::partial_double", mutates_args=())
+    def partial_double(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        out[:-1] = x[:-1] * 2
+        return out
+
+    mode = PoisonAllocations()
+    with mode:
+        out = partial_double(torch.ones(8))
+    assert "fusion_advisor_tests::partial_double" in mode.entered_custom_ops
+    assert mode.poisoned == 1
+    assert torch.isnan(out[-1]) and torch.equal(out[:-1], torch.full((7,), 2.0))
+    result = verify_kernel(contract(partial_double, lambda x: x * 2, lambda: [torch.randn(8)]), seeds=1)
+    assert not result.correct and any("unwritten" in d for d in result.details)
+
+
+def test_mutating_kernel_is_reported():
+    def kernel(x, y):
+        out = x + y
+        x.mul_(0.5)  # the output is right, but the caller's input is changed
+        return out
+
+    result = verify_kernel(contract(kernel, lambda x, y: x + y, two_vectors()), seeds=1)
+    assert not result.correct
+    assert any("input 0 (x) was modified in place by kernel_fn" in d for d in result.details), result.details
+    assert not any("input 1" in d for d in result.details)
+
+
+def test_kernel_that_raises_is_reported_not_raised():
+    def kernel(x, y):
+        raise ValueError("kernel exploded")
+
+    result = verify_kernel(contract(kernel, lambda x, y: x + y, two_vectors()), seeds=2)
+    assert not result.correct
+    assert any("ValueError: kernel exploded" in d for d in result.details)
+    assert result.traceback is not None and "kernel exploded" in result.traceback
+
+
+def test_output_dtype_must_match_reference():
+    result = verify_kernel(
+        contract(lambda x: (x.float() * 2), lambda x: x * 2, lambda: [torch.randn(16, dtype=torch.bfloat16)]), seeds=1
+    )
+    assert not result.correct
+    assert any("dtype float32, reference_fn returns bfloat16" in d for d in result.details), result.details
+
+
+def test_reference_falls_back_to_input_dtype():
+    def reference(x):
+        if x.dtype == torch.float64:
+            raise TypeError("float32 only")
+        return x * 3
+
+    result = verify_kernel(contract(lambda x: x * 3, reference, lambda: [torch.randn(16)]), seeds=2)
+    assert result.correct, result.details
+    assert result.reference_precision == "input dtypes"
+    assert any("failed in float64" in d and "float32 only" in d for d in result.details)
+
+
+def test_tuple_and_scalar_outputs():
+    def kernel(x):
+        return x * 2, (x.sum().item(), x.shape[0])
+
+    def reference(x):
+        return [x * 2, [x.sum(), x.shape[0]]]  # lists vs tuples, tensor vs Python float: same structure
+
+    assert verify_kernel(contract(kernel, reference, lambda: [torch.randn(10)]), seeds=1).correct
+
+    def kernel_bad(x):
+        return x * 2, (x.sum().item() + 1.0, x.shape[0])
+
+    bad = verify_kernel(contract(kernel_bad, reference, lambda: [torch.randn(10)]), seeds=1)
+    assert not bad.correct and any("output[1][0]: MISMATCH" in d for d in bad.details), bad.details
+
+
+# --- gradients ----------------------------------------------------------------------------------------------
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * g * x
+
+
+class _SquareWrongBackward(_Square):
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * x  # wrong: d(x^2)/dx is 2x
+
+
+def _grad_inputs():
+    return [torch.randn(4, 33, requires_grad=True)]
+
+
+def test_gradients_are_checked():
+    result = verify_kernel(contract(_Square.apply, lambda x: x * x, _grad_inputs), seeds=2)
+    assert result.correct, result.details
+    assert result.backward_checked and result.grad_max_abs_diff is not None
+    assert any(d.startswith("grad of input 0 (x): ok") for d in result.details)
+
+
+def test_wrong_backward_is_caught():
+    result = verify_kernel(contract(_SquareWrongBackward.apply, lambda x: x * x, _grad_inputs), seeds=2)
+    assert not result.correct
+    assert result.backward_checked
+    assert any(d.startswith("grad of input 0 (x): MISMATCH") for d in result.details), result.details
+    assert any("worst at index" in d for d in result.details)
+
+
+def test_kernel_without_autograd_is_reported():
+    result = verify_kernel(contract(lambda x: x.detach() ** 2, lambda x: x * x, _grad_inputs), seeds=1)
+    assert not result.correct
+    assert any("does not require grad" in d for d in result.details), result.details
+
+
+def test_unwritten_gradient_is_poisoned():
+    class PartialGrad(_Square):
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            dx = torch.empty_like(x)
+            dx[:, :-1] = 2 * g[:, :-1] * x[:, :-1]
+            return dx
+
+    result = verify_kernel(contract(PartialGrad.apply, lambda x: x * x, _grad_inputs), seeds=1)
+    assert not result.correct
+    assert any("grad of input 0 (x)" in d and "unwritten" in d for d in result.details), result.details
+
+
+# --- compare_outputs ----------------------------------------------------------------------------------------
+
+
+def test_compare_nan_and_inf_rules():
+    nan, inf = math.nan, math.inf
+    e = torch.tensor([1.0, nan, inf, -inf])
+    assert compare_outputs(torch.tensor([1.0, nan, inf, -inf]), e)[0]  # same specials at the same places pass
+    ok, max_abs, _, details = compare_outputs(torch.tensor([nan, nan, inf, -inf]), e)
+    assert not ok and max_abs == inf and any("NaN where the reference is not" in d for d in details)
+    ok, _, _, details = compare_outputs(torch.tensor([1.0, 0.0, inf, -inf]), e)
+    assert not ok and any("differ in NaN/inf" in d for d in details)  # kernel finite where the reference is NaN
+    assert not compare_outputs(torch.tensor([1.0, nan, -inf, -inf]), e)[0]  # wrong-signed infinity
+    assert not compare_outputs(torch.tensor([1.0, nan, 1e30, -inf]), e)[0]  # finite where inf expected
+
+
+def test_compare_reports_worst_index_and_values():
+    expected = torch.zeros(3, 4, dtype=torch.float64)
+    actual = torch.zeros(3, 4)
+    actual[1, 2] = 0.5
+    actual[2, 3] = 0.25
+    ok, max_abs, max_rel, details = compare_outputs(actual, expected)
+    assert not ok and max_abs == 0.5
+    assert any("2 elements outside tolerance" in d and "(1, 2)" in d and "kernel 0.5" in d for d in details), details
+
+
+def test_compare_tolerances_by_dtype():
+    e = torch.linspace(1, 2, 50, dtype=torch.float64)
+    a = (e * (1 + 5e-3)).to(torch.bfloat16)  # inside bf16's table (rtol 1.6e-2), far outside fp32's
+    assert compare_outputs(a, e)[0]
+    assert not compare_outputs(a, e, atol=1e-4, rtol=1e-4)[0]
+    assert not compare_outputs(a.float(), e)[0]
+
+
+def test_compare_structure_and_scalars():
+    x = torch.ones(3)
+    assert compare_outputs((x, 2), [x.double(), 2])[0]
+    assert not compare_outputs((x, 2), (x, 3))[0]  # ints exact
+    assert not compare_outputs((x,), (x, x))[0]
+    ok, _, _, details = compare_outputs(torch.ones(3), torch.ones(4))
+    assert not ok and "shape [3], reference shape [4]" in details[0]
+    assert compare_outputs(1.0 + 1e-7, 1.0)[0] and not compare_outputs(1.1, 1.0)[0]
+    assert compare_outputs(None, None)[0] and not compare_outputs(None, x)[0]
+    assert compare_outputs(torch.empty(0, 5), torch.empty(0, 5))[0]
