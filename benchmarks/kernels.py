@@ -116,7 +116,8 @@ def bench_kernel(name: str, entry, copy_gbps: float, max_shapes: int, rows: list
         modes = [("fwd", None)]
         if entry.has_backward and leaves:
             outs = _float_outputs(mod.reference_fn(*args))
-            modes.append(("fwd+bwd", [torch.randn_like(o) for o in outs]))
+            # a scalar output is a loss: loss.backward() passes 1, as training does
+            modes.append(("fwd+bwd", [torch.ones_like(o) if o.dim() == 0 else torch.randn_like(o) for o in outs]))
         for mode, grads in modes:
             if mode == "fwd":
                 nbytes = mod.bytes_moved(*args)

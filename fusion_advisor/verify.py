@@ -925,11 +925,44 @@ def _verify_seed(contract: KernelContract, seed: int, atol: float | None, rtol: 
         if rg is None:  # the reference does not depend on this input: its gradient is zero
             rg = torch.zeros_like(kg, dtype=torch.float64)
         g_ok, g_abs, g_rel, g_details = compare_outputs(kg, rg, atol=atol, rtol=rtol, label=lab)
+        if not g_ok and atol is None and rtol is None and ref.precision == "float64" \
+                and kg.dtype in (torch.float16, torch.bfloat16):
+            g_ok, g_details = _within_eager_error(contract, snapshot, labels, grad_inputs, grad_outputs, ref,
+                                                  j, kg, rg, g_abs, lab, g_details)
         details += g_details
         outcome.ok = outcome.ok and g_ok
         gmax_abs, gmax_rel = max(gmax_abs, g_abs), max(gmax_rel, g_rel)
     outcome.grad_max_abs, outcome.grad_max_rel = gmax_abs, gmax_rel
     return outcome
+
+
+#: A low-precision gradient that misses the dtype tolerance still passes when its largest error against float64
+#: is at most this many times eager PyTorch's own error in the same dtype (gradients that sum over many rows,
+#: such as a norm's dweight, carry rounding that no fixed bf16 tolerance covers; FlashAttention's tests use 2x).
+EAGER_ERROR_FACTOR = 2.0
+
+
+def _within_eager_error(contract: KernelContract, snapshot: list[Any], labels: list[str], grad_inputs: list[int],
+                        grad_outputs: dict[int, torch.Tensor], ref: _ReferenceRun, j: int, kg: torch.Tensor,
+                        rg: torch.Tensor, kernel_abs: float, lab: str, g_details: list[str]) -> tuple[bool, list[str]]:
+    """Re-judge a fp16/bf16 gradient against eager PyTorch's own error (see :data:`EAGER_ERROR_FACTOR`)."""
+    args = [_tree_map(_same_dtype_copy, a) for a in snapshot]
+    out = contract.reference_fn(*args)
+    out_leaves = [leaf for _, leaf in _leaves(out, "output")]
+    leaves = [leaf for _, leaf in _input_leaves(args, labels)]
+    try:
+        eager = torch.autograd.grad([out_leaves[i] for i in ref.grad_pairs], [leaves[j]],
+                                    [grad_outputs[i].to(out_leaves[i].dtype) for i in ref.grad_pairs],
+                                    allow_unused=True)[0]
+    except RuntimeError:
+        return False, g_details
+    if eager is None or torch.isnan(kg).any() and not torch.isnan(rg).any():
+        return False, g_details
+    eager_abs = float((eager.double() - rg).abs().max())
+    if kernel_abs <= EAGER_ERROR_FACTOR * eager_abs:
+        return True, [f"{lab}: ok within {EAGER_ERROR_FACTOR:g}x eager's own {str(kg.dtype).replace('torch.', '')} "
+                      f"error (kernel max abs {_fmt(kernel_abs)}, eager {_fmt(eager_abs)} against float64)"]
+    return False, g_details + [f"{lab}: also beyond {EAGER_ERROR_FACTOR:g}x eager's own error ({_fmt(eager_abs)})"]
 
 
 def verify_kernel(contract: KernelContract, rtol: float | None = None, atol: float | None = None,

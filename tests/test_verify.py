@@ -337,6 +337,37 @@ def test_wrong_backward_is_caught():
     assert any("worst at index" in d for d in result.details)
 
 
+class _ScaleRows(torch.autograd.Function):
+    """y = x * w; dw sums over many bf16 rows, so its rounding exceeds any fixed bf16 tolerance."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        dw = (g.float() * x.float()).sum(0) * _ScaleRows.factor
+        return g * w, dw.to(w.dtype)
+
+
+def _bf16_row_inputs():
+    return [torch.randn(512, 64, dtype=torch.bfloat16, requires_grad=True),
+            torch.randn(64, dtype=torch.bfloat16, requires_grad=True)]
+
+
+def test_low_precision_reduction_gradient_judged_against_eager_error(monkeypatch):
+    ok = verify_kernel(contract(_ScaleRows.apply, lambda x, w: x * w, _bf16_row_inputs), seeds=2)
+    assert ok.correct, ok.details
+    monkeypatch.setattr(_ScaleRows, "factor", 1.05)  # a 5% error in dw is far beyond eager's own rounding
+    bad = verify_kernel(contract(_ScaleRows.apply, lambda x, w: x * w, _bf16_row_inputs), seeds=1)
+    assert not bad.correct
+    assert any("beyond 2x eager's own error" in d for d in bad.details), bad.details
+
+
 def test_kernel_without_autograd_is_reported():
     result = verify_kernel(contract(lambda x: x.detach() ** 2, lambda x: x * x, _grad_inputs), seeds=1)
     assert not result.correct
