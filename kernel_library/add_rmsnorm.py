@@ -1,0 +1,248 @@
+"""Fused residual add + RMSNorm (Hugging Face Llama decoder layer): one read of x and residual, two writes.
+
+Formula, over the last dim, as transformers' ``LlamaDecoderLayer`` computes it around ``post_attention_layernorm``
+(``hidden_states = residual + hidden_states; residual = hidden_states; hidden_states = norm(hidden_states)``):
+
+    s = (residual + x).to(x.dtype)                       # the new residual, rounded to the input dtype
+    y = weight * (s.float() * rsqrt(mean(s.float()**2) + eps)).to(x.dtype)     # LlamaRMSNorm(s)
+
+Backward: ``ds = dRMSNorm(dy) + d(s)``; x and residual both receive ``ds`` (the add passes it through), and
+dweight is reduced from per-program fp32 partial sums. The kernels are those of :mod:`kernel_library.rmsnorm`
+with ``HAS_RESIDUAL=True``; the backward reads the saved ``s`` instead of re-adding x and residual.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernel_library._device import default_device, on_gpu
+from kernel_library.registry import KernelEntry, register_kernel
+from kernel_library.rmsnorm import (
+    SUPPORTED_DTYPES,
+    as_rows,
+    check_tensor,
+    rms_norm_bwd_launch,
+    rms_norm_fwd_launch,
+    rms_out_dtype,
+)
+
+# --- constants ----------------------------------------------------------------------------------------------
+# Block sizes, warps, the looped-kernel thresholds and the backward grid are those of kernel_library.rmsnorm
+# (RowConfig, MAX_FUSED_BLOCK_FWD/BWD, BWD_PROGRAMS_PER_SM): the fused add adds one load and one store per
+# element; ptxas reports the same register counts with and without it (rmsnorm's constants).
+
+#: Offset of the Llama form (weight applied as is; no Gemma ``1 + weight``).
+_LLAMA_OFFSET = 0.0
+
+# --- kernels: kernel_library.rmsnorm._rms_norm_{fwd,bwd}[_looped]_kernel with HAS_RESIDUAL=True -------------
+
+# --- launcher -----------------------------------------------------------------------------------------------
+
+
+def _check_add_rms_inputs(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> None:
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension [..., hidden]; got a 0-d tensor")
+    if residual.shape != x.shape:
+        raise ValueError(f"residual must have x's shape {tuple(x.shape)}; got {tuple(residual.shape)}")
+    if residual.dtype != x.dtype:
+        raise TypeError(f"residual must have x's dtype {x.dtype}; got {residual.dtype}")
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"weight must be 1-D of size x.shape[-1]={x.shape[-1]}; got shape {tuple(weight.shape)}")
+    check_tensor("x", x)
+    check_tensor("residual", residual, x.device)
+    check_tensor("weight", weight, x.device)
+
+
+# --- torch.library ops --------------------------------------------------------------------------------------
+
+
+@torch.library.triton_op("fusion_advisor::add_rms_norm", mutates_args={})
+def _add_rms_norm_op(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_add_rms_inputs(x, residual, weight)
+    n_cols = x.shape[-1]
+    if x.numel() == 0:
+        y = torch.empty(x.shape, dtype=rms_out_dtype(x.dtype, weight.dtype, _LLAMA_OFFSET), device=x.device)
+        return y, torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y, s = rms_norm_fwd_launch(as_rows(x, n_cols), weight, eps, _LLAMA_OFFSET, residual=as_rows(residual, n_cols))
+    return y.view(x.shape), s.view(x.shape)
+
+
+@torch.library.triton_op("fusion_advisor::add_rms_norm_backward", mutates_args={})
+def _add_rms_norm_backward_op(
+    dy: torch.Tensor, d_new_residual: torch.Tensor, new_residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    n_cols = new_residual.shape[-1]
+    if new_residual.numel() == 0:
+        return torch.empty_like(new_residual, memory_format=torch.contiguous_format), torch.zeros_like(weight)
+    ds, dw = rms_norm_bwd_launch(
+        as_rows(dy, n_cols),
+        as_rows(new_residual, n_cols),
+        weight,
+        eps,
+        _LLAMA_OFFSET,
+        ds=as_rows(d_new_residual, n_cols),
+    )
+    return ds.view(new_residual.shape), dw
+
+
+def _add_rms_norm_setup_context(ctx, inputs, output) -> None:
+    _, _, weight, eps = inputs
+    _, new_residual = output
+    ctx.save_for_backward(new_residual, weight)
+    ctx.eps = eps
+
+
+def _add_rms_norm_backward(ctx, dy: torch.Tensor, d_new_residual: torch.Tensor):
+    new_residual, weight = ctx.saved_tensors
+    # autograd materialises unused output gradients as zeros, so both are tensors here
+    ds, dw = _add_rms_norm_backward_op(dy, d_new_residual, new_residual, weight, ctx.eps)
+    # x and residual receive the same gradient (as torch's own add backward returns one tensor for both)
+    return ds, ds, dw, None
+
+
+_add_rms_norm_op.register_autograd(_add_rms_norm_backward, setup_context=_add_rms_norm_setup_context)
+
+
+# --- public function ----------------------------------------------------------------------------------------
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then Llama RMSNorm: returns ``(normed, new_residual)``, differentiable in all tensors.
+
+    Args:
+        x: [..., n_cols] (the sublayer output), fp32/fp16/bf16, any strides.
+        residual: x's shape and dtype, any strides.
+        weight: [n_cols], fp32/fp16/bf16.
+        eps: added to ``mean(s**2)`` before the rsqrt.
+
+    Returns:
+        normed [..., n_cols] in ``promote_types(x, weight)``, ``weight * (s * rstd).to(x.dtype)``;
+        new_residual [..., n_cols] in x's dtype, ``s = residual + x`` (transformers ``LlamaDecoderLayer``).
+
+    Raises:
+        ValueError: x is 0-d, residual's shape differs from x's, weight is not [x.shape[-1]], or the tensors sit
+            on different or unsupported devices.
+        TypeError: a dtype other than fp32/fp16/bf16, or residual's dtype differs from x's.
+    """
+    return _add_rms_norm_op(x, residual, weight, float(eps))
+
+
+# --- contract -----------------------------------------------------------------------------------------------
+
+kernel_fn = add_rms_norm
+
+
+def reference_fn(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain PyTorch, as transformers' Llama decoder layer writes it (see :func:`_hf_add_rmsnorm`), except that
+    the upcast is to ``promote_types(dtype, float32)`` so float64 inputs stay float64 (the tests' reference)."""
+    hidden_states = residual + x
+    new_residual = hidden_states
+    compute_dtype = torch.promote_types(hidden_states.dtype, torch.float32)
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(compute_dtype)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + eps)
+    return weight * hidden_states.to(input_dtype), new_residual
+
+
+def make_inputs(
+    n_rows: int,
+    n_cols: int,
+    dtype: torch.dtype = torch.bfloat16,
+    eps: float = 1e-6,
+    requires_grad: bool = True,
+    device: torch.device | str | None = None,
+    seed: int = 0,
+) -> list:
+    """``[x [n_rows, n_cols], residual [n_rows, n_cols], weight [n_cols], eps]`` on ``device``.
+
+    x, residual ~ N(0, 1); weight ~ 1 + N(0, 0.1); all in ``dtype``.
+    """
+    device = torch.device(device) if device is not None else default_device()
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn((n_rows, n_cols), generator=gen, device=device).to(dtype)
+    residual = torch.randn((n_rows, n_cols), generator=gen, device=device).to(dtype)
+    weight = (1.0 + 0.1 * torch.randn((n_cols,), generator=gen, device=device)).to(dtype)
+    return [t.requires_grad_(requires_grad) for t in (x, residual, weight)] + [eps]
+
+
+def get_inputs() -> list:
+    """Llama-7B shapes on a GPU (8192 tokens x 4096 hidden, bf16); 16 x 1000 on the CPU interpreter."""
+    if on_gpu():
+        return make_inputs(8192, 4096, torch.bfloat16)
+    return make_inputs(16, 1000, torch.bfloat16)
+
+
+#: GPU benchmark shapes: the Llama-7B anchor (ANCHORS.md) in three dtypes, a token sweep, a width sweep and one
+#: row wide enough for the looped path.
+BENCH_SHAPES: list[dict] = [
+    {"n_rows": 8192, "n_cols": 4096, "dtype": torch.bfloat16},
+    {"n_rows": 8192, "n_cols": 4096, "dtype": torch.float16},
+    {"n_rows": 8192, "n_cols": 4096, "dtype": torch.float32},
+    {"n_rows": 1, "n_cols": 4096, "dtype": torch.bfloat16},
+    {"n_rows": 32, "n_cols": 4096, "dtype": torch.bfloat16},
+    {"n_rows": 512, "n_cols": 4096, "dtype": torch.bfloat16},
+    {"n_rows": 2048, "n_cols": 4096, "dtype": torch.bfloat16},
+    {"n_rows": 32768, "n_cols": 4096, "dtype": torch.bfloat16},
+    {"n_rows": 8192, "n_cols": 2048, "dtype": torch.bfloat16},
+    {"n_rows": 8192, "n_cols": 5120, "dtype": torch.bfloat16},
+    {"n_rows": 8192, "n_cols": 8192, "dtype": torch.bfloat16},
+    {"n_rows": 4096, "n_cols": 16384, "dtype": torch.bfloat16},
+    {"n_rows": 256, "n_cols": 131072, "dtype": torch.bfloat16},
+]
+
+
+def bytes_moved(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> int:
+    """Fewest bytes the forward moves: read x, residual and weight; write normed and new_residual."""
+    out_size = torch.empty((), dtype=rms_out_dtype(x.dtype, weight.dtype, _LLAMA_OFFSET)).element_size()
+    return x.numel() * (3 * x.element_size() + out_size) + weight.numel() * weight.element_size()
+
+
+def bytes_moved_backward(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> int:
+    """Fewest bytes the backward moves: read d(normed), d(new_residual), new_residual and weight; write one
+    gradient shared by x and residual, and dweight (partial sums excluded)."""
+    out_size = torch.empty((), dtype=rms_out_dtype(x.dtype, weight.dtype, _LLAMA_OFFSET)).element_size()
+    return x.numel() * (out_size + 3 * x.element_size()) + 2 * weight.numel() * weight.element_size()
+
+
+def _hf_add_rmsnorm(
+    hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The subgraph replaced: the residual add of transformers' ``LlamaDecoderLayer`` followed by
+    ``LlamaRMSNorm.forward`` (module weight and eps as inputs)."""
+    hidden_states = residual + hidden_states
+    residual = hidden_states
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + eps)
+    return weight * hidden_states.to(input_dtype), residual
+
+
+def _hf_add_rmsnorm_replacement(
+    hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return kernel_fn(hidden_states, residual, weight, eps)
+
+
+ENTRY = register_kernel(
+    KernelEntry(
+        name="add_rmsnorm",
+        module=__name__,
+        replaces="add_rmsnorm",
+        op="fusion_advisor::add_rms_norm",
+        description="residual add + RMSNorm, fwd+bwd; returns (LlamaRMSNorm(residual + x), residual + x) as "
+        "transformers' LlamaDecoderLayer computes them",
+        dtypes=SUPPORTED_DTYPES,
+        max_row_elems=None,
+        has_backward=True,
+        pattern=_hf_add_rmsnorm,
+        replacement=_hf_add_rmsnorm_replacement,
+    )
+)

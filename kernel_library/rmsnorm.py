@@ -1,0 +1,698 @@
+"""RMSNorm with Hugging Face semantics (Llama, and Gemma's ``1 + weight`` variant): Triton forward and backward.
+
+Formula (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization"), over the last dim of ``x``:
+
+    rstd = 1 / sqrt(mean(x**2) + eps)          # in fp32
+    Llama (offset == 0):  y = weight * (x * rstd).to(x.dtype)              # transformers LlamaRMSNorm
+    Gemma (offset != 0):  y = ((x * rstd) * (offset + weight.float())).to(x.dtype)   # GemmaRMSNorm
+
+The Llama form rounds the normalised row to the input dtype *before* the weight multiply and returns
+``promote_types(x.dtype, weight.dtype)`` (HF's ``self.weight * hidden_states.to(input_dtype)``); the Gemma form
+stays in fp32 until the final cast to ``x.dtype`` (HF's ``output.type_as(x)``).
+
+The kernels also serve ``kernel_library.add_rmsnorm`` (``HAS_RESIDUAL=True``: ``s = x + residual`` is rounded to
+the input dtype, written out, and normalised), and ``kernel_library.layernorm`` reuses the launch helpers
+(:class:`RowConfig`, :func:`row_start`, :func:`as_rows`, :func:`bwd_programs`).
+
+Backward (rstd is recomputed from the saved input: the row is in registers anyway, so it costs no traffic):
+
+    g = dy * w_eff                      (w_eff = weight, or offset + weight)
+    dx = rstd * (g - xhat * mean(g * xhat))        xhat = x * rstd
+    dweight = sum over rows of dy * xhat (Llama: xhat rounded to x.dtype, as HF's autograd sees it)
+
+dweight is accumulated per program in fp32 partial sums ``[n_programs, n_cols]`` and reduced with one
+``sum(0)``, as in Triton's tutorial 05-layer-norm and Liger-Kernel's ``rms_norm``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_library._device import default_device, interpreted, on_gpu
+from kernel_library.registry import KernelEntry, register_kernel
+
+# --- constants ----------------------------------------------------------------------------------------------
+
+#: Dtypes the kernels load and store (inputs, weight, outputs); everything is computed in fp32.
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+#: Widest row the forward keeps in registers in one block. Measured with ptxas for sm_90 (triton 3.9, bf16):
+#: a 32768-wide block at 32 warps uses 64 registers and no stack; a 65536-wide one spills (256 bytes of stack
+#: per thread), so rows wider than 32768 take the looped two-pass kernel.
+MAX_FUSED_BLOCK_FWD = 32768
+
+#: Widest row the backward keeps in registers. The backward holds x, dy, the weight and the dweight accumulator
+#: (LayerNorm: also dbias) per element. Measured with ptxas for sm_90: 8192 at 16 warps uses 100 registers
+#: (LayerNorm 128) and no stack; 16384 spills at 16 and at 32 warps, so wider rows take the looped backward.
+MAX_FUSED_BLOCK_BWD = 8192
+
+#: Chunk (elements) of the looped kernels for rows wider than the fused limits. With the warp tables below
+#: (8 warps forward, 16 backward) ptxas reports 57-78 (forward) and 70-127 (backward) registers, no stack.
+LOOP_BLOCK = 8192
+
+#: Warps per program by block size, as ``(max_block_size, num_warps)`` steps. Forward: about 16 elements per
+#: thread (4096 -> 8 warps: 32 registers, full occupancy). Backward: the same elements per thread up to 4096
+#: (8 warps: ~100 registers, LayerNorm 128, i.e. 2 programs per SM) then 16 warps at 8192 to stay unspilled.
+FWD_WARPS = ((2048, 4), (8192, 8), (16384, 16))
+BWD_WARPS = ((2048, 4), (4096, 8), (8192, 16))
+MAX_WARPS = 32
+
+#: Backward programs per SM. Each program loops over rows and keeps its own fp32 dweight partial row. One
+#: program of 8 warps per SM (Liger's choice) leaves an SM at 8 resident warps, too few to hide load latency;
+#: the 4096-wide backward uses ~100-128 registers per thread at 8 warps, so two programs fit an SM's register
+#: file. Cost: the partial-sum buffer, n_programs * n_cols * 4 bytes written and read once (264 x 4096 on an
+#: H200: 8.7 MB against the backward's 201 MB at 8192 x 4096 bf16, ~4%). Tune on the GPU (1, 2, 4).
+BWD_PROGRAMS_PER_SM = 2
+
+#: "SM count" used under the CPU interpreter, where programs run one after another: small, so tests stay fast,
+#: but more than one so that the per-program row loop and the cross-program dweight reduction are exercised.
+CPU_SM_COUNT = 4
+
+#: Column offsets (``col * stride_col``) are int32 in the kernels; a view whose column span reaches this many
+#: elements is copied to a contiguous layout first (only a transposed view of > 2**31 elements can do that).
+INT32_SPAN_LIMIT = 2**31
+
+
+# --- kernels ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def row_start(row, stride):
+    """Element offset of the first element of ``row``: int64 before the multiply, so it cannot wrap past 2**31."""
+    return tl.cast(row, tl.int64) * stride
+
+
+@triton.jit
+def _rms_norm_fwd_kernel(
+    y_ptr,  # out: normalised rows [n_rows, n_cols], output dtype
+    s_ptr,  # out: x + residual [n_rows, n_cols], x dtype (written only when HAS_RESIDUAL)
+    x_ptr,  # in: rows to normalise [n_rows, n_cols]
+    r_ptr,  # in: residual [n_rows, n_cols], x dtype (read only when HAS_RESIDUAL)
+    w_ptr,  # in: weight [n_cols]
+    stride_y_row,  # elements between rows of y
+    stride_y_col,  # elements between columns of y
+    stride_s_row,  # elements between rows of s
+    stride_s_col,  # elements between columns of s
+    stride_x_row,  # elements between rows of x
+    stride_x_col,  # elements between columns of x
+    stride_r_row,  # elements between rows of residual
+    stride_r_col,  # elements between columns of residual
+    stride_w,  # elements between weight entries
+    n_cols,  # row width (hidden size)
+    eps,  # added to mean(x**2) before the rsqrt
+    offset,  # Gemma: weight is applied as (offset + weight); ignored unless GEMMA
+    HAS_RESIDUAL: tl.constexpr,  # normalise s = x + residual and write s
+    GEMMA: tl.constexpr,  # fp32 (offset + weight) multiply, one rounding at the end; else HF Llama rounding
+    BLOCK_SIZE: tl.constexpr,  # power of two >= n_cols: the whole row in one block
+):
+    """One program normalises one row held entirely in registers."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row_start(row, stride_x_row) + cols * stride_x_col, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + row_start(row, stride_r_row) + cols * stride_r_col, mask=mask, other=0.0)
+        s = (x + r.to(tl.float32)).to(s_ptr.dtype.element_ty)  # HF: residual + hidden_states, in the input dtype
+        tl.store(s_ptr + row_start(row, stride_s_row) + cols * stride_s_col, s, mask=mask)
+        x = s.to(tl.float32)
+    mean_sq = tl.sum(x * x, axis=0) / n_cols
+    rstd = tl.rsqrt(mean_sq + eps)
+    w = tl.load(w_ptr + cols * stride_w, mask=mask, other=0.0).to(tl.float32)
+    x_hat = x * rstd
+    if GEMMA:
+        y = x_hat * (offset + w)
+    else:
+        # HF Llama: the normalised row is cast to the input dtype, then multiplied by the weight
+        y = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(y_ptr + row_start(row, stride_y_row) + cols * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_fwd_looped_kernel(
+    y_ptr,  # out: normalised rows [n_rows, n_cols], output dtype
+    s_ptr,  # out: x + residual [n_rows, n_cols], x dtype (written only when HAS_RESIDUAL)
+    x_ptr,  # in: rows to normalise [n_rows, n_cols]
+    r_ptr,  # in: residual [n_rows, n_cols], x dtype (read only when HAS_RESIDUAL)
+    w_ptr,  # in: weight [n_cols]
+    stride_y_row,  # elements between rows of y
+    stride_y_col,  # elements between columns of y
+    stride_s_row,  # elements between rows of s
+    stride_s_col,  # elements between columns of s
+    stride_x_row,  # elements between rows of x
+    stride_x_col,  # elements between columns of x
+    stride_r_row,  # elements between rows of residual
+    stride_r_col,  # elements between columns of residual
+    stride_w,  # elements between weight entries
+    n_cols,  # row width (hidden size)
+    eps,  # added to mean(x**2) before the rsqrt
+    offset,  # Gemma: weight is applied as (offset + weight); ignored unless GEMMA
+    HAS_RESIDUAL: tl.constexpr,  # normalise s = x + residual and write s
+    GEMMA: tl.constexpr,  # fp32 (offset + weight) multiply, one rounding at the end; else HF Llama rounding
+    BLOCK_SIZE: tl.constexpr,  # chunk of the row processed per loop step
+):
+    """One program per row, two passes over column chunks: sum of squares, then normalise and store."""
+    row = tl.program_id(0)
+    x_row = x_ptr + row_start(row, stride_x_row)
+    r_row = r_ptr + row_start(row, stride_r_row)
+    s_row = s_ptr + row_start(row, stride_s_row)
+    y_row = y_ptr + row_start(row, stride_y_row)
+    sum_sq = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols * stride_x_col, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            r = tl.load(r_row + cols * stride_r_col, mask=mask, other=0.0)
+            s = (x + r.to(tl.float32)).to(s_ptr.dtype.element_ty)
+            tl.store(s_row + cols * stride_s_col, s, mask=mask)
+            x = s.to(tl.float32)
+        sum_sq += x * x
+    rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / n_cols + eps)
+    if HAS_RESIDUAL:
+        tl.debug_barrier()  # the second pass reads back s, written above by other threads of this program
+    for start in range(0, n_cols, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        mask = cols < n_cols
+        if HAS_RESIDUAL:
+            x = tl.load(s_row + cols * stride_s_col, mask=mask, other=0.0).to(tl.float32)
+        else:
+            x = tl.load(x_row + cols * stride_x_col, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols * stride_w, mask=mask, other=0.0).to(tl.float32)
+        x_hat = x * rstd
+        if GEMMA:
+            y = x_hat * (offset + w)
+        else:
+            y = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32) * w
+        tl.store(y_row + cols * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["n_rows", "n_programs"])
+def _rms_norm_bwd_kernel(
+    dx_ptr,  # out: gradient of x (and of residual) [n_rows, n_cols], x dtype
+    dw_partial_ptr,  # out: fp32 dweight partial sums [n_programs, n_cols], contiguous, one row per program
+    dy_ptr,  # in: gradient of y [n_rows, n_cols], output dtype
+    ds_ptr,  # in: gradient of the new residual s [n_rows, n_cols] (read only when HAS_RESIDUAL)
+    x_ptr,  # in: the normalised input: x, or s = x + residual when HAS_RESIDUAL [n_rows, n_cols]
+    w_ptr,  # in: weight [n_cols]
+    stride_dx_row,  # elements between rows of dx
+    stride_dx_col,  # elements between columns of dx
+    stride_dy_row,  # elements between rows of dy
+    stride_dy_col,  # elements between columns of dy
+    stride_ds_row,  # elements between rows of ds
+    stride_ds_col,  # elements between columns of ds
+    stride_x_row,  # elements between rows of x
+    stride_x_col,  # elements between columns of x
+    stride_w,  # elements between weight entries
+    n_rows,  # number of rows
+    n_cols,  # row width
+    n_programs,  # programs in the grid: program p handles rows p, p + n_programs, ...
+    eps,  # as in the forward
+    offset,  # as in the forward (GEMMA only)
+    HAS_RESIDUAL: tl.constexpr,  # add ds to dx (the new residual's gradient flows straight through)
+    GEMMA: tl.constexpr,  # weight applied as (offset + weight) in fp32; else HF Llama rounding
+    BLOCK_SIZE: tl.constexpr,  # power of two >= n_cols
+):
+    """Each program loops over its rows, writes dx per row and keeps a dweight partial sum in registers."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    w = tl.load(w_ptr + cols * stride_w, mask=mask, other=0.0).to(tl.float32)
+    if GEMMA:
+        w = offset + w
+    dw_acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+    for row in tl.range(pid, n_rows, n_programs):
+        x = tl.load(x_ptr + row_start(row, stride_x_row) + cols * stride_x_col, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row_start(row, stride_dy_row) + cols * stride_dy_col, mask=mask, other=0.0)
+        dy = dy.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+        x_hat = x * rstd
+        g = dy * w
+        dx = rstd * (g - x_hat * (tl.sum(g * x_hat, axis=0) / n_cols))
+        if HAS_RESIDUAL:
+            ds = tl.load(ds_ptr + row_start(row, stride_ds_row) + cols * stride_ds_col, mask=mask, other=0.0)
+            dx += ds.to(tl.float32)
+        tl.store(
+            dx_ptr + row_start(row, stride_dx_row) + cols * stride_dx_col, dx.to(dx_ptr.dtype.element_ty), mask=mask
+        )
+        if GEMMA:
+            dw_acc += dy * x_hat
+        else:
+            dw_acc += dy * x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(dw_partial_ptr + row_start(pid, n_cols) + cols, dw_acc, mask=mask)
+
+
+@triton.jit(do_not_specialize=["n_rows", "n_programs"])
+def _rms_norm_bwd_looped_kernel(
+    dx_ptr,  # out: gradient of x (and of residual) [n_rows, n_cols], x dtype
+    dw_partial_ptr,  # out: fp32 dweight partial sums [n_programs, n_cols], contiguous, one row per program
+    stats_ptr,  # scratch: fp32 per-row (rstd, c) [2, n_rows], contiguous; written and read by the row's program
+    dy_ptr,  # in: gradient of y [n_rows, n_cols], output dtype
+    ds_ptr,  # in: gradient of the new residual s [n_rows, n_cols] (read only when HAS_RESIDUAL)
+    x_ptr,  # in: the normalised input: x, or s = x + residual when HAS_RESIDUAL [n_rows, n_cols]
+    w_ptr,  # in: weight [n_cols]
+    stride_dx_row,  # elements between rows of dx
+    stride_dx_col,  # elements between columns of dx
+    stride_dy_row,  # elements between rows of dy
+    stride_dy_col,  # elements between columns of dy
+    stride_ds_row,  # elements between rows of ds
+    stride_ds_col,  # elements between columns of ds
+    stride_x_row,  # elements between rows of x
+    stride_x_col,  # elements between columns of x
+    stride_w,  # elements between weight entries
+    n_rows,  # number of rows
+    n_cols,  # row width
+    n_programs,  # programs in the grid: program p handles rows p, p + n_programs, ...
+    eps,  # as in the forward
+    offset,  # as in the forward (GEMMA only)
+    HAS_RESIDUAL: tl.constexpr,  # add ds to dx
+    GEMMA: tl.constexpr,  # weight applied as (offset + weight) in fp32; else HF Llama rounding
+    BLOCK_SIZE: tl.constexpr,  # chunk of the row processed per loop step
+):
+    """Rows too wide for registers. Pass A, per row of this program: sum(x**2) and sum(g * x) over chunks, kept
+    as (rstd, c = mean(g * x_hat)) in ``stats``. Pass B, per column chunk: loop over this program's rows, write dx
+    and accumulate the dweight chunk in registers, store it once (no partial-sum read-modify-write)."""
+    pid = tl.program_id(0)
+    for row in tl.range(pid, n_rows, n_programs):
+        x_row = x_ptr + row_start(row, stride_x_row)
+        dy_row = dy_ptr + row_start(row, stride_dy_row)
+        sum_sq = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+        sum_gx = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_SIZE):
+            cols = start + tl.arange(0, BLOCK_SIZE)
+            mask = cols < n_cols
+            x = tl.load(x_row + cols * stride_x_col, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_row + cols * stride_dy_col, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + cols * stride_w, mask=mask, other=0.0).to(tl.float32)
+            if GEMMA:
+                w = offset + w
+            sum_sq += x * x
+            sum_gx += dy * w * x
+        rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / n_cols + eps)
+        tl.store(stats_ptr + row, rstd)
+        tl.store(stats_ptr + n_rows + row, rstd * tl.sum(sum_gx, axis=0) / n_cols)  # mean(g * x_hat)
+    tl.debug_barrier()  # pass B reads the row statistics stored above by other threads of this program
+    for start in range(0, n_cols, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        mask = cols < n_cols
+        w = tl.load(w_ptr + cols * stride_w, mask=mask, other=0.0).to(tl.float32)
+        if GEMMA:
+            w = offset + w
+        dw_acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+        for row in tl.range(pid, n_rows, n_programs):
+            rstd = tl.load(stats_ptr + row)
+            c = tl.load(stats_ptr + n_rows + row)
+            x = tl.load(x_ptr + row_start(row, stride_x_row) + cols * stride_x_col, mask=mask, other=0.0)
+            x = x.to(tl.float32)
+            dy = tl.load(dy_ptr + row_start(row, stride_dy_row) + cols * stride_dy_col, mask=mask, other=0.0)
+            dy = dy.to(tl.float32)
+            x_hat = x * rstd
+            dx = rstd * (dy * w - x_hat * c)
+            if HAS_RESIDUAL:
+                ds = tl.load(ds_ptr + row_start(row, stride_ds_row) + cols * stride_ds_col, mask=mask, other=0.0)
+                dx += ds.to(tl.float32)
+            tl.store(
+                dx_ptr + row_start(row, stride_dx_row) + cols * stride_dx_col,
+                dx.to(dx_ptr.dtype.element_ty),
+                mask=mask,
+            )
+            if GEMMA:
+                dw_acc += dy * x_hat
+            else:
+                dw_acc += dy * x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(dw_partial_ptr + row_start(pid, n_cols) + cols, dw_acc, mask=mask)
+
+
+# --- launchers ----------------------------------------------------------------------------------------------
+
+
+def _warps_for(block_size: int, table: tuple[tuple[int, int], ...]) -> int:
+    """Warps for ``block_size`` from a ``(max_block_size, num_warps)`` step table; ``MAX_WARPS`` beyond it."""
+    for max_block, warps in table:
+        if block_size <= max_block:
+            return warps
+    return MAX_WARPS
+
+
+@dataclass(frozen=True)
+class RowConfig:
+    """Launch configuration of a row-wise norm kernel, built from the row width.
+
+    Attributes:
+        block_size: elements per ``tl.arange``: the whole row (``looped=False``) or one chunk of it.
+        num_warps: warps per program.
+        looped: whether the row is processed in chunks by the looped kernel.
+    """
+
+    block_size: int
+    num_warps: int
+    looped: bool
+
+    @classmethod
+    def _build(cls, n_cols: int, max_fused_block: int, table: tuple[tuple[int, int], ...]) -> "RowConfig":
+        block = triton.next_power_of_2(max(n_cols, 1))
+        if block <= max_fused_block:
+            return cls(block_size=block, num_warps=_warps_for(block, table), looped=False)
+        # a max_fused_block below LOOP_BLOCK (tests) gives chunks of that size, to reach the looped kernels
+        chunk = min(LOOP_BLOCK, triton.next_power_of_2(max_fused_block))
+        return cls(block_size=chunk, num_warps=_warps_for(chunk, table), looped=True)
+
+    @classmethod
+    def forward(cls, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK_FWD) -> "RowConfig":
+        """Forward kernels: one block per row up to ``max_fused_block`` columns, chunks beyond."""
+        return cls._build(n_cols, max_fused_block, FWD_WARPS)
+
+    @classmethod
+    def backward(cls, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK_BWD) -> "RowConfig":
+        """Backward kernels: one block per row up to ``max_fused_block`` columns, chunks beyond."""
+        return cls._build(n_cols, max_fused_block, BWD_WARPS)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return CPU_SM_COUNT
+
+
+def bwd_programs(n_rows: int, device: torch.device) -> int:
+    """Programs of a backward grid: ``BWD_PROGRAMS_PER_SM`` per SM, never more than there are rows."""
+    return max(1, min(n_rows, _sm_count(device) * BWD_PROGRAMS_PER_SM))
+
+
+def check_tensor(name: str, t: torch.Tensor, device: torch.device | None = None) -> None:
+    """Raise if ``t`` (argument ``name``) has an unsupported dtype or sits on a device the kernels cannot use.
+
+    Raises:
+        TypeError: dtype not in :data:`SUPPORTED_DTYPES`.
+        ValueError: ``t`` is not on ``device`` (when given), or is a CPU tensor without ``TRITON_INTERPRET=1``.
+    """
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} has dtype {t.dtype}; supported: {', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device} but x is on {device}")
+    if t.device.type != "cuda" and not interpreted():
+        raise ValueError(
+            f"{name} is on {t.device}: the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)"
+        )
+
+
+def as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """``t`` [..., n_cols] as a 2-D [n_rows, n_cols] view with any strides.
+
+    ``reshape`` returns a view whenever the leading dims collapse into one row stride (all contiguous tensors,
+    row/column slices, 2-D transposes, expanded gradients); otherwise it copies. A view whose column offsets
+    would pass 2**31 elements (int32 in the kernels) is copied to a contiguous layout.
+    """
+    t2 = t.reshape(-1, n_cols)
+    if t2.stride(1) != 1 and (n_cols - 1) * t2.stride(1) >= INT32_SPAN_LIMIT:
+        t2 = t2.contiguous()
+    return t2
+
+
+def _check_rms_inputs(x: torch.Tensor, weight: torch.Tensor) -> None:
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension [..., hidden]; got a 0-d tensor")
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"weight must be 1-D of size x.shape[-1]={x.shape[-1]}; got shape {tuple(weight.shape)}")
+    check_tensor("x", x)
+    check_tensor("weight", weight, x.device)
+
+
+def rms_out_dtype(x_dtype: torch.dtype, w_dtype: torch.dtype, offset: float) -> torch.dtype:
+    """Output dtype: HF Llama returns ``promote_types(x, weight)``; the Gemma form (offset != 0) ``x.dtype``."""
+    return x_dtype if offset != 0.0 else torch.promote_types(x_dtype, w_dtype)
+
+
+def rms_norm_fwd_launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float,
+    residual: torch.Tensor | None = None,
+    config: RowConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Launch the forward on ``x`` [n_rows, n_cols] (2-D, any strides, non-empty); returns ``(y, s)``.
+
+    ``y`` [n_rows, n_cols] is contiguous in :func:`rms_out_dtype`; ``s = x + residual`` (x dtype) when
+    ``residual`` is given, else None. ``config`` overrides the heuristic (tests force the looped kernel).
+    """
+    n_rows, n_cols = x.shape
+    cfg = config or RowConfig.forward(n_cols)
+    y = torch.empty((n_rows, n_cols), dtype=rms_out_dtype(x.dtype, weight.dtype, offset), device=x.device)
+    s = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device) if residual is not None else None
+    r = residual if residual is not None else x  # placeholder pointer, never read when HAS_RESIDUAL is False
+    s_arg = s if s is not None else y  # placeholder pointer, never written when HAS_RESIDUAL is False
+    kernel = _rms_norm_fwd_looped_kernel if cfg.looped else _rms_norm_fwd_kernel
+    torch.library.wrap_triton(kernel)[(n_rows,)](
+        y,
+        s_arg,
+        x,
+        r,
+        weight,
+        y.stride(0),
+        y.stride(1),
+        s_arg.stride(0),
+        s_arg.stride(1),
+        x.stride(0),
+        x.stride(1),
+        r.stride(0),
+        r.stride(1),
+        weight.stride(0),
+        n_cols,
+        eps,
+        offset,
+        HAS_RESIDUAL=residual is not None,
+        GEMMA=offset != 0.0,
+        BLOCK_SIZE=cfg.block_size,
+        num_warps=cfg.num_warps,
+    )
+    return y, s
+
+
+def rms_norm_bwd_launch(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float,
+    ds: torch.Tensor | None = None,
+    config: RowConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the backward on 2-D ``dy``, ``x`` (and ``ds``) [n_rows, n_cols], non-empty; returns ``(dx, dw)``.
+
+    ``dx`` [n_rows, n_cols] contiguous in x's dtype (plus ``ds`` when given); ``dw`` [n_cols] in weight's dtype.
+    """
+    n_rows, n_cols = x.shape
+    cfg = config or RowConfig.backward(n_cols)
+    n_programs = bwd_programs(n_rows, x.device)
+    dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    # every program writes its whole partial row (zeros if it had no rows), so no zero-fill is needed
+    dw_partial = torch.empty((n_programs, n_cols), dtype=torch.float32, device=x.device)
+    ds_arg = ds if ds is not None else dy  # placeholder pointer, never read when HAS_RESIDUAL is False
+    ptrs = [dx, dw_partial, dy, ds_arg, x, weight]
+    if cfg.looped:  # per-row (rstd, mean(g * x_hat)) scratch between the looped kernel's two passes
+        ptrs.insert(2, torch.empty((2, n_rows), dtype=torch.float32, device=x.device))
+    kernel = _rms_norm_bwd_looped_kernel if cfg.looped else _rms_norm_bwd_kernel
+    torch.library.wrap_triton(kernel)[(n_programs,)](
+        *ptrs,
+        dx.stride(0),
+        dx.stride(1),
+        dy.stride(0),
+        dy.stride(1),
+        ds_arg.stride(0),
+        ds_arg.stride(1),
+        x.stride(0),
+        x.stride(1),
+        weight.stride(0),
+        n_rows,
+        n_cols,
+        n_programs,
+        eps,
+        offset,
+        HAS_RESIDUAL=ds is not None,
+        GEMMA=offset != 0.0,
+        BLOCK_SIZE=cfg.block_size,
+        num_warps=cfg.num_warps,
+    )
+    return dx, dw_partial.sum(0).to(weight.dtype)
+
+
+# --- torch.library ops --------------------------------------------------------------------------------------
+
+
+@torch.library.triton_op("fusion_advisor::rms_norm", mutates_args={})
+def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
+    _check_rms_inputs(x, weight)
+    n_cols = x.shape[-1]
+    if x.numel() == 0:
+        return torch.empty(x.shape, dtype=rms_out_dtype(x.dtype, weight.dtype, offset), device=x.device)
+    y, _ = rms_norm_fwd_launch(as_rows(x, n_cols), weight, eps, offset)
+    return y.view(x.shape)
+
+
+@torch.library.triton_op("fusion_advisor::rms_norm_backward", mutates_args={})
+def _rms_norm_backward_op(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    n_cols = x.shape[-1]
+    if x.numel() == 0:
+        return torch.empty_like(x, memory_format=torch.contiguous_format), torch.zeros_like(weight)
+    dx, dw = rms_norm_bwd_launch(as_rows(dy, n_cols), as_rows(x, n_cols), weight, eps, offset)
+    return dx.view(x.shape), dw
+
+
+def _rms_norm_setup_context(ctx, inputs, output) -> None:
+    x, weight, eps, offset = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+    ctx.offset = offset
+
+
+def _rms_norm_backward(ctx, dy: torch.Tensor):
+    x, weight = ctx.saved_tensors
+    dx, dw = _rms_norm_backward_op(dy, x, weight, ctx.eps, ctx.offset)
+    return dx, dw, None, None
+
+
+_rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_context)
+
+
+# --- public function ----------------------------------------------------------------------------------------
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0) -> torch.Tensor:
+    """RMSNorm over the last dim, Hugging Face semantics, differentiable in ``x`` and ``weight``.
+
+    Args:
+        x: [..., n_cols], fp32/fp16/bf16, any strides.
+        weight: [n_cols], fp32/fp16/bf16.
+        eps: added to ``mean(x**2)`` before the rsqrt.
+        offset: 0 for transformers' ``LlamaRMSNorm`` (``weight * (x * rstd).to(x.dtype)``, output dtype
+            ``promote_types(x, weight)``); nonzero (1.0 for Gemma) for ``GemmaRMSNorm``
+            (``(x * rstd * (offset + weight.float())).to(x.dtype)``).
+
+    Returns:
+        y [..., n_cols], contiguous.
+
+    Raises:
+        ValueError: ``x`` is 0-d, ``weight`` is not [x.shape[-1]], or the tensors sit on different or
+            unsupported devices.
+        TypeError: a dtype other than fp32, fp16, bf16.
+    """
+    return _rms_norm_op(x, weight, float(eps), float(offset))
+
+
+# --- contract -----------------------------------------------------------------------------------------------
+
+kernel_fn = rms_norm
+
+
+def reference_fn(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0) -> torch.Tensor:
+    """Plain PyTorch, written as transformers' ``LlamaRMSNorm`` / ``GemmaRMSNorm`` forwards.
+
+    The one change: HF upcasts to fp32; this upcasts to ``promote_types(x.dtype, float32)``, which is fp32 for
+    every dtype the kernel takes and keeps float64 inputs in float64 (the tests' high-precision reference).
+    """
+    compute_dtype = torch.promote_types(x.dtype, torch.float32)
+    input_dtype = x.dtype
+    hidden_states = x.to(compute_dtype)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + eps)
+    if offset != 0.0:
+        return (hidden_states * (offset + weight.to(compute_dtype))).to(input_dtype)
+    return weight * hidden_states.to(input_dtype)
+
+
+def make_inputs(
+    n_rows: int,
+    n_cols: int,
+    dtype: torch.dtype = torch.bfloat16,
+    eps: float = 1e-6,
+    offset: float = 0.0,
+    requires_grad: bool = True,
+    device: torch.device | str | None = None,
+    seed: int = 0,
+) -> list:
+    """``[x [n_rows, n_cols], weight [n_cols], eps, offset]`` on ``device`` (default: the kernels' device).
+
+    x ~ N(0, 1); weight ~ 1 + N(0, 0.1) (Llama) or N(0, 0.1) (Gemma stores weight - 1), both in ``dtype``.
+    """
+    device = torch.device(device) if device is not None else default_device()
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn((n_rows, n_cols), generator=gen, device=device).to(dtype)
+    weight = 0.1 * torch.randn((n_cols,), generator=gen, device=device)
+    weight = (weight if offset != 0.0 else 1.0 + weight).to(dtype)
+    return [x.requires_grad_(requires_grad), weight.requires_grad_(requires_grad), eps, offset]
+
+
+def get_inputs() -> list:
+    """Llama-7B shapes on a GPU (8192 tokens x 4096 hidden, bf16); 16 x 1000 on the CPU interpreter."""
+    if on_gpu():
+        return make_inputs(8192, 4096, torch.bfloat16)
+    return make_inputs(16, 1000, torch.bfloat16)
+
+
+#: GPU benchmark shapes: the Llama-7B anchor (ANCHORS.md) in three dtypes, a token sweep (decode to long
+#: prefill), a width sweep (Llama-1B 2048 .. Llama-405B 16384 hidden) and one row wide enough for the looped path.
+BENCH_SHAPES: list[dict] = [
+    {"n_rows": 8192, "n_cols": 4096, "dtype": torch.bfloat16},
+    {"n_rows": 8192, "n_cols": 4096, "dtype": torch.float16},
+    {"n_rows": 8192, "n_cols": 4096, "dtype": torch.float32},
+    {"n_rows": 1, "n_cols": 4096, "dtype": torch.bfloat16},
+    {"n_rows": 32, "n_cols": 4096, "dtype": torch.bfloat16},
+    {"n_rows": 512, "n_cols": 4096, "dtype": torch.bfloat16},
+    {"n_rows": 2048, "n_cols": 4096, "dtype": torch.bfloat16},
+    {"n_rows": 32768, "n_cols": 4096, "dtype": torch.bfloat16},
+    {"n_rows": 8192, "n_cols": 2048, "dtype": torch.bfloat16},
+    {"n_rows": 8192, "n_cols": 5120, "dtype": torch.bfloat16},
+    {"n_rows": 8192, "n_cols": 8192, "dtype": torch.bfloat16},
+    {"n_rows": 4096, "n_cols": 16384, "dtype": torch.bfloat16},
+    {"n_rows": 256, "n_cols": 131072, "dtype": torch.bfloat16},
+]
+
+
+def bytes_moved(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0) -> int:
+    """Fewest bytes the forward moves: read x and weight once, write y once."""
+    out_size = torch.empty((), dtype=rms_out_dtype(x.dtype, weight.dtype, offset)).element_size()
+    return x.numel() * (x.element_size() + out_size) + weight.numel() * weight.element_size()
+
+
+def bytes_moved_backward(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0) -> int:
+    """Fewest bytes the backward moves: read dy, x and weight, write dx and dweight (partial sums excluded)."""
+    out_size = torch.empty((), dtype=rms_out_dtype(x.dtype, weight.dtype, offset)).element_size()
+    return x.numel() * (out_size + 2 * x.element_size()) + 2 * weight.numel() * weight.element_size()
+
+
+def _hf_llama_rmsnorm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The subgraph replaced: transformers' ``LlamaRMSNorm.forward`` with the module's weight and eps as inputs."""
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + eps)
+    return weight * hidden_states.to(input_dtype)
+
+
+def _hf_llama_rmsnorm_replacement(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return kernel_fn(hidden_states, weight, eps)
+
+
+ENTRY = register_kernel(
+    KernelEntry(
+        name="rmsnorm",
+        module=__name__,
+        replaces="rmsnorm",
+        op="fusion_advisor::rms_norm",
+        description="RMSNorm over the last dim, fwd+bwd; matches transformers LlamaRMSNorm (offset=0) and "
+        "GemmaRMSNorm (offset=1)",
+        dtypes=SUPPORTED_DTYPES,
+        max_row_elems=None,
+        has_backward=True,
+        pattern=_hf_llama_rmsnorm,
+        replacement=_hf_llama_rmsnorm_replacement,
+    )
+)
