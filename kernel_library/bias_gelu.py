@@ -207,13 +207,14 @@ def _bias_gelu_bwd_kernel(
     row_group = pid // n_col_blocks
     col_block = pid - row_group * n_col_blocks
     blocks_per_group: tl.constexpr = ROWS_PER_PROGRAM // BLOCK_R
-    _, cols = _tile(row_group * blocks_per_group, col_block, BLOCK_R, BLOCK_C)
+    cols = col_block.to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)  # int64: see _tile
     col_mask = cols < n_cols
     bias = tl.load(bias_ptr + cols * stride_bias, mask=col_mask, other=0.0).to(tl.float32)
 
     acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
     for i in range(0, blocks_per_group):
-        rows, _ = _tile(row_group * blocks_per_group + i, col_block, BLOCK_R, BLOCK_C)
+        # (not `rows, _ = _tile(...)`: a discarded name re-bound in a loop breaks Triton's type check on GPU)
+        rows = (row_group * blocks_per_group + i).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         mask = (rows < n_rows)[:, None] & col_mask[None, :]
         x = tl.load(x_ptr + rows[:, None] * stride_x_row + cols[None, :] * stride_x_col, mask=mask, other=0.0)
         dy = tl.load(
