@@ -248,6 +248,101 @@ def bench(
     run_guarded(job, debug)
 
 
+# --- apply --------------------------------------------------------------------------------------------------
+# (swap library kernels into the model; see fusion_advisor/apply.py, swaps.py, plan.py)
+
+
+@app.command(name="apply")
+def apply_cmd(
+    model: Optional[Path] = typer.Argument(None, help="Model file (as for analyze). Default: built-in Llama."),
+    verify_swaps: bool = typer.Option(False, "--verify", help="Verify (and on a GPU time) every candidate swap and "
+                                      "keep the winners. Without it: find and report matches only."),
+    backward: bool = typer.Option(False, "--backward", help="Also verify gradients and time forward+backward."),
+    device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when present). apply runs the model."),
+    dtype: str = typer.Option("", help="Cast the model and floating inputs: fp32, bf16 or fp16."),
+    gpu: Optional[str] = typer.Option(None, help="Device spec for the analysis: h200, h100, a100, l4, cpu or a YAML."),
+    rules: List[Path] = typer.Option([], "--rules", help="Extra rules YAML, matched before the shipped rules."),
+    candidates: str = typer.Option("routed", help="routed: only chains the analysis routes to a kernel; all: every "
+                                   "match (the measurement decides)."),
+    kernel: List[str] = typer.Option([], "--kernel", help="Only match these library kernels (repeatable)."),
+    margin: float = typer.Option(0.03, help="Keep a swap only if it beats the better of eager and torch.compile by "
+                                 "this fraction."),
+    compile_rest: bool = typer.Option(False, "--compile-rest", help="Force Inductor (compile_fx) for the rest of "
+                                      "each graph. Default: eager on a CPU; on a GPU both are timed and the faster "
+                                      "one, checked again, goes into the plan."),
+    keep_unmeasured: bool = typer.Option(False, "--keep-unmeasured", help="Keep verified swaps that could not be "
+                                         "timed (no GPU)."),
+    seeds: int = typer.Option(2, help="Fresh random input draws per swap verification."),
+    out: Optional[Path] = typer.Option(None, help="Output directory. Default: reports/<model name>/."),
+    debug: bool = typer.Option(False, help="Show tracebacks."),
+) -> None:
+    """Swap verified library kernels into a model: writes swaps.csv, swaps.html and plan.yaml (load it with
+    fusion_advisor.load_plan). Exit 1 when the patched model disagrees with the original."""
+    if device != "cuda":  # before anything imports triton.language: the interpreter is chosen at import time
+        from fusion_advisor.verify import use_triton_interpreter_if_no_gpu
+
+        use_triton_interpreter_if_no_gpu()
+    from fusion_advisor.apply import ApplyOptions, apply, write_outputs
+
+    def job():
+        if dtype and dtype not in ("fp32", "bf16", "fp16"):
+            raise UserError(f"unknown --dtype {dtype!r}; choose fp32, bf16 or fp16")
+        if device is not None and device not in ("cpu", "cuda"):
+            raise UserError(f"unknown --device {device!r}: apply runs the model; choose cpu or cuda")
+        if out is not None and out.exists() and not out.is_dir():
+            raise UserError(f"--out {out}: exists and is not a directory")
+        options = ApplyOptions(verify=verify_swaps, backward=backward or None, candidates=candidates, margin=margin,
+                               compile_rest=compile_rest, keep_unmeasured=keep_unmeasured, seeds=seeds,
+                               kernels=tuple(kernel) or None, gpu=gpu, rules_files=tuple(str(r) for r in rules))
+        options.check()
+        result = apply(model, options, device=device, dtype=dtype, stage=_progress)
+        out_dir = out or Path("reports") / result.model_name
+        with console.status("writing swaps.csv, swaps.html, plan.yaml ..."):
+            paths = write_outputs(result, out_dir)
+        return result, paths
+
+    result, paths = run_guarded(job, debug)
+    _print_apply_summary(result, paths)
+    if result.whole_model is not None and not result.whole_model.passed:
+        raise typer.Exit(1)
+
+
+def _print_apply_summary(result, paths: dict) -> None:
+    from rich.table import Table
+
+    out = Console(width=None if sys.stdout.isatty() else 160)
+    for w in result.warnings:
+        out.print(f"[yellow]warning:[/] {_escape(w)}")
+    for name, why in result.library_problems.items():
+        out.print(f"[yellow]kernel {name}:[/] {_escape(why)}")
+    t = Table(title=f"{len(result.sites)} swap site(s) in {result.model_name}")
+    for col in ("swap", "kernel", "chain", "decision", "reason", "source"):
+        t.add_column(col, overflow="fold")
+    for s in result.sites:
+        o = result.outcomes[s.id]
+        src = f"{Path(s.source.file).name}:{s.source.line}" if s.source.file else "?"
+        t.add_row(s.id, s.kernel, ",".join(s.chain_ids), o.decision, _escape(o.reason), src)
+    out.print(t)
+    if result.near_misses:
+        out.print(f"{len(result.near_misses)} near-miss(es), e.g.: "
+                  + _escape("; ".join(f"{n.kernel}: {n.reason}" for n in result.near_misses[:3])))
+    wm = result.whole_model
+    if wm is not None:
+        verdict = "[green]agrees[/]" if wm.passed else "[bold red]DISAGREES[/]"
+        out.print(f"whole model: patched {verdict} with the original on {', '.join(wm.input_sets)} "
+                  f"(max abs err {wm.max_abs_err:.3g})")
+    b = result.whole_model_bench
+    if b is not None:
+        def ms(v):
+            return f"{v:.3f} ms" if v is not None else "n/a"
+
+        out.print(f"whole model {b.what} (do_bench median): eager {ms(b.eager_ms)}, torch.compile {ms(b.compile_ms)}, "
+                  f"advised {ms(b.advised_ms)} ({b.chosen or 'none'}); rest: {_escape(result.rest_reason)}")
+    kept = len(result.kept)
+    out.print(f"{kept} swap(s) kept. report: {paths['swaps_html']} (also swaps.csv, plan.yaml in "
+              f"{Path(paths['plan']).parent})")
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

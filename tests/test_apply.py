@@ -1,0 +1,632 @@
+"""`apply`: matching kernel patterns in real models, verification of every swap, faults, whole-model checks, CLI.
+
+CPU only (Triton kernels in the interpreter). Model sizes are tiny so the interpreter keeps the file near a minute
+on two cores; the patterns and the rewrite do not depend on widths. Nothing here can be timed on a CPU, so kept
+swaps come from ``keep_unmeasured=True``; the GPU-only test at the end checks the Inductor path.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+import yaml
+from typer.testing import CliRunner
+
+from fusion_advisor import swaps as sw
+from fusion_advisor.apply import (
+    ApplyOptions,
+    PatternLibrary,
+    apply,
+    canonicalize,
+    find_matches,
+    write_outputs,
+)
+from fusion_advisor.cli import app
+from kernel_library.registry import KERNELS, KernelEntry, load_all
+
+DATA = Path(__file__).parent / "data"
+runner = CliRunner()
+
+DEFAULT_MODEL = textwrap.dedent("""
+    import torch
+    from fusion_advisor.models.llama import LlamaConfig, get_model as _get_model, get_inputs as _get_inputs
+
+    CFG = LlamaConfig(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, vocab_size=256,
+                      seq_len=16, dtype=torch.float32)
+
+    def get_model():
+        torch.manual_seed(0)
+        return _get_model(CFG)
+
+    def get_inputs():
+        torch.manual_seed(1)
+        return _get_inputs(CFG)
+""")
+
+HF_LLAMA = textwrap.dedent("""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, labels):
+            return self.m(input_ids=input_ids, labels=labels).loss
+
+    def get_model():
+        torch.manual_seed(0)
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=256, max_position_embeddings=64, use_cache=False)
+        cfg._attn_implementation = "sdpa"
+        return WithLoss(LlamaForCausalLM(cfg))
+
+    def get_inputs():
+        g = torch.Generator().manual_seed(1)
+        return [torch.randint(0, 256, (2, 8), generator=g), torch.randint(0, 256, (2, 8), generator=g)]
+""")
+
+GPT2 = textwrap.dedent("""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    def get_model():
+        torch.manual_seed(0)
+        cfg = GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=256, n_positions=64, use_cache=False,
+                         bos_token_id=0, eos_token_id=0)
+        return GPT2LMHeadModel(cfg)
+
+    def get_inputs():
+        return [torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(1))]
+""")
+
+NEAR_MISSES = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    class TensorEpsNorm(nn.Module):
+        # RMSNorm written as HF does, but eps is a buffer: a value computed at run time, not a constant
+        def __init__(self, d):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+            self.register_buffer("eps", torch.tensor(1e-6))
+
+        def forward(self, x):
+            dtype = x.dtype
+            x = x.to(torch.float32)
+            v = x.pow(2).mean(-1, keepdim=True)
+            x = x * torch.rsqrt(v + self.eps)
+            return self.weight * x.to(dtype)
+
+    class Norm(nn.Module):
+        def __init__(self, d, dtype):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d, dtype=dtype))
+
+        def forward(self, x):
+            dtype = x.dtype
+            x = x.to(torch.float32)
+            v = x.pow(2).mean(-1, keepdim=True)
+            x = x * torch.rsqrt(v + 1e-5)
+            return self.weight * x.to(dtype)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = TensorEpsNorm(32)
+            self.lin = nn.Linear(32, 32)
+            self.b = Norm(32, torch.float64)   # float64: no library kernel takes it
+
+        def forward(self, x):
+            return self.b(self.lin(self.a(x)).double())
+
+    def get_model():
+        torch.manual_seed(0)
+        return Model()
+
+    def get_inputs():
+        return [torch.randn(4, 32, generator=torch.Generator().manual_seed(1))]
+""")
+
+LLAMA_KERNELS = ("rmsnorm", "add_rmsnorm", "swiglu", "cross_entropy")
+
+
+def _write(tmp: Path, name: str, text: str) -> Path:
+    path = tmp / f"{name}.py"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """The built-in Llama (tiny config) through apply --verify --backward, every match a candidate."""
+    tmp = tmp_path_factory.mktemp("default")
+    model = _write(tmp, "tiny_llama", DEFAULT_MODEL)
+    options = ApplyOptions(verify=True, backward=True, candidates="all", keep_unmeasured=True, seeds=1,
+                           kernels=LLAMA_KERNELS)
+    result = apply(model, options, device="cpu")
+    return result, model, tmp
+
+
+def _by_kernel(result, kernel):
+    return [s for s in result.sites if s.kernel == kernel]
+
+
+# --- matching -----------------------------------------------------------------------------------------------
+
+
+def test_default_model_matches_every_llama_pattern(default_run):
+    result, model, _ = default_run
+    counts = {k: len(_by_kernel(result, k)) for k in LLAMA_KERNELS}
+    # 2 layers x 2 norms + the final norm match RMSNorm; all but layer 0's input norm follow a residual add and
+    # also match add+RMSNorm (the overlap is resolved when swaps are kept)
+    assert counts == {"rmsnorm": 5, "add_rmsnorm": 4, "swiglu": 2, "cross_entropy": 1}
+    for s in result.sites:
+        assert s.op_ids and all(op.startswith(f"g{s.graph_index}:") for op in s.op_ids)
+        assert s.chain_ids, f"{s.id} not linked to an analysis chain"
+        assert s.source.file.endswith("llama.py") and s.source.line > 0
+    norm = _by_kernel(result, "rmsnorm")[0]
+    assert norm.scalars == {"eps": 1e-6}
+    assert norm.module_path == "layers.0.input_layernorm"
+    ce = _by_kernel(result, "cross_entropy")[0]
+    assert [n for n, _ in ce.inputs] == ["logits", "labels"]
+    assert ce.inputs[0][1].shape == (16, 256) and ce.inputs[1][1].dtype == "int64"
+
+
+def test_matching_never_uses_node_names():
+    """Renaming every node of a graph changes no match."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fusion_advisor.models.llama import MLP, LlamaConfig, RMSNorm
+
+    cfg = LlamaConfig(hidden_size=16, intermediate_size=32)
+    norm, mlp = RMSNorm(16, 1e-6), MLP(cfg)
+
+    def f(x):
+        return mlp(norm(x))
+
+    lib = PatternLibrary.for_kernels({k: load_all()[k] for k in ("rmsnorm", "swiglu")})
+
+    def keys(gm):
+        matches, _ = find_matches(gm, lib, 0)
+        return sorted((m.site.kernel, m.site.n_ops, tuple(sorted(m.site.scalars.items()))) for m in matches)
+
+    gm = make_fx(f, pre_dispatch=True)(torch.randn(2, 16))
+    canonicalize(gm)
+    before = keys(gm)
+    for i, n in enumerate(gm.graph.nodes):
+        if n.op not in ("placeholder", "output"):
+            n.name = f"zz_{i}_{'mul' if 'add' in n.name else 'add'}"  # misleading names on purpose
+    gm.recompile()
+    assert before == keys(gm) == [("rmsnorm", 6, (("eps", 1e-6),)), ("swiglu", 2, ())]
+
+
+def test_canonicalize_drops_noop_casts_and_moves_casts_after_reshape():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):
+        y = x.to(torch.bfloat16)  # no-op: already bf16
+        return y.float().view(-1, 4).sum()
+
+    gm = make_fx(f, pre_dispatch=True)(torch.randn(2, 2, 4, dtype=torch.bfloat16))
+    counts = canonicalize(gm)
+    assert counts == {"noop_casts": 1, "casts_after_reshape": 1, "redundant_dtype_args": 0}
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets == ["aten.reshape.default", "aten.to.dtype", "aten.sum.default"]
+    x = torch.randn(2, 2, 4, dtype=torch.bfloat16)
+    assert torch.equal(gm(x), f(x))
+
+
+def test_near_misses_are_recorded_with_reasons(tmp_path):
+    model = _write(tmp_path, "near", NEAR_MISSES)
+    result = apply(model, ApplyOptions(candidates="all", kernels=("rmsnorm",)), device="cpu")
+    assert result.sites == []
+    reasons = {n.kind: n for n in result.near_misses}
+    assert "'eps' is not a constant" in reasons["constant"].reason
+    assert reasons["constant"].module_path == "a" and reasons["constant"].chain_ids
+    assert "float64" in reasons["check"].reason and reasons["check"].module_path == "b"
+
+
+def test_dry_run_routed_policy_follows_the_analysis(tmp_path):
+    """Without --verify nothing is verified or kept; with the default policy only routed chains are tried (a tiny
+    model is launch-bound everywhere, so the analysis routes its chains to torch.compile)."""
+    model = _write(tmp_path, "tiny_llama", DEFAULT_MODEL)
+    result = apply(model, ApplyOptions(kernels=("swiglu", "cross_entropy")), device="cpu")
+    assert len(result.sites) == 3 and not result.kept
+    for s in result.sites:
+        o = result.outcomes[s.id]
+        assert o.decision == sw.NOT_TRIED and o.verification is None
+        assert "torch.compile" in o.reason and "--candidates all" in o.reason
+    result = apply(model, ApplyOptions(candidates="all", kernels=("swiglu",)), device="cpu")
+    assert {result.outcomes[s.id].decision for s in result.sites} == {sw.NOT_VERIFIED}
+
+
+# --- verification and decisions -----------------------------------------------------------------------------
+
+
+def test_default_model_swaps_verified_forward_and_backward(default_run):
+    result, _, _ = default_run
+    for s in result.sites:
+        o = result.outcomes[s.id]
+        v = o.verification
+        assert v is not None and v.verified, (s.id, o.reason)
+        assert v.backward_checked and v.grad_max_abs_err is not None and v.grad_max_abs_err < 1e-4
+        assert v.max_abs_err < 1e-4
+        assert v.cases[0] == "captured" and any(c.startswith("fresh-0") for c in v.cases)
+        assert any(c.startswith("hard-zeros") for c in v.cases)
+        assert o.timing.timer == sw.TIMER_NONE and o.timing.kernel_ms is None
+    kept = {s.kernel for s in result.kept}
+    assert kept == set(LLAMA_KERNELS)
+    # an RMSNorm inside an add+RMSNorm is verified too, but only the larger swap is kept
+    overlapped = [s for s in _by_kernel(result, "rmsnorm") if s.module_path != "layers.0.input_layernorm"]
+    assert len(overlapped) == 4
+    for s in overlapped:
+        assert result.outcomes[s.id].decision == sw.NOT_KEPT and "overlaps kept swap" in result.outcomes[s.id].reason
+
+
+def test_decide_never_keeps_unverified_or_unmeasured_unless_asked():
+    ok = sw.SwapVerification(verified=True)
+    bad = sw.SwapVerification(verified=False, reason="captured: forward mismatch")
+    unmeasured = sw.SwapTiming(timer=sw.TIMER_NONE)
+    assert sw.decide(bad, None, 0.03, keep_unmeasured=True)[0] == sw.REJECTED
+    decision, reason = sw.decide(ok, unmeasured, 0.03, keep_unmeasured=False)
+    assert decision == sw.NOT_KEPT and "not measured on a GPU" in reason and "--keep-unmeasured" in reason
+    assert sw.decide(ok, unmeasured, 0.03, keep_unmeasured=True)[0] == sw.KEPT
+    timed = sw.SwapTiming(timer=sw.TIMER_GPU, eager_ms=1.0, compile_ms=0.5, kernel_ms=0.49)
+    decision, reason = sw.decide(ok, timed, 0.03, keep_unmeasured=False)
+    assert decision == sw.NOT_KEPT and "torch.compile" in reason  # 2% faster than compile is not 3%
+    timed.kernel_ms = 0.40
+    assert sw.decide(ok, timed, 0.03, keep_unmeasured=False)[0] == sw.KEPT
+
+
+def test_default_model_patched_equals_original(default_run):
+    result, _, _ = default_run
+    wm = result.whole_model
+    assert wm is not None and wm.passed, wm.details
+    assert wm.input_sets == ["example", "fresh-0"] and wm.grad_max_abs_err is not None
+    assert sorted(wm.swaps_applied) == sorted(str(s.key) for s in result.kept)
+    # the patched model's graph calls the kernels' custom ops, and matches the original forward and backward
+    patched = result.patched
+    graph = patched.backend.graphs[-1]
+    assert graph.applied and not graph.error
+    from fusion_advisor.load import load_model
+
+    inputs = load_model(default_run[1], device="cpu").inputs
+    model = patched.model
+    out = patched(*inputs)
+    out.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    ref = model(*inputs)
+    ref.backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
+    model.zero_grad(set_to_none=True)
+
+
+# --- faults -------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _broken_rms_norm_kernel(y_ptr, x_ptr, w_ptr, n_cols, eps, BLOCK: tl.constexpr):
+    # x, y: [n_rows, n_cols] contiguous; w: [n_cols]. One row per program.
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    store_mask = cols < n_cols - 1  # BUG (deliberate): off by one, the last column is never written
+    tl.store(y_ptr + row * n_cols + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=store_mask)
+
+
+@torch.library.triton_op("fusion_advisor_test::broken_rms_norm", mutates_args={})
+def _broken_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.empty_like(x2)
+    torch.library.wrap_triton(_broken_rms_norm_kernel)[(x2.shape[0],)](
+        y, x2, weight, x2.shape[1], eps, BLOCK=triton.next_power_of_2(x2.shape[1]))
+    return y.view(x.shape)
+
+
+def _broken_replacement(hidden_states, weight, eps):
+    return _broken_rms_norm(hidden_states, weight, eps)
+
+
+def _raising_replacement(gate, up):
+    raise RuntimeError("kernel launch failed: out of resources (injected)")
+
+
+def _untraceable_replacement(hidden_states, weight, eps):
+    # Correct when called, but it branches on a value: the graph rewrite (make_fx) refuses to trace it.
+    from kernel_library.rmsnorm import kernel_fn
+
+    if float(hidden_states.abs().sum()) == 0.0:
+        return torch.zeros_like(hidden_states)
+    return kernel_fn(hidden_states, weight, eps)
+
+
+def _wrong_when_traced_replacement(hidden_states, weight, eps):
+    # Correct when called eagerly, wrong in its traced form (a broken trace path, e.g. a bad fake kernel): only
+    # the whole-model check can see it.
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    from kernel_library.rmsnorm import kernel_fn
+
+    out = kernel_fn(hidden_states, weight, eps)
+    return out * 1.5 if get_proxy_mode() is not None else out
+
+
+def _entry(name, replaces, replacement):
+    base = load_all()[replaces]
+    return KernelEntry(name=name, module=__name__, replaces=replaces, op="", description="test-only faulty kernel",
+                       dtypes=base.dtypes, has_backward=False, pattern=base.pattern, replacement=replacement)
+
+
+@pytest.fixture
+def faulty_kernels(monkeypatch):
+    entries = {
+        "broken_rmsnorm": _entry("broken_rmsnorm", "rmsnorm", _broken_replacement),
+        "raising_swiglu": _entry("raising_swiglu", "swiglu", _raising_replacement),
+        "untraceable_rmsnorm": _entry("untraceable_rmsnorm", "rmsnorm", _untraceable_replacement),
+        "wrong_when_traced_rmsnorm": _entry("wrong_when_traced_rmsnorm", "rmsnorm", _wrong_when_traced_replacement),
+    }
+    for name, e in entries.items():
+        monkeypatch.setitem(KERNELS, name, e)
+    return entries
+
+
+def test_broken_kernel_is_rejected_and_never_kept(tmp_path, faulty_kernels):
+    model = _write(tmp_path, "tiny_llama", DEFAULT_MODEL)
+    options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=1,
+                           kernels=("broken_rmsnorm", "raising_swiglu", "swiglu"))
+    result = apply(model, options, device="cpu")
+    broken = _by_kernel(result, "broken_rmsnorm")
+    raising = _by_kernel(result, "raising_swiglu")
+    assert len(broken) == 5 and len(raising) == 2
+    for s in broken:
+        o = result.outcomes[s.id]
+        assert o.decision == sw.REJECTED and not o.kept
+        assert "elements are NaN where the reference is not" in o.reason and "unwritten" in o.reason
+    for s in raising:
+        o = result.outcomes[s.id]
+        assert o.decision == sw.REJECTED and "raised RuntimeError: kernel launch failed" in o.reason
+    # the rest continues: the real SwiGLU kernel at the same sites is verified and kept
+    assert {s.kernel for s in result.kept} == {"swiglu"}
+    assert result.whole_model.passed
+    paths = write_outputs(result, tmp_path / "out")
+    plan = yaml.safe_load(paths["plan"].read_text())
+    assert not any(s["kept"] for s in plan["swaps"] if s["kernel"] in ("broken_rmsnorm", "raising_swiglu"))
+
+
+def test_whole_model_check_rejects_a_kernel_that_only_fails_inside_the_graph(tmp_path, faulty_kernels):
+    model = _write(tmp_path, "tiny_llama", DEFAULT_MODEL)
+    options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0,
+                           kernels=("wrong_when_traced_rmsnorm", "swiglu"))
+    result = apply(model, options, device="cpu")
+    bad = _by_kernel(result, "wrong_when_traced_rmsnorm")
+    assert bad and all(result.outcomes[s.id].verification.verified for s in bad)  # fine in isolation
+    for s in bad:
+        o = result.outcomes[s.id]
+        assert o.decision == sw.REJECTED and "whole patched model disagrees" in o.reason
+        assert "agrees without them" in o.reason
+    assert {s.kernel for s in result.kept} == {"swiglu"}
+    assert result.whole_model.passed  # checked again without the culprit
+    assert sorted(result.whole_model.swaps_applied) == sorted(str(s.key) for s in result.kept)
+
+
+def test_a_swap_that_cannot_be_rewritten_is_not_kept(tmp_path, faulty_kernels):
+    model = _write(tmp_path, "tiny_llama", DEFAULT_MODEL)
+    options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0,
+                           kernels=("untraceable_rmsnorm",))
+    result = apply(model, options, device="cpu")
+    sites = _by_kernel(result, "untraceable_rmsnorm")
+    assert sites and not result.kept
+    for s in sites:
+        o = result.outcomes[s.id]
+        assert o.verification.verified and o.decision == sw.NOT_KEPT
+        assert "could not be rewritten into the model's graph" in o.reason and "aten.item" in o.reason
+
+
+@pytest.mark.parametrize("advised_ms, kept, rest", [(7.0, True, "eager"), (9.0, False, "inductor")])
+def test_plan_is_never_slower_than_the_better_baseline(tmp_path, monkeypatch, advised_ms, kept, rest):
+    """The GPU-only whole-model decision, with the timer faked (CPU here): eager 10 ms, torch.compile 8 ms, the
+    advised model with an eager rest ``advised_ms`` and with an Inductor rest 12 ms."""
+    from fusion_advisor.apply import apply_module
+    from fusion_advisor.load import load_model
+
+    fake = {"eager": 10.0, "compile": 8.0, "advised-eager-rest": advised_ms, "advised-compile-rest": 12.0}
+    order = iter(fake)
+
+    def fake_timer(make, inputs, backward, params):
+        make()
+        return sw.VariantTiming(ms=fake[next(order)], first_call_s=1.0, peak_mb=1.0)
+
+    monkeypatch.setattr(sw, "time_model_variant", fake_timer)
+    loaded = load_model(_write(tmp_path, "tiny_llama", DEFAULT_MODEL), device="cpu")
+    loaded.device = "cuda"  # only the (faked) whole-model timing looks at it
+    options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0, kernels=("swiglu",))
+    result = apply_module(loaded, options)
+    assert result.whole_model_bench.chosen == "advised-eager-rest"
+    assert bool(result.kept) is kept
+    assert ("inductor" if result.compile_rest else "eager") == rest
+    if not kept:
+        assert "torch.compile of the whole model (8 ms) beats the advised model (9 ms)" in result.rest_reason
+        assert all("slower than torch.compile" in result.outcomes[s.id].reason for s in result.sites)
+    plan = yaml.safe_load(write_outputs(result, tmp_path / "out")["plan"].read_text())
+    assert plan["rest"]["mode"] == rest and plan["options"]["compile_rest"] == (rest == "inductor")
+
+
+# --- real models --------------------------------------------------------------------------------------------
+
+
+def test_hf_llama_swaps_verified_and_patched_model_matches(tmp_path):
+    model = _write(tmp_path, "hf_llama", HF_LLAMA)
+    options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0,
+                           kernels=("add_rmsnorm", "rmsnorm", "swiglu", "cross_entropy"))
+    result = apply(model, options, device="cpu")
+    counts = {k: len(_by_kernel(result, k)) for k in options.kernels}
+    assert counts == {"add_rmsnorm": 2, "rmsnorm": 3, "swiglu": 1, "cross_entropy": 1}
+    ce = _by_kernel(result, "cross_entropy")[0]
+    assert ce.source.file.endswith("loss_utils.py")  # transformers' ForCausalLMLoss, not our code
+    assert {s.kernel for s in result.kept} == {"add_rmsnorm", "rmsnorm", "swiglu", "cross_entropy"}
+    assert result.whole_model.passed, result.whole_model.details
+
+
+def test_gpt2_layernorm_matches(tmp_path):
+    model = _write(tmp_path, "gpt2", GPT2)
+    result = apply(model, ApplyOptions(candidates="all", kernels=("layernorm", "add_layernorm")), device="cpu")
+    counts = {k: len(_by_kernel(result, k)) for k in ("layernorm", "add_layernorm")}
+    assert counts == {"layernorm": 3, "add_layernorm": 2}
+    assert all(s.scalars == {"eps": 1e-5} for s in result.sites)
+
+
+def test_graph_break_model_swaps_after_the_break():
+    result = apply(DATA / "models" / "graph_break.py", ApplyOptions(verify=True, candidates="all",
+                   keep_unmeasured=True, seeds=0, kernels=("softmax",)), device="cpu")
+    assert len(result.graph_breaks) == 1
+    (site,) = result.sites
+    assert site.graph_index == 1 and site.source.file.endswith("graph_break.py")  # the graph after the break
+    assert result.outcomes[site.id].kept and result.whole_model.passed
+    assert result.whole_model.swaps_applied == [str(site.key)]
+
+
+def test_kernelbench_file_has_no_match_and_says_why():
+    result = apply(DATA / "models" / "kernelbench_conv_gelu.py", ApplyOptions(candidates="all",
+                   kernels=("softmax",)), device="cpu")
+    assert result.sites == []
+    (miss,) = result.near_misses
+    assert miss.kind == "constant" and "'dim' is 1 in the model, -1 in the pattern" in miss.reason
+
+
+# --- outputs ------------------------------------------------------------------------------------------------
+
+
+def test_outputs_written_with_every_decision(default_run, tmp_path):
+    result, model, _ = default_run
+    paths = write_outputs(result, tmp_path / "out")
+    rows = list(csv.DictReader(paths["swaps_csv"].open()))
+    assert len(rows) == len(result.sites)
+    assert list(rows[0])[:10] == ["swap", "chain", "kernel", "verified", "max_abs_err", "max_rel_err",
+                                  "grad_max_abs_err", "eager_ms", "compile_ms", "kernel_ms"]
+    assert {r["decision"] for r in rows} == {sw.KEPT, sw.NOT_KEPT}
+    assert all(r["timer"] == sw.TIMER_NONE and r["kernel_ms"] == "" for r in rows)
+    plan = yaml.safe_load(paths["plan"].read_text())
+    assert plan["model"]["file"] == str(model)
+    assert plan["versions"]["torch"] == torch.__version__
+    assert len(plan["swaps"]) == len(result.sites) and plan["summary"]["kept"] == len(result.kept)
+    assert all(s["decision"] and s["reason"] and s["key"]["kernel"] for s in plan["swaps"])
+    html = paths["swaps_html"].read_text()
+    assert "<h2>Swaps" in html and "not measured" in html and "<script" not in html
+    assert model.read_text() == DEFAULT_MODEL  # the user's file is never touched
+
+
+def test_interrupt_during_rendering_writes_nothing(default_run, tmp_path, monkeypatch):
+    import fusion_advisor.plan as plan_mod
+
+    def interrupted(doc):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plan_mod, "render_plan", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_outputs(default_run[0], tmp_path / "out")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_interrupt_during_writing_finishes_the_set_first(default_run, tmp_path, monkeypatch):
+    """Ctrl-C (a real SIGINT) arriving while files are replaced is held back until all three are in place."""
+    import fusion_advisor.report as report_mod
+
+    real = report_mod.atomic_write_bytes
+    calls = []
+
+    def write_and_interrupt(path, data):
+        calls.append(path.name)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        real(path, data)
+
+    monkeypatch.setattr(report_mod, "atomic_write_bytes", write_and_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        write_outputs(default_run[0], tmp_path / "out")
+    assert calls == ["swaps.csv", "swaps.html", "plan.yaml"]
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["plan.yaml", "swaps.csv", "swaps.html"]  # no temp files left behind
+    yaml.safe_load((tmp_path / "out" / "plan.yaml").read_text())
+
+
+# --- CLI ----------------------------------------------------------------------------------------------------
+
+
+def test_cli_apply_dry_run_writes_reports(tmp_path):
+    model = _write(tmp_path, "tiny_llama", DEFAULT_MODEL)
+    out = tmp_path / "rep"
+    r = runner.invoke(app, ["apply", str(model), "--kernel", "swiglu", "--candidates", "all", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert (out / "swaps.csv").is_file() and (out / "plan.yaml").is_file() and (out / "swaps.html").is_file()
+    assert "2 swap site(s)" in r.output and "0 swap(s) kept" in r.output
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ([str(DATA / "bad" / "missing.py")], "no such file"),
+        ([str(DATA / "bad" / "syntax_error.py")], "syntax_error.py:3: syntax error"),
+        ([str(DATA / "bad" / "no_convention.py")], "follows no known model convention"),
+        ([str(DATA / "bad" / "fails_on_inputs.py")], "fails on its own inputs"),
+        (["--candidates", "some"], "unknown --candidates 'some'"),
+        (["--margin", "1.5"], "--margin 1.5: must be in [0, 1)"),
+        (["--device", "meta"], "apply runs the model"),
+        (["--kernel", "nope"], "unknown kernel(s) nope; known kernels: add_layernorm"),
+        (["--dtype", "fp8"], "unknown --dtype 'fp8'"),
+        (["--rules", str(DATA / "bad" / "bad_rules.yaml")], "bad_rules.yaml"),
+    ],
+)
+def test_cli_apply_bad_input(args, expected):
+    r = runner.invoke(app, ["apply", *args])
+    assert r.exit_code == 2, r.output
+    assert "error:" in r.output and expected in " ".join(r.output.split()), r.output
+    assert "Traceback" not in r.output
+
+
+def test_cli_apply_out_is_a_file(tmp_path):
+    target = tmp_path / "a_file"
+    target.write_text("keep me")
+    r = runner.invoke(app, ["apply", "--out", str(target)])
+    assert r.exit_code == 2 and "exists and is not a directory" in r.output
+    assert target.read_text() == "keep me"
+
+
+# --- GPU ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_compile_rest_under_inductor_matches_eager(tmp_path):
+    """Every non-overlapping match swapped in, the rest compiled by Inductor: same loss and gradients as eager."""
+    from fusion_advisor.load import load_model
+    from fusion_advisor.plan import PatchedModel, PlannedSwap
+
+    model = _write(tmp_path, "tiny_llama", DEFAULT_MODEL)
+    result = apply(model, ApplyOptions(candidates="all", kernels=LLAMA_KERNELS), device="cuda")
+    taken, planned = set(), []
+    for s in sorted(result.sites, key=lambda s: -s.n_ops):
+        if not taken & set(s.op_ids):
+            taken |= set(s.op_ids)
+            planned.append(PlannedSwap(s.key))
+    loaded = load_model(model, device="cuda")
+    patched = PatchedModel(loaded.module, planned, compile_rest=True)
+    out = patched(*loaded.inputs)
+    assert not patched.problems(), patched.problems()
+    assert sorted(map(str, patched.applied_swaps())) == sorted(str(p.key) for p in planned)
+    ref = loaded.module(*loaded.inputs)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)

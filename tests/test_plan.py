@@ -1,0 +1,157 @@
+"""plan.yaml and ``fusion_advisor.load_plan``: the patched model rebuilt from the plan, without re-benchmarking."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import fusion_advisor
+from fusion_advisor.apply import ApplyOptions, MatchKey, apply, write_outputs
+from fusion_advisor.load import load_model
+from fusion_advisor.plan import PLAN_VERSION, PatchedModel, PlanError, PlannedSwap, read_plan
+
+MODEL = textwrap.dedent("""
+    import torch
+    from fusion_advisor.models.llama import LlamaConfig, get_model as _get_model, get_inputs as _get_inputs
+
+    CFG = LlamaConfig(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, vocab_size=256,
+                      seq_len=16, dtype=torch.float32)
+
+    def get_model():
+        torch.manual_seed(0)
+        return _get_model(CFG)
+
+    def get_inputs():
+        torch.manual_seed(1)
+        return _get_inputs(CFG)
+""")
+
+KERNELS = ("add_rmsnorm", "rmsnorm", "cross_entropy")
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """apply --verify on the tiny built-in Llama, plan written; returns (plan path, model file, result)."""
+    tmp = tmp_path_factory.mktemp("plan")
+    model = tmp / "tiny_llama.py"
+    model.write_text(MODEL)
+    options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0, kernels=KERNELS)
+    result = apply(model, options, device="cpu")
+    paths = write_outputs(result, tmp / "out")
+    return paths["plan"], model, result
+
+
+def _fresh(model_file: Path):
+    loaded = load_model(model_file, device="cpu")
+    return loaded.module, loaded.inputs
+
+
+def test_plan_records_every_decision(planned):
+    path, model_file, result = planned
+    doc = yaml.safe_load(path.read_text())
+    assert doc["fusion_advisor_plan"] == PLAN_VERSION
+    assert doc["model"]["file"] == str(model_file) and doc["model"]["name"] == "tiny_llama"
+    assert doc["options"]["margin"] == 0.03 and doc["options"]["compile_rest"] is False
+    assert {"torch", "triton", "python"} <= set(doc["versions"])
+    assert len(doc["swaps"]) == len(result.sites) == 10  # 5 rmsnorm (4 inside add+RMSNorm), 4 add_rmsnorm, 1 CE
+    for s in doc["swaps"]:
+        assert {"id", "kernel", "key", "signature", "chains", "ops", "source", "route", "verified", "decision",
+                "reason", "kept"} <= set(s)
+        assert s["key"]["kernel"] == s["kernel"] and s["signature"].startswith(s["kernel"] + "(")
+    kept = [s for s in doc["swaps"] if s["kept"]]
+    assert sorted(s["kernel"] for s in kept) == ["add_rmsnorm"] * 4 + ["cross_entropy", "rmsnorm"]
+    assert all(s["verified"] for s in kept)
+    assert doc["whole_model"]["passed"] is True
+    assert read_plan(path).kept and len(read_plan(path).kept) == len(kept)
+
+
+def test_load_plan_rebuilds_the_patched_model(planned):
+    path, model_file, result = planned
+    model, inputs = _fresh(model_file)
+    patched = fusion_advisor.load_plan(model, path)
+    assert isinstance(patched, fusion_advisor.PatchedModel)
+    out = patched(*inputs)
+    kept = sorted(str(s.key) for s in result.kept)
+    assert sorted(map(str, patched.applied_swaps())) == kept
+    assert patched.missing_swaps() == [] and patched.problems() == []
+    ref_model, _ = _fresh(model_file)  # same weights (the file seeds them), never patched
+    ref = ref_model(*inputs)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # training works through the kernels' own backward
+    out.backward()
+    ref.backward()
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+    # the wrapper holds the user's model once: state_dict keys are the model's, prefixed
+    assert set(patched.state_dict()) == {f"model.{k}" for k in model.state_dict()}
+
+
+def test_patched_model_under_an_outer_torch_compile_keeps_the_swaps(planned):
+    path, model_file, _ = planned
+    model, inputs = _fresh(model_file)
+    patched = fusion_advisor.load_plan(model, path)
+    compiled = torch.compile(patched, backend="eager")
+    with torch.no_grad():
+        out = compiled(*inputs)
+        ref = model(*inputs)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert patched.applied_swaps(), "the outer compile inlined the model and dropped the swaps"
+
+
+def test_patched_model_recompiles_for_new_shapes_and_matches_again(planned):
+    path, model_file, _ = planned
+    model, _ = _fresh(model_file)
+    patched = fusion_advisor.load_plan(model, path)
+    ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        out = patched(ids, ids)
+        ref = model(ids, ids)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert patched.missing_swaps() == []
+
+
+def test_a_kept_swap_missing_from_the_model_is_reported(planned):
+    path, model_file, _ = planned
+    model, inputs = _fresh(model_file)
+    ghost = PlannedSwap(MatchKey("rmsnorm", "layers.7.input_layernorm", "llama.py:61", 0))
+    patched = PatchedModel(model, read_plan(path).kept + [ghost])
+    with torch.no_grad():
+        patched(*inputs)
+    assert patched.missing_swaps() == [ghost.key]
+
+
+def test_read_plan_errors(tmp_path, planned):
+    with pytest.raises(PlanError, match="no such plan file"):
+        read_plan(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("swaps: [\n")
+    with pytest.raises(PlanError, match="not valid YAML"):
+        read_plan(bad)
+    bad.write_text("swaps: []\n")
+    with pytest.raises(PlanError, match="not a fusion-advisor plan"):
+        read_plan(bad)
+    doc = yaml.safe_load(planned[0].read_text())
+    doc["fusion_advisor_plan"] = PLAN_VERSION + 1
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(PlanError, match="plan format version"):
+        read_plan(bad)
+    doc["fusion_advisor_plan"] = PLAN_VERSION
+    kept = next(s for s in doc["swaps"] if s["kept"])
+    kept["key"]["kernel"] = "warp_speed"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(PlanError, match="kernel 'warp_speed'.*known kernels: add_layernorm"):
+        read_plan(bad)
+
+
+@pytest.mark.gpu
+def test_load_plan_with_inductor_for_the_rest(planned):
+    path, model_file, _ = planned
+    loaded = load_model(model_file, device="cuda")
+    patched = fusion_advisor.load_plan(loaded.module, path, compile_rest=True)
+    out = patched(*loaded.inputs)
+    assert not patched.problems(), patched.problems()
+    torch.testing.assert_close(out, loaded.module(*loaded.inputs), rtol=1e-4, atol=1e-4)
