@@ -34,6 +34,7 @@ CONVENTIONS = {
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 BUILTIN_DEFAULT = "fusion_advisor.models.llama"
+_RETRY = object()
 
 
 @dataclass
@@ -183,7 +184,8 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
         convention = inner = detect_convention(module, origin)
         name = file_path.stem
 
-    # Build the model and make the inputs under the target device, so meta needs no memory at all.
+    # Build the model and make the inputs under the target device, so meta needs no memory at all. Inputs that
+    # cannot be made there (a CPU generator, say) are made as the file writes them, then moved.
     with torch.device(device):
         if inner == "kernelbench":
             init = _call_user(module.get_init_inputs, "get_init_inputs()", origin, file_path)
@@ -192,6 +194,11 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
             model = _call_user(module.get_model, "get_model()", origin, file_path)
         else:
             model = _FunctionModule(module.reference_fn)
+        try:
+            inputs = module.get_inputs()
+        except Exception:  # e.g. a CPU torch.Generator under the device context: retry as the file wrote it
+            inputs = _RETRY
+    if inputs is _RETRY:
         inputs = _call_user(module.get_inputs, "get_inputs()", origin, file_path)
 
     if not isinstance(model, nn.Module):

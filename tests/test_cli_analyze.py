@@ -92,3 +92,8 @@ def test_user_files_untouched(tmp_path):
     assert r.exit_code == 0, r.output
     after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     assert after == before
+
+
+def test_inputs_from_a_cpu_generator_load_on_meta(tmp_path):
+    r = _run(str(DATA / "models" / "cpu_generator.py"), "--out", str(tmp_path / "rep"))
+    assert r.exit_code == 0, r.output
