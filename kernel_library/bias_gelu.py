@@ -122,6 +122,12 @@ def _dropout_keep(seed, offsets, dropout_p):
 
 
 # --- kernels --------------------------------------------------------------------------------------------------
+# Float arguments (dropout_p, dropout_scale) are cast to fp32 at kernel entry. Eager Triton passes a Python float as
+# fp32, but Inductor types it fp64 when torch.compile compiles these triton_ops: the backward's loop-carried fp32
+# dbias sum then fails to compile (seen on the H200), and ``tl.rand(...) >= dropout_p`` compared in fp64 would keep
+# other elements than the eager kernels and :func:`dropout_mask`, which compare with the fp32 dropout_p.
+# ``tl.cast`` rather than ``.to``: under TRITON_INTERPRET the argument is a plain Python float, which has no ``.to``;
+# tl.cast also accepts a constexpr.
 
 
 @triton.jit
@@ -155,6 +161,8 @@ def _bias_gelu_fwd_kernel(
     BLOCK_C: tl.constexpr,  # columns per tile
 ):
     # One [BLOCK_R, BLOCK_C] tile per program, column blocks fastest: the bias block is loaded once per tile.
+    dropout_p = tl.cast(dropout_p, tl.float32)  # see 'Float arguments' above
+    dropout_scale = tl.cast(dropout_scale, tl.float32)
     pid = tl.program_id(0)
     row_block = pid // n_col_blocks
     rows, cols = _tile(row_block, pid - row_block * n_col_blocks, BLOCK_R, BLOCK_C)
@@ -203,6 +211,8 @@ def _bias_gelu_bwd_kernel(
 ):
     # dz = dy * keep * scale * gelu'(x + bias); dx = dz; dbias = sum over rows of dz, reduced here per row
     # group in fp32 (deterministic: no atomics) and finished by a small torch sum over the groups.
+    dropout_p = tl.cast(dropout_p, tl.float32)  # see 'Float arguments' above
+    dropout_scale = tl.cast(dropout_scale, tl.float32)
     pid = tl.program_id(0)
     row_group = pid // n_col_blocks
     col_block = pid - row_group * n_col_blocks
@@ -242,6 +252,7 @@ def _dropout_mask_kernel(
     dropout_p,
     BLOCK_SIZE: tl.constexpr,
 ):
+    dropout_p = tl.cast(dropout_p, tl.float32)  # see 'Float arguments' above
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     keep = _dropout_keep(seed, offsets, dropout_p)
     tl.store(keep_ptr + offsets, keep.to(tl.uint8), mask=offsets < n_elements)

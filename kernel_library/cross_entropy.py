@@ -6,7 +6,8 @@ its loss, and, when the logits need a gradient, ``dlogits`` for a unit upstream 
 Liger-Kernel scheme) -- but into a **separate buffer the op allocates**: the input logits are never written.
 The backward multiplies that buffer in place by ``grad_output`` (per row for ``reduction="none"``); rows whose
 ``grad_output`` is exactly 1 (``loss.backward()`` on the loss itself) are skipped on the device, so a
-forward+backward moves the logits once in and the gradient once out.
+forward+backward writes the gradient once and reads the logits once (single block) or twice (chunked path, whose
+first pass asks L2 to keep the row for the second; measured faster on the H200 all the same, see the constants).
 
 Semantics match ``torch.nn.functional.cross_entropy(logits, target, ignore_index=..., label_smoothing=...,
 reduction=...)`` with class-index targets and no class weights:
@@ -41,16 +42,21 @@ from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ----------------------------------------------------------------------------------------------
 
-#: Widest vocabulary (power-of-two block) whose row is held in registers, so that the forward reads the logits once:
-#: 32768 fp32 values over 32 warps is 32 registers per thread (half of what 1024 resident threads may use). Covers
-#: Llama-2's 32000; wider vocabularies (Llama-3's 128256) take the chunked two-pass path.
-MAX_SINGLE_BLOCK = 32768
+#: Widest vocabulary (power-of-two block) whose row is held in registers as one block (one read of the logits).
+#: Measured on H200 2026-11-29, benchmarks/results/sweep_rows_h200.json (forward + loss.backward(), bf16,
+#: 8192 x 32000): the single 32768-wide block took 0.674 ms at its best (32 warps; 0.684 / 0.696 ms at 16 / 8),
+#: while the chunked path below took 0.603 ms (1.17x torch.compile) despite its second read of the row. So
+#: vocabularies wider than 4096 take the chunked path; up to 4096 (not swept) one block stays.
+MAX_SINGLE_BLOCK = 4096
 
-#: Chunk width of the chunked path: 8192 elements over 16 warps is 16 values per thread per chunk; a 128256-wide row
-#: is 16 chunks. Not yet tuned on the H200.
+#: Chunk width and warps of the chunked path. Measured on H200 2026-11-29, benchmarks/results/sweep_rows_h200.json
+#: (chunks {2048, 4096, 8192} x {4, 8, 16} warps): 8192 over 4 warps was fastest at V = 32000 (0.603 ms, 1.17x
+#: torch.compile; next 4096 / 4 warps, 0.614 ms); at V = 128256 4096 / 4 warps was fastest (2.408 ms, 1.08x) with
+#: 8192 / 4 warps 0.6% behind (2.422 ms, 1.07x), inside run-to-run noise, so one setting serves both.
 LOOP_BLOCK = 8192
+LOOP_WARPS = 4
 
-#: Target elements per thread when picking num_warps for a block (see softmax.py; same reasoning).
+#: Target elements per thread when picking num_warps for a single block (see softmax.py; same reasoning).
 ELEMS_PER_THREAD = 16
 
 #: Most warps per program (1024 threads).
@@ -73,6 +79,10 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 # --- kernels ------------------------------------------------------------------------------------------------
+# Float arguments (label_smoothing) are cast to fp32 at kernel entry. Eager Triton passes a Python float as fp32,
+# but Inductor types it fp64 when torch.compile compiles these triton_ops: the smoothed loss and every gradient
+# element then ran in fp64 (slower, rounded unlike eager). ``tl.cast`` rather than ``.to``: under TRITON_INTERPRET
+# the argument is a plain Python float, which has no ``.to``; tl.cast also accepts a constexpr.
 
 
 @triton.jit(do_not_specialize=["n_rows", "ignore_index"])
@@ -131,6 +141,7 @@ def _cross_entropy_fwd_kernel(
     BLOCK: tl.constexpr,  # elements per block (power of two)
     COLS_I64: tl.constexpr,  # column offsets in int64
 ):
+    label_smoothing = tl.cast(label_smoothing, tl.float32)  # see 'Float arguments' above
     row = tl.program_id(0).to(tl.int64)
     x_row = logits_ptr + row * logits_stride_row
     d_row = dlogits_ptr + row * n_cols
@@ -248,11 +259,12 @@ class CrossEntropyConfig:
 
     @classmethod
     def for_vocab(cls, n_cols: int) -> "CrossEntropyConfig":
-        """Single block when ``next_power_of_2(n_cols) <= MAX_SINGLE_BLOCK``, else :data:`LOOP_BLOCK` chunks."""
+        """Single block when ``next_power_of_2(n_cols) <= MAX_SINGLE_BLOCK`` (:func:`_warps_for` warps), else
+        :data:`LOOP_BLOCK` chunks over :data:`LOOP_WARPS` warps (the H200 sweep's choices, see the constants)."""
         block = triton.next_power_of_2(max(n_cols, 1))
         if block <= MAX_SINGLE_BLOCK:
             return cls(block, _warps_for(block), True)
-        return cls(LOOP_BLOCK, _warps_for(LOOP_BLOCK), False)
+        return cls(LOOP_BLOCK, LOOP_WARPS, False)
 
 
 def _warps_for(block: int) -> int:
@@ -484,7 +496,7 @@ def get_inputs() -> list:
     return make_inputs(n_tokens=16, vocab=1000, dtype="float32")
 
 
-#: GPU benchmark shapes: the ANCHORS.md rows (8192 tokens, V = 32000 single-block and 128256 chunked, bf16), other
+#: GPU benchmark shapes: the ANCHORS.md rows (8192 tokens, V = 32000 and 128256, both chunked, bf16), other
 #: common vocabularies (GPT-2 50257, Qwen2 151936, Gemma 256000) at 4096 tokens, fp32 logits, label smoothing, and a
 #: decode-like few-token case.
 BENCH_SHAPES: list[dict] = [

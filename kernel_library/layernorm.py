@@ -51,6 +51,21 @@ DEFAULT_EPS = 1e-5
 
 
 # --- kernels ------------------------------------------------------------------------------------------------
+# Exact means: means are divided with :func:`_div_refined`, exact whenever the quotient is representable (a constant
+# row). Triton's fp32 ``/`` lowers to div.full.f32 on NVIDIA GPUs (up to 2 ulp; the interpreter divides exactly):
+# 300 / 100 may give 3.0000002, x - mean is then not 0 on a constant row of 3.0, and rstd = 1/sqrt(eps) ~ 316
+# amplifies that to the ~1e-4 error the H200 showed where torch gives y = bias exactly.
+
+
+@triton.jit
+def _div_refined(num, den):
+    """``num / den`` for fp32 scalars: the approximate quotient refined by one Newton step on its exact remainder
+    (``fma(-q, den, num)``), which makes it exact whenever the true quotient is representable and otherwise within
+    about half an ulp. ``tl.div_rn`` (div.rn.f32) would do too, but it costs the fused forward 12 more registers
+    (76 instead of 64 at 4096 columns and 8 warps, ptxas sm_90, triton 3.6): one resident program less per SM."""
+    r = 1.0 / den
+    q = num * r
+    return tl.fma(tl.fma(-q, den, num), r, q)
 
 
 @triton.jit
@@ -79,6 +94,7 @@ def _layer_norm_fwd_kernel(
     BLOCK_SIZE: tl.constexpr,  # power of two >= n_cols: the whole row in one block
 ):
     """One program normalises one row held in registers (mean, then the centred variance: two exact passes)."""
+    eps = tl.cast(eps, tl.float32)  # fp32 under torch.compile too (see rmsnorm.py)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_SIZE)
     mask = cols < n_cols
@@ -88,7 +104,7 @@ def _layer_norm_fwd_kernel(
         s = (x + r.to(tl.float32)).to(s_ptr.dtype.element_ty)  # residual + hidden_states, in the input dtype
         tl.store(s_ptr + row_start(row, stride_s_row) + cols * stride_s_col, s, mask=mask)
         x = s.to(tl.float32)
-    mean = tl.sum(x, axis=0) / n_cols
+    mean = _div_refined(tl.sum(x, axis=0), tl.cast(n_cols, tl.float32))  # see 'Exact means' above
     xc = tl.where(mask, x - mean, 0.0)
     rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / n_cols + eps)
     y = xc * rstd
@@ -104,11 +120,11 @@ def _welford_merge(mean, m2, count, x, mask):
     """Merge one chunk ``x`` (fp32, masked lanes ignored) into running (mean, M2, count): the chunk's exact mean
     and sum of squared deviations, combined with Chan et al.'s parallel formula (no sum-of-squares cancellation)."""
     n_b = tl.sum(mask.to(tl.float32), axis=0)
-    mean_b = tl.sum(tl.where(mask, x, 0.0), axis=0) / n_b
+    mean_b = _div_refined(tl.sum(tl.where(mask, x, 0.0), axis=0), n_b)  # see 'Exact means' above
     d = tl.where(mask, x - mean_b, 0.0)
     n_ab = count + n_b
     delta = mean_b - mean
-    mean = mean + delta * (n_b / n_ab)
+    mean = mean + delta * _div_refined(n_b, n_ab)
     m2 = m2 + tl.sum(d * d, axis=0) + delta * delta * (count * n_b / n_ab)
     return mean, m2, n_ab
 
@@ -159,6 +175,7 @@ def _layer_norm_fwd_looped_kernel(
 ):
     """One program per row, two passes over chunks: Welford statistics (computing and writing s on the way when
     HAS_RESIDUAL), then normalise (re-reading x, or s) and store."""
+    eps = tl.cast(eps, tl.float32)  # fp32 under torch.compile too (see rmsnorm.py)
     row = tl.program_id(0)
     x_row = x_ptr + row_start(row, stride_x_row)
     s_row = s_ptr + row_start(row, stride_s_row)
@@ -223,6 +240,7 @@ def _layer_norm_bwd_kernel(
     BLOCK_SIZE: tl.constexpr,  # power of two >= n_cols
 ):
     """Each program loops over its rows, writes dx per row, and keeps dweight/dbias partial sums in registers."""
+    eps = tl.cast(eps, tl.float32)  # fp32 under torch.compile too (see rmsnorm.py)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_SIZE)
     mask = cols < n_cols
@@ -234,7 +252,7 @@ def _layer_norm_bwd_kernel(
         x = tl.load(x_ptr + row_start(row, stride_x_row) + cols * stride_x_col, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + row_start(row, stride_dy_row) + cols * stride_dy_col, mask=mask, other=0.0)
         dy = dy.to(tl.float32)
-        mean = tl.sum(x, axis=0) / n_cols
+        mean = _div_refined(tl.sum(x, axis=0), tl.cast(n_cols, tl.float32))  # as in the forward
         xc = tl.where(mask, x - mean, 0.0)
         rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / n_cols + eps)
         x_hat = xc * rstd
@@ -290,6 +308,7 @@ def _layer_norm_bwd_looped_kernel(
     """Rows too wide for registers. Pass A, per row of this program: Welford statistics, then sum(g) and
     sum(g * x_hat) over chunks, kept in ``stats``. Pass B, per column chunk: loop over this program's rows, write
     dx and accumulate the dweight / dbias chunks in registers, store them once."""
+    eps = tl.cast(eps, tl.float32)  # fp32 under torch.compile too (see rmsnorm.py)
     pid = tl.program_id(0)
     for row in tl.range(pid, n_rows, n_programs):
         x_row = x_ptr + row_start(row, stride_x_row)
@@ -620,11 +639,21 @@ def reference_fn(
     eps: float = DEFAULT_EPS,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Plain PyTorch: ``F.layer_norm`` (``nn.LayerNorm.forward``), after ``residual + x`` when a residual is given."""
-    if residual is None:
-        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
-    hidden_states = residual + x
-    return F.layer_norm(hidden_states, (x.shape[-1],), weight, bias, eps), hidden_states
+    """Plain PyTorch: ``F.layer_norm`` (``nn.LayerNorm.forward``), after ``residual + x`` when a residual is given.
+
+    weight / bias of another dtype than x (fp32 parameters with fp16/bf16 x) follow torch's mixed-dtype layer_norm
+    as the CPU kernel implements it: computed in fp32 (float64 stays float64), output in x's dtype. Written out here
+    because CUDA's F.layer_norm rejects the mix ("expected scalar type BFloat16 but found Float" on the H200).
+    """
+    hidden_states = x if residual is None else residual + x
+    params = [p for p in (weight, bias) if p is not None]
+    if any(p.dtype != x.dtype for p in params):
+        acc = torch.promote_types(x.dtype, torch.float32)
+        y = F.layer_norm(hidden_states.to(acc), (x.shape[-1],), None if weight is None else weight.to(acc),
+                         None if bias is None else bias.to(acc), eps).to(x.dtype)
+    else:
+        y = F.layer_norm(hidden_states, (x.shape[-1],), weight, bias, eps)
+    return y if residual is None else (y, hidden_states)
 
 
 def make_inputs(

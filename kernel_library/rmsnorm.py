@@ -79,6 +79,12 @@ INT32_SPAN_LIMIT = 2**31
 
 
 # --- kernels ------------------------------------------------------------------------------------------------
+# Float arguments (eps, offset) are cast to fp32 at kernel entry. Eager Triton passes a Python float as fp32, but
+# Inductor types it fp64 when torch.compile compiles these triton_ops: ``mean(x**2) + eps`` and all that follows
+# then run in fp64 (slower, rounded unlike eager: compiled y and dx were not bit-identical to eager on the H200),
+# and a loop-carried fp32 accumulator re-assigned an fp64 value fails to compile (seen there too: "Loop-carried
+# variable dw_acc has initial type fp32 but is re-assigned to fp64"). ``tl.cast`` rather than ``.to``: under
+# TRITON_INTERPRET the argument is a plain Python float, which has no ``.to``; tl.cast also accepts a constexpr.
 
 
 @triton.jit
@@ -111,6 +117,8 @@ def _rms_norm_fwd_kernel(
     BLOCK_SIZE: tl.constexpr,  # power of two >= n_cols: the whole row in one block
 ):
     """One program normalises one row held entirely in registers."""
+    eps = tl.cast(eps, tl.float32)  # see 'Float arguments' above
+    offset = tl.cast(offset, tl.float32)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_SIZE)
     mask = cols < n_cols
@@ -156,6 +164,8 @@ def _rms_norm_fwd_looped_kernel(
     BLOCK_SIZE: tl.constexpr,  # chunk of the row processed per loop step
 ):
     """One program per row, two passes over column chunks: sum of squares, then normalise and store."""
+    eps = tl.cast(eps, tl.float32)  # see 'Float arguments' above
+    offset = tl.cast(offset, tl.float32)
     row = tl.program_id(0)
     x_row = x_ptr + row_start(row, stride_x_row)
     r_row = r_ptr + row_start(row, stride_r_row)
@@ -218,6 +228,8 @@ def _rms_norm_bwd_kernel(
     BLOCK_SIZE: tl.constexpr,  # power of two >= n_cols
 ):
     """Each program loops over its rows, writes dx per row and keeps a dweight partial sum in registers."""
+    eps = tl.cast(eps, tl.float32)  # see 'Float arguments' above
+    offset = tl.cast(offset, tl.float32)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_SIZE)
     mask = cols < n_cols
@@ -276,6 +288,8 @@ def _rms_norm_bwd_looped_kernel(
     """Rows too wide for registers. Pass A, per row of this program: sum(x**2) and sum(g * x) over chunks, kept
     as (rstd, c = mean(g * x_hat)) in ``stats``. Pass B, per column chunk: loop over this program's rows, write dx
     and accumulate the dweight chunk in registers, store it once (no partial-sum read-modify-write)."""
+    eps = tl.cast(eps, tl.float32)  # see 'Float arguments' above
+    offset = tl.cast(offset, tl.float32)
     pid = tl.program_id(0)
     for row in tl.range(pid, n_rows, n_programs):
         x_row = x_ptr + row_start(row, stride_x_row)

@@ -39,20 +39,28 @@ from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ----------------------------------------------------------------------------------------------
 
-#: Widest row (power-of-two block) the forward holds in registers. 32768 fp32 values over 32 warps (1024 threads)
-#: is 32 registers per thread, half of the 64 a thread may use when 1024 threads share the 64K-register file;
-#: 65536 would spill. Same limit as Liger-Kernel's softmax (which fails above it; we loop instead).
-MAX_SINGLE_BLOCK = 32768
+#: Widest row (power-of-two block) the forward holds in registers as one block. Measured on H200 2026-11-29,
+#: benchmarks/results/sweep_rows_h200.json (forward, bf16, 8192 x 32000): the single 32768-wide block took 1.24 ms
+#: at its best (32 warps; 1.27 / 1.30 ms at 16 / 8), 0.58x torch.compile, while the looped online path below took
+#: 0.598 ms (1.21x) although it reads the row twice; ptxas (triton 3.6, sm_90, offline) reports no spills there, so
+#: the loss is not register spilling. Rows wider than 4096 therefore loop; rows up to 4096 (not swept) keep one
+#: block, at most 16 values per thread (:data:`ELEMS_PER_THREAD`).
+MAX_SINGLE_BLOCK = 4096
 
-#: The backward keeps two rows (y and dy) live, so its single-block limit is half the forward's.
+#: The backward's single-block limit (it keeps y and dy live). Not part of the sweep, which timed the forward: kept
+#: at its register-based value (two rows of 16384 fp32 values over 32 warps) until the backward is measured.
 MAX_SINGLE_BLOCK_BWD = 16384
 
-#: Chunk width of the looped (wide-row) path: 8192 elements over 16 warps is 16 values per thread per chunk,
-#: leaving registers for the running statistics; 16 chunks cover a 128256-column row. Not yet tuned on the H200.
-LOOP_BLOCK = 8192
+#: Chunk width and warps of the looped (online) path. Measured on H200 2026-11-29,
+#: benchmarks/results/sweep_rows_h200.json (forward, bf16, chunks {2048, 4096, 8192} x {4, 8, 16} warps): 2048
+#: over 16 warps (4 values per thread per chunk) was fastest at 8192 x 32000 (0.598 ms, 1.21x torch.compile; next
+#: 2048 / 8 warps, 0.636 ms) and at 2048 x 128256 (0.659 ms, 1.11x; next 4096 / 16 warps, 0.753 ms). The backward's
+#: looped path (rows beyond :data:`MAX_SINGLE_BLOCK_BWD`) uses the same setting, unmeasured.
+LOOP_BLOCK = 2048
+LOOP_WARPS = 16
 
-#: Target elements per thread when picking num_warps for a block (16 fp32 registers; 32768-element blocks get the
-#: 32-warp maximum). Matches Liger-Kernel's warps-per-block table within a factor of two.
+#: Target elements per thread when picking num_warps for a single block (16 fp32 registers; the backward's
+#: 16384-element blocks get the 32-warp maximum). Matches Liger-Kernel's warps-per-block table within a factor of two.
 ELEMS_PER_THREAD = 16
 
 #: Most warps per program Triton/CUDA allow (1024 threads).
@@ -66,6 +74,12 @@ MASK_NONE, MASK_ADDITIVE, MASK_BOOL = 0, 1, 2
 
 
 # --- kernels ------------------------------------------------------------------------------------------------
+# Float arguments (scale) are cast to fp32 at kernel entry. Eager Triton passes a Python float as fp32, but Inductor
+# types it fp64 when torch.compile compiles these triton_ops: the scores then run in fp64 (slower, rounded unlike
+# eager), and the online softmax's loop-carried fp32 max fails to compile once it meets an fp64 score (seen on the
+# H200: "Loop-carried variable m has initial type fp32 but is re-assigned to fp64"). ``tl.cast`` rather than
+# ``.to``: under TRITON_INTERPRET the argument is a plain Python float, which has no ``.to``; tl.cast also accepts a
+# constexpr.
 
 
 @triton.jit
@@ -108,6 +122,7 @@ def _softmax_fwd_kernel(
     BLOCK: tl.constexpr,  # elements per block (power of two)
     COLS_I64: tl.constexpr,  # column offsets in int64 (when (n_cols - 1) * |stride_col| may pass 2**31)
 ):
+    scale = tl.cast(scale, tl.float32)  # see 'Float arguments' above
     row = tl.program_id(0)
     # Split the flat row index into (i0, i1, i2) of the 4-D view; all non-negative, so C division is safe.
     i2 = row % size2
@@ -171,6 +186,7 @@ def _softmax_bwd_kernel(
     BLOCK: tl.constexpr,  # elements per block (power of two)
     COLS_I64: tl.constexpr,  # column offsets of dy in int64
 ):
+    scale = tl.cast(scale, tl.float32)  # see 'Float arguments' above
     row = tl.program_id(0)
     i2 = row % size2
     i01 = row // size2
@@ -227,11 +243,12 @@ class RowConfig:
 
     @classmethod
     def for_row(cls, n_cols: int, max_single_block: int = MAX_SINGLE_BLOCK) -> "RowConfig":
-        """Single block when ``next_power_of_2(n_cols) <= max_single_block``, else :data:`LOOP_BLOCK` chunks."""
+        """Single block when ``next_power_of_2(n_cols) <= max_single_block`` (:func:`_warps_for` warps), else
+        :data:`LOOP_BLOCK` chunks over :data:`LOOP_WARPS` warps (the H200 sweep's choices, see the constants)."""
         block = triton.next_power_of_2(max(n_cols, 1))
         if block <= max_single_block:
             return cls(block, _warps_for(block), True)
-        return cls(LOOP_BLOCK, _warps_for(LOOP_BLOCK), False)
+        return cls(LOOP_BLOCK, LOOP_WARPS, False)
 
 
 def _warps_for(block: int) -> int:
@@ -477,7 +494,7 @@ def get_inputs() -> list:
 
 #: GPU benchmark shapes: the ANCHORS.md rows (8192 x 32000 / 128256 bf16, scale + mask + softmax at 32000), attention
 #: scores of Llama-7B (32 heads, 2048 tokens) with an HF-style additive mask and with causal, and a width sweep
-#: across the single-block limit (16384, 32768 single; 65536 looped) plus a decode-like few-row case.
+#: across the single-block limit (4096 single; 16384, 32768, 65536 looped) plus a decode-like few-row case.
 BENCH_SHAPES: list[dict] = [
     {"n_rows": 8192, "n_cols": 32000, "dtype": "bfloat16"},
     {"n_rows": 8192, "n_cols": 128256, "dtype": "bfloat16"},
@@ -533,7 +550,7 @@ ENTRY = register_kernel(KernelEntry(
     module=__name__,
     replaces="softmax",
     op="fusion_advisor::softmax",
-    description="softmax over the last axis in fp32 (matches torch.softmax; rows of any width, online beyond 32768)",
+    description="softmax over the last axis in fp32 (matches torch.softmax; rows of any width, online beyond 4096)",
     max_row_elems=None,
     has_backward=True,
     pattern=_softmax_pattern,

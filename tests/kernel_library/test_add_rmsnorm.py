@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fusion_advisor.tolerances import TOLERANCES
+from fusion_advisor.verify import EAGER_ERROR_FACTOR
 from kernel_library import _device
 from kernel_library import add_rmsnorm as arms
 from kernel_library import rmsnorm as rms
@@ -44,6 +45,28 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
         )
 
 
+def assert_row_sum_grad_close(actual, expected, dtype: torch.dtype, what: str, eager) -> None:
+    """A gradient summed over rows (dweight) against float64: within TOLERANCES[dtype], or, in fp16/bf16, with a
+    largest error at most EAGER_ERROR_FACTOR times that of eager PyTorch's own gradient in the same dtype (``eager()``
+    computes it: autograd of reference_fn on the low-precision inputs), the policy of fusion_advisor.verify.
+    The new residual s and the normalised row are rounded to x's dtype, as HF does (the float64 reference of upcast
+    inputs does not); summed over the rows those roundings grow like sqrt(n_rows), beyond any fixed table: on the
+    H200 (267 rows in the looped tests) bf16 dweight missed the table on a few elements."""
+    try:
+        assert_close(actual, expected, dtype, what)
+    except AssertionError as table_miss:
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise
+        e = expected.detach().double().cpu()
+        kernel_err = (actual.detach().double().cpu() - e).abs().max().item()
+        eager_err = (eager().detach().double().cpu() - e).abs().max().item()
+        if not kernel_err <= EAGER_ERROR_FACTOR * eager_err:  # NaN fails
+            raise AssertionError(
+                f"{table_miss}; its max error {kernel_err:.4g} is also beyond {EAGER_ERROR_FACTOR:g}x eager "
+                f"PyTorch's own {dtype} error ({eager_err:.4g})"
+            ) from None
+
+
 def make(shape, dtype, seed=0):
     """x, residual of ``shape`` and weight [shape[-1]] in ``dtype``, leaves with requires_grad."""
     n_rows = 1
@@ -55,6 +78,15 @@ def make(shape, dtype, seed=0):
 
 def f64(t: torch.Tensor) -> torch.Tensor:
     return t.detach().double().requires_grad_()
+
+
+def eager_dweight(x, r, w, dy, ds=None) -> torch.Tensor:
+    """Eager PyTorch's dweight in the inputs' own dtypes: autograd of reference_fn on copies of x, residual and w,
+    with upstream gradients dy (normed) and ds (new residual; None when only normed is used)."""
+    xe, r_e, we = (t.detach().clone().requires_grad_() for t in (x, r, w))
+    y, s = arms.reference_fn(xe, r_e, we, EPS)
+    outs, grads = ((y, s), (dy, ds)) if ds is not None else ((y,), (dy,))
+    return torch.autograd.grad(outs, we, grads)[0]
 
 
 def randn_like(t: torch.Tensor, seed: int) -> torch.Tensor:
@@ -71,15 +103,16 @@ def check_fwd_bwd(x, r, w, dtype, use_residual_grad=True):
     assert_close(y, y64, dtype, "normed")
     assert_close(s, s64, dtype, "new_residual")
     dy = randn_like(y, 1)
+    ds = randn_like(s, 2) if use_residual_grad else None
     if use_residual_grad:
-        ds = randn_like(s, 2)
         grads = torch.autograd.grad((y, s), (x, r, w), (dy, ds))
         grads64 = torch.autograd.grad((y64, s64), (x64, r64, w64), (dy.double(), ds.double()))
     else:  # only the normed output is used: autograd hands the backward a zero d(new_residual)
         grads = torch.autograd.grad(y, (x, r, w), dy)
         grads64 = torch.autograd.grad(y64, (x64, r64, w64), dy.double())
-    for name, g, g64 in zip(("dx", "dresidual", "dweight"), grads, grads64):
+    for name, g, g64 in zip(("dx", "dresidual"), grads, grads64):
         assert_close(g, g64, dtype, name)
+    assert_row_sum_grad_close(grads[2], grads64[2], dtype, "dweight", lambda: eager_dweight(x, r, w, dy, ds))
 
 
 # --- forward and backward over dtypes and widths --------------------------------------------------------------
@@ -121,7 +154,7 @@ def test_looped_kernels(dtype, layout):
     dx64, dr64, dw64 = torch.autograd.grad((y64, s64), (x64, r64, w64), (dy.double(), ds.double()))
     assert_close(d_s, dx64, dtype, "dx (looped)")
     assert_close(d_s, dr64, dtype, "dresidual (looped)")
-    assert_close(dw, dw64, dtype, "dweight (looped)")
+    assert_row_sum_grad_close(dw, dw64, dtype, "dweight (looped)", lambda: eager_dweight(x, r, w, dy, ds))
 
 
 # --- layouts and hard values ---------------------------------------------------------------------------------

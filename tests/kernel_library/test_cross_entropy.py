@@ -1,8 +1,9 @@
 """Tests of kernel_library/cross_entropy.py against torch.nn.functional.cross_entropy in float64.
 
-Grid choice: few token rows (the interpreter runs each program in Python); vocab widths 1, 17, 1000, 4097 take the
-single-block path, 65537 the chunked online path at its real block size (2 rows), and a forced small-block config
-runs the chunked path at small widths for every reduction / smoothing / ignore combination.
+Grid choice: few token rows (the interpreter runs each program in Python); vocab widths 1, 17, 1000 take the
+single-block path, 4097 (one past its limit) and 65537 the chunked online path at its real block size (65537: 2 rows),
+and a forced small-block config runs the chunked path at small widths for every reduction / smoothing / ignore
+combination.
 """
 
 from __future__ import annotations
@@ -300,8 +301,12 @@ def test_errors():
 
 
 def test_config_heuristic():
-    assert ce.CrossEntropyConfig.for_vocab(32000) == ce.CrossEntropyConfig(32768, 32, True)
-    assert ce.CrossEntropyConfig.for_vocab(128256) == ce.CrossEntropyConfig(ce.LOOP_BLOCK, 16, False)
+    # the H200 sweep's choices (see cross_entropy.py's constants): vocabularies wider than 4096 are chunked, 8192
+    # columns per chunk over 4 warps
+    assert ce.CrossEntropyConfig.for_vocab(32000) == ce.CrossEntropyConfig(8192, 4, False)
+    assert ce.CrossEntropyConfig.for_vocab(128256) == ce.CrossEntropyConfig(8192, 4, False)
+    assert ce.CrossEntropyConfig.for_vocab(4097) == ce.CrossEntropyConfig(8192, 4, False)
+    assert ce.CrossEntropyConfig.for_vocab(4096) == ce.CrossEntropyConfig(4096, 8, True)
     assert ce.CrossEntropyConfig.for_vocab(1) == ce.CrossEntropyConfig(1, 1, True)
 
 

@@ -122,7 +122,8 @@ def test_bad_inputs_name_the_argument():
 
 def test_contract_and_registry():
     args = mod.get_inputs()
-    assert all(t.requires_grad for t in args) and args[0].numel() < 100_000
+    assert all(t.requires_grad for t in args) and args[0].device.type == DEVICE.type
+    assert args[0].numel() < 100_000 or _device.on_gpu()  # get_inputs() gives Llama-7B shapes on a GPU
     ref = mod.reference_fn(*(t.detach().double() for t in args))
     _assert_close(mod.kernel_fn(*args), ref, args[0].dtype)
     assert mod.bytes_moved(*args) == 3 * args[0].numel() * args[0].element_size()

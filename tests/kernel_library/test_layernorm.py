@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from fusion_advisor.tolerances import TOLERANCES
+from fusion_advisor.verify import EAGER_ERROR_FACTOR
 from kernel_library import _device
 from kernel_library import layernorm as ln
 from kernel_library.registry import get_kernel
@@ -44,6 +45,28 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
         )
 
 
+def assert_row_sum_grad_close(actual, expected, dtype: torch.dtype, what: str, eager) -> None:
+    """A gradient summed over rows (dweight, dbias) against float64: within TOLERANCES[dtype], or, in fp16/bf16, with
+    a largest error at most EAGER_ERROR_FACTOR times that of eager PyTorch's own gradient in the same dtype
+    (``eager()`` computes it: autograd of reference_fn on the low-precision inputs), the policy of
+    fusion_advisor.verify. With a residual, s = residual + x is rounded to x's dtype, as torch does (the float64
+    reference of upcast inputs does not); summed over the rows those roundings grow like sqrt(n_rows), beyond any
+    fixed table: on the H200 (267 rows in the looped tests) bf16 dweight missed the table on one element."""
+    try:
+        assert_close(actual, expected, dtype, what)
+    except AssertionError as table_miss:
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise
+        e = expected.detach().double().cpu()
+        kernel_err = (actual.detach().double().cpu() - e).abs().max().item()
+        eager_err = (eager().detach().double().cpu() - e).abs().max().item()
+        if not kernel_err <= EAGER_ERROR_FACTOR * eager_err:  # NaN fails
+            raise AssertionError(
+                f"{table_miss}; its max error {kernel_err:.4g} is also beyond {EAGER_ERROR_FACTOR:g}x eager "
+                f"PyTorch's own {dtype} error ({eager_err:.4g})"
+            ) from None
+
+
 def make(shape, dtype, weight=True, bias=True, residual=False, seed=0):
     """[x, weight | None, bias | None, residual | None] in ``dtype``, leaves with requires_grad."""
     n_rows = 1
@@ -61,6 +84,16 @@ def make(shape, dtype, weight=True, bias=True, residual=False, seed=0):
 
 def f64(t):
     return None if t is None else t.detach().double().requires_grad_()
+
+
+def eager_grads(x, w, b, r, grad_outs, eps=EPS) -> dict[str, torch.Tensor]:
+    """Eager PyTorch's gradients in the inputs' own dtypes (autograd of reference_fn on copies of x, weight, bias,
+    residual, those that are not None), by name: dx, dweight, dbias, dresidual."""
+    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in (x, w, b, r)]
+    out = ln.reference_fn(*leaves[:3], eps, residual=leaves[3])
+    outs = out if r is not None else (out,)
+    names = [n for n, t in zip(("dx", "dweight", "dbias", "dresidual"), leaves) if t is not None]
+    return dict(zip(names, torch.autograd.grad(outs, [t for t in leaves if t is not None], grad_outs)))
 
 
 def randn_like(t: torch.Tensor, seed: int) -> torch.Tensor:
@@ -85,7 +118,10 @@ def check_fwd_bwd(x, w, b, r, dtype, eps=EPS):
     grads64 = torch.autograd.grad(refs, leaves64, [g.double() for g in grad_outs])
     for name, leaf, g, g64 in zip(names, leaves, grads, grads64):
         assert g.dtype == leaf.dtype, name
-        assert_close(g, g64, dtype, name)
+        if name in ("dweight", "dbias"):
+            assert_row_sum_grad_close(g, g64, dtype, name, lambda n=name: eager_grads(x, w, b, r, grad_outs, eps)[n])
+        else:
+            assert_close(g, g64, dtype, name)
 
 
 # --- forward and backward over dtypes, widths, affine and residual ---------------------------------------------
@@ -129,8 +165,11 @@ def test_looped_kernels(dtype, residual):
         assert_close(dx, grads64[3], dtype, "dresidual (looped)")
     else:
         grads64 = torch.autograd.grad(y64, (x64, w64, b64), dy.double())
-    for name, g, g64 in zip(("dx", "dweight", "dbias"), (dx, dw, db), grads64):
-        assert_close(g, g64, dtype, f"{name} (looped)")
+    assert_close(dx, grads64[0], dtype, "dx (looped)")
+    grad_outs = (dy, ds) if residual else (dy,)
+    for name, g, g64 in zip(("dweight", "dbias"), (dw, db), grads64[1:3]):
+        eager = lambda n=name: eager_grads(x, w, b, r, grad_outs)[n]  # noqa: E731
+        assert_row_sum_grad_close(g, g64, dtype, f"{name} (looped)", eager)
 
 
 def test_looped_kernels_strided():

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from fusion_advisor.tolerances import TOLERANCES
+from fusion_advisor.verify import EAGER_ERROR_FACTOR
 from kernel_library import _device
 from kernel_library import rmsnorm as rms
 from kernel_library.registry import get_kernel
@@ -47,6 +48,28 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
         )
 
 
+def assert_row_sum_grad_close(actual, expected, dtype: torch.dtype, what: str, eager) -> None:
+    """A gradient summed over rows (dweight) against float64: within TOLERANCES[dtype], or, in fp16/bf16, with a
+    largest error at most EAGER_ERROR_FACTOR times that of eager PyTorch's own gradient in the same dtype (``eager()``
+    computes it: autograd of reference_fn on the low-precision inputs), the policy of fusion_advisor.verify.
+    The Llama form rounds the normalised row to x's dtype before the weight multiply, as HF does (the float64
+    reference of upcast inputs does not); summed over the rows those roundings grow like sqrt(n_rows), beyond any
+    fixed table: on the H200 (267 rows in the looped tests) bf16 dweight missed the table on a few elements."""
+    try:
+        assert_close(actual, expected, dtype, what)
+    except AssertionError as table_miss:
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise
+        e = expected.detach().double().cpu()
+        kernel_err = (actual.detach().double().cpu() - e).abs().max().item()
+        eager_err = (eager().detach().double().cpu() - e).abs().max().item()
+        if not kernel_err <= EAGER_ERROR_FACTOR * eager_err:  # NaN fails
+            raise AssertionError(
+                f"{table_miss}; its max error {kernel_err:.4g} is also beyond {EAGER_ERROR_FACTOR:g}x eager "
+                f"PyTorch's own {dtype} error ({eager_err:.4g})"
+            ) from None
+
+
 def make(shape, dtype, offset=0.0, seed=0):
     """x of ``shape`` and weight [shape[-1]] in ``dtype`` (leaves with requires_grad)."""
     n_cols = shape[-1]
@@ -59,6 +82,12 @@ def make(shape, dtype, offset=0.0, seed=0):
 
 def f64(t: torch.Tensor) -> torch.Tensor:
     return t.detach().double().requires_grad_()
+
+
+def eager_dweight(x: torch.Tensor, w: torch.Tensor, offset: float, dy: torch.Tensor) -> torch.Tensor:
+    """Eager PyTorch's dweight in the inputs' own dtypes: autograd of reference_fn on copies of x and w."""
+    xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    return torch.autograd.grad(rms.reference_fn(xe, we, EPS, offset), we, dy)[0]
 
 
 def check_fwd_bwd(x, w, offset, dtype, seed=1):
@@ -74,7 +103,7 @@ def check_fwd_bwd(x, w, offset, dtype, seed=1):
     dx64, dw64 = torch.autograd.grad(y64, (x64, w64), dy.double())
     assert dx.dtype == x.dtype and dw.dtype == w.dtype
     assert_close(dx, dx64, dtype, "dx")
-    assert_close(dw, dw64, dtype, "dweight")
+    assert_row_sum_grad_close(dw, dw64, dtype, "dweight", lambda: eager_dweight(x, w, offset, dy))
 
 
 # --- forward and backward over dtypes, widths, semantics -----------------------------------------------------
@@ -106,7 +135,7 @@ def test_looped_kernels(dtype, n_cols, offset):
     dx, dw = rms.rms_norm_bwd_launch(dy, x, w, EPS, offset, config=cfg)
     dx64, dw64 = torch.autograd.grad(y64, (x64, w64), dy.double())
     assert_close(dx, dx64, dtype, "dx (looped)")
-    assert_close(dw, dw64, dtype, "dweight (looped)")
+    assert_row_sum_grad_close(dw, dw64, dtype, "dweight (looped)", lambda: eager_dweight(x, w, offset, dy))
 
 
 @pytest.mark.parametrize("offset", OFFSETS)

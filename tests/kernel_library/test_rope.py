@@ -183,16 +183,20 @@ def test_offsets_are_int64():
 
 def test_contract_and_registry():
     q, k, cos, sin = mod.get_inputs()
-    assert q.requires_grad and k.requires_grad and q.numel() < 100_000
+    assert q.requires_grad and k.requires_grad and q.device.type == DEVICE.type
+    assert q.numel() < 100_000 or _device.on_gpu()  # get_inputs() gives Llama-7B shapes (bf16) on a GPU
     out = mod.kernel_fn(q, k, cos, sin)
     ref = mod.reference_fn(*(t.detach().double() for t in (q, k, cos, sin)))
     for o, r in zip(out, ref):
         _assert_close(o, r, q.dtype)
-    assert mod.bytes_moved(q, k, cos, sin) == (2 * (q.numel() + k.numel()) + 2 * cos.numel()) * 4
+    assert mod.bytes_moved(q, k, cos, sin) == (2 * (q.numel() + k.numel()) + 2 * cos.numel()) * q.element_size()
     entry = mod.ENTRY
     assert entry.replaces == "rope" and entry.op == "fusion_advisor::rope" and entry.has_backward
-    for p, r in zip(entry.pattern(q, k, cos, sin), entry.replacement(q, k, cos, sin)):
-        torch.testing.assert_close(p, r)
+    # The replacement against the pattern's exact value (evaluated in float64): in bf16 (GPU get_inputs) the pattern
+    # rounds after each of its ops and cancels in q * cos + rotate_half(q) * sin, the kernel rounds once.
+    pattern64 = entry.pattern(*(t.detach().double() for t in (q, k, cos, sin)))
+    for r, p64 in zip(entry.replacement(q, k, cos, sin), pattern64):
+        _assert_close(r, p64, q.dtype)
 
 
 def test_opcheck():

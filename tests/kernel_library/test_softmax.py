@@ -68,7 +68,8 @@ def check_forward_backward(x: torch.Tensor, scale=1.0, mask=None, causal=False, 
 
 # --- widths and dtypes ---------------------------------------------------------------------------------------
 
-# 1: a single column (y == 1); 17, 1000, 1536, 4097: odd widths around power-of-two blocks (single-block path).
+# 1: a single column (y == 1); 17, 1000, 1536: odd widths below power-of-two blocks (single-block path); 4097: one
+# past the single-block limit, so the looped online path at its real chunk size.
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n_cols", [1, 17, 1000, 1536, 4097])
 def test_widths(n_cols, dtype):
@@ -86,7 +87,7 @@ def test_wide_rows_use_online_path(n_cols, dtype):
 def test_single_row_and_rows_sum_to_one():
     x = rand((1, 777))
     y = sm.kernel_fn(x)
-    assert torch.allclose(y.double().sum(-1), torch.ones(1, dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(y.double().sum(-1), torch.ones(1, dtype=torch.float64, device=DEVICE), atol=1e-6)
     check_forward_backward(x)
 
 
@@ -235,7 +236,7 @@ def test_expanded_upstream_gradient():
     x.grad = None
     (sm.kernel_fn(x) * torch.arange(50.0, device=DEVICE)).sum().backward()  # dy broadcast over rows
     x64 = x.detach().double().requires_grad_()
-    (sm.reference_fn(x64) * torch.arange(50.0, dtype=torch.float64)).sum().backward()
+    (sm.reference_fn(x64) * torch.arange(50.0, dtype=torch.float64, device=DEVICE)).sum().backward()
     assert_close(x.grad, x64.grad, torch.float32, "dx")
 
 
@@ -287,10 +288,14 @@ def test_errors():
 
 
 def test_config_heuristic():
-    assert sm.RowConfig.for_row(32000) == sm.RowConfig(32768, 32, True)
+    # the H200 sweep's choices (see softmax.py's constants): rows wider than 4096 loop in 2048-wide chunks, 16 warps
+    assert sm.RowConfig.for_row(32000) == sm.RowConfig(2048, 16, False)
+    assert sm.RowConfig.for_row(128256) == sm.RowConfig(2048, 16, False)
+    assert sm.RowConfig.for_row(4097) == sm.RowConfig(2048, 16, False)
     assert sm.RowConfig.for_row(4096) == sm.RowConfig(4096, 8, True)
     assert sm.RowConfig.for_row(17) == sm.RowConfig(32, 1, True)
-    assert sm.RowConfig.for_row(128256) == sm.RowConfig(sm.LOOP_BLOCK, 16, False)
+    # the backward's own single-block limit (not swept)
+    assert sm.RowConfig.for_row(16384, sm.MAX_SINGLE_BLOCK_BWD) == sm.RowConfig(16384, 32, True)
     assert not sm.RowConfig.for_row(32000, sm.MAX_SINGLE_BLOCK_BWD).single_block
 
 
