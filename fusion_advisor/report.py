@@ -72,10 +72,10 @@ CHAIN_COLUMNS: dict[str, str] = {
     "arithmetic_intensity_flop_per_byte": "flops / fused_bytes, 0 when the chain moves no bytes (FLOP/byte).",
     "ridge_point_flop_per_byte": "Arithmetic intensity where the device's compute and memory ceilings meet for "
     "the chain's dtype and unit: peak FLOP/s / bandwidth (FLOP/byte).",
-    "est_eager_us": "Estimated eager time: per op max(compute, memory) summed, plus one launch overhead per "
-    "kernel (us). An estimate, not a measurement.",
-    "est_fused_us": "Estimated time as one fused kernel: max(flops / peak, fused_bytes / bandwidth) plus one "
-    "launch overhead (us). An estimate, not a measurement.",
+    "est_eager_us": "Estimated eager time: per op max(compute, memory, launch overhead) summed (us). An "
+    "estimate, not a measurement.",
+    "est_fused_us": "Estimated time as one fused kernel: max(flops / peak, fused_bytes / bandwidth, launch "
+    "overhead) (us). An estimate, not a measurement.",
     "est_saving_us": "est_eager_us - est_fused_us as the cost model reports it (0 for heavy and single-kernel "
     "items) (us).",
     "est_after_route_us": "Estimated time after routing: est_fused_us when route is 'torch.compile' or 'triton', "
@@ -128,12 +128,14 @@ HOW_COMPUTED = (
     "tensors occupy when it runs as its own kernel (views move none).",
     "Eager bytes of a chain are the sum over its ops of bytes read + written. Fused bytes assume one kernel: the "
     "chain's inputs are read once and its outputs written once; intermediates stay on chip.",
-    "Times follow the roofline: max(flops / peak FLOP/s, bytes / peak bandwidth) plus the launch overhead per "
-    "kernel. Eager time sums this per op with one launch per kernel; fused time applies it once to the whole "
-    "chain with one launch. The peak is the tensor-core peak for matmul-like ops and the vector peak otherwise, "
-    "for the chain's dtype.",
-    "A chain is compute-bound when its compute time is the largest term, memory-bound when its memory time is, "
-    "and launch-bound when launch overhead dominates; routing rules may override the class.",
+    "Times follow the roofline: a kernel keeps the GPU busy t = max(flops / peak FLOP/s, bytes / peak "
+    "bandwidth); the host issues one kernel per launch overhead, overlapping with the GPU, so each kernel costs "
+    "max(t, launch overhead). Eager time sums this over the chain's ops; fused time applies it once to the whole "
+    "chain. The peak is the tensor-core peak for matmul-like ops and the vector peak otherwise, for the chain's "
+    "dtype.",
+    "A chain is launch-bound when, run eagerly, the GPU would wait for launches longer than it computes "
+    "(sum of max(0, launch - t) over its ops > sum of t); otherwise compute-bound when its arithmetic intensity "
+    "is above the ridge point, else memory-bound. Routing rules may override the class.",
     "Time after routing is the fused estimate for chains routed to torch.compile or a Triton kernel, and the "
     "eager estimate for skipped chains. Savings are eager minus after-routing.",
     "All times are estimates from peak numbers of the device spec, NOT measurements: real kernels reach a "
