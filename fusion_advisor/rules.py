@@ -35,7 +35,17 @@ from fusion_advisor.records import Chain, Estimate
 
 ROUTES = ("skip", "torch.compile", "triton")
 BOUNDS = ("compute", "memory", "launch")
-SHIPPED_RULES = Path(__file__).resolve().parent.parent / "rules" / "default.yaml"
+def _shipped_rules() -> Path:
+    """rules/default.yaml: beside the package in a checkout, package data (fusion_advisor.shipped_rules) when installed."""
+    in_checkout = Path(__file__).resolve().parent.parent / "rules" / "default.yaml"
+    if in_checkout.is_file():
+        return in_checkout
+    from importlib.resources import files
+
+    return Path(str(files("fusion_advisor.shipped_rules") / "default.yaml"))
+
+
+SHIPPED_RULES = _shipped_rules()
 SCHEMA_VERSION = 1
 
 
