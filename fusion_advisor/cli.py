@@ -98,15 +98,16 @@ def analyze(
 ) -> None:
     """Analyse a model: chains, bound classes, routes and reasons; writes report.html, chains.csv, ops.csv, report.json."""
     from fusion_advisor.analyze import analyze as run_analysis
-    from fusion_advisor.report import write_report
+    from fusion_advisor.report import check_out_dir, write_report
 
     def job():
         if dtype and dtype not in ("fp32", "bf16", "fp16"):
             raise UserError(f"unknown --dtype {dtype!r}; choose fp32, bf16 or fp16")
+        if out is not None:
+            check_out_dir(out)  # before the analysis, so a bad --out fails fast
         analysis = run_analysis(model, device=device, dtype=dtype, gpu=gpu, rules_files=list(rules), stage=_progress)
         out_dir = out or Path("reports") / analysis.model_name
-        if out_dir.exists() and not out_dir.is_dir():
-            raise UserError(f"--out {out_dir}: exists and is not a directory")
+        check_out_dir(out_dir)
         with console.status("writing the report ..."):
             paths = write_report(analysis, out_dir)
         return analysis, paths
@@ -167,8 +168,11 @@ def _write_json_atomic(path: Path, data: dict) -> None:
     import os
     import tempfile
 
+    if path.exists() and (path.suffix != ".json" or not _is_json(path)):
+        raise UserError(f"--json-out {path}: exists and is not a JSON file; refusing to overwrite it")
+    if not path.parent.is_dir():
+        raise UserError(f"--json-out {path}: folder {path.parent} does not exist")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             umask = os.umask(0)
@@ -184,6 +188,16 @@ def _write_json_atomic(path: Path, data: dict) -> None:
             raise
     except OSError as e:
         raise UserError(f"--json-out {path}: cannot write: {e.strerror or e}") from e
+
+
+def _is_json(path: Path) -> bool:
+    import json
+
+    try:
+        json.loads(path.read_text())
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def _emit_json(data: dict, json_out: Optional[Path]) -> None:

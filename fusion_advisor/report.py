@@ -663,6 +663,39 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an output directory the report must not write into, before any work is done.
+
+    Raises:
+        UserError: ``out_dir`` is a file; it is not writable; or it already holds a file named like one of
+            :data:`FILE_NAMES` that is not part of an earlier fusion-advisor report (the tool never overwrites
+            files it did not write).
+    """
+    from fusion_advisor.errors import UserError
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir}: exists and is not a directory")
+    existing = out_dir if out_dir.is_dir() else next((p for p in out_dir.parents if p.exists()), Path("."))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out_dir}: {existing} is not writable")
+    if not out_dir.is_dir():
+        return
+    present = [n for n in FILE_NAMES.values() if (out_dir / n).exists()]
+    if not present:
+        return
+    ours = False
+    try:
+        ours = "tool_version" in json.loads((out_dir / FILE_NAMES["json"]).read_text())
+    except (OSError, ValueError, TypeError):
+        ours = False
+    if not ours:
+        raise UserError(
+            f"--out {out_dir}: holds {', '.join(present)} that fusion-advisor did not write; "
+            "choose another directory (the tool never overwrites your files)"
+        )
+
+
 def write_report(analysis: Analysis, out_dir: Path) -> dict[str, Path]:
     """Write report.html, chains.csv, ops.csv and report.json into ``out_dir`` (created if missing).
 

