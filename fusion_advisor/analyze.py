@@ -111,7 +111,7 @@ def analyze(
         chains = build_chains(og)
     with timed("route"):
         estimates = estimate_all(chains, og.ops, spec)
-        decisions = route_all(chains, estimates, rules)
+        decisions = route_all(chains, estimates, rules, device_kind=spec.kind)
 
     return Analysis(
         model_name=loaded.name,
@@ -123,7 +123,7 @@ def analyze(
         rules_files=list(rules.files),
         capture_method=cap.method,
         graph_breaks=cap.breaks,
-        warnings=cap.warnings,
+        warnings=cap.warnings + loaded.notes,
         ops=og.ops,
         chains=chains,
         estimates=estimates,

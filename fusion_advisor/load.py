@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -49,6 +49,7 @@ class LoadedModel:
         inputs: positional example inputs, on ``device``.
         device: ``"meta"``, ``"cpu"`` or ``"cuda"``.
         dtype: dtype override applied (``"bf16"``...), or ``""``.
+        notes: facts the report should state (e.g. a model handed over in training mode is analysed in eval mode).
     """
 
     name: str
@@ -58,6 +59,7 @@ class LoadedModel:
     inputs: tuple[Any, ...]
     device: str
     dtype: str
+    notes: list[str] = field(default_factory=list)
 
 
 class _FunctionModule(nn.Module):
@@ -209,6 +211,14 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
         model = model.to(device=device, dtype=torch_dtype) if torch_dtype else model.to(device)
     except Exception as e:
         raise ModelRunError(f"{origin}: moving the model to {device} failed: {e}") from e
+    notes = []
+    mode_matters = any(isinstance(m, (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm))
+                       for m in model.modules())
+    if model.training and mode_matters:
+        notes.append(
+            f"{origin}: the model was in training mode; it is analysed in eval mode, forward only (dropout off, "
+            "batch norm with running statistics); use `apply --backward` to verify swaps with gradients"
+        )
     model.eval()
     return LoadedModel(
         name=name,
@@ -218,4 +228,5 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
         inputs=tuple(_convert(x, device, torch_dtype) for x in inputs),
         device=device,
         dtype=dtype,
+        notes=notes,
     )

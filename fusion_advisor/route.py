@@ -27,12 +27,19 @@ def _torch_dtype(name: str):
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}.get(name)
 
 
-def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, library_error: str = "") -> Decision:
-    """The :class:`Decision` for one chain: the first matching rule, with the library fallback applied."""
+def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, library_error: str = "",
+                device_kind: str = "gpu") -> Decision:
+    """The :class:`Decision` for one chain: the first matching rule, with the library fallback applied.
+
+    ``device_kind`` is the device spec's kind: on a ``"cpu"`` spec a triton route falls back to torch.compile.
+    """
     rule, features = rules.first_match(chain, est)
     if rule is None:
         return Decision(chain.id, "skip", "", "(none)", "", "no rule matched", est.bound)
     route, kernel, note = rule.route, "", ""
+    if route == "triton" and device_kind != "gpu":
+        route = "torch.compile"
+        note = "library Triton kernels target GPUs; on a CPU device spec the chain goes to torch.compile instead"
     if route == "triton":
         candidates = (
             [k for k in kernels.values() if k.replaces == chain.pattern] if rule.kernel == "auto"
@@ -70,7 +77,8 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
     )
 
 
-def route_all(chains: list[Chain], estimates: dict[str, Estimate], rules: RuleSet) -> dict[str, Decision]:
-    """Decisions for every chain, keyed by chain id."""
-    kernels, error = _library()
-    return {c.id: route_chain(c, estimates[c.id], rules, kernels, error) for c in chains}
+def route_all(chains: list[Chain], estimates: dict[str, Estimate], rules: RuleSet,
+              device_kind: str = "gpu") -> dict[str, Decision]:
+    """Decisions for every chain, keyed by chain id (``device_kind`` as in :func:`route_chain`)."""
+    kernels, error = _library() if device_kind == "gpu" else ({}, "")
+    return {c.id: route_chain(c, estimates[c.id], rules, kernels, error, device_kind) for c in chains}

@@ -187,8 +187,19 @@ def _syntax_error_message(exc: SyntaxError, path: Path | str) -> str:
     return f"{where}: syntax error: {exc.msg}" + (f": {line}" if line else "")
 
 
+def _registered_module(name: str) -> str | None:
+    """The module of the kernel registered as ``name`` (``masked_softmax`` lives in kernel_library.softmax)."""
+    try:
+        from kernel_library.registry import load_all
+
+        entry = load_all().get(name)
+    except Exception:  # a broken library: fall back to the plain module name
+        return None
+    return entry.module if entry is not None else None
+
+
 def _import_module_name(name: str) -> ModuleType:
-    target = name if "." in name else f"kernel_library.{name}"
+    target = name if "." in name else (_registered_module(name) or f"kernel_library.{name}")
     try:
         return importlib.import_module(target)
     except ModuleNotFoundError as exc:

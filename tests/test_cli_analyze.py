@@ -120,3 +120,20 @@ def test_json_out_never_overwrites_a_source_file(tmp_path):
     assert src.read_text() == "print('my kernel')\n"
     r = runner.invoke(app, ["verify", str(DATA / "kernels" / "vector_add.py"), "--json-out", str(tmp_path / "no" / "x.json")])
     assert r.exit_code == 2 and not (tmp_path / "no").exists()
+
+
+def test_training_mode_is_stated(tmp_path):
+    out = tmp_path / "rep"
+    r = _run(str(DATA / "models" / "train_mode.py"), "--out", str(out))
+    assert r.exit_code == 0, r.output
+    report = json.loads((out / "report.json").read_text())
+    assert any("training mode" in w and "eval mode" in w for w in report["warnings"])
+
+
+def test_cpu_spec_never_routes_to_triton(tmp_path):
+    out = tmp_path / "rep"
+    r = _run("--gpu", "cpu", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    chains = pd.read_csv(out / "chains.csv")
+    assert not (chains["route"] == "triton").any()
+    assert chains["note"].fillna("").str.contains("CPU device spec").any()

@@ -31,6 +31,7 @@ class DeviceSpec:
         vector_tflops: elementwise/reduction ceiling in TFLOP/s by dtype.
         launch_overhead_us: time per eager kernel launch (dispatch plus launch), microseconds.
         l2_bytes: L2 cache size in bytes (0 if unknown).
+        kind: ``"gpu"`` or ``"cpu"``; library Triton kernels are routed to on GPU specs only.
         source: where the numbers come from; per-field sources in ``sources``.
         sources: per-field source notes.
     """
@@ -42,6 +43,7 @@ class DeviceSpec:
     vector_tflops: dict[str, float]
     launch_overhead_us: float
     l2_bytes: int = 0
+    kind: str = "gpu"
     source: str = ""
     sources: dict[str, str] | None = None
 
@@ -80,6 +82,8 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         launch = float(data["launch_overhead_us"])
     except (TypeError, ValueError) as e:
         raise DeviceSpecError(f"{origin}: a numeric field is not a number: {e}") from e
+    if str(data.get("kind", "gpu")) not in ("gpu", "cpu"):
+        raise DeviceSpecError(f"{origin}: field 'kind' must be gpu or cpu")
     if bw <= 0 or not tensor or not vector or min(list(tensor.values()) + list(vector.values())) <= 0 or launch < 0:
         raise DeviceSpecError(f"{origin}: bandwidth and TFLOP/s must be positive, launch overhead non-negative")
     sources = {k[: -len("_source")]: str(v) for k, v in data.items() if k.endswith("_source")}
@@ -91,6 +95,7 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         vector_tflops=vector,
         launch_overhead_us=launch,
         l2_bytes=int(data.get("l2_bytes", 0)),
+        kind=str(data.get("kind", "gpu")),
         source=str(data.get("source", "")),
         sources=sources,
     )
