@@ -23,6 +23,7 @@ one graph per input shape, up to dynamo's cache limit, after which dynamo runs t
 from __future__ import annotations
 
 import datetime as _dt
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -161,7 +162,20 @@ class PatchedModel(nn.Module):
         if torch.compiler.is_compiling():
             # an outer torch.compile would inline the model and lose the swaps: run ours outside its graph
             return self._outside(*args, **kwargs)
-        return self._compiled(*args, **kwargs)
+        out = self._compiled(*args, **kwargs)
+        if not self.__dict__.get("_checked"):
+            self.__dict__["_checked"] = True
+            missing = self.missing_swaps()
+            if missing:
+                import warnings
+
+                warnings.warn(
+                    f"{len(missing)} of {len(self.swaps)} kept swap(s) were not applied "
+                    f"(see .problems()): {'; '.join(self.problems()[:3]) or 'no matching site in the model'}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        return out
 
     def applied_swaps(self) -> list[MatchKey]:
         """Keys of the swaps rewritten into the graphs compiled so far (one entry per graph and swap)."""
@@ -196,6 +210,15 @@ def load_plan(model: nn.Module, plan: str | Path, compile_rest: bool | None = No
         PlanError: see :func:`read_plan`.
     """
     p = read_plan(plan)
+    if p.kept and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        import warnings
+
+        warnings.warn(
+            "no CUDA GPU and TRITON_INTERPRET is not set: library Triton kernels cannot run here, so the model "
+            "runs unpatched; set TRITON_INTERPRET=1 before importing triton to run them (slowly) on the CPU",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return PatchedModel(model, p.kept, compile_rest=p.compile_rest if compile_rest is None else compile_rest)
 
 

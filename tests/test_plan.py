@@ -155,3 +155,25 @@ def test_load_plan_with_inductor_for_the_rest(planned):
     out = patched(*loaded.inputs)
     assert not patched.problems(), patched.problems()
     torch.testing.assert_close(out, loaded.module(*loaded.inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_unapplied_swaps_are_warned(tmp_path, monkeypatch):
+    """A plan whose swaps cannot run here must not pass silently as a patched model."""
+    import warnings as _w
+
+    import torch
+
+    from fusion_advisor.plan import load_plan
+
+    plan = tmp_path / "plan.yaml"  # never read: read_plan is replaced below
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    from fusion_advisor import plan as plan_mod
+
+    fake = plan_mod.Plan(path=None, model={}, options={"compile_rest": False}, versions={}, swaps=[], kept=[object()])
+    monkeypatch.setattr(plan_mod, "read_plan", lambda p: fake)
+    monkeypatch.setattr(plan_mod, "PatchedModel", lambda model, kept, compile_rest: model)
+    with _w.catch_warnings(record=True) as caught:
+        _w.simplefilter("always")
+        load_plan(torch.nn.Linear(2, 2), plan)
+    assert any("runs unpatched" in str(c.message) for c in caught)
