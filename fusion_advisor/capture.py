@@ -171,9 +171,12 @@ def _run_eagerly(loaded: LoadedModel) -> None:
         user = [f for f in frames if "/torch/" not in f.filename and "fusion_advisor" not in f.filename]
         where = f"{user[-1].filename}:{user[-1].lineno}" if user else loaded.file
         hint = " (on --device meta nothing runs for real: ops that read tensor values need --device cpu or cuda)"
+        text = str(e).lower()
+        data_dependent = any(k in text for k in ("meta", "item()", "data-dependent", "truth value", "data_ptr",
+                                                 "cannot be called on", "nonzero"))
         raise ModelRunError(
             f"{where}: the model fails on its own inputs: {type(e).__name__}: {_first_line(str(e), 400)}"
-            + (hint if loaded.device == "meta" else "")
+            + (hint if loaded.device == "meta" and data_dependent else "")
         ) from e
 
 
@@ -203,10 +206,11 @@ def capture(loaded: LoadedModel, methods: tuple[str, ...] = METHODS) -> Capture:
 @contextlib.contextmanager
 def _quiet_torch_logs():
     """Silence dynamo's own logging of graph breaks and recompiles while capturing (we report them ourselves)."""
-    loggers = [logging.getLogger(n) for n in ("torch._dynamo", "torch._inductor", "torch.fx", "torch._functorch")]
+    loggers = [logging.getLogger(n) for n in ("torch._dynamo", "torch._inductor", "torch.fx", "torch._functorch",
+                                              "torch._subclasses", "torch")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
-        lg.setLevel(logging.ERROR)
+        lg.setLevel(logging.CRITICAL)
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             yield
