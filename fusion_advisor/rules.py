@@ -117,6 +117,33 @@ CONDITIONS: dict[str, tuple[type | tuple[type, ...], Callable[[dict[str, Any], A
 _RULE_FIELDS = ("id", "description", "match", "route", "kernel", "bound", "reason")
 
 
+def _known_patterns() -> frozenset[str]:
+    from kernel_library.registry import KNOWN_PATTERNS
+
+    generic = {"pointwise", "reduction", "normalization", "softmax", "copy", "gelu", "softmax_not_last_dim",
+               "matmul", "conv", "attention", "embedding"}
+    return frozenset(KNOWN_PATTERNS) | generic
+
+
+def _is_aten_op(name: Any) -> bool:
+    """Items no fused kernel takes are named after their aten op (``cumsum``, ``index``...)."""
+    import torch
+
+    return isinstance(name, str) and hasattr(torch.ops.aten, name)
+
+
+#: allowed values of the enumerated match conditions (typos would otherwise never match, silently).
+_ALLOWED_VALUES: dict[str, frozenset[str]] = {
+    "kind": frozenset({"fusible", "heavy", "other"}),
+    "dtype": frozenset({"fp32", "fp16", "bf16", "fp64"}),
+    "categories_any": frozenset({"pointwise", "reduction", "normalization", "softmax", "matmul", "conv", "attention",
+                                 "view", "copy", "embedding", "other"}),
+    "categories_all": frozenset({"pointwise", "reduction", "normalization", "softmax", "matmul", "conv",
+                                 "attention", "view", "copy", "embedding", "other"}),
+    "pattern": _known_patterns(),
+}
+
+
 @dataclass(frozen=True)
 class Rule:
     """One validated routing rule.
@@ -172,6 +199,14 @@ def _check_template(template: str, where: str) -> None:
         raise RulesError(
             f"{where}: field 'reason': unknown placeholder(s) {', '.join(unknown)}; known: {', '.join(TEMPLATE_FIELDS)}"
         )
+    text_fields = {"id", "kind", "pattern", "dtype", "bound", "epilogue_of", "module_path", "kernel", "route"}
+    int_fields = {"eager_kernels", "numel", "row_elems", "flops", "eager_bytes", "fused_bytes", "bytes_saved"}
+    sample = {k: ("x" if k in text_fields else False if k == "epilogue" else 1 if k in int_fields else 1.5)
+              for k in TEMPLATE_FIELDS}
+    try:
+        template.format(**sample)
+    except (ValueError, IndexError, KeyError) as e:
+        raise RulesError(f"{where}: field 'reason': the template does not render: {e}") from e
 
 
 def _parse_rule(raw: Any, index: int, file: str) -> Rule:
@@ -205,6 +240,14 @@ def _parse_rule(raw: Any, index: int, file: str) -> Rule:
             raise RulesError(f"{where}: field 'match.intensity_vs_ridge': must be 'above' or 'below'")
         if name == "bound" and any(b not in BOUNDS for b in _one_of(value)):
             raise RulesError(f"{where}: field 'match.bound': values must be among {', '.join(BOUNDS)}")
+        allowed = _ALLOWED_VALUES.get(name)
+        if allowed is not None:
+            bad = [v for v in _one_of(value) if v not in allowed and not (name == "pattern" and _is_aten_op(v))]
+            if bad:
+                raise RulesError(
+                    f"{where}: field 'match.{name}': unknown value(s) {', '.join(map(repr, bad))}; "
+                    f"known: {', '.join(sorted(allowed))}" + (" or an aten op name" if name == "pattern" else "")
+                )
     kernel = raw.get("kernel", "")
     if route == "triton" and not (isinstance(kernel, str) and kernel):
         raise RulesError(f"{where}: field 'kernel': a triton route needs a kernel name (or 'auto')")

@@ -50,8 +50,13 @@ def test_shipped_rules_are_valid():
         ("version: 1\nrules:\n  - id: a\n    route: skip\n    reason: x\n    speed: fast\n", "unknown field 'speed'"),
         ("version: 1\nrules:\n  - id: a\n    route: skip\n    match: {bound: slow}\n    reason: x\n", "field 'match.bound'"),
         ("version: 2\nrules: []\n", "field 'version'"),
+        ("version: 1\nrules:\n  - id: a\n    route: skip\n    reason: '{pattern:.2f}'\n", "does not render"),
         ("rules: [\n", "invalid YAML"),
         ("version: 1\nrules:\n  - route: skip\n    reason: x\n", "rule #1: field 'id'"),
+        ("version: 1\nrules:\n  - id: a\n    route: skip\n    match: {pattern: layernrom}\n    reason: x\n",
+         "field 'match.pattern': unknown value(s) 'layernrom'"),
+        ("version: 1\nrules:\n  - id: a\n    route: skip\n    match: {dtype: bfloat16}\n    reason: x\n",
+         "field 'match.dtype': unknown value(s) 'bfloat16'"),
     ],
 )
 def test_invalid_rules_name_file_rule_and_field(tmp_path, body, fragment):
