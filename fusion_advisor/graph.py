@@ -158,7 +158,10 @@ def _matmul_like_flops(target: Any, node: torch.fx.Node, out: Any) -> int:
     if _op_name(target) == "attention":  # our opaque SDPA: QK^T and PV, 2 FLOPs per multiply-add
         q, k, v = (_val(a) for a in node.args[:3])
         batch = q.numel() // (q.shape[-2] * q.shape[-1])
-        return 2 * batch * q.shape[-2] * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+        flops = 2 * batch * q.shape[-2] * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+        causal = node.kwargs.get("is_causal", node.args[5] if len(node.args) > 5 else False)
+        # a causal flash kernel skips the masked upper triangle: about half the work when q and k are as long
+        return flops // 2 if causal is True and q.shape[-2] == k.shape[-2] else flops
     packet = getattr(target, "overloadpacket", None)
     fn = flop_registry.get(packet)
     if fn is None:

@@ -191,7 +191,13 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
     with torch.device(device):
         if inner == "kernelbench":
             init = _call_user(module.get_init_inputs, "get_init_inputs()", origin, file_path)
-            model = _call_user(lambda: module.Model(*init), "Model(*get_init_inputs())", origin, file_path)
+            if isinstance(init, dict):
+                model = _call_user(lambda: module.Model(**init), "Model(**get_init_inputs())", origin, file_path)
+            elif isinstance(init, (list, tuple)):
+                model = _call_user(lambda: module.Model(*init), "Model(*get_init_inputs())", origin, file_path)
+            else:
+                raise ModelLoadError(f"{origin}: get_init_inputs() must return a list (or a dict of keyword "
+                                     f"arguments), got {type(init).__name__}")
         elif inner == "get_model":
             model = _call_user(module.get_model, "get_model()", origin, file_path)
         else:
@@ -205,6 +211,9 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
 
     if not isinstance(model, nn.Module):
         raise ModelLoadError(f"{origin}: the model is a {type(model).__name__}, not a torch.nn.Module")
+    if isinstance(inputs, dict):
+        raise ModelLoadError(f"{origin}: get_inputs() returned a dict; return a list of the positional arguments "
+                             "of forward() (keyword inputs are not supported yet)")
     if not isinstance(inputs, (list, tuple)):
         inputs = (inputs,)
     try:

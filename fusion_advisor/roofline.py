@@ -23,9 +23,14 @@ from fusion_advisor.records import Chain, Estimate, OpInfo
 _TENSOR_CORE_CATEGORIES = frozenset({"matmul", "conv", "attention"})
 
 
+def _compute_dtype(dtype: str, categories: set[str] | frozenset[str]) -> str:
+    """The dtype whose peak applies: fp32 convolutions run on TF32 tensor cores (cuDNN's default in PyTorch)."""
+    return "tf32" if dtype == "fp32" and "conv" in categories else dtype
+
+
 def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
     tensor = op.category in _TENSOR_CORE_CATEGORIES
-    peak = spec.peak_tflops(op.dtype, tensor) * 1e12
+    peak = spec.peak_tflops(_compute_dtype(op.dtype, {op.category}), tensor) * 1e12
     compute = op.flops / peak
     memory = (op.bytes_read + op.bytes_written) / (spec.memory_bandwidth_gbps * 1e9)
     return max(compute, memory) * 1e6
@@ -34,7 +39,8 @@ def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
 def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate:
     """Roofline :class:`Estimate` of ``chain`` on ``spec``; ``ops`` maps op ids to :class:`OpInfo`. Times in us."""
     tensor = bool(set(chain.categories) & _TENSOR_CORE_CATEGORIES)
-    peak_tflops = spec.peak_tflops(chain.dtype, tensor)
+    compute_dtype = _compute_dtype(chain.dtype, set(chain.categories))
+    peak_tflops = spec.peak_tflops(compute_dtype, tensor)
     bw = spec.memory_bandwidth_gbps * 1e9
     compute_us = chain.flops / (peak_tflops * 1e12) * 1e6
     memory_eager_us = chain.eager_bytes / bw * 1e6
@@ -46,7 +52,7 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     idle_us = sum(max(0.0, launch - t) for t in busy)
     fusible = chain.kind == "fusible" and chain.eager_kernels > 1
     fused_us = max(compute_us, memory_fused_us, launch) if fusible else eager_us
-    ridge = spec.ridge_point(chain.dtype, tensor)
+    ridge = spec.ridge_point(compute_dtype, tensor)
     if idle_us > sum(busy):
         bound = "launch"
     elif chain.arithmetic_intensity > ridge:
