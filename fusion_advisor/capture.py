@@ -63,12 +63,58 @@ def _attention_fake(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, sca
 _SDPA_TARGETS = {torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
 
 
+def _mha_as_sdpa(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_proj_bias, bias_k, bias_v,
+                 add_zero_attn, dropout_p, out_proj_weight, out_proj_bias, training=True, key_padding_mask=None,
+                 need_weights=True, attn_mask=None, use_separate_proj_weight=False, q_proj_weight=None,
+                 k_proj_weight=None, v_proj_weight=None, static_k=None, static_v=None, average_attn_weights=True,
+                 is_causal=False):
+    """``F.multi_head_attention_forward`` as in-projection matmul, one opaque attention op, out-projection.
+
+    Dynamo keeps ``nn.MultiheadAttention``'s functional call whole and AOTAutograd would lower it to its math path
+    (bmm + softmax), although on a GPU it runs as a fused attention kernel. The cases this does not cover
+    (attention weights returned, bias_k/v, zero attention, separate projections, static k/v, a key padding mask)
+    fall through to the original function. Shapes: query ``[L, N, E]``, key/value ``[S, N, E]`` -> ``[L, N, E]``.
+    """
+    F = torch.nn.functional
+    if (need_weights or bias_k is not None or bias_v is not None or add_zero_attn or use_separate_proj_weight
+            or static_k is not None or static_v is not None or key_padding_mask is not None or query.dim() != 3):
+        return F.multi_head_attention_forward(
+            query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_proj_bias, bias_k, bias_v,
+            add_zero_attn, dropout_p, out_proj_weight, out_proj_bias, training=training,
+            key_padding_mask=key_padding_mask, need_weights=need_weights, attn_mask=attn_mask,
+            use_separate_proj_weight=use_separate_proj_weight, q_proj_weight=q_proj_weight,
+            k_proj_weight=k_proj_weight, v_proj_weight=v_proj_weight, static_k=static_k, static_v=static_v,
+            average_attn_weights=average_attn_weights, is_causal=is_causal)
+    tgt_len, bsz, embed_dim = query.shape
+    src_len = key.shape[0]
+    head_dim = embed_dim // num_heads
+    w_q, w_k, w_v = in_proj_weight.chunk(3)
+    b_q, b_k, b_v = in_proj_bias.chunk(3) if in_proj_bias is not None else (None, None, None)
+    # [L, N, E] -> [N, heads, L, head_dim]
+    q = F.linear(query, w_q, b_q).view(tgt_len, bsz, num_heads, head_dim).permute(1, 2, 0, 3)
+    k = F.linear(key, w_k, b_k).view(src_len, bsz, num_heads, head_dim).permute(1, 2, 0, 3)
+    v = F.linear(value, w_v, b_v).view(src_len, bsz, num_heads, head_dim).permute(1, 2, 0, 3)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:  # MHA: True = masked out; SDPA: True = keep
+            attn_mask = ~attn_mask
+        if attn_mask.dim() == 3:
+            attn_mask = attn_mask.view(bsz, num_heads, tgt_len, src_len)
+    out = torch.ops.fusion_advisor_capture.attention(
+        q, k, v, attn_mask, dropout_p if training else 0.0, bool(is_causal and attn_mask is None))
+    out = out.permute(2, 0, 1, 3).reshape(tgt_len * bsz, embed_dim)
+    return F.linear(out, out_proj_weight, out_proj_bias).view(tgt_len, bsz, embed_dim), None
+
+
 def keep_attention_opaque(gm: torch.fx.GraphModule) -> int:
-    """Rewrite SDPA calls in a dynamo graph to :func:`_attention`; return how many were rewritten."""
+    """Rewrite SDPA (and ``nn.MultiheadAttention``'s functional) calls in a dynamo graph so attention stays one
+    opaque op through AOTAutograd; return how many were rewritten."""
     count = 0
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _SDPA_TARGETS:
             node.target = torch.ops.fusion_advisor_capture.attention.default
+            count += 1
+        elif node.op == "call_function" and node.target is torch.nn.functional.multi_head_attention_forward:
+            node.target = _mha_as_sdpa
             count += 1
     if count:
         gm.graph.lint()
