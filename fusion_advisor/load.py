@@ -137,7 +137,12 @@ def _call_user(fn: Callable[..., Any], what: str, origin: str, path: Path | None
         return fn()
     except Exception as e:
         where = _user_frame(e, path) if path is not None else origin
-        raise ModelRunError(f"{where}: {what} raised {type(e).__name__}: {e}") from e
+        hint = ""
+        if "meta" in str(e).lower() and torch.get_default_device().type == "meta":
+            hint = " (it ran on --device meta, where tensors hold no values: try --device cpu or cuda)"
+        elif "cuda" in str(e).lower() and not torch.cuda.is_available():
+            hint = " (no CUDA here: make the file create tensors without .cuda(), or analyse on a GPU machine)"
+        raise ModelRunError(f"{where}: {what} raised {type(e).__name__}: {e}{hint}") from e
 
 
 def _convert(x: Any, device: str, dtype: torch.dtype | None) -> Any:
