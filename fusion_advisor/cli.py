@@ -303,14 +303,15 @@ def apply_cmd(
             raise UserError(f"unknown --dtype {dtype!r}; choose fp32, bf16 or fp16")
         if device is not None and device not in ("cpu", "cuda"):
             raise UserError(f"unknown --device {device!r}: apply runs the model; choose cpu or cuda")
-        if out is not None and out.exists() and not out.is_dir():
-            raise UserError(f"--out {out}: exists and is not a directory")
+        if out is not None:
+            _check_apply_out(out)  # before the (long) apply run
         options = ApplyOptions(verify=verify_swaps, backward=backward or None, candidates=candidates, margin=margin,
                                compile_rest=compile_rest, keep_unmeasured=keep_unmeasured, seeds=seeds,
                                kernels=tuple(kernel) or None, gpu=gpu, rules_files=tuple(str(r) for r in rules))
         options.check()
         result = apply(model, options, device=device, dtype=dtype, stage=_progress)
         out_dir = out or Path("reports") / result.model_name
+        _check_apply_out(out_dir)
         with console.status("writing swaps.csv, swaps.html, plan.yaml ..."):
             paths = write_outputs(result, out_dir)
         return result, paths
@@ -319,6 +320,20 @@ def apply_cmd(
     _print_apply_summary(result, paths)
     if result.whole_model is not None and not result.whole_model.passed:
         raise typer.Exit(1)
+
+
+def _check_apply_out(out_dir: Path) -> None:
+    """Refuse an --out holding swaps.csv / swaps.html / plan.yaml that an earlier apply run did not write."""
+    from fusion_advisor.apply import OUTPUT_FILES
+    from fusion_advisor.report import check_out_dir
+
+    def earlier_apply(d: Path) -> bool:
+        try:
+            return (d / "plan.yaml").read_text().startswith("# fusion-advisor plan")
+        except OSError:
+            return False
+
+    check_out_dir(out_dir, tuple(OUTPUT_FILES.values()), earlier_apply)
 
 
 def _print_apply_summary(result, paths: dict) -> None:

@@ -663,13 +663,26 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def check_out_dir(out_dir: Path) -> None:
-    """Refuse an output directory the report must not write into, before any work is done.
+def _earlier_report(out_dir: Path) -> bool:
+    """True when ``out_dir`` holds a report.json written by fusion-advisor."""
+    try:
+        return "tool_version" in json.loads((out_dir / FILE_NAMES["json"]).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def check_out_dir(out_dir: Path, names: tuple[str, ...] | None = None,
+                  written_by_us: Callable[[Path], bool] = _earlier_report) -> None:
+    """Refuse an output directory the tool must not write into, before any work is done.
+
+    Args:
+        out_dir: the directory files will be written to.
+        names: the file names that will be written (default: the report's, :data:`FILE_NAMES`).
+        written_by_us: whether existing files of those names come from an earlier fusion-advisor run.
 
     Raises:
-        UserError: ``out_dir`` is a file; it is not writable; or it already holds a file named like one of
-            :data:`FILE_NAMES` that is not part of an earlier fusion-advisor report (the tool never overwrites
-            files it did not write).
+        UserError: ``out_dir`` is a file; it is not writable; or it already holds a file of one of ``names``
+            that fusion-advisor did not write (the tool never overwrites files it did not write).
     """
     from fusion_advisor.errors import UserError
 
@@ -681,15 +694,10 @@ def check_out_dir(out_dir: Path) -> None:
         raise UserError(f"--out {out_dir}: {existing} is not writable")
     if not out_dir.is_dir():
         return
-    present = [n for n in FILE_NAMES.values() if (out_dir / n).exists()]
+    present = [n for n in (names or tuple(FILE_NAMES.values())) if (out_dir / n).exists()]
     if not present:
         return
-    ours = False
-    try:
-        ours = "tool_version" in json.loads((out_dir / FILE_NAMES["json"]).read_text())
-    except (OSError, ValueError, TypeError):
-        ours = False
-    if not ours:
+    if not written_by_us(out_dir):
         raise UserError(
             f"--out {out_dir}: holds {', '.join(present)} that fusion-advisor did not write; "
             "choose another directory (the tool never overwrites your files)"

@@ -138,3 +138,12 @@ def test_cpu_spec_never_routes_to_triton(tmp_path):
     chains = pd.read_csv(out / "chains.csv")
     assert not (chains["route"] == "triton").any()
     assert chains["note"].fillna("").str.contains("CPU device spec").any()
+
+
+def test_apply_never_overwrites_foreign_files(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "plan.yaml").write_text("my deployment plan\n")
+    r = runner.invoke(app, ["apply", str(DATA / "models" / "tiny_pointwise.py"), "--out", str(out)])
+    assert r.exit_code == 2 and "did not write" in " ".join(r.output.split()), r.output
+    assert (out / "plan.yaml").read_text() == "my deployment plan\n"
