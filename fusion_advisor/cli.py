@@ -107,7 +107,8 @@ def analyze(
             check_out_dir(out)  # before the analysis, so a bad --out fails fast
         analysis = run_analysis(model, device=device, dtype=dtype, gpu=gpu, rules_files=list(rules), stage=_progress)
         out_dir = out or Path("reports") / analysis.model_name
-        check_out_dir(out_dir)
+        if out is None:  # the default folder is known only now (it is named after the model)
+            check_out_dir(out_dir)
         with console.status("writing the report ..."):
             paths = write_report(analysis, out_dir)
         return analysis, paths
@@ -311,7 +312,8 @@ def apply_cmd(
         options.check()
         result = apply(model, options, device=device, dtype=dtype, stage=_progress)
         out_dir = out or Path("reports") / result.model_name
-        _check_apply_out(out_dir)
+        if out is None:  # the default folder is known only now (it is named after the model)
+            _check_apply_out(out_dir)
         with console.status("writing swaps.csv, swaps.html, plan.yaml ..."):
             paths = write_outputs(result, out_dir)
         return result, paths
