@@ -122,7 +122,8 @@ def _reduce_loss_kernel(
     tl.store(out_ptr, total.to(out_ptr.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["n_cols", "ignore_index"])
+# n_cols stays specialised: its divisibility by 16 lets the masked row accesses vectorise (see softmax.py).
+@triton.jit(do_not_specialize=["ignore_index"])
 def _cross_entropy_fwd_kernel(
     logits_ptr,  # *T: logits [n_rows, n_cols]; never written
     logits_stride_row, logits_stride_col,  # strides of the logits' row and vocabulary axes, in elements
@@ -170,22 +171,29 @@ def _cross_entropy_fwd_kernel(
             if HAS_SMOOTHING:
                 shift_sum = tl.sum(tl.where(live, x - x_t, 0.0), axis=0)
         else:
-            # Pass 1: online log-sum-exp over chunks (running max m, running sum s rescaled as m grows).
-            m = tl.full([], float("-inf"), tl.float32)
-            s = tl.full([], 0.0, tl.float32)
-            shift_sum = tl.full([], 0.0, tl.float32)
+            # Pass 1: online log-sum-exp over chunks, kept per lane (see softmax.py): each lane carries a running max
+            # and a running sum of exp(x - max); lanes are combined once after the loop, so the loop has no
+            # cross-warp reduction.
+            m_lane = tl.full([BLOCK], float("-inf"), tl.float32)
+            s_lane = tl.zeros([BLOCK], dtype=tl.float32)
+            shift_lane = tl.zeros([BLOCK], dtype=tl.float32)
             for start in tl.range(0, n_cols, BLOCK):
                 cols = start + offs
                 live = cols < n_cols
                 # evict_last: ask L2 to keep the row for pass 2.
                 x = tl.load(x_row + cols * logits_stride_col, mask=live, other=float("-inf"),
                             eviction_policy="evict_last").to(tl.float32)
-                m_new = tl.maximum(m, tl.max(x, axis=0))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # chunk of -inf logits: no -inf - -inf
-                s = s * tl.exp2((m - m_safe) * LOG2E) + tl.sum(tl.exp2((x - m_safe) * LOG2E), axis=0)
-                m = m_new
+                m_new = tl.maximum(m_lane, x)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # lane of -inf logits so far: no -inf - -inf
+                s_lane = s_lane * tl.exp2((m_lane - m_safe) * LOG2E) + tl.exp2((x - m_safe) * LOG2E)
+                m_lane = m_new
                 if HAS_SMOOTHING:
-                    shift_sum += tl.sum(tl.where(live, x - x_t, 0.0), axis=0)
+                    shift_lane += tl.where(live, x - x_t, 0.0)
+            m = tl.max(m_lane, axis=0)
+            m_row_safe = tl.where(m == float("-inf"), 0.0, m)
+            s = tl.sum(s_lane * tl.exp2((m_lane - m_row_safe) * LOG2E), axis=0)
+            if HAS_SMOOTHING:
+                shift_sum = tl.sum(shift_lane, axis=0)
         # lse - x_t = (m - x_t) + log(s): exact when the target is the max, so confident rows give ~0, not cancellation.
         loss = (m - x_t) + tl.log2(s) * LN2
         if HAS_SMOOTHING:
@@ -217,7 +225,7 @@ def _cross_entropy_fwd_kernel(
                     tl.store(d_row + cols, g.to(dlogits_ptr.dtype.element_ty), mask=live)
 
 
-@triton.jit(do_not_specialize=["n_cols"])
+@triton.jit
 def _scale_grad_kernel(
     dlogits_ptr,  # *T: gradient buffer [n_rows, n_cols], contiguous; scaled in place
     grad_ptr,  # *T': upstream gradient of the loss, one value per row or a scalar
