@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import platform
 import sys
 import time
@@ -35,6 +34,7 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fusion_advisor.tolerances import within_eager_error  # noqa: E402
 from fusion_advisor.verify import compare_outputs  # noqa: E402
 from kernel_library.registry import load_all  # noqa: E402
 
@@ -134,7 +134,7 @@ def bench_kernel(name: str, entry, copy_gbps: float, max_shapes: int, rows: list
                         continue
                     k_err = float((k_.double() - r_).abs().max())
                     e_err = float((e_.double() - r_).abs().max()) if e_ is not None else 0.0
-                    ok_leaf = math.isfinite(k_err) and (k_err <= 2 * e_err or compare_outputs(k_, r_)[0])
+                    ok_leaf = within_eager_error(k_err, e_err) or compare_outputs(k_, r_)[0]
                     grads_ok &= ok_leaf
                     g_details.append(f"grad max abs err {k_err:.3g} vs eager's own {e_err:.3g}: {'ok' if ok_leaf else 'FAIL'}")
             details += g_details

@@ -288,6 +288,20 @@ def test_decide_never_keeps_unverified_or_unmeasured_unless_asked():
     assert sw.decide(ok, timed, 0.03, keep_unmeasured=False)[0] == sw.KEPT
 
 
+def test_low_precision_gradient_is_judged_against_the_original_ops_own_error():
+    # a bf16 row-sum gradient (a norm's dweight): the same rule as `fusion-advisor verify`, 2x eager's own error
+    ref = torch.tensor([-4.73, 1.0, 0.5], dtype=torch.float64)
+    eager = torch.tensor([-4.78, 1.0, 0.5], dtype=torch.bfloat16)  # eager itself is ~0.05 off float64
+    close = torch.tensor([-4.66, 1.0, 0.5], dtype=torch.bfloat16)  # bf16 -4.65625, 0.074 off: within 2x
+    far = torch.tensor([-4.50, 1.0, 0.5], dtype=torch.bfloat16)  # ~0.23 off: beyond 2x
+    ok, line = sw._within_eager_error(close, eager, ref, "grad of weight")
+    assert ok and "2x" in line
+    ok, line = sw._within_eager_error(far, eager, ref, "grad of weight")
+    assert not ok and "also beyond" in line
+    nan = torch.tensor([float("nan"), 1.0, 0.5], dtype=torch.bfloat16)
+    assert not sw._within_eager_error(nan, eager, ref, "grad")[0]
+
+
 def test_default_model_patched_equals_original(default_run):
     result, _, _ = default_run
     wm = result.whole_model
