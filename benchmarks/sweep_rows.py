@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.kernels import copy_bandwidth_gbps as copy_bandwidth_gpu, gpu_kernel_ms  # noqa: E402
 from fusion_advisor.verify import compare_outputs  # noqa: E402
 
-CONFIGS = [("single", 0, w) for w in (8, 16, 32)] + [("looped", b, w) for b in (2048, 4096, 8192) for w in (4, 8, 16)]
+CONFIGS = [("single", 0, w) for w in (8, 16, 32)] + [("looped", b, w) for b in (1024, 2048, 4096, 8192) for w in (4, 8, 16)]
 
 
 def _force(mod, cls_name: str, method: str, kind: str, block: int, warps: int) -> None:
@@ -104,6 +104,14 @@ def main() -> None:
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "copy_gbps": copy_gbps,
             "method": "summed CUDA kernel time per call (torch.profiler, 10 calls); GB/s from bytes-moved formulas"}
     (args.out / "sweep_rows.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    best = {}
+    for r in rows:
+        if "gpu_ms" in r and r["config"] != "torch.compile" and r.get("verified"):
+            key = (r["kernel"], json.dumps(r["shape"]))
+            if key not in best or r["gpu_ms"] < best[key]["gpu_ms"]:
+                best[key] = r
+    for (k, shp), r in best.items():
+        print(f"BEST {k} {shp}: {r['config']} {r['gpu_ms']:.4f} ms {r['pct_of_copy']:.0f}% of copy x{r['x_compile']:.2f} vs compile")
 
 
 if __name__ == "__main__":
