@@ -40,11 +40,10 @@ from kernel_library.registry import KernelEntry, register_kernel
 # --- constants ----------------------------------------------------------------------------------------------
 
 #: Widest row (power-of-two block) the forward holds in registers as one block. Measured on H200 2026-11-29,
-#: benchmarks/results/sweep_rows_h200.json (forward, bf16, 8192 x 32000): the single 32768-wide block took 1.24 ms
-#: at its best (32 warps; 1.27 / 1.30 ms at 16 / 8), 0.58x torch.compile, while the looped online path below took
-#: 0.598 ms (1.21x) although it reads the row twice; ptxas (triton 3.6, sm_90, offline) reports no spills there, so
-#: the loss is not register spilling. Rows wider than 4096 therefore loop; rows up to 4096 (not swept) keep one
-#: block, at most 16 values per thread (:data:`ELEMS_PER_THREAD`).
+#: benchmarks/results/sweep_rows_h200.json (forward, bf16, 8192 x 32000, n_cols specialised, per-lane online pass):
+#: the single 32768-wide block took 0.349 ms at its best (16 warps; 0.357 / 0.419 ms at 32 / 8), the looped online
+#: path below 0.314 ms although it reads the row twice (the second read mostly from L2). Rows wider than 4096
+#: therefore loop; rows up to 4096 (not swept) keep one block, at most 16 values per thread (:data:`ELEMS_PER_THREAD`).
 MAX_SINGLE_BLOCK = 4096
 
 #: The backward's single-block limit (it keeps y and dy live). Not part of the sweep, which timed the forward: kept
@@ -52,11 +51,12 @@ MAX_SINGLE_BLOCK = 4096
 MAX_SINGLE_BLOCK_BWD = 16384
 
 #: Chunk width and warps of the looped (online) path. Measured on H200 2026-11-29,
-#: benchmarks/results/sweep_rows_h200.json (forward, bf16, chunks {2048, 4096, 8192} x {4, 8, 16} warps): 2048
-#: over 16 warps (4 values per thread per chunk) was fastest at 8192 x 32000 (0.598 ms, 1.21x torch.compile; next
-#: 2048 / 8 warps, 0.636 ms) and at 2048 x 128256 (0.659 ms, 1.11x; next 4096 / 16 warps, 0.753 ms). The backward's
-#: looped path (rows beyond :data:`MAX_SINGLE_BLOCK_BWD`) uses the same setting, unmeasured.
-LOOP_BLOCK = 2048
+#: benchmarks/results/sweep_rows_h200.json (forward, bf16, chunks {1024, 2048, 4096, 8192} x {4, 8, 16} warps):
+#: 4096 over 16 warps (8 values per thread per chunk) was fastest at 8192 x 32000 (0.314 ms, 79% of copy, 2.31x
+#: torch.compile; next 4096 / 8 warps, 0.322 ms) and within 1% of the fastest at 2048 x 128256 (0.397 ms vs 0.393 ms
+#: for 8192 / 16 warps, 1.85x). The backward's looped path (rows beyond :data:`MAX_SINGLE_BLOCK_BWD`) uses the same
+#: setting, unmeasured.
+LOOP_BLOCK = 4096
 LOOP_WARPS = 16
 
 #: Target elements per thread when picking num_warps for a single block (16 fp32 registers; the backward's

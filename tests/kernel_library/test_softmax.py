@@ -288,10 +288,10 @@ def test_errors():
 
 
 def test_config_heuristic():
-    # the H200 sweep's choices (see softmax.py's constants): rows wider than 4096 loop in 2048-wide chunks, 16 warps
-    assert sm.RowConfig.for_row(32000) == sm.RowConfig(2048, 16, False)
-    assert sm.RowConfig.for_row(128256) == sm.RowConfig(2048, 16, False)
-    assert sm.RowConfig.for_row(4097) == sm.RowConfig(2048, 16, False)
+    # the H200 sweep's choices (see softmax.py's constants): rows wider than 4096 loop in 4096-wide chunks, 16 warps
+    assert sm.RowConfig.for_row(32000) == sm.RowConfig(4096, 16, False)
+    assert sm.RowConfig.for_row(128256) == sm.RowConfig(4096, 16, False)
+    assert sm.RowConfig.for_row(4097) == sm.RowConfig(4096, 16, False)
     assert sm.RowConfig.for_row(4096) == sm.RowConfig(4096, 8, True)
     assert sm.RowConfig.for_row(17) == sm.RowConfig(32, 1, True)
     # the backward's own single-block limit (not swept)
