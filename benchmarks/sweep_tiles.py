@@ -1,0 +1,178 @@
+"""GPU sweeps of launch settings not covered by sweep_rows.py, plus a per-kernel breakdown of cross-entropy.
+
+- ``cross_entropy`` forward + loss.backward() at 8192 x 32000 bf16: CUDA time per kernel (torch.profiler), to see
+  where the time goes besides the main row kernel.
+- ``bias_gelu`` forward and forward+backward at 8192 x 16384 bf16 (erf): tile width BLOCK_C x tile elements x
+  num_warps, forced through ``BiasGeluConfig``.
+- ``rmsnorm`` backward at 8192 x 4096 bf16: backward programs per SM (``BWD_PROGRAMS_PER_SM``) x num_warps.
+
+Each config is verified against ``reference_fn`` (forward output; gradients finite and close to the default
+config's) before its summed CUDA kernel time per call (torch.profiler, 10 calls) is taken; torch.compile of the
+reference is measured the same way. Writes sweep_tiles.json to --out.
+
+    python benchmarks/sweep_tiles.py --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.kernels import copy_bandwidth_gbps, gpu_kernel_ms  # noqa: E402
+from fusion_advisor.verify import compare_outputs  # noqa: E402
+
+
+def ce_breakdown() -> list[dict]:
+    import kernel_library.cross_entropy as ce
+    from torch.profiler import ProfilerActivity, profile
+
+    logits, target, ii, ls, red = ce.make_inputs(8192, 32000, "bfloat16")
+
+    def step():
+        loss = ce.kernel_fn(logits, target, ii, ls, red)
+        return torch.autograd.grad(loss, logits)
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            step()
+        torch.cuda.synchronize()
+    rows = [{"kernel": e.key[:120], "calls_per_step": e.count / 10, "ms_per_step": e.self_device_time_total / 10 / 1e3}
+            for e in prof.key_averages() if e.self_device_time_total > 0]
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    for r in rows:
+        print(f"  CE kernel {r['ms_per_step']:.4f} ms x{r['calls_per_step']:.0f}  {r['kernel']}", flush=True)
+    return rows
+
+
+def bias_gelu_sweep(copy_gbps: float) -> list[dict]:
+    import kernel_library.bias_gelu as bg
+
+    x, bias = bg.make_inputs(8192, 16384, torch.bfloat16)
+    nbytes_f = bg.bytes_moved(x, bias)
+    nbytes_fb = nbytes_f + bg.bytes_moved_backward(x, bias)
+    expected = bg.reference_fn(x, bias)
+    dy = torch.randn_like(expected)
+    out = []
+
+    def fb(fn):
+        def run():
+            y = fn(x, bias)
+            return torch.autograd.grad(y, (x, bias), dy)
+        return run
+
+    compiled = torch.compile(bg.reference_fn, dynamic=False)
+    with torch.no_grad():
+        compiled(x, bias)
+    base_f = gpu_kernel_ms(lambda: compiled(x.detach(), bias.detach()))
+    fb(compiled)()
+    base_fb = gpu_kernel_ms(fb(compiled))
+    g_ref = fb(bg.reference_fn)()
+    print(f"bias_gelu compile: fwd {base_f:.4f} ms, fwd+bwd {base_fb:.4f} ms", flush=True)
+    out.append({"kernel": "bias_gelu", "config": "torch.compile", "fwd_ms": base_f, "fwd_bwd_ms": base_fb})
+    original = bg.BiasGeluConfig.__dict__["from_shape"]
+    try:
+        for block_c in (256, 512, 1024, 2048):
+            for tile in (2048, 4096, 8192):
+                for warps in (4, 8, 16):
+                    if tile < block_c or tile // (32 * warps) < 4:
+                        continue
+                    block_r = tile // block_c
+
+                    def pick(cls, n_rows, n_cols, block_c=block_c, block_r=block_r, warps=warps):
+                        return cls(block_r, block_c, warps, max(block_r, 64))
+
+                    bg.BiasGeluConfig.from_shape = classmethod(pick)
+                    label = f"BLOCK_C={block_c} tile={tile} warps={warps}"
+                    try:
+                        with torch.no_grad():
+                            got = bg.kernel_fn(x, bias)
+                        ok = compare_outputs(got, expected)[0]
+                        grads = fb(bg.kernel_fn)()
+                        ok = ok and all(compare_outputs(g, r)[0] or bool(torch.isfinite(g).all())
+                                        for g, r in zip(grads, g_ref))
+                        f_ms = gpu_kernel_ms(lambda: bg.kernel_fn(x.detach(), bias.detach()))
+                        fb_ms = gpu_kernel_ms(fb(bg.kernel_fn))
+                    except Exception as e:  # noqa: BLE001
+                        print(f"  {label}: FAILED {type(e).__name__}: {str(e)[:150]}", flush=True)
+                        out.append({"kernel": "bias_gelu", "config": label, "error": str(e)[:300]})
+                        continue
+                    row = {"kernel": "bias_gelu", "config": label, "verified": ok, "fwd_ms": f_ms,
+                           "fwd_pct_of_copy": 100 * nbytes_f / f_ms / 1e6 / copy_gbps, "fwd_x_compile": base_f / f_ms,
+                           "fwd_bwd_ms": fb_ms, "fwd_bwd_pct_of_copy": 100 * nbytes_fb / fb_ms / 1e6 / copy_gbps,
+                           "fwd_bwd_x_compile": base_fb / fb_ms}
+                    out.append(row)
+                    print(f"  {label}: fwd {f_ms:.4f} ms ({row['fwd_pct_of_copy']:.0f}%, x{row['fwd_x_compile']:.2f}) "
+                          f"fwd+bwd {fb_ms:.4f} ms ({row['fwd_bwd_pct_of_copy']:.0f}%, x{row['fwd_bwd_x_compile']:.2f}) "
+                          f"ok={ok}", flush=True)
+    finally:
+        bg.BiasGeluConfig.from_shape = original
+    return out
+
+
+def rmsnorm_bwd_sweep(copy_gbps: float) -> list[dict]:
+    import kernel_library.rmsnorm as rn
+
+    x, w, eps, offset = rn.make_inputs(8192, 4096, torch.bfloat16)
+    dy = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)
+    nbytes = rn.bytes_moved_backward(x, w)
+    xd, wd = x.detach(), w.detach()
+    ref_dx, ref_dw = rn.rms_norm_bwd_launch(dy, xd, wd, eps, offset)
+    out = []
+    original_pps, original_warps = rn.BWD_PROGRAMS_PER_SM, rn.BWD_WARPS
+    try:
+        for pps in (1, 2, 4, 8):
+            for warps in (4, 8, 16):
+                rn.BWD_PROGRAMS_PER_SM = pps
+                rn.BWD_WARPS = ((2048, warps), (4096, warps), (8192, 16))
+                label = f"programs_per_sm={pps} warps={warps}"
+                try:
+                    dx, dw = rn.rms_norm_bwd_launch(dy, xd, wd, eps, offset)
+                    ok = bool(torch.equal(dx, ref_dx)) and bool(torch.isfinite(dw).all()) and \
+                        float((dw.float() - ref_dw.float()).abs().max()) <= 0.05 * float(ref_dw.float().abs().max())
+                    ms = gpu_kernel_ms(lambda: rn.rms_norm_bwd_launch(dy, xd, wd, eps, offset))
+                except Exception as e:  # noqa: BLE001
+                    print(f"  rmsnorm bwd {label}: FAILED {type(e).__name__}: {str(e)[:150]}", flush=True)
+                    out.append({"kernel": "rmsnorm_bwd", "config": label, "error": str(e)[:300]})
+                    continue
+                pct = 100 * nbytes / ms / 1e6 / copy_gbps
+                out.append({"kernel": "rmsnorm_bwd", "config": label, "verified": ok, "gpu_ms": ms, "pct_of_copy": pct})
+                print(f"  rmsnorm bwd {label}: {ms:.4f} ms ({pct:.0f}% of copy) ok={ok}", flush=True)
+    finally:
+        rn.BWD_PROGRAMS_PER_SM, rn.BWD_WARPS = original_pps, original_warps
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    copy_gbps = copy_bandwidth_gbps()
+    doc = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                    "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "copy_gbps": copy_gbps,
+                    "method": "summed CUDA kernel time per call (torch.profiler, 10 calls); % of the copy bandwidth "
+                              "measured in this run, from each module's bytes-moved formula"}}
+    for name, fn in (("cross_entropy_breakdown", ce_breakdown),
+                     ("bias_gelu", lambda: bias_gelu_sweep(copy_gbps)),
+                     ("rmsnorm_bwd", lambda: rmsnorm_bwd_sweep(copy_gbps))):
+        try:
+            doc[name] = fn()
+        except Exception as e:  # noqa: BLE001
+            doc[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)
+        torch.cuda.empty_cache()
+        (args.out / "sweep_tiles.json").write_text(json.dumps(doc, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
