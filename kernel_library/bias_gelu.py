@@ -40,15 +40,18 @@ TANH_SCALE_X2: tl.constexpr = tl.constexpr(1.5957691216057308)
 #: The cubic coefficient of tanh-GELU (same paper; torch ``approximate="tanh"``).
 TANH_CUBIC: tl.constexpr = tl.constexpr(0.044715)
 
-#: Widest column block of a tile. 512 columns is a 1 KiB bf16 row segment: whole 128-byte transactions per warp,
-#: while rows of 3072-16384 columns still spread over 6-32 programs. (To be swept on the H200.)
-MAX_BLOCK_C = 512
-#: Elements per tile (BLOCK_R * BLOCK_C): with ELEMS_PER_THREAD = 8, 2048 elements need 8 warps (256 threads).
-TILE_ELEMS = 2048
-#: 8 contiguous elements per thread = one 16-byte vector load of bf16/fp16 (two of fp32), the width Inductor's
-#: pointwise kernels use too.
-ELEMS_PER_THREAD = 8
-#: More warps per program than this only shrinks per-thread work below one 16-byte vector.
+#: Tile shape and warps, measured on H200 2026-11-29 (benchmarks/results/sweep_tiles_h200.json: 8192 x 16384 bf16,
+#: erf, BLOCK_C {256..2048} x tile {2048, 4096, 8192} elements x {4, 8, 16} warps, summed CUDA time): 1024-wide
+#: column blocks, 4096-element tiles (4 rows) over 4 warps were fastest forward (0.2005 ms, 1.05x torch.compile;
+#: the earlier 512 x 4 rows over 8 warps: 0.245 ms, 0.86x) and within 3% of the fastest forward+backward
+#: (0.519 ms, 1.04x). Fewer warps with more elements per thread won throughout: 32 values per thread is four
+#: 16-byte bf16 vectors in flight per load.
+MAX_BLOCK_C = 1024
+#: Elements per tile (BLOCK_R * BLOCK_C).
+TILE_ELEMS = 4096
+#: Contiguous elements per thread: 4096-element tiles over 4 warps (128 threads).
+ELEMS_PER_THREAD = 32
+#: At most this many warps per program.
 MAX_NUM_WARPS = 8
 #: Rows one backward program walks through while summing dbias. 64 rows keep the fp32 partial-sum buffer
 #: ([cdiv(n_rows, 64), n_cols]) at ~1% of the backward's traffic for bf16 and still give thousands of programs

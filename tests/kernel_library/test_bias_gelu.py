@@ -69,10 +69,11 @@ def test_dtypes_and_widths(dtype, approximate, n_cols):
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_single_row_and_many_row_groups(approximate):
     _check(*_inputs(1, 1536), approximate)
-    # 150 rows of 40: BLOCK_R 32, 64 rows per backward program -> 3 row groups of 2 tiles, last one partial.
-    cfg = mod.BiasGeluConfig.from_shape(150, 40)
-    assert (cfg.block_r, cfg.block_c, cfg.rows_per_program) == (32, 64, 64)
-    _check(*_inputs(150, 40, torch.bfloat16), approximate)
+    # 150 rows of 200: BLOCK_C 256, BLOCK_R 16, 64 rows per backward program -> 3 row groups of 4 tiles, the last
+    # group partial (22 rows: one full tile, one partial, two empty).
+    cfg = mod.BiasGeluConfig.from_shape(150, 200)
+    assert (cfg.block_r, cfg.block_c, cfg.rows_per_program) == (16, 256, 64)
+    _check(*_inputs(150, 200, torch.bfloat16), approximate)
 
 
 @pytest.mark.parametrize(
