@@ -34,6 +34,7 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fusion_advisor.bench import device_time_ms  # noqa: E402
 from fusion_advisor.tolerances import within_eager_error  # noqa: E402
 from fusion_advisor.verify import compare_outputs  # noqa: E402
 from kernel_library.registry import load_all  # noqa: E402
@@ -60,17 +61,8 @@ def _float_outputs(out):
 
 
 def gpu_kernel_ms(fn, iters: int = 10) -> float:
-    """Summed duration of the CUDA kernels one call of ``fn`` launches, ms (torch.profiler; idle gaps excluded)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    total_us = sum(e.self_device_time_total for e in prof.key_averages())
-    return total_us / iters / 1e3
+    """Summed duration of the CUDA kernels one call of ``fn`` launches, ms (see fusion_advisor.bench.device_time_ms)."""
+    return device_time_ms(fn, iters)
 
 
 def _upcast(args):

@@ -101,6 +101,31 @@ def time_cuda(fn: Callable[[], Any], warmup_ms: float = DEFAULT_WARMUP_MS, rep_m
     return Timing(float(statistics.median(times)), calls - len(times), len(times))
 
 
+def device_time_ms(fn: Callable[[], Any], iters: int = 10) -> float:
+    """Summed duration of the GPU kernels one call of ``fn`` launches, ms (``torch.profiler``, CUDA activity).
+
+    Host time and idle gaps between kernels are excluded: this is the time ``fn`` occupies the GPU, which is what
+    it costs inside a model whose host runs ahead of the GPU. One untimed call first, then ``iters`` profiled
+    calls; returns their total kernel time / ``iters``. L2 is warm (no flush between calls).
+
+    Raises:
+        RuntimeError: no CUDA device.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("device_time_ms needs a CUDA device")
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(e.self_device_time_total for e in prof.key_averages())
+    return total_us / iters / 1e3
+
+
 def time_cpu(fn: Callable[[], Any], warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS) -> Timing:
     """Median wall-clock time of ``fn`` on CPU, iteration counts chosen like do_bench's.
 

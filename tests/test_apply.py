@@ -286,6 +286,14 @@ def test_decide_never_keeps_unverified_or_unmeasured_unless_asked():
     assert decision == sw.NOT_KEPT and "torch.compile" in reason  # 2% faster than compile is not 3%
     timed.kernel_ms = 0.40
     assert sw.decide(ok, timed, 0.03, keep_unmeasured=False)[0] == sw.KEPT
+    # device time decides when measured: a host-bound chain timed alone can lose in wall time and win on the GPU
+    host_bound = sw.SwapTiming(timer=sw.TIMER_GPU, eager_ms=0.9, compile_ms=0.6, kernel_ms=1.0,
+                               eager_gpu_ms=0.30, compile_gpu_ms=0.12, kernel_gpu_ms=0.10)
+    decision, reason = sw.decide(ok, host_bound, 0.03, keep_unmeasured=False)
+    assert decision == sw.KEPT and "device time 0.1 ms vs torch.compile 0.12 ms" in reason and "wall 1 ms" in reason
+    host_bound.kernel_gpu_ms = 0.118  # 2% faster on the GPU is not 3%
+    decision, reason = sw.decide(ok, host_bound, 0.03, keep_unmeasured=False)
+    assert decision == sw.NOT_KEPT and "device time" in reason
 
 
 def test_low_precision_gradient_is_judged_against_the_original_ops_own_error():
