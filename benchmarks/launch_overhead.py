@@ -8,6 +8,7 @@ At a small shape the GPU work per call (a few us) is shorter than the host's, so
     wrap_triton    torch.library.wrap_triton(kernel)[grid](...)    plus the HOP wrapper (eager: a pass-through)
     launch_fn      rms_norm_fwd_launch(...)                        plus allocation and launch config
     op_no_grad     torch.ops.fusion_advisor.rms_norm, no_grad      plus the custom-op dispatcher
+    bwd_op_no_grad torch.ops.fusion_advisor.rms_norm_backward, no_grad   the backward op alone, no autograd engine
     public_grad    rms_norm(x, w) with requires_grad inputs         plus the autograd node (register_autograd)
     fwd_bwd        public_grad + torch.autograd.grad
     eager_ref      transformers' LlamaRMSNorm forward, eager          (7 aten ops), with requires_grad
@@ -16,7 +17,7 @@ At a small shape the GPU work per call (a few us) is shorter than the host's, so
     compiled_fwd_bwd compiled_ref + torch.autograd.grad
     torch_add      x + 1: one aten op, the floor
 
-and a cProfile of ``public_grad`` (top functions by own time). Writes launch_overhead.json to --out.
+and cProfiles of ``public_grad`` and ``fwd_bwd`` (top functions by own time). Writes launch_overhead.json to --out.
 
     python benchmarks/launch_overhead.py --out DIR
 """
@@ -90,6 +91,7 @@ def main() -> None:
         "wrap_triton": lambda: torch.library.wrap_triton(rn._rms_norm_fwd_kernel)[grid](*kernel_args, **meta),
         "launch_fn": lambda: rn.rms_norm_fwd_launch(x, w, 1e-6, 0.0),
         "op_no_grad": lambda: torch.ops.fusion_advisor.rms_norm(x, w, 1e-6, 0.0),
+        "bwd_op_no_grad": lambda: torch.ops.fusion_advisor.rms_norm_backward(x, x, w, 1e-6, 0.0),
         "public_grad": lambda: rn.rms_norm(xg, wg, 1e-6),
         "fwd_bwd": fwd_bwd(rn.rms_norm),
         "eager_ref": lambda: rn._hf_llama_rmsnorm(xg, wg, 1e-6),
@@ -100,24 +102,26 @@ def main() -> None:
     }
     results = {}
     for name, fn in layers.items():
-        if name == "op_no_grad":
+        if name in ("op_no_grad", "bwd_op_no_grad"):
             with torch.no_grad():
                 results[name] = host_us_per_call(fn)
         else:
             results[name] = host_us_per_call(fn)
         print(f"{name:18s} {results[name]:8.1f} us/call", flush=True)
 
-    prof = cProfile.Profile()
-    fn = layers["public_grad"]
-    prof.enable()
-    for _ in range(N_CALLS):
-        fn()
-    prof.disable()
-    torch.cuda.synchronize()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
-    profile_text = buf.getvalue()
-    print(profile_text[:6000], flush=True)
+    profiles = {}
+    for name in ("public_grad", "fwd_bwd"):
+        prof = cProfile.Profile()
+        fn = layers[name]
+        prof.enable()
+        for _ in range(N_CALLS):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+        profiles[name] = buf.getvalue()
+        print(profiles[name][:6000], flush=True)
 
     meta_doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                 "python": sys.version.split()[0],
@@ -126,7 +130,7 @@ def main() -> None:
                 "method": "host us per call: perf_counter over N back-to-back calls, median of 5 rounds, "
                           "synchronised before and after each round (GPU work per call is shorter than the host's)"}
     (args.out / "launch_overhead.json").write_text(json.dumps(
-        {"meta": meta_doc, "host_us_per_call": results, "cprofile_public_grad": profile_text}, indent=1))
+        {"meta": meta_doc, "host_us_per_call": results, "cprofile": profiles}, indent=1))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 - ``bias_gelu`` forward and forward+backward at 8192 x 16384 bf16 (erf): tile width BLOCK_C x tile elements x
   num_warps, forced through ``BiasGeluConfig``.
 - ``rmsnorm`` backward at 8192 x 4096 bf16: backward programs per SM (``BWD_PROGRAMS_PER_SM``) x num_warps.
+- ``rope`` forward at 4 x 2048 tokens, 32 heads of 128, bf16, HF layout: heads per tile (BLOCK_H) x num_warps.
 
 Each config is verified against ``reference_fn`` (forward output; gradients finite and close to the default
 config's) before its summed CUDA kernel time per call (torch.profiler, 10 calls) is taken; torch.compile of the
@@ -152,9 +153,47 @@ def rmsnorm_bwd_sweep(copy_gbps: float) -> list[dict]:
     return out
 
 
+def rope_sweep(copy_gbps: float) -> list[dict]:
+    import kernel_library.rope as rp
+
+    q, k, cos, sin = rp.make_inputs(4, 2048, 32, 128, dtype=torch.bfloat16)
+    nbytes = rp.bytes_moved(q, k, cos, sin)
+    args = [q.detach(), k.detach(), cos, sin]
+    expected = rp.reference_fn(*args)
+    compiled = torch.compile(rp.reference_fn, dynamic=False)
+    compiled(*args)
+    base = gpu_kernel_ms(lambda: compiled(*args))
+    print(f"rope compile: fwd {base:.4f} ms", flush=True)
+    out = [{"kernel": "rope", "config": "torch.compile", "gpu_ms": base}]
+    original = rp.RopeConfig.__dict__["from_shape"]
+    try:
+        for block_h in (4, 8, 16, 32):
+            for warps in (1, 2, 4, 8):
+                def pick(cls, n_heads, head_dim, block_h=block_h, warps=warps):
+                    return cls(block_h, triton.next_power_of_2(head_dim // 2), warps)
+
+                rp.RopeConfig.from_shape = classmethod(pick)
+                label = f"BLOCK_H={block_h} warps={warps}"
+                try:
+                    ok = compare_outputs(rp.kernel_fn(*args), expected)[0]
+                    ms = gpu_kernel_ms(lambda: rp.kernel_fn(*args))
+                except Exception as e:  # noqa: BLE001
+                    print(f"  rope {label}: FAILED {type(e).__name__}: {str(e)[:150]}", flush=True)
+                    out.append({"kernel": "rope", "config": label, "error": str(e)[:300]})
+                    continue
+                pct = 100 * nbytes / ms / 1e6 / copy_gbps
+                out.append({"kernel": "rope", "config": label, "verified": ok, "gpu_ms": ms, "pct_of_copy": pct,
+                            "x_compile": base / ms})
+                print(f"  rope {label}: {ms:.4f} ms ({pct:.0f}% of copy, x{base / ms:.2f}) ok={ok}", flush=True)
+    finally:
+        rp.RopeConfig.from_shape = original
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--only", default="", help="comma-separated sections (default: all)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     copy_gbps = copy_bandwidth_gbps()
@@ -162,9 +201,13 @@ def main() -> None:
                     "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "copy_gbps": copy_gbps,
                     "method": "summed CUDA kernel time per call (torch.profiler, 10 calls); % of the copy bandwidth "
                               "measured in this run, from each module's bytes-moved formula"}}
+    only = set(args.only.split(",")) if args.only else None
     for name, fn in (("cross_entropy_breakdown", ce_breakdown),
+                     ("rope", lambda: rope_sweep(copy_gbps)),
                      ("bias_gelu", lambda: bias_gelu_sweep(copy_gbps)),
                      ("rmsnorm_bwd", lambda: rmsnorm_bwd_sweep(copy_gbps))):
+        if only and name not in only:
+            continue
         try:
             doc[name] = fn()
         except Exception as e:  # noqa: BLE001
