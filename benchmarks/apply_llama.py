@@ -178,7 +178,10 @@ def worker(config: str, out_dir: Path, deadline: float) -> None:
          "reason": result.outcomes[s.id].reason,
          "eager_ms": getattr(result.outcomes[s.id].timing, "eager_ms", None),
          "compile_ms": getattr(result.outcomes[s.id].timing, "compile_ms", None),
-         "kernel_ms": getattr(result.outcomes[s.id].timing, "kernel_ms", None)}
+         "kernel_ms": getattr(result.outcomes[s.id].timing, "kernel_ms", None),
+         "eager_gpu_ms": getattr(result.outcomes[s.id].timing, "eager_gpu_ms", None),
+         "compile_gpu_ms": getattr(result.outcomes[s.id].timing, "compile_gpu_ms", None),
+         "kernel_gpu_ms": getattr(result.outcomes[s.id].timing, "kernel_gpu_ms", None)}
         for s in result.sites]
     state["kept"] = [str(s.key) for s in result.kept]
     wm = result.whole_model
@@ -209,6 +212,7 @@ def worker(config: str, out_dir: Path, deadline: float) -> None:
         torch._dynamo.reset()
         timing = sw.time_model_variant(make, inputs, backward, params)
         state["variants"][name] = {"ms": timing.ms, "first_call_s": timing.first_call_s, "peak_mb": timing.peak_mb,
+                                   "device_ms": timing.device_ms, "device_ms_by_class": timing.device_ms_by_class,
                                    "error": timing.error or None}
         save()
     v = state["variants"]

@@ -1989,8 +1989,13 @@ def write_outputs(result: ApplyResult, out_dir: str | Path) -> dict[str, Path]:
         if bench:
             whole.update({f"bench {k}": v for k, v in bench.items() if k != "variants"})
             for name, v in (bench.get("variants") or {}).items():
-                whole[f"bench {name}"] = (f"{v['ms']:.4g} ms, first call {v['first_call_s']:.3g} s, peak "
-                                          f"{v['peak_mb']:.0f} MiB" if v.get("ms") is not None else v.get("error"))
+                line = (f"{v['ms']:.4g} ms, first call {v['first_call_s']:.3g} s, peak {v['peak_mb']:.0f} MiB"
+                        if v.get("ms") is not None else v.get("error"))
+                if v.get("device_ms") is not None:
+                    split = ", ".join(f"{c} {ms:.3g}" for c, ms in sorted(v["device_ms_by_class"].items(),
+                                                                          key=lambda kv: -kv[1]))
+                    line += f"; GPU kernel time {v['device_ms']:.4g} ms ({split})"
+                whole[f"bench {name}"] = line
         whole["rest of each graph"] = f"{doc['rest']['mode']}: {doc['rest']['reason']}"
     contents = {
         "swaps_csv": sw.render_swaps_csv(rows).encode("utf-8"),

@@ -101,6 +101,46 @@ def time_cuda(fn: Callable[[], Any], warmup_ms: float = DEFAULT_WARMUP_MS, rep_m
     return Timing(float(statistics.median(times)), calls - len(times), len(times))
 
 
+def device_time_by_kernel(fn: Callable[[], Any], iters: int = 10) -> dict[str, float]:
+    """GPU kernel name -> ms of device time per call of ``fn`` (``torch.profiler``; see :func:`device_time_ms`).
+
+    Raises:
+        RuntimeError: no CUDA device.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("device_time_by_kernel needs a CUDA device")
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key: e.self_device_time_total / iters / 1e3 for e in prof.key_averages() if e.self_device_time_total > 0}
+
+
+#: Kernel-name patterns of vendor-library kernels (cuBLAS/cuBLASLt, CUTLASS, cuDNN, flash / memory-efficient
+#: attention): the work the advisor routes to SKIP.
+LIBRARY_KERNEL_PATTERNS = ("gemm", "cublas", "cutlass", "nvjet", "xmma", "sm90_", "sm80_", "cudnn", "flash",
+                           "fmha", "attention", "attn", "splitk", "scaled_dot")
+
+
+def kernel_class(name: str) -> str:
+    """Class of a GPU kernel by its name: ``"library"`` (GEMM/attention from cuBLAS, CUTLASS, flash attention...),
+    ``"inductor"`` (Triton kernels Inductor generated: ``triton_poi_``/``triton_red_``/``triton_per_``...),
+    ``"fusion_advisor"`` (our library's Triton kernels, named ``_..._kernel``) or ``"aten"`` (PyTorch's own)."""
+    low = name.lower()
+    if low.startswith("triton_"):
+        return "inductor"
+    if any(p in low for p in LIBRARY_KERNEL_PATTERNS):
+        return "library"
+    if low.startswith("_") and low.endswith("_kernel"):
+        return "fusion_advisor"
+    return "aten"
+
+
 def device_time_ms(fn: Callable[[], Any], iters: int = 10) -> float:
     """Summed duration of the GPU kernels one call of ``fn`` launches, ms (``torch.profiler``, CUDA activity).
 
@@ -111,19 +151,7 @@ def device_time_ms(fn: Callable[[], Any], iters: int = 10) -> float:
     Raises:
         RuntimeError: no CUDA device.
     """
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    if not torch.cuda.is_available():
-        raise RuntimeError("device_time_ms needs a CUDA device")
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    total_us = sum(e.self_device_time_total for e in prof.key_averages())
-    return total_us / iters / 1e3
+    return sum(device_time_by_kernel(fn, iters).values())
 
 
 def time_cpu(fn: Callable[[], Any], warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS) -> Timing:

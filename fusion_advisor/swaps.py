@@ -722,12 +722,17 @@ class VariantTiming:
         ms: steady-state median of one step (do_bench), ``None`` on error.
         first_call_s: wall time of the first step (compilation included).
         peak_mb: ``torch.cuda.max_memory_allocated`` over three steps, MiB.
+        device_ms: summed GPU kernel time of one step, ms (torch.profiler).
+        device_ms_by_class: ``device_ms`` split by :func:`~fusion_advisor.bench.kernel_class` (``library`` GEMM /
+            attention, ``inductor``, ``fusion_advisor``, ``aten``): what fusing can and cannot touch.
         error: why there is no number.
     """
 
     ms: float | None = None
     first_call_s: float | None = None
     peak_mb: float | None = None
+    device_ms: float | None = None
+    device_ms_by_class: dict[str, float] = field(default_factory=dict)
     error: str = ""
 
 
@@ -737,7 +742,7 @@ def time_model_variant(make: Callable[[], Callable[..., Any]], inputs: Sequence[
 
     Never raises for the variant's own failure (compile error, out of memory): it is returned in ``error``.
     """
-    from fusion_advisor.bench import device_time_ms, time_cuda
+    from fusion_advisor.bench import device_time_by_kernel, kernel_class, time_cuda
 
     cache: dict[Any, torch.Tensor] = {}
 
@@ -766,6 +771,11 @@ def time_model_variant(make: Callable[[], Callable[..., Any]], inputs: Sequence[
             fn()
         torch.cuda.synchronize()
         out.peak_mb = torch.cuda.max_memory_allocated() / 2**20
+        by_kernel = device_time_by_kernel(fn, iters=3)
+        out.device_ms = sum(by_kernel.values())
+        for name, ms in by_kernel.items():
+            cls = kernel_class(name)
+            out.device_ms_by_class[cls] = out.device_ms_by_class.get(cls, 0.0) + ms
     except Exception as e:  # one variant failing (OOM, compile error) is recorded; the others still run
         if isinstance(e, torch.cuda.OutOfMemoryError):
             torch.cuda.empty_cache()

@@ -185,3 +185,14 @@ def test_bench_on_gpu_with_real_compile():
     assert d["compile_error"] is None, d["compile_error"]
     assert d["compile_time_ms"] > 0 and d["compiled_reference_time_ms"] > 0
     assert d["kernel_time_ms"] > 0 and d["speedup"] > 0
+
+
+def test_kernel_class_sorts_library_inductor_ours_and_aten():
+    from fusion_advisor.bench import kernel_class
+
+    assert kernel_class("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_TNT") == "library"
+    assert kernel_class("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "library"
+    assert kernel_class("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>") == "library"
+    assert kernel_class("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0") == "inductor"
+    assert kernel_class("_rms_norm_fwd_kernel") == "fusion_advisor"
+    assert kernel_class("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>") == "aten"
