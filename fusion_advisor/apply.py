@@ -1895,7 +1895,8 @@ def plan_document(result: ApplyResult) -> dict[str, Any]:
                 "grad_max_rel_err": v.grad_max_rel_err, "failure": v.reason or None},
             "timing": None if t is None else {
                 "timer": t.timer, "what": t.what, "eager_ms": t.eager_ms, "compile_ms": t.compile_ms,
-                "kernel_ms": t.kernel_ms, "compile_time_ms": t.compile_time_ms, "note": t.note or None},
+                "kernel_ms": t.kernel_ms, "compile_time_ms": t.compile_time_ms, "note": t.note or None,
+                "steady_state_recompiles": t.steady_state_recompiles},
             "decision": o.decision, "reason": o.reason, "kept": o.kept,
         }
 

@@ -464,7 +464,6 @@ def _copy_bandwidth(copy_kernel: Any, time_fn: Callable[..., Any] | None) -> Che
     timing = time_fn(lambda: copy_kernel.copy(x, out))
     gbps = copy_kernel.bytes_moved(x) / (timing.median_ms * 1e-3) / 1e9
     details.update(time_ms=timing.median_ms, bandwidth_gbps=round(gbps, 1), timer="do_bench median")
-    del x, out
     spec = spec_for_gpu(torch.cuda.get_device_name())
     where = f"{n * 4 / 2**20:.0f} MiB fp32 ({L2_MULTIPLE}x L2), bytes read + written"
     if spec is None:
