@@ -35,6 +35,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Callable, ContextManager, Iterator
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
@@ -89,9 +90,15 @@ class Check:
 
 @dataclass
 class DoctorReport:
-    """All checks, in order; :attr:`exit_code` is 1 when a check that matters failed."""
+    """All checks, in order; :attr:`exit_code` is 1 when a check that matters failed.
+
+    Attributes:
+        checks: the checks run.
+        created_at: when the checks ran (UTC, ISO 8601), so a bandwidth number keeps its date.
+    """
 
     checks: list[Check]
+    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     @property
     def failed(self) -> list[Check]:
@@ -102,8 +109,9 @@ class DoctorReport:
         return 1 if self.failed else 0
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"ok", "exit_code", "checks": [{name, status, matters, summary, advice, details}]}``."""
-        return {"ok": not self.failed, "exit_code": self.exit_code, "checks": [c.to_dict() for c in self.checks]}
+        """``{"ok", "exit_code", "created_at", "checks": [{name, status, matters, summary, advice, details}]}``."""
+        return {"ok": not self.failed, "exit_code": self.exit_code, "created_at": self.created_at,
+                "checks": [c.to_dict() for c in self.checks]}
 
 
 # --- versions -------------------------------------------------------------------------------------------------

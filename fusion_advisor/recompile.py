@@ -363,6 +363,11 @@ def record_triton_compile(events: list[CompileEvent], key: Any, fn: Any, compile
     ``signature``, ``constants``, ``configs`` (``[attrs]``), ``device`` and the launch options. A call whose
     arguments cannot be read is still counted, with the reason.
     """
+    if not isinstance(compile, dict):  # torch._inductor calls the hook with its CompiledKernel (opt-in)
+        name = getattr(compile, "name", None) or getattr(fn, "__name__", None) or "?"
+        events.append(CompileEvent("triton", str(name), True, "compiled outside Triton's JIT launcher (an "
+                                   "Inductor-generated kernel): its specialization is not read"))
+        return
     kernel = f"{getattr(fn, 'module', '?')}.{getattr(fn, 'name', '?')}"
     try:
         jit_fn = getattr(fn, "jit_function", None)
@@ -475,7 +480,7 @@ class RecompileWatch:
 
         def hook(*, key: Any, repr: Any = None, fn: Any = None, compile: Any = None, **kwargs: Any) -> Any:
             result = previous(key=key, repr=repr, fn=fn, compile=compile, **kwargs) if previous is not None else None
-            record_triton_compile(events, key, fn, compile or {})
+            record_triton_compile(events, key, fn, {} if compile is None else compile)
             return result
 
         self._runtime, self._previous_hook, self._hook = runtime, previous, hook

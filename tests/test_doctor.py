@@ -79,7 +79,7 @@ def test_cli_doctor_json_shape(monkeypatch, tmp_path):
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert json.loads(out.read_text()) == d
-    assert set(d) == {"ok", "exit_code", "checks"} and d["ok"] is True and d["exit_code"] == 0
+    assert set(d) == {"ok", "exit_code", "created_at", "checks"} and d["ok"] is True and d["exit_code"] == 0
     assert [c["name"] for c in d["checks"]] == list(CHECKS)
     for c in d["checks"]:
         assert set(c) == {"name", "status", "matters", "summary", "advice", "details"}

@@ -128,6 +128,14 @@ def test_hook_with_unreadable_info_still_counts(monkeypatch):
     assert len(events) == 1 and events[0].cause.startswith("cause unknown (could not read the compile info")
 
 
+def test_hook_called_by_inductor_with_a_compiled_kernel():
+    """torch._inductor (TORCHINDUCTOR_RUN_JIT_POST_COMPILE_HOOK=1) passes its CompiledKernel, not a dict."""
+    events: list = []
+    record_triton_compile(events, "hash", SimpleNamespace(), SimpleNamespace(name="triton_poi_fused_add_0"))
+    (e,) = events
+    assert e.name == "triton_poi_fused_add_0" and "Inductor-generated kernel" in e.cause
+
+
 def test_watch_installs_chains_and_restores_the_triton_hook(monkeypatch):
     knobs = pytest.importorskip("triton.knobs")
     monkeypatch.setattr(rc, "_interpreted", lambda: False)
