@@ -9,6 +9,7 @@ speed. Real ``torch.compile`` on CPU costs tens of seconds here, so the compile 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -211,5 +212,7 @@ def test_steady_state_recompiles_are_counted_with_their_cause(monkeypatch):
     assert "not counted under the Triton interpreter" in phases["kernel"]["triton_note"]
     (event,) = phases["compiled_reference"]["events"]
     assert event["recompile"] and event["name"].startswith("flipping_reference")
-    assert "flip" in event["cause"] and "== 0" in event["cause"]
+    # the guard holds the value flip[0] had at the compiling call (its parity depends on how often verification
+    # called the reference eagerly)
+    assert re.match(r"flip\[0\] == [01] \(guard of compile ", event["cause"]), event["cause"]
     json.dumps(d, allow_nan=False)
