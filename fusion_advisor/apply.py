@@ -1896,7 +1896,8 @@ def plan_document(result: ApplyResult) -> dict[str, Any]:
             "timing": None if t is None else {
                 "timer": t.timer, "what": t.what, "eager_ms": t.eager_ms, "compile_ms": t.compile_ms,
                 "kernel_ms": t.kernel_ms, "compile_time_ms": t.compile_time_ms, "eager_gpu_ms": t.eager_gpu_ms,
-                "compile_gpu_ms": t.compile_gpu_ms, "kernel_gpu_ms": t.kernel_gpu_ms, "note": t.note or None},
+                "compile_gpu_ms": t.compile_gpu_ms, "kernel_gpu_ms": t.kernel_gpu_ms, "note": t.note or None,
+                "steady_state_recompiles": t.steady_state_recompiles},
             "decision": o.decision, "reason": o.reason, "kept": o.kept,
         }
 

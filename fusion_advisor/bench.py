@@ -17,6 +17,13 @@ kernel that fails it (TRITON_RULES: never benchmark before verify passes). Then,
 (``torch.compiler.reset()``) so the compile is not skipped; Inductor's on-disk caches may still make a repeat
 compile faster, and the time is reported as measured. A compile failure (on CPU Inductor needs a C++ compiler)
 is caught and reported as ``compiled_reference_time_ms = None`` with the reason.
+
+Each timer run is wrapped in a :class:`fusion_advisor.recompile.RecompileWatch`: every function is called once
+before it is timed (``kernel_fn`` and ``reference_fn`` by one extra warm-up call under ``no_grad``, counted in
+``warmup_iters``; the compiled reference by its first, compiling call), so any Triton JIT compilation or
+torch.compile recompilation during the timer's warm-up and timed calls is a steady-state one, and should be 0. The counts and their causes are reported as
+``steady_state_triton_compiles`` (``None`` under the Triton interpreter, where nothing is compiled),
+``steady_state_dynamo_recompiles`` and ``steady_state_recompiles`` (per timed function).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any, Callable
 import torch
 
 from fusion_advisor.errors import VerificationFailed
+from fusion_advisor.recompile import RecompileReport, RecompileWatch, summarize
 from fusion_advisor.verify import KernelContract, VerifyResult, fresh_inputs, verify_kernel
 
 #: do_bench's defaults (ms of warm-up and of timed calls), also used on CPU.
@@ -198,6 +206,8 @@ class BenchResult:
         iterations: ``{"kernel" | "reference" | "compiled_reference": {"warmup": n, "benchmark": n}}``.
         warmup_ms, rep_ms: the timer's budgets.
         verify: the one-seed verification that preceded the timing.
+        recompiles: per timed function (``"kernel"``, ``"reference"``, ``"compiled_reference"``), the Triton JIT
+            compilations and torch.compile frame compilations during its timer run (steady state).
     """
 
     name: str
@@ -217,10 +227,17 @@ class BenchResult:
     warmup_ms: float = DEFAULT_WARMUP_MS
     rep_ms: float = DEFAULT_REP_MS
     verify: VerifyResult | None = None
+    recompiles: dict[str, RecompileReport] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict, the contract's keys first; non-finite numbers become ``None``."""
+        """JSON-ready dict, the contract's keys first; non-finite numbers become ``None``.
+
+        ``steady_state_triton_compiles`` (``None`` when not counted, as under the Triton interpreter) and
+        ``steady_state_dynamo_recompiles`` (every torch.compile frame compilation during the timed runs) should be
+        0; ``steady_state_recompiles`` holds each timed function's counts and the causes.
+        """
         f = _json_float
+        steady = summarize(self.recompiles)
         return {
             "kernel_time_ms": f(self.kernel_time_ms),
             "reference_time_ms": f(self.reference_time_ms),
@@ -239,6 +256,9 @@ class BenchResult:
             "warmup_ms": self.warmup_ms,
             "rep_ms": self.rep_ms,
             "verify": self.verify.to_dict() if self.verify is not None else None,
+            "steady_state_triton_compiles": steady["triton_compiles"],
+            "steady_state_dynamo_recompiles": steady["dynamo_compiles"],
+            "steady_state_recompiles": steady["phases"],
         }
 
 
@@ -300,13 +320,25 @@ def bench_kernel(contract: KernelContract, warmup_ms: float = DEFAULT_WARMUP_MS,
     device = _device_of(args)
     on_cuda = device.type == "cuda"
 
-    def timer(fn: Callable[[], Any]) -> Timing:
-        return time_cuda(fn, warmup_ms, rep_ms) if on_cuda else time_cpu(fn, warmup_ms, rep_ms)
+    recompiles: dict[str, RecompileReport] = {}
+
+    def timer(fn: Callable[[], Any], label: str, warm: bool = True) -> Timing:
+        """Time ``fn``, counting the compilations during the timer's run; ``warm``: call it once before (counted
+        in ``warmup_iters``), so a first call's compilation in this mode (``no_grad``) is not steady state."""
+        if warm:
+            fn()
+            _sync(device)
+        with RecompileWatch() as watch:
+            timing = time_cuda(fn, warmup_ms, rep_ms) if on_cuda else time_cpu(fn, warmup_ms, rep_ms)
+        recompiles[label] = watch.report
+        if warm and timing.warmup_iters is not None:
+            timing = Timing(timing.median_ms, timing.warmup_iters + 1, timing.benchmark_iters)
+        return timing
 
     kernel_fn, reference_fn = contract.kernel_fn, contract.reference_fn
     with torch.no_grad():
-        kernel = timer(lambda: kernel_fn(*args))
-        reference = timer(lambda: reference_fn(*args))
+        kernel = timer(lambda: kernel_fn(*args), "kernel")
+        reference = timer(lambda: reference_fn(*args), "reference")
         compiled, compile_ms, compile_error = None, None, None
         if not compile_reference:
             compile_error = "skipped (--no-compile)"
@@ -319,7 +351,7 @@ def bench_kernel(contract: KernelContract, warmup_ms: float = DEFAULT_WARMUP_MS,
                 compiled_fn(*args)  # first call: trace + Inductor codegen + compile
                 _sync(device)
                 compile_ms = (time.perf_counter() - start) * 1e3
-                compiled = timer(lambda: compiled_fn(*args))
+                compiled = timer(lambda: compiled_fn(*args), "compiled_reference", warm=False)
             except Exception as exc:  # noqa: BLE001 - any compile failure is reported, not raised
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 compile_error = f"torch.compile(reference_fn) failed: {type(exc).__name__}: {first}"
@@ -348,4 +380,5 @@ def bench_kernel(contract: KernelContract, warmup_ms: float = DEFAULT_WARMUP_MS,
         warmup_ms=warmup_ms,
         rep_ms=rep_ms,
         verify=verified,
+        recompiles=recompiles,
     )

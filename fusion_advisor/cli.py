@@ -374,6 +374,48 @@ def _print_apply_summary(result, paths: dict) -> None:
               f"{Path(paths['plan']).parent})")
 
 
+# --- doctor -------------------------------------------------------------------------------------------------
+# (stack checks; see fusion_advisor/doctor.py)
+
+
+@app.command()
+def doctor(
+    json_stdout: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout instead of the table."),
+    json_out: Optional[Path] = typer.Option(None, "--json-out", help="Also write the JSON result to this file."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks (of checks that raised, too)."),
+) -> None:
+    """Check the stack: Python, torch, Triton (and whether torch pins this Triton), CUDA, the GPU, torch.compile,
+    and a Triton copy kernel (verified; on a GPU its GB/s against the device spec). Exit 1 when a check that
+    matters fails; each failed check says what to do."""
+    from fusion_advisor.verify import use_triton_interpreter_if_no_gpu
+
+    use_triton_interpreter_if_no_gpu()  # before anything decorates a Triton kernel
+
+    def job():
+        from fusion_advisor.doctor import run_doctor
+
+        report = run_doctor(stage=_progress)
+        if json_stdout:
+            _emit_json(report.to_dict(), json_out)
+        elif json_out is not None:
+            _write_json_atomic(json_out, report.to_dict())
+        return report
+
+    report = run_guarded(job, debug)
+    if not json_stdout:
+        from fusion_advisor.doctor import render, verdict
+
+        out = Console(width=None if sys.stdout.isatty() else 160)
+        out.print(render(report))
+        out.print(_escape(verdict(report)))
+    if debug:
+        for c in report.checks:
+            if c.traceback:
+                sys.stderr.write(f"--- {c.name}:\n{c.traceback}")
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -119,6 +119,9 @@ class SwapTiming:
         compile_time_ms: torch.compile's first call (tracing + compiling), apart from ``compile_ms``.
         what: ``"forward"`` or ``"forward+backward"``.
         note: why something was not measured.
+        steady_state_recompiles: Triton JIT compilations and torch.compile frame compilations during each timed
+            run (``"eager"``, ``"kernel"``, ``"compile"``), after a warm-up call: should be 0
+            (:func:`fusion_advisor.recompile.summarize`); ``None`` when not measured.
     """
 
     timer: str
@@ -131,6 +134,7 @@ class SwapTiming:
     kernel_gpu_ms: float | None = None
     what: str = "forward"
     note: str = ""
+    steady_state_recompiles: dict[str, Any] | None = None
 
     @property
     def best_baseline_ms(self) -> float | None:
@@ -490,6 +494,20 @@ def _within_eager_error(kernel_grad: torch.Tensor, eager_grad: torch.Tensor, ref
 # --- timing -------------------------------------------------------------------------------------------------
 
 
+def _time_steady(fn: Callable[[], Any], label: str, recompiles: dict[str, Any], warm: bool = True) -> float:
+    """``time_cuda(fn)`` median in ms, after one warm-up call (``warm``), under a RecompileWatch whose report
+    goes to ``recompiles[label]``."""
+    from fusion_advisor.bench import time_cuda
+    from fusion_advisor.recompile import RecompileWatch
+
+    if warm:
+        fn()
+    with RecompileWatch() as watch:
+        ms = time_cuda(fn).median_ms
+    recompiles[label] = watch.report
+    return ms
+
+
 def bench_swap(entry: Any, original: Callable[..., Any], captured: list[Any], backward: bool,
                requires_grad: Sequence[bool] | None = None) -> SwapTiming:
     """Time the original ops eagerly and under torch.compile, and the kernel (see the module docstring).
@@ -500,7 +518,7 @@ def bench_swap(entry: Any, original: Callable[..., Any], captured: list[Any], ba
     what = "forward+backward" if backward else "forward"
     if not on_cuda:
         return SwapTiming(timer=TIMER_NONE, what=what, note=NOT_MEASURED_NOTE)
-    from fusion_advisor.bench import device_time_ms, time_cuda
+    from fusion_advisor.bench import device_time_ms
 
     tensor_pos = [i for i, a in enumerate(captured) if isinstance(a, torch.Tensor)]
     float_pos = [i for i in tensor_pos if _floating(captured[i]) and (requires_grad is None or requires_grad[i])]
@@ -521,10 +539,11 @@ def bench_swap(entry: Any, original: Callable[..., Any], captured: list[Any], ba
         return fwd_bwd
 
     timing = SwapTiming(timer=TIMER_GPU, what=what)
+    recompiles: dict[str, Any] = {}
     eager_step = step(lambda a: original(*[a[i] for i in tensor_pos]))
     kernel_step = step(lambda a: entry.replacement(*a))
-    timing.eager_ms = time_cuda(eager_step).median_ms
-    timing.kernel_ms = time_cuda(kernel_step).median_ms
+    timing.eager_ms = _time_steady(eager_step, "eager", recompiles)
+    timing.kernel_ms = _time_steady(kernel_step, "kernel", recompiles)
     timing.eager_gpu_ms = device_time_ms(eager_step)
     timing.kernel_gpu_ms = device_time_ms(kernel_step)
     try:
@@ -535,10 +554,13 @@ def bench_swap(entry: Any, original: Callable[..., Any], captured: list[Any], ba
         fn()
         torch.cuda.synchronize()
         timing.compile_time_ms = (time.perf_counter() - start) * 1e3
-        timing.compile_ms = time_cuda(fn).median_ms
+        timing.compile_ms = _time_steady(fn, "compile", recompiles, warm=False)
         timing.compile_gpu_ms = device_time_ms(fn)
     except Exception as e:  # torch.compile failing on the chain leaves eager as the baseline, said so
         timing.note = f"torch.compile of the original ops failed: {type(e).__name__}: {str(e).splitlines()[0]}"
+    from fusion_advisor.recompile import summarize
+
+    timing.steady_state_recompiles = summarize(recompiles)
     return timing
 
 
@@ -726,6 +748,8 @@ class VariantTiming:
         device_ms_by_class: ``device_ms`` split by :func:`~fusion_advisor.bench.kernel_class` (``library`` GEMM /
             attention, ``inductor``, ``fusion_advisor``, ``aten``): what fusing can and cannot touch.
         error: why there is no number.
+        steady_state_recompiles: Triton JIT compilations and torch.compile frame compilations while ``ms`` was
+            timed (after the first call): should be 0 (:meth:`fusion_advisor.recompile.RecompileReport.to_dict`).
     """
 
     ms: float | None = None
@@ -734,6 +758,7 @@ class VariantTiming:
     device_ms: float | None = None
     device_ms_by_class: dict[str, float] = field(default_factory=dict)
     error: str = ""
+    steady_state_recompiles: dict[str, Any] | None = None
 
 
 def time_model_variant(make: Callable[[], Callable[..., Any]], inputs: Sequence[Any], backward: bool,
@@ -743,6 +768,7 @@ def time_model_variant(make: Callable[[], Callable[..., Any]], inputs: Sequence[
     Never raises for the variant's own failure (compile error, out of memory): it is returned in ``error``.
     """
     from fusion_advisor.bench import device_time_by_kernel, kernel_class, time_cuda
+    from fusion_advisor.recompile import RecompileWatch
 
     cache: dict[Any, torch.Tensor] = {}
 
@@ -765,7 +791,9 @@ def time_model_variant(make: Callable[[], Callable[..., Any]], inputs: Sequence[
         fn()
         torch.cuda.synchronize()
         out.first_call_s = time.perf_counter() - start
-        out.ms = time_cuda(fn).median_ms
+        with RecompileWatch() as watch:
+            out.ms = time_cuda(fn).median_ms
+        out.steady_state_recompiles = watch.report.to_dict()
         torch.cuda.reset_peak_memory_stats()
         for _ in range(3):
             fn()

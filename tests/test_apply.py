@@ -652,3 +652,30 @@ def test_compile_rest_under_inductor_matches_eager(tmp_path):
     assert sorted(map(str, patched.applied_swaps())) == sorted(str(p.key) for p in planned)
     ref = loaded.module(*loaded.inputs)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_swap_timing_counts_steady_state_recompiles(monkeypatch):
+    """sw._time_steady: one warm-up call, then the timer under a RecompileWatch (time_cuda stood in: no GPU)."""
+    import fusion_advisor.bench as bench_mod
+    from fusion_advisor.recompile import summarize
+
+    def fake_time_cuda(fn):
+        for _ in range(3):
+            fn()
+        return bench_mod.Timing(1.0, 0, 3)
+
+    monkeypatch.setattr(bench_mod, "time_cuda", fake_time_cuda)
+    torch._dynamo.reset()
+    shapes = iter([4, 4, 6, 6])  # warm-up and first timed call at 4, then a new shape: one recompile
+
+    def chain(x):
+        return torch.relu(x) * 2
+
+    compiled = torch.compile(chain, backend="eager", dynamic=False)
+    recompiles: dict = {}
+    assert sw._time_steady(lambda: compiled(torch.randn(next(shapes, 6))), "compile", recompiles) == 1.0
+    report = recompiles["compile"]  # the first compile happened in the warm-up call, outside the watch
+    assert report.dynamo_compiles == 1 and report.dynamo_recompiles == 1, report.causes()
+    assert "size mismatch at index 0. expected 4, actual 6" in report.events[0].cause
+    timing = sw.SwapTiming(timer=sw.TIMER_GPU, steady_state_recompiles=summarize(recompiles))
+    assert timing.steady_state_recompiles["dynamo_recompiles"] == 1

@@ -9,6 +9,7 @@ speed. Real ``torch.compile`` on CPU costs tens of seconds here, so the compile 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -185,6 +186,36 @@ def test_bench_on_gpu_with_real_compile():
     assert d["compile_error"] is None, d["compile_error"]
     assert d["compile_time_ms"] > 0 and d["compiled_reference_time_ms"] > 0
     assert d["kernel_time_ms"] > 0 and d["speedup"] > 0
+    # everything was called before it was timed: nothing compiles in the steady state
+    assert d["steady_state_triton_compiles"] == 0, d["steady_state_recompiles"]
+    assert d["steady_state_dynamo_recompiles"] == 0, d["steady_state_recompiles"]
+
+
+def test_steady_state_recompiles_are_counted_with_their_cause(monkeypatch):
+    """A reference whose dynamo guard fails on its second call: the recompile lands in the timed steady state."""
+    real_compile = torch.compile
+    flip = [0]
+
+    def flipping_reference(x):
+        flip[0] ^= 1  # dynamo guards on flip[0]'s value: the second call fails the guard and recompiles
+        return x + x
+
+    contract = KernelContract(name="flip", path=None, kernel_fn=lambda x: x * 2, reference_fn=flipping_reference,
+                              get_inputs=lambda: [torch.randn(64)])
+    monkeypatch.setattr(torch, "compile", lambda fn: real_compile(fn, backend="eager", dynamic=False))
+    d = bench_kernel(contract, **FAST).to_dict()
+    assert d["steady_state_dynamo_recompiles"] == 1
+    assert d["steady_state_triton_compiles"] is None  # the interpreter compiles nothing
+    phases = d["steady_state_recompiles"]
+    assert set(phases) == {"kernel", "reference", "compiled_reference"}
+    assert phases["kernel"]["dynamo_compiles"] == 0 and phases["reference"]["events"] == []
+    assert "not counted under the Triton interpreter" in phases["kernel"]["triton_note"]
+    (event,) = phases["compiled_reference"]["events"]
+    assert event["recompile"] and event["name"].startswith("flipping_reference")
+    # the guard holds the value flip[0] had at the compiling call (its parity depends on how often verification
+    # called the reference eagerly)
+    assert re.match(r"flip\[0\] == [01] \(guard of compile ", event["cause"]), event["cause"]
+    json.dumps(d, allow_nan=False)
 
 
 def test_kernel_class_sorts_library_inductor_ours_and_aten():
