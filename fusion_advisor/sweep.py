@@ -24,8 +24,8 @@ For each size and config, :func:`run_sweep`
    autotuner's choice, plus one run; Triton's on-disk cache can make a repeat sweep's first call fast). A
    config that raises here (too many registers, out of shared memory, a compile error) is **rejected** with
    the exception as its reason and the sweep goes on;
-2. verifies it with :func:`fusion_advisor.verify.verify_kernel` (one seed, fresh inputs of that size, poisoned
-   allocations, float64 reference, per-dtype tolerances); a config that fails is **rejected** with the first
+2. verifies it with :func:`fusion_advisor.verify.verify_kernel` (one seed; a fresh clone of the size's inputs,
+   drawn once per size with seed 0; poisoned allocations, float64 reference, per-dtype tolerances); a config that fails is **rejected** with the first
    failing detail as its reason and is not timed;
 3. times the forward as ``fusion-advisor bench`` does: :func:`fusion_advisor.bench.time_cuda` (do_bench median,
    L2 flushed) on a GPU, :func:`fusion_advisor.bench.time_cpu` on the CPU; under ``torch.no_grad()``, on inputs
@@ -71,7 +71,7 @@ from fusion_advisor.bench import (
     time_cuda,
 )
 from fusion_advisor.errors import ContractError, UserError
-from fusion_advisor.verify import KernelContract, verify_kernel
+from fusion_advisor.verify import KernelContract, fresh_inputs, verify_kernel
 
 #: Label of every time measured under the Triton interpreter.
 CPU_LABEL = "CPU interpreter, not a GPU measurement"
@@ -396,6 +396,14 @@ def _detached(x: Any) -> Any:
     return x
 
 
+def _cloned(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_cloned(v) for v in x)
+    return x
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".strip().rstrip(":")
@@ -454,15 +462,18 @@ def run_sweep(hooks: SweepHooks, *, spec_name: str | None = None, warmup_ms: flo
     for size in hooks.sizes:
         label = _label(size)
 
-        def get_inputs(size: Any = size) -> list[Any]:
+        def make_inputs(size: Any = size) -> list[Any]:
             args = hooks.get_inputs() if size is None else hooks.get_inputs(size)
-            return [_detached(a) for a in args]
+            return [_detached(a) for a in args] if isinstance(args, (list, tuple)) else args
 
         probe = KernelContract(name=hooks.name, path=hooks.path, kernel_fn=hooks.kernel_fn,
-                               reference_fn=hooks.reference_fn, get_inputs=get_inputs)
-        from fusion_advisor.verify import fresh_inputs
-
+                               reference_fn=hooks.reference_fn, get_inputs=make_inputs)
+        # One draw per size (seed 0), shared by every config: each verification gets fresh clones of it, so a
+        # config that wrote into its inputs cannot pass that on, and large inputs are generated once.
         args = fresh_inputs(probe, seed=0)
+
+        def get_inputs(args: list[Any] = args) -> list[Any]:
+            return [_cloned(a) for a in args]
         device = _device_of(args)
         on_cuda = device.type == "cuda"
         device_label = _device_label(device)

@@ -19,8 +19,8 @@ Kernels left out, because their launchers take no config override: ``add_rmsnorm
 forward launcher, swept as ``rmsnorm``), ``layernorm``, ``swiglu``, ``geglu``, ``bias_gelu``, ``rope``;
 ``gemm_epilogue`` is ``triton.autotune``-d and can be swept as a file once it defines sizes.
 
-Each ``heuristic(size)`` is the config the library's own heuristic picks at that size, so a sweep can say whether
-the heuristic chose the best one.
+Each ``heuristic(size)`` is the config the library's own heuristic picks at that size; it is always the first
+config swept, so a sweep says whether the heuristic chose the best one.
 """
 
 from __future__ import annotations
@@ -87,6 +87,23 @@ def _row_configs(n_cols: int, single_key: str, single_value: bool) -> list[dict[
     return configs
 
 
+def _with_heuristic(configs: list[dict[str, Any]], heuristic: dict[str, Any]) -> list[dict[str, Any]]:
+    """``configs`` with the library heuristic's own config first (added when the grid lacks it)."""
+    return [heuristic] + [c for c in configs if c != heuristic]
+
+
+def _randn(shape: tuple[int, ...], std: float, dtype: torch.dtype) -> torch.Tensor:
+    """N(0, std^2) drawn on the kernels' device (``make_inputs`` draws on the CPU: seconds at 1e9 elements)."""
+    device = _device.default_device()
+    gen = torch.Generator(device=device).manual_seed(0)
+    return (torch.randn(shape, generator=gen, device=device) * std).to(dtype)
+
+
+def _dtype() -> torch.dtype:
+    """bf16 on a GPU (the anchors' dtype), fp32 on the CPU interpreter."""
+    return torch.bfloat16 if _device.on_gpu() else torch.float32
+
+
 # --- rmsnorm ------------------------------------------------------------------------------------------------
 
 
@@ -99,9 +116,9 @@ def _rms_kernel(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset
 
 
 def _rms_inputs(size: tuple[int, int]) -> list:
+    """``rmsnorm.make_inputs`` (drawn on the kernels' device) without grad."""
     n_rows, n_cols = size
-    dtype = torch.bfloat16 if _device.on_gpu() else torch.float32
-    return _rms.make_inputs(n_rows, n_cols, dtype, requires_grad=False)
+    return _rms.make_inputs(n_rows, n_cols, _dtype(), requires_grad=False)
 
 
 def _rms_heuristic(size: tuple[int, int]) -> dict[str, Any]:
@@ -113,7 +130,7 @@ RMSNORM = LibrarySweep(
     SIZES=[(8192, 4096), (1, 4096), (32, 4096), (8192, 8192), (4096, 16384), (256, 131072)] if _device.on_gpu()
     else [(4, 1000), (2, 1500)],
     get_inputs=_rms_inputs,
-    SWEEP_CONFIGS=lambda size: _row_configs(size[1], "looped", False),
+    SWEEP_CONFIGS=lambda size: _with_heuristic(_row_configs(size[1], "looped", False), _rms_heuristic(size)),
     kernel_fn=_rms_kernel,
     reference_fn=_rms.reference_fn,
     bytes_moved=_rms.bytes_moved,
@@ -132,9 +149,8 @@ def _softmax_kernel(x: torch.Tensor, scale: float = 1.0, mask: torch.Tensor | No
 
 
 def _softmax_inputs(size: tuple[int, int]) -> list:
-    n_rows, n_cols = size
-    return _sm.make_inputs(n_rows=n_rows, n_cols=n_cols, dtype="bfloat16" if _device.on_gpu() else "float32",
-                           requires_grad=False)
+    """``[x [n_rows, n_cols], 1.0, None, False]``, x ~ N(0, 9) as in ``softmax.make_inputs``."""
+    return [_randn(tuple(size), 3.0, _dtype()), 1.0, None, False]
 
 
 def _softmax_heuristic(size: tuple[int, int]) -> dict[str, Any]:
@@ -151,7 +167,8 @@ SOFTMAX_GPU_SIZES = [(8192, 32000), (8192, 128256)] + [
 SOFTMAX = LibrarySweep(
     SIZES=SOFTMAX_GPU_SIZES if _device.on_gpu() else [(4, 1000), (2, 3000)],
     get_inputs=_softmax_inputs,
-    SWEEP_CONFIGS=lambda size: _row_configs(size[1], "single_block", True),
+    SWEEP_CONFIGS=lambda size: _with_heuristic(_row_configs(size[1], "single_block", True),
+                                               _softmax_heuristic(size)),
     kernel_fn=_softmax_kernel,
     reference_fn=_sm.reference_fn,
     bytes_moved=_sm.bytes_moved,
@@ -182,10 +199,18 @@ def _ce_reference(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
     return loss.detach(), grad.to(logits.dtype)
 
 
+#: Share of targets set to ignore_index, as ``cross_entropy.make_inputs`` (HF pads shifted labels with -100).
+IGNORE_FRAC = 0.05
+
+
 def _ce_inputs(size: tuple[int, int]) -> list:
+    """``[logits [n_tokens, vocab] ~ N(0, 4), target [n_tokens], -100, 0.0, "mean"]``, 5% of targets ignored."""
     n_tokens, vocab = size
-    return _ce.make_inputs(n_tokens=n_tokens, vocab=vocab, dtype="bfloat16" if _device.on_gpu() else "float32",
-                           requires_grad=False)
+    logits = _randn((n_tokens, vocab), 2.0, _dtype())
+    gen = torch.Generator(device=logits.device).manual_seed(1)
+    target = torch.randint(0, vocab, (n_tokens,), generator=gen, device=logits.device)
+    ignored = torch.rand(n_tokens, generator=gen, device=logits.device) < IGNORE_FRAC
+    return [logits, target.masked_fill(ignored, -100), -100, 0.0, "mean"]
 
 
 def _ce_bytes(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, label_smoothing: float = 0.0,
@@ -207,7 +232,7 @@ CROSS_ENTROPY = LibrarySweep(
     SIZES=[(8192, 32000), (8192, 128256), (4096, 256000), (64, 128256), (8192, 4096)] if _device.on_gpu()
     else [(8, 1000), (4, 3000)],
     get_inputs=_ce_inputs,
-    SWEEP_CONFIGS=lambda size: _row_configs(size[1], "single_block", True),
+    SWEEP_CONFIGS=lambda size: _with_heuristic(_row_configs(size[1], "single_block", True), _ce_heuristic(size)),
     kernel_fn=_ce_kernel,
     reference_fn=_ce_reference,
     bytes_moved=_ce_bytes,
