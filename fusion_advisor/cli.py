@@ -94,6 +94,12 @@ def analyze(
     rules: List[Path] = typer.Option([], "--rules", help="Extra rules YAML, matched before the shipped rules."),
     out: Optional[Path] = typer.Option(None, help="Report directory. Default: reports/<model name>/."),
     top: int = typer.Option(12, help="Chains shown in the terminal summary (by estimated saving)."),
+    inductor_code: bool = typer.Option(False, "--inductor-code", help="Also capture the code Inductor generates for "
+                                       "routed chains, shown beside the library kernel's source (inductor/*.py)."),
+    inductor_top: int = typer.Option(5, "--inductor-top", min=0, help="With --inductor-code: chains compiled, the "
+                                     "top N by estimated saving."),
+    inductor_budget_s: float = typer.Option(300.0, "--inductor-budget-s", min=0.0, help="With --inductor-code: "
+                                            "time budget for all chains, seconds."),
     debug: bool = typer.Option(False, help="Show tracebacks."),
 ) -> None:
     """Analyse a model: chains, bound classes, routes and reasons; writes report.html, chains.csv, ops.csv, report.json."""
@@ -105,16 +111,37 @@ def analyze(
             raise UserError(f"unknown --dtype {dtype!r}; choose fp32, bf16 or fp16")
         if out is not None:
             check_out_dir(out)  # before the analysis, so a bad --out fails fast
-        analysis = run_analysis(model, device=device, dtype=dtype, gpu=gpu, rules_files=list(rules), stage=_progress)
+            if inductor_code:
+                from fusion_advisor import inductor_code as ic
+                from fusion_advisor.report import _earlier_report
+
+                ic.check_dir(out, ours=_earlier_report(out))
+        kept: list = []
+        analysis = run_analysis(model, device=device, dtype=dtype, gpu=gpu, rules_files=list(rules), stage=_progress,
+                                on_capture=kept.append)
         out_dir = out or Path("reports") / analysis.model_name
         if out is None:  # the default folder is known only now (it is named after the model)
             check_out_dir(out_dir)
+        if inductor_code:
+            _inductor_code(analysis, kept[0].graphs, out_dir, inductor_top, inductor_budget_s)
         with console.status("writing the report ..."):
             paths = write_report(analysis, out_dir)
         return analysis, paths
 
     analysis, paths = run_guarded(job, debug)
     _print_summary(analysis, paths, top)
+
+
+def _inductor_code(analysis, graphs, out_dir: Path, top: int, budget_s: float) -> None:
+    """``analyze --inductor-code``: fill ``analysis.inductor_code`` and write inductor/<chain>.py (before the report)."""
+    from fusion_advisor import inductor_code as ic
+    from fusion_advisor.report import _earlier_report
+
+    ic.check_dir(out_dir, ours=_earlier_report(out_dir))
+    with console.status("generating Inductor's code for the routed chains ..."):
+        analysis.inductor_code = ic.generate(analysis, graphs, top=top, budget_s=budget_s)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ic.write_files(analysis.inductor_code, out_dir)
 
 
 def _print_summary(analysis, paths: dict, top: int) -> None:
