@@ -96,21 +96,39 @@ def chain_graph(gm: torch.fx.GraphModule, node_names: Sequence[str]) -> tuple[to
     return torch.fx.GraphModule(torch.nn.Module(), graph), inputs
 
 
-def _example(val: Any, device: torch.device, gen: torch.Generator) -> Any:
-    """A real value like ``val`` (a fake/meta tensor, or a number) on ``device``: same shape, stride, dtype."""
+def _example(val: Any, device: torch.device) -> Any:
+    """A real value like ``val`` (a fake/meta tensor, or a number) on ``device``: same shape, stride, dtype.
+
+    The elements are drawn into a flat buffer as large as the strides reach and viewed with ``as_strided``, so
+    broadcast (stride-0) and overlapping layouts come out as recorded. Floating: N(0, 1); bool: fair coin;
+    integers: 0 or 1 (valid indices for any gather).
+    """
     if isinstance(val, torch.Tensor):
-        t = torch.empty_strided(tuple(int(s) for s in val.shape), tuple(int(s) for s in val.stride()),
-                                dtype=val.dtype, device=device)
+        shape = tuple(int(s) for s in val.shape)
+        stride = tuple(int(s) for s in val.stride())
+        span = 1 + sum((n - 1) * st for n, st in zip(shape, stride) if n > 0) if all(shape) else 0
         if val.dtype.is_floating_point or val.dtype.is_complex:
-            t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32).to(val.dtype))
+            flat = torch.randn(span, device=device).to(val.dtype)
         elif val.dtype == torch.bool:
-            t.copy_(torch.rand(t.shape, generator=gen) > 0.5)
+            flat = torch.rand(span, device=device) > 0.5
         else:
-            t.copy_(torch.randint(0, 2, t.shape, generator=gen).to(val.dtype))
-        return t
+            flat = torch.randint(0, 2, (span,), device=device).to(val.dtype)
+        return flat.as_strided(shape, stride)
     if isinstance(val, (int, float, bool)):
         return val
     raise TypeError(f"an input of type {type(val).__name__} (not a tensor of known shape)")
+
+
+def _retarget(gm: torch.fx.GraphModule, device: torch.device) -> None:
+    """Point factory ops' ``device=`` arguments (``meta`` in a static analysis) at ``device``."""
+    changed = False
+    for node in gm.graph.nodes:
+        dev = node.kwargs.get("device")
+        if isinstance(dev, (torch.device, str)) and torch.device(dev).type != device.type:
+            node.kwargs = {**node.kwargs, "device": device}
+            changed = True
+    if changed:
+        gm.recompile()
 
 
 def _numel(val: Any) -> int:
@@ -268,8 +286,9 @@ def _one(chain: Chain, graphs: Sequence[torch.fx.GraphModule], analysis_device: 
                 f"not generated: static analysis (--device meta) and the chain's inputs hold {n:,} elements, above "
                 f"the {max_meta_elems:,} compiled on the CPU; rerun with --device cuda"), **base)
     try:
-        gen = torch.Generator().manual_seed(0)
-        inputs = [_example(v, device, gen) for v in vals]
+        _retarget(gm, device)
+        torch.manual_seed(0)
+        inputs = [_example(v, device) for v in vals]
         code = compile_and_capture(gm, inputs)
     except Exception as exc:  # noqa: BLE001 - every failure is the chain's reason, never a crash
         text = str(exc).strip()

@@ -128,3 +128,23 @@ def test_foreign_inductor_folder_refused(tmp_path):
                                    "--inductor-code"])
     assert res.exit_code == 2 and "did not write" in res.output
     assert (tmp_path / "inductor" / "mine.py").read_text() == "x = 1\n"
+
+
+def test_meta_factory_ops_are_retargeted():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    full = graph.call_function(torch.ops.aten.full.default, ([4], 2.0), {"device": torch.device("meta"),
+                                                                         "dtype": torch.float32})
+    graph.output((graph.call_function(torch.ops.aten.mul.Tensor, (x, full)),))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    ic._retarget(gm, torch.device("cpu"))
+    (y,) = gm(torch.ones(4))
+    assert y.device.type == "cpu" and y.tolist() == [2.0] * 4
+
+
+@pytest.mark.gpu
+def test_gpu_code_is_triton():
+    kept = []
+    analysis = analyze(MODELS / "tiny_pointwise.py", device="cuda", on_capture=kept.append)
+    rec = ic.generate(analysis, kept[0].graphs, top=1)["c0"]
+    assert rec.status == "generated" and rec.language == "triton" and "@triton.jit" in rec.code

@@ -154,3 +154,18 @@ def test_library_cross_entropy_sweep_verifies_loss_and_grad():
     result = run_sweep(hooks, **FAST)
     assert [r.status for r in result.rows] == ["ok", "ok", "rejected"]
     assert "failed verification" in result.rows[2].reason
+
+
+@pytest.mark.gpu
+def test_gpu_sweep_reports_throughput_and_roofline():
+    result = run_sweep(load_hooks(load_contract(KERNELS / "sweep_add.py")), spec_name="h200", **FAST)
+    assert not result.interpreted and result.note == ""
+    ok = [r for r in result.rows if r.status == "ok"]
+    assert ok and all(r.gbps > 0 and 0 < r.pct_roofline for r in ok)
+    assert all(r.measured_on.startswith("cuda") for r in result.rows)
+
+
+@pytest.mark.gpu
+def test_gpu_autotune_first_call_timed_apart():
+    result = run_sweep(load_hooks(load_contract(KERNELS / "sweep_autotune.py")), **FAST)
+    assert all(s.autotune_ms is not None and s.autotune_choice.startswith("BLOCK_SIZE=") for s in result.sizes)
