@@ -10,14 +10,18 @@ forward launcher with a forced launch config, so the sweep times exactly the cod
 | ``rmsnorm`` | ``rmsnorm.rms_norm_fwd_launch(..., config=)`` | ``rmsnorm.RowConfig`` | BLOCK_SIZE, num_warps, looped |
 | ``softmax`` | ``softmax._softmax_fwd_launch(..., config=)`` | ``softmax.RowConfig`` | BLOCK_SIZE, num_warps, single_block |
 | ``cross_entropy`` | ``cross_entropy._cross_entropy_fwd_launch(..., config=)`` | ``CrossEntropyConfig`` | BLOCK_SIZE, num_warps, single_block |
+| ``layernorm`` | ``layernorm.layer_norm_fwd_launch(..., config=)`` | ``rmsnorm.RowConfig`` | BLOCK_SIZE, num_warps, looped |
+| ``swiglu``, ``geglu`` | ``swiglu.glu_forward(..., config=)`` | ``swiglu.GluConfig`` | BLOCK_SIZE, num_warps |
 
 The sweep is of the **forward** launch (softmax's and rmsnorm's backward launchers take a config too, but are not
 swept here). Cross-entropy's forward writes the gradient as well (``compute_grad=True``, as in training), so its
 sweep returns and verifies ``(loss, dlogits)`` against autograd of ``F.cross_entropy``.
 
-Kernels left out, because their launchers take no config override: ``add_rmsnorm`` (it shares rmsnorm's
-forward launcher, swept as ``rmsnorm``), ``layernorm``, ``swiglu``, ``geglu``, ``bias_gelu``, ``rope``;
-``gemm_epilogue`` is ``triton.autotune``-d and can be swept as a file once it defines sizes.
+Kernels left out: ``add_rmsnorm`` and ``add_layernorm`` (they share rmsnorm's / layernorm's forward launchers,
+swept here without the residual); ``masked_softmax`` (softmax's launcher, swept here without a mask);
+``bias_gelu`` (``BiasGeluConfig``) and ``rope`` (``RopeConfig``), whose launchers do take a config override of
+2-D tiles but have no hooks here yet; ``gemm_epilogue`` is ``triton.autotune``-d and can be swept as a file once
+it defines sizes.
 
 Each ``heuristic(size)`` is the config the library's own heuristic picks at that size; it is always the first
 config swept, so a sweep says whether the heuristic chose the best one.
@@ -33,8 +37,11 @@ import triton
 
 from kernel_library import _device
 from kernel_library import cross_entropy as _ce
+from kernel_library import geglu as _geglu
+from kernel_library import layernorm as _ln
 from kernel_library import rmsnorm as _rms
 from kernel_library import softmax as _sm
+from kernel_library import swiglu as _swiglu
 
 
 @dataclass(frozen=True)
@@ -240,5 +247,80 @@ CROSS_ENTROPY = LibrarySweep(
 )
 
 
+# --- layernorm ----------------------------------------------------------------------------------------------
+
+
+def _ln_kernel(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float = 1e-5,
+               residual: torch.Tensor | None = None, *, BLOCK_SIZE: int, num_warps: int, looped: bool) -> torch.Tensor:
+    """layernorm forward of ``x`` [n_rows, n_cols] (no residual) with the given ``rmsnorm.RowConfig``."""
+    if residual is not None:
+        raise ValueError("the layernorm sweep covers plain LayerNorm (no residual)")
+    cfg = _rms.RowConfig(block_size=BLOCK_SIZE, num_warps=num_warps, looped=looped)
+    y, _ = _ln.layer_norm_fwd_launch(_rms.as_rows(x, x.shape[-1]), weight, bias, float(eps), config=cfg)
+    return y.reshape(x.shape)
+
+
+def _ln_heuristic(size: tuple[int, int]) -> dict[str, Any]:
+    c = _rms.RowConfig.forward(size[1])
+    return {"BLOCK_SIZE": c.block_size, "num_warps": c.num_warps, "looped": c.looped}
+
+
+LAYERNORM = LibrarySweep(
+    SIZES=[(8192, 4096), (1, 4096), (8192, 768), (4096, 16384), (256, 131072)] if _device.on_gpu()
+    else [(4, 1000)],
+    get_inputs=lambda size: _ln.make_inputs(size[0], size[1], _dtype(), requires_grad=False),
+    SWEEP_CONFIGS=lambda size: _with_heuristic(_row_configs(size[1], "looped", False), _ln_heuristic(size)),
+    kernel_fn=_ln_kernel,
+    reference_fn=_ln.reference_fn,
+    bytes_moved=_ln.bytes_moved,
+    heuristic=_ln_heuristic,
+)
+
+
+# --- swiglu, geglu ------------------------------------------------------------------------------------------
+
+#: Elementwise blocks and warps tried (GPU); the CPU interpreter tries two blocks.
+GLU_BLOCKS = (512, 1024, 2048, 4096)
+GLU_WARPS = (2, 4, 8)
+CPU_GLU_BLOCKS = (256, 1024)
+
+
+def _glu_kernel(activation: str):
+    def kernel_fn(a: torch.Tensor, b: torch.Tensor, *, BLOCK_SIZE: int, num_warps: int) -> torch.Tensor:
+        """``act(a) * b`` by ``swiglu.glu_forward`` with the given ``swiglu.GluConfig``."""
+        return _swiglu.glu_forward(a, b, activation, config=_swiglu.GluConfig(BLOCK_SIZE, num_warps))
+
+    return kernel_fn
+
+
+def _glu_configs(size: tuple[int, int]) -> list[dict[str, Any]]:
+    if not _device.on_gpu():
+        return [{"BLOCK_SIZE": b, "num_warps": 4} for b in CPU_GLU_BLOCKS]
+    return [{"BLOCK_SIZE": b, "num_warps": w} for b in GLU_BLOCKS for w in GLU_WARPS]
+
+
+def _glu_heuristic(size: tuple[int, int]) -> dict[str, Any]:
+    # contiguous operands run as one flat row of n_rows * n_cols elements (swiglu._as_rows)
+    c = _swiglu.GluConfig.from_cols(size[0] * size[1])
+    return {"BLOCK_SIZE": c.block_size, "num_warps": c.num_warps}
+
+
+def _glu(activation: str, module: Any) -> LibrarySweep:
+    return LibrarySweep(
+        SIZES=[(8192, 11008), (8192, 14336), (32, 11008)] if _device.on_gpu() else [(8, 1000)],
+        get_inputs=lambda size: module.make_inputs(size[0], size[1], _dtype(), requires_grad=False),
+        SWEEP_CONFIGS=lambda size: _with_heuristic(_glu_configs(size), _glu_heuristic(size)),
+        kernel_fn=_glu_kernel(activation),
+        reference_fn=module.reference_fn,
+        bytes_moved=module.bytes_moved,
+        heuristic=_glu_heuristic,
+    )
+
+
+SWIGLU = _glu("silu", _swiglu)
+GEGLU = _glu("gelu_tanh", _geglu)
+
+
 #: Library kernel name -> its sweep hooks.
-SWEEPS: dict[str, LibrarySweep] = {"rmsnorm": RMSNORM, "softmax": SOFTMAX, "cross_entropy": CROSS_ENTROPY}
+SWEEPS: dict[str, LibrarySweep] = {"rmsnorm": RMSNORM, "softmax": SOFTMAX, "cross_entropy": CROSS_ENTROPY,
+                                   "layernorm": LAYERNORM, "swiglu": SWIGLU, "geglu": GEGLU}

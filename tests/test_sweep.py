@@ -136,13 +136,13 @@ def test_cli_bench_sweep(tmp_path):
 def test_library_kernels_have_hooks():
     from kernel_library.sweeps import SWEEPS
 
-    assert {"rmsnorm", "softmax", "cross_entropy"} <= set(SWEEPS)
+    assert {"rmsnorm", "softmax", "cross_entropy", "layernorm", "swiglu", "geglu"} <= set(SWEEPS)
     hooks = load_hooks(load_contract("rmsnorm"))
     assert hooks.sizes and all(isinstance(s, tuple) for s in hooks.sizes)
     configs = hooks.configs_for(hooks.sizes[0])
     assert {"BLOCK_SIZE", "num_warps", "looped"} <= set(configs[0])
     with pytest.raises(ContractError, match="no sweep hooks"):
-        load_hooks(load_contract("swiglu"))
+        load_hooks(load_contract("rope"))
 
 
 def test_library_cross_entropy_sweep_verifies_loss_and_grad():
