@@ -40,7 +40,9 @@ def markdown(results: list[dict], meta: dict) -> str:
     lines = [f"# Launch-config sweep on {meta['gpu']}", "",
              f"torch {meta['torch']}, triton {meta['triton']}, {meta['date']}; forward only; do_bench median "
              f"(warm-up {meta['warmup_ms']} ms, rep {meta['rep_ms']} ms, L2 flushed); % of roofline against the "
-             f"`{meta['spec']}` spec's copy bandwidth; every timed config verified first.", ""]
+             f"`{meta['spec']}` spec's copy bandwidth; every timed config verified first; wall "
+             f"{meta.get('wall_s', 0):.0f} s." + (f" Skipped (over budget): {', '.join(meta['skipped'])}."
+                                                 if meta.get("skipped") else ""), ""]
     for res in results:
         lines += [f"## {res['sweep']}", "",
                   "| size | best config | best ms | best GB/s | best % roofline | heuristic config | heuristic ms | "
@@ -74,6 +76,8 @@ def main() -> None:
     ap.add_argument("--warmup-ms", type=float, default=10.0)
     ap.add_argument("--rep-ms", type=float, default=40.0)
     ap.add_argument("--gpu", default=None, help="device spec for % of roofline (default: the present GPU's)")
+    ap.add_argument("--budget-s", type=float, default=210.0,
+                    help="kernels not started within this many seconds are skipped (and listed as skipped)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("sweep_kernels.py needs a CUDA GPU (bench --sweep runs on the CPU interpreter instead)")
@@ -87,7 +91,12 @@ def main() -> None:
             "setup": "fusion_advisor.sweep.run_sweep over kernel_library.sweeps hooks; forward launch only"}
     results = []
     start = time.perf_counter()
+    meta["skipped"] = []
     for name in args.kernels.split(","):
+        if time.perf_counter() - start > args.budget_s:
+            meta["skipped"].append(name)
+            print(f"{name}: skipped, over the --budget-s of {args.budget_s:g} s", flush=True)
+            continue
         t0 = time.perf_counter()
         hooks = load_hooks(load_contract(name))
         result = run_sweep(hooks, spec_name=args.gpu, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms,
@@ -100,11 +109,16 @@ def main() -> None:
         results.append(doc)
         print(f"{name}: {len(doc['rows'])} configs in {doc['wall_s']:.1f} s", flush=True)
         torch.cuda.empty_cache()
+        meta["wall_s"] = time.perf_counter() - start
+        _write(args.out, meta, results)  # after each kernel: a run cut short keeps what it measured
     meta["wall_s"] = time.perf_counter() - start
-    (args.out / "sweep_kernels.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1,
-                                                            default=str))
-    (args.out / "sweep_kernels.md").write_text(markdown(results, meta))
+    _write(args.out, meta, results)
     print(markdown(results, meta))
+
+
+def _write(out: Path, meta: dict, results: list[dict]) -> None:
+    (out / "sweep_kernels.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
+    (out / "sweep_kernels.md").write_text(markdown(results, meta))
 
 
 if __name__ == "__main__":

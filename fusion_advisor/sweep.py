@@ -577,8 +577,6 @@ def _sweep_one(row: SweepRow, call: Callable[..., Any], hooks: SweepHooks, get_i
             row.first_call_ms = _timed_first_call(lambda: call(*args), device)
     except Exception as exc:  # noqa: BLE001 - a config that does not compile or launch is rejected, not fatal
         row.reason = f"failed to compile or launch: {_first_line(exc)}"
-        if on_cuda:
-            torch.cuda.synchronize()
         return
     contract = KernelContract(name=f"{hooks.name}[{row.config}]", path=hooks.path, kernel_fn=call,
                               reference_fn=hooks.reference_fn, get_inputs=get_inputs)
@@ -588,9 +586,13 @@ def _sweep_one(row: SweepRow, call: Callable[..., Any], hooks: SweepHooks, get_i
                or "dtype" in d or "returns" in d]
         row.reason = "failed verification: " + (bad[0] if bad else verified.details[0])
         return
-    with torch.no_grad():
-        timing = time_cuda(lambda: call(*args), warmup_ms, rep_ms) if on_cuda else \
-            time_cpu(lambda: call(*args), warmup_ms, rep_ms)
+    try:
+        with torch.no_grad():
+            timing = time_cuda(lambda: call(*args), warmup_ms, rep_ms) if on_cuda else \
+                time_cpu(lambda: call(*args), warmup_ms, rep_ms)
+    except Exception as exc:  # noqa: BLE001 - rejected with the reason; the sweep goes on
+        row.reason = f"failed while timing: {_first_line(exc)}"
+        return
     row.status = "ok"
     row.time_ms = timing.median_ms
     row.warmup_iters, row.benchmark_iters = timing.warmup_iters, timing.benchmark_iters

@@ -74,6 +74,9 @@ LOOP_BLOCKS = (2048, 4096, 8192, 16384)
 LOOP_WARPS = (4, 8, 16)
 #: Widest row tried as one block in registers: wider ones spill and take minutes to compile.
 MAX_SWEPT_SINGLE_BLOCK = 32768
+#: Fewest warps for a single block: at most this many elements per thread (fewer warps would hold hundreds of
+#: fp32 values per thread, spill, and take long to compile for a config that cannot win).
+MAX_ELEMS_PER_THREAD_SINGLE = 64
 #: Under the CPU interpreter (where num_warps is ignored) a few small configs keep the sweep to seconds.
 CPU_CONFIGS_SINGLE_WARPS = (4,)
 CPU_LOOP_BLOCKS = (256, 512)
@@ -88,7 +91,8 @@ def _row_configs(n_cols: int, single_key: str, single_value: bool) -> list[dict[
     loop_warps = LOOP_WARPS if gpu else (4,)
     configs: list[dict[str, Any]] = []
     if row_block <= MAX_SWEPT_SINGLE_BLOCK:
-        configs += [{"BLOCK_SIZE": row_block, "num_warps": w, single_key: single_value} for w in single_warps]
+        configs += [{"BLOCK_SIZE": row_block, "num_warps": w, single_key: single_value} for w in single_warps
+                    if not gpu or row_block <= 32 * w * MAX_ELEMS_PER_THREAD_SINGLE]
     configs += [{"BLOCK_SIZE": b, "num_warps": w, single_key: not single_value}
                 for b in loop_blocks if b < row_block for w in loop_warps]
     return configs
