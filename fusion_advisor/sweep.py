@@ -46,6 +46,7 @@ of roofline are left empty there, since they would compare an interpreter with a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
@@ -498,7 +499,7 @@ def run_sweep(hooks: SweepHooks, *, spec_name: str | None = None, warmup_ms: flo
                 forced: Any = _ForcedConfig(hooks.autotuner, triton_cfg)
                 call = hooks.kernel_fn
             else:
-                forced = _nullcontext()
+                forced = contextlib.nullcontext()
                 call = functools.partial(hooks.kernel_fn, **config)
             row = SweepRow(size=label, config=text, status="rejected", bytes=n_bytes, flops=n_flops,
                            measured_on=device_label if on_cuda else CPU_LABEL, params=config)
@@ -523,14 +524,6 @@ def run_sweep(hooks: SweepHooks, *, spec_name: str | None = None, warmup_ms: flo
         timer=TIMER_CUDA if on_cuda else TIMER_CPU, interpreted=not on_cuda, spec=spec.name, rows=rows,
         sizes=summaries, note=note, warmup_ms=warmup_ms, rep_ms=rep_ms, versions=versions(),
     )
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def _call_formula(fn: Callable[..., int] | None, args: list[Any], what: str, name: str) -> int | None:
