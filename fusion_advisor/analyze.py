@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from fusion_advisor.capture import capture
+from fusion_advisor.capture import Capture, capture
 from fusion_advisor.chains import build_chains
 from fusion_advisor.devices import DeviceSpec, load_spec
 from fusion_advisor.graph import build_op_graph
@@ -73,6 +73,7 @@ def analyze(
     gpu: str | None = None,
     rules_files: list[str | Path] | None = None,
     stage: Stage = _no_progress,
+    on_capture: Callable[[Capture], None] | None = None,
 ) -> Analysis:
     """Analyse the model in ``model_path`` (``None``: the built-in default model).
 
@@ -83,6 +84,8 @@ def analyze(
         gpu: device-spec name or YAML path; default :func:`default_spec_name`.
         rules_files: user rules files, matched before the shipped rules.
         stage: context-manager factory called with each stage's name (the CLI shows progress with it).
+        on_capture: called with the :class:`~fusion_advisor.capture.Capture` once captured (later stages that need
+            the graphs themselves, such as ``--inductor-code``, keep it this way).
 
     Raises:
         UserError: subclasses name the file, line, rule or op at fault (see :mod:`fusion_advisor.errors`).
@@ -105,6 +108,8 @@ def analyze(
         loaded = load_model(model_path, device=device, dtype=dtype)
     with timed("capture"):
         cap = capture(loaded)
+    if on_capture is not None:
+        on_capture(cap)
     with timed("graph"):
         og = build_op_graph(cap)
     with timed("chains"):

@@ -94,6 +94,12 @@ def analyze(
     rules: List[Path] = typer.Option([], "--rules", help="Extra rules YAML, matched before the shipped rules."),
     out: Optional[Path] = typer.Option(None, help="Report directory. Default: reports/<model name>/."),
     top: int = typer.Option(12, help="Chains shown in the terminal summary (by estimated saving)."),
+    inductor_code: bool = typer.Option(False, "--inductor-code", help="Also capture the code Inductor generates for "
+                                       "routed chains, shown beside the library kernel's source (inductor/*.py)."),
+    inductor_top: int = typer.Option(5, "--inductor-top", min=0, help="With --inductor-code: chains compiled, the "
+                                     "top N by estimated saving."),
+    inductor_budget_s: float = typer.Option(300.0, "--inductor-budget-s", min=0.0, help="With --inductor-code: "
+                                            "time budget for all chains, seconds."),
     debug: bool = typer.Option(False, help="Show tracebacks."),
 ) -> None:
     """Analyse a model: chains, bound classes, routes and reasons; writes report.html, chains.csv, ops.csv, report.json."""
@@ -105,16 +111,37 @@ def analyze(
             raise UserError(f"unknown --dtype {dtype!r}; choose fp32, bf16 or fp16")
         if out is not None:
             check_out_dir(out)  # before the analysis, so a bad --out fails fast
-        analysis = run_analysis(model, device=device, dtype=dtype, gpu=gpu, rules_files=list(rules), stage=_progress)
+            if inductor_code:
+                from fusion_advisor import inductor_code as ic
+                from fusion_advisor.report import _earlier_report
+
+                ic.check_dir(out, ours=_earlier_report(out))
+        kept: list = []
+        analysis = run_analysis(model, device=device, dtype=dtype, gpu=gpu, rules_files=list(rules), stage=_progress,
+                                on_capture=kept.append)
         out_dir = out or Path("reports") / analysis.model_name
         if out is None:  # the default folder is known only now (it is named after the model)
             check_out_dir(out_dir)
+        if inductor_code:
+            _inductor_code(analysis, kept[0].graphs, out_dir, inductor_top, inductor_budget_s)
         with console.status("writing the report ..."):
             paths = write_report(analysis, out_dir)
         return analysis, paths
 
     analysis, paths = run_guarded(job, debug)
     _print_summary(analysis, paths, top)
+
+
+def _inductor_code(analysis, graphs, out_dir: Path, top: int, budget_s: float) -> None:
+    """``analyze --inductor-code``: fill ``analysis.inductor_code`` and write inductor/<chain>.py (before the report)."""
+    from fusion_advisor import inductor_code as ic
+    from fusion_advisor.report import _earlier_report
+
+    ic.check_dir(out_dir, ours=_earlier_report(out_dir))
+    with console.status("generating Inductor's code for the routed chains ..."):
+        analysis.inductor_code = ic.generate(analysis, graphs, top=top, budget_s=budget_s)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ic.write_files(analysis.inductor_code, out_dir)
 
 
 def _print_summary(analysis, paths: dict, top: int) -> None:
@@ -246,10 +273,18 @@ def bench(
     rtol: Optional[float] = typer.Option(None, "--rtol", min=0.0, help=_TOL_HELP.format("Relative (verify step)")),
     atol: Optional[float] = typer.Option(None, "--atol", min=0.0, help=_TOL_HELP.format("Absolute (verify step)")),
     json_out: Optional[Path] = typer.Option(None, "--json-out", help="Also write the JSON result to this file."),
+    sweep: bool = typer.Option(False, "--sweep", help="Sweep launch configs (SWEEP_CONFIGS or triton.autotune) over "
+                               "the file's sizes (SIZES/SHAPES): table, sweep.csv, sweep.json."),
+    out: Optional[Path] = typer.Option(None, "--out", help="With --sweep: output folder. Default: reports/sweep-<name>/."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="With --sweep: device spec for % of roofline."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Verify (one seed), then time kernel_fn, reference_fn and torch.compile(reference_fn); print JSON with
-    kernel_time_ms, reference_time_ms, speedup, iteration counts, compile time. Exit 1 when verification fails."""
+    kernel_time_ms, reference_time_ms, speedup, iteration counts, compile time. Exit 1 when verification fails.
+    With --sweep: verify and time every launch config at every size instead (fusion_advisor/sweep.py)."""
+    if sweep:
+        run_guarded(lambda: _bench_sweep(file, out, gpu, warmup_ms, rep_ms, rtol, atol, json_out), debug)
+        return
 
     def job():
         from fusion_advisor.bench import bench_kernel
@@ -414,6 +449,42 @@ def doctor(
                 sys.stderr.write(f"--- {c.name}:\n{c.traceback}")
     if report.exit_code:
         raise typer.Exit(report.exit_code)
+
+
+def _bench_sweep(file: str, out: Optional[Path], gpu: Optional[str], warmup_ms: float, rep_ms: float,
+                 rtol: Optional[float], atol: Optional[float], json_out: Optional[Path]) -> None:
+    """``bench --sweep``: sweep, print the table, write sweep.csv / sweep.json (see fusion_advisor/sweep.py)."""
+    from fusion_advisor.sweep import check_sweep_dir, load_hooks, run_sweep, sweep_table, write_sweep
+    from fusion_advisor.verify import load_contract, use_triton_interpreter_if_no_gpu
+
+    use_triton_interpreter_if_no_gpu()
+    if out is not None:
+        check_sweep_dir(out)  # before the sweep, so a bad --out fails fast
+    hooks = load_hooks(load_contract(file))
+    out_dir = out or Path("reports") / f"sweep-{hooks.name}"
+    check_sweep_dir(out_dir)
+    with console.status("sweeping ...") as status:
+        result = run_sweep(hooks, spec_name=gpu, warmup_ms=warmup_ms, rep_ms=rep_ms, rtol=rtol, atol=atol,
+                           progress=lambda line: status.update(_escape(line)))
+    paths = write_sweep(result, out_dir)
+    if json_out is not None:
+        _write_json_atomic(json_out, result.to_dict())
+    show = Console(width=None if sys.stdout.isatty() else 160)
+    show.print(sweep_table(result))
+    for s in result.sizes:
+        line = f"size {s.size}: best {s.best_config or '(none: every config rejected)'}"
+        if s.best_time_ms is not None:
+            line += f" ({s.best_time_ms:.4f} ms)"
+        if s.rejected:
+            line += f"; {s.rejected} rejected"
+        if s.autotune_ms is not None:
+            line += f"; autotune took {s.autotune_ms:,.1f} ms and chose {s.autotune_choice or '?'}"
+        elif s.autotune_error:
+            line += f"; autotune: {s.autotune_error}"
+        show.print(_escape(line), highlight=False)
+    if result.note:
+        show.print(f"[yellow]note:[/] {_escape(result.note)}")
+    show.print(f"sweep: {paths['csv']}  {paths['json']}", highlight=False)
 
 
 def main() -> None:

@@ -211,6 +211,41 @@ class Decision:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class InductorCode:
+    """The code Inductor generates for one routed chain (``analyze --inductor-code``; fusion_advisor.inductor_code).
+
+    Attributes:
+        chain_id, route, pattern: the chain and where it was routed.
+        status: ``"generated"``, ``"not generated"`` (over the cap, the budget, or too large for a static
+            analysis) or ``"failed"``.
+        reason: why there is no code, else ``""``.
+        path: the code's file relative to the report folder (``inductor/<chain_id>.py``), ``""`` without code.
+        language: ``"triton"`` (GPU), ``"c++"`` (CPU) or ``"python"``.
+        device: where it was compiled (``"cuda"``, ``"cpu"``).
+        note: how to read it (CPU code, chain compiled in isolation, ...).
+        compile_s: wall time of compiling and running the chain once, seconds.
+        library_kernel: the library kernel that replaces the chain's pattern, ``""`` when none.
+        library_source: that kernel module's source file, ``""`` when none.
+        code, library_code: the texts (in the HTML and the files, left out of report.json).
+    """
+
+    chain_id: str
+    route: str
+    pattern: str
+    status: str
+    reason: str = ""
+    path: str = ""
+    language: str = ""
+    device: str = ""
+    note: str = ""
+    compile_s: float = 0.0
+    library_kernel: str = ""
+    library_source: str = ""
+    code: str = field(default="", repr=False)
+    library_code: str = field(default="", repr=False)
+
+
 @dataclass
 class Analysis:
     """Everything ``analyze`` found, ready for the report.
@@ -232,6 +267,7 @@ class Analysis:
         decisions: decision per chain id.
         timings_s: wall time per pipeline stage in seconds.
         versions: library versions.
+        inductor_code: Inductor's code per chain id, when asked for (``analyze --inductor-code``), else empty.
     """
 
     model_name: str
@@ -250,10 +286,14 @@ class Analysis:
     decisions: dict[str, Decision]
     timings_s: dict[str, float] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    inductor_code: dict[str, InductorCode] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict of the whole analysis."""
+        """A JSON-serialisable dict of the whole analysis (Inductor code texts left out: they are files)."""
         d = asdict(self)
+        for rec in d["inductor_code"].values():
+            rec.pop("code", None)
+            rec.pop("library_code", None)
         for c, chain in zip(d["chains"], self.chains):
             c["arithmetic_intensity"] = chain.arithmetic_intensity
             c["bytes_saved"] = chain.bytes_saved

@@ -93,6 +93,8 @@ CHAIN_COLUMNS: dict[str, str] = {
     "epilogue_of": "Id of the heavy chain whose output this chain alone consumes (an epilogue candidate), else empty.",
     "op_ids": "Ids of the member ops ('g<graph>:<node>'), space separated, topological order.",
     "graph_index": "Index of the captured graph the chain lives in.",
+    "inductor_code": "With analyze --inductor-code: the file (relative to the report folder) holding the code "
+    "Inductor generates for the chain, or why there is none; empty when not asked for or not selected.",
 }
 
 OP_COLUMNS: dict[str, str] = {
@@ -243,7 +245,14 @@ def jsonable(obj: Any) -> Any:
 # --- frames -------------------------------------------------------------------------------------------------
 
 
-def _chain_row(chain: Chain, est: Estimate | None, dec: Decision | None) -> dict[str, Any]:
+def _inductor_cell(rec: Any) -> str:
+    """The chains.csv ``inductor_code`` cell: the file for generated code, else the status and reason."""
+    if rec is None:
+        return ""
+    return rec.path if rec.status == "generated" else (rec.reason or rec.status)
+
+
+def _chain_row(chain: Chain, est: Estimate | None, dec: Decision | None, inductor: Any = None) -> dict[str, Any]:
     route = dec.route if dec else ""
     return {
         "chain_id": chain.id,
@@ -279,6 +288,7 @@ def _chain_row(chain: Chain, est: Estimate | None, dec: Decision | None) -> dict
         "epilogue_of": chain.epilogue_of,
         "op_ids": " ".join(chain.op_ids),
         "graph_index": chain.graph_index,
+        "inductor_code": _inductor_cell(inductor),
     }
 
 
@@ -288,7 +298,8 @@ def chains_frame(analysis: Analysis) -> pd.DataFrame:
     Chains without an estimate get NaN times; chains without a decision get empty route/rule strings.
     """
     rows = [
-        _chain_row(c, analysis.estimates.get(c.id), analysis.decisions.get(c.id)) for c in analysis.chains
+        _chain_row(c, analysis.estimates.get(c.id), analysis.decisions.get(c.id), analysis.inductor_code.get(c.id))
+        for c in analysis.chains
     ]
     return pd.DataFrame(rows, columns=list(CHAIN_COLUMNS))
 
@@ -609,6 +620,8 @@ def render_html(analysis: Analysis, generated_at: str) -> str:
         how_computed=HOW_COMPUTED,
         file_names=FILE_NAMES,
         n_graphs=len({op.graph_index for op in analysis.ops} | {c.graph_index for c in analysis.chains}),
+        inductor=list(analysis.inductor_code.values()),
+        short_path=short_path,
     )
 
 
