@@ -76,6 +76,7 @@ def _progress(name: str) -> Iterator[None]:
         "graph": "building the op graph",
         "chains": "cutting chains",
         "route": "estimating and routing",
+        "profile": "profiling the model (warm-up, then torch.profiler)",
     }
     with console.status(labels.get(name, name) + " ..."):
         yield
@@ -94,6 +95,11 @@ def analyze(
     rules: List[Path] = typer.Option([], "--rules", help="Extra rules YAML, matched before the shipped rules."),
     out: Optional[Path] = typer.Option(None, help="Report directory. Default: reports/<model name>/."),
     top: int = typer.Option(12, help="Chains shown in the terminal summary (by estimated saving)."),
+    profile: bool = typer.Option(False, "--profile", help="Run the model under torch.profiler (needs --device cpu or "
+                                 "cuda) and put the measured time, GB/s, TFLOP/s and bound class next to every "
+                                 "prediction."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="With --profile: also write the chrome trace here "
+                                         "(open in ui.perfetto.dev or chrome://tracing)."),
     debug: bool = typer.Option(False, help="Show tracebacks."),
 ) -> None:
     """Analyse a model: chains, bound classes, routes and reasons; writes report.html, chains.csv, ops.csv, report.json."""
@@ -105,7 +111,8 @@ def analyze(
             raise UserError(f"unknown --dtype {dtype!r}; choose fp32, bf16 or fp16")
         if out is not None:
             check_out_dir(out)  # before the analysis, so a bad --out fails fast
-        analysis = run_analysis(model, device=device, dtype=dtype, gpu=gpu, rules_files=list(rules), stage=_progress)
+        analysis = run_analysis(model, device=device, dtype=dtype, gpu=gpu, rules_files=list(rules), stage=_progress,
+                                profile=profile, trace=trace)
         out_dir = out or Path("reports") / analysis.model_name
         if out is None:  # the default folder is known only now (it is named after the model)
             check_out_dir(out_dir)
@@ -131,8 +138,18 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
     out.print(
         f"[bold]{_escape(analysis.model_name)}[/]: {len(analysis.ops)} ops, {len(analysis.chains)} chains/items, "
         f"captured by {analysis.capture_method} on {analysis.device}; roofline of {spec['display_name']} "
-        f"({spec['memory_bandwidth_gbps']:.0f} GB/s, launch {spec['launch_overhead_us']:.0f} us). All times are estimates."
+        f"({spec['memory_bandwidth_gbps']:.0f} GB/s, launch {spec['launch_overhead_us']:.0f} us). "
+        + ("est. times are estimates; measured times from torch.profiler." if analysis.profile else
+           "All times are estimates.")
     )
+    prof = analysis.profile
+    if prof is not None:
+        for n in prof.notes:
+            out.print(f"[yellow]profile:[/] {_escape(n)}")
+        flagged = sum(1 for m in prof.chains.values() if m.flagged)
+        out.print(f"profiled on {_escape(prof.device_name)}: {prof.total_us:,.1f} us per run, "
+                  f"{prof.attributed_us:,.1f} us attributed to chains; {flagged} chain(s) off their eager estimate "
+                  f"by more than 2x" + (f"; trace: {_escape(prof.trace_file)}" if prof.trace_file else ""))
     rows = summary_rows(analysis)
     if rows:
         t = Table(title="Totals")
@@ -146,10 +163,18 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
     for col, just in (("chain", "left"), ("pattern", "left"), ("bound", "left"), ("route", "left"), ("kernel", "left"),
                       ("eager us", "right"), ("fused us", "right"), ("source", "left")):
         t.add_column(col, justify=just)
+    if prof is not None:
+        t.add_column("measured us", justify="right")
+        t.add_column("measured bound", justify="left")
     for c in ranked:
         e, d = analysis.estimates[c.id], analysis.decisions[c.id]
         src = f"{Path(c.source.file).name}:{c.source.line}" if c.source.file else "?"
-        t.add_row(c.id, c.pattern, d.bound, d.route, d.kernel or "-", f"{e.eager_us:,.1f}", f"{e.fused_us:,.1f}", src)
+        cells = [c.id, c.pattern, d.bound, d.route, d.kernel or "-", f"{e.eager_us:,.1f}", f"{e.fused_us:,.1f}", src]
+        if prof is not None:
+            m = prof.chains.get(c.id)
+            cells += [f"{m.time_us:,.1f}" + (" !" if m.flagged else "") if m and m.time_us > 0 else "-",
+                      m.bound if m else "-"]
+        t.add_row(*cells)
     out.print(t)
     out.print(f"report: {paths.get('html')}  (also chains.csv, ops.csv, report.json in {Path(paths['html']).parent})")
 
