@@ -399,6 +399,35 @@ def _print_apply_summary(result, paths: dict) -> None:
               f"{Path(paths['plan']).parent})")
 
 
+# --- calibrate ----------------------------------------------------------------------------------------------
+# (measure the present device's roofline ceilings; see fusion_advisor/calibrate.py)
+
+
+@app.command()
+def calibrate(
+    out: Optional[Path] = typer.Option(None, "--out", help="Spec YAML to write. Default: device_spec_gpu.yaml "
+                                       "(or device_spec_cpu.yaml) here. A file calibrate did not write is never "
+                                       "overwritten."),
+    device: Optional[str] = typer.Option(None, help="cuda (default with a GPU) or cpu."),
+    quick: bool = typer.Option(False, "--quick", help="Small sizes: seconds, noisier numbers."),
+    debug: bool = typer.Option(False, help="Show tracebacks."),
+) -> None:
+    """Measure copy bandwidth, matmul TFLOP/s per dtype and per-op launch overhead on this device; write a device
+    spec YAML that analyze and apply take with --gpu SPEC.yaml."""
+    from fusion_advisor.calibrate import calibrate as run_calibrate
+
+    def job():
+        with console.status("measuring copy bandwidth, matmul throughput and launch overhead ..."):
+            return run_calibrate(out, device=device, quick=quick)
+
+    path, data = run_guarded(job, debug)
+    t = data["tensor_tflops"]
+    typer.echo(f"{data['display_name']} ({data['kind']}): copy {data['memory_bandwidth_gbps']:,.1f} GB/s "
+               f"(read + write); matmul TFLOP/s " + ", ".join(f"{k} {v:,.3g}" for k, v in t.items())
+               + f"; launch {data['launch_overhead_us']:.2f} us per eager op")
+    typer.echo(f"wrote {path}; use it with: fusion-advisor analyze --gpu {path}")
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -90,6 +90,8 @@ def check_can_profile(device: str, supported: Callable[[], Iterable[Any]] | None
                            "Use --device cpu or --device cuda")
     if device not in ("cpu", "cuda"):
         raise ProfileError(f"--profile needs --device cpu or cuda, got {device!r}")
+    if device == "cuda" and supported is None and not torch.cuda.is_available():
+        raise ProfileError("--profile --device cuda: no CUDA GPU is available here; use --device cpu")
     if device == "cuda":
         acts = list((supported or torch.profiler.supported_activities)())
         if torch.profiler.ProfilerActivity.CUDA not in acts:
