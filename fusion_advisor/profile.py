@@ -14,19 +14,24 @@ How (one mechanism for CPU and GPU):
 3. **Attribute** (:func:`attribute`). GPU: each device activity (kernel, memcpy, memset) is matched to its CUDA
    runtime launch call by correlation id, and the launch to the innermost ``fa:`` range that contains it on the
    same host thread. A kernel is charged its duration (busy) plus the device idle time just before it (the gap
-   since the previous device activity ended), capped by the host time of the op that launched it: that is the
-   GPU waiting for this op to be issued (a gap longer than the op's host time was spent elsewhere, e.g. in
-   Python between graphs). CPU: an op's time is the wall time of its ``fa:`` range; the spec's per-op dispatch
-   overhead (``launch_overhead_us``, measured by ``calibrate``) is counted as its idle part, the rest as busy.
+   since the previous device activity ended) less the host time the instrumentation adds per op, capped by the
+   host time of the op that launched it: that is the GPU waiting for this op to be issued (a gap longer than the
+   op's host time was spent elsewhere, e.g. in Python between graphs). CPU: an op's busy time is the duration of
+   its top-level aten op(s) less the profiled duration of an op that does no work, and its idle time the plain
+   per-op dispatch cost.
+
+   The instrumentation's cost is measured by a **probe** in the same process: the host time per tiny op
+   (``torch.add`` on 1024 elements) plain, and wrapped and tagged like the graphs' ops under the profiler; the
+   difference is what profiling adds per op.
 4. **Per chain** (:func:`measure_chains`): time = sum over its ops; achieved GB/s and TFLOP/s from the op
    graph's eager bytes and FLOPs; % of the roofline bound; a measured bound class — launch-bound when idle time
    exceeds busy time (the roofline's own criterion, :mod:`fusion_advisor.roofline`, applied to measured times),
    else compute- or memory-bound by which ceiling the busy time comes closer to. The measurement is compared
    with the roofline's **eager** estimate (``Estimate.eager_us``): the profiled model runs unfused.
 
-Instrumentation costs host time (one Python call and one profiler range per op), which can lengthen the gaps
-between short kernels; the profile records the plain model's wall time next to the instrumented one so the
-cost is visible.
+Instrumentation costs host time (one Python call and one profiler range per op), which lengthens the gaps
+between short kernels; the probe's correction removes it on average, and the profile records the plain model's
+wall time next to the instrumented one so what remains is visible.
 """
 
 from __future__ import annotations
@@ -56,6 +61,10 @@ from fusion_advisor.roofline import roofline_busy_us
 #: Prefix of the profiler range around each op (``"fa:g0:mm_3"``) and the name of the range around each run.
 TAG_PREFIX = "fa:"
 RUN_TAG = "fa-run"
+#: Range around each tiny op of the probe that measures the instrumentation's own cost (see :func:`profile_model`).
+PROBE_TAG = "fa-probe"
+#: Tiny ops per probe loop.
+PROBE_OPS = 300
 #: Runs made before profiling (the first compiles the instrumented graphs) and runs profiled.
 DEFAULT_WARMUP_RUNS = 3
 DEFAULT_RUNS = 3
@@ -242,13 +251,21 @@ def _events(trace: Any) -> list[dict[str, Any]]:
     return [e for e in evs if isinstance(e, dict) and e.get("ph") == "X"]
 
 
-def attribute(trace: Any, device: str, dispatch_overhead_us: float = 0.0) -> Attribution:
+def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: float = 0.0) -> Attribution:
     """Attribute a chrome trace's time to the ``fa:<op id>`` ranges in it (see the module docstring, step 3).
 
     Args:
         trace: the parsed chrome-trace JSON (a dict with ``traceEvents``, or the event list).
-        device: ``"cuda"``: attribute device kernels; ``"cpu"``: attribute the ranges' own wall time.
-        dispatch_overhead_us: CPU only: per-op dispatch overhead counted as idle (the spec's launch overhead).
+        device: ``"cuda"``: attribute device kernels; ``"cpu"``: attribute the ranges' top-level aten ops.
+        dispatch_us: CPU: the host cost of one eager op without profiler (measured by the probe, see
+            :func:`profile_model`), counted as each aten op's idle part.
+        host_extra_us: GPU: host time per op that the instrumentation (wrapper, range, profiler) adds, measured by
+            the probe; subtracted from each device gap before it is charged, so the idle time is the one the plain
+            model would show.
+
+    On a CPU each top-level aten op counts ``busy = max(0, duration - floor)`` and ``idle = dispatch_us``, where
+    ``floor`` is the median duration of the tiny aten ops in the trace's ``fa-probe`` ranges (the profiled
+    duration of an op that does no work; 0 without a probe).
 
     Returns:
         An :class:`Attribution`, all numbers per run (divided by the number of ``fa-run`` ranges, at least 1).
@@ -300,24 +317,31 @@ def attribute(trace: Any, device: str, dispatch_overhead_us: float = 0.0) -> Att
                 unclaimed_events += 1
                 total += dur
                 continue
-            charged = min(gap, rng[1] - rng[0])
+            charged = min(max(gap - host_extra_us, 0.0), rng[1] - rng[0])
             add(rng[2], dur, charged, 1.0)
             total += dur + charged
         n_events = len(acts)
     else:
-        # Each range's top-level aten ops (nested aten calls are part of their parent's time). An op's time is
-        # their summed duration (the range's own duration when it ran none): the range's enter/exit cost is left
-        # out, the profiler's per-op cost is not (it is in every profiled aten op).
+        # Each range's top-level aten ops (nested aten calls are part of their parent's time).
         cpu_ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: float(e["ts"]))
+        probes = _Ranges([(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), "probe") for e in events
+                          if e.get("cat") == "user_annotation" and e.get("name") == PROBE_TAG])
+        probe_durs = []
         open_end: dict[Any, float] = {}
         claimed: set[tuple[float, float, str]] = set()
         unclaimed_events = 0
         outside_end = -math.inf
+        top: list[tuple[tuple[float, float, str], float]] = []
         for e in cpu_ops:
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
             rng = ranges[e.get("tid")].find(ts) if e.get("tid") in ranges else None
             if rng is None:
-                if str(e.get("name", "")).startswith("aten::") and ts >= outside_end:
+                probe = probes.find(ts) if probes.ranges else None
+                if probe is not None:
+                    if ts >= open_end.get(probe, -math.inf):
+                        probe_durs.append(dur)
+                        open_end[probe] = ts + dur
+                elif str(e.get("name", "")).startswith("aten::") and ts >= outside_end:
                     unclaimed_events += 1
                     outside_end = ts + dur
                 continue
@@ -325,17 +349,16 @@ def attribute(trace: Any, device: str, dispatch_overhead_us: float = 0.0) -> Att
                 continue  # nested inside an earlier aten op of the same range
             open_end[rng] = ts + dur
             claimed.add(rng)
-            op_id = rng[2]
-            over = min(dur, dispatch_overhead_us)
-            add(op_id, dur - over, over, 1.0)
+            top.append((rng, dur))
+        floor = sorted(probe_durs)[len(probe_durs) // 2] if probe_durs else 0.0
+        for rng, dur in top:
+            add(rng[2], max(dur - floor, 0.0), dispatch_us, 1.0)
         for tid_ranges in ranges.values():
             for rng in tid_ranges.ranges:
                 if rng not in claimed:  # a range that ran no profiled aten op: its own wall time
-                    dur = rng[1] - rng[0]
-                    over = min(dur, dispatch_overhead_us)
-                    add(rng[2], dur - over, over, 0.0)
+                    add(rng[2], rng[1] - rng[0], 0.0, 0.0)
         total = wall_us * n
-        n_events = sum(count.values()) + unclaimed_events
+        n_events = len(top) + unclaimed_events
     nodes = {
         op_id: NodeMeasurement(op_id=op_id, time_us=(busy[op_id] + idle[op_id]) / n, busy_us=busy[op_id] / n,
                                idle_us=idle[op_id] / n, kernels=count.get(op_id, 0.0) / n)
@@ -415,6 +438,25 @@ def _device_name(device: str) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def _probe_us(device: str, tagged: bool, ops: int = PROBE_OPS) -> float:
+    """Host wall time per tiny op (``torch.add`` on 1024 elements), us: plain, or wrapped and tagged as the
+    instrumented graphs' ops are (``fa-probe`` ranges; under the profiler this is the instrumented per-op cost)."""
+    x = torch.ones(1024, device=device)
+    fn = _tagged(torch.add, PROBE_TAG) if tagged else torch.add
+    fn(x, 1.0)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(ops):
+        fn(x, 1.0)
+    _sync(device)
+    return (time.perf_counter() - start) / ops * 1e6
+
+
+def _median(values: Iterable[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2]
+
+
 def _wall_us(fn: Callable[[], Any], device: str, runs: int) -> float:
     _sync(device)
     start = time.perf_counter()
@@ -460,6 +502,7 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
             notes.append(f"the instrumented run compiled {graphs} graph(s), the capture {len(cap.graphs)}: "
                          "node names may not match and some ops may stay unmeasured")
         eager_wall = _wall_us(lambda: loaded.module(*loaded.inputs), device, max(runs, 1))
+        dispatch = _median(_probe_us(device, tagged=False) for _ in range(3))
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -468,11 +511,14 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
                 with torch.profiler.record_function(RUN_TAG):
                     inst.run()
                 _sync(device)
+            instrumented = _median(_probe_us(device, tagged=True) for _ in range(3))
         if inst.graphs_seen() != graphs:
             notes.append("dynamo recompiled during the profiled runs; ops of recompiled graphs are unmeasured")
     torch._dynamo.reset()
     trace = _export_trace(prof, trace_path)
-    att = attribute(trace, device, dispatch_overhead_us=spec.launch_overhead_us if device == "cpu" else 0.0)
+    extra = max(instrumented - dispatch, 0.0)
+    att = attribute(trace, device, dispatch_us=dispatch if device == "cpu" else 0.0,
+                    host_extra_us=extra if device == "cuda" else 0.0)
     measured = set(att.nodes)
     missing = sorted(op_ids - measured)
     if device == "cpu" and missing:
@@ -486,14 +532,17 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
     if unmeasured:
         notes.append(f"{len(unmeasured)} chain(s) launched no measured kernel: {' '.join(unmeasured[:12])}"
                      + (" ..." if len(unmeasured) > 12 else ""))
-    where = "CUDA kernels by correlation id" if device == "cuda" else "wall time of each op's profiler range"
+    where = ("CUDA kernels by correlation id; device gaps less the instrumentation's host cost per op "
+             f"({extra:.2f} us, probe)" if device == "cuda" else
+             f"top-level aten ops, less the profiled duration of a no-work op, plus the plain dispatch cost "
+             f"{dispatch:.2f} us (probe)")
     setup = (f"torch.profiler, {runs} run(s) after {max(warmup_runs, 1)} warm-up run(s), no_grad, each aten op of the "
              f"captured graphs in its own record_function range; attributed: {where}; torch {torch.__version__}")
     return Profile(device=device, device_name=_device_name(device), runs=runs, warmup_runs=max(warmup_runs, 1),
                    total_us=att.total_us, attributed_us=att.attributed_us, unattributed_us=att.unattributed_us,
                    wall_us=att.wall_us, eager_wall_us=eager_wall, setup=setup, compared=COMPARED,
                    trace_file=str(trace_path) if trace_path is not None else "", nodes=att.nodes, chains=chain_ms,
-                   notes=notes)
+                   notes=notes, dispatch_us=dispatch, instrumented_dispatch_us=instrumented)
 
 
 def _export_trace(prof: Any, trace_path: Path | None) -> dict[str, Any]:

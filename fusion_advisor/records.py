@@ -293,6 +293,8 @@ class Profile:
         nodes: measurement per op id.
         chains: measurement per chain id.
         notes: caveats found on the way (graph mismatch, recompiles, kernels not attributed).
+        dispatch_us: host time per tiny eager op, plain (the probe; comparable to the spec's launch overhead) (us).
+        instrumented_dispatch_us: the same op wrapped and tagged as the graphs' ops, under the profiler (us).
     """
 
     device: str
@@ -310,6 +312,8 @@ class Profile:
     nodes: dict[str, NodeMeasurement] = field(default_factory=dict)
     chains: dict[str, ChainMeasurement] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    dispatch_us: float = 0.0
+    instrumented_dispatch_us: float = 0.0
 
 
 @dataclass

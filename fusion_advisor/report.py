@@ -669,7 +669,7 @@ def profile_view(analysis: Analysis, frame: pd.DataFrame | None = None) -> dict[
             confusion[pb][mb] += 1
     agree = sum(confusion[b][b] for b in BOUNDS)
     ratios = measured["predicted_vs_measured"].astype(float)
-    within = int(((ratios >= 1 / 1.3) & (ratios <= 1.3)).sum())
+    within = int(((ratios - 1.0).abs() <= 0.3).sum())  # |predicted - measured| <= 30% of measured
     flagged = measured[measured["flag_2x"] == True].sort_values("measured_us", ascending=False)  # noqa: E712
     return {
         "p": p,

@@ -132,6 +132,11 @@ def test_empty_profiles_are_refused_with_a_reason():
         attribute(no_kernels, "cuda")
 
 
+def test_gpu_idle_less_the_instrumentation_cost():
+    att = attribute(_gpu_trace(), "cuda", host_extra_us=6.0)
+    assert att.nodes["g0:b"].idle_us == 9.0  # the 15 us gap less 6 us that tags and profiler added
+
+
 def test_cpu_attribution_takes_top_level_aten_ops():
     events = [
         _x("fa-run", 0, 100, "user_annotation"),
@@ -140,10 +145,12 @@ def test_cpu_attribution_takes_top_level_aten_ops():
         _x("aten::empty", 13, 2, "cpu_op"),  # nested in aten::mm: part of its time
         _x("fa:g0:b", 50, 10, "user_annotation"),  # ran no aten op: its own wall time
         _x("aten::add", 70, 5, "cpu_op"),  # outside any op
+        _x("fa-probe", 200, 5, "user_annotation"),  # a no-work op takes 3 us under the profiler
+        _x("aten::add", 201, 3, "cpu_op"),
     ]
-    att = attribute(events, "cpu", dispatch_overhead_us=4.0)
+    att = attribute(events, "cpu", dispatch_us=4.0)
     a, b = att.nodes["g0:a"], att.nodes["g0:b"]
-    assert (a.time_us, a.busy_us, a.idle_us, a.kernels) == (20.0, 16.0, 4.0, 1.0)
+    assert (a.time_us, a.busy_us, a.idle_us, a.kernels) == (21.0, 17.0, 4.0, 1.0)
     assert (b.time_us, b.kernels) == (10.0, 0.0)
     assert att.total_us == 100.0 and att.unattributed_events == 1
 
