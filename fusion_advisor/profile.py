@@ -286,6 +286,11 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
         start = float(e["ts"])
         by_tid.setdefault(e.get("tid"), []).append((start, start + float(e.get("dur", 0.0)), e["name"][len(TAG_PREFIX):]))
     ranges = {tid: _Ranges(r) for tid, r in by_tid.items()}
+    run_ranges = _Ranges([(float(e["ts"]), float(e["ts"]) + float(e["dur"]), RUN_TAG) for e in runs])
+
+    def in_run(ts: float) -> bool:  # work outside the runs (the probe, set-up) is not the model's
+        return run_ranges.find(ts) is not None
+
     busy: dict[str, float] = {}
     idle: dict[str, float] = {}
     count: dict[str, float] = {}
@@ -307,11 +312,15 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
         prev_end = None
         total = 0.0
         unclaimed_events = 0
+        n_events = 0
         for e in acts:
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+            launch = launches.get((e.get("args") or {}).get("correlation"))
+            if launch is not None and not in_run(launch[0]):
+                continue
             gap = max(ts - prev_end, 0.0) if prev_end is not None else 0.0
             prev_end = max(prev_end or ts + dur, ts + dur)
-            launch = launches.get((e.get("args") or {}).get("correlation"))
+            n_events += 1
             rng = ranges[launch[1]].find(launch[0]) if launch and launch[1] in ranges else None
             if rng is None:
                 unclaimed_events += 1
@@ -320,7 +329,6 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
             charged = min(max(gap - host_extra_us, 0.0), rng[1] - rng[0])
             add(rng[2], dur, charged, 1.0)
             total += dur + charged
-        n_events = len(acts)
     else:
         # Each range's top-level aten ops (nested aten calls are part of their parent's time).
         cpu_ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: float(e["ts"]))
@@ -341,7 +349,7 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
                     if ts >= open_end.get(probe, -math.inf):
                         probe_durs.append(dur)
                         open_end[probe] = ts + dur
-                elif str(e.get("name", "")).startswith("aten::") and ts >= outside_end:
+                elif str(e.get("name", "")).startswith("aten::") and ts >= outside_end and in_run(ts):
                     unclaimed_events += 1
                     outside_end = ts + dur
                 continue

@@ -52,15 +52,15 @@ def test_every_chain_gets_a_measured_time(profiled):
 
 def test_chain_times_sum_to_the_profiled_total(profiled):
     """Chains partition the ops, so their times sum exactly to the attributed time; the attributed time can never
-    exceed the profiled wall time of the runs, and on this model (every op tens of us of work) at least half of it
-    is inside the ops: the rest is dynamo's guard check, AOTAutograd's wrapper and Python between ops (a few us
-    per op), which no chain owns."""
+    exceed the profiled wall time of the runs. The rest is dynamo's guard check, AOTAutograd's wrapper, Python
+    between ops and the profiler's bookkeeping, which no chain owns: on this model it measured 30-70% of a run
+    on a loaded 2-core machine, so at least 20% must be attributed (a lost match of ranges to ops gives ~0%)."""
     a, _ = profiled
     p = a.profile
     chain_sum = sum(m.time_us for m in p.chains.values())
     assert math.isclose(chain_sum, p.attributed_us, rel_tol=1e-9)
     assert p.attributed_us <= p.total_us * (1 + 1e-9)
-    assert p.attributed_us >= 0.5 * p.total_us, (p.attributed_us, p.total_us)
+    assert p.attributed_us >= 0.2 * p.total_us, (p.attributed_us, p.total_us)
     assert math.isclose(p.attributed_us + p.unattributed_us, p.total_us, rel_tol=1e-9)
     ops_in_chains = {i for c in a.chains for i in c.op_ids}
     assert set(p.nodes) <= ops_in_chains
@@ -132,6 +132,12 @@ def test_empty_profiles_are_refused_with_a_reason():
         attribute(no_kernels, "cuda")
 
 
+def test_gpu_work_outside_the_runs_is_ignored():
+    probe = [_x("fa-probe", 200, 5, "user_annotation"), _x("cudaLaunchKernel", 201, 1, "cuda_runtime", correlation=9),
+             _x("k9", 202, 1, "kernel", tid=7, correlation=9)]
+    assert attribute(_gpu_trace(probe), "cuda") == attribute(_gpu_trace(), "cuda")
+
+
 def test_gpu_idle_less_the_instrumentation_cost():
     att = attribute(_gpu_trace(), "cuda", host_extra_us=6.0)
     assert att.nodes["g0:b"].idle_us == 9.0  # the 15 us gap less 6 us that tags and profiler added
@@ -176,6 +182,20 @@ def test_report_shows_predicted_next_to_measured(profiled):
     html = render_html(a, "2026-01-01T00:00:00+00:00")
     assert 'id="profile"' in html and "est. eager / measured" in html
     assert "the roofline&#39;s eager estimate" in html  # says which prediction is compared
+
+
+def test_report_files_carry_the_measurements(profiled, tmp_path):
+    import pandas as pd
+
+    from fusion_advisor.report import write_report
+
+    a, _ = profiled
+    paths = write_report(a, tmp_path / "r")
+    doc = json.loads(paths["json"].read_text())
+    assert doc["profile"]["chains"]["c0"]["time_us"] == pytest.approx(a.profile.chains["c0"].time_us)
+    assert "est_eager_us" in doc["profile"]["compared"]
+    csv = pd.read_csv(paths["chains_csv"])
+    assert csv["measured_us"].notna().all() and set(csv["measured_bound"]) <= {"compute", "memory", "launch"}
 
 
 def test_report_without_profile_has_empty_measured_columns():
@@ -258,3 +278,36 @@ def test_export_capture_is_refused():
     loaded = load_model(MLP, device="cpu")
     with pytest.raises(UserError, match="captured by export"):
         _instrument(loaded, Capture(graphs=[], method="export"), set())
+
+
+# --- the accuracy benchmark's arithmetic, and the GPU path ---------------------------------------------------
+
+
+def test_accuracy_summary():
+    from benchmarks.profile_accuracy import markdown, summarize
+
+    rows = [
+        {"predicted_bound": "memory", "measured_bound": "memory", "ratio": 1.2, "measured_us": 10.0},
+        {"predicted_bound": "launch", "measured_bound": "memory", "ratio": 0.5, "measured_us": 30.0},
+        {"predicted_bound": "compute", "measured_bound": "compute", "ratio": 0.71, "measured_us": 60.0},
+        {"predicted_bound": "memory", "measured_bound": "", "ratio": None, "measured_us": 0.0},  # unmeasured
+    ]
+    s = summarize(rows)
+    assert s["chains"] == 3 and s["bound_agree"] == 2 and s["within_30"] == 2
+    assert s["confusion"]["launch"]["memory"] == 1
+    assert s["within_30_time_weighted_pct"] == pytest.approx(70.0)
+    assert [b["chains"] for b in s["ratio_buckets"]] == [0, 1, 2, 0, 0]
+    doc = {"summary": s, "device_name": "x", "date": "d", "versions": {}, "setup": "s", "models": [], "worst": [],
+           "spec": {"memory_bandwidth_gbps": 1.0, "launch_overhead_us": 1.0, "tensor_tflops": {"bf16": 1.0}}}
+    assert "| launch | 0 | 1 | 0 |" in markdown(doc)
+
+
+@pytest.mark.gpu
+def test_gpu_profile_attributes_every_chain(tmp_path):
+    a = analyze(MLP, device="cuda", gpu="h200", profile=True, trace=tmp_path / "t.json")
+    p = a.profile
+    assert p.device == "cuda" and p.instrumented_dispatch_us > 0 and p.dispatch_us > 0
+    for c in a.chains:
+        assert p.chains[c.id].time_us > 0 and p.chains[c.id].kernels >= 1, c.id
+    assert p.attributed_us <= p.total_us * (1 + 1e-9)
+    assert math.isclose(sum(m.time_us for m in p.chains.values()), p.attributed_us, rel_tol=1e-9)
