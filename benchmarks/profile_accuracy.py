@@ -155,7 +155,8 @@ def summarize(rows: list[dict]) -> dict:
         "bound_agree_pct": 100.0 * agree / n if n else None,
         "within_30": len(within),
         "within_30_pct": 100.0 * len(within) / n if n else None,
-        "within_30_time_weighted_pct": 100.0 * sum(r["measured_us"] for r in within) / total_time if total_time else None,
+        "within_30_time_weighted_pct": (100.0 * sum(r["measured_us"] for r in within) / total_time
+                                        if total_time else None),
         "confusion": confusion,
         "ratio_quantiles": {"p10": q(0.1), "p25": q(0.25), "p50": q(0.5), "p75": q(0.75), "p90": q(0.9)},
         "ratio_buckets": buckets,
@@ -217,8 +218,9 @@ def markdown(doc: dict) -> str:
                      f"{_fmt(p.get('wall_us'))} | {_fmt(p.get('eager_wall_us'))} | {_fmt(m.get('wall_s'))} | "
                      f"{m.get('error', '')} |")
     lines += ["", "## Chains off by more than 30% or with another bound class (largest measured time first, 25 shown)",
-              "", "| model | chain | pattern | kernels | predicted bound | measured bound | est. eager us | measured us "
-              "| busy us | idle us | ratio | source |", "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---|"]
+              "", "| model | chain | pattern | kernels | predicted bound | measured bound | est. eager us "
+              "| measured us | busy us | idle us | ratio | source |",
+              "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---|"]
     for r in doc["worst"][:25]:
         lines.append(f"| {r['model']} | {r['chain']} | {r['pattern']} | {r['eager_kernels']} | {r['predicted_bound']} "
                      f"| {r['measured_bound']} | {_fmt(r['est_eager_us'], 2)} | {_fmt(r['measured_us'], 2)} | "
@@ -318,7 +320,8 @@ def main() -> int:
         "device_name": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
         "versions": _versions(),
         "smoke": args.smoke,
-        "setup": (("CPU, 1 intra-op thread; " if device == "cpu" else "") + f"calibrate (quick={args.smoke}) then analyze --profile per model in its own process; "
+        "setup": (("CPU, 1 intra-op thread; " if device == "cpu" else "")
+                  + f"calibrate (quick={args.smoke}) then analyze --profile per model in its own process; "
                   f"{fp.DEFAULT_WARMUP_RUNS} warm-up runs, {fp.DEFAULT_RUNS} profiled runs, no_grad; "
                   f"within 30% means |est_eager_us / measured_us - 1| <= {TIME_TOLERANCE}"),
         "calibrate_s": calibrate_s,

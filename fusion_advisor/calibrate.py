@@ -174,7 +174,6 @@ def measure_copy_gbps(device: str, sizes: Sizes, timer: Callable[[Callable[[], A
     src = torch.ones(n, device=device, dtype=torch.float32)
     dst = torch.empty_like(src)
     t = timer(lambda: dst.copy_(src))
-    del src, dst
     return 2 * n * 4 / (t.median_ms * 1e-3) / 1e9
 
 
@@ -213,7 +212,7 @@ def measure_launch_us(device: str, sizes: Sizes, repeats: int = 5) -> float:
         _sync(device)
         start = time.perf_counter()
         for _ in range(sizes.launch_ops):
-            y = x + 1.0  # noqa: F841 - the op is what is timed
+            torch.add(x, 1.0)  # the op is what is timed
         _sync(device)
         if i:
             times.append((time.perf_counter() - start) / sizes.launch_ops * 1e6)
@@ -375,8 +374,8 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
 def render_spec(data: dict[str, Any]) -> str:
     """The YAML text of a spec mapping, the calibrate marker on its first line."""
     body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True)
-    return (f"{MARKER}\n# Written by `fusion-advisor calibrate`; use it with `fusion-advisor analyze --gpu THIS.yaml`.\n"
-            + body)
+    usage = "# Written by `fusion-advisor calibrate`; use it with `fusion-advisor analyze --gpu THIS.yaml`.\n"
+    return f"{MARKER}\n{usage}{body}"
 
 
 def default_out(cal_device: str) -> Path:

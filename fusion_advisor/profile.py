@@ -284,7 +284,8 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
     by_tid: dict[Any, list[tuple[float, float, str]]] = {}
     for e in tags:
         start = float(e["ts"])
-        by_tid.setdefault(e.get("tid"), []).append((start, start + float(e.get("dur", 0.0)), e["name"][len(TAG_PREFIX):]))
+        end = start + float(e.get("dur", 0.0))
+        by_tid.setdefault(e.get("tid"), []).append((start, end, e["name"][len(TAG_PREFIX):]))
     ranges = {tid: _Ranges(r) for tid, r in by_tid.items()}
     run_ranges = _Ranges([(float(e["ts"]), float(e["ts"]) + float(e["dur"]), RUN_TAG) for e in runs])
 

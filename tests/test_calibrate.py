@@ -73,7 +73,8 @@ def test_never_overwrites_a_foreign_file(tmp_path, cpu_spec):
 
 
 def _gpu_cal(name: str, copy_gbps: float = 4300.0) -> Calibration:
-    return Calibration(device="cuda", device_name=name, date="2026-01-01", versions={"torch": "2.11.0", "triton": "3.6.0"},
+    return Calibration(device="cuda", device_name=name, date="2026-01-01",
+                       versions={"torch": "2.11.0", "triton": "3.6.0"},
                        copy_gbps=copy_gbps, matmul_tflops={"fp32": 51.0, "tf32": 370.0, "bf16": 700.0, "fp16": 710.0},
                        matmul_notes={}, launch_us=6.5, kernel_floor_us=1.9, l2_bytes=62914560,
                        sizes=Sizes.for_device("cuda", l2_bytes=62914560), timer="do_bench median")

@@ -162,7 +162,8 @@ def test_cpu_attribution_takes_top_level_aten_ops():
 
 
 def test_measured_bound_classes():
-    assert measured_bound(busy_us=2.0, idle_us=10.0, flops=0, nbytes=100, peak_tflops=100, bandwidth_gbps=1000) == "launch"
+    assert measured_bound(busy_us=2.0, idle_us=10.0, flops=0, nbytes=100, peak_tflops=100,
+                          bandwidth_gbps=1000) == "launch"
     # 1e12 FLOP in 2 s = 0.5 TFLOP/s of 1 (50%); 1e9 bytes in 2 s = 0.5 GB/s of 1000 (0.05%): compute
     assert measured_bound(2e6, 0.0, int(1e12), int(1e9), 1.0, 1000.0) == "compute"
     assert measured_bound(2e6, 0.0, int(1e9), int(1e12), 1000.0, 1000.0) == "memory"
