@@ -115,7 +115,8 @@ def worker(model: str, spec: str, device: str, result: str) -> None:
         out.update(ok=True, rows=rows, profile={
             "device_name": p.device_name, "runs": p.runs, "total_us": p.total_us, "attributed_us": p.attributed_us,
             "unattributed_us": p.unattributed_us, "wall_us": p.wall_us, "eager_wall_us": p.eager_wall_us,
-            "setup": p.setup, "notes": p.notes}, capture=a.capture_method, graph_breaks=len(a.graph_breaks),
+            "setup": p.setup, "notes": p.notes, "dispatch_us": p.dispatch_us,
+            "instrumented_dispatch_us": p.instrumented_dispatch_us}, capture=a.capture_method, graph_breaks=len(a.graph_breaks),
             timings_s=a.timings_s)
     except BaseException as e:  # noqa: BLE001 - recorded, never fatal
         out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -217,6 +218,12 @@ def markdown(doc: dict) -> str:
                      f"{_fmt(ms.get('within_30_pct'))} | {_fmt(p.get('total_us'))} | {_fmt(att)} | "
                      f"{_fmt(p.get('wall_us'))} | {_fmt(p.get('eager_wall_us'))} | {_fmt(m.get('wall_s'))} | "
                      f"{m.get('error', '')} |")
+    lines += ["", "## By pattern and predicted bound", "",
+              "| pattern | predicted bound | chains | bound equal | within 30% | median ratio |",
+              "|---|---|---:|---:|---:|---:|"]
+    for g in doc["by_pattern"]:
+        lines.append(f"| {g['pattern']} | {g['predicted_bound']} | {g['chains']} | {g['bound_agree']} | "
+                     f"{g['within_30']} | {_fmt(g['median_ratio'], 2)} |")
     lines += ["", "## Chains off by more than 30% or with another bound class (largest measured time first, 25 shown)",
               "", "| model | chain | pattern | kernels | predicted bound | measured bound | est. eager us "
               "| measured us | busy us | idle us | ratio | source |",
@@ -313,6 +320,18 @@ def main() -> int:
     off.sort(key=lambda r: r["measured_us"], reverse=True)
     import fusion_advisor.profile as fp
 
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        if _finite(r.get("ratio")) and r["measured_us"] > 0:
+            groups.setdefault((r["pattern"], r["predicted_bound"]), []).append(r)
+    by_pattern = []
+    for (pattern, bound), rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        ratios = sorted(r["ratio"] for r in rs)
+        by_pattern.append({"pattern": pattern, "predicted_bound": bound, "chains": len(rs),
+                           "bound_agree": sum(r["predicted_bound"] == r["measured_bound"] for r in rs),
+                           "within_30": sum(abs(r["ratio"] - 1.0) <= TIME_TOLERANCE for r in rs),
+                           "median_ratio": ratios[len(ratios) // 2]})
+
     doc = {
         "benchmark": "profile_accuracy",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -327,6 +346,7 @@ def main() -> int:
         "calibrate_s": calibrate_s,
         "spec": spec,
         "summary": summary,
+        "by_pattern": by_pattern,
         "models": [{k: v for k, v in r.items() if k != "rows"} for r in results],
         "worst": off,
         "wall_s": time.perf_counter() - start,

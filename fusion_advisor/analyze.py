@@ -136,7 +136,7 @@ def analyze(
         with timed("profile"):
             measured = profile_model(loaded, cap, og.ops, chains, estimates, spec, runs=profile_runs,
                                      trace_path=Path(trace) if trace is not None else None)
-        with timed("route"):  # again: rules may match the measured bound class
+        with timed("route-measured"):  # again: rules may match the measured bound class
             decisions = route_all(chains, estimates, rules, device_kind=spec.kind, measured=measured.chains)
 
     return Analysis(

@@ -77,6 +77,7 @@ def _progress(name: str) -> Iterator[None]:
         "chains": "cutting chains",
         "route": "estimating and routing",
         "profile": "profiling the model (warm-up, then torch.profiler)",
+        "route-measured": "routing again with the measured bound classes",
     }
     with console.status(labels.get(name, name) + " ..."):
         yield

@@ -299,6 +299,7 @@ def test_accuracy_summary():
     assert s["within_30_time_weighted_pct"] == pytest.approx(70.0)
     assert [b["chains"] for b in s["ratio_buckets"]] == [0, 1, 2, 0, 0]
     doc = {"summary": s, "device_name": "x", "date": "d", "versions": {}, "setup": "s", "models": [], "worst": [],
+           "by_pattern": [],
            "spec": {"memory_bandwidth_gbps": 1.0, "launch_overhead_us": 1.0, "tensor_tflops": {"bf16": 1.0}}}
     assert "| launch | 0 | 1 | 0 |" in markdown(doc)
 
