@@ -74,6 +74,9 @@ def analyze(
     rules_files: list[str | Path] | None = None,
     stage: Stage = _no_progress,
     on_capture: Callable[[Capture], None] | None = None,
+    profile: bool = False,
+    trace: str | Path | None = None,
+    profile_runs: int = 3,
 ) -> Analysis:
     """Analyse the model in ``model_path`` (``None``: the built-in default model).
 
@@ -86,6 +89,10 @@ def analyze(
         stage: context-manager factory called with each stage's name (the CLI shows progress with it).
         on_capture: called with the :class:`~fusion_advisor.capture.Capture` once captured (later stages that need
             the graphs themselves, such as ``--inductor-code``, keep it this way).
+        profile: run the model under torch.profiler and measure every chain (:mod:`fusion_advisor.profile`);
+            needs ``device`` cpu or cuda. Rules may then match the measured bound class.
+        trace: with ``profile``, also write the chrome trace there (Perfetto / chrome://tracing).
+        profile_runs: profiled runs (times are per run).
 
     Raises:
         UserError: subclasses name the file, line, rule or op at fault (see :mod:`fusion_advisor.errors`).
@@ -103,6 +110,16 @@ def analyze(
     spec: DeviceSpec = load_spec(gpu or default_spec_name())
     rules = load_rules(rules_files or [])
     device = device or default_device()
+    if trace is not None and not profile:
+        from fusion_advisor.errors import UserError
+
+        raise UserError("--trace writes the profiler's trace: it needs --profile")
+    if profile:
+        from fusion_advisor.profile import check_can_profile, check_trace_path
+
+        check_can_profile(device)
+        if trace is not None:
+            check_trace_path(Path(trace))
 
     with timed("load"):
         loaded = load_model(model_path, device=device, dtype=dtype)
@@ -117,6 +134,15 @@ def analyze(
     with timed("route"):
         estimates = estimate_all(chains, og.ops, spec)
         decisions = route_all(chains, estimates, rules, device_kind=spec.kind)
+    measured = None
+    if profile:
+        from fusion_advisor.profile import profile_model
+
+        with timed("profile"):
+            measured = profile_model(loaded, cap, og.ops, chains, estimates, spec, runs=profile_runs,
+                                     trace_path=Path(trace) if trace is not None else None)
+        with timed("route-measured"):  # again: rules may match the measured bound class
+            decisions = route_all(chains, estimates, rules, device_kind=spec.kind, measured=measured.chains)
 
     return Analysis(
         model_name=loaded.name,
@@ -135,4 +161,5 @@ def analyze(
         decisions=decisions,
         timings_s=timings,
         versions=versions(),
+        profile=measured,
     )

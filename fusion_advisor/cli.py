@@ -76,6 +76,8 @@ def _progress(name: str) -> Iterator[None]:
         "graph": "building the op graph",
         "chains": "cutting chains",
         "route": "estimating and routing",
+        "profile": "profiling the model (warm-up, then torch.profiler)",
+        "route-measured": "routing again with the measured bound classes",
     }
     with console.status(labels.get(name, name) + " ..."):
         yield
@@ -100,6 +102,11 @@ def analyze(
                                      "top N by estimated saving."),
     inductor_budget_s: float = typer.Option(300.0, "--inductor-budget-s", min=0.0, help="With --inductor-code: "
                                             "time budget for all chains, seconds."),
+    profile: bool = typer.Option(False, "--profile", help="Run the model under torch.profiler (needs --device cpu or "
+                                 "cuda) and put the measured time, GB/s, TFLOP/s and bound class next to every "
+                                 "prediction."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="With --profile: also write the chrome trace here "
+                                         "(open in ui.perfetto.dev or chrome://tracing)."),
     debug: bool = typer.Option(False, help="Show tracebacks."),
 ) -> None:
     """Analyse a model: chains, bound classes, routes and reasons; writes report.html, chains.csv, ops.csv, report.json."""
@@ -118,7 +125,7 @@ def analyze(
                 ic.check_dir(out, ours=_earlier_report(out))
         kept: list = []
         analysis = run_analysis(model, device=device, dtype=dtype, gpu=gpu, rules_files=list(rules), stage=_progress,
-                                on_capture=kept.append)
+                                on_capture=kept.append, profile=profile, trace=trace)
         out_dir = out or Path("reports") / analysis.model_name
         if out is None:  # the default folder is known only now (it is named after the model)
             check_out_dir(out_dir)
@@ -158,8 +165,18 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
     out.print(
         f"[bold]{_escape(analysis.model_name)}[/]: {len(analysis.ops)} ops, {len(analysis.chains)} chains/items, "
         f"captured by {analysis.capture_method} on {analysis.device}; roofline of {spec['display_name']} "
-        f"({spec['memory_bandwidth_gbps']:.0f} GB/s, launch {spec['launch_overhead_us']:.0f} us). All times are estimates."
+        f"({spec['memory_bandwidth_gbps']:.0f} GB/s, launch {spec['launch_overhead_us']:.0f} us). "
+        + ("est. times are estimates; measured times from torch.profiler." if analysis.profile else
+           "All times are estimates.")
     )
+    prof = analysis.profile
+    if prof is not None:
+        for n in prof.notes:
+            out.print(f"[yellow]profile:[/] {_escape(n)}")
+        flagged = sum(1 for m in prof.chains.values() if m.flagged)
+        out.print(f"profiled on {_escape(prof.device_name)}: {prof.total_us:,.1f} us per run, "
+                  f"{prof.attributed_us:,.1f} us attributed to chains; {flagged} chain(s) off their eager estimate "
+                  f"by more than 2x" + (f"; trace: {_escape(prof.trace_file)}" if prof.trace_file else ""))
     rows = summary_rows(analysis)
     if rows:
         t = Table(title="Totals")
@@ -173,10 +190,18 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
     for col, just in (("chain", "left"), ("pattern", "left"), ("bound", "left"), ("route", "left"), ("kernel", "left"),
                       ("eager us", "right"), ("fused us", "right"), ("source", "left")):
         t.add_column(col, justify=just)
+    if prof is not None:
+        t.add_column("measured us", justify="right")
+        t.add_column("measured bound", justify="left")
     for c in ranked:
         e, d = analysis.estimates[c.id], analysis.decisions[c.id]
         src = f"{Path(c.source.file).name}:{c.source.line}" if c.source.file else "?"
-        t.add_row(c.id, c.pattern, d.bound, d.route, d.kernel or "-", f"{e.eager_us:,.1f}", f"{e.fused_us:,.1f}", src)
+        cells = [c.id, c.pattern, d.bound, d.route, d.kernel or "-", f"{e.eager_us:,.1f}", f"{e.fused_us:,.1f}", src]
+        if prof is not None:
+            m = prof.chains.get(c.id)
+            cells += [f"{m.time_us:,.1f}" + (" !" if m.flagged else "") if m and m.time_us > 0 else "-",
+                      m.bound if m else "-"]
+        t.add_row(*cells)
     out.print(t)
     out.print(f"report: {paths.get('html')}  (also chains.csv, ops.csv, report.json in {Path(paths['html']).parent})")
 
@@ -485,6 +510,35 @@ def _bench_sweep(file: str, out: Optional[Path], gpu: Optional[str], warmup_ms: 
     if result.note:
         show.print(f"[yellow]note:[/] {_escape(result.note)}")
     show.print(f"sweep: {paths['csv']}  {paths['json']}", highlight=False)
+
+
+# --- calibrate ----------------------------------------------------------------------------------------------
+# (measure the present device's roofline ceilings; see fusion_advisor/calibrate.py)
+
+
+@app.command()
+def calibrate(
+    out: Optional[Path] = typer.Option(None, "--out", help="Spec YAML to write. Default: device_spec_gpu.yaml "
+                                       "(or device_spec_cpu.yaml) here. A file calibrate did not write is never "
+                                       "overwritten."),
+    device: Optional[str] = typer.Option(None, help="cuda (default with a GPU) or cpu."),
+    quick: bool = typer.Option(False, "--quick", help="Small sizes: seconds, noisier numbers."),
+    debug: bool = typer.Option(False, help="Show tracebacks."),
+) -> None:
+    """Measure copy bandwidth, matmul TFLOP/s per dtype and per-op launch overhead on this device; write a device
+    spec YAML that analyze and apply take with --gpu SPEC.yaml."""
+    from fusion_advisor.calibrate import calibrate as run_calibrate
+
+    def job():
+        with console.status("measuring copy bandwidth, matmul throughput and launch overhead ..."):
+            return run_calibrate(out, device=device, quick=quick)
+
+    path, data = run_guarded(job, debug)
+    t = data["tensor_tflops"]
+    typer.echo(f"{data['display_name']} ({data['kind']}): copy {data['memory_bandwidth_gbps']:,.1f} GB/s "
+               f"(read + write); matmul TFLOP/s " + ", ".join(f"{k} {v:,.3g}" for k, v in t.items())
+               + f"; launch {data['launch_overhead_us']:.2f} us per eager op")
+    typer.echo(f"wrote {path}; use it with: fusion-advisor analyze --gpu {path}")
 
 
 def main() -> None:

@@ -32,6 +32,14 @@ class DeviceSpecError(UserError):
     """An unknown device-spec name or an invalid device-spec YAML."""
 
 
+class ProfileError(UserError):
+    """Profiling was asked for where it cannot run (meta device, a GPU the profiler cannot see) or measured nothing."""
+
+
+class CalibrationError(UserError):
+    """``calibrate`` cannot measure on the asked device or cannot write its spec file."""
+
+
 class ContractError(UserError):
     """A kernel file lacks the contract ``kernel_fn``, ``reference_fn``, ``get_inputs()``."""
 

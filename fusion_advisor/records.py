@@ -4,6 +4,7 @@ Each stage takes records from the one before and returns its own; no stage reach
 
     load.LoadedModel -> capture.Capture -> graph.OpGraph (OpInfo per node) -> chains.Chain
         -> route.Decision (rules.Rule, devices.DeviceSpec, cost.Estimate) -> report
+    profile.Profile (NodeMeasurement per op, ChainMeasurement per chain; ``analyze --profile``) -> route, report
 """
 
 from __future__ import annotations
@@ -246,6 +247,110 @@ class InductorCode:
     library_code: str = field(default="", repr=False)
 
 
+@dataclass(frozen=True)
+class NodeMeasurement:
+    """Measured time of one op-graph node (one aten op), per model run, from a profiled run.
+
+    Attributes:
+        op_id: the op's id (``"g<graph>:<node name>"``).
+        time_us: ``busy_us + idle_us``: the time the op held the device, per run (us).
+        busy_us: on a GPU, summed durations of the device kernels (and memcpy/memset) the op launched; on a CPU,
+            the op's wall time minus the per-op dispatch overhead of the device spec (us, per run).
+        idle_us: on a GPU, device idle time just before each of the op's kernels, capped by the host time spent in
+            the op (the GPU waiting for this op to be issued); on a CPU, the part of the op's wall time the spec's
+            per-op dispatch overhead accounts for (us, per run).
+        kernels: device kernels (GPU) or top-level aten CPU ops (CPU) the op ran, per run.
+    """
+
+    op_id: str
+    time_us: float
+    busy_us: float
+    idle_us: float
+    kernels: float
+
+
+@dataclass(frozen=True)
+class ChainMeasurement:
+    """Measured time of one chain (or heavy item), run unfused (eagerly, op by op), next to its prediction.
+
+    Attributes:
+        chain_id: the chain measured.
+        time_us: sum of its ops' :attr:`NodeMeasurement.time_us`, per run (us).
+        busy_us: sum of its ops' busy time (us).
+        idle_us: sum of its ops' idle time (us).
+        kernels: kernels (GPU) or aten ops (CPU) it ran, per run.
+        achieved_gbps: the chain's eager bytes over ``time_us`` (GB/s, 1e9 bytes/s).
+        achieved_tflops: the chain's FLOPs over ``time_us`` (TFLOP/s).
+        pct_of_roofline: the roofline's pure device time (per op ``max(flops/peak, bytes/bandwidth)`` summed, no
+            launch term) over ``time_us``, in percent: 100 means the chain ran at the roofline bound.
+        bound: measured bound class: ``"launch"`` when ``idle_us > busy_us``, else ``"compute"`` or ``"memory"``
+            by which ceiling the chain's busy time comes closer to (FLOP/s over peak vs bytes/s over bandwidth);
+            ``""`` when nothing was measured.
+        predicted_us: the prediction it is compared with: the roofline's EAGER time (``Estimate.eager_us``), since
+            the profiled model runs unfused.
+        ratio: ``predicted_us / time_us`` (NaN when nothing was measured).
+        flagged: prediction and measurement differ by more than 2x (ratio above 2 or below 0.5).
+    """
+
+    chain_id: str
+    time_us: float
+    busy_us: float
+    idle_us: float
+    kernels: float
+    achieved_gbps: float
+    achieved_tflops: float
+    pct_of_roofline: float
+    bound: str
+    predicted_us: float
+    ratio: float
+    flagged: bool
+
+
+@dataclass
+class Profile:
+    """What a profiled run of the model measured (``analyze --profile``).
+
+    Attributes:
+        device: ``"cuda"`` or ``"cpu"``.
+        device_name: the GPU's or CPU's name.
+        runs: profiled runs; every time is per run (the mean over runs).
+        warmup_runs: runs made before profiling (compilation of the instrumented graphs, caches, clocks).
+        total_us: profiled total per run: on a GPU, every device kernel's duration plus the idle time charged to
+            kernels (attributed or not); on a CPU, the wall time of the captured graphs' execution (us).
+        attributed_us: the part of ``total_us`` attributed to op-graph nodes (us).
+        unattributed_us: ``total_us - attributed_us``: kernels launched outside any tagged node (graph-break code,
+            untagged view ops) and, on a CPU, Python glue between nodes (us).
+        wall_us: wall time of one instrumented run under the profiler, host side (us).
+        eager_wall_us: wall time of one run of the plain model without profiler or tags, for comparison (us).
+        setup: how it was measured, one line.
+        compared: which prediction the measured time is compared with (the roofline's eager time).
+        trace_file: chrome trace written (``--trace``), or ``""``.
+        nodes: measurement per op id.
+        chains: measurement per chain id.
+        notes: caveats found on the way (graph mismatch, recompiles, kernels not attributed).
+        dispatch_us: host time per tiny eager op, plain (the probe; comparable to the spec's launch overhead) (us).
+        instrumented_dispatch_us: the same op wrapped and tagged as the graphs' ops, under the profiler (us).
+    """
+
+    device: str
+    device_name: str
+    runs: int
+    warmup_runs: int
+    total_us: float
+    attributed_us: float
+    unattributed_us: float
+    wall_us: float
+    eager_wall_us: float
+    setup: str
+    compared: str
+    trace_file: str = ""
+    nodes: dict[str, NodeMeasurement] = field(default_factory=dict)
+    chains: dict[str, ChainMeasurement] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    dispatch_us: float = 0.0
+    instrumented_dispatch_us: float = 0.0
+
+
 @dataclass
 class Analysis:
     """Everything ``analyze`` found, ready for the report.
@@ -268,6 +373,7 @@ class Analysis:
         timings_s: wall time per pipeline stage in seconds.
         versions: library versions.
         inductor_code: Inductor's code per chain id, when asked for (``analyze --inductor-code``), else empty.
+        profile: measured times when run with ``--profile``, else ``None``.
     """
 
     model_name: str
@@ -287,6 +393,7 @@ class Analysis:
     timings_s: dict[str, float] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     inductor_code: dict[str, InductorCode] = field(default_factory=dict)
+    profile: Profile | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of the whole analysis (Inductor code texts left out: they are files)."""

@@ -1,7 +1,9 @@
 """Stage 6: write what ``analyze`` found as report.html, chains.csv, ops.csv and report.json.
 
-Every number here is an *estimate* from the roofline model of :mod:`fusion_advisor.cost`, never a measurement;
-the report says so and says how each number was computed (:data:`CHAIN_COLUMNS`, :data:`OP_COLUMNS`).
+Every ``est_*`` number is an *estimate* from the roofline model of :mod:`fusion_advisor.roofline`; ``measured_*``
+columns (and the Profile section) hold measurements of ``analyze --profile`` (:mod:`fusion_advisor.profile`),
+placed next to the roofline's eager estimate they are compared with. The report says how each number was computed
+(:data:`CHAIN_COLUMNS`, :data:`OP_COLUMNS`).
 
 Public API:
 
@@ -33,7 +35,7 @@ import jinja2
 import pandas as pd
 
 import fusion_advisor
-from fusion_advisor.records import Analysis, Chain, Decision, Estimate, OpInfo, SourceLoc, TensorMeta
+from fusion_advisor.records import Analysis, Chain, ChainMeasurement, Decision, Estimate, OpInfo, SourceLoc, TensorMeta
 
 #: Route names in the order the report lists them (``fusion_advisor.route`` produces these).
 ROUTES = ("skip", "torch.compile", "triton")
@@ -95,6 +97,23 @@ CHAIN_COLUMNS: dict[str, str] = {
     "graph_index": "Index of the captured graph the chain lives in.",
     "inductor_code": "With analyze --inductor-code: the file (relative to the report folder) holding the code "
     "Inductor generates for the chain, or why there is none; empty when not asked for or not selected.",
+    # measured (analyze --profile); empty / NaN without a profile
+    "measured_us": "Measured time of the chain run unfused (eager), per run: its kernels' durations plus the "
+    "device idle time charged to them (GPU), or its aten ops' wall time (CPU) (us). Empty without --profile.",
+    "measured_busy_us": "Of measured_us, the time its kernels ran (GPU), or wall time minus the spec's per-op "
+    "dispatch overhead (CPU) (us).",
+    "measured_idle_us": "Of measured_us, device idle time waiting for its launches (GPU), or per-op dispatch "
+    "overhead (CPU) (us).",
+    "measured_kernels": "Device kernels (GPU) or top-level aten ops (CPU) it ran per run (count).",
+    "measured_bound": "Measured bound class: 'launch' when measured_idle_us > measured_busy_us, else 'compute' or "
+    "'memory' by which ceiling its busy time comes closer to.",
+    "predicted_vs_measured": "est_eager_us / measured_us: the roofline's EAGER estimate against the measurement "
+    "of the unfused run (1 = exact; above 1 the model predicts too slow).",
+    "flag_2x": "True when prediction and measurement differ by more than 2x (predicted_vs_measured > 2 or < 0.5).",
+    "achieved_gbps": "eager_bytes / measured_us (GB/s, 1e9 bytes/s).",
+    "achieved_tflops": "flops / measured_us (TFLOP/s).",
+    "pct_of_roofline": "Roofline device time of the chain run op by op (per op max(flops/peak, bytes/bandwidth), "
+    "no launch term) / measured_us, in percent (100 = at the roofline bound).",
 }
 
 OP_COLUMNS: dict[str, str] = {
@@ -140,8 +159,13 @@ HOW_COMPUTED = (
     "is above the ridge point, else memory-bound. Routing rules may override the class.",
     "Time after routing is the fused estimate for chains routed to torch.compile or a Triton kernel, and the "
     "eager estimate for skipped chains. Savings are eager minus after-routing.",
-    "All times are estimates from peak numbers of the device spec, NOT measurements: real kernels reach a "
+    "All est. times are estimates from peak numbers of the device spec, NOT measurements: real kernels reach a "
     "fraction of peak, and torch.compile may fuse differently. Verify and benchmark before trusting a saving.",
+    "With --profile, measured_* columns come from running the model under torch.profiler after warm-up, each aten "
+    "op of the captured graphs in its own profiler range; every GPU kernel is attributed by correlation id to the "
+    "op that launched it (on a CPU, each op's aten wall time). They are compared with the EAGER estimate "
+    "(est_eager_us), since the profiled model runs unfused. A run with a calibrated spec (fusion-advisor "
+    "calibrate) compares against ceilings measured on the same device.",
 )
 
 # Roofline chart styling: color per route, marker per bound class (anything else: grey / 'x').
@@ -252,7 +276,20 @@ def _inductor_cell(rec: Any) -> str:
     return rec.path if rec.status == "generated" else (rec.reason or rec.status)
 
 
-def _chain_row(chain: Chain, est: Estimate | None, dec: Decision | None, inductor: Any = None) -> dict[str, Any]:
+def _measured_cells(m: ChainMeasurement | None) -> dict[str, Any]:
+    if m is None or m.time_us <= 0:
+        return {"measured_us": _nan(), "measured_busy_us": _nan(), "measured_idle_us": _nan(),
+                "measured_kernels": _nan(), "measured_bound": "", "predicted_vs_measured": _nan(),
+                "flag_2x": None if m is None else False, "achieved_gbps": _nan(), "achieved_tflops": _nan(),
+                "pct_of_roofline": _nan()}
+    return {"measured_us": m.time_us, "measured_busy_us": m.busy_us, "measured_idle_us": m.idle_us,
+            "measured_kernels": m.kernels, "measured_bound": m.bound, "predicted_vs_measured": m.ratio,
+            "flag_2x": m.flagged, "achieved_gbps": m.achieved_gbps, "achieved_tflops": m.achieved_tflops,
+            "pct_of_roofline": m.pct_of_roofline}
+
+
+def _chain_row(chain: Chain, est: Estimate | None, dec: Decision | None, inductor: Any = None,
+               measured: ChainMeasurement | None = None) -> dict[str, Any]:
     route = dec.route if dec else ""
     return {
         "chain_id": chain.id,
@@ -289,6 +326,7 @@ def _chain_row(chain: Chain, est: Estimate | None, dec: Decision | None, inducto
         "op_ids": " ".join(chain.op_ids),
         "graph_index": chain.graph_index,
         "inductor_code": _inductor_cell(inductor),
+        **_measured_cells(measured),
     }
 
 
@@ -297,8 +335,10 @@ def chains_frame(analysis: Analysis) -> pd.DataFrame:
 
     Chains without an estimate get NaN times; chains without a decision get empty route/rule strings.
     """
+    measured = analysis.profile.chains if analysis.profile is not None else {}
     rows = [
-        _chain_row(c, analysis.estimates.get(c.id), analysis.decisions.get(c.id), analysis.inductor_code.get(c.id))
+        _chain_row(c, analysis.estimates.get(c.id), analysis.decisions.get(c.id), analysis.inductor_code.get(c.id),
+                   measured.get(c.id))
         for c in analysis.chains
     ]
     return pd.DataFrame(rows, columns=list(CHAIN_COLUMNS))
@@ -598,6 +638,7 @@ def render_html(analysis: Analysis, generated_at: str) -> str:
                             + (" ..." if len(missing_dec) > 20 else ""))
     rows = _sorted_for_table(frame).to_dict("records")
     summary = summary_rows(analysis)
+    profile = profile_view(analysis, frame)
     return _template().render(
         a=analysis,
         tool_version=fusion_advisor.__version__,
@@ -622,7 +663,39 @@ def render_html(analysis: Analysis, generated_at: str) -> str:
         n_graphs=len({op.graph_index for op in analysis.ops} | {c.graph_index for c in analysis.chains}),
         inductor=list(analysis.inductor_code.values()),
         short_path=short_path,
+        profile=profile,
     )
+
+
+def profile_view(analysis: Analysis, frame: pd.DataFrame | None = None) -> dict[str, Any] | None:
+    """What the report shows of a profile: totals, the predicted-vs-measured bound table, the ratio spread and the
+    chains flagged (prediction off by more than 2x). ``None`` without a profile."""
+    p = analysis.profile
+    if p is None:
+        return None
+    frame = chains_frame(analysis) if frame is None else frame
+    measured = frame[frame["measured_us"].notna()]
+    predicted = [analysis.estimates[c].bound if c in analysis.estimates else "" for c in measured["chain_id"]]
+    confusion = {pb: {mb: 0 for mb in BOUNDS} for pb in BOUNDS}
+    for pb, mb in zip(predicted, measured["measured_bound"]):
+        if pb in confusion and mb in confusion[pb]:
+            confusion[pb][mb] += 1
+    agree = sum(confusion[b][b] for b in BOUNDS)
+    ratios = measured["predicted_vs_measured"].astype(float)
+    within = int(((ratios - 1.0).abs() <= 0.3).sum())  # |predicted - measured| <= 30% of measured
+    flagged = measured[measured["flag_2x"] == True].sort_values("measured_us", ascending=False)  # noqa: E712
+    return {
+        "p": p,
+        "attributed_pct": 100.0 * p.attributed_us / p.total_us if p.total_us > 0 else float("nan"),
+        "n_measured": int(len(measured)),
+        "n_chains": int(len(frame)),
+        "confusion": confusion,
+        "bounds": BOUNDS,
+        "bound_agree": agree,
+        "within_30": within,
+        "median_ratio": float(ratios.median()) if len(ratios) else float("nan"),
+        "flagged": flagged.to_dict("records"),
+    }
 
 
 def _rules_file_view(entry: Any) -> dict[str, str]:

@@ -73,6 +73,12 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     )
 
 
+def roofline_busy_us(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> float:
+    """Pure roofline device time of ``chain`` run op by op, no launch term: per op ``max(FLOPs / peak, bytes /
+    bandwidth)`` summed (us). The floor a measured eager run of the chain can approach."""
+    return sum(_op_time_us(ops[i], spec) for i in chain.op_ids)
+
+
 def estimate_all(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> dict[str, Estimate]:
     """:func:`estimate` for every chain, keyed by chain id."""
     by_id = {o.id: o for o in ops}

@@ -7,7 +7,7 @@ torch.compile and the decision's note says why.
 
 from __future__ import annotations
 
-from fusion_advisor.records import Chain, Decision, Estimate
+from fusion_advisor.records import Chain, ChainMeasurement, Decision, Estimate
 from fusion_advisor.rules import RuleSet, render_reason
 
 
@@ -28,12 +28,13 @@ def _torch_dtype(name: str):
 
 
 def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, library_error: str = "",
-                device_kind: str = "gpu") -> Decision:
+                device_kind: str = "gpu", measured: ChainMeasurement | None = None) -> Decision:
     """The :class:`Decision` for one chain: the first matching rule, with the library fallback applied.
 
     ``device_kind`` is the device spec's kind: on a ``"cpu"`` spec a triton route falls back to torch.compile.
+    ``measured`` is the chain's profiled measurement, when there is one (rules may match its bound class).
     """
-    rule, features = rules.first_match(chain, est)
+    rule, features = rules.first_match(chain, est, measured)
     if rule is None:
         return Decision(chain.id, "skip", "", "(none)", "", "no rule matched", est.bound)
     route, kernel, note = rule.route, "", ""
@@ -78,7 +79,9 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
 
 
 def route_all(chains: list[Chain], estimates: dict[str, Estimate], rules: RuleSet,
-              device_kind: str = "gpu") -> dict[str, Decision]:
-    """Decisions for every chain, keyed by chain id (``device_kind`` as in :func:`route_chain`)."""
+              device_kind: str = "gpu", measured: dict[str, ChainMeasurement] | None = None) -> dict[str, Decision]:
+    """Decisions for every chain, keyed by chain id (``device_kind`` and ``measured`` as in :func:`route_chain`)."""
     kernels, error = _library() if device_kind == "gpu" else ({}, "")
-    return {c.id: route_chain(c, estimates[c.id], rules, kernels, error, device_kind) for c in chains}
+    measured = measured or {}
+    return {c.id: route_chain(c, estimates[c.id], rules, kernels, error, device_kind, measured.get(c.id))
+            for c in chains}

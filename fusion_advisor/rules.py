@@ -16,6 +16,9 @@ A rules file::
         bound: memory                   # optional: override the roofline's bound class
         reason: "{pattern}: AI {arithmetic_intensity:.0f} FLOP/B vs ridge {ridge_point:.0f}"
 
+``measured_bound`` matches the bound class measured by ``analyze --profile`` (:mod:`fusion_advisor.profile`); a
+chain without a measurement never matches it, so rules using it change nothing in a static analysis.
+
 Rules are tried in order, first match wins; the user's ``--rules`` files come before the shipped ones, so they
 can override them. Match conditions are listed in :data:`CONDITIONS`; the fields a reason template may cite in
 :data:`TEMPLATE_FIELDS`.
@@ -31,7 +34,7 @@ from typing import Any, Callable
 import yaml
 
 from fusion_advisor.errors import RulesError
-from fusion_advisor.records import Chain, Estimate
+from fusion_advisor.records import Chain, ChainMeasurement, Estimate
 
 ROUTES = ("skip", "torch.compile", "triton")
 BOUNDS = ("compute", "memory", "launch")
@@ -49,9 +52,16 @@ SHIPPED_RULES = _shipped_rules()
 SCHEMA_VERSION = 1
 
 
-def _features(chain: Chain, est: Estimate) -> dict[str, Any]:
-    """The chain features rules match on and reason templates cite."""
+def _features(chain: Chain, est: Estimate, measured: ChainMeasurement | None = None) -> dict[str, Any]:
+    """The chain features rules match on and reason templates cite.
+
+    Measured features (``measured_bound``, ``measured_us``) come from ``analyze --profile``; without a measurement
+    ``measured_bound`` is ``""`` (no ``measured_bound`` condition matches it) and ``measured_us`` is NaN.
+    """
+    has = measured is not None and measured.time_us > 0
     return {
+        "measured_bound": measured.bound if has else "",
+        "measured_us": measured.time_us if has else float("nan"),
         "id": chain.id,
         "kind": chain.kind,
         "pattern": chain.pattern,
@@ -84,7 +94,7 @@ TEMPLATE_FIELDS = (
     "id", "kind", "pattern", "dtype", "bound", "eager_kernels", "numel", "row_elems", "flops", "eager_bytes",
     "fused_bytes", "bytes_saved", "arithmetic_intensity", "ridge_point", "eager_us", "fused_us", "saving_us",
     "compute_us", "memory_fused_us", "launch_eager_us", "peak_tflops", "epilogue", "epilogue_of", "module_path",
-    "kernel", "route",
+    "kernel", "route", "measured_bound", "measured_us",
 )
 
 
@@ -99,6 +109,7 @@ CONDITIONS: dict[str, tuple[type | tuple[type, ...], Callable[[dict[str, Any], A
     "categories_any": ((str, list), lambda f, v: bool(f["categories"] & set(_one_of(v)))),
     "categories_all": ((str, list), lambda f, v: set(_one_of(v)) <= f["categories"]),
     "bound": ((str, list), lambda f, v: f["bound"] in _one_of(v)),
+    "measured_bound": ((str, list), lambda f, v: f["measured_bound"] in _one_of(v)),
     "dtype": ((str, list), lambda f, v: f["dtype"] in _one_of(v)),
     "min_kernels": (int, lambda f, v: f["eager_kernels"] >= v),
     "max_kernels": (int, lambda f, v: f["eager_kernels"] <= v),
@@ -180,9 +191,11 @@ class RuleSet:
     rules: tuple[Rule, ...]
     files: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
-    def first_match(self, chain: Chain, est: Estimate) -> tuple[Rule | None, dict[str, Any]]:
-        """The first rule matching ``chain`` (or ``None``), and the chain's features."""
-        features = _features(chain, est)
+    def first_match(self, chain: Chain, est: Estimate,
+                    measured: ChainMeasurement | None = None) -> tuple[Rule | None, dict[str, Any]]:
+        """The first rule matching ``chain`` (or ``None``), and the chain's features (``measured``: its profiled
+        measurement, when there is one)."""
+        features = _features(chain, est, measured)
         for rule in self.rules:
             if rule.matches(features):
                 return rule, features
@@ -199,7 +212,8 @@ def _check_template(template: str, where: str) -> None:
         raise RulesError(
             f"{where}: field 'reason': unknown placeholder(s) {', '.join(unknown)}; known: {', '.join(TEMPLATE_FIELDS)}"
         )
-    text_fields = {"id", "kind", "pattern", "dtype", "bound", "epilogue_of", "module_path", "kernel", "route"}
+    text_fields = {"id", "kind", "pattern", "dtype", "bound", "epilogue_of", "module_path", "kernel", "route",
+                   "measured_bound"}
     int_fields = {"eager_kernels", "numel", "row_elems", "flops", "eager_bytes", "fused_bytes", "bytes_saved"}
     sample = {k: ("x" if k in text_fields else False if k == "epilogue" else 1 if k in int_fields else 1.5)
               for k in TEMPLATE_FIELDS}
@@ -238,8 +252,8 @@ def _parse_rule(raw: Any, index: int, file: str) -> Rule:
             raise RulesError(f"{where}: field 'match.{name}': expected {names}, got {value!r}")
         if name == "intensity_vs_ridge" and value not in ("above", "below"):
             raise RulesError(f"{where}: field 'match.intensity_vs_ridge': must be 'above' or 'below'")
-        if name == "bound" and any(b not in BOUNDS for b in _one_of(value)):
-            raise RulesError(f"{where}: field 'match.bound': values must be among {', '.join(BOUNDS)}")
+        if name in ("bound", "measured_bound") and any(b not in BOUNDS for b in _one_of(value)):
+            raise RulesError(f"{where}: field 'match.{name}': values must be among {', '.join(BOUNDS)}")
         allowed = _ALLOWED_VALUES.get(name)
         if allowed is not None:
             bad = [v for v in _one_of(value) if v not in allowed and not (name == "pattern" and _is_aten_op(v))]

@@ -101,6 +101,15 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
     )
 
 
+def parse_spec(data: Any, origin: str) -> DeviceSpec:
+    """Validate a spec already read from YAML (a mapping) as :func:`load_spec` does; ``origin`` names it in errors.
+
+    Raises:
+        DeviceSpecError: missing or invalid fields.
+    """
+    return _parse(data, origin)
+
+
 def load_spec(name_or_path: str) -> DeviceSpec:
     """Load a shipped spec by name (``"h200"``) or a spec YAML by path.
 

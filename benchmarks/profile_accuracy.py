@@ -1,0 +1,385 @@
+"""Accuracy of the roofline predictions against measured profiles (issue 5): bound class and chain time.
+
+Steps:
+
+1. ``fusion-advisor calibrate`` on the present device -> ``<out>/calibrated_spec.yaml`` (copy bandwidth, matmul
+   TFLOP/s per dtype, per-op launch overhead, measured here and now).
+2. ``analyze --profile --gpu calibrated_spec.yaml`` (:func:`fusion_advisor.analyze.analyze`) over
+
+   - ``default_llama``: the built-in default model (Llama-2-7B widths, seq 2048, bf16, 2 layers);
+   - ``hf_llama``, ``hf_gpt2``, ``hf_bert``: transformers models built from config objects (no download), bf16,
+     realistic widths (see ``benchmarks/models/``);
+   - KernelBench-style files, fp32 as KernelBench ships them: ``tests/data/models/kernelbench_conv_gelu.py`` and
+     ``benchmarks/models/kb_*.py`` (GEMM + epilogue, add + LayerNorm + softmax, a launch-bound pointwise chain);
+
+   each in its own subprocess (a crash or out-of-memory in one cannot stop the others) with a time limit.
+3. Per chain measured (time > 0): the predicted bound class (the roofline's, before rules) vs the measured one,
+   and predicted eager time (``est_eager_us``) / measured time. The prediction compared is the roofline's EAGER
+   estimate, since the profiled model runs unfused.
+
+Targets (issue 5): bound class equal for >= 95% of chains; predicted time within +-30% of measured
+(``|predicted / measured - 1| <= 0.3``) for >= 80% of chains.
+
+Writes into ``--out`` (default ``$OUT``), 4 files: ``calibrated_spec.yaml``, ``profile_accuracy.json`` (everything,
+with GPU, versions, date, setup), ``profile_accuracy.md`` (confusion table, ratio distribution, worst chains) and
+``profile_accuracy_chains.csv`` (one row per chain and model).
+
+    PYTHONPATH=$PWD python benchmarks/profile_accuracy.py --out $OUT            # GPU, ~4-6 minutes on an H200
+    PYTHONPATH=$PWD python benchmarks/profile_accuracy.py --out /tmp/x --smoke  # CPU, tiny sizes, ~1-2 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+#: (name, model file relative to the repo root, dtype override, extra environment), in run order.
+MODELS = (
+    ("default_llama", "benchmarks/models/default_llama.py", "", {"FUSION_ADVISOR_LLAMA_LAYERS": "2"}),
+    ("hf_llama", "benchmarks/models/hf_llama.py", "", {}),
+    ("hf_gpt2", "benchmarks/models/hf_gpt2.py", "", {}),
+    ("hf_bert", "benchmarks/models/hf_bert.py", "", {}),
+    ("kb_conv_gelu", "tests/data/models/kernelbench_conv_gelu.py", "", {}),
+    ("kb_gemm_bias_gelu_scale", "benchmarks/models/kb_gemm_bias_gelu_scale.py", "", {}),
+    ("kb_norm_softmax", "benchmarks/models/kb_norm_softmax.py", "", {}),
+    ("kb_small_pointwise", "benchmarks/models/kb_small_pointwise.py", "", {}),
+)
+BOUNDS = ("compute", "memory", "launch")
+TARGET_BOUND_PCT = 95.0
+TARGET_TIME_PCT = 80.0
+TIME_TOLERANCE = 0.3
+#: ratio buckets (predicted / measured) for the distribution
+BUCKETS = ((0.0, 0.5), (0.5, 0.7), (0.7, 1.3), (1.3, 2.0), (2.0, math.inf))
+#: seconds kept for each model still to run, and the most one model may take
+RESERVE_S = 25.0
+MODEL_LIMIT_S = 150.0
+OUT_FILES = ("calibrated_spec.yaml", "profile_accuracy.json", "profile_accuracy.md", "profile_accuracy_chains.csv")
+
+
+def _versions() -> dict[str, str]:
+    import torch
+
+    out = {"torch": str(torch.__version__), "python": platform.python_version()}
+    for mod in ("triton", "transformers"):
+        try:
+            out[mod] = str(__import__(mod).__version__)
+        except ImportError:
+            out[mod] = "not installed"
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+        out["cuda"] = str(torch.version.cuda)
+    return out
+
+
+# --- worker: one model in its own process ---------------------------------------------------------------------
+
+
+def worker(model: str, spec: str, device: str, result: str) -> None:
+    """Analyse and profile one model; write its per-chain rows and profile totals to ``result`` (JSON)."""
+    from fusion_advisor.analyze import analyze
+
+    name, rel, dtype, _ = next(m for m in MODELS if m[0] == model)
+    out: dict = {"model": name, "file": rel, "ok": False}
+    start = time.perf_counter()
+    try:
+        a = analyze(ROOT / rel, device=device, dtype=dtype, gpu=spec, profile=True)
+        p = a.profile
+        rows = []
+        for c in a.chains:
+            m, e, d = p.chains[c.id], a.estimates[c.id], a.decisions[c.id]
+            rows.append({
+                "model": name, "chain": c.id, "kind": c.kind, "pattern": c.pattern, "dtype": c.dtype,
+                "eager_kernels": c.eager_kernels, "measured_kernels": m.kernels, "numel": c.numel,
+                "eager_bytes": c.eager_bytes, "flops": c.flops,
+                "predicted_bound": e.bound, "measured_bound": m.bound, "routed_bound": d.bound, "rule": d.rule_id,
+                "est_eager_us": e.eager_us, "measured_us": m.time_us, "measured_busy_us": m.busy_us,
+                "measured_idle_us": m.idle_us, "ratio": m.ratio if m.time_us > 0 else None,
+                "achieved_gbps": m.achieved_gbps if m.time_us > 0 else None,
+                "achieved_tflops": m.achieved_tflops if m.time_us > 0 else None,
+                "pct_of_roofline": m.pct_of_roofline if m.time_us > 0 else None,
+                "source": f"{Path(c.source.file).name}:{c.source.line}" if c.source.file else "",
+            })
+        out.update(ok=True, rows=rows, profile={
+            "device_name": p.device_name, "runs": p.runs, "total_us": p.total_us, "attributed_us": p.attributed_us,
+            "unattributed_us": p.unattributed_us, "wall_us": p.wall_us, "eager_wall_us": p.eager_wall_us,
+            "setup": p.setup, "notes": p.notes, "dispatch_us": p.dispatch_us,
+            "instrumented_dispatch_us": p.instrumented_dispatch_us},
+            capture=a.capture_method, graph_breaks=len(a.graph_breaks),
+            timings_s=a.timings_s)
+    except BaseException as e:  # noqa: BLE001 - recorded, never fatal
+        out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        out["traceback"] = traceback.format_exc()[-3000:]
+    out["wall_s"] = time.perf_counter() - start
+    Path(result).write_text(json.dumps(out, default=str))
+
+
+# --- aggregation ------------------------------------------------------------------------------------------------
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Confusion table, agreement and the ratio distribution over chains with a measured time."""
+    measured = [r for r in rows if _finite(r.get("ratio")) and r["measured_us"] > 0]
+    confusion = {p: {m: 0 for m in BOUNDS} for p in BOUNDS}
+    for r in measured:
+        if r["predicted_bound"] in confusion and r["measured_bound"] in BOUNDS:
+            confusion[r["predicted_bound"]][r["measured_bound"]] += 1
+    n = len(measured)
+    agree = sum(confusion[b][b] for b in BOUNDS)
+    within = [r for r in measured if abs(r["ratio"] - 1.0) <= TIME_TOLERANCE]
+    total_time = sum(r["measured_us"] for r in measured)
+    ratios = sorted(r["ratio"] for r in measured)
+
+    def q(f: float) -> float | None:
+        return ratios[min(int(f * len(ratios)), len(ratios) - 1)] if ratios else None
+
+    buckets = [{"from": lo, "to": hi if math.isfinite(hi) else None,
+                "chains": sum(1 for x in ratios if lo <= x < hi)} for lo, hi in BUCKETS]
+    return {
+        "chains": n,
+        "bound_agree": agree,
+        "bound_agree_pct": 100.0 * agree / n if n else None,
+        "within_30": len(within),
+        "within_30_pct": 100.0 * len(within) / n if n else None,
+        "within_30_time_weighted_pct": (100.0 * sum(r["measured_us"] for r in within) / total_time
+                                        if total_time else None),
+        "confusion": confusion,
+        "ratio_quantiles": {"p10": q(0.1), "p25": q(0.25), "p50": q(0.5), "p75": q(0.75), "p90": q(0.9)},
+        "ratio_buckets": buckets,
+        "targets": {"bound_agree_pct": TARGET_BOUND_PCT, "within_30_pct": TARGET_TIME_PCT},
+    }
+
+
+def _fmt(x, digits: int = 1) -> str:
+    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:,.{digits}f}"
+
+
+def markdown(doc: dict) -> str:
+    s = doc["summary"]
+    lines = [
+        "# Profile accuracy: roofline predictions vs measured chains",
+        "",
+        f"{doc['device_name']}, {doc['date']}; " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items()),
+        "",
+        f"Setup: {doc['setup']}",
+        "",
+        (f"Spec: shipped {doc['spec'].get('name')} (calibrate failed: {doc['calibrate_error']}) ("
+         if doc.get("calibrate_error") else "Spec: calibrated here (")
+        + f"{doc['spec']['memory_bandwidth_gbps']:,.0f} GB/s copy, launch "
+        f"{doc['spec']['launch_overhead_us']:.2f} us per eager op, matmul TFLOP/s "
+        + ", ".join(f"{k} {v:,.1f}" for k, v in doc["spec"]["tensor_tflops"].items()) + ").",
+        "",
+        "Compared: predicted EAGER chain time (est_eager_us, each op its own kernel, launch term included) vs the "
+        "measured unfused run; predicted bound = the roofline's class before rules.",
+        "",
+        "## Result",
+        "",
+        f"- bound class equal: **{s['bound_agree']} / {s['chains']} = {_fmt(s['bound_agree_pct'])}%** "
+        f"(target >= {TARGET_BOUND_PCT:.0f}%)",
+        f"- time within +-30%: **{s['within_30']} / {s['chains']} = {_fmt(s['within_30_pct'])}%** "
+        f"(target >= {TARGET_TIME_PCT:.0f}%); weighted by measured time: {_fmt(s['within_30_time_weighted_pct'])}%",
+        "",
+        "## Confusion table (rows: predicted, columns: measured)",
+        "",
+        "| predicted \\ measured | " + " | ".join(BOUNDS) + " |",
+        "|---|" + "---:|" * len(BOUNDS),
+    ]
+    for p in BOUNDS:
+        lines.append(f"| {p} | " + " | ".join(str(s["confusion"][p][m]) for m in BOUNDS) + " |")
+    lines += ["", "## predicted / measured chain time", "",
+              "| ratio | chains |", "|---|---:|"]
+    for b in s["ratio_buckets"]:
+        hi = "inf" if b["to"] is None else f"{b['to']:g}"
+        lines.append(f"| [{b['from']:g}, {hi}) | {b['chains']} |")
+    qs = s["ratio_quantiles"]
+    lines += ["", "Quantiles: " + ", ".join(f"{k} {_fmt(v, 2)}" for k, v in qs.items()), "",
+              "## Per model", "",
+              "| model | chains | bound equal % | within 30 % | profiled us/run | attributed % | wall us (instr.) | "
+              "wall us (plain) | wall s | error |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for m in doc["models"]:
+        ms = m.get("summary") or {}
+        p = m.get("profile") or {}
+        att = 100.0 * p["attributed_us"] / p["total_us"] if p.get("total_us") else None
+        lines.append(f"| {m['model']} | {ms.get('chains', 0)} | {_fmt(ms.get('bound_agree_pct'))} | "
+                     f"{_fmt(ms.get('within_30_pct'))} | {_fmt(p.get('total_us'))} | {_fmt(att)} | "
+                     f"{_fmt(p.get('wall_us'))} | {_fmt(p.get('eager_wall_us'))} | {_fmt(m.get('wall_s'))} | "
+                     f"{m.get('error', '')} |")
+    lines += ["", "## By pattern and predicted bound", "",
+              "| pattern | predicted bound | chains | bound equal | within 30% | median ratio |",
+              "|---|---|---:|---:|---:|---:|"]
+    for g in doc["by_pattern"]:
+        lines.append(f"| {g['pattern']} | {g['predicted_bound']} | {g['chains']} | {g['bound_agree']} | "
+                     f"{g['within_30']} | {_fmt(g['median_ratio'], 2)} |")
+    lines += ["", "## Chains off by more than 30% or with another bound class (largest measured time first, 25 shown)",
+              "", "| model | chain | pattern | kernels | predicted bound | measured bound | est. eager us "
+              "| measured us | busy us | idle us | ratio | source |",
+              "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in doc["worst"][:25]:
+        lines.append(f"| {r['model']} | {r['chain']} | {r['pattern']} | {r['eager_kernels']} | {r['predicted_bound']} "
+                     f"| {r['measured_bound']} | {_fmt(r['est_eager_us'], 2)} | {_fmt(r['measured_us'], 2)} | "
+                     f"{_fmt(r['measured_busy_us'], 2)} | {_fmt(r['measured_idle_us'], 2)} | {_fmt(r['ratio'], 2)} | "
+                     f"{r['source']} |")
+    return "\n".join(lines) + "\n"
+
+
+# --- driver -------------------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT"), help="Output folder (default: $OUT).")
+    ap.add_argument("--smoke", action="store_true", help="Tiny sizes (FA_BENCH_SMOKE=1) and a quick calibration.")
+    ap.add_argument("--device", default=None, help="cuda (default with a GPU) or cpu.")
+    ap.add_argument("--budget-s", type=float, default=330.0, help="Wall-clock budget of the whole run.")
+    ap.add_argument("--only", action="append", default=[], help="Run only these models (repeatable).")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--spec", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        # one intra-op thread: on a shared machine OpenMP threads wait for descheduled peers (milliseconds per op),
+        # which no roofline models; calibrate and every worker measure the same single-thread CPU
+        torch.set_num_threads(1)
+    if args.worker:
+        worker(args.worker, args.spec, device, args.result)
+        return 0
+    if not args.out:
+        ap.error("--out DIR is required (or set $OUT)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if args.smoke:
+        env["FA_BENCH_SMOKE"] = "1"
+
+    from fusion_advisor.calibrate import calibrate
+
+    spec_path = out / OUT_FILES[0]
+    t0 = time.perf_counter()
+    calibrate_error = None
+    try:
+        spec_path, spec = calibrate(spec_path, device=device, quick=args.smoke)
+    except Exception as e:  # noqa: BLE001 - fall back to the shipped spec, and say so
+        from fusion_advisor.analyze import default_spec_name
+        from fusion_advisor.devices import load_spec
+
+        calibrate_error = f"{type(e).__name__}: {e}"
+        fallback = default_spec_name() if device == "cuda" else "cpu"
+        spec_path, spec = fallback, load_spec(fallback).to_dict()
+        spec["launch_overhead_us"] = load_spec(fallback).launch_overhead_us
+        print(f"calibrate failed ({calibrate_error}); using the shipped spec {fallback}", flush=True)
+    calibrate_s = time.perf_counter() - t0
+    print(f"spec in {calibrate_s:.1f} s: {spec['memory_bandwidth_gbps']:,.0f} GB/s, launch "
+          f"{spec['launch_overhead_us']:.2f} us, matmul {spec['tensor_tflops']}", flush=True)
+
+    models = [m for m in MODELS if not args.only or m[0] in args.only]
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, rel, _, extra_env) in enumerate(models):
+            left = args.budget_s - (time.perf_counter() - start)
+            # a model may use what is left less a reserve for each model still to run (the small ones at the end
+            # take ~10-20 s: process start, capture, profile), and never more than MODEL_LIMIT_S
+            limit = min(left - RESERVE_S * (len(models) - i - 1), MODEL_LIMIT_S)
+            if limit < 15:
+                results.append({"model": name, "file": rel, "ok": False, "error": "skipped: out of time budget"})
+                continue
+            result = Path(tmp) / f"{name}.json"
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--spec", str(spec_path),
+                   "--result", str(result), "--device", device]
+            t = time.perf_counter()
+            try:
+                proc = subprocess.run(cmd, env={**env, **extra_env}, timeout=limit, capture_output=True, text=True)
+                tail = (proc.stdout + proc.stderr)[-1500:]
+            except subprocess.TimeoutExpired:
+                proc, tail = None, f"timed out after {limit:.0f} s"
+            if result.exists():
+                r = json.loads(result.read_text())
+            else:
+                r = {"model": name, "file": rel, "ok": False,
+                     "error": f"worker died (exit {proc.returncode if proc else 'timeout'})", "log_tail": tail}
+            r["wall_s"] = time.perf_counter() - t
+            if r.get("ok"):
+                r["summary"] = summarize(r["rows"])
+            results.append(r)
+            s = r.get("summary") or {}
+            print(f"{name}: {'ok' if r.get('ok') else r.get('error')} in {r['wall_s']:.0f} s; "
+                  f"bound equal {_fmt(s.get('bound_agree_pct'))}%, within 30% {_fmt(s.get('within_30_pct'))}%",
+                  flush=True)
+
+    rows = [row for r in results if r.get("ok") for row in r["rows"]]
+    summary = summarize(rows)
+    off = [r for r in rows if _finite(r.get("ratio")) and r["measured_us"] > 0
+           and (abs(r["ratio"] - 1.0) > TIME_TOLERANCE or r["predicted_bound"] != r["measured_bound"])]
+    off.sort(key=lambda r: r["measured_us"], reverse=True)
+    import fusion_advisor.profile as fp
+
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        if _finite(r.get("ratio")) and r["measured_us"] > 0:
+            groups.setdefault((r["pattern"], r["predicted_bound"]), []).append(r)
+    by_pattern = []
+    for (pattern, bound), rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        ratios = sorted(r["ratio"] for r in rs)
+        by_pattern.append({"pattern": pattern, "predicted_bound": bound, "chains": len(rs),
+                           "bound_agree": sum(r["predicted_bound"] == r["measured_bound"] for r in rs),
+                           "within_30": sum(abs(r["ratio"] - 1.0) <= TIME_TOLERANCE for r in rs),
+                           "median_ratio": ratios[len(ratios) // 2]})
+
+    doc = {
+        "benchmark": "profile_accuracy",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+        "versions": _versions(),
+        "smoke": args.smoke,
+        "setup": (("CPU, 1 intra-op thread; " if device == "cpu" else "")
+                  + f"calibrate (quick={args.smoke}) then analyze --profile per model in its own process; "
+                  f"{fp.DEFAULT_WARMUP_RUNS} warm-up runs, {fp.DEFAULT_RUNS} profiled runs, no_grad; "
+                  f"within 30% means |est_eager_us / measured_us - 1| <= {TIME_TOLERANCE}"),
+        "calibrate_s": calibrate_s,
+        "calibrate_error": calibrate_error,
+        "spec": spec,
+        "summary": summary,
+        "by_pattern": by_pattern,
+        "models": [{k: v for k, v in r.items() if k != "rows"} for r in results],
+        "worst": off,
+        "wall_s": time.perf_counter() - start,
+    }
+    (out / OUT_FILES[1]).write_text(json.dumps(doc, indent=1, default=str))
+    (out / OUT_FILES[2]).write_text(markdown(doc))
+    import csv
+
+    with open(out / OUT_FILES[3], "w", newline="") as f:
+        cols = list(rows[0]) if rows else ["model"]
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"bound class equal {_fmt(summary['bound_agree_pct'])}% (target {TARGET_BOUND_PCT:.0f}), time within 30% "
+          f"{_fmt(summary['within_30_pct'])}% (target {TARGET_TIME_PCT:.0f}); {doc['wall_s']:.0f} s; wrote "
+          + ", ".join(str(out / n) for n in OUT_FILES), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,405 @@
+"""``fusion-advisor calibrate``: measure the roofline ceilings of the present device and write a device-spec YAML.
+
+What is measured (:func:`measure`):
+
+- **copy bandwidth**: ``dst.copy_(src)`` on buffers several times larger than the L2 cache (GPU: 8x L2, at least
+  1 GiB each; CPU: 256 MiB each), counting bytes read plus written (``2 * nbytes``) over the median time, as the
+  shipped specs count it;
+- **matmul throughput** per dtype: ``torch.mm`` of square ``n x n`` matrices, ``2 n^3`` FLOPs over the median
+  time. GPU: fp32 with TF32 off (``torch.backends.cuda.matmul.allow_tf32 = False``), tf32 (on), bf16 and fp16,
+  ``n = 8192``; CPU: fp32 and bf16 (and fp16 where the CPU build runs it), ``n = 1024``;
+- **per-op launch overhead**: wall time per tiny eager op (``y = x + 1`` on 1024 elements) in a long loop,
+  synchronised once at the end: the rate at which eager PyTorch issues kernels, which is the roofline's
+  ``launch_overhead_us`` (:mod:`fusion_advisor.roofline`). On a GPU also the time per back-to-back tiny kernel
+  replayed from a CUDA graph (no host cost): the device's own floor per kernel, recorded in the file's
+  ``calibration`` block.
+
+GPU timings are ``triton.testing.do_bench`` medians (:func:`fusion_advisor.bench.time_cuda`, L2 flushed before
+each call); CPU timings are wall-clock medians (:func:`fusion_advisor.bench.time_cpu`). Rates calibrate cannot
+measure (vector-unit TFLOP/s; on a CPU, TF32) are copied from the closest shipped spec, and their ``*_source``
+says so.
+
+The YAML has exactly the fields of ``fusion_advisor/devices/*.yaml`` (validated with
+:func:`fusion_advisor.devices.parse_spec` before it is written), so ``analyze --gpu SPEC.yaml`` and
+``apply --gpu SPEC.yaml`` take it. Its first line marks it as written by calibrate: an existing file without that
+line is never overwritten. Written atomically.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import yaml
+
+from fusion_advisor.bench import Timing, time_cpu, time_cuda
+from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, parse_spec
+from fusion_advisor.errors import CalibrationError
+
+#: First line of every spec calibrate writes; a file without it is not ours and is never overwritten.
+MARKER = "# fusion-advisor calibrate: measured device spec"
+
+_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Problem sizes of one calibration.
+
+    Attributes:
+        copy_bytes: bytes of each copy buffer (source and destination).
+        matmul_n: side of the square matmuls.
+        launch_ops: tiny ops issued in the launch-overhead loop.
+        launch_numel: elements of the tiny tensor.
+        warmup_ms, rep_ms: timer budgets per measurement (ms).
+    """
+
+    copy_bytes: int
+    matmul_n: int
+    launch_ops: int = 2000
+    launch_numel: int = 1024
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+
+    @classmethod
+    def for_device(cls, device: str, quick: bool = False, l2_bytes: int = 0) -> "Sizes":
+        """Defaults for ``device``: buffers at 8x L2 (at least 1 GiB) and n = 8192 on a GPU; 256 MiB and n = 1024 on
+        a CPU. ``quick``: small sizes and budgets (seconds on a laptop; numbers noisier)."""
+        if quick:
+            return cls(copy_bytes=16 << 20, matmul_n=256, launch_ops=300, warmup_ms=5.0, rep_ms=20.0)
+        if device == "cuda":
+            return cls(copy_bytes=max(8 * l2_bytes, 1 << 30), matmul_n=8192)
+        return cls(copy_bytes=256 << 20, matmul_n=1024, rep_ms=200.0)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What :func:`measure` found.
+
+    Attributes:
+        device: ``"cuda"`` or ``"cpu"``.
+        device_name: the GPU's name or the CPU's.
+        date: UTC date of the measurement (``YYYY-MM-DD``).
+        versions: torch (and triton, CUDA) versions.
+        copy_gbps: copy bandwidth, bytes read plus written (GB/s, 1e9 bytes/s).
+        matmul_tflops: matmul TFLOP/s by dtype name (``fp32``, ``tf32``, ``bf16``, ``fp16``).
+        matmul_notes: per dtype, why it was not measured (absent when measured).
+        launch_us: wall time per tiny eager op in a long loop (us).
+        kernel_floor_us: GPU only: device time per back-to-back tiny kernel from a CUDA-graph replay (us), else None.
+        l2_bytes: L2 cache size (GPU), 0 when unknown.
+        sizes: the problem sizes used.
+        timer: how times were taken.
+    """
+
+    device: str
+    device_name: str
+    date: str
+    versions: dict[str, str]
+    copy_gbps: float
+    matmul_tflops: dict[str, float]
+    matmul_notes: dict[str, str]
+    launch_us: float
+    kernel_floor_us: float | None
+    l2_bytes: int
+    sizes: Sizes
+    timer: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _versions() -> dict[str, str]:
+    out = {"torch": str(torch.__version__)}
+    try:
+        import triton
+
+        out["triton"] = str(triton.__version__)
+    except ImportError:
+        pass
+    if torch.version.cuda:
+        out["cuda"] = str(torch.version.cuda)
+    return out
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def check_out_file(path: Path) -> None:
+    """Refuse an ``--out`` we must not write: a folder, a missing folder, or a file calibrate did not write.
+
+    Raises:
+        CalibrationError: naming the path and the reason.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise CalibrationError(f"--out {path}: is a directory; give a file name such as my_gpu.yaml")
+    if path.suffix not in (".yaml", ".yml"):
+        raise CalibrationError(f"--out {path}: a device spec is a .yaml file (analyze --gpu reads it by suffix)")
+    if not path.parent.is_dir():
+        raise CalibrationError(f"--out {path}: folder {path.parent} does not exist")
+    if path.exists():
+        try:
+            first = path.read_text().splitlines()[:1]
+        except (OSError, UnicodeDecodeError):
+            first = []
+        if first != [MARKER]:
+            raise CalibrationError(f"--out {path}: exists and was not written by fusion-advisor calibrate; "
+                                   "refusing to overwrite it (choose another file)")
+
+
+def _timer(device: str, sizes: Sizes) -> Callable[[Callable[[], Any]], Timing]:
+    if device == "cuda":
+        return lambda fn: time_cuda(fn, warmup_ms=sizes.warmup_ms, rep_ms=sizes.rep_ms)
+    return lambda fn: time_cpu(fn, warmup_ms=sizes.warmup_ms, rep_ms=sizes.rep_ms)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure_copy_gbps(device: str, sizes: Sizes, timer: Callable[[Callable[[], Any]], Timing]) -> float:
+    """Copy bandwidth in GB/s: ``2 * nbytes`` (read + write) over the median time of ``dst.copy_(src)``."""
+    n = sizes.copy_bytes // 4
+    src = torch.ones(n, device=device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    t = timer(lambda: dst.copy_(src))
+    return 2 * n * 4 / (t.median_ms * 1e-3) / 1e9
+
+
+def measure_matmul_tflops(device: str, dtype: str, sizes: Sizes,
+                          timer: Callable[[Callable[[], Any]], Timing]) -> float:
+    """Matmul TFLOP/s of ``torch.mm`` on ``n x n`` operands of ``dtype`` (``2 n^3`` FLOPs over the median time).
+
+    ``fp32`` runs with TF32 off and ``tf32`` with it on (GPU); the previous setting is restored.
+
+    Raises:
+        RuntimeError: the device cannot run a matmul of that dtype.
+    """
+    n = sizes.matmul_n
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=_DTYPES[dtype], generator=gen)
+    b = torch.randn(n, n, device=device, dtype=_DTYPES[dtype], generator=gen)
+    out = torch.empty(n, n, device=device, dtype=_DTYPES[dtype])
+    previous = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+        t = timer(lambda: torch.mm(a, b, out=out))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    return 2 * n**3 / (t.median_ms * 1e-3) / 1e12
+
+
+def measure_launch_us(device: str, sizes: Sizes, repeats: int = 5) -> float:
+    """Wall time per tiny eager op (``y = x + 1`` on ``launch_numel`` fp32 elements), us: ``launch_ops`` ops issued
+    in a loop, synchronised once at the end; the median of ``repeats`` loops after one warm-up loop."""
+    import statistics
+    import time
+
+    x = torch.ones(sizes.launch_numel, device=device)
+    times = []
+    for i in range(repeats + 1):
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(sizes.launch_ops):
+            torch.add(x, 1.0)  # the op is what is timed
+        _sync(device)
+        if i:
+            times.append((time.perf_counter() - start) / sizes.launch_ops * 1e6)
+    return float(statistics.median(times))
+
+
+def measure_kernel_floor_us(sizes: Sizes) -> float | None:
+    """GPU device time per back-to-back tiny kernel: ``launch_ops`` tiny adds captured in a CUDA graph, replayed and
+    timed with CUDA events (us). ``None`` when CUDA graphs are unavailable."""
+    try:
+        x = torch.ones(sizes.launch_numel, device="cuda")
+        ops = min(sizes.launch_ops, 1000)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                x.add_(0.0)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(ops):
+                x.add_(0.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        t = time_cuda(graph.replay, warmup_ms=sizes.warmup_ms, rep_ms=sizes.rep_ms)
+        return t.median_ms * 1e3 / ops
+    except Exception:  # noqa: BLE001 - an optional extra; the spec does not need it
+        return None
+
+
+def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool = False) -> Calibration:
+    """Measure copy bandwidth, matmul throughput per dtype and per-op launch overhead on ``device``.
+
+    Args:
+        device: ``"cuda"`` or ``"cpu"``; default ``"cuda"`` when a GPU is present.
+        sizes: problem sizes; default :meth:`Sizes.for_device`.
+        quick: small sizes (see :meth:`Sizes.for_device`).
+
+    Raises:
+        CalibrationError: unknown device, or cuda asked for without a GPU.
+    """
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cuda", "cpu"):
+        raise CalibrationError(f"unknown --device {device!r}: calibrate measures cuda or cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CalibrationError("--device cuda asked for, but no CUDA GPU is available; use --device cpu")
+    l2 = 0
+    if device == "cuda":
+        name = torch.cuda.get_device_name()
+        l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 0)
+    else:
+        name = _cpu_name()
+    sizes = sizes or Sizes.for_device(device, quick=quick, l2_bytes=l2)
+    timer = _timer(device, sizes)
+    with torch.no_grad():
+        copy = measure_copy_gbps(device, sizes, timer)
+        tflops: dict[str, float] = {}
+        notes: dict[str, str] = {}
+        for dtype in (("fp32", "tf32", "bf16", "fp16") if device == "cuda" else ("fp32", "bf16", "fp16")):
+            try:
+                tflops[dtype] = measure_matmul_tflops(device, dtype, sizes, timer)
+            except (RuntimeError, NotImplementedError) as e:  # e.g. a CPU build without fp16 matmul
+                notes[dtype] = f"not measured ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+        if device == "cpu":
+            notes["tf32"] = "no TF32 on a CPU: torch runs fp32 matmuls in fp32; the measured fp32 rate"
+            tflops["tf32"] = tflops["fp32"]
+        launch = measure_launch_us(device, sizes)
+        floor = measure_kernel_floor_us(sizes) if device == "cuda" else None
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return Calibration(
+        device=device, device_name=name, date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), versions=_versions(),
+        copy_gbps=copy, matmul_tflops=tflops, matmul_notes=notes, launch_us=launch, kernel_floor_us=floor,
+        l2_bytes=l2, sizes=sizes,
+        timer="triton.testing.do_bench median (L2 flushed before each call)" if device == "cuda"
+        else "wall-clock median (time.perf_counter)")
+
+
+def closest_shipped_spec(cal: Calibration) -> DeviceSpec:
+    """The shipped spec closest to the measured device: ``cpu`` for a CPU; for a GPU the one whose name appears in
+    the GPU's name (``"NVIDIA H200"`` -> ``h200``), else the one with the nearest memory bandwidth."""
+    if cal.device == "cpu":
+        return load_spec("cpu")
+    specs = [load_spec(n) for n in available_specs()]
+    gpus = [s for s in specs if s.kind == "gpu"]
+    for s in gpus:
+        if re.search(rf"\b{re.escape(s.name)}\b", cal.device_name, re.IGNORECASE):
+            return s
+    return min(gpus, key=lambda s: abs(s.memory_bandwidth_gbps - cal.copy_gbps))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
+
+
+def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any]:
+    """The device-spec mapping (fields of ``fusion_advisor/devices/*.yaml``) of a calibration, unmeasured rates
+    copied from ``base`` (default :func:`closest_shipped_spec`) and labelled so."""
+    base = base or closest_shipped_spec(cal)
+    v = cal.versions
+    where = f"{cal.device_name}, {cal.date}, torch {v.get('torch')}"
+    if "triton" in v:
+        where += f", triton {v['triton']}"
+    by = f"measured by fusion-advisor calibrate on {where}"
+    s = cal.sizes
+    tensor = {k: round(float(cal.matmul_tflops.get(k, base.peak_tflops(k, True))), 3)
+              for k in ("bf16", "fp16", "tf32", "fp32")}
+    copied = [k for k in tensor if k not in cal.matmul_tflops]
+    tensor_src = (f"{by}: torch.mm of {s.matmul_n}x{s.matmul_n} operands, 2n^3 FLOPs over the {cal.timer}"
+                  + ("; fp32 with TF32 off, tf32 with it on" if cal.device == "cuda" else ""))
+    for k, note in cal.matmul_notes.items():
+        tensor_src += f"; {k}: {note}"
+    if copied:
+        tensor_src += f"; {', '.join(copied)} copied from the shipped spec {base.name}"
+    vector = {k: float(x) for k, x in base.vector_tflops.items()}
+    vector_src = f"copied from the shipped spec {base.name} (not measured by calibrate)"
+    if cal.device == "cpu" and "fp32" in cal.matmul_tflops:
+        # a CPU's matmuls run on the same vector units: its elementwise rate cannot exceed its measured matmul rate
+        cap = round(float(cal.matmul_tflops["fp32"]), 3)
+        if any(x > cap for x in vector.values()):
+            vector = {k: min(x, cap) for k, x in vector.items()}
+            vector_src += f", capped at the measured fp32 matmul rate {cap} TFLOP/s (the same vector units run both)"
+    launch_src = (f"{by}: wall time per tiny eager op, {s.launch_ops} x (x + 1) on {s.launch_numel} fp32 elements, "
+                  "synchronised once, median of 5 loops")
+    if cal.kernel_floor_us is not None:
+        launch_src += f"; device floor per back-to-back kernel (CUDA graph replay) {cal.kernel_floor_us:.2f} us"
+    data: dict[str, Any] = {
+        "name": f"calibrated-{_slug(cal.device_name)}"[:60],
+        "kind": "gpu" if cal.device == "cuda" else "cpu",
+        "display_name": f"{cal.device_name} (calibrated {cal.date})",
+        "memory_bandwidth_gbps": round(cal.copy_gbps, 1),
+        "memory_bandwidth_source": (f"{by}: dst.copy_(src) of 2 x {s.copy_bytes / 2**20:.0f} MiB fp32 buffers, "
+                                    f"bytes read + written over the {cal.timer}"),
+        "tensor_tflops": tensor,
+        "tensor_tflops_source": tensor_src,
+        "vector_tflops": vector,
+        "vector_tflops_source": vector_src,
+        "launch_overhead_us": round(cal.launch_us, 3),
+        "launch_overhead_source": launch_src,
+        "l2_bytes": int(cal.l2_bytes or base.l2_bytes),
+        "l2_bytes_source": (f"{by}: torch.cuda.get_device_properties().L2_cache_size" if cal.l2_bytes
+                            else f"copied from the shipped spec {base.name}"),
+        "source": f"{by}; rates not measured copied from the shipped spec {base.name}",
+        "calibration": {
+            "device": cal.device,
+            "device_name": cal.device_name,
+            "date": cal.date,
+            "versions": dict(v),
+            "timer": cal.timer,
+            "sizes": asdict(s),
+            "kernel_floor_us": round(cal.kernel_floor_us, 3) if cal.kernel_floor_us is not None else None,
+            "base_spec": base.name,
+        },
+    }
+    parse_spec(data, "calibrate output")  # the loader must take what we write
+    return data
+
+
+def render_spec(data: dict[str, Any]) -> str:
+    """The YAML text of a spec mapping, the calibrate marker on its first line."""
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True)
+    usage = "# Written by `fusion-advisor calibrate`; use it with `fusion-advisor analyze --gpu THIS.yaml`.\n"
+    return f"{MARKER}\n{usage}{body}"
+
+
+def default_out(cal_device: str) -> Path:
+    """Default output file: ``device_spec_<gpu|cpu>.yaml`` in the current folder."""
+    return Path(f"device_spec_{'gpu' if cal_device == 'cuda' else 'cpu'}.yaml")
+
+
+def calibrate(out: Path | None = None, device: str | None = None, quick: bool = False) -> tuple[Path, dict[str, Any]]:
+    """Measure the device and write its spec YAML to ``out`` (checked before measuring, written atomically).
+
+    Returns:
+        The path written and the spec mapping.
+
+    Raises:
+        CalibrationError: bad device, or an ``out`` that must not be written.
+    """
+    from fusion_advisor.report import atomic_write_bytes
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    path = Path(out) if out is not None else default_out(device)
+    check_out_file(path)
+    cal = measure(device, quick=quick)
+    data = spec_dict(cal)
+    check_out_file(path)  # again: the file may have appeared while measuring
+    atomic_write_bytes(path, render_spec(data).encode("utf-8"))
+    load_spec(str(path))  # read back through the loader analyze uses
+    return path, data

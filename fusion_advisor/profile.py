@@ -1,0 +1,578 @@
+"""Stage 5b (``analyze --profile``): run the model under ``torch.profiler`` and put a measured time on every chain.
+
+How (one mechanism for CPU and GPU):
+
+1. **Instrument.** The model is captured again exactly as :mod:`fusion_advisor.capture` captured it (dynamo +
+   AOTAutograd, ``dynamic=False``, attention kept opaque), so graph ``i`` node ``n`` is op-graph node
+   ``"g<i>:<n>"``; before each aten graph runs, every op that is not a view is wrapped in
+   ``torch.profiler.record_function("fa:<op id>")``. The wrapped graphs run the real aten ops on the real inputs,
+   unfused, one kernel (or a few) per op: the same kernels the eager model launches. (A ``symbolic_trace``
+   capture is run directly; an ``export`` capture is refused.)
+2. **Warm up, then profile** ``runs`` calls, each inside a ``record_function("fa-run")``. The trace is exported as
+   a chrome trace (the ``--trace`` file, or a temporary one) and read back: its event list is stable across
+   torch versions, unlike the profiler's Python objects.
+3. **Attribute** (:func:`attribute`). GPU: each device activity (kernel, memcpy, memset) is matched to its CUDA
+   runtime launch call by correlation id, and the launch to the innermost ``fa:`` range that contains it on the
+   same host thread. A kernel is charged its duration (busy) plus the device idle time just before it (the gap
+   since the previous device activity ended) less the host time the instrumentation adds per op, capped by the
+   host time of the op that launched it: that is the GPU waiting for this op to be issued (a gap longer than the
+   op's host time was spent elsewhere, e.g. in Python between graphs). CPU: an op's busy time is the duration of
+   its top-level aten op(s) less the profiled duration of an op that does no work, and its idle time the plain
+   per-op dispatch cost.
+
+   The instrumentation's cost is measured by a **probe** in the same process: the host time per tiny op
+   (``torch.add`` on 1024 elements) plain, and wrapped and tagged like the graphs' ops under the profiler; the
+   difference is what profiling adds per op.
+4. **Per chain** (:func:`measure_chains`): time = sum over its ops; achieved GB/s and TFLOP/s from the op
+   graph's eager bytes and FLOPs; % of the roofline bound; a measured bound class — launch-bound when idle time
+   exceeds busy time (the roofline's own criterion, :mod:`fusion_advisor.roofline`, applied to measured times),
+   else compute- or memory-bound by which ceiling the busy time comes closer to. The measurement is compared
+   with the roofline's **eager** estimate (``Estimate.eager_us``): the profiled model runs unfused.
+
+Instrumentation costs host time (one Python call and one profiler range per op), which lengthens the gaps
+between short kernels; the probe's correction removes it on average, and the profile records the plain model's
+wall time next to the instrumented one so what remains is visible.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+from fusion_advisor.capture import Capture, keep_attention_opaque
+from fusion_advisor.devices import DeviceSpec
+from fusion_advisor.errors import ProfileError, UserError
+from fusion_advisor.load import LoadedModel
+from fusion_advisor.records import Chain, ChainMeasurement, Estimate, NodeMeasurement, OpInfo, Profile
+from fusion_advisor.roofline import roofline_busy_us
+
+#: Prefix of the profiler range around each op (``"fa:g0:mm_3"``) and the name of the range around each run.
+TAG_PREFIX = "fa:"
+RUN_TAG = "fa-run"
+#: Range around each tiny op of the probe that measures the instrumentation's own cost (see :func:`profile_model`).
+PROBE_TAG = "fa-probe"
+#: Tiny ops per probe loop.
+PROBE_OPS = 300
+#: Runs made before profiling (the first compiles the instrumented graphs) and runs profiled.
+DEFAULT_WARMUP_RUNS = 3
+DEFAULT_RUNS = 3
+#: A chain whose prediction and measurement differ by more than this factor is flagged in the report.
+FLAG_FACTOR = 2.0
+#: Chrome-trace categories of device activities (kernels and copies/sets on the GPU).
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+#: Marker key added to trace files we write, so a later run may replace them (and never a user's file).
+TRACE_MARKER = "fusionAdvisor"
+
+COMPARED = ("est_eager_us: the roofline's eager estimate (each op its own kernel, launch overhead included), "
+            "because the profiled model runs unfused, op by op")
+
+
+# --- checks ---------------------------------------------------------------------------------------------------
+
+
+def check_can_profile(device: str, supported: Callable[[], Iterable[Any]] | None = None) -> None:
+    """Refuse profiling where it cannot measure anything, before any work is done.
+
+    Args:
+        device: the ``--device`` asked for (``"meta"``, ``"cpu"``, ``"cuda"``).
+        supported: the profiler's activity list (default ``torch.profiler.supported_activities``; a parameter so
+            tests can play a machine where the profiler does not see the GPU).
+
+    Raises:
+        ProfileError: ``device`` is meta (nothing runs there), or cuda while the profiler cannot record GPU
+            activity (no CUPTI in this torch build or driver).
+    """
+    if device == "meta":
+        raise ProfileError("--profile runs the model and measures it; on --device meta nothing runs. "
+                           "Use --device cpu or --device cuda")
+    if device not in ("cpu", "cuda"):
+        raise ProfileError(f"--profile needs --device cpu or cuda, got {device!r}")
+    if device == "cuda" and supported is None and not torch.cuda.is_available():
+        raise ProfileError("--profile --device cuda: no CUDA GPU is available here; use --device cpu")
+    if device == "cuda":
+        acts = list((supported or torch.profiler.supported_activities)())
+        if torch.profiler.ProfilerActivity.CUDA not in acts:
+            raise ProfileError("--profile --device cuda: torch.profiler cannot see the GPU on this machine (no "
+                               "CUPTI in this torch build or driver, or another profiler holds it); profile on "
+                               "--device cpu, or install a CUDA build of torch with CUPTI")
+
+
+def check_trace_path(path: Path) -> None:
+    """Refuse a ``--trace`` file we must not write: a folder, a missing folder, or a file fusion-advisor did not write.
+
+    Raises:
+        UserError: with the path and the reason.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"--trace {path}: is a directory; give a file name such as trace.json")
+    if not path.parent.is_dir():
+        raise UserError(f"--trace {path}: folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UserError(f"--trace {path}: folder {path.parent} is not writable")
+    if path.exists() and not _written_by_us(path):
+        raise UserError(f"--trace {path}: exists and was not written by fusion-advisor; refusing to overwrite it")
+
+
+def _written_by_us(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+        return TRACE_MARKER.encode() in head
+    except OSError:
+        return False
+
+
+# --- instrumentation ------------------------------------------------------------------------------------------
+
+
+def _tagged(target: Callable[..., Any], tag: str) -> Callable[..., Any]:
+    """``target`` wrapped in a profiler range named ``tag``."""
+
+    def fa_tagged(*args: Any, **kwargs: Any) -> Any:
+        with torch.profiler.record_function(tag):
+            return target(*args, **kwargs)
+
+    return fa_tagged
+
+
+def tag_graph(gm: torch.fx.GraphModule, graph_index: int, op_ids: set[str]) -> int:
+    """Wrap every call_function node of ``gm`` whose id ``"g<graph_index>:<name>"`` is in ``op_ids`` in a profiler
+    range ``"fa:<id>"`` (in place, then recompiled). Returns how many nodes were tagged."""
+    count = 0
+    for node in gm.graph.nodes:
+        nid = f"g{graph_index}:{node.name}"
+        if node.op == "call_function" and nid in op_ids:
+            node.target = _tagged(node.target, TAG_PREFIX + nid)
+            count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
+@dataclass
+class _Instrumented:
+    run: Callable[[], Any]
+    graphs_seen: Callable[[], int]
+    tagged: Callable[[], int]
+
+
+def _instrument(loaded: LoadedModel, cap: Capture, op_ids: set[str]) -> _Instrumented:
+    """A callable running the model with every (non-view) op of the op graph in its own profiler range."""
+    state = {"graphs": 0, "tagged": 0}
+    if cap.method == "dynamo":
+        from torch._dynamo.backends.common import aot_autograd
+
+        def fw(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+            state["tagged"] += tag_graph(gm, state["graphs"], op_ids)
+            state["graphs"] += 1
+            return gm.forward
+
+        aot_backend = aot_autograd(fw_compiler=fw, bw_compiler=fw)
+
+        def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+            keep_attention_opaque(gm)  # as capture does, so node names match
+            return aot_backend(gm, example_inputs)
+
+        torch._dynamo.reset()
+        compiled = torch.compile(loaded.module, backend=backend, dynamic=False, fullgraph=False)
+        return _Instrumented(lambda: compiled(*loaded.inputs), lambda: state["graphs"], lambda: state["tagged"])
+    if cap.method == "symbolic_trace":
+        gm = cap.graphs[0]
+        graph = torch.fx.Graph()
+        out = graph.graph_copy(gm.graph, {})
+        graph.output(out)
+        copy = torch.fx.GraphModule(gm, graph)
+        state["tagged"] = tag_graph(copy, 0, op_ids)
+        state["graphs"] = 1
+        flat, _ = torch.utils._pytree.tree_flatten(loaded.inputs)
+        return _Instrumented(lambda: copy(*flat), lambda: state["graphs"], lambda: state["tagged"])
+    raise ProfileError(f"{loaded.file}: --profile supports models captured by dynamo or symbolic_trace; this one "
+                       f"was captured by {cap.method}, whose graph cannot be re-run on the model's inputs")
+
+
+# --- attribution ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Per-op totals from a trace, per run.
+
+    Attributes:
+        nodes: measurement per op id.
+        total_us: profiled total per run (see :attr:`fusion_advisor.records.Profile.total_us`).
+        attributed_us: sum of the nodes' time.
+        unattributed_us: ``total_us - attributed_us``.
+        device_events: device activities (GPU) or top-level aten ops (CPU) seen, per run.
+        unattributed_events: of those, how many no ``fa:`` range claimed, per run.
+        wall_us: mean duration of the ``fa-run`` ranges (host wall time of one run under the profiler).
+    """
+
+    nodes: dict[str, NodeMeasurement]
+    total_us: float
+    attributed_us: float
+    unattributed_us: float
+    device_events: float
+    unattributed_events: float
+    wall_us: float
+
+
+class _Ranges:
+    """Non-overlapping ``fa:`` ranges of one host thread, for innermost-range lookup by timestamp."""
+
+    def __init__(self, ranges: list[tuple[float, float, str]]):
+        self.ranges = sorted(ranges)
+        self.starts = [r[0] for r in self.ranges]
+
+    def find(self, ts: float) -> tuple[float, float, str] | None:
+        i = bisect.bisect_right(self.starts, ts) - 1
+        # op ranges never nest (each op runs alone), but walk back a little in case of a zero-length neighbour
+        for j in range(i, max(i - 3, -1), -1):
+            start, end, name = self.ranges[j]
+            if start <= ts <= end:
+                return self.ranges[j]
+        return None
+
+
+def _events(trace: Any) -> list[dict[str, Any]]:
+    evs = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    return [e for e in evs if isinstance(e, dict) and e.get("ph") == "X"]
+
+
+def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: float = 0.0) -> Attribution:
+    """Attribute a chrome trace's time to the ``fa:<op id>`` ranges in it (see the module docstring, step 3).
+
+    Args:
+        trace: the parsed chrome-trace JSON (a dict with ``traceEvents``, or the event list).
+        device: ``"cuda"``: attribute device kernels; ``"cpu"``: attribute the ranges' top-level aten ops.
+        dispatch_us: CPU: the host cost of one eager op without profiler (measured by the probe, see
+            :func:`profile_model`), counted as each aten op's idle part.
+        host_extra_us: GPU: host time per op that the instrumentation (wrapper, range, profiler) adds, measured by
+            the probe; subtracted from each device gap before it is charged, so the idle time is the one the plain
+            model would show.
+
+    On a CPU each top-level aten op counts ``busy = max(0, duration - floor)`` and ``idle = dispatch_us``, where
+    ``floor`` is the median duration of the tiny aten ops in the trace's ``fa-probe`` ranges (the profiled
+    duration of an op that does no work; 0 without a probe).
+
+    Returns:
+        An :class:`Attribution`, all numbers per run (divided by the number of ``fa-run`` ranges, at least 1).
+
+    Raises:
+        ProfileError: the trace has no ``fa-run`` range, or (GPU) no device activity at all.
+    """
+    events = _events(trace)
+    runs = [e for e in events if e.get("name") == RUN_TAG and e.get("cat") in ("user_annotation", None)]
+    if not runs:
+        raise ProfileError("the profile holds no run of the model (no 'fa-run' range): the profiler recorded "
+                           "nothing; another profiler (nsys, ncu) may hold it")
+    n = len(runs)
+    wall_us = sum(float(e["dur"]) for e in runs) / n
+    tags = [e for e in events if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(TAG_PREFIX)]
+    by_tid: dict[Any, list[tuple[float, float, str]]] = {}
+    for e in tags:
+        start = float(e["ts"])
+        end = start + float(e.get("dur", 0.0))
+        by_tid.setdefault(e.get("tid"), []).append((start, end, e["name"][len(TAG_PREFIX):]))
+    ranges = {tid: _Ranges(r) for tid, r in by_tid.items()}
+    run_ranges = _Ranges([(float(e["ts"]), float(e["ts"]) + float(e["dur"]), RUN_TAG) for e in runs])
+
+    def in_run(ts: float) -> bool:  # work outside the runs (the probe, set-up) is not the model's
+        return run_ranges.find(ts) is not None
+
+    busy: dict[str, float] = {}
+    idle: dict[str, float] = {}
+    count: dict[str, float] = {}
+
+    def add(op_id: str, b: float, i: float, k: float) -> None:
+        busy[op_id] = busy.get(op_id, 0.0) + b
+        idle[op_id] = idle.get(op_id, 0.0) + i
+        count[op_id] = count.get(op_id, 0.0) + k
+
+    if device == "cuda":
+        launches = {}
+        for e in events:
+            if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in (e.get("args") or {}):
+                launches[e["args"]["correlation"]] = (float(e["ts"]), e.get("tid"))
+        acts = sorted((e for e in events if e.get("cat") in DEVICE_CATEGORIES), key=lambda e: float(e["ts"]))
+        if not acts:
+            raise ProfileError("the profiler recorded no GPU kernel: it cannot see the GPU here (CUPTI missing or "
+                               "held by another profiler such as nsys or ncu)")
+        prev_end = None
+        total = 0.0
+        unclaimed_events = 0
+        n_events = 0
+        for e in acts:
+            ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+            launch = launches.get((e.get("args") or {}).get("correlation"))
+            if launch is not None and not in_run(launch[0]):
+                continue
+            gap = max(ts - prev_end, 0.0) if prev_end is not None else 0.0
+            prev_end = max(prev_end or ts + dur, ts + dur)
+            n_events += 1
+            rng = ranges[launch[1]].find(launch[0]) if launch and launch[1] in ranges else None
+            if rng is None:
+                unclaimed_events += 1
+                total += dur
+                continue
+            charged = min(max(gap - host_extra_us, 0.0), rng[1] - rng[0])
+            add(rng[2], dur, charged, 1.0)
+            total += dur + charged
+    else:
+        # Each range's top-level aten ops (nested aten calls are part of their parent's time).
+        cpu_ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: float(e["ts"]))
+        probes = _Ranges([(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), "probe") for e in events
+                          if e.get("cat") == "user_annotation" and e.get("name") == PROBE_TAG])
+        probe_durs = []
+        open_end: dict[Any, float] = {}
+        claimed: set[tuple[float, float, str]] = set()
+        unclaimed_events = 0
+        outside_end = -math.inf
+        top: list[tuple[tuple[float, float, str], float]] = []
+        for e in cpu_ops:
+            ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+            rng = ranges[e.get("tid")].find(ts) if e.get("tid") in ranges else None
+            if rng is None:
+                probe = probes.find(ts) if probes.ranges else None
+                if probe is not None:
+                    if ts >= open_end.get(probe, -math.inf):
+                        probe_durs.append(dur)
+                        open_end[probe] = ts + dur
+                elif str(e.get("name", "")).startswith("aten::") and ts >= outside_end and in_run(ts):
+                    unclaimed_events += 1
+                    outside_end = ts + dur
+                continue
+            if ts < open_end.get(rng, -math.inf):
+                continue  # nested inside an earlier aten op of the same range
+            open_end[rng] = ts + dur
+            claimed.add(rng)
+            top.append((rng, dur))
+        floor = sorted(probe_durs)[len(probe_durs) // 2] if probe_durs else 0.0
+        for rng, dur in top:
+            add(rng[2], max(dur - floor, 0.0), dispatch_us, 1.0)
+        for tid_ranges in ranges.values():
+            for rng in tid_ranges.ranges:
+                if rng not in claimed:  # a range that ran no profiled aten op: its own wall time
+                    add(rng[2], rng[1] - rng[0], 0.0, 0.0)
+        total = wall_us * n
+        n_events = len(top) + unclaimed_events
+    nodes = {
+        op_id: NodeMeasurement(op_id=op_id, time_us=(busy[op_id] + idle[op_id]) / n, busy_us=busy[op_id] / n,
+                               idle_us=idle[op_id] / n, kernels=count.get(op_id, 0.0) / n)
+        for op_id in busy
+    }
+    attributed = sum(m.time_us for m in nodes.values())
+    total_us = total / n
+    return Attribution(nodes=nodes, total_us=total_us, attributed_us=attributed,
+                       unattributed_us=max(total_us - attributed, 0.0), device_events=n_events / n,
+                       unattributed_events=unclaimed_events / n, wall_us=wall_us)
+
+
+# --- per chain ------------------------------------------------------------------------------------------------
+
+
+def measured_bound(busy_us: float, idle_us: float, flops: int, nbytes: int, peak_tflops: float,
+                   bandwidth_gbps: float) -> str:
+    """Measured bound class of a chain (see :class:`~fusion_advisor.records.ChainMeasurement`).
+
+    ``"launch"`` when ``idle_us > busy_us``; else ``"compute"`` when the chain's FLOP/s over its busy time is a
+    larger fraction of ``peak_tflops`` than its bytes/s is of ``bandwidth_gbps``, else ``"memory"``; ``""`` when
+    nothing was measured (no time).
+    """
+    if busy_us + idle_us <= 0:
+        return ""
+    if idle_us > busy_us:
+        return "launch"
+    if busy_us <= 0:
+        return "launch"
+    compute_frac = flops / (busy_us * 1e-6) / (peak_tflops * 1e12) if peak_tflops > 0 else 0.0
+    memory_frac = nbytes / (busy_us * 1e-6) / (bandwidth_gbps * 1e9) if bandwidth_gbps > 0 else 0.0
+    return "compute" if compute_frac > memory_frac else "memory"
+
+
+def measure_chains(chains: list[Chain], ops: list[OpInfo], estimates: dict[str, Estimate], spec: DeviceSpec,
+                   nodes: dict[str, NodeMeasurement]) -> dict[str, ChainMeasurement]:
+    """A :class:`ChainMeasurement` per chain from the per-op measurements ``nodes`` (ops without one count 0)."""
+    by_id = {o.id: o for o in ops}
+    out: dict[str, ChainMeasurement] = {}
+    for c in chains:
+        est = estimates[c.id]
+        ms = [nodes[i] for i in c.op_ids if i in nodes]
+        busy = sum(m.busy_us for m in ms)
+        idle = sum(m.idle_us for m in ms)
+        t = busy + idle
+        seconds = t * 1e-6
+        floor = roofline_busy_us(c, by_id, spec)
+        ratio = est.eager_us / t if t > 0 else math.nan
+        out[c.id] = ChainMeasurement(
+            chain_id=c.id,
+            time_us=t,
+            busy_us=busy,
+            idle_us=idle,
+            kernels=sum(m.kernels for m in ms),
+            achieved_gbps=c.eager_bytes / seconds / 1e9 if t > 0 else math.nan,
+            achieved_tflops=c.flops / seconds / 1e12 if t > 0 else math.nan,
+            pct_of_roofline=100.0 * floor / t if t > 0 else math.nan,
+            bound=measured_bound(busy, idle, c.flops, c.eager_bytes, est.peak_tflops, spec.memory_bandwidth_gbps),
+            predicted_us=est.eager_us,
+            ratio=ratio,
+            flagged=bool(t > 0 and (ratio > FLAG_FACTOR or ratio < 1.0 / FLAG_FACTOR)),
+        )
+    return out
+
+
+# --- the stage ------------------------------------------------------------------------------------------------
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _probe_us(device: str, tagged: bool, ops: int = PROBE_OPS) -> float:
+    """Host wall time per tiny op (``torch.add`` on 1024 elements), us: plain, or wrapped and tagged as the
+    instrumented graphs' ops are (``fa-probe`` ranges; under the profiler this is the instrumented per-op cost)."""
+    x = torch.ones(1024, device=device)
+    fn = _tagged(torch.add, PROBE_TAG) if tagged else torch.add
+    fn(x, 1.0)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(ops):
+        fn(x, 1.0)
+    _sync(device)
+    return (time.perf_counter() - start) / ops * 1e6
+
+
+def _median(values: Iterable[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2]
+
+
+def _wall_us(fn: Callable[[], Any], device: str, runs: int) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(runs):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - start) / runs * 1e6
+
+
+def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: list[Chain],
+                  estimates: dict[str, Estimate], spec: DeviceSpec, runs: int = DEFAULT_RUNS,
+                  warmup_runs: int = DEFAULT_WARMUP_RUNS, trace_path: Path | None = None) -> Profile:
+    """Run the model under ``torch.profiler`` and measure every op and chain (module docstring).
+
+    Args:
+        loaded: the model on ``cpu`` or ``cuda`` with real inputs.
+        cap: its capture (the profile re-captures it the same way, with each op tagged).
+        ops, chains, estimates: the op graph's ops, the chains and their roofline estimates.
+        spec: device spec (bandwidth and peaks for achieved fractions; launch overhead as CPU dispatch cost).
+        runs: profiled runs (times are per run); warmup_runs: runs before profiling.
+        trace_path: where to write the chrome trace (``--trace``), or ``None`` for a temporary file.
+
+    Raises:
+        ProfileError: meta device, a GPU the profiler cannot see, an ``export`` capture, or an empty profile.
+        ModelRunError: the model fails when run.
+    """
+    device = loaded.device
+    check_can_profile(device)
+    if trace_path is not None:
+        check_trace_path(trace_path)
+    op_ids = {o.id for o in ops if not o.is_view}
+    notes: list[str] = []
+    inst = _instrument(loaded, cap, op_ids)
+    from fusion_advisor.capture import _quiet_torch_logs  # the same quieting capture uses
+
+    with torch.no_grad(), warnings.catch_warnings(), _quiet_torch_logs():
+        warnings.simplefilter("ignore")
+        for _ in range(max(warmup_runs, 1)):
+            inst.run()
+        _sync(device)
+        graphs = inst.graphs_seen()
+        if graphs != len(cap.graphs):
+            notes.append(f"the instrumented run compiled {graphs} graph(s), the capture {len(cap.graphs)}: "
+                         "node names may not match and some ops may stay unmeasured")
+        eager_wall = _wall_us(lambda: loaded.module(*loaded.inputs), device, max(runs, 1))
+        dispatch = _median(_probe_us(device, tagged=False) for _ in range(3))
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(runs):
+                with torch.profiler.record_function(RUN_TAG):
+                    inst.run()
+                _sync(device)
+            instrumented = _median(_probe_us(device, tagged=True) for _ in range(3))
+        if inst.graphs_seen() != graphs:
+            notes.append("dynamo recompiled during the profiled runs; ops of recompiled graphs are unmeasured")
+    torch._dynamo.reset()
+    trace = _export_trace(prof, trace_path)
+    extra = max(instrumented - dispatch, 0.0)
+    att = attribute(trace, device, dispatch_us=dispatch if device == "cpu" else 0.0,
+                    host_extra_us=extra if device == "cuda" else 0.0)
+    measured = set(att.nodes)
+    missing = sorted(op_ids - measured)
+    if device == "cpu" and missing:
+        notes.append(f"{len(missing)} op(s) ran no profiled range (e.g. {', '.join(missing[:3])})")
+    if att.unattributed_events:
+        what = "device kernel(s)" if device == "cuda" else "aten op(s)"
+        notes.append(f"{att.unattributed_events:g} {what} per run ran outside any op of the graph (graph-break "
+                     f"code, view ops, Python glue): {att.unattributed_us:.1f} us per run not attributed to a chain")
+    chain_ms = measure_chains(chains, ops, estimates, spec, att.nodes)
+    unmeasured = [c.id for c in chains if chain_ms[c.id].time_us <= 0 and c.eager_kernels > 0]
+    if unmeasured:
+        notes.append(f"{len(unmeasured)} chain(s) launched no measured kernel: {' '.join(unmeasured[:12])}"
+                     + (" ..." if len(unmeasured) > 12 else ""))
+    where = ("CUDA kernels by correlation id; device gaps less the instrumentation's host cost per op "
+             f"({extra:.2f} us, probe)" if device == "cuda" else
+             f"top-level aten ops, less the profiled duration of a no-work op, plus the plain dispatch cost "
+             f"{dispatch:.2f} us (probe)")
+    setup = (f"torch.profiler, {runs} run(s) after {max(warmup_runs, 1)} warm-up run(s), no_grad, each aten op of the "
+             f"captured graphs in its own record_function range; attributed: {where}; torch {torch.__version__}")
+    return Profile(device=device, device_name=_device_name(device), runs=runs, warmup_runs=max(warmup_runs, 1),
+                   total_us=att.total_us, attributed_us=att.attributed_us, unattributed_us=att.unattributed_us,
+                   wall_us=att.wall_us, eager_wall_us=eager_wall, setup=setup, compared=COMPARED,
+                   trace_file=str(trace_path) if trace_path is not None else "", nodes=att.nodes, chains=chain_ms,
+                   notes=notes, dispatch_us=dispatch, instrumented_dispatch_us=instrumented)
+
+
+def _export_trace(prof: Any, trace_path: Path | None) -> dict[str, Any]:
+    """Export the profile as a chrome trace, read it back, and (with ``trace_path``) write it there atomically
+    with a marker key, so a later run may replace it."""
+    fd, tmp = tempfile.mkstemp(prefix=".fa-trace.", suffix=".json",
+                               dir=str(trace_path.parent) if trace_path is not None else None)
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(tmp)
+        with open(tmp) as f:
+            trace = json.load(f)
+        if trace_path is not None:
+            if isinstance(trace, list):
+                trace = {"traceEvents": trace}
+            marked = {TRACE_MARKER: {"tool": "fusion-advisor analyze --profile", "torch": torch.__version__}, **trace}
+            with open(tmp, "w") as f:
+                json.dump(marked, f)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, trace_path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return trace

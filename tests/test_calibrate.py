@@ -1,0 +1,112 @@
+"""calibrate: the spec YAML it writes loads with the device-spec loader and drives analyze; unmeasured rates are
+copied and labelled; a file it did not write is never overwritten."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from fusion_advisor.analyze import analyze
+from fusion_advisor.calibrate import MARKER, Calibration, Sizes, calibrate, closest_shipped_spec, render_spec, spec_dict
+from fusion_advisor.cli import app
+from fusion_advisor.devices import load_spec
+from fusion_advisor.errors import CalibrationError
+
+MLP = Path(__file__).parent / "data" / "models" / "profile_mlp.py"
+
+
+@pytest.fixture(scope="module")
+def cpu_spec(tmp_path_factory):
+    """One quick CPU calibration written to a file."""
+    path = tmp_path_factory.mktemp("cal") / "cpu.yaml"
+    written, data = calibrate(path, device="cpu", quick=True)
+    assert written == path
+    return path, data
+
+
+def test_cpu_spec_loads_and_is_labelled(cpu_spec):
+    path, data = cpu_spec
+    text = path.read_text()
+    assert text.splitlines()[0] == MARKER
+    spec = load_spec(str(path))
+    assert spec.kind == "cpu" and spec.name.startswith("calibrated-")
+    assert spec.memory_bandwidth_gbps > 0 and spec.launch_overhead_us > 0
+    assert set(spec.tensor_tflops) == {"bf16", "fp16", "tf32", "fp32"}
+    assert spec.sources["memory_bandwidth"].startswith("measured by fusion-advisor calibrate on ")
+    assert "torch " + str(torch.__version__) in spec.sources["memory_bandwidth"]
+    assert "copied from the shipped spec cpu" in spec.sources["vector_tflops"]
+    assert "no TF32 on a CPU" in spec.sources["tensor_tflops"]
+    # the same top-level fields as the shipped specs (plus the calibration block)
+    shipped = yaml.safe_load((Path(load_spec.__code__.co_filename).parent / "cpu.yaml").read_text())
+    assert set(shipped) <= set(yaml.safe_load(text))
+    assert data["calibration"]["sizes"]["matmul_n"] == Sizes.for_device("cpu", quick=True).matmul_n
+
+
+def test_analyze_accepts_the_calibrated_spec(cpu_spec):
+    path, data = cpu_spec
+    a = analyze(MLP, device="meta", gpu=str(path))
+    assert a.device_spec["name"] == data["name"]
+    assert a.device_spec["memory_bandwidth_gbps"] == pytest.approx(data["memory_bandwidth_gbps"])
+    c0 = a.chains[0]
+    assert a.estimates[c0.id].peak_tflops == pytest.approx(data["tensor_tflops"]["fp32"])
+
+
+def test_never_overwrites_a_foreign_file(tmp_path, cpu_spec):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("name: mine\n")
+    with pytest.raises(CalibrationError, match="not written by fusion-advisor calibrate"):
+        calibrate(mine, device="cpu", quick=True)
+    assert mine.read_text() == "name: mine\n"
+    with pytest.raises(CalibrationError, match="is a directory"):
+        calibrate(tmp_path, device="cpu", quick=True)
+    with pytest.raises(CalibrationError, match=r"\.yaml file"):
+        calibrate(tmp_path / "spec.txt", device="cpu", quick=True)
+    # its own file may be replaced
+    own = tmp_path / "own.yaml"
+    own.write_text(cpu_spec[0].read_text())
+    calibrate(own, device="cpu", quick=True)
+    assert own.read_text().startswith(MARKER)
+
+
+def _gpu_cal(name: str, copy_gbps: float = 4300.0) -> Calibration:
+    return Calibration(device="cuda", device_name=name, date="2026-01-01",
+                       versions={"torch": "2.11.0", "triton": "3.6.0"},
+                       copy_gbps=copy_gbps, matmul_tflops={"fp32": 51.0, "tf32": 370.0, "bf16": 700.0, "fp16": 710.0},
+                       matmul_notes={}, launch_us=6.5, kernel_floor_us=1.9, l2_bytes=62914560,
+                       sizes=Sizes.for_device("cuda", l2_bytes=62914560), timer="do_bench median")
+
+
+def test_gpu_spec_from_a_calibration():
+    data = spec_dict(_gpu_cal("NVIDIA H200"))
+    assert data["kind"] == "gpu" and data["calibration"]["base_spec"] == "h200"
+    assert data["tensor_tflops"] == {"bf16": 700.0, "fp16": 710.0, "tf32": 370.0, "fp32": 51.0}
+    assert data["vector_tflops"] == {k: float(v) for k, v in load_spec("h200").vector_tflops.items()}
+    assert data["vector_tflops_source"] == "copied from the shipped spec h200 (not measured by calibrate)"
+    assert "measured by fusion-advisor calibrate on NVIDIA H200, 2026-01-01, torch 2.11.0, triton 3.6.0" in \
+        data["tensor_tflops_source"]
+    assert "TF32 off" in data["tensor_tflops_source"] and "1.90 us" in data["launch_overhead_source"]
+    assert data["memory_bandwidth_gbps"] == 4300.0 and data["launch_overhead_us"] == 6.5
+    assert data["calibration"]["sizes"]["copy_bytes"] == max(8 * 62914560, 1 << 30)  # 8x L2, at least 1 GiB
+    assert yaml.safe_load(render_spec(data)) == data
+
+
+def test_closest_spec_of_an_unknown_gpu_is_by_bandwidth():
+    assert closest_shipped_spec(_gpu_cal("NVIDIA L4", 250.0)).name == "l4"
+    assert closest_shipped_spec(_gpu_cal("Some New GPU", 1900.0)).name == "a100"
+
+
+def test_cli_calibrate(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "c.yaml"
+    r = runner.invoke(app, ["calibrate", "--device", "cpu", "--quick", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert f"wrote {out}" in r.output and "GB/s" in r.output
+    r = runner.invoke(app, ["calibrate", "--device", "tpu", "--quick", "--out", str(tmp_path / "d.yaml")])
+    assert r.exit_code == 2 and "unknown --device 'tpu'" in r.output
+    if not torch.cuda.is_available():
+        r = runner.invoke(app, ["calibrate", "--device", "cuda", "--out", str(tmp_path / "e.yaml")])
+        assert r.exit_code == 2 and "no CUDA GPU" in r.output
