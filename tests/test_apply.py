@@ -625,7 +625,7 @@ def test_cli_apply_out_is_a_file(tmp_path):
     target = tmp_path / "a_file"
     target.write_text("keep me")
     r = runner.invoke(app, ["apply", "--out", str(target)])
-    assert r.exit_code == 2 and "exists and is not a directory" in r.output
+    assert r.exit_code == 2 and "exists and is not a directory" in " ".join(r.output.split()), r.output
     assert target.read_text() == "keep me"
 
 
