@@ -11,7 +11,7 @@ from transformers import BertConfig, BertModel
 SMOKE = os.environ.get("FA_BENCH_SMOKE") == "1"
 CONFIG = (dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, vocab_size=512)
           if SMOKE else
-          dict(hidden_size=768, num_hidden_layers=4, num_attention_heads=12, intermediate_size=3072))
+          dict(hidden_size=768, num_hidden_layers=4, num_attention_heads=12, intermediate_size=3072, vocab_size=30522))
 BATCH, SEQ = (2, 32) if SMOKE else (16, 512)
 
 
