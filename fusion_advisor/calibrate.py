@@ -46,6 +46,9 @@ MARKER = "# fusion-advisor calibrate: measured device spec"
 
 _DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
+#: (batch, heads, seq, head_dim) of the attention measurement: a Llama-7B layer at 2 x 2048 tokens (non-causal).
+ATTENTION_SHAPE = (2, 32, 2048, 128)
+
 
 @dataclass(frozen=True)
 class Sizes:
@@ -89,6 +92,8 @@ class Calibration:
         copy_gbps: copy bandwidth, bytes read plus written (GB/s, 1e9 bytes/s).
         matmul_tflops: matmul TFLOP/s by dtype name (``fp32``, ``tf32``, ``bf16``, ``fp16``).
         matmul_notes: per dtype, why it was not measured (absent when measured).
+        attention_tflops: GPU only: fused attention (``F.scaled_dot_product_attention``) TFLOP/s by dtype.
+        attention_shape: ``(batch, heads, seq, head_dim)`` of that measurement.
         launch_us: wall time per tiny eager op in a long loop (us).
         kernel_floor_us: GPU only: device time per back-to-back tiny kernel from a CUDA-graph replay (us), else None.
         l2_bytes: L2 cache size (GPU), 0 when unknown.
@@ -109,6 +114,8 @@ class Calibration:
     sizes: Sizes
     timer: str
     extra: dict[str, Any] = field(default_factory=dict)
+    attention_tflops: dict[str, float] = field(default_factory=dict)
+    attention_shape: tuple[int, int, int, int] = ATTENTION_SHAPE
 
 
 def _versions() -> dict[str, str]:
@@ -200,6 +207,24 @@ def measure_matmul_tflops(device: str, dtype: str, sizes: Sizes,
     return 2 * n**3 / (t.median_ms * 1e-3) / 1e12
 
 
+def measure_attention_tflops(dtype: str, timer: Callable[[Callable[[], Any]], Timing],
+                             shape: tuple[int, int, int, int] = ATTENTION_SHAPE) -> float:
+    """Fused attention TFLOP/s of ``F.scaled_dot_product_attention`` (non-causal; flash / memory-efficient kernels
+    on a GPU) on q, k, v of ``shape`` = (batch, heads, seq, head_dim) in ``dtype``: ``4 b h s^2 d`` FLOPs (the two
+    GEMMs, as ``fusion_advisor.graph`` counts attention) over the median time.
+
+    Raises:
+        RuntimeError: no CUDA device, or SDPA fails for that dtype.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("measure_attention_tflops needs a CUDA device")
+    b, h, s, d = shape
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=_DTYPES[dtype], generator=gen) for _ in range(3))
+    t = timer(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    return 4 * b * h * s * s * d / (t.median_ms * 1e-3) / 1e12
+
+
 def measure_launch_us(device: str, sizes: Sizes, repeats: int = 5) -> float:
     """Wall time per tiny eager op (``y = x + 1`` on ``launch_numel`` fp32 elements), us: ``launch_ops`` ops issued
     in a loop, synchronised once at the end; the median of ``repeats`` loops after one warm-up loop."""
@@ -279,6 +304,13 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         if device == "cpu":
             notes["tf32"] = "no TF32 on a CPU: torch runs fp32 matmuls in fp32; the measured fp32 rate"
             tflops["tf32"] = tflops["fp32"]
+        attention: dict[str, float] = {}
+        if device == "cuda" and not quick:
+            for dtype in ("bf16", "fp16"):
+                try:
+                    attention[dtype] = measure_attention_tflops(dtype, timer)
+                except RuntimeError as e:
+                    notes[f"attention {dtype}"] = f"not measured ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
         launch = measure_launch_us(device, sizes)
         floor = measure_kernel_floor_us(sizes) if device == "cuda" else None
     if device == "cuda":
@@ -286,7 +318,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
     return Calibration(
         device=device, device_name=name, date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), versions=_versions(),
         copy_gbps=copy, matmul_tflops=tflops, matmul_notes=notes, launch_us=launch, kernel_floor_us=floor,
-        l2_bytes=l2, sizes=sizes,
+        l2_bytes=l2, sizes=sizes, attention_tflops=attention,
         timer="triton.testing.do_bench median (L2 flushed before each call)" if device == "cuda"
         else "wall-clock median (time.perf_counter)")
 
@@ -324,7 +356,8 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
     tensor_src = (f"{by}: torch.mm of {s.matmul_n}x{s.matmul_n} operands, 2n^3 FLOPs over the {cal.timer}"
                   + ("; fp32 with TF32 off, tf32 with it on" if cal.device == "cuda" else ""))
     for k, note in cal.matmul_notes.items():
-        tensor_src += f"; {k}: {note}"
+        if not k.startswith("attention"):
+            tensor_src += f"; {k}: {note}"
     if copied:
         tensor_src += f"; {', '.join(copied)} copied from the shipped spec {base.name}"
     vector = {k: float(x) for k, x in base.vector_tflops.items()}
@@ -350,6 +383,11 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
         "tensor_tflops_source": tensor_src,
         "vector_tflops": vector,
         "vector_tflops_source": vector_src,
+        **({"attention_tflops": {k: round(float(x), 3) for k, x in cal.attention_tflops.items()},
+            "attention_tflops_source": (f"{by}: F.scaled_dot_product_attention, non-causal, q/k/v of shape "
+                                        f"{tuple(cal.attention_shape)} (batch, heads, seq, head_dim), "
+                                        f"4 b h s^2 d FLOPs over the {cal.timer}")}
+           if cal.attention_tflops else {}),
         "launch_overhead_us": round(cal.launch_us, 3),
         "launch_overhead_source": launch_src,
         "l2_bytes": int(cal.l2_bytes or base.l2_bytes),

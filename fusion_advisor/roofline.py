@@ -12,7 +12,8 @@ Model (Williams, Waterman & Patterson, "Roofline", CACM 2009, plus a per-kernel 
 Bound class: **launch-bound** when, run eagerly, the GPU would sit idle waiting for launches longer than it
 computes (``sum(max(0, launch - t_op)) > sum(t_op)``); otherwise **compute-bound** when the arithmetic intensity
 is above the ridge point, else **memory-bound**.
-Matmuls, convolutions and attention use the tensor-core peak of their dtype; everything else the vector peak.
+Matmuls, convolutions and attention use the tensor-core peak of their dtype (attention: the spec's measured fused
+attention rate when it has one, see ``DeviceSpec.attention_tflops``); everything else the vector peak.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _compute_dtype(dtype: str, categories: set[str] | frozenset[str]) -> str:
 
 def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
     tensor = op.category in _TENSOR_CORE_CATEGORIES
-    peak = spec.peak_tflops(_compute_dtype(op.dtype, {op.category}), tensor) * 1e12
+    peak = spec.peak_tflops(_compute_dtype(op.dtype, {op.category}), tensor, op.category) * 1e12
     compute = op.flops / peak
     memory = (op.bytes_read + op.bytes_written) / (spec.memory_bandwidth_gbps * 1e9)
     return max(compute, memory) * 1e6
@@ -40,7 +41,8 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     """Roofline :class:`Estimate` of ``chain`` on ``spec``; ``ops`` maps op ids to :class:`OpInfo`. Times in us."""
     tensor = bool(set(chain.categories) & _TENSOR_CORE_CATEGORIES)
     compute_dtype = _compute_dtype(chain.dtype, set(chain.categories))
-    peak_tflops = spec.peak_tflops(compute_dtype, tensor)
+    category = "attention" if "attention" in chain.categories else ""
+    peak_tflops = spec.peak_tflops(compute_dtype, tensor, category)
     bw = spec.memory_bandwidth_gbps * 1e9
     compute_us = chain.flops / (peak_tflops * 1e12) * 1e6
     memory_eager_us = chain.eager_bytes / bw * 1e6
@@ -52,7 +54,7 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     idle_us = sum(max(0.0, launch - t) for t in busy)
     fusible = chain.kind == "fusible" and chain.eager_kernels > 1
     fused_us = max(compute_us, memory_fused_us, launch) if fusible else eager_us
-    ridge = spec.ridge_point(compute_dtype, tensor)
+    ridge = spec.ridge_point(compute_dtype, tensor, category)
     if idle_us > sum(busy):
         bound = "launch"
     elif chain.arithmetic_intensity > ridge:

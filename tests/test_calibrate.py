@@ -92,6 +92,17 @@ def test_gpu_spec_from_a_calibration():
     assert data["memory_bandwidth_gbps"] == 4300.0 and data["launch_overhead_us"] == 6.5
     assert data["calibration"]["sizes"]["copy_bytes"] == max(8 * 62914560, 1 << 30)  # 8x L2, at least 1 GiB
     assert yaml.safe_load(render_spec(data)) == data
+    assert "attention_tflops" not in data  # not measured: attention falls back to the matmul peak
+
+
+def test_gpu_spec_records_the_measured_attention_rate():
+    import dataclasses
+
+    cal = dataclasses.replace(_gpu_cal("NVIDIA H200"), attention_tflops={"bf16": 395.25, "fp16": 401.5})
+    data = spec_dict(cal)
+    assert data["attention_tflops"] == {"bf16": 395.25, "fp16": 401.5}
+    assert "scaled_dot_product_attention" in data["attention_tflops_source"]
+    assert "(2, 32, 2048, 128)" in data["attention_tflops_source"]
 
 
 def test_closest_spec_of_an_unknown_gpu_is_by_bandwidth():

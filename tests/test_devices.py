@@ -31,3 +31,35 @@ def test_unknown_and_invalid(tmp_path):
     bad.write_text("name: mine\n")
     with pytest.raises(DeviceSpecError, match="missing field"):
         load_spec(str(bad))
+
+
+
+def test_attention_rate_is_used_for_attention_only(tmp_path):
+    import dataclasses
+
+    from fusion_advisor.records import Chain, OpInfo, SourceLoc, TensorMeta
+    from fusion_advisor.roofline import estimate
+
+    q = TensorMeta(shape=(2, 32, 2048, 128), dtype="bf16", numel=16777216, nbytes=2 * 16777216)
+    flops = 4 * 2 * 32 * 2048 * 2048 * 128
+    op = OpInfo(id="g0:attn", graph_index=0, target="fusion_advisor_capture.attention", category="attention",
+                inputs=(q, q, q), outputs=(q,), flops=flops, bytes_read=3 * 2 * q.numel, bytes_written=2 * q.numel,
+                module_path="", source=SourceLoc("m.py", 1, "attn"))
+    chain = Chain(id="c0", kind="heavy", op_ids=("g0:attn",), targets=(op.target,), pattern="attention",
+                  categories=("attention",), dtype="bf16", eager_kernels=1, eager_bytes=8 * q.numel,
+                  fused_bytes=8 * q.numel, flops=flops, numel=q.numel, row_elems=0, source=op.source, module_path="")
+    h200 = load_spec("h200")
+    measured = dataclasses.replace(h200, attention_tflops={"bf16": 395.0})
+    at_peak, at_measured = estimate(chain, {op.id: op}, h200), estimate(chain, {op.id: op}, measured)
+    assert at_peak.compute_us == pytest.approx(flops / 790e12 * 1e6)
+    assert at_measured.compute_us == pytest.approx(flops / 395e12 * 1e6) and at_measured.eager_us > at_peak.eager_us
+    assert measured.peak_tflops("bf16", True) == 790  # matmuls keep the tensor-core peak
+    assert measured.peak_tflops("fp16", True, "attention") == h200.tensor_tflops["fp16"]  # no entry: matmul peak
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nmemory_bandwidth_gbps: 100\ntensor_tflops: {bf16: 10}\nvector_tflops: {fp32: 1}\n"
+                    "attention_tflops: {bf16: 4}\nlaunch_overhead_us: 1\n")
+    assert load_spec(str(spec)).peak_tflops("bf16", True, "attention") == 4.0
+    spec.write_text("name: s\nmemory_bandwidth_gbps: 100\ntensor_tflops: {bf16: 10}\nvector_tflops: {fp32: 1}\n"
+                    "attention_tflops: {bf16: 0}\nlaunch_overhead_us: 1\n")
+    with pytest.raises(DeviceSpecError, match="must be positive"):
+        load_spec(str(spec))

@@ -6,7 +6,7 @@ the path of a YAML file with the same fields. Every number carries its source.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,9 @@ class DeviceSpec:
         memory_bandwidth_gbps: peak memory bandwidth in GB/s (1e9 bytes/s), counting bytes read plus written.
         tensor_tflops: matmul ceiling in TFLOP/s by operand dtype (``bf16``, ``fp16``, ``tf32``, ``fp32``).
         vector_tflops: elementwise/reduction ceiling in TFLOP/s by dtype.
+        attention_tflops: optional, fused attention (``F.scaled_dot_product_attention``, flash / memory-efficient
+            kernels) TFLOP/s by dtype, measured: these kernels reach well under the matmul peak (softmax, masking and
+            the online rescaling between their two GEMMs). Attention ops without an entry use ``tensor_tflops``.
         launch_overhead_us: time per eager kernel launch (dispatch plus launch), microseconds.
         l2_bytes: L2 cache size in bytes (0 if unknown).
         kind: ``"gpu"`` or ``"cpu"``; library Triton kernels are routed to on GPU specs only.
@@ -46,18 +49,22 @@ class DeviceSpec:
     kind: str = "gpu"
     source: str = ""
     sources: dict[str, str] | None = None
+    attention_tflops: dict[str, float] = field(default_factory=dict)
 
-    def peak_tflops(self, dtype: str, tensor_cores: bool) -> float:
-        """Compute ceiling (TFLOP/s) for ``dtype`` on tensor cores (matmuls) or vector units (everything else).
+    def peak_tflops(self, dtype: str, tensor_cores: bool, category: str = "") -> float:
+        """Compute ceiling (TFLOP/s) for ``dtype`` on tensor cores (matmuls) or vector units (everything else);
+        ``category="attention"`` takes :attr:`attention_tflops` when the spec has that dtype.
 
         Unknown dtypes fall back to the fp32 rate.
         """
+        if category == "attention" and dtype in self.attention_tflops:
+            return float(self.attention_tflops[dtype])
         table = self.tensor_tflops if tensor_cores else self.vector_tflops
         return float(table.get(dtype, table.get("fp32", min(table.values()))))
 
-    def ridge_point(self, dtype: str, tensor_cores: bool) -> float:
+    def ridge_point(self, dtype: str, tensor_cores: bool, category: str = "") -> float:
         """Arithmetic intensity (FLOP/byte) where the compute and memory roofs meet."""
-        return self.peak_tflops(dtype, tensor_cores) * 1e12 / (self.memory_bandwidth_gbps * 1e9)
+        return self.peak_tflops(dtype, tensor_cores, category) * 1e12 / (self.memory_bandwidth_gbps * 1e9)
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a plain dict (for reports)."""
@@ -79,12 +86,14 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         bw = float(data["memory_bandwidth_gbps"])
         tensor = {str(k): float(v) for k, v in dict(data["tensor_tflops"]).items()}
         vector = {str(k): float(v) for k, v in dict(data["vector_tflops"]).items()}
+        attention = {str(k): float(v) for k, v in dict(data.get("attention_tflops") or {}).items()}
         launch = float(data["launch_overhead_us"])
     except (TypeError, ValueError) as e:
         raise DeviceSpecError(f"{origin}: a numeric field is not a number: {e}") from e
     if str(data.get("kind", "gpu")) not in ("gpu", "cpu"):
         raise DeviceSpecError(f"{origin}: field 'kind' must be gpu or cpu")
-    if bw <= 0 or not tensor or not vector or min(list(tensor.values()) + list(vector.values())) <= 0 or launch < 0:
+    if bw <= 0 or not tensor or not vector or min([*tensor.values(), *vector.values(), *attention.values()]) <= 0 \
+            or launch < 0:
         raise DeviceSpecError(f"{origin}: bandwidth and TFLOP/s must be positive, launch overhead non-negative")
     sources = {k[: -len("_source")]: str(v) for k, v in data.items() if k.endswith("_source")}
     return DeviceSpec(
@@ -98,6 +107,7 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         kind=str(data.get("kind", "gpu")),
         source=str(data.get("source", "")),
         sources=sources,
+        attention_tflops=attention,
     )
 
 
