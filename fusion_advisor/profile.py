@@ -15,8 +15,9 @@ How (one mechanism for CPU and GPU):
    runtime launch call by correlation id, and the launch to the innermost ``fa:`` range that contains it on the
    same host thread. A kernel is charged its duration (busy) plus the device idle time just before it (the gap
    since the previous device activity ended) less the host time the instrumentation adds per op, capped by the
-   host time of the op that launched it: that is the GPU waiting for this op to be issued (a gap longer than the
-   op's host time was spent elsewhere, e.g. in Python between graphs). CPU: an op's busy time is the duration of
+   host time of the op that launched it less that same instrumentation cost (the op's host time in the plain
+   model): that is the GPU waiting for this op to be issued (a gap longer than the op's host time was spent
+   elsewhere, e.g. in Python between graphs). CPU: an op's busy time is the duration of
    its top-level aten op(s) less the profiled duration of an op that does no work, and its idle time the plain
    per-op dispatch cost.
 
@@ -327,7 +328,9 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
                 unclaimed_events += 1
                 total += dur
                 continue
-            charged = min(max(gap - host_extra_us, 0.0), rng[1] - rng[0])
+            # the plain model's op takes its instrumented host time less the instrumentation's own cost: the GPU
+            # cannot have waited longer than that for this op to be issued
+            charged = min(max(gap - host_extra_us, 0.0), max(rng[1] - rng[0] - host_extra_us, 0.0))
             add(rng[2], dur, charged, 1.0)
             total += dur + charged
     else:

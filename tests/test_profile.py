@@ -143,6 +143,15 @@ def test_gpu_idle_less_the_instrumentation_cost():
     assert att.nodes["g0:b"].idle_us == 9.0  # the 15 us gap less 6 us that tags and profiler added
 
 
+def test_gpu_idle_is_capped_by_the_ops_plain_host_time():
+    """b's instrumented host time is 20 us, of which the instrumentation added 12: in the plain model b takes 8 us,
+    so the GPU cannot have waited longer than that for it (the 25 us gap less 12 us would charge 13; the cap is 8)."""
+    events = _gpu_trace()
+    events[7] = _x("k2", 35, 2, "kernel", tid=7, correlation=2)  # a 25 us gap before k2
+    att = attribute(events, "cuda", host_extra_us=12.0)
+    assert att.nodes["g0:b"].idle_us == 8.0
+
+
 def test_cpu_attribution_takes_top_level_aten_ops():
     events = [
         _x("fa-run", 0, 100, "user_annotation"),
