@@ -247,7 +247,7 @@ def _bias_gelu_bwd_kernel(
     tl.store(grad_bias_partial_ptr + row_group * stride_partial_row + cols, tl.sum(acc, axis=0), mask=col_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])  # a fresh random seed per call: specialising it compiles variants for nothing
 def _dropout_mask_kernel(
     keep_ptr,  # output uint8 [n_elements]: 1 where kept
     n_elements,

@@ -116,8 +116,10 @@ def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
     return offs_m, offs_n
 
 
+# M (the token count: 1 when decoding) is not specialised: loads vectorise along K and stores along N, so its
+# divisibility buys nothing and would compile a variant per token-count class.
 @triton.autotune(configs=_configs(), key=["M", "N", "K"])
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _gemm_epilogue_kernel(
     x_ptr,  # x [M, K]
     w_ptr,  # w [N, K] (nn.Linear weight)
