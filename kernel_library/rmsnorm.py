@@ -234,8 +234,8 @@ def _rms_norm_bwd_kernel(
     HAS_RESIDUAL: tl.constexpr,  # add ds to dx (the new residual's gradient flows straight through)
     GEMMA: tl.constexpr,  # weight applied as (offset + weight) in fp32; else HF Llama rounding
     BLOCK_SIZE: tl.constexpr,  # power of two >= n_cols
-    ROWS_PER_ITER: tl.constexpr,  # rows per loop step (power of two): 1 = a 1-D row, else a 2-D block
-    NUM_STAGES: tl.constexpr,  # software-pipelining stages of the row loop; None = Triton's default (no hint)
+    ROWS_PER_ITER: tl.constexpr = 1,  # rows per loop step (power of two): 1 = a 1-D row, else a 2-D block
+    NUM_STAGES: tl.constexpr = None,  # software-pipelining stages of the row loop; None = no hint (Triton's default)
 ):
     """Each program loops over its rows, writes dx per row and keeps a dweight partial sum in registers.
 
@@ -594,8 +594,10 @@ def rms_norm_bwd_launch(
     fused_only = {}
     if cfg.looped:  # per-row (rstd, mean(g * x_hat)) scratch between the looped kernel's two passes
         ptrs.insert(2, torch.empty((2, n_rows), dtype=torch.float32, device=x.device))
-    else:
-        fused_only = {"ROWS_PER_ITER": rows_per_iter, "NUM_STAGES": cfg.num_stages}
+    else:  # only when not the kernel's defaults, so the default launch is exactly the one-row kernel's
+        fused_only = {"ROWS_PER_ITER": rows_per_iter} if rows_per_iter != 1 else {}
+        if cfg.num_stages is not None:
+            fused_only["NUM_STAGES"] = cfg.num_stages
     kernel = _rms_norm_bwd_looped_kernel if cfg.looped else _rms_norm_bwd_kernel
     torch.library.wrap_triton(kernel)[(n_programs,)](
         *ptrs,
