@@ -44,7 +44,10 @@ from kernel_library.rmsnorm import (
 # Block sizes, warps and the looped thresholds are kernel_library.rmsnorm's (RowConfig, FWD_WARPS, BWD_WARPS,
 # MAX_FUSED_BLOCK_FWD/BWD, LOOP_BLOCK, BWD_PROGRAMS_PER_SM), whose comments give ptxas register counts for these
 # LayerNorm kernels too: they hold the same arrays per element, plus the dbias accumulator in the backward
-# (128 registers at 8192 columns and 16 warps, no stack).
+# (128 registers at 8192 columns and 16 warps, no stack). The backward's rows_per_iter / num_stages /
+# programs_per_sm alternatives (RowConfig, off by default) at 4096 bf16 columns, ptxas sm_90 (triton 3.9),
+# registers per thread, no stack in any: one row 8 warps 123, 16 warps 64; two rows 8 warps 166, 16 warps 105;
+# four rows 16 warps 128; num_stages=3 adds (3 - 1) x rows x 16 KB of shared memory, registers about the same.
 
 #: torch's default eps for LayerNorm (``nn.LayerNorm``, ``F.layer_norm``).
 DEFAULT_EPS = 1e-5
@@ -238,8 +241,15 @@ def _layer_norm_bwd_kernel(
     HAS_WEIGHT: tl.constexpr,  # g = dy * weight, and accumulate dweight
     HAS_BIAS: tl.constexpr,  # accumulate dbias
     BLOCK_SIZE: tl.constexpr,  # power of two >= n_cols
+    ROWS_PER_ITER: tl.constexpr = 1,  # rows per loop step (power of two): 1 = a 1-D row, else a 2-D block
+    NUM_STAGES: tl.constexpr = None,  # software-pipelining stages of the row loop; None = no hint (Triton's default)
 ):
-    """Each program loops over its rows, writes dx per row, and keeps dweight/dbias partial sums in registers."""
+    """Each program loops over its rows, writes dx per row, and keeps dweight/dbias partial sums in registers.
+
+    ``ROWS_PER_ITER == R > 1``: program p handles the row blocks p, p + n_programs, ... of R consecutive rows as
+    one [R, BLOCK_SIZE] block (reductions along axis 1, dweight/dbias summed over axis 0), as in
+    ``rmsnorm._rms_norm_bwd_kernel``; rows past ``n_rows`` are masked (dy = 0 there adds nothing).
+    """
     eps = tl.cast(eps, tl.float32)  # fp32 under torch.compile too (see rmsnorm.py)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_SIZE)
@@ -248,29 +258,72 @@ def _layer_norm_bwd_kernel(
         w = tl.load(w_ptr + cols * stride_w, mask=mask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
-    for row in tl.range(pid, n_rows, n_programs):
-        x = tl.load(x_ptr + row_start(row, stride_x_row) + cols * stride_x_col, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + row_start(row, stride_dy_row) + cols * stride_dy_col, mask=mask, other=0.0)
-        dy = dy.to(tl.float32)
-        mean = _div_refined(tl.sum(x, axis=0), tl.cast(n_cols, tl.float32))  # as in the forward
-        xc = tl.where(mask, x - mean, 0.0)
-        rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / n_cols + eps)
-        x_hat = xc * rstd
-        if HAS_WEIGHT:
-            g = dy * w
-        else:
-            g = dy
-        dx = rstd * (g - tl.sum(g, axis=0) / n_cols - x_hat * (tl.sum(g * x_hat, axis=0) / n_cols))
-        if HAS_RESIDUAL:
-            ds = tl.load(ds_ptr + row_start(row, stride_ds_row) + cols * stride_ds_col, mask=mask, other=0.0)
-            dx += ds.to(tl.float32)
-        tl.store(
-            dx_ptr + row_start(row, stride_dx_row) + cols * stride_dx_col, dx.to(dx_ptr.dtype.element_ty), mask=mask
-        )
-        if HAS_WEIGHT:
-            dw_acc += dy * x_hat
-        if HAS_BIAS:
-            db_acc += dy
+    if ROWS_PER_ITER == 1:
+        for row in tl.range(pid, n_rows, n_programs, num_stages=NUM_STAGES):
+            x = tl.load(x_ptr + row_start(row, stride_x_row) + cols * stride_x_col, mask=mask, other=0.0)
+            x = x.to(tl.float32)
+            dy = tl.load(dy_ptr + row_start(row, stride_dy_row) + cols * stride_dy_col, mask=mask, other=0.0)
+            dy = dy.to(tl.float32)
+            mean = _div_refined(tl.sum(x, axis=0), tl.cast(n_cols, tl.float32))  # as in the forward
+            xc = tl.where(mask, x - mean, 0.0)
+            rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / n_cols + eps)
+            x_hat = xc * rstd
+            if HAS_WEIGHT:
+                g = dy * w
+            else:
+                g = dy
+            dx = rstd * (g - tl.sum(g, axis=0) / n_cols - x_hat * (tl.sum(g * x_hat, axis=0) / n_cols))
+            if HAS_RESIDUAL:
+                ds = tl.load(ds_ptr + row_start(row, stride_ds_row) + cols * stride_ds_col, mask=mask, other=0.0)
+                dx += ds.to(tl.float32)
+            tl.store(
+                dx_ptr + row_start(row, stride_dx_row) + cols * stride_dx_col,
+                dx.to(dx_ptr.dtype.element_ty),
+                mask=mask,
+            )
+            if HAS_WEIGHT:
+                dw_acc += dy * x_hat
+            if HAS_BIAS:
+                db_acc += dy
+    else:
+        row_offs = tl.arange(0, ROWS_PER_ITER)
+        cols_2d = cols[None, :]  # [1, BLOCK_SIZE]
+        for first in tl.range(pid * ROWS_PER_ITER, n_rows, n_programs * ROWS_PER_ITER, num_stages=NUM_STAGES):
+            rows = first + row_offs  # [ROWS_PER_ITER]
+            mask_2d = (rows < n_rows)[:, None] & mask[None, :]  # [ROWS_PER_ITER, BLOCK_SIZE]
+            x = tl.load(
+                x_ptr + row_start(rows, stride_x_row)[:, None] + cols_2d * stride_x_col, mask=mask_2d, other=0.0
+            ).to(tl.float32)
+            dy = tl.load(
+                dy_ptr + row_start(rows, stride_dy_row)[:, None] + cols_2d * stride_dy_col, mask=mask_2d, other=0.0
+            ).to(tl.float32)
+            mean = _div_refined(tl.sum(x, axis=1), tl.cast(n_cols, tl.float32))[:, None]  # [ROWS_PER_ITER, 1]
+            xc = tl.where(mask_2d, x - mean, 0.0)
+            rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / n_cols + eps)[:, None]
+            x_hat = xc * rstd
+            if HAS_WEIGHT:
+                g = dy * w[None, :]
+            else:
+                g = dy
+            dx = rstd * (
+                g - (tl.sum(g, axis=1) / n_cols)[:, None] - x_hat * (tl.sum(g * x_hat, axis=1) / n_cols)[:, None]
+            )
+            if HAS_RESIDUAL:
+                ds = tl.load(
+                    ds_ptr + row_start(rows, stride_ds_row)[:, None] + cols_2d * stride_ds_col,
+                    mask=mask_2d,
+                    other=0.0,
+                )
+                dx += ds.to(tl.float32)
+            tl.store(
+                dx_ptr + row_start(rows, stride_dx_row)[:, None] + cols_2d * stride_dx_col,
+                dx.to(dx_ptr.dtype.element_ty),
+                mask=mask_2d,
+            )
+            if HAS_WEIGHT:
+                dw_acc += tl.sum(dy * x_hat, axis=0)
+            if HAS_BIAS:
+                db_acc += tl.sum(dy, axis=0)
     if HAS_WEIGHT:
         tl.store(dw_partial_ptr + row_start(pid, n_cols) + cols, dw_acc, mask=mask)
     if HAS_BIAS:
@@ -453,11 +506,13 @@ def layer_norm_bwd_launch(
     """Launch the backward on 2-D ``dy``, ``x`` (and ``ds``) [n_rows, n_cols], non-empty.
 
     Returns ``(dx, dw, db)``: dx contiguous in x's dtype; dw / db [n_cols] in weight's / bias's dtype, or empty
-    [0] tensors when weight / bias is None (a custom op cannot return None).
+    [0] tensors when weight / bias is None (a custom op cannot return None). ``config`` overrides the heuristic,
+    including the fused kernel's rows per loop step, num_stages and programs per SM (see ``rmsnorm.RowConfig``).
     """
     n_rows, n_cols = x.shape
     cfg = config or RowConfig.backward(n_cols)
-    n_programs = bwd_programs(n_rows, x.device)
+    rows_per_iter = 1 if cfg.looped else cfg.rows_per_iter
+    n_programs = bwd_programs(n_rows, x.device, rows_per_iter, cfg.programs_per_sm)
     dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     # every program writes its whole partial rows (zeros if it had no rows), so no zero-fill is needed
     partial_shape = (n_programs, n_cols)
@@ -466,8 +521,13 @@ def layer_norm_bwd_launch(
     ds_arg = ds if ds is not None else dy  # placeholder pointer, never read when HAS_RESIDUAL is False
     w = weight if weight is not None else x  # placeholder pointer, never read when HAS_WEIGHT is False
     ptrs = [dx, dw_partial, db_partial, dy, ds_arg, x, w]
+    fused_only = {}
     if cfg.looped:  # per-row (mean, rstd, mean(g), mean(g * x_hat)) scratch between the looped kernel's passes
         ptrs.insert(3, torch.empty((4, n_rows), dtype=torch.float32, device=x.device))
+    else:  # only when not the kernel's defaults, so the default launch is exactly the one-row kernel's
+        fused_only = {"ROWS_PER_ITER": rows_per_iter} if rows_per_iter != 1 else {}
+        if cfg.num_stages is not None:
+            fused_only["NUM_STAGES"] = cfg.num_stages
     kernel = _layer_norm_bwd_looped_kernel if cfg.looped else _layer_norm_bwd_kernel
     torch.library.wrap_triton(kernel)[(n_programs,)](
         *ptrs,
@@ -488,6 +548,7 @@ def layer_norm_bwd_launch(
         HAS_WEIGHT=weight is not None,
         HAS_BIAS=bias is not None,
         BLOCK_SIZE=cfg.block_size,
+        **fused_only,
         num_warps=cfg.num_warps,
     )
     dw = dw_partial.sum(0).to(weight.dtype) if weight is not None else x.new_empty((0,))

@@ -69,6 +69,14 @@ MAX_WARPS = 32
 #: H200: 8.7 MB against the backward's 201 MB at 8192 x 4096 bf16, ~4%). Tune on the GPU (1, 2, 4).
 BWD_PROGRAMS_PER_SM = 2
 
+#: Alternatives the lead sweeps on the GPU (benchmarks/sweep_tiles.py --only rmsnorm_bwd), all off by default:
+#: ``RowConfig.rows_per_iter`` (R rows per loop step as one [R, BLOCK_SIZE] block), ``RowConfig.num_stages`` (a
+#: ``tl.range`` pipelining hint: loads of the next steps go through shared memory with cp.async) and
+#: ``RowConfig.programs_per_sm``. ptxas for sm_90 (triton 3.9, contiguous bf16 rows of 4096), registers per thread
+#: / stack bytes: R=1: 4 warps 168/0, 8 warps 101/0, 16 warps 60/0; R=2: 4 warps 255/120, 8 warps 162/0, 16 warps
+#: 98/0; R=4: 8 warps 255/8, 16 warps 128/32. num_stages=S adds (S - 1) * R * 16 KB of shared memory (x and dy)
+#: and leaves the registers about as they are (R=1, 8 warps, S=3: 98 registers, 32 KB).
+
 #: "SM count" used under the CPU interpreter, where programs run one after another: small, so tests stay fast,
 #: but more than one so that the per-program row loop and the cross-program dweight reduction are exercised.
 CPU_SM_COUNT = 4
@@ -226,8 +234,17 @@ def _rms_norm_bwd_kernel(
     HAS_RESIDUAL: tl.constexpr,  # add ds to dx (the new residual's gradient flows straight through)
     GEMMA: tl.constexpr,  # weight applied as (offset + weight) in fp32; else HF Llama rounding
     BLOCK_SIZE: tl.constexpr,  # power of two >= n_cols
+    ROWS_PER_ITER: tl.constexpr = 1,  # rows per loop step (power of two): 1 = a 1-D row, else a 2-D block
+    NUM_STAGES: tl.constexpr = None,  # software-pipelining stages of the row loop; None = no hint (Triton's default)
 ):
-    """Each program loops over its rows, writes dx per row and keeps a dweight partial sum in registers."""
+    """Each program loops over its rows, writes dx per row and keeps a dweight partial sum in registers.
+
+    ``ROWS_PER_ITER == 1``: program p handles rows p, p + n_programs, ... one [BLOCK_SIZE] row per step.
+    ``ROWS_PER_ITER == R > 1``: program p handles the row blocks p, p + n_programs, ... of R consecutive rows,
+    one [R, BLOCK_SIZE] block per step (reductions along axis 1, dweight summed over axis 0): R rows of loads in
+    flight per program and one pair of block reductions (shared memory + barriers) per R rows. Rows past
+    ``n_rows`` are masked: x = dy = 0 there, so they add nothing to dweight.
+    """
     eps = tl.cast(eps, tl.float32)  # see 'Float arguments' above
     offset = tl.cast(offset, tl.float32)
     pid = tl.program_id(0)
@@ -237,24 +254,61 @@ def _rms_norm_bwd_kernel(
     if GEMMA:
         w = offset + w
     dw_acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
-    for row in tl.range(pid, n_rows, n_programs):
-        x = tl.load(x_ptr + row_start(row, stride_x_row) + cols * stride_x_col, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + row_start(row, stride_dy_row) + cols * stride_dy_col, mask=mask, other=0.0)
-        dy = dy.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-        x_hat = x * rstd
-        g = dy * w
-        dx = rstd * (g - x_hat * (tl.sum(g * x_hat, axis=0) / n_cols))
-        if HAS_RESIDUAL:
-            ds = tl.load(ds_ptr + row_start(row, stride_ds_row) + cols * stride_ds_col, mask=mask, other=0.0)
-            dx += ds.to(tl.float32)
-        tl.store(
-            dx_ptr + row_start(row, stride_dx_row) + cols * stride_dx_col, dx.to(dx_ptr.dtype.element_ty), mask=mask
-        )
-        if GEMMA:
-            dw_acc += dy * x_hat
-        else:
-            dw_acc += dy * x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
+    if ROWS_PER_ITER == 1:
+        for row in tl.range(pid, n_rows, n_programs, num_stages=NUM_STAGES):
+            x = tl.load(x_ptr + row_start(row, stride_x_row) + cols * stride_x_col, mask=mask, other=0.0)
+            x = x.to(tl.float32)
+            dy = tl.load(dy_ptr + row_start(row, stride_dy_row) + cols * stride_dy_col, mask=mask, other=0.0)
+            dy = dy.to(tl.float32)
+            rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+            x_hat = x * rstd
+            g = dy * w
+            dx = rstd * (g - x_hat * (tl.sum(g * x_hat, axis=0) / n_cols))
+            if HAS_RESIDUAL:
+                ds = tl.load(ds_ptr + row_start(row, stride_ds_row) + cols * stride_ds_col, mask=mask, other=0.0)
+                dx += ds.to(tl.float32)
+            tl.store(
+                dx_ptr + row_start(row, stride_dx_row) + cols * stride_dx_col,
+                dx.to(dx_ptr.dtype.element_ty),
+                mask=mask,
+            )
+            if GEMMA:
+                dw_acc += dy * x_hat
+            else:
+                dw_acc += dy * x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
+    else:
+        row_offs = tl.arange(0, ROWS_PER_ITER)
+        cols_2d = cols[None, :]  # [1, BLOCK_SIZE]
+        w_2d = w[None, :]
+        for first in tl.range(pid * ROWS_PER_ITER, n_rows, n_programs * ROWS_PER_ITER, num_stages=NUM_STAGES):
+            rows = first + row_offs  # [ROWS_PER_ITER]
+            mask_2d = (rows < n_rows)[:, None] & mask[None, :]  # [ROWS_PER_ITER, BLOCK_SIZE]
+            x = tl.load(
+                x_ptr + row_start(rows, stride_x_row)[:, None] + cols_2d * stride_x_col, mask=mask_2d, other=0.0
+            ).to(tl.float32)
+            dy = tl.load(
+                dy_ptr + row_start(rows, stride_dy_row)[:, None] + cols_2d * stride_dy_col, mask=mask_2d, other=0.0
+            ).to(tl.float32)
+            rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)[:, None]  # [ROWS_PER_ITER, 1]
+            x_hat = x * rstd
+            g = dy * w_2d
+            dx = rstd * (g - x_hat * (tl.sum(g * x_hat, axis=1) / n_cols)[:, None])
+            if HAS_RESIDUAL:
+                ds = tl.load(
+                    ds_ptr + row_start(rows, stride_ds_row)[:, None] + cols_2d * stride_ds_col,
+                    mask=mask_2d,
+                    other=0.0,
+                )
+                dx += ds.to(tl.float32)
+            tl.store(
+                dx_ptr + row_start(rows, stride_dx_row)[:, None] + cols_2d * stride_dx_col,
+                dx.to(dx_ptr.dtype.element_ty),
+                mask=mask_2d,
+            )
+            if GEMMA:
+                dw_acc += tl.sum(dy * x_hat, axis=0)
+            else:
+                dw_acc += tl.sum(dy * x_hat.to(x_ptr.dtype.element_ty).to(tl.float32), axis=0)
     tl.store(dw_partial_ptr + row_start(pid, n_cols) + cols, dw_acc, mask=mask)
 
 
@@ -360,11 +414,32 @@ class RowConfig:
         block_size: elements per ``tl.arange``: the whole row (``looped=False``) or one chunk of it.
         num_warps: warps per program.
         looped: whether the row is processed in chunks by the looped kernel.
+        rows_per_iter: backward only (fused, not looped): rows each program processes per loop step, as one
+            [rows_per_iter, block_size] block; a power of two. 1 (the default) is the one-row loop.
+        num_stages: backward only (fused): ``tl.range(num_stages=)`` of the row loop; None leaves the loop
+            without a hint (Triton's default).
+        programs_per_sm: backward only: programs per SM of the persistent grid; None = ``BWD_PROGRAMS_PER_SM``.
+
+    The looped backward (rows wider than ``MAX_FUSED_BLOCK_BWD``) ignores the last three.
+
+    Raises:
+        ValueError: ``rows_per_iter`` is not a power of two >= 1, ``num_stages`` or ``programs_per_sm`` < 1.
     """
 
     block_size: int
     num_warps: int
     looped: bool
+    rows_per_iter: int = 1
+    num_stages: int | None = None
+    programs_per_sm: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.rows_per_iter < 1 or self.rows_per_iter & (self.rows_per_iter - 1):
+            raise ValueError(f"rows_per_iter must be a power of two >= 1; got {self.rows_per_iter}")
+        if self.num_stages is not None and self.num_stages < 1:
+            raise ValueError(f"num_stages must be >= 1 or None; got {self.num_stages}")
+        if self.programs_per_sm is not None and self.programs_per_sm < 1:
+            raise ValueError(f"programs_per_sm must be >= 1 or None; got {self.programs_per_sm}")
 
     @classmethod
     def _build(cls, n_cols: int, max_fused_block: int, table: tuple[tuple[int, int], ...]) -> "RowConfig":
@@ -393,9 +468,13 @@ def _sm_count(device: torch.device) -> int:
     return CPU_SM_COUNT
 
 
-def bwd_programs(n_rows: int, device: torch.device) -> int:
-    """Programs of a backward grid: ``BWD_PROGRAMS_PER_SM`` per SM, never more than there are rows."""
-    return max(1, min(n_rows, _sm_count(device) * BWD_PROGRAMS_PER_SM))
+def bwd_programs(
+    n_rows: int, device: torch.device, rows_per_iter: int = 1, programs_per_sm: int | None = None
+) -> int:
+    """Programs of a backward grid: ``programs_per_sm`` (default ``BWD_PROGRAMS_PER_SM``) per SM, never more
+    than there are blocks of ``rows_per_iter`` rows."""
+    per_sm = BWD_PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
+    return max(1, min(triton.cdiv(n_rows, rows_per_iter), _sm_count(device) * per_sm))
 
 
 def check_tensor(name: str, t: torch.Tensor, device: torch.device | None = None) -> None:
@@ -500,17 +579,25 @@ def rms_norm_bwd_launch(
     """Launch the backward on 2-D ``dy``, ``x`` (and ``ds``) [n_rows, n_cols], non-empty; returns ``(dx, dw)``.
 
     ``dx`` [n_rows, n_cols] contiguous in x's dtype (plus ``ds`` when given); ``dw`` [n_cols] in weight's dtype.
+    ``config`` overrides the heuristic: block size, warps, looped, and for the fused kernel rows per loop step,
+    the row loop's num_stages and programs per SM (see :class:`RowConfig`).
     """
     n_rows, n_cols = x.shape
     cfg = config or RowConfig.backward(n_cols)
-    n_programs = bwd_programs(n_rows, x.device)
+    rows_per_iter = 1 if cfg.looped else cfg.rows_per_iter
+    n_programs = bwd_programs(n_rows, x.device, rows_per_iter, cfg.programs_per_sm)
     dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     # every program writes its whole partial row (zeros if it had no rows), so no zero-fill is needed
     dw_partial = torch.empty((n_programs, n_cols), dtype=torch.float32, device=x.device)
     ds_arg = ds if ds is not None else dy  # placeholder pointer, never read when HAS_RESIDUAL is False
     ptrs = [dx, dw_partial, dy, ds_arg, x, weight]
+    fused_only = {}
     if cfg.looped:  # per-row (rstd, mean(g * x_hat)) scratch between the looped kernel's two passes
         ptrs.insert(2, torch.empty((2, n_rows), dtype=torch.float32, device=x.device))
+    else:  # only when not the kernel's defaults, so the default launch is exactly the one-row kernel's
+        fused_only = {"ROWS_PER_ITER": rows_per_iter} if rows_per_iter != 1 else {}
+        if cfg.num_stages is not None:
+            fused_only["NUM_STAGES"] = cfg.num_stages
     kernel = _rms_norm_bwd_looped_kernel if cfg.looped else _rms_norm_bwd_kernel
     torch.library.wrap_triton(kernel)[(n_programs,)](
         *ptrs,
@@ -531,6 +618,7 @@ def rms_norm_bwd_launch(
         HAS_RESIDUAL=ds is not None,
         GEMMA=offset != 0.0,
         BLOCK_SIZE=cfg.block_size,
+        **fused_only,
         num_warps=cfg.num_warps,
     )
     return dx, dw_partial.sum(0).to(weight.dtype)

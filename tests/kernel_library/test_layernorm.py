@@ -8,6 +8,8 @@ widths through a forced small-block config; a large-mean input where a sum / sum
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -156,6 +158,83 @@ def test_more_rows_than_backward_programs():
     n_rows = ln.bwd_programs(10**6, torch.device(DEVICE)) * 2 + 3
     x, w, b, _ = make((n_rows, 40), torch.float32)
     check_fwd_bwd(x, w, b, None, torch.float32)
+
+
+# --- backward with several rows per loop step (RowConfig.rows_per_iter) ------------------------------------
+# As in test_rmsnorm: 1 and 3 rows leave the last [rows_per_iter, BLOCK_SIZE] block partly masked; 17 rows at
+# programs_per_sm=1 (4 programs on the CPU grid) make programs loop over several blocks, the last one partial.
+
+
+def ln_bwd_with(dy, x, w, b, ds=None, **fields):
+    """``layer_norm_bwd_launch`` with the default backward RowConfig of x's width, ``fields`` replaced."""
+    cfg = dataclasses.replace(ln.RowConfig.backward(x.shape[-1]), **fields)
+    return ln.layer_norm_bwd_launch(dy, x, w, b, EPS, ds=ds, config=cfg)
+
+
+def check_rows_per_iter(x, w, b, dtype, rows_per_iter, residual=False, **fields):
+    """(dx, dw, db) at ``rows_per_iter`` against float64 autograd of reference_fn and against one row per step
+    (``x`` plays the normalised input s when ``residual``: dx then also carries ds)."""
+    x64, w64, b64 = (f64(t) for t in (x, w, b))
+    y64 = ln.reference_fn(x64, w64, b64, EPS)
+    dy = randn_like(x, 3)
+    ds = randn_like(x, 4) if residual else None
+    got = ln_bwd_with(dy, x, w, b, ds, rows_per_iter=rows_per_iter, **fields)
+    one = ln_bwd_with(dy, x, w, b, ds, rows_per_iter=1, **fields)
+    names = [n for n, t in zip(("dx", "dweight", "dbias"), (x, w, b)) if t is not None]
+    leaves64 = [t for t in (x64, w64, b64) if t is not None]
+    grads64 = dict(zip(names, torch.autograd.grad(y64, leaves64, dy.double())))
+    if residual:
+        grads64["dx"] = grads64["dx"] + ds.double()
+    what = f"rows_per_iter={rows_per_iter}"
+    for name, g, g1 in zip(("dx", "dweight", "dbias"), got, one):
+        if name == "dx":
+            assert_close(g, grads64[name], dtype, f"dx ({what})")
+        elif name in grads64:
+            eager = lambda n=name: eager_grads(x, w, b, None, (dy,))[n]  # noqa: E731
+            assert_row_sum_grad_close(g, grads64[name], dtype, f"{name} ({what})", eager)
+        else:
+            assert g.numel() == 0, name
+        assert_close(g, g1, dtype, f"{name} ({what} vs 1)")
+
+
+@pytest.mark.parametrize("n_cols", (17, 1000))
+@pytest.mark.parametrize("n_rows", (1, 3, 17))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("rows_per_iter", (2, 4))
+def test_backward_rows_per_iter(rows_per_iter, dtype, n_rows, n_cols):
+    x, w, b, _ = (None if t is None else t.detach() for t in make((n_rows, n_cols), dtype))
+    check_rows_per_iter(x, w, b, dtype, rows_per_iter, programs_per_sm=1)
+
+
+@pytest.mark.parametrize("params", ("none", "weight only", "bias only"))
+@pytest.mark.parametrize("rows_per_iter", (2, 4))
+def test_backward_rows_per_iter_params_and_residual(rows_per_iter, params):
+    """HAS_WEIGHT / HAS_BIAS off, with the residual's gradient added to dx, several blocks per program."""
+    x, w, b, _ = (None if t is None else t.detach() for t in make((17, 300), torch.float32,
+                                                                    weight=params == "weight only",
+                                                                    bias=params == "bias only"))
+    check_rows_per_iter(x, w, b, torch.float32, rows_per_iter, residual=True, programs_per_sm=1)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("rows_per_iter", (2, 4))
+def test_backward_rows_per_iter_wide_row_stages(rows_per_iter, dtype):
+    """4097 columns (fused 8192-wide block) with a nonzero mean per row (x_hat centred row by row within the
+    block), default grid, with a num_stages hint on the row loop."""
+    x, w, b, _ = (None if t is None else t.detach() for t in make((5, 4097), dtype))
+    x = (x.float() + torch.arange(5, device=DEVICE).float()[:, None]).to(dtype)
+    check_rows_per_iter(x, w, b, dtype, rows_per_iter, num_stages=2)
+
+
+def test_looped_backward_ignores_rows_per_iter():
+    """The looped (wide-row) backward stays one row per step whatever rows_per_iter says."""
+    x, w, b = (t.detach() for t in make((LOOP_ROWS, 40), torch.bfloat16)[:3])
+    dy = randn_like(x, 1)
+    looped = ln.RowConfig.backward(40, max_fused_block=16)
+    assert looped.looped
+    one = ln.layer_norm_bwd_launch(dy, x, w, b, EPS, config=looped)
+    four = ln.layer_norm_bwd_launch(dy, x, w, b, EPS, config=dataclasses.replace(looped, rows_per_iter=4))
+    assert all(torch.equal(g1, g4) for g1, g4 in zip(one, four))
 
 
 # --- layouts and hard values ---------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ Gemma (offset 1) semantics are both checked in every dtype, forward and backward
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -120,6 +122,122 @@ def test_more_rows_than_backward_programs():
     n_rows = rms.bwd_programs(10**6, torch.device(DEVICE)) * 2 + 3
     x, w = make((n_rows, 40), torch.float32)
     check_fwd_bwd(x, w, 0.0, torch.float32)
+
+
+# --- backward with several rows per loop step (RowConfig.rows_per_iter) ------------------------------------
+# Rows 1 and 3 leave the last [rows_per_iter, BLOCK_SIZE] block partly masked (rows past n_rows); 17 rows at
+# programs_per_sm=1 (4 programs on the CPU grid) give 9 or 5 row blocks, so programs loop over several blocks and
+# their last one is partial too. Widths: ragged 17, 1000, and 4097 (an 8192-wide fused block, half masked).
+
+
+def bwd_with(dy, x, w, offset, ds=None, **fields):
+    """``rms_norm_bwd_launch`` with the default backward RowConfig of x's width, ``fields`` replaced."""
+    cfg = dataclasses.replace(rms.RowConfig.backward(x.shape[-1]), **fields)
+    return rms.rms_norm_bwd_launch(dy, x, w, EPS, offset, ds=ds, config=cfg)
+
+
+def check_rows_per_iter(x, w, offset, dtype, rows_per_iter, residual=False, **fields):
+    """(dx, dw) at ``rows_per_iter`` against float64 autograd of reference_fn and against one row per step."""
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    x64, w64 = f64(x), f64(w)
+    y64 = rms.reference_fn(x64, w64, EPS, offset)
+    dy = torch.randn(y64.shape, generator=gen, device=DEVICE).to(rms.rms_out_dtype(x.dtype, w.dtype, offset))
+    ds = torch.randn(x.shape, generator=gen, device=DEVICE).to(x.dtype) if residual else None
+    dx, dw = bwd_with(dy, x, w, offset, ds, rows_per_iter=rows_per_iter, **fields)
+    dx1, dw1 = bwd_with(dy, x, w, offset, ds, rows_per_iter=1, **fields)
+    dx64, dw64 = torch.autograd.grad(y64, (x64, w64), dy.double())
+    if residual:
+        dx64 = dx64 + ds.double()
+    what = f"rows_per_iter={rows_per_iter}"
+    assert dx.dtype == x.dtype and dw.dtype == w.dtype
+    assert_close(dx, dx64, dtype, f"dx ({what})")
+    assert_row_sum_grad_close(dw, dw64, dtype, f"dweight ({what})", lambda: eager_dweight(x, w, offset, dy))
+    # same per-row arithmetic as one row per step; only dweight's fp32 summation order may differ
+    assert_close(dx, dx1, dtype, f"dx ({what} vs 1)")
+    assert_close(dw, dw1, dtype, f"dweight ({what} vs 1)")
+
+
+@pytest.mark.parametrize("offset", OFFSETS)
+@pytest.mark.parametrize("n_cols", (17, 1000))
+@pytest.mark.parametrize("n_rows", (1, 3, 17))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("rows_per_iter", (2, 4))
+def test_backward_rows_per_iter(rows_per_iter, dtype, n_rows, n_cols, offset):
+    x, w = make((n_rows, n_cols), dtype, offset)
+    check_rows_per_iter(x.detach(), w.detach(), offset, dtype, rows_per_iter, programs_per_sm=1)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("rows_per_iter", (2, 4))
+def test_backward_rows_per_iter_wide_row_and_stages(rows_per_iter, dtype):
+    """4097 columns (fused 8192-wide block), default grid, with a num_stages hint on the row loop."""
+    x, w = make((5, 4097), dtype, 1.0)
+    check_rows_per_iter(x.detach(), w.detach(), 1.0, dtype, rows_per_iter, num_stages=2)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("rows_per_iter", (2, 4))
+@pytest.mark.parametrize("n_rows", (3, 17))
+def test_backward_rows_per_iter_residual(n_rows, rows_per_iter, dtype):
+    """HAS_RESIDUAL (add_rmsnorm's backward): the new residual's gradient is added to dx on every row."""
+    x, w = make((n_rows, 300), dtype)
+    check_rows_per_iter(x.detach(), w.detach(), 0.0, dtype, rows_per_iter, residual=True, programs_per_sm=1)
+
+
+@pytest.mark.parametrize("rows_per_iter", (2, 4))
+def test_backward_rows_per_iter_strided(rows_per_iter):
+    """Transposed x and dy (column stride != 1) and a strided weight, several row blocks per program."""
+    n_cols, n_rows = 45, 19
+    x = make((n_cols, n_rows), torch.float32)[0].detach().t()
+    w = make((1, 2 * n_cols), torch.float32)[1].detach()[::2]
+    x64, w64 = f64(x), f64(w)
+    y64 = rms.reference_fn(x64, w64, EPS, 0.0)
+    dy = torch.randn((n_cols, n_rows), device=DEVICE).t()
+    dx, dw = bwd_with(dy, x, w, 0.0, rows_per_iter=rows_per_iter, programs_per_sm=1)
+    dx64, dw64 = torch.autograd.grad(y64, (x64, w64), dy.double())
+    assert_close(dx, dx64, torch.float32, "dx (rows_per_iter, strided)")
+    assert_close(dw, dw64, torch.float32, "dweight (rows_per_iter, strided)")
+
+
+@pytest.mark.parametrize("rows_per_iter", (2, 4))
+def test_backward_rows_per_iter_keeps_hf_rounding(rows_per_iter):
+    """bf16 x with an fp32 weight: dweight comes out in fp32, so the HF Llama rounding of x_hat to bf16 in the
+    dweight term (a ~2**-9 relative change per term) shows at the fp32 tolerance against one row per step."""
+    x = make((17, 300), torch.bfloat16)[0].detach()
+    w = make((1, 300), torch.float32)[1].detach()
+    dy = torch.randn(x.shape, generator=torch.Generator(device=DEVICE).manual_seed(2), device=DEVICE)
+    dx, dw = bwd_with(dy, x, w, 0.0, rows_per_iter=rows_per_iter, programs_per_sm=1)
+    dx1, dw1 = bwd_with(dy, x, w, 0.0, rows_per_iter=1, programs_per_sm=1)
+    assert dw.dtype == torch.float32
+    assert torch.equal(dx, dx1)
+    assert_close(dw, dw1, torch.float32, f"dweight (rows_per_iter={rows_per_iter} vs 1, bf16 x, fp32 weight)")
+
+
+def test_looped_backward_ignores_rows_per_iter():
+    """The looped (wide-row) backward stays one row per step: the same result whatever rows_per_iter says."""
+    x, w = make((LOOP_ROWS, 40), torch.bfloat16)
+    x, w = x.detach(), w.detach()
+    dy = torch.randn(x.shape, device=DEVICE).to(x.dtype)
+    looped = rms.RowConfig.backward(40, max_fused_block=16)
+    assert looped.looped
+    dx1, dw1 = rms.rms_norm_bwd_launch(dy, x, w, EPS, 0.0, config=looped)
+    dx4, dw4 = rms.rms_norm_bwd_launch(dy, x, w, EPS, 0.0, config=dataclasses.replace(looped, rows_per_iter=4))
+    assert torch.equal(dx1, dx4) and torch.equal(dw1, dw4)
+
+
+def test_backward_config_fields():
+    """Defaults keep today's backward (one row per step, no num_stages hint, BWD_PROGRAMS_PER_SM); bad values
+    are refused; the grid never has more programs than row blocks."""
+    for n_cols in (17, 4096, rms.MAX_FUSED_BLOCK_BWD + 1):
+        cfg = rms.RowConfig.backward(n_cols)
+        assert (cfg.rows_per_iter, cfg.num_stages, cfg.programs_per_sm) == (1, None, None)
+    for bad in ({"rows_per_iter": 3}, {"rows_per_iter": 0}, {"num_stages": 0}, {"programs_per_sm": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            rms.RowConfig(block_size=32, num_warps=4, looped=False, **bad)
+    cpu = torch.device("cpu")
+    assert rms.bwd_programs(17, cpu, rows_per_iter=4) == 5
+    assert rms.bwd_programs(10**6, cpu, rows_per_iter=4) == rms.CPU_SM_COUNT * rms.BWD_PROGRAMS_PER_SM
+    assert rms.bwd_programs(10**6, cpu, programs_per_sm=1) == rms.CPU_SM_COUNT
 
 
 # --- launch heuristics ---------------------------------------------------------------------------------------
