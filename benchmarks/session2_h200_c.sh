@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Third device call of the session: the profile-accuracy run after calibrate learned the fused-attention rate and
+# the profiler's idle cap changed, and the RMSNorm backward sweep of rows per step x programs per SM x warps x
+# num_stages (issue 3's backward at ~60% of copy).
+#   bash benchmarks/session2_h200_c.sh      # from the repository root, with $OUT set
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+R=$OUT/r
+mkdir -p "$R"
+step() {  # step NAME SECONDS CMD...
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$R/$name.log" 2>&1
+    echo "$name: exit $? after $((SECONDS - t0)) s (limit $limit s)" | tee -a "$R/steps.txt"
+}
+step norm_bwd 60 python benchmarks/sweep_tiles.py --out "$R/tiles" --only rmsnorm_bwd --norm-budget-s 40
+step profile 140 python benchmarks/profile_accuracy.py --out "$R/profile" --budget-s 130
+tar czf "$OUT/results.tgz" -C "$OUT" r
+cat "$R/steps.txt"
+grep -E "bound class equal|time within" "$R/profile/profile_accuracy.md"
