@@ -14,8 +14,8 @@ step() {  # step NAME SECONDS CMD...
     timeout "$limit" "$@" > "$R/$name.log" 2>&1
     echo "$name: exit $? after $((SECONDS - t0)) s (limit $limit s)" | tee -a "$R/steps.txt"
 }
-step norm_bwd 60 python benchmarks/sweep_tiles.py --out "$R/tiles" --only rmsnorm_bwd --norm-budget-s 40
-step profile 140 python benchmarks/profile_accuracy.py --out "$R/profile" --budget-s 130
+step norm_bwd 45 python benchmarks/sweep_tiles.py --out "$R/tiles" --only rmsnorm_bwd --norm-budget-s 28
+step profile 118 python benchmarks/profile_accuracy.py --out "$R/profile" --budget-s 110 --only default_llama --only hf_llama --only hf_gpt2 --only hf_bert
 tar czf "$OUT/results.tgz" -C "$OUT" r
 cat "$R/steps.txt"
 grep -E "bound class equal|time within" "$R/profile/profile_accuracy.md"
