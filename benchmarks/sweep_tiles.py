@@ -269,13 +269,13 @@ def rope_sweep(copy_gbps: float) -> list[dict]:
 
 
 def main() -> None:
+    global NORM_BWD_BUDGET_S
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", default="", help="comma-separated sections (default: all)")
     ap.add_argument("--norm-budget-s", type=float, default=NORM_BWD_BUDGET_S,
                     help="wall-clock budget of each norm backward sweep, s")
     args = ap.parse_args()
-    global NORM_BWD_BUDGET_S
     NORM_BWD_BUDGET_S = args.norm_budget_s
     args.out.mkdir(parents=True, exist_ok=True)
     copy_gbps = copy_bandwidth_gbps()

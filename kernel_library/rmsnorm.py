@@ -26,6 +26,7 @@ dweight is accumulated per program in fp32 partial sums ``[n_programs, n_cols]``
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -76,6 +77,16 @@ BWD_PROGRAMS_PER_SM = 2
 #: / stack bytes: R=1: 4 warps 168/0, 8 warps 101/0, 16 warps 60/0; R=2: 4 warps 255/120, 8 warps 162/0, 16 warps
 #: 98/0; R=4: 8 warps 255/8, 16 warps 128/32. num_stages=S adds (S - 1) * R * 16 KB of shared memory (x and dy)
 #: and leaves the registers about as they are (R=1, 8 warps, S=3: 98 registers, 32 KB).
+
+#: ``tl.range`` pipelining depth of the fused backward's row loop (the loads of the next rows go through shared
+#: memory with cp.async while the current row reduces). Measured on H200 2026-11-29
+#: (benchmarks/results/sweep_tiles_h200.json, key ``rmsnorm_bwd_session2``: 8192 x 4096 bf16, rows per step
+#: {1, 2, 4} x programs per SM {1, 2, 4} x warps {4, 8, 16} x num_stages {None, 2, 3, 4}, each verified against
+#: float64): with the default one row per step, 2 programs per SM and 8 warps, num_stages=3 took 0.0576 ms (82% of
+#: copy) against 0.0797 ms (59%) without the hint; the fastest of all, 2 rows per step on 1 program per SM with
+#: num_stages=3, took 0.0562 ms (84%), within 3%, so the simpler setting is the default. Applied to the plain
+#: RMSNorm backward; the residual variant (add_rmsnorm, a third input stream) was not swept and keeps no hint.
+BWD_NUM_STAGES = 3
 
 #: "SM count" used under the CPU interpreter, where programs run one after another: small, so tests stay fast,
 #: but more than one so that the per-program row loop and the cross-program dweight reduction are exercised.
@@ -567,6 +578,15 @@ def rms_norm_fwd_launch(
     return y, s
 
 
+def default_bwd_config(n_cols: int, residual: bool = False) -> RowConfig:
+    """The backward's launch configuration for rows of ``n_cols``: :meth:`RowConfig.backward`, plus the row loop's
+    :data:`BWD_NUM_STAGES` for the fused (not looped) plain RMSNorm backward (not for ``residual``: unmeasured)."""
+    cfg = RowConfig.backward(n_cols)
+    if residual or cfg.looped:
+        return cfg
+    return dataclasses.replace(cfg, num_stages=BWD_NUM_STAGES)
+
+
 def rms_norm_bwd_launch(
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -583,7 +603,7 @@ def rms_norm_bwd_launch(
     the row loop's num_stages and programs per SM (see :class:`RowConfig`).
     """
     n_rows, n_cols = x.shape
-    cfg = config or RowConfig.backward(n_cols)
+    cfg = config or default_bwd_config(n_cols, residual=ds is not None)
     rows_per_iter = 1 if cfg.looped else cfg.rows_per_iter
     n_programs = bwd_programs(n_rows, x.device, rows_per_iter, cfg.programs_per_sm)
     dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)

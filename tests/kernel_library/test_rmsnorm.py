@@ -499,3 +499,11 @@ def test_compiled_matches_eager(offset):
     # the same Triton kernels run in both: y and dx are bit-identical; Inductor may reorder the final dweight sum
     assert torch.equal(y_c, y_e) and torch.equal(dx_c, dx_e)
     assert_close(dw_c, dw_e, torch.bfloat16, "dweight compiled vs eager")
+
+
+def test_default_backward_pipelines_the_row_loop_of_the_plain_norm_only():
+    # the H200 sweep's choice (see BWD_NUM_STAGES): the fused backward's row loop gets num_stages; the residual
+    # variant (unmeasured) and the looped kernel for wide rows do not
+    assert rms.default_bwd_config(4096).num_stages == rms.BWD_NUM_STAGES
+    assert rms.default_bwd_config(4096, residual=True).num_stages is None
+    assert rms.default_bwd_config(65536).looped and rms.default_bwd_config(65536).num_stages is None
