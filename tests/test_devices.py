@@ -17,6 +17,7 @@ def test_shipped_specs():
 def test_h200_uses_measured_numbers():
     spec = load_spec("h200")
     assert spec.memory_bandwidth_gbps == 4275
+    assert spec.attention_tflops == {"bf16": 607, "fp16": 589} and "calibrate" in spec.sources["attention_tflops"]
     assert 690 <= spec.tensor_tflops["bf16"] <= 790
     assert spec.ridge_point("bf16", tensor_cores=True) == pytest.approx(790e12 / 4275e9)
 
@@ -48,7 +49,7 @@ def test_attention_rate_is_used_for_attention_only(tmp_path):
     chain = Chain(id="c0", kind="heavy", op_ids=("g0:attn",), targets=(op.target,), pattern="attention",
                   categories=("attention",), dtype="bf16", eager_kernels=1, eager_bytes=8 * q.numel,
                   fused_bytes=8 * q.numel, flops=flops, numel=q.numel, row_elems=0, source=op.source, module_path="")
-    h200 = load_spec("h200")
+    h200 = dataclasses.replace(load_spec("h200"), attention_tflops={})
     measured = dataclasses.replace(h200, attention_tflops={"bf16": 395.0})
     at_peak, at_measured = estimate(chain, {op.id: op}, h200), estimate(chain, {op.id: op}, measured)
     assert at_peak.compute_us == pytest.approx(flops / 790e12 * 1e6)
