@@ -18,6 +18,7 @@ import torch
 from kernel_library._device import default_device, on_gpu
 from kernel_library.registry import KernelEntry, register_kernel
 from kernel_library.rmsnorm import (
+    BENCH_SHAPES as rms_bench_shapes,
     SUPPORTED_DTYPES,
     as_rows,
     check_tensor,
@@ -179,23 +180,9 @@ def get_inputs() -> list:
     return make_inputs(16, 1000, torch.bfloat16)
 
 
-#: GPU benchmark shapes: the Llama-7B anchor (ANCHORS.md) in three dtypes, a token sweep, a width sweep and one
-#: row wide enough for the looped path.
-BENCH_SHAPES: list[dict] = [
-    {"n_rows": 8192, "n_cols": 4096, "dtype": torch.bfloat16},
-    {"n_rows": 8192, "n_cols": 4096, "dtype": torch.float16},
-    {"n_rows": 8192, "n_cols": 4096, "dtype": torch.float32},
-    {"n_rows": 1, "n_cols": 4096, "dtype": torch.bfloat16},
-    {"n_rows": 32, "n_cols": 4096, "dtype": torch.bfloat16},
-    {"n_rows": 512, "n_cols": 4096, "dtype": torch.bfloat16},
-    {"n_rows": 2048, "n_cols": 4096, "dtype": torch.bfloat16},
-    {"n_rows": 32768, "n_cols": 4096, "dtype": torch.bfloat16},
-    {"n_rows": 8192, "n_cols": 2048, "dtype": torch.bfloat16},
-    {"n_rows": 8192, "n_cols": 5120, "dtype": torch.bfloat16},
-    {"n_rows": 8192, "n_cols": 8192, "dtype": torch.bfloat16},
-    {"n_rows": 4096, "n_cols": 16384, "dtype": torch.bfloat16},
-    {"n_rows": 256, "n_cols": 131072, "dtype": torch.bfloat16},
-]
+#: GPU benchmark shapes: the same as the plain RMSNorm's (the Llama-7B anchor in three dtypes, token and width
+#: sweeps, one row for the looped path).
+BENCH_SHAPES: list[dict] = list(rms_bench_shapes)
 
 
 def bytes_moved(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> int:
