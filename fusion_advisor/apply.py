@@ -74,8 +74,8 @@ import torch
 import torch.fx
 from torch.fx import Node
 
-from fusion_advisor.capture import _first_line, _quiet_torch_logs, _user_loc, source_of
-from fusion_advisor.graph import _module_path, tensor_meta
+from fusion_advisor.capture import first_line, quiet_torch_logs, user_loc, source_of
+from fusion_advisor.graph import module_path_of, tensor_meta
 from fusion_advisor.records import GraphBreak, SourceLoc, TensorMeta
 
 # --- constants ----------------------------------------------------------------------------------------------
@@ -372,7 +372,7 @@ class PatternLibrary:
             try:
                 for dt in _VARIANT_DTYPES:
                     args, sentinels = _example_args(entry, dt, self._fake_mode)
-                    with _quiet_torch_logs():
+                    with quiet_torch_logs():
                         pat = _trace_pattern(entry, args, sentinels)
                     text = _structure(pat.gm)
                     if text not in seen:
@@ -384,7 +384,7 @@ class PatternLibrary:
                                            f"as constants in its traced graph: they cannot be captured from a match")
                     continue
             except Exception as e:  # a pattern that does not trace is reported, the others still match
-                self.problems[name] = f"tracing its pattern raised {type(e).__name__}: {_first_line(str(e))}"
+                self.problems[name] = f"tracing its pattern raised {type(e).__name__}: {first_line(str(e))}"
                 continue
             # larger variants first: a match that includes a cast hands the kernel the narrower input dtype
             self.loose[name] = sorted(variants, key=lambda v: -v.n_ops)
@@ -414,10 +414,10 @@ class PatternLibrary:
             else:
                 args.append(v)
         try:
-            with _quiet_torch_logs():
+            with quiet_torch_logs():
                 result: _Pattern | str = _trace_pattern(entry, args, {})
         except Exception as e:
-            result = f"tracing the pattern on the site's arguments raised {type(e).__name__}: {_first_line(str(e))}"
+            result = f"tracing the pattern on the site's arguments raised {type(e).__name__}: {first_line(str(e))}"
         self._exact[key] = result
         return result
 
@@ -825,7 +825,7 @@ class _Match:
 
 
 def _site_loc(node: Node) -> tuple[SourceLoc, str]:
-    return (source_of(node) if node.meta.get("stack_trace") else SourceLoc()), _module_path(node)
+    return (source_of(node) if node.meta.get("stack_trace") else SourceLoc()), module_path_of(node)
 
 
 def _check_site(entry: Any, vals: list[Any]) -> str:
@@ -847,7 +847,7 @@ def _check_site(entry: Any, vals: list[Any]) -> str:
             if not entry.extra_check(*vals):
                 return "the kernel's extra_check refused these shapes/dtypes"
         except Exception as e:
-            return f"the kernel's extra_check raised {type(e).__name__}: {_first_line(str(e))}"
+            return f"the kernel's extra_check raised {type(e).__name__}: {first_line(str(e))}"
     return ""
 
 
@@ -992,7 +992,7 @@ def trace_replacement(m: _Match, requires_grad: dict[Node, bool], grad_mode: boo
     with unset_fake_temporarily():
         args = [_real_like(_val(a), requires_grad.get(a, False)) if isinstance(a, Node) else a
                 for a in m.args_template]
-        with torch.set_grad_enabled(grad_mode), _quiet_torch_logs():
+        with torch.set_grad_enabled(grad_mode), quiet_torch_logs():
             return make_fx(m.pattern.entry.replacement, pre_dispatch=True)(*args)
 
 
@@ -1024,7 +1024,7 @@ def rewrite(gm: torch.fx.GraphModule, matches: Sequence[_Match], input_requires_
             rgm = trace_replacement(live, rg, modes.pop())
             new_outs = _inline(gm, live, rgm)
         except Exception as e:  # a kernel whose replacement fails to trace is skipped, the rest continues
-            skipped.append((m, f"rewriting raised {type(e).__name__}: {_first_line(str(e))}"))
+            skipped.append((m, f"rewriting raised {type(e).__name__}: {first_line(str(e))}"))
             continue
         for old, new in zip(m.out_nodes, new_outs):
             if isinstance(new, Node):
@@ -1159,8 +1159,8 @@ class RewriteBackend:
         index = len(self.graphs)
         reason = getattr(gm, "compile_subgraph_reason", None)
         if reason is not None and getattr(reason, "graph_break", False):
-            self.breaks.append(GraphBreak(reason=_first_line(reason.reason),
-                                          source=_user_loc(getattr(reason, "user_stack", None)), graph_index=index))
+            self.breaks.append(GraphBreak(reason=first_line(reason.reason),
+                                          source=user_loc(getattr(reason, "user_stack", None)), graph_index=index))
         record = GraphRecord(index=index)
         self.graphs.append(record)
         record.grad_enabled = torch.is_grad_enabled()
@@ -1168,7 +1168,7 @@ class RewriteBackend:
         try:
             aten = to_aten_graph(gm, example_inputs)
         except Exception as e:  # not traceable to aten: run dynamo's graph as it is
-            record.error = f"tracing to aten failed: {type(e).__name__}: {_first_line(str(e))}"
+            record.error = f"tracing to aten failed: {type(e).__name__}: {first_line(str(e))}"
             return gm.forward
         try:
             canonicalize(aten)
@@ -1178,7 +1178,7 @@ class RewriteBackend:
                 try:
                     record.analysis_graph = to_analysis_graph(aten, example_inputs)
                 except Exception as e:  # the analysis loses this graph's chains; matching goes on
-                    record.error = f"decomposing for the analysis failed: {type(e).__name__}: {_first_line(str(e))}"
+                    record.error = f"decomposing for the analysis failed: {type(e).__name__}: {first_line(str(e))}"
             matches, near = find_matches(aten, self.library, index, self._sites)
             record.matches, record.near_misses = matches, near
             if self.record_values:
@@ -1195,7 +1195,7 @@ class RewriteBackend:
                 record.applied = [m.site.key for m in applied]
                 record.skipped = [(m.site.key, why) for m, why in skipped]
         except Exception as e:  # a bug or an unexpected graph: record it, run the canonical graph unrewritten
-            record.error = f"{type(e).__name__}: {_first_line(str(e))}"
+            record.error = f"{type(e).__name__}: {first_line(str(e))}"
             record.applied = []
             runnable = aten
         if self.compile_rest:
@@ -1204,7 +1204,7 @@ class RewriteBackend:
 
                 return compile_fx(runnable, example_inputs)
             except Exception as e:  # Inductor failed on this graph: run it eagerly and say so
-                record.compile_rest_error = f"{type(e).__name__}: {_first_line(str(e))}"
+                record.compile_rest_error = f"{type(e).__name__}: {first_line(str(e))}"
         return runnable.forward
 
     def _recording_runner(self, aten: torch.fx.GraphModule, record: GraphRecord, index: int) -> Callable[..., Any]:
@@ -1255,7 +1255,7 @@ def to_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> torch.
     from torch.fx.experimental.proxy_tensor import make_fx
 
     fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
-    with torch.fx.traceback.preserve_node_meta(), _quiet_torch_logs():
+    with torch.fx.traceback.preserve_node_meta(), quiet_torch_logs():
         fake = [fake_mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor)
                 and not isinstance(x, torch._subclasses.FakeTensor) else x for x in example_inputs]
         with fake_mode:
@@ -1273,7 +1273,7 @@ def to_analysis_graph(aten: torch.fx.GraphModule, example_inputs: list[Any]) -> 
     from torch.fx.experimental.proxy_tensor import make_fx
 
     fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
-    with torch.fx.traceback.preserve_node_meta(), _quiet_torch_logs():
+    with torch.fx.traceback.preserve_node_meta(), quiet_torch_logs():
         fake = [fake_mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor)
                 and not isinstance(x, torch._subclasses.FakeTensor) else x for x in example_inputs]
         with fake_mode, torch.no_grad():
@@ -1514,20 +1514,20 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None,
 
 
 def _capture(loaded: Any, kernels: dict[str, Any], backward: bool) -> RewriteBackend:
-    from fusion_advisor.capture import _run_eagerly
+    from fusion_advisor.capture import run_eagerly
     from fusion_advisor.errors import CaptureError
 
     backend = RewriteBackend(kernels, record_values=True, analyze=True)
     torch._dynamo.reset()
     try:
         compiled = torch.compile(loaded.module, backend=backend, dynamic=False)
-        with torch.set_grad_enabled(backward), warnings.catch_warnings(), _quiet_torch_logs():
+        with torch.set_grad_enabled(backward), warnings.catch_warnings(), quiet_torch_logs():
             warnings.simplefilter("ignore")
             compiled(*loaded.inputs)
     except Exception as e:
-        _run_eagerly(loaded)  # the model's own failure gets the model's message
+        run_eagerly(loaded)  # the model's own failure gets the model's message
         raise CaptureError(f"{loaded.file}: capturing the model with torch.compile failed: {type(e).__name__}: "
-                           f"{_first_line(str(e))}") from e
+                           f"{first_line(str(e))}") from e
     finally:
         torch._dynamo.reset()
     if not backend.graphs:
@@ -1589,14 +1589,14 @@ def _link(backend: RewriteBackend, analysis: Any, options: ApplyOptions) -> tupl
                 linked = True
                 by_origin.setdefault((g.index, src), set()).add(cid)
             loc = source_of(n) if n.meta.get("stack_trace") else SourceLoc()
-            by_loc.setdefault((g.index, _module_path(n), loc.file, loc.line), set()).add(cid)
+            by_loc.setdefault((g.index, module_path_of(n), loc.file, loc.line), set()).add(cid)
     node_locs: dict[tuple[int, str], tuple[str, str, int]] = {}
     if not linked:  # torch without from_node provenance: link by module path and source line
         for g in backend.graphs:
             if g.graph is not None:
                 for n in g.graph.nodes:
                     loc = source_of(n) if n.meta.get("stack_trace") else SourceLoc()
-                    node_locs[(g.index, n.name)] = (_module_path(n), loc.file, loc.line)
+                    node_locs[(g.index, n.name)] = (module_path_of(n), loc.file, loc.line)
 
     def chains_of(gi: int, op_ids: Sequence[str]) -> tuple[str, ...]:
         counts: dict[str, int] = {}
@@ -1710,7 +1710,7 @@ def _verify_all(sites: list[SwapSite], matches: dict[str, _Match], backend: Rewr
             ver = sw.verify_swap(entry, extract_subgraph(m), args, m.pattern.params, backward, options.seeds, outs,
                                  requires_grad=rg, captured_only=first is not None)
         except Exception as e:  # a bug in verification itself must not keep the swap, nor stop the others
-            ver = sw.SwapVerification(False, reason=f"verification raised {type(e).__name__}: {_first_line(str(e))}")
+            ver = sw.SwapVerification(False, reason=f"verification raised {type(e).__name__}: {first_line(str(e))}")
         if first is None:
             if ver.verified:
                 by_signature[sig] = (s.id, ver)
@@ -1728,7 +1728,7 @@ def _verify_all(sites: list[SwapSite], matches: dict[str, _Match], backend: Rewr
                 if isinstance(e, torch.cuda.OutOfMemoryError):
                     torch.cuda.empty_cache()
                 outcomes[s.id] = sw.SwapOutcome(s.id, sw.REJECTED, f"timing raised {type(e).__name__}: "
-                                                                   f"{_first_line(str(e))}", ver, None)
+                                                                   f"{first_line(str(e))}", ver, None)
                 continue
         decision, reason = sw.decide(ver, timing, options.margin, options.keep_unmeasured)
         outcomes[s.id] = sw.SwapOutcome(s.id, decision, reason, ver, timing)
@@ -1764,7 +1764,7 @@ def _whole_model(result: ApplyResult, loaded: Any, kernels: dict[str, Any]) -> N
         return PatchedModel(loaded.module, planned, compile_rest=rest, kernels=kernels)
 
     def check(patched: Any) -> Any:
-        with warnings.catch_warnings(), _quiet_torch_logs():
+        with warnings.catch_warnings(), quiet_torch_logs():
             warnings.simplefilter("ignore")
             c = sw.check_whole_model(loaded.module, patched, loaded.inputs, result.backward)
         c.swaps_applied = sorted({str(k) for k in patched.applied_swaps()})
@@ -1775,7 +1775,7 @@ def _whole_model(result: ApplyResult, loaded: Any, kernels: dict[str, Any]) -> N
         chk = check(patched)
     except Exception as e:
         chk = sw.WholeModelCheck(passed=False, details=[f"the patched model raised {type(e).__name__}: "
-                                                        f"{_first_line(str(e))}"])
+                                                        f"{first_line(str(e))}"])
     if not chk.passed:
         # find a kernel whose swaps break the whole model: drop one kernel at a time
         culprit = None
@@ -1828,7 +1828,7 @@ def _whole_model(result: ApplyResult, loaded: Any, kernels: dict[str, Any]) -> N
             inductor = build(final, True)
             chk2 = check(inductor)
         except Exception as e:
-            chk2 = sw.WholeModelCheck(passed=False, details=[f"raised {type(e).__name__}: {_first_line(str(e))}"])
+            chk2 = sw.WholeModelCheck(passed=False, details=[f"raised {type(e).__name__}: {first_line(str(e))}"])
         failed = [p for p in inductor.problems() if "Inductor failed" in p]
         if failed:
             chk2 = sw.WholeModelCheck(passed=False, details=failed)

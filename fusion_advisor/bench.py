@@ -266,7 +266,8 @@ def _json_float(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def _device_of(args: list[Any]) -> torch.device:
+def device_of(args: list[Any]) -> torch.device:
+    """Device of the first tensor in ``args`` (one level into lists/tuples), else the kernels' default device."""
     for a in args:
         if isinstance(a, torch.Tensor):
             return a.device
@@ -279,7 +280,8 @@ def _device_of(args: list[Any]) -> torch.device:
     return default_device()
 
 
-def _device_label(device: torch.device) -> str:
+def describe_device(device: torch.device) -> str:
+    """``device`` for reports: ``"cuda:0 (NVIDIA H200)"``, ``"cpu (Triton interpreter)"``, ``"cpu"``."""
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
@@ -288,7 +290,8 @@ def _device_label(device: torch.device) -> str:
     return f"{device.type} (Triton interpreter)" if device.type == "cpu" and interpreted() else device.type
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op off CUDA)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -317,7 +320,7 @@ def bench_kernel(contract: KernelContract, warmup_ms: float = DEFAULT_WARMUP_MS,
         )
 
     args = fresh_inputs(contract, seed=0)
-    device = _device_of(args)
+    device = device_of(args)
     on_cuda = device.type == "cuda"
 
     recompiles: dict[str, RecompileReport] = {}
@@ -327,7 +330,7 @@ def bench_kernel(contract: KernelContract, warmup_ms: float = DEFAULT_WARMUP_MS,
         in ``warmup_iters``), so a first call's compilation in this mode (``no_grad``) is not steady state."""
         if warm:
             fn()
-            _sync(device)
+            sync_device(device)
         with RecompileWatch() as watch:
             timing = time_cuda(fn, warmup_ms, rep_ms) if on_cuda else time_cpu(fn, warmup_ms, rep_ms)
         recompiles[label] = watch.report
@@ -346,10 +349,10 @@ def bench_kernel(contract: KernelContract, warmup_ms: float = DEFAULT_WARMUP_MS,
             try:
                 torch.compiler.reset()  # a cold compile, not a hit in dynamo's in-process cache
                 compiled_fn = torch.compile(reference_fn)
-                _sync(device)
+                sync_device(device)
                 start = time.perf_counter()
                 compiled_fn(*args)  # first call: trace + Inductor codegen + compile
-                _sync(device)
+                sync_device(device)
                 compile_ms = (time.perf_counter() - start) * 1e3
                 compiled = timer(lambda: compiled_fn(*args), "compiled_reference", warm=False)
             except Exception as exc:  # noqa: BLE001 - any compile failure is reported, not raised
@@ -363,7 +366,7 @@ def bench_kernel(contract: KernelContract, warmup_ms: float = DEFAULT_WARMUP_MS,
         iterations["compiled_reference"] = {"warmup": compiled.warmup_iters, "benchmark": compiled.benchmark_iters}
     return BenchResult(
         name=contract.name,
-        device=_device_label(device),
+        device=describe_device(device),
         timer=TIMER_CUDA if on_cuda else TIMER_CPU,
         kernel_time_ms=kernel.median_ms,
         reference_time_ms=reference.median_ms,

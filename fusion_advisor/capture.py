@@ -139,12 +139,13 @@ class Capture:
     warnings: list[str] = field(default_factory=list)
 
 
-def _first_line(text: str, limit: int = 300) -> str:
+def first_line(text: str, limit: int = 300) -> str:
+    """``text`` as one line (whitespace collapsed), cut to ``limit`` characters with "..." (for error messages)."""
     line = " ".join(str(text).strip().split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def _user_loc(stack: list[traceback.FrameSummary] | None) -> SourceLoc:
+def user_loc(stack: list[traceback.FrameSummary] | None) -> SourceLoc:
     """Innermost frame of ``stack`` outside torch itself."""
     if not stack:
         return SourceLoc()
@@ -170,8 +171,8 @@ def _capture_dynamo(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Capture:
         if reason is not None and getattr(reason, "graph_break", False):
             breaks.append(
                 GraphBreak(
-                    reason=_first_line(reason.reason),
-                    source=_user_loc(getattr(reason, "user_stack", None)),
+                    reason=first_line(reason.reason),
+                    source=user_loc(getattr(reason, "user_stack", None)),
                     graph_index=len(graphs),
                 )
             )
@@ -207,7 +208,7 @@ def _capture_symbolic(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Captur
 _CAPTURERS = {"dynamo": _capture_dynamo, "export": _capture_export, "symbolic_trace": _capture_symbolic}
 
 
-def _run_eagerly(loaded: LoadedModel) -> None:
+def run_eagerly(loaded: LoadedModel) -> None:
     """Run the model on its inputs; raise :class:`ModelRunError` naming the user's line if it fails."""
     try:
         with torch.no_grad():
@@ -221,7 +222,7 @@ def _run_eagerly(loaded: LoadedModel) -> None:
         data_dependent = any(k in text for k in ("meta", "item()", "data-dependent", "truth value", "data_ptr",
                                                  "cannot be called on", "nonzero"))
         raise ModelRunError(
-            f"{where}: the model fails on its own inputs: {type(e).__name__}: {_first_line(str(e), 400)}"
+            f"{where}: the model fails on its own inputs: {type(e).__name__}: {first_line(str(e), 400)}"
             + (hint if loaded.device == "meta" and data_dependent else "")
         ) from e
 
@@ -236,13 +237,13 @@ def capture(loaded: LoadedModel, methods: tuple[str, ...] = METHODS) -> Capture:
     failures: list[str] = []
     for method in methods:
         try:
-            with warnings.catch_warnings(), _quiet_torch_logs():
+            with warnings.catch_warnings(), quiet_torch_logs():
                 warnings.simplefilter("ignore")
                 result = _CAPTURERS[method](loaded.module, loaded.inputs)
         except Exception as e:  # each capture method fails in its own ways; try the next
-            failures.append(f"{method}: {type(e).__name__}: {_first_line(str(e))}")
+            failures.append(f"{method}: {type(e).__name__}: {first_line(str(e))}")
             if method == methods[0]:
-                _run_eagerly(loaded)  # a model that fails on its own inputs gets that message, not a capture one
+                run_eagerly(loaded)  # a model that fails on its own inputs gets that message, not a capture one
             continue
         result.warnings = [f"capture by {f}" for f in failures] + result.warnings
         return result
@@ -250,7 +251,7 @@ def capture(loaded: LoadedModel, methods: tuple[str, ...] = METHODS) -> Capture:
 
 
 @contextlib.contextmanager
-def _quiet_torch_logs():
+def quiet_torch_logs():
     """Silence dynamo's own logging of graph breaks and recompiles while capturing (we report them ourselves)."""
     loggers = [logging.getLogger(n) for n in ("torch._dynamo", "torch._inductor", "torch.fx", "torch._functorch",
                                               "torch._subclasses", "torch")]

@@ -120,9 +120,9 @@ def analyze(
             check_out_dir(out)  # before the analysis, so a bad --out fails fast
             if inductor_code:
                 from fusion_advisor import inductor_code as ic
-                from fusion_advisor.report import _earlier_report
+                from fusion_advisor.report import earlier_report
 
-                ic.check_dir(out, ours=_earlier_report(out))
+                ic.check_dir(out, ours=earlier_report(out))
         kept: list = []
         analysis = run_analysis(model, device=device, dtype=dtype, gpu=gpu, rules_files=list(rules), stage=_progress,
                                 on_capture=kept.append, profile=profile, trace=trace)
@@ -142,9 +142,9 @@ def analyze(
 def _inductor_code(analysis, graphs, out_dir: Path, top: int, budget_s: float) -> None:
     """``analyze --inductor-code``: fill ``analysis.inductor_code`` and write inductor/<chain>.py (before the report)."""
     from fusion_advisor import inductor_code as ic
-    from fusion_advisor.report import _earlier_report
+    from fusion_advisor.report import earlier_report
 
-    ic.check_dir(out_dir, ours=_earlier_report(out_dir))
+    ic.check_dir(out_dir, ours=earlier_report(out_dir))
     with console.status("generating Inductor's code for the routed chains ..."):
         analysis.inductor_code = ic.generate(analysis, graphs, top=top, budget_s=budget_s)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -172,7 +172,8 @@ def _matmul_like_flops(target: Any, node: torch.fx.Node, out: Any) -> int:
         return 0
 
 
-def _module_path(node: torch.fx.Node) -> str:
+def module_path_of(node: torch.fx.Node) -> str:
+    """Dotted path of the nn.Module that issued ``node`` (from dynamo's ``nn_module_stack``), ``""`` at top level."""
     stack = node.meta.get("nn_module_stack")
     if not stack:
         return ""
@@ -346,7 +347,7 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
         flops=int(flops),
         bytes_read=int(read),
         bytes_written=int(written),
-        module_path=_module_path(node),
+        module_path=module_path_of(node),
         source=source_of(node) if node.meta.get("stack_trace") else SourceLoc(),
         reduction_elems=row,
         reduces_last_dim=last,

@@ -502,9 +502,9 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
     op_ids = {o.id for o in ops if not o.is_view}
     notes: list[str] = []
     inst = _instrument(loaded, cap, op_ids)
-    from fusion_advisor.capture import _quiet_torch_logs  # the same quieting capture uses
+    from fusion_advisor.capture import quiet_torch_logs  # the same quieting capture uses
 
-    with torch.no_grad(), warnings.catch_warnings(), _quiet_torch_logs():
+    with torch.no_grad(), warnings.catch_warnings(), quiet_torch_logs():
         warnings.simplefilter("ignore")
         for _ in range(max(warmup_runs, 1)):
             inst.run()

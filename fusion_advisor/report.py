@@ -749,7 +749,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def _earlier_report(out_dir: Path) -> bool:
+def earlier_report(out_dir: Path) -> bool:
     """True when ``out_dir`` holds a report.json written by fusion-advisor."""
     try:
         return "tool_version" in json.loads((out_dir / FILE_NAMES["json"]).read_text())
@@ -758,7 +758,7 @@ def _earlier_report(out_dir: Path) -> bool:
 
 
 def check_out_dir(out_dir: Path, names: tuple[str, ...] | None = None,
-                  written_by_us: Callable[[Path], bool] = _earlier_report) -> None:
+                  written_by_us: Callable[[Path], bool] = earlier_report) -> None:
     """Refuse an output directory the tool must not write into, before any work is done.
 
     Args:

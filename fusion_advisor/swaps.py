@@ -47,7 +47,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from fusion_advisor.tolerances import EAGER_ERROR_FACTOR, tolerance_for, within_eager_error
-from fusion_advisor.verify import PoisonAllocations, _run_backward, compare_outputs
+from fusion_advisor.verify import PoisonAllocations, run_backward, compare_outputs
 
 #: Fresh random input draws per swap (besides the captured inputs and the hard values).
 DEFAULT_SEEDS = 2
@@ -445,7 +445,7 @@ def _verify_case(entry: Any, orig_call: Callable[[list[Any]], Any], args: list[A
     gouts = [torch.randn(ko[i].shape, generator=gen, dtype=torch.float64).to(ko[i].device) for i in idx]
     result.backward_checked = True
     with PoisonAllocations():
-        k_grads = _run_backward(outs_k, [g.to(ko[i].dtype) for g, i in zip(gouts, idx)], leaves_of(k_args))
+        k_grads = run_backward(outs_k, [g.to(ko[i].dtype) for g, i in zip(gouts, idx)], leaves_of(k_args))
     lines = _mutated(k_args, before, names, "by the kernel's backward")
     if lines:
         return False, f"{case}: {lines[0]}", (fabs, frel, None, None)

@@ -65,9 +65,9 @@ from fusion_advisor.bench import (
     DEFAULT_WARMUP_MS,
     TIMER_CPU,
     TIMER_CUDA,
-    _device_label,
-    _device_of,
-    _sync,
+    describe_device,
+    device_of,
+    sync_device,
     time_cpu,
     time_cuda,
 )
@@ -475,9 +475,9 @@ def run_sweep(hooks: SweepHooks, *, spec_name: str | None = None, warmup_ms: flo
 
         def get_inputs(args: list[Any] = args) -> list[Any]:
             return [_cloned(a) for a in args]
-        device = _device_of(args)
+        device = device_of(args)
         on_cuda = device.type == "cuda"
-        device_label = _device_label(device)
+        device_label = describe_device(device)
         n_bytes = _call_formula(hooks.bytes_moved, args, "bytes_moved", hooks.name)
         n_flops = _call_formula(hooks.flops, args, "flops", hooks.name)
         summary = SizeSummary(size=label, best_config="", best_time_ms=None, rejected=0)
@@ -536,10 +536,10 @@ def _call_formula(fn: Callable[..., int] | None, args: list[Any], what: str, nam
 
 
 def _timed_first_call(fn: Callable[[], Any], device: torch.device) -> float:
-    _sync(device)
+    sync_device(device)
     start = time.perf_counter()
     fn()
-    _sync(device)
+    sync_device(device)
     return (time.perf_counter() - start) * 1e3
 
 

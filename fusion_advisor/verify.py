@@ -400,7 +400,7 @@ class _EnterCustomOps(TorchDispatchMode):
             return impl(*args, **kwargs)
 
 
-def _run_backward(outputs: Sequence[torch.Tensor], grad_outputs: Sequence[torch.Tensor],
+def run_backward(outputs: Sequence[torch.Tensor], grad_outputs: Sequence[torch.Tensor],
                   inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
     """Input gradients of ``outputs`` (``allow_unused``), calling the autograd engine directly.
 
@@ -912,7 +912,7 @@ def _verify_seed(contract: KernelContract, seed: int, atol: float | None, rtol: 
     bmode = PoisonAllocations()
     try:
         with bmode:
-            kernel_grads = _run_backward([out_leaves[i] for i in ref.grad_pairs],
+            kernel_grads = run_backward([out_leaves[i] for i in ref.grad_pairs],
                                          [grad_outputs[i] for i in ref.grad_pairs], grad_leaves)
     except Exception as exc:
         failed = _kernel_raised(seed, "the backward of kernel_fn", exc, contract)
