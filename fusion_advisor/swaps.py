@@ -416,9 +416,9 @@ def _verify_case(entry: Any, orig_call: Callable[[list[Any]], Any], args: list[A
     # the kernel, allocations poisoned, inputs checked unchanged
     k_args = prepared(lambda a: a.detach().clone())
     before = _snapshot(k_args)
-    with torch.set_grad_enabled(need_grad), PoisonAllocations() as _:
+    with torch.set_grad_enabled(need_grad), PoisonAllocations() as mode:
         k_out = entry.replacement(*k_args)
-    lines = _mutated(k_args, before, names, "by the kernel's forward")
+    lines = _mutated(k_args, before, names, "by the kernel's forward") + mode.redzone_violations()
     if lines:
         return False, f"{case}: {lines[0]}", None
     ko, oo = _leaves(k_out), _leaves(o_out)
@@ -444,9 +444,9 @@ def _verify_case(entry: Any, orig_call: Callable[[list[Any]], Any], args: list[A
     gen = torch.Generator().manual_seed(4242)
     gouts = [torch.randn(ko[i].shape, generator=gen, dtype=torch.float64).to(ko[i].device) for i in idx]
     result.backward_checked = True
-    with PoisonAllocations():
+    with PoisonAllocations() as bmode:
         k_grads = run_backward(outs_k, [g.to(ko[i].dtype) for g, i in zip(gouts, idx)], leaves_of(k_args))
-    lines = _mutated(k_args, before, names, "by the kernel's backward")
+    lines = _mutated(k_args, before, names, "by the kernel's backward") + bmode.redzone_violations()
     if lines:
         return False, f"{case}: {lines[0]}", (fabs, frel, None, None)
     o_grads = torch.autograd.grad([oo[i] for i in idx], leaves_of(o_args),

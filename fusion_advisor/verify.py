@@ -345,8 +345,30 @@ def _custom_op_impl(name: str, args: tuple, kwargs: dict) -> Callable | None:
     return backends.get(device_type) or backends.get(None) or getattr(opdef, "_init_fn", None)
 
 
+#: Bytes of poisoned guard memory before and after every allocation :class:`PoisonAllocations` makes (a multiple
+#: of 16 bytes, so the allocation keeps the 16-byte alignment Triton specialises on).
+REDZONE_BYTES = 256
+
+
+def _storage_span(t: torch.Tensor) -> int:
+    """Elements between the first and the last element ``t`` addresses, inclusive (its strided footprint)."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+
+
+def _is_poison(t: torch.Tensor) -> torch.Tensor:
+    """Element-wise: does ``t`` still hold :func:`poison_value` (NaN for floating dtypes)?"""
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return torch.isnan(t)
+    return t == poison_value(t.dtype)
+
+
 class PoisonAllocations(TorchFunctionMode):
-    """Fill every ``torch.empty`` / ``empty_like`` / ``empty_strided`` / ``Tensor.new_empty`` result with poison.
+    """Fill every ``torch.empty`` / ``empty_like`` / ``empty_strided`` / ``Tensor.new_empty`` result with poison,
+    inside a poisoned **redzone**: each allocation is a view into a buffer with :data:`REDZONE_BYTES` of poison
+    before and after it, so a kernel storing past the end (or before the start) of an output it allocated, e.g. a
+    mask off by one, is caught by :meth:`redzone_violations`, even under Triton's interpreter.
 
     A torch-function mode sees the calls a Python function makes, but a ``torch.library`` custom op (such as a
     ``triton_op``) runs its implementation with the mode set aside. So a custom op is run under
@@ -361,11 +383,48 @@ class PoisonAllocations(TorchFunctionMode):
         opaque_custom_ops: custom ops whose allocations could not be poisoned.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, redzones: bool = True) -> None:
         super().__init__()
         self.poisoned = 0
         self.entered_custom_ops: set[str] = set()
         self.opaque_custom_ops: set[str] = set()
+        self.redzones = redzones
+        self._guarded: list[tuple[torch.Tensor, int, int, str]] = []  # (buffer, guard elems, span, description)
+
+    def _with_redzone(self, out: torch.Tensor) -> torch.Tensor:
+        """``out``'s shape, strides and dtype as a view into a buffer with poisoned guards around it."""
+        if (not self.redzones or out.numel() == 0 or out.device.type == "meta" or out.requires_grad
+                or any(st < 0 for st in out.stride())):
+            return out
+        guard = max(1, REDZONE_BYTES // out.element_size())
+        span = _storage_span(out)
+        try:
+            buf = torch.empty(span + 2 * guard, dtype=out.dtype, device=out.device)
+            if not poison_(buf):
+                return out
+            view = buf.as_strided(out.shape, out.stride(), guard)
+        except (RuntimeError, TypeError):
+            return out
+        what = f"an allocation of shape {list(out.shape)} {str(out.dtype).replace('torch.', '')}"
+        self._guarded.append((buf, guard, span, what))
+        return view
+
+    def redzone_violations(self) -> list[str]:
+        """One line per allocation whose guard memory was written (elements stored out of its bounds)."""
+        lines = []
+        for buf, guard, span, what in self._guarded:
+            with torch.no_grad():
+                before = int((~_is_poison(buf[:guard])).sum())
+                after = int((~_is_poison(buf[guard + span:])).sum())
+            if before or after:
+                where = []
+                if after:
+                    where.append(f"{after} element(s) after its end")
+                if before:
+                    where.append(f"{before} before its start")
+                lines.append(f"out-of-bounds store: the kernel wrote {' and '.join(where)} of {what} it made "
+                             f"(a store mask or offset off by some elements)")
+        return lines
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -377,8 +436,10 @@ class PoisonAllocations(TorchFunctionMode):
             self.opaque_custom_ops.add(name)
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        if func in _FACTORIES and isinstance(out, torch.Tensor) and poison_(out):
-            self.poisoned += 1
+        if func in _FACTORIES and isinstance(out, torch.Tensor):
+            out = self._with_redzone(out)
+            if poison_(out):
+                self.poisoned += 1
         return out
 
 
@@ -863,6 +924,7 @@ def _verify_seed(contract: KernelContract, seed: int, atol: float | None, rtol: 
                + (f"; custom ops {', '.join(sorted(mode.opaque_custom_ops))} could not be entered, so their "
                   f"allocations were not poisoned" if mode.opaque_custom_ops else "")]
     mutated = _modified_inputs(arg_leaves, snapshot_leaves, "by kernel_fn")
+    mutated += [f"seed {seed}: kernel_fn: {line}" for line in mode.redzone_violations()]
 
     # One random grad_output per floating output of the kernel, the same for kernel and reference.
     out_pairs = _leaves(out, "output")
@@ -920,6 +982,7 @@ def _verify_seed(contract: KernelContract, seed: int, atol: float | None, rtol: 
         return failed
     details.append(f"seed {seed}: backward ran with {bmode.poisoned} allocation(s) poisoned")
     mutated = _modified_inputs(arg_leaves, snapshot_leaves, "by the backward of kernel_fn")
+    mutated += [f"seed {seed}: the backward of kernel_fn: {line}" for line in bmode.redzone_violations()]
     details += mutated
     outcome.ok = outcome.ok and not mutated
 

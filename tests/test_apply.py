@@ -365,6 +365,17 @@ def _broken_replacement(hidden_states, weight, eps):
     return _broken_rms_norm(hidden_states, weight, eps)
 
 
+def _oob_replacement(hidden_states, weight, eps):
+    # Right values, but one element stored past the end of the output it allocates (a store mask off by one).
+    from kernel_library.rmsnorm import kernel_fn
+
+    y = kernel_fn(hidden_states, weight, eps)
+    out = torch.empty_like(y)
+    out.copy_(y)
+    torch.as_strided(out, (out.numel() + 1,), (1,), out.storage_offset())[-1] = 0.0
+    return out
+
+
 def _raising_replacement(gate, up):
     raise RuntimeError("kernel launch failed: out of resources (injected)")
 
@@ -400,6 +411,7 @@ def faulty_kernels(monkeypatch):
     entries = {
         "broken_rmsnorm": _entry("broken_rmsnorm", "rmsnorm", _broken_replacement),
         "raising_swiglu": _entry("raising_swiglu", "swiglu", _raising_replacement),
+        "oob_rmsnorm": _entry("oob_rmsnorm", "rmsnorm", _oob_replacement),
         "untraceable_rmsnorm": _entry("untraceable_rmsnorm", "rmsnorm", _untraceable_replacement),
         "wrong_when_traced_rmsnorm": _entry("wrong_when_traced_rmsnorm", "rmsnorm", _wrong_when_traced_replacement),
     }
@@ -411,8 +423,13 @@ def faulty_kernels(monkeypatch):
 def test_broken_kernel_is_rejected_and_never_kept(tmp_path, faulty_kernels):
     model = _write(tmp_path, "tiny_llama", DEFAULT_MODEL)
     options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=1,
-                           kernels=("broken_rmsnorm", "raising_swiglu", "swiglu"))
+                           kernels=("broken_rmsnorm", "oob_rmsnorm", "raising_swiglu", "swiglu"))
     result = apply(model, options, device="cpu")
+    oob = _by_kernel(result, "oob_rmsnorm")
+    assert len(oob) == 5
+    for s in oob:  # right values, one element stored past the end of its output
+        o = result.outcomes[s.id]
+        assert o.decision == sw.REJECTED and "out-of-bounds store" in o.reason, o.reason
     broken = _by_kernel(result, "broken_rmsnorm")
     raising = _by_kernel(result, "raising_swiglu")
     assert len(broken) == 5 and len(raising) == 2

@@ -431,3 +431,22 @@ def test_compare_structure_and_scalars():
     assert compare_outputs(1.0 + 1e-7, 1.0)[0] and not compare_outputs(1.1, 1.0)[0]
     assert compare_outputs(None, None)[0] and not compare_outputs(None, x)[0]
     assert compare_outputs(torch.empty(0, 5), torch.empty(0, 5))[0]
+
+
+def test_a_store_past_the_end_of_an_output_is_caught_by_the_redzone():
+    # the values are right; only the poisoned guard memory after the allocation shows the off-by-one store
+    result = verify_kernel(load_contract(KERNELS / "oob_store.py"), seeds=1)
+    assert not result.correct
+    assert any("out-of-bounds store" in d and "1 element(s) after its end" in d for d in result.details), \
+        result.details
+
+
+def test_redzones_keep_allocations_aligned_and_leave_correct_kernels_alone():
+    with PoisonAllocations() as mode:
+        y = torch.empty(3, 5, dtype=torch.bfloat16)
+        z = torch.empty_like(y).t()
+    assert torch.isnan(y).all() and y.data_ptr() % 16 == 0 and z.data_ptr() % 16 == 0
+    y.fill_(1.0)
+    assert mode.redzone_violations() == []
+    result = verify_kernel(load_contract(KERNELS / "vector_add.py"), seeds=1)
+    assert result.correct, result.details
