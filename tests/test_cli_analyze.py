@@ -64,6 +64,8 @@ def test_user_rules_come_first(tmp_path):
          "rule 'my-rule': field 'match.min_row_elems'"),
         ([str(DATA / "models" / "tiny_pointwise.py"), "--gpu", "v100"], "unknown device spec 'v100'"),
         ([str(DATA / "models" / "tiny_pointwise.py"), "--dtype", "int8"], "unknown --dtype"),
+        ([str(DATA / "bad" / "inputs_none.py")], "inputs_none.py: get_inputs() returned None"),
+        ([str(DATA / "models")], "is a directory, not a model file"),
     ],
 )
 def test_bad_input_gives_short_message(tmp_path, args, expected):
