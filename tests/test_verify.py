@@ -431,3 +431,15 @@ def test_compare_structure_and_scalars():
     assert compare_outputs(1.0 + 1e-7, 1.0)[0] and not compare_outputs(1.1, 1.0)[0]
     assert compare_outputs(None, None)[0] and not compare_outputs(None, x)[0]
     assert compare_outputs(torch.empty(0, 5), torch.empty(0, 5))[0]
+
+
+def test_registry_name_in_another_module_says_whose_contract_is_checked():
+    # `verify masked_softmax` runs kernel_library.softmax's one contract (plain softmax): it must say so
+    # rather than print "softmax: correct" as the answer to a question about masked_softmax.
+    c = load_contract("masked_softmax")
+    assert c.name == "softmax" and "not 'masked_softmax' on its own" in c.note
+    assert load_contract("softmax").note == ""
+    res = runner.invoke(app, ["verify", "masked_softmax", "--seeds", "1"])
+    assert res.exit_code == 0, res.output
+    details = json.loads(res.stdout)["details"]
+    assert details[1].startswith("note: 'masked_softmax' is registered in kernel_library.softmax")
