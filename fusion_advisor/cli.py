@@ -223,6 +223,9 @@ def _write_json_atomic(path: Path, data: dict) -> None:
 
     if path.exists() and (path.suffix != ".json" or not _is_json(path)):
         raise UserError(f"--json-out {path}: exists and is not a JSON file; refusing to overwrite it")
+    if path.exists() and not _json_written_like(path, data):
+        raise UserError(f"--json-out {path}: holds JSON that this command did not write; refusing to overwrite "
+                        "it (choose another file)")
     if not path.parent.is_dir():
         raise UserError(f"--json-out {path}: folder {path.parent} does not exist")
     try:
@@ -241,6 +244,21 @@ def _write_json_atomic(path: Path, data: dict) -> None:
             raise
     except OSError as e:
         raise UserError(f"--json-out {path}: cannot write: {e.strerror or e}") from e
+
+
+def _json_written_like(path: Path, data: dict) -> bool:
+    """Whether the JSON object in ``path`` looks like an earlier output of the command about to write ``data``:
+    at least half of its top-level keys are keys of ``data`` (outputs differ by a key or two between runs, a user's
+    own JSON shares none)."""
+    import json
+
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(old, dict) or not old:
+        return False
+    return 2 * len(set(old) & set(data)) >= len(old)
 
 
 def _is_json(path: Path) -> bool:

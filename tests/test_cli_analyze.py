@@ -125,6 +125,19 @@ def test_json_out_never_overwrites_a_source_file(tmp_path):
     assert r.exit_code == 2 and not (tmp_path / "no").exists()
 
 
+def test_json_out_never_overwrites_a_users_json_but_rewrites_its_own(tmp_path):
+    mine = tmp_path / "results.json"
+    mine.write_text('{"my": "data"}\n')
+    args = ["verify", str(DATA / "kernels" / "vector_add.py"), "--seeds", "1", "--json-out"]
+    r = runner.invoke(app, [*args, str(mine)])
+    assert r.exit_code == 2 and "did not write" in " ".join(r.output.split()), r.output
+    assert mine.read_text() == '{"my": "data"}\n'
+    ours = tmp_path / "verify.json"
+    assert runner.invoke(app, [*args, str(ours)]).exit_code == 0
+    assert runner.invoke(app, [*args, str(ours)]).exit_code == 0  # a rerun replaces its own output
+    assert json.loads(ours.read_text())["correct"] is True
+
+
 def test_training_mode_is_stated(tmp_path):
     out = tmp_path / "rep"
     r = _run(str(DATA / "models" / "train_mode.py"), "--out", str(out))
