@@ -328,6 +328,15 @@ def bench(
     if sweep:
         run_guarded(lambda: _bench_sweep(file, out, gpu, warmup_ms, rep_ms, rtol, atol, json_out), debug)
         return
+    if out is not None or gpu is not None:  # sweep-only options: ignoring them would leave the user looking for files
+
+        def refuse() -> None:
+            given = [n for n, v in (("--out", out), ("--gpu", gpu)) if v is not None]
+            verb = "apply" if len(given) > 1 else "applies"
+            raise UserError(f"{' and '.join(given)} {verb} to `bench --sweep` only; without --sweep, bench prints one JSON result "
+                            "(write it to a file with --json-out FILE)")
+
+        run_guarded(refuse, debug)
 
     def job():
         from fusion_advisor.bench import bench_kernel
