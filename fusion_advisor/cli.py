@@ -95,7 +95,7 @@ def analyze(
     gpu: Optional[str] = typer.Option(None, help="Device spec: h200, h100, a100, l4, cpu, or a spec YAML path."),
     rules: List[Path] = typer.Option([], "--rules", help="Extra rules YAML, matched before the shipped rules."),
     out: Optional[Path] = typer.Option(None, help="Report directory. Default: reports/<model name>/."),
-    top: int = typer.Option(12, help="Chains shown in the terminal summary (by estimated saving)."),
+    top: int = typer.Option(12, min=0, help="Chains shown in the terminal summary (by estimated saving)."),
     inductor_code: bool = typer.Option(False, "--inductor-code", help="Also capture the code Inductor generates for "
                                        "routed chains, shown beside the library kernel's source (inductor/*.py)."),
     inductor_top: int = typer.Option(5, "--inductor-top", min=0, help="With --inductor-code: chains compiled, the "

@@ -65,6 +65,7 @@ def test_user_rules_come_first(tmp_path):
         ([str(DATA / "models" / "tiny_pointwise.py"), "--gpu", "v100"], "unknown device spec 'v100'"),
         ([str(DATA / "models" / "tiny_pointwise.py"), "--dtype", "int8"], "unknown --dtype"),
         ([str(DATA / "bad" / "inputs_none.py")], "inputs_none.py: get_inputs() returned None"),
+        ([str(DATA / "models" / "tiny_pointwise.py"), "--top", "-1"], "Invalid value for '--top'"),
         ([str(DATA / "models")], "is a directory, not a model file"),
     ],
 )
