@@ -169,12 +169,16 @@ _FILE_MODULES: dict[Path, tuple[int, ModuleType]] = {}
 _FILE_MODULE_PREFIX = "_fusion_advisor_kernel_"
 
 
+#: kernel_library modules that hold no kernel contract (the registry; the sweep hooks of bench --sweep).
+_NOT_KERNEL_MODULES = frozenset({"registry", "sweeps"})
+
+
 def _library_modules() -> list[str]:
     """Names of the kernel modules in ``kernel_library``."""
     import kernel_library
 
     names = (m.name for m in pkgutil.iter_modules(kernel_library.__path__))
-    return sorted(n for n in names if not n.startswith("_") and n != "registry")
+    return sorted(n for n in names if not n.startswith("_") and n not in _NOT_KERNEL_MODULES)
 
 
 def _user_frame(exc: BaseException, path: Path | None) -> str:
