@@ -43,6 +43,27 @@ def default_spec_name() -> str:
     return "h200"
 
 
+def _default_spec_for(device: str, profile: bool) -> str:
+    """The spec when ``--gpu`` is not given: ``"cpu"`` when profiling on a CPU (the measured times are a CPU's,
+    so the estimates they are set against must be too), else :func:`default_spec_name`."""
+    return "cpu" if profile and device == "cpu" else default_spec_name()
+
+
+def _profile_spec_notes(device: str, profile: bool, gpu: str | None, spec: DeviceSpec) -> list[str]:
+    """Warnings for the report when a CPU profile is set against a roofline (empty when nothing to say)."""
+    if not (profile and device == "cpu"):
+        return []
+    if gpu is None:
+        return [f"--profile --device cpu: the roofline is the shipped '{spec.name}' spec, so estimates and "
+                "measurements describe the same CPU; for this CPU's own numbers pass --gpu SPEC.yaml from "
+                "`fusion-advisor calibrate --device cpu`, for GPU advice analyse without --profile"]
+    if spec.kind != "cpu":
+        return [f"--profile --device cpu with --gpu {gpu}: times measured on this CPU are set against the "
+                f"roofline of {spec.display_name}, so predicted/measured ratios, the 2x flags and the bound-class "
+                "agreement compare two different machines"]
+    return []
+
+
 def versions() -> dict[str, str]:
     """Versions of the libraries whose behaviour shapes the analysis (the tool's own is in the report header)."""
     out = {"torch": torch.__version__, "python": platform.python_version()}
@@ -107,9 +128,10 @@ def analyze(
         timings[name] = time.perf_counter() - start
 
     # Cheap checks first, so a bad option fails before a long capture.
-    spec: DeviceSpec = load_spec(gpu or default_spec_name())
-    rules = load_rules(rules_files or [])
     device = device or default_device()
+    spec: DeviceSpec = load_spec(gpu or _default_spec_for(device, profile))
+    spec_notes = _profile_spec_notes(device, profile, gpu, spec)
+    rules = load_rules(rules_files or [])
     if trace is not None and not profile:
         from fusion_advisor.errors import UserError
 
@@ -154,7 +176,7 @@ def analyze(
         rules_files=list(rules.files),
         capture_method=cap.method,
         graph_breaks=cap.breaks,
-        warnings=cap.warnings + loaded.notes,
+        warnings=cap.warnings + loaded.notes + spec_notes,
         ops=og.ops,
         chains=chains,
         estimates=estimates,

@@ -1738,7 +1738,9 @@ def _verify_all(sites: list[SwapSite], matches: dict[str, _Match], backend: Rewr
         clash = next((taken[o] for o in s.op_ids if o in taken), None)
         if clash is not None:
             o = outcomes[s.id]
-            o.decision, o.reason = sw.NOT_KEPT, f"{o.reason}; not kept: overlaps kept swap {clash.id} ({clash.kernel})"
+            # the overlap decides; what the swap earned alone follows, so the reason never reads "kept ... not kept"
+            o.decision, o.reason = sw.NOT_KEPT, (f"not kept: overlaps kept swap {clash.id} ({clash.kernel}), the larger "
+                                                 f"one; on its own: {o.reason.replace('kept because', 'would be kept as')}")
             continue
         for o in s.op_ids:
             taken[o] = s

@@ -172,10 +172,14 @@ def _pattern(og: OpGraph, member_ids: list[str]) -> str:
     if has("_softmax") or has("_safe_softmax"):
         masked = has("add") or has("where") or has("masked_fill") or has("mul") or has("div")
         return "masked_softmax" if masked else "softmax"
-    if has("silu") and has("mul"):
+    def gated_mul() -> bool:
+        """A mul of two tensors (the GLU gate); ``silu(x) * 2.0`` scales by a scalar and gates nothing."""
+        return any(o.target.startswith("aten.mul.Tensor") and len(o.inputs) == 2 for o in ops)
+
+    if has("silu") and gated_mul():
         return "swiglu"
     if has("gelu"):
-        if has("mul") and len(names) <= 3:
+        if gated_mul() and len(names) <= 3:
             return "geglu"
         if has("add"):
             return "bias_gelu"

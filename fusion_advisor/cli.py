@@ -95,7 +95,7 @@ def analyze(
     gpu: Optional[str] = typer.Option(None, help="Device spec: h200, h100, a100, l4, cpu, or a spec YAML path."),
     rules: List[Path] = typer.Option([], "--rules", help="Extra rules YAML, matched before the shipped rules."),
     out: Optional[Path] = typer.Option(None, help="Report directory. Default: reports/<model name>/."),
-    top: int = typer.Option(12, help="Chains shown in the terminal summary (by estimated saving)."),
+    top: int = typer.Option(12, min=0, help="Chains shown in the terminal summary (by estimated saving)."),
     inductor_code: bool = typer.Option(False, "--inductor-code", help="Also capture the code Inductor generates for "
                                        "routed chains, shown beside the library kernel's source (inductor/*.py)."),
     inductor_top: int = typer.Option(5, "--inductor-top", min=0, help="With --inductor-code: chains compiled, the "
@@ -223,6 +223,9 @@ def _write_json_atomic(path: Path, data: dict) -> None:
 
     if path.exists() and (path.suffix != ".json" or not _is_json(path)):
         raise UserError(f"--json-out {path}: exists and is not a JSON file; refusing to overwrite it")
+    if path.exists() and not _json_written_like(path, data):
+        raise UserError(f"--json-out {path}: holds JSON that this command did not write; refusing to overwrite "
+                        "it (choose another file)")
     if not path.parent.is_dir():
         raise UserError(f"--json-out {path}: folder {path.parent} does not exist")
     try:
@@ -241,6 +244,21 @@ def _write_json_atomic(path: Path, data: dict) -> None:
             raise
     except OSError as e:
         raise UserError(f"--json-out {path}: cannot write: {e.strerror or e}") from e
+
+
+def _json_written_like(path: Path, data: dict) -> bool:
+    """Whether the JSON object in ``path`` looks like an earlier output of the command about to write ``data``:
+    at least half of its top-level keys are keys of ``data`` (outputs differ by a key or two between runs, a user's
+    own JSON shares none)."""
+    import json
+
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(old, dict) or not old:
+        return False
+    return 2 * len(set(old) & set(data)) >= len(old)
 
 
 def _is_json(path: Path) -> bool:
@@ -310,6 +328,15 @@ def bench(
     if sweep:
         run_guarded(lambda: _bench_sweep(file, out, gpu, warmup_ms, rep_ms, rtol, atol, json_out), debug)
         return
+    if out is not None or gpu is not None:  # sweep-only options: ignoring them would leave the user looking for files
+
+        def refuse() -> None:
+            given = [n for n, v in (("--out", out), ("--gpu", gpu)) if v is not None]
+            verb = "apply" if len(given) > 1 else "applies"
+            raise UserError(f"{' and '.join(given)} {verb} to `bench --sweep` only; without --sweep, bench prints one JSON result "
+                            "(write it to a file with --json-out FILE)")
+
+        run_guarded(refuse, debug)
 
     def job():
         from fusion_advisor.bench import bench_kernel

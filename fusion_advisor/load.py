@@ -90,6 +90,8 @@ def import_model_file(path: str | Path) -> ModuleType:
             (the message names the file and line).
     """
     path = Path(path)
+    if path.is_dir():
+        raise ModelLoadError(f"{path}: is a directory, not a model file (give the path of a .py file)")
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file")
     if path.suffix != ".py":
@@ -216,6 +218,9 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
 
     if not isinstance(model, nn.Module):
         raise ModelLoadError(f"{origin}: the model is a {type(model).__name__}, not a torch.nn.Module")
+    if inputs is None:
+        raise ModelLoadError(f"{origin}: get_inputs() returned None; return a list of the positional arguments "
+                             "of forward() (a missing return statement?)")
     if isinstance(inputs, dict):
         raise ModelLoadError(f"{origin}: get_inputs() returned a dict; return a list of the positional arguments "
                              "of forward() (keyword inputs are not supported yet)")

@@ -195,6 +195,16 @@ class PatchedModel(nn.Module):
             if g.compile_rest_error:
                 out.append(f"graph {g.index}: Inductor failed ({g.compile_rest_error}); the rest ran eagerly")
             out += [f"graph {g.index}: {k} not rewritten: {why}" for k, why in g.skipped]
+        # a missing swap's kernel refused the site it would have taken (dtype, row width, or tensors on a CPU
+        # without TRITON_INTERPRET): say why, rather than leave "no matching site"
+        missing = {k.kernel for k in self.missing_swaps()}
+        for g in self.backend.graphs:
+            for nm in getattr(g, "near_misses", ()):
+                if nm.kind == "check" and nm.kernel in missing:
+                    where = nm.module_path or str(nm.source)
+                    text = f"graph {g.index}: at {where}: {nm.reason}"
+                    if text not in out:
+                        out.append(text)
         return out
 
 

@@ -27,6 +27,7 @@ It stops at the first seed that fails.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import importlib.machinery
@@ -85,6 +86,7 @@ class KernelContract:
         reference_fn: plain-PyTorch function with the same signature and semantics.
         get_inputs: returns a list of fresh arguments (tensors on the current device, scalars).
         module: the imported module, or ``None``.
+        note: said in every result's details (e.g. that a registry name resolved to another module's contract).
     """
 
     name: str
@@ -93,6 +95,7 @@ class KernelContract:
     reference_fn: Callable[..., Any]
     get_inputs: Callable[[], Sequence[Any]]
     module: ModuleType | None = None
+    note: str = ""
 
     @classmethod
     def from_module(cls, module: ModuleType, name: str | None = None, origin: str | None = None) -> KernelContract:
@@ -151,7 +154,12 @@ def load_contract(spec: str | os.PathLike[str]) -> KernelContract:
         module = _import_file(path)
         return KernelContract.from_module(module, name=path.stem, origin=str(path))
     module = _import_module_name(text)
-    return KernelContract.from_module(module, name=module.__name__.rsplit(".", 1)[-1], origin=text)
+    contract = KernelContract.from_module(module, name=module.__name__.rsplit(".", 1)[-1], origin=text)
+    if "." not in text and contract.name != text:  # a registry name living in another kernel's module
+        contract = dataclasses.replace(contract, note=(
+            f"'{text}' is registered in {module.__name__}, which has one contract: this checks its kernel_fn "
+            f"({contract.name}) against its reference_fn, not '{text}' on its own"))
+    return contract
 
 
 #: Kernel files imported by :func:`_import_file`: resolved path -> (mtime_ns, module). Importing a file twice
@@ -161,12 +169,16 @@ _FILE_MODULES: dict[Path, tuple[int, ModuleType]] = {}
 _FILE_MODULE_PREFIX = "_fusion_advisor_kernel_"
 
 
+#: kernel_library modules that hold no kernel contract (the registry; the sweep hooks of bench --sweep).
+_NOT_KERNEL_MODULES = frozenset({"registry", "sweeps"})
+
+
 def _library_modules() -> list[str]:
     """Names of the kernel modules in ``kernel_library``."""
     import kernel_library
 
     names = (m.name for m in pkgutil.iter_modules(kernel_library.__path__))
-    return sorted(n for n in names if not n.startswith("_") and n != "registry")
+    return sorted(n for n in names if not n.startswith("_") and n not in _NOT_KERNEL_MODULES)
 
 
 def _user_frame(exc: BaseException, path: Path | None) -> str:
@@ -1079,4 +1091,6 @@ def verify_kernel(contract: KernelContract, rtol: float | None = None, atol: flo
                         for n, v in (("atol", atol), ("rtol", rtol)))
     result.details.insert(0, f"{contract.name}: {'correct' if result.correct else 'INCORRECT'} over seeds "
                              f"{result.seeds} against reference_fn in {result.reference_precision}; {tol}")
+    if contract.note:
+        result.details.insert(1, "note: " + contract.note)
     return result

@@ -270,7 +270,9 @@ def test_default_model_swaps_verified_forward_and_backward(default_run):
     overlapped = [s for s in _by_kernel(result, "rmsnorm") if s.module_path != "layers.0.input_layernorm"]
     assert len(overlapped) == 4
     for s in overlapped:
-        assert result.outcomes[s.id].decision == sw.NOT_KEPT and "overlaps kept swap" in result.outcomes[s.id].reason
+        reason = result.outcomes[s.id].reason
+        assert result.outcomes[s.id].decision == sw.NOT_KEPT and reason.startswith("not kept: overlaps kept swap")
+        assert "kept because" not in reason  # it was not kept: the reason must not read "kept because ..."
 
 
 def test_decide_never_keeps_unverified_or_unmeasured_unless_asked():

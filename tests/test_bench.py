@@ -227,3 +227,12 @@ def test_kernel_class_sorts_library_inductor_ours_and_aten():
     assert kernel_class("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0") == "inductor"
     assert kernel_class("_rms_norm_fwd_kernel") == "fusion_advisor"
     assert kernel_class("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>") == "aten"
+
+
+def test_cli_bench_refuses_sweep_only_options_without_sweep(tmp_path):
+    # `bench FILE --out DIR` used to time the kernel, print JSON and write nothing to DIR, silently
+    res = runner.invoke(app, ["bench", str(KERNELS / "vector_add.py"), "--no-compile", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and res.stdout == ""
+    assert "--out applies to `bench --sweep` only" in " ".join(res.stderr.split())
+    res = runner.invoke(app, ["bench", str(KERNELS / "vector_add.py"), "--no-compile", "--gpu", "h100"])
+    assert res.exit_code == 2 and "--gpu applies to" in " ".join(res.stderr.split())

@@ -99,3 +99,19 @@ def test_sdpa_stays_one_heavy_op():
     assert [(c.kind, c.pattern) for c in chains][0] == ("heavy", "attention")
     att = chains[0]
     assert att.flops == 2 * 4 * 128 * 128 * (64 + 64) // 2  # causal: the masked half is skipped
+
+
+class _ScaledActivations(nn.Module):
+    """silu / gelu times a scalar: no gate tensor, so neither is a GLU (swiglu / geglu kernels take two tensors)."""
+
+    def forward(self, x, a, b):
+        return (torch.nn.functional.silu(x) * 2.0,
+                torch.nn.functional.gelu(x, approximate="tanh") * 0.5,
+                torch.nn.functional.silu(a) * b)
+
+
+def test_scalar_scaled_activation_is_not_a_glu():
+    x, a, b = torch.randn(8, 64), torch.randn(8, 64), torch.randn(8, 64)
+    patterns = sorted(c.pattern for c in _chains(_ScaledActivations(), x, a, b)[1])
+    assert "geglu" not in patterns
+    assert patterns.count("swiglu") == 1  # silu(a) * b alone

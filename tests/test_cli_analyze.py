@@ -64,6 +64,9 @@ def test_user_rules_come_first(tmp_path):
          "rule 'my-rule': field 'match.min_row_elems'"),
         ([str(DATA / "models" / "tiny_pointwise.py"), "--gpu", "v100"], "unknown device spec 'v100'"),
         ([str(DATA / "models" / "tiny_pointwise.py"), "--dtype", "int8"], "unknown --dtype"),
+        ([str(DATA / "bad" / "inputs_none.py")], "inputs_none.py: get_inputs() returned None"),
+        ([str(DATA / "models" / "tiny_pointwise.py"), "--top", "-1"], "Invalid value for '--top'"),
+        ([str(DATA / "models")], "is a directory, not a model file"),
     ],
 )
 def test_bad_input_gives_short_message(tmp_path, args, expected):
@@ -121,6 +124,19 @@ def test_json_out_never_overwrites_a_source_file(tmp_path):
     assert src.read_text() == "print('my kernel')\n"
     r = runner.invoke(app, ["verify", str(DATA / "kernels" / "vector_add.py"), "--json-out", str(tmp_path / "no" / "x.json")])
     assert r.exit_code == 2 and not (tmp_path / "no").exists()
+
+
+def test_json_out_never_overwrites_a_users_json_but_rewrites_its_own(tmp_path):
+    mine = tmp_path / "results.json"
+    mine.write_text('{"my": "data"}\n')
+    args = ["verify", str(DATA / "kernels" / "vector_add.py"), "--seeds", "1", "--json-out"]
+    r = runner.invoke(app, [*args, str(mine)])
+    assert r.exit_code == 2 and "did not write" in " ".join(r.output.split()), r.output
+    assert mine.read_text() == '{"my": "data"}\n'
+    ours = tmp_path / "verify.json"
+    assert runner.invoke(app, [*args, str(ours)]).exit_code == 0
+    assert runner.invoke(app, [*args, str(ours)]).exit_code == 0  # a rerun replaces its own output
+    assert json.loads(ours.read_text())["correct"] is True
 
 
 def test_training_mode_is_stated(tmp_path):

@@ -177,3 +177,18 @@ def test_unapplied_swaps_are_warned(tmp_path, monkeypatch):
         _w.simplefilter("always")
         load_plan(torch.nn.Linear(2, 2), plan)
     assert any("runs unpatched" in str(c.message) for c in caught)
+
+
+def test_a_swap_not_applied_says_why(planned, monkeypatch):
+    # No GPU and no TRITON_INTERPRET: every kernel refuses the CPU tensors. The warning and problems() must
+    # say so, not "no matching site in the model" (the sites are there).
+    import kernel_library._device
+
+    monkeypatch.setattr(kernel_library._device, "interpreted", lambda: False)
+    path, model_file, _ = planned
+    model, inputs = _fresh(model_file)
+    patched = fusion_advisor.load_plan(model, path)
+    with pytest.warns(RuntimeWarning, match="needs CUDA"):
+        patched(*inputs)
+    assert patched.missing_swaps()
+    assert any("cannot take this site: tensors on cpu" in p for p in patched.problems()), patched.problems()

@@ -322,3 +322,16 @@ def test_gpu_profile_attributes_every_chain(tmp_path):
         assert p.chains[c.id].time_us > 0 and p.chains[c.id].kernels >= 1, c.id
     assert p.attributed_us <= p.total_us * (1 + 1e-9)
     assert math.isclose(sum(m.time_us for m in p.chains.values()), p.attributed_us, rel_tol=1e-9)
+
+
+def test_cpu_profile_defaults_to_the_cpu_roofline_and_warns_on_a_gpu_spec():
+    """Measured CPU times set against the H200 roofline (the default spec) compared two machines silently."""
+    small = DATA / "tiny_pointwise.py"
+    a = analyze(small, device="cpu", profile=True, profile_runs=1)
+    assert a.device_spec["name"] == "cpu"
+    assert any("--profile --device cpu" in w and "'cpu' spec" in w for w in a.warnings)
+    b = analyze(small, device="cpu", gpu="h200", profile=True, profile_runs=1)
+    assert b.device_spec["name"] == "h200"
+    assert any("compare two different machines" in w for w in b.warnings)
+    c = analyze(small, device="meta")  # static analysis: GPU advice as before, nothing to warn about
+    assert c.device_spec["name"] == "h200" and not any("--profile" in w for w in c.warnings)

@@ -109,3 +109,13 @@ def test_bound_condition_and_override(tmp_path):
     rules = load_rules([user], shipped=None)
     assert route_chain(_chain(), _est(bound="launch"), rules, {}).bound == "memory"
     assert route_chain(_chain(), _est(bound="memory"), rules, {}).rule_id == "(none)"
+
+
+def test_shipped_reasons_give_every_byte_count_its_unit():
+    # "one row-wise kernel 50339840" read as a kernel number: a number of bytes says "bytes" right after it
+    import re
+
+    rules, _ = load_rules_file(SHIPPED_RULES)
+    for r in rules:
+        for m in re.finditer(r"\{fused_bytes[^}]*\}", r.reason):
+            assert r.reason[m.end():].startswith(" bytes"), (r.id, r.reason)

@@ -156,8 +156,10 @@ def test_load_contract_module_names(tmp_path, monkeypatch):
     c = load_contract("my_kernels_pkg.double")
     assert c.name == "double" and c.path == pkg / "double.py"
     assert verify_kernel(c, seeds=1).correct
-    with pytest.raises(KernelLoadError, match="kernel_library modules"):
+    with pytest.raises(KernelLoadError, match="kernel_library modules") as err:
         load_contract("no_such_kernel_xyz")
+    listed = str(err.value).split("kernel_library modules: ")[1].split(";")[0].split(", ")
+    assert "rmsnorm" in listed and "sweeps" not in listed  # only modules `verify NAME` can check
 
 
 def test_load_contract_imports_a_file_once():
@@ -450,3 +452,15 @@ def test_redzones_keep_allocations_aligned_and_leave_correct_kernels_alone():
     assert mode.redzone_violations() == []
     result = verify_kernel(load_contract(KERNELS / "vector_add.py"), seeds=1)
     assert result.correct, result.details
+
+
+def test_registry_name_in_another_module_says_whose_contract_is_checked():
+    # `verify masked_softmax` runs kernel_library.softmax's one contract (plain softmax): it must say so
+    # rather than print "softmax: correct" as the answer to a question about masked_softmax.
+    c = load_contract("masked_softmax")
+    assert c.name == "softmax" and "not 'masked_softmax' on its own" in c.note
+    assert load_contract("softmax").note == ""
+    res = runner.invoke(app, ["verify", "masked_softmax", "--seeds", "1"])
+    assert res.exit_code == 0, res.output
+    details = json.loads(res.stdout)["details"]
+    assert details[1].startswith("note: 'masked_softmax' is registered in kernel_library.softmax")
