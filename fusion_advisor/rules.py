@@ -136,6 +136,13 @@ def _known_patterns() -> frozenset[str]:
     return frozenset(KNOWN_PATTERNS) | generic
 
 
+def _library_kernels() -> frozenset[str]:
+    """Names of the kernel_library kernels a triton rule may name (imports the library once)."""
+    from kernel_library.registry import load_all
+
+    return frozenset(load_all())
+
+
 def _is_aten_op(name: Any) -> bool:
     """Items no fused kernel takes are named after their aten op (``cumsum``, ``index``...)."""
     import torch
@@ -267,6 +274,11 @@ def _parse_rule(raw: Any, index: int, file: str) -> Rule:
         raise RulesError(f"{where}: field 'kernel': a triton route needs a kernel name (or 'auto')")
     if route != "triton" and kernel:
         raise RulesError(f"{where}: field 'kernel': only triton routes name a kernel")
+    if route == "triton" and kernel != "auto":
+        known = _library_kernels()
+        if kernel not in known:
+            raise RulesError(f"{where}: field 'kernel': {kernel!r} is not a kernel_library kernel; known: "
+                             f"{', '.join(sorted(known))} (or 'auto')")
     bound = raw.get("bound", "") or ""
     if bound and bound not in BOUNDS:
         raise RulesError(f"{where}: field 'bound': {bound!r} is not one of {', '.join(BOUNDS)}")

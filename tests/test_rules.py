@@ -57,6 +57,8 @@ def test_shipped_rules_are_valid():
          "field 'match.pattern': unknown value(s) 'layernrom'"),
         ("version: 1\nrules:\n  - id: a\n    route: skip\n    match: {dtype: bfloat16}\n    reason: x\n",
          "field 'match.dtype': unknown value(s) 'bfloat16'"),
+        ("version: 1\nrules:\n  - id: a\n    route: triton\n    kernel: rmsnrom\n    reason: x\n",
+         "field 'kernel': 'rmsnrom' is not a kernel_library kernel"),
     ],
 )
 def test_invalid_rules_name_file_rule_and_field(tmp_path, body, fragment):
