@@ -37,6 +37,11 @@ def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
     return max(compute, memory) * 1e6
 
 
+def _launches(op: OpInfo) -> bool:
+    """Whether ``op`` launches a kernel when run eagerly: not when every output is empty (0 elements)."""
+    return not op.outputs or any(o.numel > 0 for o in op.outputs)
+
+
 def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate:
     """Roofline :class:`Estimate` of ``chain`` on ``spec``; ``ops`` maps op ids to :class:`OpInfo`. Times in us."""
     tensor = bool(set(chain.categories) & _TENSOR_CORE_CATEGORIES)
@@ -49,13 +54,15 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     memory_fused_us = chain.fused_bytes / bw * 1e6
     launch_eager_us = chain.eager_kernels * spec.launch_overhead_us
     launch = spec.launch_overhead_us
-    busy = [_op_time_us(ops[i], spec) for i in chain.op_ids]
-    eager_us = sum(max(t, launch) for t in busy)
-    idle_us = sum(max(0.0, launch - t) for t in busy)
+    # an op on empty tensors launches no kernel (PyTorch returns before launching one)
+    busy = [(_op_time_us(ops[i], spec), _launches(ops[i])) for i in chain.op_ids]
+    eager_us = sum(max(t, launch) if runs else 0.0 for t, runs in busy)
+    idle_us = sum(max(0.0, launch - t) if runs else 0.0 for t, runs in busy)
     fusible = chain.kind == "fusible" and chain.eager_kernels > 1
-    fused_us = max(compute_us, memory_fused_us, launch) if fusible else eager_us
+    any_work = any(runs for _, runs in busy)
+    fused_us = (max(compute_us, memory_fused_us, launch) if any_work else 0.0) if fusible else eager_us
     ridge = spec.ridge_point(compute_dtype, tensor, category)
-    if idle_us > sum(busy):
+    if idle_us > sum(t for t, _ in busy):
         bound = "launch"
     elif chain.arithmetic_intensity > ridge:
         bound = "compute"

@@ -143,3 +143,14 @@ def test_ops_have_costs_and_sources(runs):
     views = [o for o in a.ops if o.category == "view"]
     assert views and all(o.bytes_read == o.bytes_written == 0 for o in views)
     assert all(o.source.file for o in a.ops if o.category == "matmul")
+
+
+def test_ops_on_empty_tensors_cost_nothing(tmp_path):
+    # PyTorch launches no kernel for an op on 0 elements: no launch term, no "saving" from fusing them
+    model = tmp_path / "empty_rows.py"
+    model.write_text("import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+                     "        return torch.softmax(x * 2, -1)\n\n\ndef get_inputs():\n    return [torch.randn(0, 64)]\n\n\n"
+                     "def get_init_inputs():\n    return []\n")
+    a = analyze(str(model))
+    assert a.chains and all(a.estimates[c.id].eager_us == 0.0 for c in a.chains)
+    assert all(a.estimates[c.id].saving_us == 0.0 for c in a.chains)
