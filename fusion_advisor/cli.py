@@ -107,7 +107,7 @@ def analyze(
                                  "prediction."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="With --profile: also write the chrome trace here "
                                          "(open in ui.perfetto.dev or chrome://tracing)."),
-    debug: bool = typer.Option(False, help="Show tracebacks."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Analyse a model: chains, bound classes, routes and reasons; writes report.html, chains.csv, ops.csv, report.json."""
     from fusion_advisor.analyze import analyze as run_analysis
@@ -376,7 +376,7 @@ def apply_cmd(
                                          "timed (no GPU)."),
     seeds: int = typer.Option(2, help="Fresh random input draws per swap verification."),
     out: Optional[Path] = typer.Option(None, help="Output directory. Default: reports/<model name>/."),
-    debug: bool = typer.Option(False, help="Show tracebacks."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Swap verified library kernels into a model: writes swaps.csv, swaps.html and plan.yaml (load it with
     fusion_advisor.load_plan). Exit 1 when the patched model disagrees with the original."""
@@ -550,7 +550,7 @@ def calibrate(
                                        "overwritten."),
     device: Optional[str] = typer.Option(None, help="cuda (default with a GPU) or cpu."),
     quick: bool = typer.Option(False, "--quick", help="Small sizes: seconds, noisier numbers."),
-    debug: bool = typer.Option(False, help="Show tracebacks."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Measure copy bandwidth, matmul TFLOP/s per dtype and per-op launch overhead on this device; write a device
     spec YAML that analyze and apply take with --gpu SPEC.yaml."""
