@@ -954,8 +954,8 @@ def render_swaps_csv(rows: list[dict[str, Any]]) -> str:
 
 
 _CSS = ("body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}"
-        "th,td{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top;overflow-wrap:anywhere}"
-        "td{max-width:28em}td:nth-child(5){min-width:24em}th{background:#f3f3f3}"
+        "th,td{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}"
+        "td{max-width:28em;overflow-wrap:anywhere}td:nth-child(5){min-width:24em}th{background:#f3f3f3}"
         ".kept{background:#e6f4ea}.rejected{background:#fce8e6}.muted{color:#777}code{font-size:12px}")
 
 
