@@ -971,7 +971,7 @@ def render_swaps_html(title: str, header: list[tuple[str, str]], rows: list[dict
         out.append(f"<p class='muted'>{e(n)}</p>")
     cols = ["swap", "kernel", "chain", "decision", "reason", "verified", "max_abs_err", "max_rel_err",
             "eager_ms", "compile_ms", "kernel_ms", "eager_gpu_ms", "compile_gpu_ms", "kernel_gpu_ms", "route", "source",
-            "module_path", "signature"]
+            "module_path"]  # the long signature (shapes, constants) is in swaps.csv
     out.append(f"<h2>Swaps ({len(rows)})</h2><table><tr>" + "".join(f"<th>{e(c)}</th>" for c in cols) + "</tr>")
     for r in rows:
         cls = "kept" if r["decision"] == KEPT else "rejected" if r["decision"] == REJECTED else ""
