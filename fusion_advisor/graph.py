@@ -59,6 +59,8 @@ _DTYPE_NAMES = {
 }
 
 _BY_NAME: dict[str, set[str]] = {
+    # element-wise ops that torch does not tag pointwise (the rest are found by torch.Tag.pointwise)
+    "pointwise": {"floor_divide"},
     "matmul": {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "matmul", "dot", "mv", "addmv", "_int_mm"},
     "conv": {"convolution", "_convolution", "cudnn_convolution", "convolution_overrideable", "_slow_conv2d_forward",
              "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"},

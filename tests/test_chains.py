@@ -35,6 +35,18 @@ def test_pointwise_chain_bytes():
     assert c.bytes_saved == 4 * nbytes
 
 
+class IntFloorDiv(nn.Module):
+    def forward(self, x):
+        return (x * 3 + 1) // 2
+
+
+def test_floor_divide_joins_the_pointwise_chain():
+    # torch does not tag aten.floor_divide pointwise; it is element-wise all the same
+    _, chains = _chains(IntFloorDiv(), torch.randint(0, 100, (64, 64)))
+    (c,) = chains
+    assert c.kind == "fusible" and c.eager_kernels == 3
+
+
 class Residual(nn.Module):
     """Two pointwise regions joined by a matmul: the residual add must not join the first region."""
 
