@@ -1500,7 +1500,7 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None,
         sites, near = _link(backend, analysis, options)
     matches = {m.site.id: m for g in backend.graphs for m in g.matches}
     with timed("verify"):
-        outcomes = _verify_all(sites, matches, backend, kernels, options, backward)
+        outcomes = _verify_all(sites, matches, backend, kernels, options, backward, stage)
     result = ApplyResult(
         model_name=loaded.name, model_file=loaded.file, convention=loaded.convention, device=loaded.device,
         dtype=loaded.dtype, options=options, backward=backward, sites=sites, outcomes=outcomes, near_misses=near,
@@ -1676,8 +1676,40 @@ def _values_for(backend: RewriteBackend, m: _Match) -> tuple[list[Any] | None, l
     return args, outs
 
 
+def _verify_and_time(s: SwapSite, m: _Match, entry: Any, args: list[Any], outs: list[Any], rg: list[bool],
+                     first: tuple[str, Any] | None, options: ApplyOptions, backward: bool,
+                     timing_cache: dict[str, Any]) -> Any:
+    """Verify one candidate swap (only on its captured inputs when ``first``, an earlier site of the same signature,
+    passed the fresh and hard-value cases), time it when verified, and decide; returns its ``SwapOutcome``."""
+    from fusion_advisor import swaps as sw
+
+    try:
+        ver = sw.verify_swap(entry, extract_subgraph(m), args, m.pattern.params, backward, options.seeds, outs,
+                             requires_grad=rg, captured_only=first is not None)
+    except Exception as e:  # a bug in verification itself must not keep the swap, nor stop the others
+        ver = sw.SwapVerification(False, reason=f"verification raised {type(e).__name__}: {first_line(str(e))}")
+    if first is not None:
+        first_id, first_ver = first
+        ver.details.append(f"fresh and hard-value cases: passed on {first_id} (same signature)")
+        ver.cases += [f"{c} (on {first_id})" for c in first_ver.cases[1:]]
+    timing = None
+    if ver.verified:
+        cache_key = f"{s.signature}|{backward}|{rg}"
+        try:
+            timing = timing_cache.get(cache_key) or sw.bench_swap(entry, extract_subgraph(m), args, backward, rg)
+            timing_cache[cache_key] = timing
+        except Exception as e:  # a kernel that fails (or runs out of memory) while timed is rejected
+            if isinstance(e, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()
+            return sw.SwapOutcome(s.id, sw.REJECTED, f"timing raised {type(e).__name__}: {first_line(str(e))}",
+                                  ver, None)
+    decision, reason = sw.decide(ver, timing, options.margin, options.keep_unmeasured)
+    return sw.SwapOutcome(s.id, decision, reason, ver, timing)
+
+
 def _verify_all(sites: list[SwapSite], matches: dict[str, _Match], backend: RewriteBackend,
-                kernels: dict[str, Any], options: ApplyOptions, backward: bool) -> dict[str, Any]:
+                kernels: dict[str, Any], options: ApplyOptions, backward: bool,
+                stage: Callable[[str], contextlib.AbstractContextManager] = _no_progress) -> dict[str, Any]:
     from fusion_advisor import swaps as sw
 
     outcomes: dict[str, Any] = {}
@@ -1687,6 +1719,7 @@ def _verify_all(sites: list[SwapSite], matches: dict[str, _Match], backend: Rewr
     for g in backend.graphs:
         if g.matches:
             flags[g.index] = grad_flags(g.matches[0].gm, g.input_requires_grad, g.grad_enabled)[0] if backward else {}
+    n_candidates = sum(1 for x in sites if x.candidate)
     for s in sites:
         if not s.candidate:
             outcomes[s.id] = sw.SwapOutcome(s.id, sw.NOT_TRIED, s.candidate_reason)
@@ -1706,32 +1739,11 @@ def _verify_all(sites: list[SwapSite], matches: dict[str, _Match], backend: Rewr
         # the others are verified on their own captured inputs only
         sig = f"{s.signature}|{rg}"
         first = by_signature.get(sig)
-        try:
-            ver = sw.verify_swap(entry, extract_subgraph(m), args, m.pattern.params, backward, options.seeds, outs,
-                                 requires_grad=rg, captured_only=first is not None)
-        except Exception as e:  # a bug in verification itself must not keep the swap, nor stop the others
-            ver = sw.SwapVerification(False, reason=f"verification raised {type(e).__name__}: {first_line(str(e))}")
-        if first is None:
-            if ver.verified:
-                by_signature[sig] = (s.id, ver)
-        else:
-            first_id, first_ver = first
-            ver.details.append(f"fresh and hard-value cases: passed on {first_id} (same signature)")
-            ver.cases += [f"{c} (on {first_id})" for c in first_ver.cases[1:]]
-        timing = None
-        if ver.verified:
-            cache_key = f"{s.signature}|{backward}|{rg}"
-            try:
-                timing = timing_cache.get(cache_key) or sw.bench_swap(entry, extract_subgraph(m), args, backward, rg)
-                timing_cache[cache_key] = timing
-            except Exception as e:  # a kernel that fails (or runs out of memory) while timed is rejected
-                if isinstance(e, torch.cuda.OutOfMemoryError):
-                    torch.cuda.empty_cache()
-                outcomes[s.id] = sw.SwapOutcome(s.id, sw.REJECTED, f"timing raised {type(e).__name__}: "
-                                                                   f"{first_line(str(e))}", ver, None)
-                continue
-        decision, reason = sw.decide(ver, timing, options.margin, options.keep_unmeasured)
-        outcomes[s.id] = sw.SwapOutcome(s.id, decision, reason, ver, timing)
+        n_done = sum(1 for o in outcomes.values() if o.decision != sw.NOT_TRIED) + 1
+        with stage(f"verifying and timing swap {s.id} ({s.kernel}, {n_done} of {n_candidates})"):
+            outcomes[s.id] = _verify_and_time(s, m, entry, args, outs, rg, first, options, backward, timing_cache)
+        if first is None and outcomes[s.id].verification is not None and outcomes[s.id].verification.verified:
+            by_signature[sig] = (s.id, outcomes[s.id].verification)
     # kept swaps must not overlap: larger ones first
     taken: dict[str, SwapSite] = {}
     for s in sorted((s for s in sites if outcomes[s.id].kept), key=lambda s: -s.n_ops):

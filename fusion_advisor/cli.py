@@ -78,8 +78,16 @@ def _progress(name: str) -> Iterator[None]:
         "route": "estimating and routing",
         "profile": "profiling the model (warm-up, then torch.profiler)",
         "route-measured": "routing again with the measured bound classes",
+        "analyze": "analysing the captured graphs (op graph, chains, roofline, rules)",
+        "verify": "verifying (and on a GPU timing) the candidate swaps",
+        "whole model": "checking the patched model against the original (on a GPU: timing it)",
     }
-    with console.status(labels.get(name, name) + " ..."):
+    label = labels.get(name, name)
+    if not console.is_terminal:  # a pipe or a CI log: no live spinner, so one line as each stage starts
+        console.print(f"{_escape(label)} ...", highlight=False)
+        yield
+        return
+    with console.status(label + " ..."):
         yield
 
 
