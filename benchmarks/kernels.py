@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.testing import do_bench, do_bench_cudagraph
+from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -48,21 +48,17 @@ def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
-def _tensors(x):
+def tensor_leaves(x):
+    """The tensors in ``x``, looking into lists and tuples."""
     if isinstance(x, torch.Tensor):
         return [x]
     if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _tensors(v)]
+        return [t for v in x for t in tensor_leaves(v)]
     return []
 
 
 def _float_outputs(out):
-    return [t for t in _tensors(out) if t.is_floating_point() and t.requires_grad]
-
-
-def gpu_kernel_ms(fn, iters: int = 10) -> float:
-    """Summed duration of the CUDA kernels one call of ``fn`` launches, ms (see fusion_advisor.bench.device_time_ms)."""
-    return device_time_ms(fn, iters)
+    return [t for t in tensor_leaves(out) if t.is_floating_point() and t.requires_grad]
 
 
 def _upcast(args):
@@ -100,7 +96,7 @@ def bench_kernel(name: str, entry, copy_gbps: float, max_shapes: int, rows: list
         except Exception as e:  # noqa: BLE001
             log(f"{name} {label}: make_inputs failed: {e}")
             continue
-        leaves = [t for t in _tensors(args) if t.is_floating_point() and t.requires_grad]
+        leaves = [t for t in tensor_leaves(args) if t.is_floating_point() and t.requires_grad]
         # 1. verify on this very shape, against a float64 reference
         ref_args = _upcast(args)
         with torch.no_grad():
@@ -111,7 +107,7 @@ def bench_kernel(name: str, entry, copy_gbps: float, max_shapes: int, rows: list
             outs_k = _float_outputs(out_k)
             grads = [torch.randn_like(o) for o in outs_k]
             gk = torch.autograd.grad(outs_k, leaves, grads, allow_unused=True)
-            ref_leaves = [t for t in _tensors(ref_args) if t.is_floating_point() and t.requires_grad]
+            ref_leaves = [t for t in tensor_leaves(ref_args) if t.is_floating_point() and t.requires_grad]
             outs_r = _float_outputs(mod.reference_fn(*ref_args))
             gr = torch.autograd.grad(outs_r, ref_leaves, [g.double() for g in grads], allow_unused=True)
             grads_ok, g_abs, g_rel, g_details = compare_outputs(list(gk), list(gr), label="grad")
@@ -174,7 +170,7 @@ def bench_kernel(name: str, entry, copy_gbps: float, max_shapes: int, rows: list
                         timed = call
                     ms = do_bench(timed, warmup=25, rep=100, return_mode="median")
                     # GPU time without host overhead: kernel time per call from the profiler
-                    gpu_ms = gpu_kernel_ms(timed)
+                    gpu_ms = device_time_ms(timed)
                 except Exception as e:  # noqa: BLE001 - one provider failing must not stop the run
                     log(f"{name} {label} {mode} {provider}: FAILED {type(e).__name__}: {str(e)[:200]}")
                     rows.append({"kernel": name, "shape": label, "mode": mode, "provider": provider,

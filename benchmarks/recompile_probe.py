@@ -36,6 +36,7 @@ from fusion_advisor.verify import use_triton_interpreter_if_no_gpu  # noqa: E402
 
 use_triton_interpreter_if_no_gpu()  # before any kernel module is imported
 
+from benchmarks.kernels import tensor_leaves  # noqa: E402
 from fusion_advisor.doctor import run_doctor  # noqa: E402
 from fusion_advisor.recompile import RecompileWatch  # noqa: E402
 
@@ -58,18 +59,10 @@ PROBES = {
 }
 
 
-def _tensors(x):
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _tensors(v)]
-    return []
-
-
 def _step(module, args) -> None:
     """Forward, and backward when an output requires grad."""
     out = module.kernel_fn(*args)
-    outs = [t for t in _tensors(out) if t.requires_grad]
+    outs = [t for t in tensor_leaves(out) if t.requires_grad]
     if outs:
         sum(t.float().sum() for t in outs).backward()
     if ON_GPU:

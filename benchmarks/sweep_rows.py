@@ -21,7 +21,8 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.kernels import copy_bandwidth_gbps as copy_bandwidth_gpu, gpu_kernel_ms  # noqa: E402
+from benchmarks.kernels import copy_bandwidth_gbps as copy_bandwidth_gpu  # noqa: E402
+from fusion_advisor.bench import device_time_ms  # noqa: E402
 from fusion_advisor.verify import compare_outputs  # noqa: E402
 
 CONFIGS = [("single", 0, w) for w in (8, 16, 32)] + [("looped", b, w) for b in (1024, 2048, 4096, 8192) for w in (4, 8, 16)]
@@ -76,7 +77,7 @@ def main() -> None:
 
             compiled = torch.compile(mod.reference_fn, dynamic=False)
             run(compiled)
-            base_ms = gpu_kernel_ms(lambda: run(compiled))
+            base_ms = device_time_ms(lambda: run(compiled))
             rows.append({"kernel": name, "shape": shape, "config": "torch.compile", "gpu_ms": base_ms,
                          "gbps": nbytes / base_ms / 1e6})
             print(f"{name} {shape}: torch.compile {base_ms:.4f} ms ({nbytes / base_ms / 1e6:.0f} GB/s)", flush=True)
@@ -88,7 +89,7 @@ def main() -> None:
                 try:
                     got = run(mod.kernel_fn) if not backward else mod.kernel_fn(*inputs)
                     ok = compare_outputs(got, expected)[0] if not backward else bool(torch.isfinite(got).all())
-                    ms = gpu_kernel_ms(lambda: run(mod.kernel_fn))
+                    ms = device_time_ms(lambda: run(mod.kernel_fn))
                 except Exception as e:  # noqa: BLE001
                     print(f"  {label}: FAILED {type(e).__name__}: {str(e)[:150]}", flush=True)
                     rows.append({"kernel": name, "shape": shape, "config": label, "error": str(e)[:300]})

@@ -28,7 +28,8 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.kernels import copy_bandwidth_gbps, gpu_kernel_ms  # noqa: E402
+from benchmarks.kernels import copy_bandwidth_gbps  # noqa: E402
+from fusion_advisor.bench import device_time_ms  # noqa: E402
 from fusion_advisor.verify import compare_outputs  # noqa: E402
 
 
@@ -75,9 +76,9 @@ def bias_gelu_sweep(copy_gbps: float) -> list[dict]:
     compiled = torch.compile(bg.reference_fn, dynamic=False)
     with torch.no_grad():
         compiled(x, bias)
-    base_f = gpu_kernel_ms(lambda: compiled(x.detach(), bias.detach()))
+    base_f = device_time_ms(lambda: compiled(x.detach(), bias.detach()))
     fb(compiled)()
-    base_fb = gpu_kernel_ms(fb(compiled))
+    base_fb = device_time_ms(fb(compiled))
     g_ref = fb(bg.reference_fn)()
     print(f"bias_gelu compile: fwd {base_f:.4f} ms, fwd+bwd {base_fb:.4f} ms", flush=True)
     out.append({"kernel": "bias_gelu", "config": "torch.compile", "fwd_ms": base_f, "fwd_bwd_ms": base_fb})
@@ -102,8 +103,8 @@ def bias_gelu_sweep(copy_gbps: float) -> list[dict]:
                         grads = fb(bg.kernel_fn)()
                         ok = ok and all(compare_outputs(g, r)[0] or bool(torch.isfinite(g).all())
                                         for g, r in zip(grads, g_ref))
-                        f_ms = gpu_kernel_ms(lambda: bg.kernel_fn(x.detach(), bias.detach()))
-                        fb_ms = gpu_kernel_ms(fb(bg.kernel_fn))
+                        f_ms = device_time_ms(lambda: bg.kernel_fn(x.detach(), bias.detach()))
+                        fb_ms = device_time_ms(fb(bg.kernel_fn))
                     except Exception as e:  # noqa: BLE001
                         print(f"  {label}: FAILED {type(e).__name__}: {str(e)[:150]}", flush=True)
                         out.append({"kernel": "bias_gelu", "config": label, "error": str(e)[:300]})
@@ -181,7 +182,7 @@ def _norm_bwd_sweep(kernel: str, run, default, ref: list[torch.Tensor], nbytes: 
             errs = param_errs(grads)
             ok = dx_ok and all(bool(torch.isfinite(g).all()) for g in grads[1:]) and all(
                 e <= EAGER_ERROR_FACTOR * d for e, d in zip(errs, default_errs))
-            ms = gpu_kernel_ms(lambda: run(cfg))
+            ms = device_time_ms(lambda: run(cfg))
         except Exception as e:  # noqa: BLE001
             print(f"  {kernel} {label}: FAILED {type(e).__name__}: {str(e)[:150]}", flush=True)
             out.append({**row, "error": str(e)[:300]})
@@ -240,7 +241,7 @@ def rope_sweep(copy_gbps: float) -> list[dict]:
     expected = rp.reference_fn(*args)
     compiled = torch.compile(rp.reference_fn, dynamic=False)
     compiled(*args)
-    base = gpu_kernel_ms(lambda: compiled(*args))
+    base = device_time_ms(lambda: compiled(*args))
     print(f"rope compile: fwd {base:.4f} ms", flush=True)
     out = [{"kernel": "rope", "config": "torch.compile", "gpu_ms": base}]
     original = rp.RopeConfig.__dict__["from_shape"]
@@ -254,7 +255,7 @@ def rope_sweep(copy_gbps: float) -> list[dict]:
                 label = f"BLOCK_H={block_h} warps={warps}"
                 try:
                     ok = compare_outputs(rp.kernel_fn(*args), expected)[0]
-                    ms = gpu_kernel_ms(lambda: rp.kernel_fn(*args))
+                    ms = device_time_ms(lambda: rp.kernel_fn(*args))
                 except Exception as e:  # noqa: BLE001
                     print(f"  rope {label}: FAILED {type(e).__name__}: {str(e)[:150]}", flush=True)
                     out.append({"kernel": "rope", "config": label, "error": str(e)[:300]})
