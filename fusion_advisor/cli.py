@@ -224,10 +224,11 @@ _TOL_HELP = "{} tolerance for every output and gradient. Default: by output dtyp
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
-    """Write ``data`` as JSON to ``path`` atomically: a temporary file in the same folder, then ``os.replace``."""
+    """Write ``data`` as JSON to ``path`` atomically (:func:`fusion_advisor.report.atomic_write_bytes`), refusing a
+    file this command did not write."""
     import json
-    import os
-    import tempfile
+
+    from fusion_advisor.report import atomic_write_bytes
 
     if path.exists() and (path.suffix != ".json" or not _is_json(path)):
         raise UserError(f"--json-out {path}: exists and is not a JSON file; refusing to overwrite it")
@@ -237,19 +238,7 @@ def _write_json_atomic(path: Path, data: dict) -> None:
     if not path.parent.is_dir():
         raise UserError(f"--json-out {path}: folder {path.parent} does not exist")
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the mode open() would
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=2, allow_nan=False)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic_write_bytes(path, (json.dumps(data, indent=2, allow_nan=False) + "\n").encode("utf-8"))
     except OSError as e:
         raise UserError(f"--json-out {path}: cannot write: {e.strerror or e}") from e
 
