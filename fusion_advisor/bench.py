@@ -290,8 +290,9 @@ def describe_device(device: torch.device) -> str:
     return f"{device.type} (Triton interpreter)" if device.type == "cpu" and interpreted() else device.type
 
 
-def sync_device(device: torch.device) -> None:
-    """Wait for the device's queued work (a no-op off CUDA)."""
+def sync_device(device: torch.device | str) -> None:
+    """Wait for the device's queued work (a no-op off CUDA); ``device`` as a torch.device or ``"cuda"``/``"cpu"``."""
+    device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

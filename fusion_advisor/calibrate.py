@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 import yaml
 
-from fusion_advisor.bench import Timing, time_cpu, time_cuda
+from fusion_advisor.bench import Timing, sync_device, time_cpu, time_cuda
 from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, parse_spec
 from fusion_advisor.errors import CalibrationError
 
@@ -170,11 +170,6 @@ def _timer(device: str, sizes: Sizes) -> Callable[[Callable[[], Any]], Timing]:
     return lambda fn: time_cpu(fn, warmup_ms=sizes.warmup_ms, rep_ms=sizes.rep_ms)
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def measure_copy_gbps(device: str, sizes: Sizes, timer: Callable[[Callable[[], Any]], Timing]) -> float:
     """Copy bandwidth in GB/s: ``2 * nbytes`` (read + write) over the median time of ``dst.copy_(src)``."""
     n = sizes.copy_bytes // 4
@@ -234,11 +229,11 @@ def measure_launch_us(device: str, sizes: Sizes, repeats: int = 5) -> float:
     x = torch.ones(sizes.launch_numel, device=device)
     times = []
     for i in range(repeats + 1):
-        _sync(device)
+        sync_device(device)
         start = time.perf_counter()
         for _ in range(sizes.launch_ops):
             torch.add(x, 1.0)  # the op is what is timed
-        _sync(device)
+        sync_device(device)
         if i:
             times.append((time.perf_counter() - start) / sizes.launch_ops * 1e6)
     return float(statistics.median(times))

@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from fusion_advisor.bench import sync_device
 from fusion_advisor.capture import Capture, keep_attention_opaque
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.errors import ProfileError, UserError
@@ -439,11 +440,6 @@ def measure_chains(chains: list[Chain], ops: list[OpInfo], estimates: dict[str, 
 # --- the stage ------------------------------------------------------------------------------------------------
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def _device_name(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name()
@@ -456,11 +452,11 @@ def _probe_us(device: str, tagged: bool, ops: int = PROBE_OPS) -> float:
     x = torch.ones(1024, device=device)
     fn = _tagged(torch.add, PROBE_TAG) if tagged else torch.add
     fn(x, 1.0)
-    _sync(device)
+    sync_device(device)
     start = time.perf_counter()
     for _ in range(ops):
         fn(x, 1.0)
-    _sync(device)
+    sync_device(device)
     return (time.perf_counter() - start) / ops * 1e6
 
 
@@ -470,11 +466,11 @@ def _median(values: Iterable[float]) -> float:
 
 
 def _wall_us(fn: Callable[[], Any], device: str, runs: int) -> float:
-    _sync(device)
+    sync_device(device)
     start = time.perf_counter()
     for _ in range(runs):
         fn()
-    _sync(device)
+    sync_device(device)
     return (time.perf_counter() - start) / runs * 1e6
 
 
@@ -508,7 +504,7 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
         warnings.simplefilter("ignore")
         for _ in range(max(warmup_runs, 1)):
             inst.run()
-        _sync(device)
+        sync_device(device)
         graphs = inst.graphs_seen()
         if graphs != len(cap.graphs):
             notes.append(f"the instrumented run compiled {graphs} graph(s), the capture {len(cap.graphs)}: "
@@ -522,7 +518,7 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
             for _ in range(runs):
                 with torch.profiler.record_function(RUN_TAG):
                     inst.run()
-                _sync(device)
+                sync_device(device)
             instrumented = _median(_probe_us(device, tagged=True) for _ in range(3))
         if inst.graphs_seen() != graphs:
             notes.append("dynamo recompiled during the profiled runs; ops of recompiled graphs are unmeasured")
