@@ -1720,6 +1720,7 @@ def _verify_all(sites: list[SwapSite], matches: dict[str, _Match], backend: Rewr
         if g.matches:
             flags[g.index] = grad_flags(g.matches[0].gm, g.input_requires_grad, g.grad_enabled)[0] if backward else {}
     n_candidates = sum(1 for x in sites if x.candidate)
+    n_seen = 0
     for s in sites:
         if not s.candidate:
             outcomes[s.id] = sw.SwapOutcome(s.id, sw.NOT_TRIED, s.candidate_reason)
@@ -1727,6 +1728,7 @@ def _verify_all(sites: list[SwapSite], matches: dict[str, _Match], backend: Rewr
         if not options.verify:
             outcomes[s.id] = sw.SwapOutcome(s.id, sw.NOT_VERIFIED, "not verified: dry run (add --verify)")
             continue
+        n_seen += 1
         m = matches[s.id]
         entry = kernels[s.kernel]
         args, outs = _values_for(backend, m)
@@ -1739,8 +1741,7 @@ def _verify_all(sites: list[SwapSite], matches: dict[str, _Match], backend: Rewr
         # the others are verified on their own captured inputs only
         sig = f"{s.signature}|{rg}"
         first = by_signature.get(sig)
-        n_done = sum(1 for o in outcomes.values() if o.decision != sw.NOT_TRIED) + 1
-        with stage(f"verifying and timing swap {s.id} ({s.kernel}, {n_done} of {n_candidates})"):
+        with stage(f"verifying and timing swap {s.id} ({s.kernel}, {n_seen} of {n_candidates})"):
             outcomes[s.id] = _verify_and_time(s, m, entry, args, outs, rg, first, options, backward, timing_cache)
         if first is None and outcomes[s.id].verification is not None and outcomes[s.id].verification.verified:
             by_signature[sig] = (s.id, outcomes[s.id].verification)
