@@ -39,6 +39,7 @@ import triton.language as tl
 
 from kernel_library import _device
 from kernel_library.registry import KernelEntry, register_kernel
+from kernel_library.softmax import needs_int64_cols, online_lse_combine, online_lse_update, warps_for
 
 # --- constants ----------------------------------------------------------------------------------------------
 
@@ -58,11 +59,7 @@ MAX_SINGLE_BLOCK = 4096
 LOOP_BLOCK = 4096
 LOOP_WARPS = 8
 
-#: Target elements per thread when picking num_warps for a single block (see softmax.py; same reasoning).
-ELEMS_PER_THREAD = 16
-
-#: Most warps per program (1024 threads).
-MAX_WARPS = 32
+# num_warps of a single block: softmax.warps_for (about 16 elements per thread, the same reasoning as there).
 
 #: Block of the in-place gradient-scaling kernel of the backward (a pure stream: 4096 elements over 8 warps is
 #: 16 per thread).
@@ -173,8 +170,7 @@ def _cross_entropy_fwd_kernel(
             if HAS_SMOOTHING:
                 shift_sum = tl.sum(tl.where(live, x - x_t, 0.0), axis=0)
         else:
-            # Pass 1: online log-sum-exp over chunks, kept per lane (see softmax.py): each lane carries a running max
-            # and a running sum of exp(x - max); lanes are combined once after the loop, so the loop has no
+            # Pass 1: online log-sum-exp over chunks, kept per lane (softmax.online_lse_update): the loop has no
             # cross-warp reduction.
             m_lane = tl.full([BLOCK], float("-inf"), tl.float32)
             s_lane = tl.zeros([BLOCK], dtype=tl.float32)
@@ -185,15 +181,10 @@ def _cross_entropy_fwd_kernel(
                 # evict_last: ask L2 to keep the row for pass 2.
                 x = tl.load(x_row + cols * logits_stride_col, mask=live, other=float("-inf"),
                             eviction_policy="evict_last").to(tl.float32)
-                m_new = tl.maximum(m_lane, x)
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # lane of -inf logits so far: no -inf - -inf
-                s_lane = s_lane * tl.exp2((m_lane - m_safe) * LOG2E) + tl.exp2((x - m_safe) * LOG2E)
-                m_lane = m_new
+                m_lane, s_lane = online_lse_update(m_lane, s_lane, x)
                 if HAS_SMOOTHING:
                     shift_lane += tl.where(live, x - x_t, 0.0)
-            m = tl.max(m_lane, axis=0)
-            m_row_safe = tl.where(m == float("-inf"), 0.0, m)
-            s = tl.sum(s_lane * tl.exp2((m_lane - m_row_safe) * LOG2E), axis=0)
+            m, s = online_lse_combine(m_lane, s_lane)
             if HAS_SMOOTHING:
                 shift_sum = tl.sum(shift_lane, axis=0)
         # lse - x_t = (m - x_t) + log(s): exact when the target is the max, so confident rows give ~0, not cancellation.
@@ -269,22 +260,12 @@ class CrossEntropyConfig:
 
     @classmethod
     def for_vocab(cls, n_cols: int) -> "CrossEntropyConfig":
-        """Single block when ``next_power_of_2(n_cols) <= MAX_SINGLE_BLOCK`` (:func:`_warps_for` warps), else
+        """Single block when ``next_power_of_2(n_cols) <= MAX_SINGLE_BLOCK`` (:func:`warps_for` warps), else
         :data:`LOOP_BLOCK` chunks over :data:`LOOP_WARPS` warps (the H200 sweep's choices, see the constants)."""
         block = triton.next_power_of_2(max(n_cols, 1))
         if block <= MAX_SINGLE_BLOCK:
-            return cls(block, _warps_for(block), True)
+            return cls(block, warps_for(block), True)
         return cls(LOOP_BLOCK, LOOP_WARPS, False)
-
-
-def _warps_for(block: int) -> int:
-    """num_warps giving about :data:`ELEMS_PER_THREAD` elements per thread, between 1 and :data:`MAX_WARPS`."""
-    return max(1, min(MAX_WARPS, block // (32 * ELEMS_PER_THREAD)))
-
-
-def needs_int64_cols(n_cols: int, stride_col: int) -> bool:
-    """Whether a column offset ``col * stride_col`` of a row of ``n_cols`` can pass the int32 range."""
-    return (max(n_cols, 1) - 1) * abs(stride_col) >= 2**31
 
 
 def _check_args(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float, reduction: str) -> None:
@@ -376,7 +357,7 @@ def _scale_grad_launch(dlogits: torch.Tensor, grad_output: torch.Tensor) -> None
         return
     torch.library.wrap_triton(_scale_grad_kernel)[(n_rows,)](
         dlogits, grad_output, grad_stride, n_cols,
-        BLOCK=SCALE_BLOCK, COLS_I64=needs_int64_cols(n_cols, 1), num_warps=_warps_for(SCALE_BLOCK),
+        BLOCK=SCALE_BLOCK, COLS_I64=needs_int64_cols(n_cols, 1), num_warps=warps_for(SCALE_BLOCK),
     )
 
 

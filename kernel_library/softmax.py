@@ -105,6 +105,27 @@ def _load_scores(x_row, m_row, cols, n_live, x_stride_col, m_stride_col, scale,
     return tl.where(live, z, float("-inf"))
 
 
+@triton.jit
+def online_lse_update(m_lane, s_lane, z):
+    """One chunk of an online log-sum-exp kept per lane (Milakov & Gimelshein 2018): each lane carries a running
+    max ``m_lane`` and a running sum ``s_lane`` of exp(z - max), rescaled when its max grows. fp32 [BLOCK] each;
+    ``z`` holds -inf at dead lanes. Returns the new ``(m_lane, s_lane)``. No cross-warp reduction: the lanes are
+    combined once after the loop by :func:`online_lse_combine`."""
+    m_new = tl.maximum(m_lane, z)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a lane with only -inf so far: no -inf - -inf
+    s_lane = s_lane * tl.exp2((m_lane - m_safe) * LOG2E) + tl.exp2((z - m_safe) * LOG2E)
+    return m_new, s_lane
+
+
+@triton.jit
+def online_lse_combine(m_lane, s_lane):
+    """The row's max ``m`` and sum of exp(z - m) ``s`` from the per-lane state of :func:`online_lse_update`."""
+    m = tl.max(m_lane, axis=0)
+    m_row_safe = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.sum(s_lane * tl.exp2((m_lane - m_row_safe) * LOG2E), axis=0)
+    return m, s
+
+
 # Specialisation: n_cols stays specialised. Triton then knows when it is a multiple of 16, so the masked loads and
 # stores along the row compile to 16-byte vector accesses; marked do_not_specialize, every access was a scalar 2-byte
 # one (H200, 8192 x 32000 bf16: 41% of copy bandwidth). The row-splitting sizes buy nothing from specialisation.
@@ -153,22 +174,16 @@ def _softmax_fwd_kernel(
         inv = tl.where(s == 0.0, 0.0, 1.0 / tl.where(s == 0.0, 1.0, s))
         tl.store(y_row + offs, (e * inv).to(y_ptr.dtype.element_ty), mask=offs < n_cols)
     else:
-        # Pass 1: online softmax (Milakov & Gimelshein 2018) kept per lane: each of the BLOCK lanes carries its own
-        # running max and running sum of exp(z - max), rescaled when its max grows; the lanes are combined once after
-        # the loop. No cross-warp reduction (shared memory + barrier) inside the loop: the loop is a pure stream.
+        # Pass 1: online softmax kept per lane (see online_lse_update): the loop is a pure stream, no cross-warp
+        # reduction per chunk.
         m_lane = tl.full([BLOCK], float("-inf"), tl.float32)
         s_lane = tl.zeros([BLOCK], dtype=tl.float32)
         for start in tl.range(0, n_live, BLOCK):
             cols = start + offs
             # evict_last: ask L2 to keep the row for pass 2.
             z = _load_scores(x_row, m_row, cols, n_live, x_stride_col, m_stride_col, scale, MASK_KIND, True)
-            m_new = tl.maximum(m_lane, z)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # lane with only -inf so far: no -inf - -inf
-            s_lane = s_lane * tl.exp2((m_lane - m_safe) * LOG2E) + tl.exp2((z - m_safe) * LOG2E)
-            m_lane = m_new
-        m = tl.max(m_lane, axis=0)
-        m_row_safe = tl.where(m == float("-inf"), 0.0, m)
-        s = tl.sum(s_lane * tl.exp2((m_lane - m_row_safe) * LOG2E), axis=0)
+            m_lane, s_lane = online_lse_update(m_lane, s_lane, z)
+        m, s = online_lse_combine(m_lane, s_lane)
         # Pass 2: y = exp(z - m) / s = exp2((z - m) * log2e - log2 s); (z - m) first, so that 1e4-scale scores keep
         # fp32 accuracy. A fully masked row has s == 0: log2 s := +inf gives zeros (not -inf - -inf = NaN).
         m_safe = tl.where(m == float("-inf"), 0.0, m)
@@ -251,15 +266,15 @@ class RowConfig:
 
     @classmethod
     def for_row(cls, n_cols: int, max_single_block: int = MAX_SINGLE_BLOCK) -> "RowConfig":
-        """Single block when ``next_power_of_2(n_cols) <= max_single_block`` (:func:`_warps_for` warps), else
+        """Single block when ``next_power_of_2(n_cols) <= max_single_block`` (:func:`warps_for` warps), else
         :data:`LOOP_BLOCK` chunks over :data:`LOOP_WARPS` warps (the H200 sweep's choices, see the constants)."""
         block = triton.next_power_of_2(max(n_cols, 1))
         if block <= max_single_block:
-            return cls(block, _warps_for(block), True)
+            return cls(block, warps_for(block), True)
         return cls(LOOP_BLOCK, LOOP_WARPS, False)
 
 
-def _warps_for(block: int) -> int:
+def warps_for(block: int) -> int:
     """num_warps giving about :data:`ELEMS_PER_THREAD` elements per thread, between 1 and :data:`MAX_WARPS`."""
     return max(1, min(MAX_WARPS, block // (32 * ELEMS_PER_THREAD)))
 
