@@ -17,7 +17,9 @@ from rich.console import Console
 from fusion_advisor.errors import UserError
 
 T = TypeVar("T")
-console = Console(stderr=True)
+# soft_wrap: errors and progress lines are never hard-wrapped at the console width (80 columns without a
+# terminal), so a path or a message in a CI log or a pipe stays on one line
+console = Console(stderr=True, soft_wrap=True)
 
 app = typer.Typer(
     add_completion=False,

@@ -1,4 +1,4 @@
-"""Test configuration: run Triton kernels under the CPU interpreter when no GPU is present; a wide console.
+"""Test configuration: run Triton kernels under the CPU interpreter when no GPU is present.
 
 TRITON_INTERPRET must be set before triton is first imported, hence here at collection time.
 """
@@ -10,10 +10,6 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-# rich wraps CLI messages at the console width (80 columns without a terminal): a long tmp path then splits a
-# phrase the tests look for. A wide console keeps each message on one line (read when the CLI's Console is made).
-os.environ["COLUMNS"] = "250"
 
 
 def pytest_collection_modifyitems(config, items):
