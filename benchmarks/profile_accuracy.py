@@ -111,6 +111,7 @@ def worker(model: str, spec: str, device: str, result: str) -> None:
                 "achieved_tflops": m.achieved_tflops if m.time_us > 0 else None,
                 "pct_of_roofline": m.pct_of_roofline if m.time_us > 0 else None,
                 "source": f"{Path(c.source.file).name}:{c.source.line}" if c.source.file else "",
+                "kernel_names": "; ".join(k[:80] for k in m.kernel_names[:8]),
             })
         out.update(ok=True, rows=rows, profile={
             "device_name": p.device_name, "runs": p.runs, "total_us": p.total_us, "attributed_us": p.attributed_us,
@@ -229,13 +230,13 @@ def markdown(doc: dict) -> str:
                      f"{g['within_30']} | {_fmt(g['median_ratio'], 2)} |")
     lines += ["", "## Chains off by more than 30% or with another bound class (largest measured time first, 25 shown)",
               "", "| model | chain | pattern | kernels | predicted bound | measured bound | est. eager us "
-              "| measured us | busy us | idle us | ratio | source |",
-              "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---|"]
+              "| measured us | busy us | idle us | ratio | source | device kernels |",
+              "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---|---|"]
     for r in doc["worst"][:25]:
         lines.append(f"| {r['model']} | {r['chain']} | {r['pattern']} | {r['eager_kernels']} | {r['predicted_bound']} "
                      f"| {r['measured_bound']} | {_fmt(r['est_eager_us'], 2)} | {_fmt(r['measured_us'], 2)} | "
                      f"{_fmt(r['measured_busy_us'], 2)} | {_fmt(r['measured_idle_us'], 2)} | {_fmt(r['ratio'], 2)} | "
-                     f"{r['source']} |")
+                     f"{r['source']} | {r.get('kernel_names', '')[:120]} |")
     return "\n".join(lines) + "\n"
 
 

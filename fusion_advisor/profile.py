@@ -4,35 +4,36 @@ How (one mechanism for CPU and GPU):
 
 1. **Instrument.** The model is captured again exactly as :mod:`fusion_advisor.capture` captured it (dynamo +
    AOTAutograd, ``dynamic=False``, attention kept opaque), so graph ``i`` node ``n`` is op-graph node
-   ``"g<i>:<n>"``; before each aten graph runs, every op that is not a view is wrapped in
-   ``torch.profiler.record_function("fa:<op id>")``. The wrapped graphs run the real aten ops on the real inputs,
-   unfused, one kernel (or a few) per op: the same kernels the eager model launches. (A ``symbolic_trace``
-   capture is run directly; an ``export`` capture is refused.)
+   ``"g<i>:<n>"``. Each run of graph ``i`` is wrapped in one ``torch.profiler.record_function("fa-graph:<i>")``
+   range, and nothing else: the graphs run the real aten ops on the real inputs, unfused, at the host speed of the
+   plain captured graph (a range per op would cost the host several us per op and show as GPU idle time). A
+   ``symbolic_trace`` capture, whose nodes call torch functions with other profiler names, is tagged per op
+   instead (``fa:<op id>`` ranges); an ``export`` capture is refused.
 2. **Warm up, then profile** ``runs`` calls, each inside a ``record_function("fa-run")``. The trace is exported as
    a chrome trace (the ``--trace`` file, or a temporary one) and read back: its event list is stable across
    torch versions, unlike the profiler's Python objects.
-3. **Attribute** (:func:`attribute`). GPU: each device activity (kernel, memcpy, memset) is matched to its CUDA
-   runtime launch call by correlation id, and the launch to the innermost ``fa:`` range that contains it on the
-   same host thread. A kernel is charged its duration (busy) plus the device idle time just before it (the gap
-   since the previous device activity ended) less the host time the instrumentation adds per op, capped by the
-   host time of the op that launched it less that same instrumentation cost (the op's host time in the plain
-   model): that is the GPU waiting for this op to be issued (a gap longer than the op's host time was spent
-   elsewhere, e.g. in Python between graphs). CPU: an op's busy time is the duration of
-   its top-level aten op(s) less the profiled duration of an op that does no work, and its idle time the plain
-   per-op dispatch cost.
+3. **Attribute** (:func:`attribute`). Inside each ``fa-graph:<i>`` range the top-level op events (``aten::mm``)
+   are aligned in order with the graph's nodes (:func:`aten_schedule`, :func:`match_schedule`), so each host
+   interval has an owner node. GPU: each device activity (kernel, memcpy, memset) is matched to its CUDA runtime
+   launch call by correlation id, and the launch to the op event that contains it. A kernel is charged its
+   duration (busy) plus the device idle time just before it (the gap since the previous device activity ended)
+   less the host time the profiler adds per op, capped by the host time spent issuing this op (from the end of the
+   previous op of the same graph to the launch, less that same cost): a longer gap was spent elsewhere (Python
+   between graphs, the loop between runs). CPU: an op's busy time is the duration of its top-level aten op less
+   the profiled duration of an op that does no work, and its idle time the plain per-op dispatch cost.
 
-   The instrumentation's cost is measured by a **probe** in the same process: the host time per tiny op
-   (``torch.add`` on 1024 elements) plain, and wrapped and tagged like the graphs' ops under the profiler; the
-   difference is what profiling adds per op.
+   The profiler's cost is measured by a **probe** in the same process: the host time per tiny op (``torch.add``
+   on 1024 elements) plain, and under the profiler (tagged like the ops, in tagged mode); the difference is what
+   profiling adds per op.
 4. **Per chain** (:func:`measure_chains`): time = sum over its ops; achieved GB/s and TFLOP/s from the op
    graph's eager bytes and FLOPs; % of the roofline bound; a measured bound class — launch-bound when idle time
    exceeds busy time (the roofline's own criterion, :mod:`fusion_advisor.roofline`, applied to measured times),
    else compute- or memory-bound by which ceiling the busy time comes closer to. The measurement is compared
    with the roofline's **eager** estimate (``Estimate.eager_us``): the profiled model runs unfused.
 
-Instrumentation costs host time (one Python call and one profiler range per op), which lengthens the gaps
-between short kernels; the probe's correction removes it on average, and the profile records the plain model's
-wall time next to the instrumented one so what remains is visible.
+The profiler costs host time per op (its bookkeeping of every aten op), which lengthens the gaps between short
+kernels; the probe's correction removes it on average, and the profile records the plain model's wall time next to
+the profiled one so what remains is visible.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ from fusion_advisor.roofline import roofline_busy_us
 #: Prefix of the profiler range around each op (``"fa:g0:mm_3"``) and the name of the range around each run.
 TAG_PREFIX = "fa:"
 RUN_TAG = "fa-run"
+#: Range around each run of captured graph ``i`` (``"fa-graph:0"``); its aten ops are matched to the graph's nodes.
+GRAPH_TAG_PREFIX = "fa-graph:"
 #: Range around each tiny op of the probe that measures the instrumentation's own cost (see :func:`profile_model`).
 PROBE_TAG = "fa-probe"
 #: Tiny ops per probe loop.
@@ -164,23 +167,54 @@ def tag_graph(gm: torch.fx.GraphModule, graph_index: int, op_ids: set[str]) -> i
     return count
 
 
+def aten_schedule(gm: torch.fx.GraphModule, graph_index: int, op_ids: set[str]) -> list[tuple[str | None, str]]:
+    """The ops an aten graph dispatches, in execution order, as the profiler names them: one
+    ``(op id or None, "aten::mm")`` per call_function node whose target is an operator overload (``None`` for
+    a node outside ``op_ids``, e.g. a view: it still dispatches an op that must be matched and passed over).
+    Nodes that dispatch nothing (``operator.getitem``) are left out."""
+    schedule: list[tuple[str | None, str]] = []
+    for node in gm.graph.nodes:
+        name = getattr(getattr(node.target, "_schema", None), "name", None) if node.op == "call_function" else None
+        if name:
+            nid = f"g{graph_index}:{node.name}"
+            schedule.append((nid if nid in op_ids else None, name))
+    return schedule
+
+
 @dataclass
 class _Instrumented:
     run: Callable[[], Any]
     graphs_seen: Callable[[], int]
     tagged: Callable[[], int]
+    #: graph index -> :func:`aten_schedule` of the graphs run inside ``fa-graph:<i>`` ranges (dynamo captures)
+    schedules: dict[int, list[tuple[str | None, str]]]
+
+
+def _in_graph_range(fn: Callable[..., Any], graph_index: int) -> Callable[..., Any]:
+    tag = f"{GRAPH_TAG_PREFIX}{graph_index}"
+
+    def fa_graph(*args: Any) -> Any:
+        with torch.profiler.record_function(tag):
+            return fn(*args)
+
+    return fa_graph
 
 
 def _instrument(loaded: LoadedModel, cap: Capture, op_ids: set[str]) -> _Instrumented:
-    """A callable running the model with every (non-view) op of the op graph in its own profiler range."""
+    """A callable running the model's captured graphs, each inside a ``fa-graph:<i>`` range (dynamo), or with every
+    (non-view) op in its own ``fa:<id>`` range (a ``symbolic_trace`` capture, whose nodes call torch functions the
+    profiler names differently)."""
     state = {"graphs": 0, "tagged": 0}
+    schedules: dict[int, list[tuple[str | None, str]]] = {}
     if cap.method == "dynamo":
         from torch._dynamo.backends.common import aot_autograd
 
         def fw(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-            state["tagged"] += tag_graph(gm, state["graphs"], op_ids)
+            i = state["graphs"]
+            schedules[i] = aten_schedule(gm, i, op_ids)
+            state["tagged"] += sum(1 for op_id, _ in schedules[i] if op_id is not None)
             state["graphs"] += 1
-            return gm.forward
+            return _in_graph_range(gm.forward, i)
 
         aot_backend = aot_autograd(fw_compiler=fw, bw_compiler=fw)
 
@@ -190,7 +224,8 @@ def _instrument(loaded: LoadedModel, cap: Capture, op_ids: set[str]) -> _Instrum
 
         torch._dynamo.reset()
         compiled = torch.compile(loaded.module, backend=backend, dynamic=False, fullgraph=False)
-        return _Instrumented(lambda: compiled(*loaded.inputs), lambda: state["graphs"], lambda: state["tagged"])
+        return _Instrumented(lambda: compiled(*loaded.inputs), lambda: state["graphs"], lambda: state["tagged"],
+                             schedules)
     if cap.method == "symbolic_trace":
         gm = cap.graphs[0]
         graph = torch.fx.Graph()
@@ -200,7 +235,7 @@ def _instrument(loaded: LoadedModel, cap: Capture, op_ids: set[str]) -> _Instrum
         state["tagged"] = tag_graph(copy, 0, op_ids)
         state["graphs"] = 1
         flat, _ = torch.utils._pytree.tree_flatten(loaded.inputs)
-        return _Instrumented(lambda: copy(*flat), lambda: state["graphs"], lambda: state["tagged"])
+        return _Instrumented(lambda: copy(*flat), lambda: state["graphs"], lambda: state["tagged"], schedules)
     raise ProfileError(f"{loaded.file}: --profile supports models captured by dynamo or symbolic_trace; this one "
                        f"was captured by {cap.method}, whose graph cannot be re-run on the model's inputs")
 
@@ -218,8 +253,9 @@ class Attribution:
         attributed_us: sum of the nodes' time.
         unattributed_us: ``total_us - attributed_us``.
         device_events: device activities (GPU) or top-level aten ops (CPU) seen, per run.
-        unattributed_events: of those, how many no ``fa:`` range claimed, per run.
+        unattributed_events: of those, how many no op of the graphs claimed, per run.
         wall_us: mean duration of the ``fa-run`` ranges (host wall time of one run under the profiler).
+        unmatched_ops: scheduled aten ops (per run) that no profiled op event matched (sequence mode).
     """
 
     nodes: dict[str, NodeMeasurement]
@@ -229,23 +265,44 @@ class Attribution:
     device_events: float
     unattributed_events: float
     wall_us: float
+    unmatched_ops: float = 0.0
 
 
-class _Ranges:
-    """Non-overlapping ``fa:`` ranges of one host thread, for innermost-range lookup by timestamp."""
+@dataclass(frozen=True)
+class _Owned:
+    """A host interval whose device work belongs to ``owner`` (an op id, or ``None``: nobody's).
 
-    def __init__(self, ranges: list[tuple[float, float, str]]):
-        self.ranges = sorted(ranges)
-        self.starts = [r[0] for r in self.ranges]
+    ``window_start`` is where the host started issuing this op: the end of the previous op of the same graph range
+    (or the range's start); the GPU cannot have waited on this op for longer than ``launch - window_start``."""
 
-    def find(self, ts: float) -> tuple[float, float, str] | None:
+    start: float
+    end: float
+    owner: str | None
+    window_start: float
+    tagged: bool = False
+
+
+class _Intervals:
+    """Non-overlapping intervals of one host thread, sorted, for lookup by timestamp."""
+
+    def __init__(self, items: list[Any]):
+        self.items = sorted(items, key=lambda r: r.start if isinstance(r, _Owned) else r[0])
+        self.starts = [r.start if isinstance(r, _Owned) else r[0] for r in self.items]
+
+    def find(self, ts: float) -> Any:
         i = bisect.bisect_right(self.starts, ts) - 1
-        # op ranges never nest (each op runs alone), but walk back a little in case of a zero-length neighbour
+        # intervals never nest, but walk back a little in case of a zero-length neighbour
         for j in range(i, max(i - 3, -1), -1):
-            start, end, name = self.ranges[j]
+            item = self.items[j]
+            start, end = (item.start, item.end) if isinstance(item, _Owned) else (item[0], item[1])
             if start <= ts <= end:
-                return self.ranges[j]
+                return item
         return None
+
+    def inside(self, start: float, end: float) -> list[Any]:
+        lo = bisect.bisect_left(self.starts, start)
+        hi = bisect.bisect_right(self.starts, end)
+        return self.items[lo:hi]
 
 
 def _events(trace: Any) -> list[dict[str, Any]]:
@@ -253,20 +310,76 @@ def _events(trace: Any) -> list[dict[str, Any]]:
     return [e for e in evs if isinstance(e, dict) and e.get("ph") == "X"]
 
 
-def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: float = 0.0) -> Attribution:
-    """Attribute a chrome trace's time to the ``fa:<op id>`` ranges in it (see the module docstring, step 3).
+def _span(e: dict[str, Any]) -> tuple[float, float]:
+    ts = float(e["ts"])
+    return ts, ts + float(e.get("dur", 0.0))
+
+
+def _top_level(ops: _Intervals, start: float, end: float) -> list[tuple[float, float, str]]:
+    """The cpu ops (``(start, end, name)``) inside ``[start, end]`` that no other op inside it encloses."""
+    out: list[tuple[float, float, str]] = []
+    open_end = -math.inf
+    for s, e, name in ops.inside(start, end):
+        if s >= open_end and e <= end + 1e-3:
+            out.append((s, e, name))
+            open_end = e
+    return out
+
+
+#: How many profiled op events the sequence matcher looks ahead for the next scheduled op.
+MATCH_WINDOW = 8
+
+
+def match_schedule(schedule: list[tuple[str | None, str]], observed: list[tuple[float, float, str]]
+                   ) -> tuple[list[tuple[tuple[float, float, str], str | None]], int]:
+    """Align a graph's scheduled ops with the top-level op events of one run of it (both in execution order).
+
+    Greedy: each scheduled op takes the next observed event of the same name within :data:`MATCH_WINDOW` events;
+    observed events passed over (ops the dispatcher issued on its own) belong to nobody; a scheduled op with no
+    match is counted and skipped. Returns ``([(event, op id or None)], unmatched count)``.
+    """
+    pairs: list[tuple[tuple[float, float, str], str | None]] = []
+    unmatched = 0
+    j = 0
+    for op_id, name in schedule:
+        for k in range(j, min(j + MATCH_WINDOW, len(observed))):
+            if observed[k][2] == name:
+                pairs.extend((ev, None) for ev in observed[j:k])
+                pairs.append((observed[k], op_id))
+                j = k + 1
+                break
+        else:
+            unmatched += 1
+    pairs.extend((ev, None) for ev in observed[j:])
+    return pairs, unmatched
+
+
+def _by_time(times: dict[str, float]) -> tuple[str, ...]:
+    return tuple(name for name, _ in sorted(times.items(), key=lambda kv: -kv[1]))
+
+
+def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: float = 0.0,
+              schedules: dict[int, list[tuple[str | None, str]]] | None = None) -> Attribution:
+    """Attribute a chrome trace's time to the op graph's ops (see the module docstring, step 3).
+
+    Which op owns a host interval: inside a ``fa-graph:<i>`` range, the top-level op events are aligned with
+    ``schedules[i]`` (:func:`match_schedule`); a ``fa:<op id>`` range (tagged mode) belongs to that op.
 
     Args:
         trace: the parsed chrome-trace JSON (a dict with ``traceEvents``, or the event list).
-        device: ``"cuda"``: attribute device kernels; ``"cpu"``: attribute the ranges' top-level aten ops.
+        device: ``"cuda"``: attribute device kernels; ``"cpu"``: attribute the top-level aten ops.
         dispatch_us: CPU: the host cost of one eager op without profiler (measured by the probe, see
             :func:`profile_model`), counted as each aten op's idle part.
-        host_extra_us: GPU: host time per op that the instrumentation (wrapper, range, profiler) adds, measured by
-            the probe; subtracted from each device gap before it is charged, so the idle time is the one the plain
-            model would show.
+        host_extra_us: GPU: host time per op that profiling adds (profiler bookkeeping, and the tags in tagged
+            mode), measured by the probe; subtracted from each device gap before it is charged, so the idle time
+            is the one the plain run would show.
+        schedules: graph index -> :func:`aten_schedule`, for the ``fa-graph:<i>`` ranges.
 
-    On a CPU each top-level aten op counts ``busy = max(0, duration - floor)`` and ``idle = dispatch_us``, where
-    ``floor`` is the median duration of the tiny aten ops in the trace's ``fa-probe`` ranges (the profiled
+    GPU: a kernel is charged its duration (busy) plus the device idle time before it less ``host_extra_us``,
+    capped by the host time spent issuing its op (from the end of the previous op of the same range to the launch,
+    less ``host_extra_us``): a longer gap was spent elsewhere (Python between graphs, the loop between runs).
+    CPU: each owned top-level aten op counts ``busy = max(0, duration - floor)`` and ``idle = dispatch_us``, where
+    ``floor`` is the median duration of the top-level aten ops in the trace's ``fa-probe`` ranges (the profiled
     duration of an op that does no work; 0 without a probe).
 
     Returns:
@@ -275,6 +388,7 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
     Raises:
         ProfileError: the trace has no ``fa-run`` range, or (GPU) no device activity at all.
     """
+    schedules = schedules or {}
     events = _events(trace)
     runs = [e for e in events if e.get("name") == RUN_TAG and e.get("cat") in ("user_annotation", None)]
     if not runs:
@@ -282,21 +396,44 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
                            "nothing; another profiler (nsys, ncu) may hold it")
     n = len(runs)
     wall_us = sum(float(e["dur"]) for e in runs) / n
-    tags = [e for e in events if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(TAG_PREFIX)]
-    by_tid: dict[Any, list[tuple[float, float, str]]] = {}
-    for e in tags:
-        start = float(e["ts"])
-        end = start + float(e.get("dur", 0.0))
-        by_tid.setdefault(e.get("tid"), []).append((start, end, e["name"][len(TAG_PREFIX):]))
-    ranges = {tid: _Ranges(r) for tid, r in by_tid.items()}
-    run_ranges = _Ranges([(float(e["ts"]), float(e["ts"]) + float(e["dur"]), RUN_TAG) for e in runs])
+    run_ranges = _Intervals([(*_span(e), RUN_TAG) for e in runs])
 
     def in_run(ts: float) -> bool:  # work outside the runs (the probe, set-up) is not the model's
         return run_ranges.find(ts) is not None
 
+    cpu_ops: dict[Any, list[tuple[float, float, str]]] = {}
+    for e in events:
+        if e.get("cat") == "cpu_op":
+            cpu_ops.setdefault(e.get("tid"), []).append((*_span(e), str(e.get("name", ""))))
+    ops_by_tid = {tid: _Intervals(v) for tid, v in cpu_ops.items()}
+    empty = _Intervals([])
+
+    # who owns each host interval, per thread
+    owned: dict[Any, list[_Owned]] = {}
+    unmatched = 0
+    for e in events:
+        if e.get("cat") != "user_annotation":
+            continue
+        name = str(e.get("name", ""))
+        start, end = _span(e)
+        tid = e.get("tid")
+        if name.startswith(GRAPH_TAG_PREFIX):
+            schedule = schedules.get(int(name[len(GRAPH_TAG_PREFIX):]) if name[len(GRAPH_TAG_PREFIX):].isdigit()
+                                     else -1, [])
+            pairs, missed = match_schedule(schedule, _top_level(ops_by_tid.get(tid, empty), start, end))
+            unmatched += missed
+            prev_end = start
+            for (s, en, _), op_id in pairs:
+                owned.setdefault(tid, []).append(_Owned(s, en, op_id, prev_end))
+                prev_end = en
+        elif name.startswith(TAG_PREFIX):
+            owned.setdefault(tid, []).append(_Owned(start, end, name[len(TAG_PREFIX):], start, tagged=True))
+    owners = {tid: _Intervals(v) for tid, v in owned.items()}
+
     busy: dict[str, float] = {}
     idle: dict[str, float] = {}
     count: dict[str, float] = {}
+    kernel_time: dict[str, dict[str, float]] = {}
 
     def add(op_id: str, b: float, i: float, k: float) -> None:
         busy[op_id] = busy.get(op_id, 0.0) + b
@@ -324,64 +461,50 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
             gap = max(ts - prev_end, 0.0) if prev_end is not None else 0.0
             prev_end = max(prev_end or ts + dur, ts + dur)
             n_events += 1
-            rng = ranges[launch[1]].find(launch[0]) if launch and launch[1] in ranges else None
-            if rng is None:
+            item = owners[launch[1]].find(launch[0]) if launch and launch[1] in owners else None
+            if item is None or item.owner is None:
                 unclaimed_events += 1
                 total += dur
                 continue
-            # the plain model's op takes its instrumented host time less the instrumentation's own cost: the GPU
-            # cannot have waited longer than that for this op to be issued
-            charged = min(max(gap - host_extra_us, 0.0), max(rng[1] - rng[0] - host_extra_us, 0.0))
-            add(rng[2], dur, charged, 1.0)
+            # the GPU cannot have waited on this op longer than the host spent issuing it (in the plain run)
+            charged = min(max(gap - host_extra_us, 0.0), max(launch[0] - item.window_start - host_extra_us, 0.0))
+            add(item.owner, dur, charged, 1.0)
+            names = kernel_time.setdefault(item.owner, {})
+            names[str(e.get("name", ""))] = names.get(str(e.get("name", "")), 0.0) + dur
             total += dur + charged
     else:
-        # Each range's top-level aten ops (nested aten calls are part of their parent's time).
-        cpu_ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: float(e["ts"]))
-        probes = _Ranges([(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), "probe") for e in events
-                          if e.get("cat") == "user_annotation" and e.get("name") == PROBE_TAG])
-        probe_durs = []
-        open_end: dict[Any, float] = {}
-        claimed: set[tuple[float, float, str]] = set()
-        unclaimed_events = 0
-        outside_end = -math.inf
-        top: list[tuple[tuple[float, float, str], float]] = []
-        for e in cpu_ops:
-            ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
-            rng = ranges[e.get("tid")].find(ts) if e.get("tid") in ranges else None
-            if rng is None:
-                probe = probes.find(ts) if probes.ranges else None
-                if probe is not None:
-                    if ts >= open_end.get(probe, -math.inf):
-                        probe_durs.append(dur)
-                        open_end[probe] = ts + dur
-                elif str(e.get("name", "")).startswith("aten::") and ts >= outside_end and in_run(ts):
-                    unclaimed_events += 1
-                    outside_end = ts + dur
-                continue
-            if ts < open_end.get(rng, -math.inf):
-                continue  # nested inside an earlier aten op of the same range
-            open_end[rng] = ts + dur
-            claimed.add(rng)
-            top.append((rng, dur))
+        probe_durs = [en - st for e in events if e.get("cat") == "user_annotation" and e.get("name") == PROBE_TAG
+                      for st, en, _ in _top_level(ops_by_tid.get(e.get("tid"), empty), *_span(e))]
         floor = sorted(probe_durs)[len(probe_durs) // 2] if probe_durs else 0.0
-        for rng, dur in top:
-            add(rng[2], max(dur - floor, 0.0), dispatch_us, 1.0)
-        for tid_ranges in ranges.values():
-            for rng in tid_ranges.ranges:
-                if rng not in claimed:  # a range that ran no profiled aten op: its own wall time
-                    add(rng[2], rng[1] - rng[0], 0.0, 0.0)
+        unclaimed_events = 0
+        n_events = 0
+        for tid, items in owned.items():
+            for item in items:
+                if not in_run(item.start):
+                    continue
+                # sequence mode: the interval is one top-level aten op; tagged mode: the aten ops inside the range
+                inner = (_top_level(ops_by_tid.get(tid, empty), item.start, item.end) if item.tagged
+                         else [(item.start, item.end, "")])
+                if item.owner is None:
+                    unclaimed_events += len(inner)
+                elif not inner:  # a tagged op that ran no profiled aten op: its own wall time
+                    add(item.owner, item.end - item.start, 0.0, 0.0)
+                for st, en, _ in inner:
+                    n_events += 1
+                    if item.owner is not None:
+                        add(item.owner, max(en - st - floor, 0.0), dispatch_us, 1.0)
         total = wall_us * n
-        n_events = len(top) + unclaimed_events
     nodes = {
         op_id: NodeMeasurement(op_id=op_id, time_us=(busy[op_id] + idle[op_id]) / n, busy_us=busy[op_id] / n,
-                               idle_us=idle[op_id] / n, kernels=count.get(op_id, 0.0) / n)
+                               idle_us=idle[op_id] / n, kernels=count.get(op_id, 0.0) / n,
+                               kernel_names=_by_time(kernel_time.get(op_id, {})))
         for op_id in busy
     }
     attributed = sum(m.time_us for m in nodes.values())
     total_us = total / n
     return Attribution(nodes=nodes, total_us=total_us, attributed_us=attributed,
                        unattributed_us=max(total_us - attributed, 0.0), device_events=n_events / n,
-                       unattributed_events=unclaimed_events / n, wall_us=wall_us)
+                       unattributed_events=unclaimed_events / n, wall_us=wall_us, unmatched_ops=unmatched / n)
 
 
 # --- per chain ------------------------------------------------------------------------------------------------
@@ -404,6 +527,11 @@ def measured_bound(busy_us: float, idle_us: float, flops: int, nbytes: int, peak
     compute_frac = flops / (busy_us * 1e-6) / (peak_tflops * 1e12) if peak_tflops > 0 else 0.0
     memory_frac = nbytes / (busy_us * 1e-6) / (bandwidth_gbps * 1e9) if bandwidth_gbps > 0 else 0.0
     return "compute" if compute_frac > memory_frac else "memory"
+
+
+def _chain_kernels(ms: list[NodeMeasurement]) -> tuple[str, ...]:
+    """Distinct kernel names of the ops ``ms``, in op order then each op's longest first."""
+    return tuple(dict.fromkeys(name for m in ms for name in m.kernel_names))
 
 
 def measure_chains(chains: list[Chain], ops: list[OpInfo], estimates: dict[str, Estimate], spec: DeviceSpec,
@@ -433,6 +561,7 @@ def measure_chains(chains: list[Chain], ops: list[OpInfo], estimates: dict[str, 
             predicted_us=est.eager_us,
             ratio=ratio,
             flagged=bool(t > 0 and (ratio > FLAG_FACTOR or ratio < 1.0 / FLAG_FACTOR)),
+            kernel_names=_chain_kernels(ms),
         )
     return out
 
@@ -447,17 +576,20 @@ def _device_name(device: str) -> str:
 
 
 def _probe_us(device: str, tagged: bool, ops: int = PROBE_OPS) -> float:
-    """Host wall time per tiny op (``torch.add`` on 1024 elements), us: plain, or wrapped and tagged as the
-    instrumented graphs' ops are (``fa-probe`` ranges; under the profiler this is the instrumented per-op cost)."""
+    """Host wall time per tiny op (``torch.add`` on 1024 elements), us, the loop inside one ``fa-probe`` range:
+    plain, or with each op wrapped and tagged as a ``symbolic_trace`` capture's ops are (``tagged``). Under the
+    profiler this is the profiled per-op cost; the difference to the plain cost is what profiling adds per op."""
     x = torch.ones(1024, device=device)
-    fn = _tagged(torch.add, PROBE_TAG) if tagged else torch.add
+    fn = _tagged(torch.add, PROBE_TAG + "-op") if tagged else torch.add
     fn(x, 1.0)
     sync_device(device)
-    start = time.perf_counter()
-    for _ in range(ops):
-        fn(x, 1.0)
-    sync_device(device)
-    return (time.perf_counter() - start) / ops * 1e6
+    with torch.profiler.record_function(PROBE_TAG):
+        start = time.perf_counter()
+        for _ in range(ops):
+            fn(x, 1.0)
+        sync_device(device)
+        elapsed = time.perf_counter() - start
+    return elapsed / ops * 1e6
 
 
 def _median(values: Iterable[float]) -> float:
@@ -510,6 +642,7 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
             notes.append(f"the instrumented run compiled {graphs} graph(s), the capture {len(cap.graphs)}: "
                          "node names may not match and some ops may stay unmeasured")
         eager_wall = _wall_us(lambda: loaded.module(*loaded.inputs), device, max(runs, 1))
+        tagged_mode = not inst.schedules
         dispatch = _median(_probe_us(device, tagged=False) for _ in range(3))
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device == "cuda":
@@ -519,18 +652,21 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
                 with torch.profiler.record_function(RUN_TAG):
                     inst.run()
                 sync_device(device)
-            instrumented = _median(_probe_us(device, tagged=True) for _ in range(3))
+            instrumented = _median(_probe_us(device, tagged=tagged_mode) for _ in range(3))
         if inst.graphs_seen() != graphs:
             notes.append("dynamo recompiled during the profiled runs; ops of recompiled graphs are unmeasured")
     torch._dynamo.reset()
     trace = _export_trace(prof, trace_path)
     extra = max(instrumented - dispatch, 0.0)
     att = attribute(trace, device, dispatch_us=dispatch if device == "cpu" else 0.0,
-                    host_extra_us=extra if device == "cuda" else 0.0)
+                    host_extra_us=extra if device == "cuda" else 0.0, schedules=inst.schedules)
     measured = set(att.nodes)
     missing = sorted(op_ids - measured)
     if device == "cpu" and missing:
         notes.append(f"{len(missing)} op(s) ran no profiled range (e.g. {', '.join(missing[:3])})")
+    if att.unmatched_ops:
+        notes.append(f"{att.unmatched_ops:g} op(s) of the graphs per run matched no profiled op event (by name, in "
+                     "order): their kernels count as unattributed")
     if att.unattributed_events:
         what = "device kernel(s)" if device == "cuda" else "aten op(s)"
         notes.append(f"{att.unattributed_events:g} {what} per run ran outside any op of the graph (graph-break "
@@ -540,12 +676,14 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
     if unmeasured:
         notes.append(f"{len(unmeasured)} chain(s) launched no measured kernel: {' '.join(unmeasured[:12])}"
                      + (" ..." if len(unmeasured) > 12 else ""))
-    where = ("CUDA kernels by correlation id; device gaps less the instrumentation's host cost per op "
-             f"({extra:.2f} us, probe)" if device == "cuda" else
+    how = ("each captured graph in one record_function range, its aten ops matched to the graph's nodes by name "
+           "and order" if not tagged_mode else "each aten op of the captured graph in its own record_function range")
+    where = ("CUDA kernels by correlation id; device gaps less the profiler's host cost per op "
+             f"({extra:.2f} us, probe), capped by the host time issuing the op" if device == "cuda" else
              f"top-level aten ops, less the profiled duration of a no-work op, plus the plain dispatch cost "
              f"{dispatch:.2f} us (probe)")
-    setup = (f"torch.profiler, {runs} run(s) after {max(warmup_runs, 1)} warm-up run(s), no_grad, each aten op of the "
-             f"captured graphs in its own record_function range; attributed: {where}; torch {torch.__version__}")
+    setup = (f"torch.profiler, {runs} run(s) after {max(warmup_runs, 1)} warm-up run(s), no_grad, {how}; "
+             f"attributed: {where}; torch {torch.__version__}")
     return Profile(device=device, device_name=_device_name(device), runs=runs, warmup_runs=max(warmup_runs, 1),
                    total_us=att.total_us, attributed_us=att.attributed_us, unattributed_us=att.unattributed_us,
                    wall_us=att.wall_us, eager_wall_us=eager_wall, setup=setup, compared=COMPARED,

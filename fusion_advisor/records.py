@@ -260,6 +260,8 @@ class NodeMeasurement:
             the op (the GPU waiting for this op to be issued); on a CPU, the part of the op's wall time the spec's
             per-op dispatch overhead accounts for (us, per run).
         kernels: device kernels (GPU) or top-level aten CPU ops (CPU) the op ran, per run.
+        kernel_names: GPU: the distinct device kernels it ran, longest total time first (names as the profiler
+            gives them); empty on a CPU.
     """
 
     op_id: str
@@ -267,6 +269,7 @@ class NodeMeasurement:
     busy_us: float
     idle_us: float
     kernels: float
+    kernel_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -290,6 +293,7 @@ class ChainMeasurement:
             the profiled model runs unfused.
         ratio: ``predicted_us / time_us`` (NaN when nothing was measured).
         flagged: prediction and measurement differ by more than 2x (ratio above 2 or below 0.5).
+        kernel_names: GPU: the distinct device kernels its ops ran, longest total time first; empty on a CPU.
     """
 
     chain_id: str
@@ -304,6 +308,7 @@ class ChainMeasurement:
     predicted_us: float
     ratio: float
     flagged: bool
+    kernel_names: tuple[str, ...] = ()
 
 
 @dataclass

@@ -105,6 +105,8 @@ CHAIN_COLUMNS: dict[str, str] = {
     "measured_idle_us": "Of measured_us, device idle time waiting for its launches (GPU), or per-op dispatch "
     "overhead (CPU) (us).",
     "measured_kernels": "Device kernels (GPU) or top-level aten ops (CPU) it ran per run (count).",
+    "measured_kernel_names": "GPU: the distinct device kernels the chain ran (profiler names, each op's longest "
+    "first), '; '-separated; empty on a CPU.",
     "measured_bound": "Measured bound class: 'launch' when measured_idle_us > measured_busy_us, else 'compute' or "
     "'memory' by which ceiling its busy time comes closer to.",
     "predicted_vs_measured": "est_eager_us / measured_us: the roofline's EAGER estimate against the measurement "
@@ -281,11 +283,11 @@ def _measured_cells(m: ChainMeasurement | None) -> dict[str, Any]:
         return {"measured_us": _nan(), "measured_busy_us": _nan(), "measured_idle_us": _nan(),
                 "measured_kernels": _nan(), "measured_bound": "", "predicted_vs_measured": _nan(),
                 "flag_2x": None if m is None else False, "achieved_gbps": _nan(), "achieved_tflops": _nan(),
-                "pct_of_roofline": _nan()}
+                "pct_of_roofline": _nan(), "measured_kernel_names": ""}
     return {"measured_us": m.time_us, "measured_busy_us": m.busy_us, "measured_idle_us": m.idle_us,
             "measured_kernels": m.kernels, "measured_bound": m.bound, "predicted_vs_measured": m.ratio,
             "flag_2x": m.flagged, "achieved_gbps": m.achieved_gbps, "achieved_tflops": m.achieved_tflops,
-            "pct_of_roofline": m.pct_of_roofline}
+            "pct_of_roofline": m.pct_of_roofline, "measured_kernel_names": "; ".join(m.kernel_names)}
 
 
 def _chain_row(chain: Chain, est: Estimate | None, dec: Decision | None, inductor: Any = None,

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from fusion_advisor.analyze import analyze
 from fusion_advisor.cli import app
 from fusion_advisor.errors import ProfileError, UserError
-from fusion_advisor.profile import TRACE_MARKER, attribute, check_can_profile, measured_bound
+from fusion_advisor.profile import TRACE_MARKER, attribute, check_can_profile, match_schedule, measured_bound
 from fusion_advisor.records import ChainMeasurement
 from fusion_advisor.report import chains_frame, render_html
 from fusion_advisor.route import route_chain
@@ -71,7 +71,7 @@ def test_trace_file_is_a_marked_chrome_trace(profiled, tmp_path):
     doc = json.loads(trace.read_text())
     assert TRACE_MARKER in doc and doc["traceEvents"]
     names = {e.get("name") for e in doc["traceEvents"]}
-    assert "fa-run" in names and any(str(n).startswith("fa:g0:") for n in names)
+    assert "fa-run" in names and "fa-graph:0" in names  # one range per graph run, not one per op
 
 
 # --- attribution on synthetic GPU traces ---------------------------------------------------------------------
@@ -82,8 +82,9 @@ def _x(name, ts, dur, cat, tid=1, **args):
 
 
 def _gpu_trace(extra=()):
-    # host: run [0, 100]; op a [0, 10] launches k1 at t=5; op b [10, 30] launches k2 at t=20; k3 launched at
-    # t=40 outside any op. device: k1 [6, 10], k2 [25, 27] (idle 15 us before it, b's host time 20 us), k3 [50, 51].
+    # tagged mode (a symbolic_trace capture): host: run [0, 100]; op a [0, 10] launches k1 at t=5; op b [10, 30]
+    # launches k2 at t=20; k3 launched at t=40 outside any op. device: k1 [6, 10], k2 [25, 27] (idle 15 us before
+    # it, 10 us of b's host time before its launch), k3 [50, 51].
     return [
         _x("fa-run", 0, 100, "user_annotation"),
         _x("fa:g0:a", 0, 10, "user_annotation"),
@@ -102,18 +103,18 @@ def test_gpu_attribution_by_correlation_id():
     att = attribute({"traceEvents": _gpu_trace()}, "cuda")
     a, b = att.nodes["g0:a"], att.nodes["g0:b"]
     assert (a.busy_us, a.idle_us, a.kernels) == (4.0, 0.0, 1.0)  # first kernel: no previous one to wait after
-    assert (b.busy_us, b.idle_us, b.kernels) == (2.0, 15.0, 1.0)  # the GPU waited 15 us for b's launch
-    assert att.total_us == 4 + 17 + 1  # k3 is unattributed: its duration counts, its gap (23 us) does not
-    assert att.attributed_us == 21 and att.unattributed_us == 1 and att.unattributed_events == 1
+    # the GPU sat idle 15 us before k2, but b's host spent only 10 us before launching it: 10 us are b's
+    assert (b.busy_us, b.idle_us, b.kernels) == (2.0, 10.0, 1.0)
+    assert att.total_us == 4 + 12 + 1  # k3 is unattributed: its duration counts, its gap (23 us) does not
+    assert att.attributed_us == 16 and att.unattributed_us == 1 and att.unattributed_events == 1
 
 
-def test_gpu_idle_is_capped_by_the_ops_host_time():
-    """A gap longer than the op's own host time was spent elsewhere (Python, another graph): not charged to it."""
+def test_gpu_idle_is_capped_by_the_host_time_issuing_the_op():
+    """A gap longer than the host time spent issuing the op was spent elsewhere (Python, another graph)."""
     events = _gpu_trace()
-    events[2] = _x("fa:g0:b", 10, 5, "user_annotation")  # b's host time is 5 us; launch at 12
-    events[4] = _x("cudaLaunchKernel", 12, 1, "cuda_runtime", correlation=2)
+    events[4] = _x("cudaLaunchKernel", 12, 1, "cuda_runtime", correlation=2)  # b launches 2 us into its range
     att = attribute(events, "cuda")
-    assert att.nodes["g0:b"].idle_us == 5.0
+    assert att.nodes["g0:b"].idle_us == 2.0
 
 
 def test_times_are_per_run():
@@ -138,18 +139,68 @@ def test_gpu_work_outside_the_runs_is_ignored():
     assert attribute(_gpu_trace(probe), "cuda") == attribute(_gpu_trace(), "cuda")
 
 
-def test_gpu_idle_less_the_instrumentation_cost():
+def test_gpu_idle_less_the_profilers_cost():
     att = attribute(_gpu_trace(), "cuda", host_extra_us=6.0)
-    assert att.nodes["g0:b"].idle_us == 9.0  # the 15 us gap less 6 us that tags and profiler added
+    assert att.nodes["g0:b"].idle_us == 4.0  # the 10 us b's host spent, less 6 us that tags and profiler added
 
 
-def test_gpu_idle_is_capped_by_the_ops_plain_host_time():
-    """b's instrumented host time is 20 us, of which the instrumentation added 12: in the plain model b takes 8 us,
-    so the GPU cannot have waited longer than that for it (the 25 us gap less 12 us would charge 13; the cap is 8)."""
-    events = _gpu_trace()
-    events[7] = _x("k2", 35, 2, "kernel", tid=7, correlation=2)  # a 25 us gap before k2
-    att = attribute(events, "cuda", host_extra_us=12.0)
-    assert att.nodes["g0:b"].idle_us == 8.0
+# --- sequence mode: one range per graph run, its aten ops matched to the graph's nodes -------------------------
+
+
+def _graph_trace():
+    """One run of graph 0 scheduled as t (a view, no op id), mm, add. The profiled ops: aten::t [12, 14],
+    aten::mm [16, 26] (nested aten::empty: part of mm), an aten::copy_ the dispatcher issued on its own [28, 29],
+    aten::add [35, 40]. Kernels: mm's k1 [20, 30], copy_'s k2 [31, 32], add's k3 [50, 52]."""
+    return [
+        _x("fa-run", 0, 100, "user_annotation"),
+        _x("Torch-Compiled Region: 0/0", 5, 60, "cpu_op"),  # dynamo's wrapper encloses the graph range
+        _x("fa-graph:0", 10, 40, "user_annotation"),
+        _x("aten::t", 12, 2, "cpu_op"),
+        _x("aten::mm", 16, 10, "cpu_op"),
+        _x("aten::empty", 17, 1, "cpu_op"),
+        _x("aten::copy_", 28, 1, "cpu_op"),
+        _x("aten::add", 35, 5, "cpu_op"),
+        _x("cudaLaunchKernel", 19, 1, "cuda_runtime", correlation=1),
+        _x("cudaLaunchKernel", 28.5, 0.2, "cuda_runtime", correlation=2),
+        _x("cudaLaunchKernel", 38, 1, "cuda_runtime", correlation=3),
+        _x("k1", 20, 10, "kernel", tid=7, correlation=1),
+        _x("k2", 31, 1, "kernel", tid=7, correlation=2),
+        _x("k3", 50, 2, "kernel", tid=7, correlation=3),
+    ]
+
+
+SCHEDULE = {0: [(None, "aten::t"), ("g0:mm", "aten::mm"), ("g0:add", "aten::add")]}
+
+
+def test_sequence_matching_attributes_kernels_to_the_graphs_nodes():
+    att = attribute(_graph_trace(), "cuda", schedules=SCHEDULE)
+    mm, add = att.nodes["g0:mm"], att.nodes["g0:add"]
+    assert (mm.busy_us, mm.idle_us, mm.kernels, mm.kernel_names) == (10.0, 0.0, 1.0, ("k1",))
+    # 18 us idle before k3; add's host spent 38 - 29 = 9 us after the previous op (copy_) ended: 9 us charged
+    assert (add.busy_us, add.idle_us, add.kernels) == (2.0, 9.0, 1.0)
+    assert att.unattributed_events == 1 and att.unmatched_ops == 0  # copy_'s kernel belongs to no node
+
+
+def test_sequence_matching_skips_a_scheduled_op_that_did_not_run():
+    schedule = {0: [("g0:relu", "aten::relu"), *SCHEDULE[0]]}
+    att = attribute(_graph_trace(), "cuda", schedules=schedule)
+    assert att.unmatched_ops == 1 and set(att.nodes) == {"g0:mm", "g0:add"}
+
+
+def test_match_schedule_passes_over_unscheduled_ops():
+    observed = [(0, 1, "aten::view"), (1, 2, "aten::mm"), (2, 3, "aten::copy_"), (3, 4, "aten::add")]
+    pairs, missed = match_schedule([("m", "aten::mm"), ("a", "aten::add"), ("x", "aten::mul")], observed)
+    assert [owner for _, owner in pairs] == [None, "m", None, "a"] and missed == 1
+
+
+def test_cpu_attribution_in_sequence_mode():
+    events = [e for e in _graph_trace() if e["cat"] in ("user_annotation", "cpu_op")]
+    events += [_x("fa-probe", 200, 10, "user_annotation"), _x("aten::add", 201, 3, "cpu_op")]
+    att = attribute(events, "cpu", dispatch_us=4.0, schedules=SCHEDULE)
+    mm, add = att.nodes["g0:mm"], att.nodes["g0:add"]
+    assert (mm.busy_us, mm.idle_us) == (7.0, 4.0)  # 10 us less the 3 us a no-work op takes under the profiler
+    assert (add.busy_us, add.idle_us) == (2.0, 4.0)
+    assert att.total_us == 100.0
 
 
 def test_cpu_attribution_takes_top_level_aten_ops():
@@ -167,7 +218,7 @@ def test_cpu_attribution_takes_top_level_aten_ops():
     a, b = att.nodes["g0:a"], att.nodes["g0:b"]
     assert (a.time_us, a.busy_us, a.idle_us, a.kernels) == (21.0, 17.0, 4.0, 1.0)
     assert (b.time_us, b.kernels) == (10.0, 0.0)
-    assert att.total_us == 100.0 and att.unattributed_events == 1
+    assert att.total_us == 100.0
 
 
 def test_measured_bound_classes():
