@@ -15,12 +15,16 @@ How (one mechanism for CPU and GPU):
 3. **Attribute** (:func:`attribute`). Inside each ``fa-graph:<i>`` range the top-level op events (``aten::mm``)
    are aligned in order with the graph's nodes (:func:`aten_schedule`, :func:`match_schedule`), so each host
    interval has an owner node. GPU: each device activity (kernel, memcpy, memset) is matched to its CUDA runtime
-   launch call by correlation id, and the launch to the op event that contains it. A kernel is charged its
-   duration (busy) plus the device idle time just before it (the gap since the previous device activity ended)
-   less the host time the profiler adds per op, capped by the host time spent issuing this op (from the end of the
-   previous op of the same graph to the launch, less that same cost): a longer gap was spent elsewhere (Python
-   between graphs, the loop between runs). CPU: an op's busy time is the duration of its top-level aten op less
-   the profiled duration of an op that does no work, and its idle time the plain per-op dispatch cost.
+   launch call by correlation id, and the launch to the op event that contains it: the op's **busy** time.
+   Its **idle** time (the GPU waiting for the op to be issued) cannot be read off the profiled run: the profiler
+   costs the host ~10 us per op, more than a plain op's whole dispatch. So the graphs also run ``REPLAY_RUNS``
+   times back to back without the profiler, stamped (``time.perf_counter_ns``, ~0.3 us) after every op, and each
+   op's profiled kernels are replayed on that host timeline (:func:`replay_idle`): they start when the op was
+   issued or when the GPU finished the previous op, whichever is later; a wait is charged to the op, capped by the
+   host time spent issuing it (time outside the graphs is nobody's). In tagged mode (no stamps) the idle time is
+   the device gap before each kernel less the profiler's host cost per op, capped by the host time issuing it.
+   CPU: an op's busy time is the duration of its top-level aten op less the profiled duration of an op that does
+   no work, and its idle time the plain per-op dispatch cost.
 
    The profiler's cost is measured by a **probe** in the same process: the host time per tiny op (``torch.add``
    on 1024 elements) plain, and under the profiler (tagged like the ops, in tagged mode); the difference is what
@@ -31,9 +35,8 @@ How (one mechanism for CPU and GPU):
    else compute- or memory-bound by which ceiling the busy time comes closer to. The measurement is compared
    with the roofline's **eager** estimate (``Estimate.eager_us``): the profiled model runs unfused.
 
-The profiler costs host time per op (its bookkeeping of every aten op), which lengthens the gaps between short
-kernels; the probe's correction removes it on average, and the profile records the plain model's wall time next to
-the profiled one so what remains is visible.
+The profile records the plain model's wall time next to the profiled one; the replay assumes one stream (kernels in
+issue order) and leaves out kernels launched outside the graphs' ops (they are reported as unattributed).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import platform
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -73,6 +76,8 @@ PROBE_OPS = 300
 #: Runs made before profiling (the first compiles the instrumented graphs) and runs profiled.
 DEFAULT_WARMUP_RUNS = 3
 DEFAULT_RUNS = 3
+#: Plain runs stamped for the idle-time replay (at least; ``runs`` when larger).
+REPLAY_RUNS = 5
 #: A chain whose prediction and measurement differ by more than this factor is flagged in the report.
 FLAG_FACTOR = 2.0
 #: Chrome-trace categories of device activities (kernels and copies/sets on the GPU).
@@ -181,6 +186,89 @@ def aten_schedule(gm: torch.fx.GraphModule, graph_index: int, op_ids: set[str]) 
     return schedule
 
 
+class HostStamps:
+    """Host timestamps of plain (unprofiled) runs of the captured graphs: ``(graph index, position in the graph's
+    :func:`aten_schedule` or -1 at the graph's start, time.perf_counter_ns())`` per stamp, in order.
+
+    Each scheduled node of a dynamo graph is followed by a call of :meth:`stamp` (about 0.3 us of host time); it
+    records only while :attr:`on` is set, so the profiled runs pay the call and nothing else.
+    """
+
+    def __init__(self) -> None:
+        self.on = False
+        self.items: list[tuple[int, int, int]] = []
+
+    def stamp(self, graph_index: int, position: int) -> None:
+        """Record that graph ``graph_index`` just issued its scheduled op ``position`` (-1: started)."""
+        if self.on:
+            self.items.append((graph_index, position, time.perf_counter_ns()))
+
+    def record(self, fn: Callable[[], Any], runs: int, device: str) -> list[tuple[int, int, int]]:
+        """Run ``fn`` ``runs`` times back to back (no synchronisation between runs, as a plain loop would) with
+        stamping on; return the stamps."""
+        sync_device(device)
+        self.items = []
+        self.on = True
+        try:
+            for _ in range(runs):
+                fn()
+        finally:
+            self.on = False
+        sync_device(device)
+        return self.items
+
+
+def insert_stamps(gm: torch.fx.GraphModule, graph_index: int, stamps: HostStamps) -> int:
+    """After every node of ``gm`` that :func:`aten_schedule` lists, insert a call ``stamps.stamp(graph_index, j)``
+    (``j``: the node's position in the schedule); recompile. Returns the number of stamps inserted."""
+    j = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and getattr(getattr(node.target, "_schema", None), "name", None):
+            with gm.graph.inserting_after(node):
+                gm.graph.call_function(stamps.stamp, (graph_index, j))
+            j += 1
+    if j:
+        gm.recompile()
+    return j
+
+
+def replay_idle(stamps: list[tuple[int, int, int]], schedules: dict[int, list[tuple[str | None, str]]],
+                nodes: dict[str, NodeMeasurement], runs: int) -> dict[str, float]:
+    """GPU idle time per op of the plain run, per run (us): the profiled kernels replayed on the plain run's host
+    timeline.
+
+    Each op's kernels (its profiled busy time, one block) start when the host issued the op (its stamp) or when the
+    GPU finished the previous op's kernels, whichever is later (one stream runs kernels in order). The GPU waited
+    for an op by ``issue - previous end`` when positive, capped by the host time spent issuing it (since the
+    previous op that launched kernels in the same graph, or the graph's start): a longer wait was spent outside the
+    graph (Python between graphs or runs) and is nobody's. Kernels outside the graphs' ops are not replayed.
+
+    Args:
+        stamps: :meth:`HostStamps.record`'s output over ``runs`` back-to-back runs.
+        schedules: graph index -> :func:`aten_schedule`.
+        nodes: the profiled measurement per op id (busy time and kernel count per run).
+        runs: runs the stamps cover (the idle sums are divided by it).
+    """
+    busy = {op_id: m.busy_us for op_id, m in nodes.items() if m.kernels > 0}
+    idle: dict[str, float] = {}
+    gpu_free: float | None = None
+    window = 0.0
+    for graph_index, position, ns in stamps:
+        t = ns / 1000.0
+        if position < 0:
+            window = t
+            continue
+        schedule = schedules.get(graph_index, [])
+        op_id = schedule[position][0] if position < len(schedule) else None
+        if op_id is None or op_id not in busy:
+            continue
+        if gpu_free is not None and t > gpu_free:
+            idle[op_id] = idle.get(op_id, 0.0) + min(t - gpu_free, t - window)
+        gpu_free = max(t, gpu_free if gpu_free is not None else t) + busy[op_id]
+        window = t
+    return {op_id: v / max(runs, 1) for op_id, v in idle.items()}
+
+
 @dataclass
 class _Instrumented:
     run: Callable[[], Any]
@@ -188,13 +276,16 @@ class _Instrumented:
     tagged: Callable[[], int]
     #: graph index -> :func:`aten_schedule` of the graphs run inside ``fa-graph:<i>`` ranges (dynamo captures)
     schedules: dict[int, list[tuple[str | None, str]]]
+    #: host stamps after each scheduled op (dynamo captures; ``None`` in tagged mode)
+    stamps: HostStamps | None = None
 
 
-def _in_graph_range(fn: Callable[..., Any], graph_index: int) -> Callable[..., Any]:
+def _in_graph_range(fn: Callable[..., Any], graph_index: int, stamps: HostStamps) -> Callable[..., Any]:
     tag = f"{GRAPH_TAG_PREFIX}{graph_index}"
 
     def fa_graph(*args: Any) -> Any:
         with torch.profiler.record_function(tag):
+            stamps.stamp(graph_index, -1)
             return fn(*args)
 
     return fa_graph
@@ -206,6 +297,7 @@ def _instrument(loaded: LoadedModel, cap: Capture, op_ids: set[str]) -> _Instrum
     profiler names differently)."""
     state = {"graphs": 0, "tagged": 0}
     schedules: dict[int, list[tuple[str | None, str]]] = {}
+    stamps = HostStamps()
     if cap.method == "dynamo":
         from torch._dynamo.backends.common import aot_autograd
 
@@ -214,7 +306,8 @@ def _instrument(loaded: LoadedModel, cap: Capture, op_ids: set[str]) -> _Instrum
             schedules[i] = aten_schedule(gm, i, op_ids)
             state["tagged"] += sum(1 for op_id, _ in schedules[i] if op_id is not None)
             state["graphs"] += 1
-            return _in_graph_range(gm.forward, i)
+            insert_stamps(gm, i, stamps)
+            return _in_graph_range(gm.forward, i, stamps)
 
         aot_backend = aot_autograd(fw_compiler=fw, bw_compiler=fw)
 
@@ -225,7 +318,7 @@ def _instrument(loaded: LoadedModel, cap: Capture, op_ids: set[str]) -> _Instrum
         torch._dynamo.reset()
         compiled = torch.compile(loaded.module, backend=backend, dynamic=False, fullgraph=False)
         return _Instrumented(lambda: compiled(*loaded.inputs), lambda: state["graphs"], lambda: state["tagged"],
-                             schedules)
+                             schedules, stamps)
     if cap.method == "symbolic_trace":
         gm = cap.graphs[0]
         graph = torch.fx.Graph()
@@ -352,6 +445,15 @@ def match_schedule(schedule: list[tuple[str | None, str]], observed: list[tuple[
             unmatched += 1
     pairs.extend((ev, None) for ev in observed[j:])
     return pairs, unmatched
+
+
+def with_idle(att: Attribution, idle: dict[str, float]) -> Attribution:
+    """``att`` with every op's idle time replaced by ``idle`` (op id -> us per run; missing: 0), times and totals
+    recomputed (the unattributed part is kept)."""
+    nodes = {op_id: replace(m, idle_us=idle.get(op_id, 0.0), time_us=m.busy_us + idle.get(op_id, 0.0))
+             for op_id, m in att.nodes.items()}
+    attributed = sum(m.time_us for m in nodes.values())
+    return replace(att, nodes=nodes, attributed_us=attributed, total_us=attributed + att.unattributed_us)
 
 
 def _by_time(times: dict[str, float]) -> tuple[str, ...]:
@@ -655,11 +757,16 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
             instrumented = _median(_probe_us(device, tagged=tagged_mode) for _ in range(3))
         if inst.graphs_seen() != graphs:
             notes.append("dynamo recompiled during the profiled runs; ops of recompiled graphs are unmeasured")
+        replay_runs = max(runs, REPLAY_RUNS)
+        host = (inst.stamps.record(inst.run, replay_runs, device)
+                if inst.stamps is not None and device == "cuda" else [])
     torch._dynamo.reset()
     trace = _export_trace(prof, trace_path)
     extra = max(instrumented - dispatch, 0.0)
     att = attribute(trace, device, dispatch_us=dispatch if device == "cpu" else 0.0,
                     host_extra_us=extra if device == "cuda" else 0.0, schedules=inst.schedules)
+    if host:
+        att = with_idle(att, replay_idle(host, inst.schedules, att.nodes, replay_runs))
     measured = set(att.nodes)
     missing = sorted(op_ids - measured)
     if device == "cpu" and missing:
@@ -678,7 +785,9 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
                      + (" ..." if len(unmeasured) > 12 else ""))
     how = ("each captured graph in one record_function range, its aten ops matched to the graph's nodes by name "
            "and order" if not tagged_mode else "each aten op of the captured graph in its own record_function range")
-    where = ("CUDA kernels by correlation id; device gaps less the profiler's host cost per op "
+    where = (f"busy: CUDA kernels by correlation id; idle: the kernels replayed on the host timeline of "
+             f"{replay_runs} plain (unprofiled) runs stamped after every op" if host else
+             "CUDA kernels by correlation id; device gaps less the profiler's host cost per op "
              f"({extra:.2f} us, probe), capped by the host time issuing the op" if device == "cuda" else
              f"top-level aten ops, less the profiled duration of a no-work op, plus the plain dispatch cost "
              f"{dispatch:.2f} us (probe)")

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 from fusion_advisor.analyze import analyze
 from fusion_advisor.cli import app
 from fusion_advisor.errors import ProfileError, UserError
-from fusion_advisor.profile import TRACE_MARKER, attribute, check_can_profile, match_schedule, measured_bound
-from fusion_advisor.records import ChainMeasurement
+from fusion_advisor.profile import (TRACE_MARKER, HostStamps, aten_schedule, attribute, check_can_profile, insert_stamps,
+                                    match_schedule, measured_bound, replay_idle)
+from fusion_advisor.records import ChainMeasurement, NodeMeasurement
 from fusion_advisor.report import chains_frame, render_html
 from fusion_advisor.route import route_chain
 from fusion_advisor.rules import load_rules
@@ -386,3 +387,55 @@ def test_cpu_profile_defaults_to_the_cpu_roofline_and_warns_on_a_gpu_spec():
     assert any("compare two different machines" in w for w in b.warnings)
     c = analyze(small, device="meta")  # static analysis: GPU advice as before, nothing to warn about
     assert c.device_spec["name"] == "h200" and not any("--profile" in w for w in c.warnings)
+
+
+# --- idle time replayed on the plain run's host timeline --------------------------------------------------------
+
+
+def _node(op_id, busy, kernels=1.0):
+    return NodeMeasurement(op_id=op_id, time_us=busy, busy_us=busy, idle_us=0.0, kernels=kernels)
+
+
+def test_replay_idle_charges_the_wait_for_each_ops_issue():
+    schedules = {0: [(None, "aten::view"), ("g0:mm", "aten::mm"), ("g0:add", "aten::add")]}
+    nodes = {"g0:mm": _node("g0:mm", 5.0), "g0:add": _node("g0:add", 1.0)}
+    us = 1000  # stamps are in ns
+    stamps = [(0, -1, 0), (0, 0, 2 * us), (0, 1, 4 * us),  # mm issued at 4 us: runs 4..9 (first kernel: no wait)
+              (0, 2, 20 * us)]  # add issued at 20 us, GPU free since 9: waited 11 us (host spent 16 us since mm)
+    assert replay_idle(stamps, schedules, nodes, runs=1) == {"g0:add": 11.0}
+
+
+def test_replay_idle_is_capped_by_the_host_time_issuing_the_op_and_averaged_per_run():
+    schedules = {0: [("g0:mm", "aten::mm")], 1: [("g1:add", "aten::add")]}
+    nodes = {"g0:mm": _node("g0:mm", 5.0), "g1:add": _node("g1:add", 1.0)}
+    us = 1000
+    # graph 1 starts 40 us after mm's kernels end (Python between graphs) and issues add 3 us after its start
+    stamps = [(0, -1, 0), (0, 0, 1 * us), (1, -1, 46 * us), (1, 0, 49 * us)]
+    assert replay_idle(stamps, schedules, nodes, runs=2) == {"g1:add": 1.5}  # 3 us capped, over 2 runs
+
+
+def test_replay_idle_when_the_gpu_is_the_bottleneck():
+    schedules = {0: [("g0:a", "aten::mm"), ("g0:b", "aten::mm")]}
+    nodes = {"g0:a": _node("g0:a", 50.0), "g0:b": _node("g0:b", 50.0)}
+    stamps = [(0, -1, 0), (0, 0, 1000), (0, 1, 9000)]  # b issued while a still runs: no wait
+    assert replay_idle(stamps, schedules, nodes, runs=1) == {}
+
+
+def test_insert_stamps_records_every_scheduled_op_in_order():
+    # an aten-level graph as AOTAutograd hands it over: two ops and a view between them
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    r = g.call_function(torch.ops.aten.relu.default, (x,))
+    v = g.call_function(torch.ops.aten.view.default, (r, [-1]))
+    g.output(g.call_function(torch.ops.aten.sigmoid.default, (v,)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    relu, sigmoid = f"g0:{r.name}", f"g0:{list(gm.graph.nodes)[-2].name}"
+    schedule = aten_schedule(gm, 0, {relu, sigmoid})
+    assert schedule == [(relu, "aten::relu"), (None, "aten::view"), (sigmoid, "aten::sigmoid")]
+    stamps = HostStamps()
+    assert insert_stamps(gm, 0, stamps) == 3
+    gm(torch.ones(2, 2))
+    assert stamps.items == []  # off: the call costs, nothing is kept
+    items = stamps.record(lambda: gm(torch.ones(2, 2)), runs=2, device="cpu")
+    assert [(gi, pos) for gi, pos, _ in items] == [(0, 0), (0, 1), (0, 2)] * 2
+    assert [t for _, _, t in items] == sorted(t for _, _, t in items)
