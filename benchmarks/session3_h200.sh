@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# First device call of session 3: profile accuracy (issue 5) after the profiler stopped tagging every op (one range
-# per graph run, ops matched by name and order), all 8 models, with per-chain kernel names.
+# Device calls 1-2 of session 3: profile accuracy (issue 5) after the profiler stopped tagging every op (one range
+# per graph run, ops matched by name and order) and, in call 2, GPU idle replayed on stamped plain runs; 8 models.
 #   bash benchmarks/session3_h200.sh      # from the repository root, with $OUT set
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
