@@ -33,7 +33,8 @@ How (one mechanism for CPU and GPU):
    graph's eager bytes and FLOPs; % of the roofline bound; a measured bound class — launch-bound when idle time
    exceeds busy time (the roofline's own criterion, :mod:`fusion_advisor.roofline`, applied to measured times),
    else compute- or memory-bound by which ceiling the busy time comes closer to. The measurement is compared
-   with the roofline's **eager** estimate (``Estimate.eager_us``): the profiled model runs unfused.
+   with the roofline's **eager** time of the chain inside the model (:func:`fusion_advisor.roofline.eager_in_model_us`,
+   the same replay on predicted times): the profiled model runs unfused.
 
 The profile records the plain model's wall time next to the profiled one; the replay assumes one stream (kernels in
 issue order) and leaves out kernels launched outside the graphs' ops (they are reported as unattributed).
@@ -62,7 +63,7 @@ from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.errors import ProfileError, UserError
 from fusion_advisor.load import LoadedModel
 from fusion_advisor.records import Chain, ChainMeasurement, Estimate, NodeMeasurement, OpInfo, Profile
-from fusion_advisor.roofline import roofline_busy_us
+from fusion_advisor.roofline import eager_in_model_us, roofline_busy_us
 
 #: Prefix of the profiler range around each op (``"fa:g0:mm_3"``) and the name of the range around each run.
 TAG_PREFIX = "fa:"
@@ -85,7 +86,8 @@ DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 #: Marker key added to trace files we write, so a later run may replace them (and never a user's file).
 TRACE_MARKER = "fusionAdvisor"
 
-COMPARED = ("est_eager_us: the roofline's eager estimate (each op its own kernel, launch overhead included), "
+COMPARED = ("the roofline's eager time in the model (each op its own kernel, the host issuing one op per launch "
+            "overhead, ahead of the GPU where it can; roofline.eager_in_model_us), "
             "because the profiled model runs unfused, op by op")
 
 
@@ -640,6 +642,7 @@ def measure_chains(chains: list[Chain], ops: list[OpInfo], estimates: dict[str, 
                    nodes: dict[str, NodeMeasurement]) -> dict[str, ChainMeasurement]:
     """A :class:`ChainMeasurement` per chain from the per-op measurements ``nodes`` (ops without one count 0)."""
     by_id = {o.id: o for o in ops}
+    predicted = eager_in_model_us(chains, ops, spec)
     out: dict[str, ChainMeasurement] = {}
     for c in chains:
         est = estimates[c.id]
@@ -649,7 +652,7 @@ def measure_chains(chains: list[Chain], ops: list[OpInfo], estimates: dict[str, 
         t = busy + idle
         seconds = t * 1e-6
         floor = roofline_busy_us(c, by_id, spec)
-        ratio = est.eager_us / t if t > 0 else math.nan
+        ratio = predicted[c.id] / t if t > 0 else math.nan
         out[c.id] = ChainMeasurement(
             chain_id=c.id,
             time_us=t,
@@ -660,7 +663,7 @@ def measure_chains(chains: list[Chain], ops: list[OpInfo], estimates: dict[str, 
             achieved_tflops=c.flops / seconds / 1e12 if t > 0 else math.nan,
             pct_of_roofline=100.0 * floor / t if t > 0 else math.nan,
             bound=measured_bound(busy, idle, c.flops, c.eager_bytes, est.peak_tflops, spec.memory_bandwidth_gbps),
-            predicted_us=est.eager_us,
+            predicted_us=predicted[c.id],
             ratio=ratio,
             flagged=bool(t > 0 and (ratio > FLAG_FACTOR or ratio < 1.0 / FLAG_FACTOR)),
             kernel_names=_chain_kernels(ms),

@@ -109,8 +109,11 @@ CHAIN_COLUMNS: dict[str, str] = {
     "first), '; '-separated; empty on a CPU.",
     "measured_bound": "Measured bound class: 'launch' when measured_idle_us > measured_busy_us, else 'compute' or "
     "'memory' by which ceiling its busy time comes closer to.",
-    "predicted_vs_measured": "est_eager_us / measured_us: the roofline's EAGER estimate against the measurement "
-    "of the unfused run (1 = exact; above 1 the model predicts too slow).",
+    "est_in_model_us": "With --profile: the roofline's EAGER time of the chain inside the model: its ops' roofline "
+    "device time plus the GPU's predicted wait for their launches, the host issuing one op per launch overhead "
+    "and running ahead of the GPU where it can (us). Unlike est_eager_us (the chain priced alone), short ops "
+    "behind a long kernel wait for no launch.",
+    "predicted_vs_measured": "est_in_model_us / measured_us (1 = exact; above 1 the model predicts too slow).",
     "flag_2x": "True when prediction and measurement differ by more than 2x (predicted_vs_measured > 2 or < 0.5).",
     "achieved_gbps": "eager_bytes / measured_us (GB/s, 1e9 bytes/s).",
     "achieved_tflops": "flops / measured_us (TFLOP/s).",
@@ -163,10 +166,11 @@ HOW_COMPUTED = (
     "eager estimate for skipped chains. Savings are eager minus after-routing.",
     "All est. times are estimates from peak numbers of the device spec, NOT measurements: real kernels reach a "
     "fraction of peak, and torch.compile may fuse differently. Verify and benchmark before trusting a saving.",
-    "With --profile, measured_* columns come from running the model under torch.profiler after warm-up, each aten "
-    "op of the captured graphs in its own profiler range; every GPU kernel is attributed by correlation id to the "
-    "op that launched it (on a CPU, each op's aten wall time). They are compared with the EAGER estimate "
-    "(est_eager_us), since the profiled model runs unfused. A run with a calibrated spec (fusion-advisor "
+    "With --profile, measured_* columns come from running the captured graphs under torch.profiler after warm-up, "
+    "their aten ops matched to the graphs' nodes; every GPU kernel is attributed by correlation id to the op that "
+    "launched it (on a CPU, each op's aten wall time), and the GPU's idle time comes from replaying those kernels on "
+    "the host timeline of plain, unprofiled runs. They are compared with the EAGER estimate inside the model "
+    "(predicted_vs_measured), since the profiled model runs unfused. A run with a calibrated spec (fusion-advisor "
     "calibrate) compares against ceilings measured on the same device.",
 )
 
@@ -283,11 +287,12 @@ def _measured_cells(m: ChainMeasurement | None) -> dict[str, Any]:
         return {"measured_us": _nan(), "measured_busy_us": _nan(), "measured_idle_us": _nan(),
                 "measured_kernels": _nan(), "measured_bound": "", "predicted_vs_measured": _nan(),
                 "flag_2x": None if m is None else False, "achieved_gbps": _nan(), "achieved_tflops": _nan(),
-                "pct_of_roofline": _nan(), "measured_kernel_names": ""}
+                "pct_of_roofline": _nan(), "measured_kernel_names": "", "est_in_model_us": _nan()}
     return {"measured_us": m.time_us, "measured_busy_us": m.busy_us, "measured_idle_us": m.idle_us,
             "measured_kernels": m.kernels, "measured_bound": m.bound, "predicted_vs_measured": m.ratio,
             "flag_2x": m.flagged, "achieved_gbps": m.achieved_gbps, "achieved_tflops": m.achieved_tflops,
-            "pct_of_roofline": m.pct_of_roofline, "measured_kernel_names": "; ".join(m.kernel_names)}
+            "pct_of_roofline": m.pct_of_roofline, "measured_kernel_names": "; ".join(m.kernel_names),
+            "est_in_model_us": m.predicted_us}
 
 
 def _chain_row(chain: Chain, est: Estimate | None, dec: Decision | None, inductor: Any = None,

@@ -92,3 +92,30 @@ def estimate_all(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> di
     """:func:`estimate` for every chain, keyed by chain id."""
     by_id = {o.id: o for o in ops}
     return {c.id: estimate(c, by_id, spec) for c in chains}
+
+
+def eager_in_model_us(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> dict[str, float]:
+    """Roofline eager time of every chain as it runs inside the whole model, keyed by chain id (us).
+
+    :func:`estimate` prices a chain alone: each op ``max(t, launch)``. Inside a model the host may run ahead of the
+    GPU: while a long GEMM runs, the host issues the next ops, so short kernels after it wait for no launch. This
+    replays the model's ops in execution order (``ops`` order) on two clocks, as
+    :func:`fusion_advisor.profile.replay_idle` replays measured kernels: the host issues one op per
+    ``spec.launch_overhead_us`` (ops on empty tensors launch nothing and cost no host time here); an op's kernel
+    starts when it is issued or when the GPU finished the previous kernel, whichever is later; the GPU's wait for
+    an op (capped by the host time issuing it) is that op's idle time. A chain's time is its ops' roofline device
+    time (:func:`roofline_busy_us`) plus their idle times. This is what ``analyze --profile`` compares with the
+    measured chain time; routing keeps :func:`estimate`'s per-chain numbers.
+    """
+    launch = spec.launch_overhead_us
+    idle: dict[str, float] = {}
+    host = gpu_free = 0.0  # the GPU starts idle, waiting for the first launch
+    for op in ops:
+        if op.is_view or not _launches(op):
+            continue
+        host += launch
+        if host > gpu_free:
+            idle[op.id] = min(host - gpu_free, launch)
+        gpu_free = max(host, gpu_free) + _op_time_us(op, spec)
+    by_id = {o.id: o for o in ops}
+    return {c.id: roofline_busy_us(c, by_id, spec) + sum(idle.get(i, 0.0) for i in c.op_ids) for c in chains}
