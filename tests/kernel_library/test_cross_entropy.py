@@ -475,3 +475,22 @@ def test_tuning_validation():
     # the default tuning is the measured launch: one program per row, no hint, a count launch, the constants
     assert ce.TUNING == ce.CrossEntropyTuning()
     assert ce.CrossEntropyConfig.for_vocab(32000) == ce.CrossEntropyConfig(ce.LOOP_BLOCK, ce.LOOP_WARPS, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_gpu_tuned_path_eager_and_compiled(monkeypatch, reduction):
+    # the sweep's variants on the real chunk width: persistent grid, pipelined chunk loops, in-kernel count, looped
+    # scale kernel; eager and torch.compile(fullgraph=True), upstream gradient 0.5 (the scale kernel works)
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    monkeypatch.setattr(ce, "TUNING", ce.CrossEntropyTuning(programs_per_sm=2, num_stages=3, count_in_kernel=True,
+                                                            scale_programs_per_sm=4))
+    logits, target = make(300, 32000, torch.bfloat16, ignore_rows=(0, 5))
+    ref_loss, ref_grad = reference(logits, target, -100, 0.1, reduction, None)
+    for fn in (ce.kernel_fn, torch.compile(ce.kernel_fn, fullgraph=True)):
+        x = logits.clone().requires_grad_()
+        loss = fn(x, target, -100, 0.1, reduction)
+        loss.backward(torch.full_like(loss, 0.5))
+        assert_close(loss, ref_loss, torch.bfloat16)
+        assert_close(x.grad, 0.5 * ref_grad, torch.bfloat16, "dlogits")
