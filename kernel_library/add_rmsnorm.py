@@ -20,6 +20,7 @@ from kernel_library.registry import KernelEntry, register_kernel
 from kernel_library.rmsnorm import (
     BENCH_SHAPES as rms_bench_shapes,
     SUPPORTED_DTYPES,
+    BwdTuning,
     as_rows,
     check_tensor,
     rms_norm_bwd_launch,
@@ -31,6 +32,13 @@ from kernel_library.rmsnorm import (
 # Block sizes, warps, the looped-kernel thresholds and the backward grid are those of kernel_library.rmsnorm
 # (RowConfig, MAX_FUSED_BLOCK_FWD/BWD, BWD_PROGRAMS_PER_SM): the fused add adds one load and one store per
 # element; ptxas reports the same register counts with and without it (rmsnorm's constants).
+
+#: Launch overrides of the residual backward (three input streams: dy, d(new residual), new residual; one
+#: output). Not measured yet, so none: the plain RMSNorm backward's H200 best (rmsnorm.BWD_NUM_STAGES = 3, one row
+#: per step, 2 programs per SM: 59% -> 82% of copy) is a candidate, not a result for this kernel. One GPU run of
+#: ``benchmarks/sweep_tiles.py --only add_rmsnorm_bwd`` times the variants at 8192 x 4096 bf16 (each verified
+#: against float64) and prints the line to put here.
+BWD_TUNING = BwdTuning()
 
 #: Offset of the Llama form (weight applied as is; no Gemma ``1 + weight``).
 _LLAMA_OFFSET = 0.0
@@ -84,6 +92,7 @@ def _add_rms_norm_backward_op(
         eps,
         _LLAMA_OFFSET,
         ds=as_rows(d_new_residual, n_cols),
+        tuning=BWD_TUNING,
     )
     return ds.view(new_residual.shape), dw
 

@@ -33,6 +33,7 @@ from kernel_library._device import default_device, on_gpu
 from kernel_library.registry import KernelEntry, register_kernel
 from kernel_library.rmsnorm import (
     SUPPORTED_DTYPES,
+    BwdTuning,
     RowConfig,
     as_rows,
     bwd_programs,
@@ -48,6 +49,14 @@ from kernel_library.rmsnorm import (
 # programs_per_sm alternatives (RowConfig, off by default) at 4096 bf16 columns, ptxas sm_90 (triton 3.9),
 # registers per thread, no stack in any: one row 8 warps 123, 16 warps 64; two rows 8 warps 166, 16 warps 105;
 # four rows 16 warps 128; num_stages=3 adds (3 - 1) x rows x 16 KB of shared memory, registers about the same.
+
+#: Launch overrides of the fused backward without (``BWD_TUNING``) and with (``ADD_BWD_TUNING``, add_layernorm)
+#: the residual: rmsnorm.BwdTuning (row loop num_stages, rows per step, programs per SM, warps). Not measured
+#: yet, so none: the RMSNorm backward's H200 best (num_stages=3: 59% -> 82% of copy) is a candidate only.
+#: ``benchmarks/sweep_tiles.py --only layernorm_bwd,add_layernorm_bwd`` times the variants at 8192 x 4096 bf16
+#: (each verified against float64) and prints the lines to put here.
+BWD_TUNING = BwdTuning()
+ADD_BWD_TUNING = BwdTuning()
 
 #: torch's default eps for LayerNorm (``nn.LayerNorm``, ``F.layer_norm``).
 DEFAULT_EPS = 1e-5
@@ -502,15 +511,20 @@ def layer_norm_bwd_launch(
     eps: float,
     ds: torch.Tensor | None = None,
     config: RowConfig | None = None,
+    tuning: BwdTuning | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward on 2-D ``dy``, ``x`` (and ``ds``) [n_rows, n_cols], non-empty.
 
     Returns ``(dx, dw, db)``: dx contiguous in x's dtype; dw / db [n_cols] in weight's / bias's dtype, or empty
     [0] tensors when weight / bias is None (a custom op cannot return None). ``config`` overrides the heuristic,
     including the fused kernel's rows per loop step, num_stages and programs per SM (see ``rmsnorm.RowConfig``).
+    Without it, ``tuning`` (default :data:`ADD_BWD_TUNING` with ``ds``, else :data:`BWD_TUNING`) adjusts the
+    heuristic's fused launch.
     """
     n_rows, n_cols = x.shape
-    cfg = config or RowConfig.backward(n_cols)
+    if tuning is None:
+        tuning = ADD_BWD_TUNING if ds is not None else BWD_TUNING
+    cfg = config or tuning.apply(RowConfig.backward(n_cols))
     rows_per_iter = 1 if cfg.looped else cfg.rows_per_iter
     n_programs = bwd_programs(n_rows, x.device, rows_per_iter, cfg.programs_per_sm)
     dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)

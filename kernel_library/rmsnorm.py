@@ -85,7 +85,8 @@ BWD_PROGRAMS_PER_SM = 2
 #: float64): with the default one row per step, 2 programs per SM and 8 warps, num_stages=3 took 0.0576 ms (82% of
 #: copy) against 0.0797 ms (59%) without the hint; the fastest of all, 2 rows per step on 1 program per SM with
 #: num_stages=3, took 0.0562 ms (84%), within 3%, so the simpler setting is the default. Applied to the plain
-#: RMSNorm backward; the residual variant (add_rmsnorm, a third input stream) was not swept and keeps no hint.
+#: RMSNorm backward (:data:`BWD_TUNING`); the residual variant (add_rmsnorm, a third input stream) has its own
+#: ``add_rmsnorm.BWD_TUNING``, swept by ``benchmarks/sweep_tiles.py --only add_rmsnorm_bwd``.
 BWD_NUM_STAGES = 3
 
 #: "SM count" used under the CPU interpreter, where programs run one after another: small, so tests stay fast,
@@ -578,13 +579,51 @@ def rms_norm_fwd_launch(
     return y, s
 
 
-def default_bwd_config(n_cols: int, residual: bool = False) -> RowConfig:
-    """The backward's launch configuration for rows of ``n_cols``: :meth:`RowConfig.backward`, plus the row loop's
-    :data:`BWD_NUM_STAGES` for the fused (not looped) plain RMSNorm backward (not for ``residual``: unmeasured)."""
-    cfg = RowConfig.backward(n_cols)
-    if residual or cfg.looped:
-        return cfg
-    return dataclasses.replace(cfg, num_stages=BWD_NUM_STAGES)
+@dataclass(frozen=True)
+class BwdTuning:
+    """Measured overrides of a fused norm backward's launch (the looped backward ignores them), one per kernel.
+
+    Each norm module holds its own as a module-level constant (``rmsnorm.BWD_TUNING``, ``add_rmsnorm.BWD_TUNING``,
+    ``layernorm.BWD_TUNING`` / ``ADD_BWD_TUNING``), read at every launch: flipping a measured best is one line, and
+    ``benchmarks/sweep_tiles.py --only <kernel>_bwd`` prints that line. Per call, the launchers' ``config``
+    argument overrides everything.
+
+    Attributes:
+        num_stages: ``tl.range(num_stages=)`` of the row loop; None = no hint.
+        rows_per_iter: rows per loop step (power of two), see :class:`RowConfig`.
+        programs_per_sm: programs per SM of the backward grid; None = :data:`BWD_PROGRAMS_PER_SM`.
+        num_warps: warps per program; None = the ``BWD_WARPS`` table's.
+    """
+
+    num_stages: int | None = None
+    rows_per_iter: int = 1
+    programs_per_sm: int | None = None
+    num_warps: int | None = None
+
+    def apply(self, cfg: RowConfig) -> RowConfig:
+        """``cfg`` with these overrides, or ``cfg`` unchanged when it is looped (rows wider than a block)."""
+        if cfg.looped:
+            return cfg
+        return dataclasses.replace(
+            cfg,
+            num_stages=self.num_stages,
+            rows_per_iter=self.rows_per_iter,
+            programs_per_sm=self.programs_per_sm,
+            num_warps=self.num_warps if self.num_warps is not None else cfg.num_warps,
+        )
+
+
+#: The plain RMSNorm backward's tuning: the row loop's :data:`BWD_NUM_STAGES` (H200 sweep, see there).
+BWD_TUNING = BwdTuning(num_stages=BWD_NUM_STAGES)
+
+
+def default_bwd_config(n_cols: int, residual: bool = False, tuning: BwdTuning | None = None) -> RowConfig:
+    """The backward's launch configuration for rows of ``n_cols``: :meth:`RowConfig.backward` with ``tuning``
+    applied (default: :data:`BWD_TUNING` for the plain backward; for ``residual``, ``add_rmsnorm.BWD_TUNING``,
+    passed by that module; no overrides when ``residual`` and no ``tuning`` is given)."""
+    if tuning is None:
+        tuning = BwdTuning() if residual else BWD_TUNING
+    return tuning.apply(RowConfig.backward(n_cols))
 
 
 def rms_norm_bwd_launch(
@@ -595,15 +634,17 @@ def rms_norm_bwd_launch(
     offset: float,
     ds: torch.Tensor | None = None,
     config: RowConfig | None = None,
+    tuning: BwdTuning | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the backward on 2-D ``dy``, ``x`` (and ``ds``) [n_rows, n_cols], non-empty; returns ``(dx, dw)``.
 
     ``dx`` [n_rows, n_cols] contiguous in x's dtype (plus ``ds`` when given); ``dw`` [n_cols] in weight's dtype.
     ``config`` overrides the heuristic: block size, warps, looped, and for the fused kernel rows per loop step,
-    the row loop's num_stages and programs per SM (see :class:`RowConfig`).
+    the row loop's num_stages and programs per SM (see :class:`RowConfig`). Without it, ``tuning`` (see
+    :func:`default_bwd_config`) adjusts the heuristic's fused launch.
     """
     n_rows, n_cols = x.shape
-    cfg = config or default_bwd_config(n_cols, residual=ds is not None)
+    cfg = config or default_bwd_config(n_cols, residual=ds is not None, tuning=tuning)
     rows_per_iter = 1 if cfg.looped else cfg.rows_per_iter
     n_programs = bwd_programs(n_rows, x.device, rows_per_iter, cfg.programs_per_sm)
     dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)

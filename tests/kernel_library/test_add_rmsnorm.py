@@ -253,3 +253,39 @@ def test_compiled_matches_eager():
     for name, e, c in zip(("normed", "new_residual", "dx", "dresidual"), eager[:4], compiled[:4]):
         assert torch.equal(c, e), name
     assert_close(compiled[4], eager[4], torch.bfloat16, "dweight compiled vs eager")
+
+
+# --- the backward's module-level tuning (BWD_TUNING, swept by benchmarks/sweep_tiles.py --only add_rmsnorm_bwd) --
+
+
+def test_default_backward_tuning_is_unmeasured_none():
+    # no override until an H200 measurement picks one (the plain RMSNorm's num_stages=3 is not this kernel's result)
+    assert arms.BWD_TUNING == rms.BwdTuning()
+    assert rms.default_bwd_config(4096, residual=True, tuning=arms.BWD_TUNING) == rms.RowConfig.backward(4096)
+
+
+@pytest.mark.parametrize("tuning", [rms.BwdTuning(num_stages=3), rms.BwdTuning(num_stages=2, rows_per_iter=2,
+                                                                                programs_per_sm=1, num_warps=8)],
+                         ids=["stages3", "stages2-rows2-pps1-w8"])
+def test_backward_tuning_switch(monkeypatch, tuning):
+    # the one-line switch reaches the launch (num_stages / rows per step / programs / warps) and stays correct;
+    # LOOP_ROWS rows make every program loop over several rows (blocks), the last one partial
+    launched = []
+    real = rms.rms_norm_bwd_launch
+
+    def spy(*args, **kwargs):
+        launched.append(kwargs.get("tuning"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(arms, "BWD_TUNING", tuning)
+    monkeypatch.setattr(arms, "rms_norm_bwd_launch", spy)
+    assert rms.default_bwd_config(300, residual=True, tuning=tuning) == tuning.apply(rms.RowConfig.backward(300))
+    for dtype in (torch.float32, torch.bfloat16):
+        x, r, w = make((LOOP_ROWS, 300), dtype)
+        check_fwd_bwd(x, r, w, dtype)
+    assert launched and all(t == tuning for t in launched)
+
+
+def test_tuning_leaves_the_looped_backward_alone():
+    looped = rms.RowConfig.backward(40, max_fused_block=16)
+    assert rms.BwdTuning(num_stages=3, rows_per_iter=2).apply(looped) == looped

@@ -378,3 +378,119 @@ def test_backward_does_not_fill_a_gradient_for_the_internal_buffer():
         loss.backward()
     assert logits.grad is not None and torch.isfinite(logits.grad).all()
     assert mode.big == [], f"the backward filled full-size tensors: {mode.big}"
+
+
+# --- persistent grid, pipelined chunk loops, in-kernel count, looped scale (CrossEntropyTuning) --------------
+# Under the interpreter the persistent grids have CPU_SM_COUNT (2) x programs_per_sm programs: with 5-7 rows each
+# program loops over several rows (and per-program loss sums are reduced), which is what these tests exercise.
+
+#: Persistent variants: chunked (tiny chunks, pipelining hint) with a count launch / with the in-kernel count,
+#: and single-block with the in-kernel count.
+PERSISTENT = {
+    "chunked": ce.CrossEntropyConfig(64, 2, False, programs_per_sm=1, num_stages=2),
+    "chunked-count": ce.CrossEntropyConfig(64, 2, False, programs_per_sm=1, num_stages=3, count_in_kernel=True),
+    "single-count": ce.CrossEntropyConfig(512, 4, True, programs_per_sm=2, count_in_kernel=True),
+}
+#: A whole-path tuning (through the public op and autograd): persistent forward, counted in the kernel, looped scale.
+TUNED = ce.CrossEntropyTuning(programs_per_sm=1, num_stages=2, count_in_kernel=True, block_size=64, num_warps=2,
+                              scale_programs_per_sm=1)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("variant", list(PERSISTENT))
+def test_persistent_reductions_and_label_smoothing(variant, label_smoothing, reduction):
+    check(*make(7, 300, ignore_rows=(0, 3)), -100, label_smoothing, reduction, config=PERSISTENT[variant])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_persistent_dtypes(dtype):
+    for cfg in PERSISTENT.values():
+        check(*make(5, 300, dtype, ignore_rows=(2,)), -100, 0.1, "mean", config=cfg)
+
+
+@pytest.mark.parametrize("ignore_index", [-100, 0, 5])
+def test_persistent_custom_ignore_index(ignore_index):
+    logits, target = make(6, 50, ignore_rows=(1, 4), ignore_index=ignore_index)
+    for reduction in REDUCTIONS:
+        check(logits, target, ignore_index, 0.2, reduction, config=PERSISTENT["chunked-count"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_persistent_vocab_65537(dtype):
+    # the real chunk width (LOOP_BLOCK) with a tail chunk; 3 rows over 2 programs
+    cfg = ce.CrossEntropyConfig.for_vocab(65537, ce.CrossEntropyTuning(programs_per_sm=1, num_stages=3,
+                                                                       count_in_kernel=True))
+    assert cfg.programs_per_sm == 1 and cfg.num_stages == 3 and not cfg.single_block
+    logits, target = make(3, 65537, dtype, ignore_rows=())
+    target[1] = 65536
+    check(logits, target, label_smoothing=0.1, config=cfg)
+
+
+def test_persistent_fully_ignored_batch_and_more_programs_than_rows():
+    logits, target = make(3, 200, ignore_rows=(0, 1, 2))
+    cfg = PERSISTENT["single-count"]  # 4 programs for 3 rows: the grid is capped at n_rows
+    mean, grad = ce._cross_entropy_fwd_launch(logits, target, -100, 0.0, "mean", True, config=cfg)
+    assert torch.isnan(mean) and torch.equal(grad, torch.zeros_like(grad))
+    check(logits, target, reduction="sum", config=cfg)
+    check(*make(1, 300, ignore_rows=()), config=cfg)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_tuning_switch_through_the_public_op(monkeypatch, reduction):
+    # the one-line switch (cross_entropy.TUNING) changes the launch of the op, its autograd backward included
+    monkeypatch.setattr(ce, "TUNING", TUNED)
+    assert ce.CrossEntropyConfig.for_vocab(300).programs_per_sm == 1
+    logits, target = make(7, 300, ignore_rows=(2,))
+    check(logits, target, -100, 0.1, reduction)  # grad_output = 1: the scale kernel skips every row
+    g = torch.tensor(0.37, device=DEVICE) if reduction != "none" else torch.linspace(-2, 2, 7, device=DEVICE)
+    check(logits, target, -100, 0.1, reduction, grad_output=g)
+    x = logits.clone().requires_grad_()
+    ce.kernel_fn(x, target, -100, 0.1, reduction).sum().backward()
+    assert torch.equal(x.detach(), logits)  # inputs never written
+
+
+@pytest.mark.parametrize("programs_per_sm", [None, 1, 8])
+def test_scale_kernel_grids(programs_per_sm):
+    # scalar 1 (skipped), scalar 0.5, per-row values with some exactly 1, an expanded (stride-0) per-row gradient
+    base = torch.randn(7, 130, device=DEVICE)
+    per_row = torch.linspace(-2, 2, 7, device=DEVICE)
+    per_row[[1, 5]] = 1.0
+    for g in (torch.tensor(1.0, device=DEVICE), torch.tensor(0.5, device=DEVICE), per_row,
+              torch.tensor(3.0, device=DEVICE).expand(7)):
+        d = base.clone()
+        ce._scale_grad_launch(d, g, programs_per_sm=programs_per_sm)
+        assert torch.equal(d, base * (g if g.dim() == 0 else g[:, None]))
+
+
+def test_tuning_validation():
+    with pytest.raises(ValueError, match="count_in_kernel needs programs_per_sm"):
+        ce.CrossEntropyTuning(count_in_kernel=True)
+    with pytest.raises(ValueError, match="count_in_kernel needs programs_per_sm"):
+        ce.CrossEntropyConfig(64, 2, False, count_in_kernel=True)
+    with pytest.raises(ValueError, match="power of two"):
+        ce.CrossEntropyTuning(block_size=3000)
+    with pytest.raises(ValueError, match="num_stages"):
+        ce.CrossEntropyTuning(num_stages=0)
+    # the default tuning is the measured launch: one program per row, no hint, a count launch, the constants
+    assert ce.TUNING == ce.CrossEntropyTuning()
+    assert ce.CrossEntropyConfig.for_vocab(32000) == ce.CrossEntropyConfig(ce.LOOP_BLOCK, ce.LOOP_WARPS, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_gpu_tuned_path_eager_and_compiled(monkeypatch, reduction):
+    # the sweep's variants on the real chunk width: persistent grid, pipelined chunk loops, in-kernel count, looped
+    # scale kernel; eager and torch.compile(fullgraph=True), upstream gradient 0.5 (the scale kernel works)
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    monkeypatch.setattr(ce, "TUNING", ce.CrossEntropyTuning(programs_per_sm=2, num_stages=3, count_in_kernel=True,
+                                                            scale_programs_per_sm=4))
+    logits, target = make(300, 32000, torch.bfloat16, ignore_rows=(0, 5))
+    ref_loss, ref_grad = reference(logits, target, -100, 0.1, reduction, None)
+    for fn in (ce.kernel_fn, torch.compile(ce.kernel_fn, fullgraph=True)):
+        x = logits.clone().requires_grad_()
+        loss = fn(x, target, -100, 0.1, reduction)
+        loss.backward(torch.full_like(loss, 0.5))
+        assert_close(loss, ref_loss, torch.bfloat16)
+        assert_close(x.grad, 0.5 * ref_grad, torch.bfloat16, "dlogits")

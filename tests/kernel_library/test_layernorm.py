@@ -436,3 +436,31 @@ def test_compiled_matches_eager(residual):
     assert torch.equal(grads_c[0], grads_e[0])
     for name, e, c in zip(("dweight", "dbias", "dresidual"), grads_e[1:], grads_c[1:]):
         assert_close(c, e, torch.bfloat16, f"{name} compiled vs eager")
+
+
+# --- the backward's module-level tunings (BWD_TUNING / ADD_BWD_TUNING, swept by benchmarks/sweep_tiles.py) ------
+
+
+def test_default_backward_tunings_are_unmeasured_none():
+    assert ln.BWD_TUNING == ln.BwdTuning() and ln.ADD_BWD_TUNING == ln.BwdTuning()
+
+
+@pytest.mark.parametrize("residual", (False, True), ids=("plain", "residual"))
+def test_backward_tuning_switch(monkeypatch, residual):
+    # each switch reaches its own launch (the plain backward BWD_TUNING, the residual one ADD_BWD_TUNING) and the
+    # gradients stay correct with pipelining, two rows per step, one program per SM (programs loop, last block
+    # partial) and other warps
+    tuning = ln.BwdTuning(num_stages=2, rows_per_iter=2, programs_per_sm=1, num_warps=8)
+    monkeypatch.setattr(ln, "ADD_BWD_TUNING" if residual else "BWD_TUNING", tuning)
+    seen = []
+    real = ln.bwd_programs
+
+    def spy(n_rows, device, rows_per_iter=1, programs_per_sm=None):
+        seen.append((rows_per_iter, programs_per_sm))
+        return real(n_rows, device, rows_per_iter, programs_per_sm)
+
+    monkeypatch.setattr(ln, "bwd_programs", spy)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w, b, r = make((LOOP_ROWS, 300), dtype, residual=residual)
+        check_fwd_bwd(x, w, b, r, dtype)
+    assert seen and all(s == (2, 1) for s in seen)
