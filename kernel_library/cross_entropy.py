@@ -403,8 +403,11 @@ class CrossEntropyTuning:
                              "program per row every row would re-count all targets")
 
 
-#: The launch in use. Not measured yet against the default: the H200 sweep (``benchmarks/sweep_tiles.py --only
-#: cross_entropy``, 8192 x 32000 and 8192 x 128256 bf16, forward + loss.backward()) prints the line to put here.
+#: The launch in use: the default (one program per row, chunk 4096 / 8 warps, no loop hint). The H200 sweep
+#: (``benchmarks/sweep_tiles.py --only cross_entropy``, 8192 x 32000 and 8192 x 128256 bf16, forward +
+#: loss.backward(); benchmarks/results/session3_h200/call3) found no variant clearly better: persistent grids (1-4
+#: programs per SM) and loop hints were 15-120% slower at 32000; the best (8192 / 16 warps, looped scale) was 3%
+#: slower at 32000 and 9% faster at 128256 (geomean 1.03x), inside run-to-run spread, so the default stays.
 TUNING = CrossEntropyTuning()
 
 
@@ -519,8 +522,8 @@ def _cross_entropy_fwd_launch(logits: torch.Tensor, target: torch.Tensor, ignore
         COLS_I64=force_int64_cols or needs_int64_cols(n_cols, logits.stride(1)) or needs_int64_cols(n_cols, 1),
         num_warps=cfg.num_warps,
     )
-    if cfg.num_stages is not None:  # only when set, so the default launch is exactly the unhinted kernel's
-        common["NUM_STAGES"] = cfg.num_stages
+    # every constexpr is passed, defaults included: torch.compile's wrap_triton needs the full argument list
+    common["NUM_STAGES"] = cfg.num_stages
     ptrs = (logits, logits.stride(0), logits.stride(1), target, target.stride(0),
             dlogits if compute_grad else logits, loss_rows, n_valid)
     if persistent:

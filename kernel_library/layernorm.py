@@ -51,12 +51,12 @@ from kernel_library.rmsnorm import (
 # four rows 16 warps 128; num_stages=3 adds (3 - 1) x rows x 16 KB of shared memory, registers about the same.
 
 #: Launch overrides of the fused backward without (``BWD_TUNING``) and with (``ADD_BWD_TUNING``, add_layernorm)
-#: the residual: rmsnorm.BwdTuning (row loop num_stages, rows per step, programs per SM, warps). Not measured
-#: yet, so none: the RMSNorm backward's H200 best (num_stages=3: 59% -> 82% of copy) is a candidate only.
-#: ``benchmarks/sweep_tiles.py --only layernorm_bwd,add_layernorm_bwd`` times the variants at 8192 x 4096 bf16
-#: (each verified against float64) and prints the lines to put here.
-BWD_TUNING = BwdTuning()
-ADD_BWD_TUNING = BwdTuning()
+#: the residual: rmsnorm.BwdTuning (row loop num_stages, rows per step, programs per SM, warps). The H200 best of
+#: ``benchmarks/sweep_tiles.py --only layernorm_bwd,add_layernorm_bwd`` (8192 x 4096 bf16, 63 configs each verified
+#: against float64; benchmarks/results/session3_h200/call3), for both: 3 stages, 2 rows per step, one program per
+#: SM, 8 warps. LayerNorm 0.0951 -> 0.0679 ms (50% -> 70% of copy); add_layernorm 0.1118 -> 0.0774 ms (57% -> 82%).
+BWD_TUNING = BwdTuning(num_stages=3, rows_per_iter=2, programs_per_sm=1)
+ADD_BWD_TUNING = BwdTuning(num_stages=3, rows_per_iter=2, programs_per_sm=1)
 
 #: torch's default eps for LayerNorm (``nn.LayerNorm``, ``F.layer_norm``).
 DEFAULT_EPS = 1e-5
@@ -538,10 +538,8 @@ def layer_norm_bwd_launch(
     fused_only = {}
     if cfg.looped:  # per-row (mean, rstd, mean(g), mean(g * x_hat)) scratch between the looped kernel's passes
         ptrs.insert(3, torch.empty((4, n_rows), dtype=torch.float32, device=x.device))
-    else:  # only when not the kernel's defaults, so the default launch is exactly the one-row kernel's
-        fused_only = {"ROWS_PER_ITER": rows_per_iter} if rows_per_iter != 1 else {}
-        if cfg.num_stages is not None:
-            fused_only["NUM_STAGES"] = cfg.num_stages
+    else:  # every constexpr passed, defaults included: torch.compile's wrap_triton needs the full argument list
+        fused_only = {"ROWS_PER_ITER": rows_per_iter, "NUM_STAGES": cfg.num_stages}
     kernel = _layer_norm_bwd_looped_kernel if cfg.looped else _layer_norm_bwd_kernel
     torch.library.wrap_triton(kernel)[(n_programs,)](
         *ptrs,

@@ -655,10 +655,8 @@ def rms_norm_bwd_launch(
     fused_only = {}
     if cfg.looped:  # per-row (rstd, mean(g * x_hat)) scratch between the looped kernel's two passes
         ptrs.insert(2, torch.empty((2, n_rows), dtype=torch.float32, device=x.device))
-    else:  # only when not the kernel's defaults, so the default launch is exactly the one-row kernel's
-        fused_only = {"ROWS_PER_ITER": rows_per_iter} if rows_per_iter != 1 else {}
-        if cfg.num_stages is not None:
-            fused_only["NUM_STAGES"] = cfg.num_stages
+    else:  # every constexpr passed, defaults included: torch.compile's wrap_triton needs the full argument list
+        fused_only = {"ROWS_PER_ITER": rows_per_iter, "NUM_STAGES": cfg.num_stages}
     kernel = _rms_norm_bwd_looped_kernel if cfg.looped else _rms_norm_bwd_kernel
     torch.library.wrap_triton(kernel)[(n_programs,)](
         *ptrs,

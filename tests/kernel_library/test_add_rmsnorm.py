@@ -258,10 +258,12 @@ def test_compiled_matches_eager():
 # --- the backward's module-level tuning (BWD_TUNING, swept by benchmarks/sweep_tiles.py --only add_rmsnorm_bwd) --
 
 
-def test_default_backward_tuning_is_unmeasured_none():
-    # no override until an H200 measurement picks one (the plain RMSNorm's num_stages=3 is not this kernel's result)
-    assert arms.BWD_TUNING == rms.BwdTuning()
-    assert rms.default_bwd_config(4096, residual=True, tuning=arms.BWD_TUNING) == rms.RowConfig.backward(4096)
+def test_default_backward_config_carries_the_module_tuning():
+    # the residual backward's default launch is RowConfig.backward with add_rmsnorm.BWD_TUNING applied (not the plain
+    # RMSNorm's tuning): the measured overrides reach the launch
+    cfg = rms.default_bwd_config(4096, residual=True, tuning=arms.BWD_TUNING)
+    assert cfg == arms.BWD_TUNING.apply(rms.RowConfig.backward(4096))
+    assert cfg.num_stages == arms.BWD_TUNING.num_stages
 
 
 @pytest.mark.parametrize("tuning", [rms.BwdTuning(num_stages=3), rms.BwdTuning(num_stages=2, rows_per_iter=2,

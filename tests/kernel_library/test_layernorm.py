@@ -441,10 +441,6 @@ def test_compiled_matches_eager(residual):
 # --- the backward's module-level tunings (BWD_TUNING / ADD_BWD_TUNING, swept by benchmarks/sweep_tiles.py) ------
 
 
-def test_default_backward_tunings_are_unmeasured_none():
-    assert ln.BWD_TUNING == ln.BwdTuning() and ln.ADD_BWD_TUNING == ln.BwdTuning()
-
-
 @pytest.mark.parametrize("residual", (False, True), ids=("plain", "residual"))
 def test_backward_tuning_switch(monkeypatch, residual):
     # each switch reaches its own launch (the plain backward BWD_TUNING, the residual one ADD_BWD_TUNING) and the
