@@ -24,7 +24,7 @@ from torch.utils.flop_counter import flop_registry
 
 from fusion_advisor.capture import Capture, source_of
 from fusion_advisor.records import OpInfo, SourceLoc, TensorMeta
-from fusion_advisor.sdpa import BACKEND_OF_TARGET, choose_backend, math_kernels
+from fusion_advisor.sdpa import BACKEND_OF_TARGET, choose_backend, fused_kernels, math_kernels
 
 CATEGORIES = (
     "pointwise",
@@ -206,8 +206,8 @@ def _sdpa_call(node: torch.fx.Node) -> dict[str, Any]:
 def attention_variant(node: torch.fx.Node, name: str) -> tuple[str, int]:
     """``(backend, eager kernels)`` of an attention node: the SDPA backend torch runs on a GPU
     (:func:`fusion_advisor.sdpa.choose_backend`: torch's own choice when CUDA is present, else the sm80/sm90 rule)
-    and the kernels it launches eagerly (1 for the fused backends, :func:`fusion_advisor.sdpa.math_kernels` for
-    math). Ops named after their backend keep it; ``("", 1)`` when the arguments cannot be read."""
+    and the kernels it launches eagerly (:func:`fusion_advisor.sdpa.fused_kernels` for the fused backends,
+    :func:`fusion_advisor.sdpa.math_kernels` for math). Ops named after their backend keep it; ``("", 1)`` when the arguments cannot be read."""
     if name in BACKEND_OF_TARGET:
         return BACKEND_OF_TARGET[name], 1
     if name not in ("attention", "scaled_dot_product_attention"):
@@ -216,15 +216,18 @@ def attention_variant(node: torch.fx.Node, name: str) -> tuple[str, int]:
     q, k, v, mask = call["query"], call["key"], call["value"], call["attn_mask"]
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or not (mask is None or isinstance(mask, torch.Tensor)):
         return "", 1
-    dropout = float(call["dropout_p"] or 0.0)
-    causal = call["is_causal"] is True
-    gqa = bool(call["enable_gqa"]) and q.dim() >= 3 and k.dim() >= 3 and q.shape[-3] != k.shape[-3]
-    backend, _ = choose_backend(q, k, v, mask, dropout, causal, call["scale"], bool(call["enable_gqa"]))
-    if backend != "math":
-        return backend, 1
-    permuted = sum(not row_major_order(tuple(t.shape), tuple(t.stride())) for t in (q, k, v))
-    kind = "" if mask is None else "bool" if mask.dtype == torch.bool else "float"
-    return backend, math_kernels(kind, causal, dropout, gqa, permuted)
+    try:
+        dropout = float(call["dropout_p"] or 0.0)
+        causal = call["is_causal"] is True
+        gqa = bool(call["enable_gqa"]) and q.dim() >= 3 and k.dim() >= 3 and q.shape[-3] != k.shape[-3]
+        backend, _ = choose_backend(q, k, v, mask, dropout, causal, call["scale"], bool(call["enable_gqa"]))
+        kind = "" if mask is None else "bool" if mask.dtype == torch.bool else "float"
+        if backend != "math":
+            return backend, fused_kernels(kind)
+        permuted = sum(not row_major_order(tuple(t.shape), tuple(t.stride())) for t in (q, k, v))
+        return backend, math_kernels(kind, causal, dropout, gqa, permuted)
+    except (TypeError, ValueError, RuntimeError):  # symbolic sizes or odd arguments: backend unknown
+        return "", 1
 
 
 def module_path_of(node: torch.fx.Node) -> str:

@@ -209,6 +209,20 @@ def choose_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     return rule_backend(args_of(q, k, v, mask, dropout_p, is_causal, enable_gqa))[0], "rule"
 
 
+#: Kernels SDPA runs on a boolean attn_mask before any backend (``convert_boolean_attn_mask`` turns it into an
+#: additive float mask, then the fused path aligns/expands it): measured, 5 kernels per efficient-attention call with
+#: a boolean ``[B, 1, S, S]`` mask on our H200, torch 2.11 (the hf_llama and hf_gpt2 attention rows of
+#: benchmarks/results/profile_accuracy_h200/rerun_4_models/profile_accuracy_chains.csv, ``measured_kernels``), that
+#: is 1 attention kernel + 4.
+BOOL_MASK_KERNELS = 4
+
+
+def fused_kernels(mask: str = "") -> int:
+    """Eager kernels of a fused SDPA backend (flash, efficient, cuDNN): 1, plus :data:`BOOL_MASK_KERNELS` for a
+    boolean mask."""
+    return 1 + (BOOL_MASK_KERNELS if mask == "bool" else 0)
+
+
 def math_kernels(mask: str = "", is_causal: bool = False, dropout_p: float = 0.0, gqa: bool = False,
                  permuted_inputs: int = 0) -> int:
     """Eager kernels of SDPA's math backend (``at::_scaled_dot_product_attention_math`` on CUDA), counted from its
@@ -218,14 +232,14 @@ def math_kernels(mask: str = "", is_causal: bool = False, dropout_p: float = 0.0
     - ``matmul(q, k^T)`` and ``matmul(attn, v)``: 2 bmm, plus one copy per q/k/v operand in a permuted layout
       (``permuted_inputs``), which the 4-D ``matmul`` cannot fold into a bmm without ``reshape`` copying it;
     - ``_safe_softmax``: softmax, ``eq(-inf)``, ``all`` over the row, a zero scalar, ``where``: 5;
-    - an attn_mask: ``attn.add_(mask)``: 1; a boolean mask is first converted (``zeros_like``, ``logical_not``,
-      ``masked_fill``): +3;
+    - an attn_mask: ``attn.add_(mask)``: 1; a boolean mask is first converted to an additive one:
+      +:data:`BOOL_MASK_KERNELS`;
     - ``is_causal``: ``ones(L, S).tril()`` then the boolean conversion: +5, and its add: +1 (when no mask is given);
     - dropout: random mask and scaling: +3; GQA: ``repeat_interleave`` of k and v: +2.
     """
     n = 2 + 2 + 5 + min(max(permuted_inputs, 0), 3)
     if mask:
-        n += 1 + (3 if mask == "bool" else 0)
+        n += 1 + (BOOL_MASK_KERNELS if mask == "bool" else 0)
     if is_causal:
         n += 5 + (0 if mask else 1)
     if dropout_p > 0:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from fusion_advisor.analyze import analyze
-from fusion_advisor.sdpa import SdpaArgs, args_of, choose_backend, math_kernels, rule_backend, torch_backend
+from fusion_advisor.sdpa import (BOOL_MASK_KERNELS, SdpaArgs, args_of, choose_backend, fused_kernels, math_kernels,
+                                 rule_backend, torch_backend)
 
 
 def _args(q=(2, 8, 128, 64), k=None, v=None, dtype="bf16", **kw) -> SdpaArgs:
@@ -55,7 +56,7 @@ def test_math_kernel_count():
     # 2 scalings + 2 bmm + 5 in _safe_softmax; masks, causal, dropout, GQA and permuted operands add kernels
     assert math_kernels() == 9
     assert math_kernels("float") == 10
-    assert math_kernels("bool") == 13
+    assert math_kernels("bool") == 14
     assert math_kernels(is_causal=True) == 15
     assert math_kernels("float", permuted_inputs=3) == 13
     assert math_kernels(permuted_inputs=7) == 12  # at most q, k and v
@@ -106,7 +107,8 @@ def _attention_model(tmp_path, head_dim: int, mask: str, causal: bool):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the rule path; with CUDA torch itself answers")
 @pytest.mark.parametrize("head_dim,mask,causal,want", [(64, "", True, "flash"), (64, "float", False, "efficient"),
-                                                       (60, "float", False, "math"), (60, "bool", False, "math")])
+                                                       (64, "bool", False, "efficient"), (60, "float", False, "math"),
+                                                       (60, "bool", False, "math")])
 def test_graph_records_the_backend(tmp_path, head_dim, mask, causal, want):
     a, op, chain = _attention_model(tmp_path, head_dim, mask, causal)
     assert op.variant == want
@@ -117,4 +119,5 @@ def test_graph_records_the_backend(tmp_path, head_dim, mask, causal, want):
         est = a.estimates[chain.id]
         assert est.launch_eager_us == pytest.approx(op.eager_kernels * 12.0)  # h200's launch overhead
     else:
-        assert op.eager_kernels == 1 and chain.eager_kernels == 1
+        # a boolean mask is converted to an additive one first (measured: 5 kernels with the efficient kernel)
+        assert op.eager_kernels == chain.eager_kernels == fused_kernels(mask) == 1 + (mask == "bool") * BOOL_MASK_KERNELS
