@@ -16,8 +16,9 @@ For the cost model's attention and layout terms (fusion_advisor/sdpa.py, fusion_
 
    FLOPs as fusion_advisor.graph counts them: 4 b h s^2 d (halved when causal); batch x seq = 8192 tokens,
    heads x head_dim = 2048.
-2. Bandwidth (read + written, GB/s) of bf16 [B, 2048, 32, 128] (> L2) eager ops: contiguous copy, copy from a
-   transpose(1, 2) view, ``view * cos`` with a broadcast [S, 1, D]-like operand on the permuted view (RoPE's mul).
+2. Bandwidth (read + written, GB/s) of eager ops on a permuted bf16 [B, 2048, 32, 128].transpose(1, 2) view
+   (> L2): copies, and each op of the RoPE chain (mul by a broadcast cos, neg of a slice, cat of the halves, add of
+   a permuted and a contiguous operand), with the row-major flag of each operand; and the whole RoPE chain's time.
 
 Writes sdpa_backends.json (setup + rows) and sdpa_backends.csv (one row per config, dtype, seq, head_dim,
 provider) to --out. Under ~2 minutes on an H200.
@@ -161,27 +162,50 @@ def attention_rows(quick: bool) -> list[dict]:
 
 
 def layout_rows() -> list[dict]:
-    """Eager ops on a bf16 [B, 2048, 32, 128] tensor, B = 8 (1 GiB, > L2): contiguous vs permuted reads."""
+    """Eager ops on the permuted q of a Llama layer, bf16 ``[B, 2048, 32, 128].transpose(1, 2)`` with B = 8 (1 GiB,
+    > L2), one by one as the roofline sees them: the ops of the RoPE chain (``q * cos + rotate_half(q) * sin``)
+    and copies. GB/s from bytes read + written (``fusion_advisor.graph.tensor_meta``: broadcast dims once), with
+    whether each operand is read in row-major order (``TensorMeta.contiguous``): tells apart "any permuted input
+    is slow" from "only a layout change between input and output is slow"."""
+    from fusion_advisor.graph import tensor_meta
+
     b, s, h, d = 8, 2048, 32, 128
     x = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty(b, h, s, d, device="cuda", dtype=torch.bfloat16)
-    cos = torch.randn(1, 1, s, d, device="cuda", dtype=torch.bfloat16)  # broadcast over batch and heads
-    xt = x.transpose(1, 2)  # [B, H, S, D] view, permuted
+    cos = torch.randn(b, 1, s, d, device="cuda", dtype=torch.bfloat16)  # broadcast over heads, as in RoPE
+    xt = x.transpose(1, 2)  # [B, H, S, D] view, permuted: the layout of q = proj(x).view(...).transpose(1, 2)
     xc = xt.contiguous()
-    n = x.numel() * 2
+    half = d // 2
     cases = {
-        "copy_contiguous": (lambda: dst.copy_(xc), 2 * n),
-        "copy_from_transpose": (lambda: dst.copy_(xt), 2 * n),
-        "contiguous_call": (lambda: xt.contiguous(), 2 * n),
-        "mul_contiguous_by_cos": (lambda: xc * cos, 2 * n),
-        "mul_transpose_by_cos": (lambda: xt * cos, 2 * n),
+        "copy_contiguous": (lambda: dst.copy_(xc), (xc,)),
+        "copy_from_transpose": (lambda: dst.copy_(xt), (xt,)),
+        "contiguous_call": (lambda: xt.contiguous(), (xt,)),
+        "mul_contiguous_by_cos": (lambda: xc * cos, (xc, cos)),
+        "mul_transpose_by_cos": (lambda: xt * cos, (xt, cos)),
+        "mul_transpose_by_transpose": (lambda: xt * xt, (xt, xt)),
+        "neg_transpose_slice": (lambda: -xt[..., half:], (xt[..., half:],)),
+        "cat_transpose_halves": (lambda: torch.cat((xt[..., half:], xt[..., :half]), dim=-1),
+                                 (xt[..., half:], xt[..., :half])),
+        "add_transpose_contiguous": (lambda: xt + xc, (xt, xc)),
     }
     rows = []
-    for name, (fn, nbytes) in cases.items():
+    for name, (fn, inputs) in cases.items():
+        out = fn()
+        metas_in = [tensor_meta(t) for t in inputs]
+        nbytes = sum(m.nbytes for m in metas_in) + tensor_meta(out).nbytes
+        del out
         t = time_cuda(fn, warmup_ms=10.0, rep_ms=50.0)
-        rows.append(dict(case=name, shape=[b, s, h, d], dtype="bf16", bytes=nbytes, median_ms=t.median_ms,
-                         gbps=nbytes / (t.median_ms * 1e-3) / 1e9))
-        print(f"{name:24s} {rows[-1]['gbps']:8.0f} GB/s", flush=True)
+        rows.append(dict(case=name, shape=[b, h, s, d], dtype="bf16", bytes=nbytes, median_ms=t.median_ms,
+                         gbps=nbytes / (t.median_ms * 1e-3) / 1e9,
+                         inputs_row_major=[m.contiguous for m in metas_in],
+                         output_row_major=tensor_meta(fn()).contiguous))
+        print(f"{name:28s} {rows[-1]['gbps']:8.0f} GB/s  in row-major {rows[-1]['inputs_row_major']} "
+              f"out {rows[-1]['output_row_major']}", flush=True)
+    sin = cos
+    rope = lambda: xt * cos + torch.cat((-xt[..., half:], xt[..., :half]), dim=-1) * sin  # noqa: E731
+    t = time_cuda(rope, warmup_ms=10.0, rep_ms=50.0)
+    rows.append(dict(case="rope_chain_eager_5_ops", shape=[b, h, s, d], dtype="bf16", median_ms=t.median_ms))
+    print(f"rope chain (5 eager ops)     {t.median_ms * 1e3:8.1f} us", flush=True)
     return rows
 
 
