@@ -59,10 +59,11 @@ _DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
 ATTENTION_SHAPE = (2, 32, 2048, 128)
 
 #: The per-backend SDPA grid (:func:`measure_attention_rates`): (backend, mask, causal). ``mask``: ``""`` none,
-#: ``"float"`` an additive mask ``[B, 1, S, S]`` of the q dtype (zeros). Flash and cuDNN take no mask; efficient is
-#: measured with a mask (HF encoders) and causal without one; math with a mask (the path masked models fall to).
-ATTENTION_CONFIGS = (("flash", "", False), ("flash", "", True), ("cudnn", "", False), ("efficient", "float", False),
-                     ("efficient", "", True), ("math", "float", False))
+#: ``"float"`` an additive mask ``[B, 1, S, S]`` of the q dtype (zeros). Flash and cuDNN take no mask (measured
+#: causal and not: newer torch builds pick cuDNN first on sm90); efficient is measured with a mask (HF models pass
+#: one) and causal without one; math with a mask (the path masked models fall to).
+ATTENTION_CONFIGS = (("flash", "", False), ("flash", "", True), ("cudnn", "", False), ("cudnn", "", True),
+                     ("efficient", "float", False), ("efficient", "", True), ("math", "float", False))
 ATTENTION_DTYPES = ("bf16", "fp16", "fp32")
 ATTENTION_SEQS = (512, 1024, 2048, 4096)
 ATTENTION_HEAD_DIMS = (64, 128)
@@ -70,7 +71,8 @@ ATTENTION_HEAD_DIMS = (64, 128)
 ATTENTION_TOKENS = 8192
 #: heads x head_dim of every grid point (32 heads of 64, 16 of 128).
 ATTENTION_MODEL_DIM = 2048
-#: do_bench budgets of one grid point (ms): 144 points finish in well under a minute on an H200.
+#: do_bench budgets of one grid point (ms), small so that the 168 points (those a backend refuses fail at once) fit
+#: in well under a minute (budget arithmetic: about 30-60 ms per point; not yet timed on the H200).
 ATTENTION_WARMUP_MS, ATTENTION_REP_MS = 5.0, 20.0
 
 
