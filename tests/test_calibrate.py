@@ -165,3 +165,15 @@ def test_cli_calibrate_lists_what_was_not_measured(tmp_path):
     r = CliRunner().invoke(app, ["calibrate", "--device", "cpu", "--quick", "--out", str(tmp_path / "c.yaml")])
     assert r.exit_code == 0, r.output
     assert "not measured: attention_tflops (GPU only" in r.output
+
+
+@pytest.mark.gpu
+def test_measure_attention_rates_on_gpu():
+    from fusion_advisor.calibrate import measure_attention_rates
+
+    rates, skipped = measure_attention_rates(seqs=(256,), head_dims=(64,), dtypes=("bf16", "fp32"),
+                                             configs=(("flash", "", False), ("math", "float", False)))
+    got = {(r["backend"], r["dtype"]) for r in rates}
+    assert {("flash", "bf16"), ("math", "bf16"), ("math", "fp32")} <= got
+    assert all(r["tflops"] > 0 and r["seq"] == 256 and r["head_dim"] == 64 for r in rates)
+    assert "flash fp32" in skipped  # flash takes fp16/bf16 only
