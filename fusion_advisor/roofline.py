@@ -16,9 +16,10 @@ Matmuls, convolutions and attention use the tensor-core peak of their dtype; eve
 
 Attention ops are costed for the SDPA backend torch runs (``OpInfo.variant``, :mod:`fusion_advisor.sdpa`): the rate
 is :meth:`DeviceSpec.attention_peak_tflops` (measured per backend, dtype, sequence length and head dim when the spec
-has ``attention_rates``, else its flat ``attention_tflops``, else the matmul peak); the math backend launches
-``OpInfo.eager_kernels`` kernels (a dozen, so its launch term is ``kernels * launch``) and moves its score matrix
-through memory several times (:func:`fusion_advisor.sdpa.math_score_bytes`, added to its memory term).
+has ``attention_rates``, else its flat ``attention_tflops``, else the matmul peak). An op launching
+``OpInfo.eager_kernels`` kernels costs at least ``kernels * launch`` (the math backend: a dozen; any backend given
+a boolean mask: 4 more); the math backend also moves its score matrix through memory several times
+(:func:`fusion_advisor.sdpa.math_score_bytes`, added to its memory term).
 
 Non-matmul ops that read an input in a permuted layout (``OpInfo.reads_permuted``: ``x.transpose(1, 2)`` feeding a
 pointwise op or a ``.contiguous()`` copy) run far below copy bandwidth in eager TensorIterator kernels; when the
@@ -108,7 +109,8 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     launch_eager_us = chain.eager_kernels * spec.launch_overhead_us
     launch = spec.launch_overhead_us
     # an op on empty tensors launches no kernel (PyTorch returns before launching one)
-    # an op launching n kernels (SDPA's math backend) keeps the GPU busy at least n launches
+    # an op launching n kernels (SDPA's math backend, or any backend converting a boolean mask) costs at least n
+    # launches
     busy = [(_op_time_us(ops[i], spec), _launches(ops[i]), max(ops[i].eager_kernels, 1)) for i in chain.op_ids]
     eager_us = sum(max(t, n * launch) if runs else 0.0 for t, runs, n in busy)
     idle_us = sum(max(0.0, n * launch - t) if runs else 0.0 for t, runs, n in busy)
