@@ -11,6 +11,7 @@ For the cost model's attention and layout terms (fusion_advisor/sdpa.py, fusion_
        float_mask    additive mask [B, 1, S, S] of the q dtype (HF encoders)
        fp32_mask     additive fp32 mask [B, 1, S, S] with fp16/bf16 q (a mask left in fp32)
        bool_mask     boolean mask [B, 1, S, S]
+       bool_pad_mask boolean padding mask [B, 1, 1, S] expanded to [B, 1, S, S] (stride 0), q/k/v permuted (HF BERT)
        gqa           32 query heads over 8 k/v heads, enable_gqa=True, causal
        permuted      q/k/v as proj(x).view(B, S, H, D).transpose(1, 2) (the layout models pass), no mask
 
@@ -46,7 +47,7 @@ from fusion_advisor.calibrate import attention_flops  # noqa: E402
 from fusion_advisor.sdpa import args_of, rule_backend  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-CONFIGS = ("causal", "float_mask", "fp32_mask", "bool_mask", "gqa", "permuted")
+CONFIGS = ("causal", "float_mask", "fp32_mask", "bool_mask", "bool_pad_mask", "gqa", "permuted")
 SEQS = (512, 1024, 2048, 4096)
 HEAD_DIMS = (64, 128)
 TOKENS, MODEL_DIM = 8192, 2048
@@ -66,7 +67,7 @@ def make_inputs(config: str, dtype: torch.dtype, s: int, d: int) -> tuple[dict, 
         return torch.randn(*shape, device="cuda", dtype=dtype, generator=gen)
 
     causal = config in ("causal", "gqa")
-    if config == "permuted":
+    if config in ("permuted", "bool_pad_mask"):
         q, k, v = (rnd(b, s, h, d).transpose(1, 2) for _ in range(3))
     elif config == "gqa":
         hk = max(1, h // 4)
@@ -80,6 +81,8 @@ def make_inputs(config: str, dtype: torch.dtype, s: int, d: int) -> tuple[dict, 
         kw["attn_mask"] = torch.zeros(b, 1, s, s, device="cuda", dtype=torch.float32)
     elif config == "bool_mask":
         kw["attn_mask"] = torch.ones(b, 1, s, s, device="cuda", dtype=torch.bool)
+    elif config == "bool_pad_mask":
+        kw["attn_mask"] = torch.ones(b, 1, 1, s, device="cuda", dtype=torch.bool).expand(b, 1, s, s)
     if config == "gqa":
         kw["enable_gqa"] = True
     return kw, b, h, causal
