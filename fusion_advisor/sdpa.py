@@ -21,6 +21,7 @@ How the backend is found (:func:`choose_backend`):
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 import torch
 
@@ -158,10 +159,13 @@ def torch_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
                  for t in tensors]
         pq, pk, pv = probe[:3]
         pm = probe[3] if mask is not None else None
-        try:
-            code = choice(pq, pk, pv, pm, float(dropout_p), bool(is_causal), scale=scale, enable_gqa=bool(enable_gqa))
-        except TypeError:  # a torch without enable_gqa
-            code = choice(pq, pk, pv, pm, float(dropout_p), bool(is_causal), scale=scale)
+        with warnings.catch_warnings():  # torch warns why each backend was refused before raising: not ours
+            warnings.simplefilter("ignore")
+            try:
+                code = choice(pq, pk, pv, pm, float(dropout_p), bool(is_causal), scale=scale,
+                              enable_gqa=bool(enable_gqa))
+            except TypeError:  # a torch without enable_gqa
+                code = choice(pq, pk, pv, pm, float(dropout_p), bool(is_causal), scale=scale)
         from torch.nn.attention import SDPBackend
 
         return _SDP_NAMES.get(SDPBackend(int(code)).name)
