@@ -145,14 +145,15 @@ def torch_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                   enable_gqa: bool = False) -> str | None:
     """Ask torch which backend SDPA runs for these (real or fake) tensors' shapes, strides and dtypes on the current
-    CUDA device: ``torch._fused_sdp_choice`` on empty CUDA tensors of the same layout. ``None`` when CUDA or that
+    CUDA device: ``torch._fused_sdp_choice`` on empty CUDA tensors of the same sizes and strides (storage offset 0:
+    pointer alignment is assumed, as in :func:`rule_backend`). ``None`` when CUDA or that
     function is unavailable, the tensors are too large to probe (:data:`MAX_PROBE_BYTES`) or torch refuses them."""
     choice = getattr(torch, "_fused_sdp_choice", None)
     if choice is None or not torch.cuda.is_available():
         return None
     tensors = [t for t in (q, k, v, mask) if t is not None]
     try:
-        total = sum(t.untyped_storage().nbytes() if not _is_fake(t) else _span_bytes(t) for t in tensors)
+        total = sum(_span_bytes(t) for t in tensors)
         if total > MAX_PROBE_BYTES:
             return None
         probe = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cuda")
@@ -173,12 +174,8 @@ def torch_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
         return None
 
 
-def _is_fake(t: torch.Tensor) -> bool:
-    return type(t).__name__ == "FakeTensor" or t.device.type == "meta"
-
-
 def _span_bytes(t: torch.Tensor) -> int:
-    """Bytes spanned by ``t``'s elements in its storage (for fake tensors, whose storage cannot be read)."""
+    """Bytes spanned by ``t``'s elements from its first one (fake tensors' storage cannot be read)."""
     if t.numel() == 0:
         return 0
     span = 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
