@@ -8,6 +8,15 @@ What is measured (:func:`measure`):
 - **matmul throughput** per dtype: ``torch.mm`` of square ``n x n`` matrices, ``2 n^3`` FLOPs over the median
   time. GPU: fp32 with TF32 off (``torch.backends.cuda.matmul.allow_tf32 = False``), tf32 (on), bf16 and fp16,
   ``n = 8192``; CPU: fp32 and bf16 (and fp16 where the CPU build runs it), ``n = 1024``;
+- **permuted-copy bandwidth**: ``dst.copy_(x.transpose(1, 2))`` of a bf16 ``[B, S, H, D]`` tensor (S 2048, H 32,
+  D 128, B filling the copy buffer size) into a contiguous ``[B, H, S, D]``: the eager TensorIterator copy reading a
+  permuted view, ``2 * nbytes`` over the median time: the spec's ``strided_bandwidth_gbps``;
+- **SDPA rate per backend** (GPU only, not with ``quick``): ``F.scaled_dot_product_attention`` forced to one
+  backend with ``torch.nn.attention.sdpa_kernel`` over the grid :data:`ATTENTION_CONFIGS` x
+  :data:`ATTENTION_DTYPES` x :data:`ATTENTION_SEQS` x :data:`ATTENTION_HEAD_DIMS` (batch x seq =
+  :data:`ATTENTION_TOKENS`, heads x head_dim = :data:`ATTENTION_MODEL_DIM`), FLOPs as ``fusion_advisor.graph``
+  counts them (``4 b h s^2 d``, halved when causal) over the median time: the spec's ``attention_rates``;
+  combinations a backend refuses are listed as not measured;
 - **per-op launch overhead**: wall time per tiny eager op (``y = x + 1`` on 1024 elements) in a long loop,
   synchronised once at the end: the rate at which eager PyTorch issues kernels, which is the roofline's
   ``launch_overhead_us`` (:mod:`fusion_advisor.roofline`). On a GPU also the time per back-to-back tiny kernel
@@ -48,6 +57,23 @@ _DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
 
 #: (batch, heads, seq, head_dim) of the attention measurement: a Llama-7B layer at 2 x 2048 tokens (non-causal).
 ATTENTION_SHAPE = (2, 32, 2048, 128)
+
+#: The per-backend SDPA grid (:func:`measure_attention_rates`): (backend, mask, causal). ``mask``: ``""`` none,
+#: ``"float"`` an additive mask ``[B, 1, S, S]`` of the q dtype (zeros). Flash and cuDNN take no mask (measured
+#: causal and not: newer torch builds pick cuDNN first on sm90); efficient is measured with a mask (HF models pass
+#: one) and causal without one; math with a mask (the path masked models fall to).
+ATTENTION_CONFIGS = (("flash", "", False), ("flash", "", True), ("cudnn", "", False), ("cudnn", "", True),
+                     ("efficient", "float", False), ("efficient", "", True), ("math", "float", False))
+ATTENTION_DTYPES = ("bf16", "fp16", "fp32")
+ATTENTION_SEQS = (512, 1024, 2048, 4096)
+ATTENTION_HEAD_DIMS = (64, 128)
+#: batch x seq of every grid point (8 x 1024 tokens: batch 16 at 512, 2 at 4096).
+ATTENTION_TOKENS = 8192
+#: heads x head_dim of every grid point (32 heads of 64, 16 of 128).
+ATTENTION_MODEL_DIM = 2048
+#: do_bench budgets of one grid point (ms), small so that the 168 points (those a backend refuses fail at once) fit
+#: in well under a minute (budget arithmetic: about 30-60 ms per point; not yet timed on the H200).
+ATTENTION_WARMUP_MS, ATTENTION_REP_MS = 5.0, 20.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +120,10 @@ class Calibration:
         matmul_notes: per dtype, why it was not measured (absent when measured).
         attention_tflops: GPU only: fused attention (``F.scaled_dot_product_attention``) TFLOP/s by dtype.
         attention_shape: ``(batch, heads, seq, head_dim)`` of that measurement.
+        attention_rates: GPU only: SDPA TFLOP/s per backend, dtype, seq, head dim and causal flag (entries in the
+            spec's ``attention_rates`` format, :class:`fusion_advisor.devices.AttentionRate`).
+        strided_gbps: bandwidth of a copy reading a permuted view (GB/s, read + written), None when not measured.
+        not_measured: spec fields or grid points not measured, with the reason (e.g. GPU only).
         launch_us: wall time per tiny eager op in a long loop (us).
         kernel_floor_us: GPU only: device time per back-to-back tiny kernel from a CUDA-graph replay (us), else None.
         l2_bytes: L2 cache size (GPU), 0 when unknown.
@@ -116,6 +146,9 @@ class Calibration:
     extra: dict[str, Any] = field(default_factory=dict)
     attention_tflops: dict[str, float] = field(default_factory=dict)
     attention_shape: tuple[int, int, int, int] = ATTENTION_SHAPE
+    attention_rates: list[dict[str, Any]] = field(default_factory=list)
+    strided_gbps: float | None = None
+    not_measured: dict[str, str] = field(default_factory=dict)
 
 
 def _versions() -> dict[str, str]:
@@ -220,6 +253,87 @@ def measure_attention_tflops(dtype: str, timer: Callable[[Callable[[], Any]], Ti
     return 4 * b * h * s * s * d / (t.median_ms * 1e-3) / 1e12
 
 
+def measure_strided_copy_gbps(device: str, sizes: Sizes, timer: Callable[[Callable[[], Any]], Timing]) -> float:
+    """Bandwidth (GB/s) of an eager copy reading a permuted view: ``dst.copy_(x.transpose(1, 2))`` with x a bf16
+    ``[B, 2048, 32, 128]`` tensor (B so that x is about ``sizes.copy_bytes``, at least 1) and dst a contiguous
+    ``[B, 32, 2048, 128]``: ``2 * nbytes`` (read + written) over the median time. The layout of
+    ``proj(x).view(B, S, H, D).transpose(1, 2)`` feeding RoPE or a ``.contiguous()``."""
+    s, h, d = 2048, 32, 128
+    b = max(1, sizes.copy_bytes // (s * h * d * 2))
+    x = torch.ones(b, s, h, d, device=device, dtype=torch.bfloat16)
+    dst = torch.empty(b, h, s, d, device=device, dtype=torch.bfloat16)
+    view = x.transpose(1, 2)
+    t = timer(lambda: dst.copy_(view))
+    return 2 * x.numel() * 2 / (t.median_ms * 1e-3) / 1e9
+
+
+def attention_flops(b: int, h: int, s: int, d: int, causal: bool) -> int:
+    """FLOPs of SDPA on q, k, v ``[b, h, s, d]`` as ``fusion_advisor.graph`` counts them: ``4 b h s^2 d`` (the two
+    GEMMs, a multiply-add counting 2), halved when causal."""
+    flops = 4 * b * h * s * s * d
+    return flops // 2 if causal else flops
+
+
+def measure_attention_rates(timer: Callable[[Callable[[], Any]], Timing] | None = None,
+                            seqs: tuple[int, ...] = ATTENTION_SEQS, head_dims: tuple[int, ...] = ATTENTION_HEAD_DIMS,
+                            dtypes: tuple[str, ...] = ATTENTION_DTYPES,
+                            configs: tuple[tuple[str, str, bool], ...] = ATTENTION_CONFIGS,
+                            ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """SDPA TFLOP/s per backend forced with ``torch.nn.attention.sdpa_kernel`` over the grid (see the module
+    docstring); default timer: ``time_cuda`` with :data:`ATTENTION_WARMUP_MS` / :data:`ATTENTION_REP_MS`.
+
+    Returns:
+        ``(rates, not_measured)``: rates as ``attention_rates`` entries (``backend``, ``dtype``, ``seq``,
+        ``head_dim``, ``causal``, ``tflops``); ``not_measured`` maps ``"backend dtype [causal]"`` to why a
+        backend could not run (first refusal only).
+
+    Raises:
+        RuntimeError: no CUDA device, or no ``torch.nn.attention.sdpa_kernel``.
+    """
+    import warnings
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("measure_attention_rates needs a CUDA device")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    members = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+               "math": "MATH"}
+    timer = timer or (lambda fn: time_cuda(fn, warmup_ms=ATTENTION_WARMUP_MS, rep_ms=ATTENTION_REP_MS))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    rates: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    for backend, mask_kind, causal in configs:
+        member = getattr(SDPBackend, members[backend], None)
+        for dtype in dtypes:
+            label = f"{backend} {dtype}" + (" causal" if causal else "") + (" masked" if mask_kind else "")
+            if member is None:
+                skipped[label] = f"this torch has no SDPBackend.{members[backend]}"
+                continue
+            for d in head_dims:
+                for s in seqs:
+                    b, h = max(1, ATTENTION_TOKENS // s), max(1, ATTENTION_MODEL_DIM // d)
+                    q = k = v = mask = None
+                    try:
+                        gen = torch.Generator(device="cuda").manual_seed(0)
+                        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=_DTYPES[dtype], generator=gen)
+                                   for _ in range(3))
+                        if mask_kind:
+                            mask = torch.zeros(b, 1, s, s, device="cuda", dtype=_DTYPES[dtype])
+                        with warnings.catch_warnings(), sdpa_kernel([member]):
+                            warnings.simplefilter("ignore")
+                            t = timer(lambda: sdpa(q, k, v, attn_mask=mask, is_causal=causal))
+                    except (RuntimeError, NotImplementedError, ValueError) as e:  # refused, or out of memory
+                        skipped.setdefault(label, f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160]}")
+                        continue
+                    finally:
+                        q = k = v = mask = None  # free before the next, larger point
+                    rates.append({"backend": backend, "dtype": dtype, "seq": s, "head_dim": d, "causal": causal,
+                                  "tflops": round(attention_flops(b, h, s, d, causal) / (t.median_ms * 1e-3) / 1e12,
+                                                  3)})
+            torch.cuda.empty_cache()
+    return rates, skipped
+
+
 def measure_launch_us(device: str, sizes: Sizes, repeats: int = 5) -> float:
     """Wall time per tiny eager op (``y = x + 1`` on ``launch_numel`` fp32 elements), us: ``launch_ops`` ops issued
     in a loop, synchronised once at the end; the median of ``repeats`` loops after one warm-up loop."""
@@ -300,12 +414,29 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
             notes["tf32"] = "no TF32 on a CPU: torch runs fp32 matmuls in fp32; the measured fp32 rate"
             tflops["tf32"] = tflops["fp32"]
         attention: dict[str, float] = {}
+        rates: list[dict[str, Any]] = []
+        not_measured: dict[str, str] = {}
         if device == "cuda" and not quick:
             for dtype in ("bf16", "fp16"):
                 try:
                     attention[dtype] = measure_attention_tflops(dtype, timer)
                 except RuntimeError as e:
                     notes[f"attention {dtype}"] = f"not measured ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+            try:
+                rates, skipped = measure_attention_rates()
+                not_measured.update({f"attention_rates {k}": v for k, v in skipped.items()})
+            except (RuntimeError, ImportError) as e:
+                not_measured["attention_rates"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        elif device == "cuda":
+            not_measured["attention_tflops"] = not_measured["attention_rates"] = "not measured with --quick"
+        else:
+            not_measured["attention_tflops"] = not_measured["attention_rates"] = \
+                "GPU only (SDPA's flash / efficient / cuDNN kernels): not measured on a CPU"
+        try:
+            strided: float | None = measure_strided_copy_gbps(device, sizes, timer)
+        except (RuntimeError, MemoryError) as e:
+            strided = None
+            not_measured["strided_bandwidth_gbps"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         launch = measure_launch_us(device, sizes)
         floor = measure_kernel_floor_us(sizes) if device == "cuda" else None
     if device == "cuda":
@@ -313,7 +444,8 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
     return Calibration(
         device=device, device_name=name, date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), versions=_versions(),
         copy_gbps=copy, matmul_tflops=tflops, matmul_notes=notes, launch_us=launch, kernel_floor_us=floor,
-        l2_bytes=l2, sizes=sizes, attention_tflops=attention,
+        l2_bytes=l2, sizes=sizes, attention_tflops=attention, attention_rates=rates, strided_gbps=strided,
+        not_measured=not_measured,
         timer="triton.testing.do_bench median (L2 flushed before each call)" if device == "cuda"
         else "wall-clock median (time.perf_counter)")
 
@@ -383,6 +515,20 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                         f"{tuple(cal.attention_shape)} (batch, heads, seq, head_dim), "
                                         f"4 b h s^2 d FLOPs over the {cal.timer}")}
            if cal.attention_tflops else {}),
+        **({"attention_rates": [dict(r) for r in cal.attention_rates],
+            "attention_rates_source": (f"{by}: F.scaled_dot_product_attention forced to each backend with "
+                                       f"torch.nn.attention.sdpa_kernel; batch x seq = {ATTENTION_TOKENS}, heads x "
+                                       f"head_dim = {ATTENTION_MODEL_DIM}; masked entries (efficient, math) with an "
+                                       "additive [B, 1, S, S] mask of the q dtype; 4 b h s^2 d FLOPs (halved when "
+                                       f"causal) over the triton.testing.do_bench median ({ATTENTION_WARMUP_MS:g} ms "
+                                       f"warm-up, {ATTENTION_REP_MS:g} ms timed)")}
+           if cal.attention_rates else {}),
+        **({"strided_bandwidth_gbps": round(cal.strided_gbps, 1),
+            "strided_bandwidth_source": (f"{by}: dst.copy_(x.transpose(1, 2)) of a bf16 [B, 2048, 32, 128] tensor "
+                                         "into a contiguous [B, 32, 2048, 128] (B filling "
+                                         f"{s.copy_bytes / 2**20:.0f} MiB), bytes read + written over the "
+                                         f"{cal.timer}")}
+           if cal.strided_gbps else {}),
         "launch_overhead_us": round(cal.launch_us, 3),
         "launch_overhead_source": launch_src,
         "l2_bytes": int(cal.l2_bytes or base.l2_bytes),
@@ -398,6 +544,7 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
             "sizes": asdict(s),
             "kernel_floor_us": round(cal.kernel_floor_us, 3) if cal.kernel_floor_us is not None else None,
             "base_spec": base.name,
+            "not_measured": dict(cal.not_measured),
         },
     }
     parse_spec(data, "calibrate output")  # the loader must take what we write

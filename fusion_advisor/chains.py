@@ -273,7 +273,7 @@ def build_chains(og: OpGraph) -> list[Chain]:
                 else ops[0].target.split(".")[1] if ops[0].target.startswith("aten.") else ops[0].target,
                 categories=tuple(sorted({o.category for o in ops})),
                 dtype=io_dtype or _dominant_dtype(ops),
-                eager_kernels=len(ops),
+                eager_kernels=sum(o.eager_kernels for o in ops),
                 eager_bytes=eager_bytes,
                 fused_bytes=fused_bytes,
                 flops=sum(o.flops for o in ops),

@@ -564,6 +564,9 @@ def calibrate(
     typer.echo(f"{data['display_name']} ({data['kind']}): copy {data['memory_bandwidth_gbps']:,.1f} GB/s "
                f"(read + write); matmul TFLOP/s " + ", ".join(f"{k} {v:,.3g}" for k, v in t.items())
                + f"; launch {data['launch_overhead_us']:.2f} us per eager op")
+    skipped = data.get("calibration", {}).get("not_measured") or {}
+    if skipped:
+        typer.echo("not measured: " + "; ".join(f"{k} ({v})" for k, v in skipped.items()))
     typer.echo(f"wrote {path}; use it with: fusion-advisor analyze --gpu {path}")
 
 

@@ -24,6 +24,7 @@ from torch.utils.flop_counter import flop_registry
 
 from fusion_advisor.capture import Capture, source_of
 from fusion_advisor.records import OpInfo, SourceLoc, TensorMeta
+from fusion_advisor.sdpa import BACKEND_OF_TARGET, choose_backend, fused_kernels, math_kernels
 
 CATEGORIES = (
     "pointwise",
@@ -95,8 +96,22 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
 
 
+def row_major_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether a layout is read in memory order by an elementwise kernel (:attr:`TensorMeta.contiguous`): the dims
+    that move (size > 1, stride != 0) are non-overlapping with strides in decreasing order (``stride[i] >=
+    stride[i+1] * size[i+1]``) and the innermost has stride 1. Broadcasts and offset/slice views pass; permutations
+    and step slices do not."""
+    moving = [(int(size), int(stride)) for size, stride in zip(shape, strides) if size > 1 and stride != 0]
+    if not moving:
+        return True
+    if moving[-1][1] != 1:
+        return False
+    return all(outer[1] >= inner[1] * inner[0] for outer, inner in zip(moving, moving[1:]))
+
+
 def tensor_meta(t: torch.Tensor) -> TensorMeta:
-    """:class:`TensorMeta` of a (fake or real) tensor; broadcast dims (stride 0) count once in ``nbytes``."""
+    """:class:`TensorMeta` of a (fake or real) tensor; broadcast dims (stride 0) count once in ``nbytes``;
+    ``contiguous`` from the strides (:func:`row_major_order`)."""
     shape = tuple(int(s) for s in t.shape)
     numel = 1
     stored = 1
@@ -110,7 +125,8 @@ def tensor_meta(t: torch.Tensor) -> TensorMeta:
             stored *= size
     if numel == 0:
         stored = 0
-    return TensorMeta(shape=shape, dtype=dtype_name(t.dtype), numel=numel, nbytes=stored * t.element_size())
+    return TensorMeta(shape=shape, dtype=dtype_name(t.dtype), numel=numel, nbytes=stored * t.element_size(),
+                      contiguous=row_major_order(shape, tuple(int(s) for s in strides)))
 
 
 def _op_name(target: Any) -> str:
@@ -172,6 +188,46 @@ def _matmul_like_flops(target: Any, node: torch.fx.Node, out: Any) -> int:
         return int(fn(*_materialize(node.args), **_materialize(node.kwargs), out_val=out))
     except Exception:  # a formula that does not accept this overload's arguments: count as unknown
         return 0
+
+
+_SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_SDPA_DEFAULTS = (None, None, None, None, 0.0, False, None, False)
+
+
+def _sdpa_call(node: torch.fx.Node) -> dict[str, Any]:
+    """The arguments of an SDPA-signature node (our opaque op or ``aten.scaled_dot_product_attention``) by name,
+    tensors as their fake values."""
+    call = dict(zip(_SDPA_PARAMS, _SDPA_DEFAULTS))
+    call.update(zip(_SDPA_PARAMS, node.args))
+    call.update({k: v for k, v in node.kwargs.items() if k in call})
+    return {k: _val(v) for k, v in call.items()}
+
+
+def attention_variant(node: torch.fx.Node, name: str) -> tuple[str, int]:
+    """``(backend, eager kernels)`` of an attention node: the SDPA backend torch runs on a GPU
+    (:func:`fusion_advisor.sdpa.choose_backend`: torch's own choice when CUDA is present, else the sm80/sm90 rule)
+    and the kernels it launches eagerly (:func:`fusion_advisor.sdpa.fused_kernels` for the fused backends,
+    :func:`fusion_advisor.sdpa.math_kernels` for math). Ops named after their backend keep it; ``("", 1)`` when the arguments cannot be read."""
+    if name in BACKEND_OF_TARGET:
+        return BACKEND_OF_TARGET[name], 1
+    if name not in ("attention", "scaled_dot_product_attention"):
+        return "", 1
+    call = _sdpa_call(node)
+    q, k, v, mask = call["query"], call["key"], call["value"], call["attn_mask"]
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or not (mask is None or isinstance(mask, torch.Tensor)):
+        return "", 1
+    try:
+        dropout = float(call["dropout_p"] or 0.0)
+        causal = call["is_causal"] is True
+        gqa = bool(call["enable_gqa"]) and q.dim() >= 3 and k.dim() >= 3 and q.shape[-3] != k.shape[-3]
+        backend, _ = choose_backend(q, k, v, mask, dropout, causal, call["scale"], bool(call["enable_gqa"]))
+        kind = "" if mask is None else "bool" if mask.dtype == torch.bool else "float"
+        if backend != "math":
+            return backend, fused_kernels(kind)
+        permuted = sum(not row_major_order(tuple(t.shape), tuple(t.stride())) for t in (q, k, v))
+        return backend, math_kernels(kind, causal, dropout, gqa, permuted)
+    except (TypeError, ValueError, RuntimeError):  # symbolic sizes or odd arguments: backend unknown
+        return "", 1
 
 
 def module_path_of(node: torch.fx.Node) -> str:
@@ -321,6 +377,7 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     outputs = tuple(tensor_meta(t) for t in _tensors(out_val))
     inputs = tuple(tensor_meta(t) for a in _flat_nodes((node.args, node.kwargs)) for t in _tensors(_val(a)))
     row, last = _reduction_geometry(node, _op_name(target), category, inputs, outputs)
+    variant, kernels = attention_variant(node, _op_name(target)) if category == "attention" else ("", 1)
     if category == "view":
         flops, read, written = 0, 0, 0
     else:
@@ -353,4 +410,6 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
         source=source_of(node) if node.meta.get("stack_trace") else SourceLoc(),
         reduction_elems=row,
         reduces_last_dim=last,
+        variant=variant,
+        eager_kernels=kernels,
     )

@@ -22,12 +22,19 @@ class TensorMeta:
         dtype: short dtype name (``"bf16"``, ``"fp32"``, ``"int64"``, ...).
         numel: number of elements of the logical tensor.
         nbytes: bytes the tensor's elements occupy in memory, counting broadcast (stride-0) dims once.
+        contiguous: the layout an elementwise kernel reads at copy speed: the dims that move in memory (size > 1,
+            stride != 0) have strides in decreasing order and the innermost one has stride 1. True for contiguous
+            tensors, broadcasts (stride-0 dims) and offset/slice views of a contiguous tensor (``x[:, :64]``);
+            False for permuted views (``transpose``, ``permute``, ``.mT``) and step slices (``x[..., ::2]``),
+            which eager TensorIterator kernels read far below copy bandwidth. Default True (records written
+            before the field existed).
     """
 
     shape: tuple[int, ...]
     dtype: str
     numel: int
     nbytes: int
+    contiguous: bool = True
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,11 @@ class OpInfo:
         source: the Python line that issued the op.
         reduction_elems: for reductions/normalizations/softmax, elements reduced per output (the row width), else 0.
         reduces_last_dim: False when a reduction runs over another dim than the last (e.g. softmax over channels).
+        variant: for attention ops, the ``F.scaled_dot_product_attention`` backend torch runs on a GPU (``"flash"``,
+            ``"efficient"``, ``"cudnn"``, ``"math"``; :mod:`fusion_advisor.sdpa`); ``""`` for other ops or unknown.
+        eager_kernels: kernels the op launches when run eagerly: 1, except composite paths (SDPA's math backend:
+            :func:`fusion_advisor.sdpa.math_kernels`) and ops on empty tensors (still 1 here; the roofline skips
+            them).
     """
 
     id: str
@@ -90,6 +102,13 @@ class OpInfo:
     source: SourceLoc
     reduction_elems: int = 0
     reduces_last_dim: bool = True
+    variant: str = ""
+    eager_kernels: int = 1
+
+    @property
+    def reads_permuted(self) -> bool:
+        """True when a tensor input is in a permuted/strided layout (:attr:`TensorMeta.contiguous` False)."""
+        return any(not m.contiguous for m in self.inputs)
 
     @property
     def is_view(self) -> bool:

@@ -12,16 +12,70 @@ Model (Williams, Waterman & Patterson, "Roofline", CACM 2009, plus a per-kernel 
 Bound class: **launch-bound** when, run eagerly, the GPU would sit idle waiting for launches longer than it
 computes (``sum(max(0, launch - t_op)) > sum(t_op)``); otherwise **compute-bound** when the arithmetic intensity
 is above the ridge point, else **memory-bound**.
-Matmuls, convolutions and attention use the tensor-core peak of their dtype (attention: the spec's measured fused
-attention rate when it has one, see ``DeviceSpec.attention_tflops``); everything else the vector peak.
+Matmuls, convolutions and attention use the tensor-core peak of their dtype; everything else the vector peak.
+
+Attention ops are costed for the SDPA backend torch runs (``OpInfo.variant``, :mod:`fusion_advisor.sdpa`): the rate
+is :meth:`DeviceSpec.attention_peak_tflops` (measured per backend, dtype, sequence length and head dim when the spec
+has ``attention_rates``, else its flat ``attention_tflops``, else the matmul peak). An op launching
+``OpInfo.eager_kernels`` kernels costs at least ``kernels * launch`` (the math backend: a dozen; any backend given
+a boolean mask: 4 more); the math backend also moves its score matrix through memory several times
+(:func:`fusion_advisor.sdpa.math_score_bytes`, added to its memory term).
+
+Non-matmul ops that read an input in a permuted layout (``OpInfo.reads_permuted``: ``x.transpose(1, 2)`` feeding a
+pointwise op or a ``.contiguous()`` copy) run far below copy bandwidth in eager TensorIterator kernels; when the
+spec has a measured ``strided_bandwidth_gbps`` it is their memory ceiling (their own bytes only). Without it, the
+old behaviour (copy bandwidth).
 """
 
 from __future__ import annotations
 
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.records import Chain, Estimate, OpInfo
+from fusion_advisor.sdpa import math_score_bytes
 
 _TENSOR_CORE_CATEGORIES = frozenset({"matmul", "conv", "attention"})
+#: Library ops whose memory ceiling is not the elementwise one (their kernels tile permuted operands themselves).
+_LIBRARY_CATEGORIES = frozenset({"matmul", "conv", "attention", "embedding"})
+_ITEMSIZE = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def attention_geometry(op: OpInfo) -> tuple[int, int, bool]:
+    """``(sequence length, head dim, causal)`` of an attention op from its q/k shapes and FLOPs: the key length,
+    q's last dim, and causal when the op's FLOPs are half the full ``2 * rows * Lk * (E + Ev)`` (how
+    :mod:`fusion_advisor.graph` counts a causal op). ``(0, 0, False)`` without q/k/v inputs."""
+    if len(op.inputs) < 3 or len(op.inputs[0].shape) < 2 or len(op.inputs[1].shape) < 2:
+        return 0, 0, False
+    q, k, v = op.inputs[:3]
+    rows = q.numel // max(q.shape[-1], 1)
+    full = 2 * rows * k.shape[-2] * (q.shape[-1] + (v.shape[-1] if v.shape else q.shape[-1]))
+    return int(k.shape[-2]), int(q.shape[-1]), bool(full) and op.flops * 2 == full
+
+
+def op_peak_tflops(op: OpInfo, spec: DeviceSpec) -> float:
+    """Compute ceiling (TFLOP/s) of one op: attention at its backend's rate, matmul/conv at the tensor-core peak,
+    the rest at the vector peak."""
+    if op.category == "attention":
+        seq, head_dim, causal = attention_geometry(op)
+        return spec.attention_peak_tflops(op.variant, op.dtype, seq, head_dim, causal)[0]
+    tensor = op.category in _TENSOR_CORE_CATEGORIES
+    return spec.peak_tflops(_compute_dtype(op.dtype, {op.category}), tensor, op.category)
+
+
+def op_bandwidth_gbps(op: OpInfo, spec: DeviceSpec) -> float:
+    """Memory ceiling (GB/s) of one op run eagerly: the spec's ``strided_bandwidth_gbps`` for a non-library op
+    reading a permuted input when the spec measured it, else the copy bandwidth."""
+    if spec.strided_bandwidth_gbps > 0 and op.category not in _LIBRARY_CATEGORIES and op.reads_permuted:
+        return spec.strided_bandwidth_gbps
+    return spec.memory_bandwidth_gbps
+
+
+def op_bytes(op: OpInfo) -> int:
+    """Bytes one op moves run eagerly: its reads and writes, plus the math SDPA backend's score-matrix traffic."""
+    extra = 0
+    if op.category == "attention" and op.variant == "math" and len(op.inputs) >= 2:
+        extra = math_score_bytes(op.inputs[0].shape, op.inputs[1].shape, _ITEMSIZE.get(op.dtype, 4),
+                                 mask=len(op.inputs) > 3)
+    return op.bytes_read + op.bytes_written + extra
 
 
 def _compute_dtype(dtype: str, categories: set[str] | frozenset[str]) -> str:
@@ -30,10 +84,9 @@ def _compute_dtype(dtype: str, categories: set[str] | frozenset[str]) -> str:
 
 
 def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
-    tensor = op.category in _TENSOR_CORE_CATEGORIES
-    peak = spec.peak_tflops(_compute_dtype(op.dtype, {op.category}), tensor, op.category) * 1e12
-    compute = op.flops / peak
-    memory = (op.bytes_read + op.bytes_written) / (spec.memory_bandwidth_gbps * 1e9)
+    """Device time of one op (us): ``max(FLOPs / peak, bytes / bandwidth)`` with the op's own ceilings."""
+    compute = op.flops / (op_peak_tflops(op, spec) * 1e12)
+    memory = op_bytes(op) / (op_bandwidth_gbps(op, spec) * 1e9)
     return max(compute, memory) * 1e6
 
 
@@ -46,8 +99,9 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     """Roofline :class:`Estimate` of ``chain`` on ``spec``; ``ops`` maps op ids to :class:`OpInfo`. Times in us."""
     tensor = bool(set(chain.categories) & _TENSOR_CORE_CATEGORIES)
     compute_dtype = _compute_dtype(chain.dtype, set(chain.categories))
-    category = "attention" if "attention" in chain.categories else ""
-    peak_tflops = spec.peak_tflops(compute_dtype, tensor, category)
+    attention = [ops[i] for i in chain.op_ids if ops[i].category == "attention"]
+    peak_tflops = (op_peak_tflops(attention[0], spec) if attention
+                   else spec.peak_tflops(compute_dtype, tensor))
     bw = spec.memory_bandwidth_gbps * 1e9
     compute_us = chain.flops / (peak_tflops * 1e12) * 1e6
     memory_eager_us = chain.eager_bytes / bw * 1e6
@@ -55,14 +109,16 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     launch_eager_us = chain.eager_kernels * spec.launch_overhead_us
     launch = spec.launch_overhead_us
     # an op on empty tensors launches no kernel (PyTorch returns before launching one)
-    busy = [(_op_time_us(ops[i], spec), _launches(ops[i])) for i in chain.op_ids]
-    eager_us = sum(max(t, launch) if runs else 0.0 for t, runs in busy)
-    idle_us = sum(max(0.0, launch - t) if runs else 0.0 for t, runs in busy)
+    # an op launching n kernels (SDPA's math backend, or any backend converting a boolean mask) costs at least n
+    # launches
+    busy = [(_op_time_us(ops[i], spec), _launches(ops[i]), max(ops[i].eager_kernels, 1)) for i in chain.op_ids]
+    eager_us = sum(max(t, n * launch) if runs else 0.0 for t, runs, n in busy)
+    idle_us = sum(max(0.0, n * launch - t) if runs else 0.0 for t, runs, n in busy)
     fusible = chain.kind == "fusible" and chain.eager_kernels > 1
-    any_work = any(runs for _, runs in busy)
+    any_work = any(runs for _, runs, _ in busy)
     fused_us = (max(compute_us, memory_fused_us, launch) if any_work else 0.0) if fusible else eager_us
-    ridge = spec.ridge_point(compute_dtype, tensor, category)
-    if idle_us > sum(t for t, _ in busy):
+    ridge = peak_tflops * 1e12 / (spec.memory_bandwidth_gbps * 1e9)
+    if idle_us > sum(t for t, _, _ in busy):
         bound = "launch"
     elif chain.arithmetic_intensity > ridge:
         bound = "compute"

@@ -121,3 +121,59 @@ def test_cli_calibrate(tmp_path):
     if not torch.cuda.is_available():
         r = runner.invoke(app, ["calibrate", "--device", "cuda", "--out", str(tmp_path / "e.yaml")])
         assert r.exit_code == 2 and "no CUDA GPU" in r.output
+
+
+def test_cpu_calibration_says_what_is_gpu_only(cpu_spec):
+    path, data = cpu_spec
+    skipped = data["calibration"]["not_measured"]
+    assert "GPU only" in skipped["attention_rates"] and "GPU only" in skipped["attention_tflops"]
+    assert "attention_rates" not in data and "attention_tflops" not in data
+    spec = load_spec(str(path))
+    assert spec.attention_rates == ()
+    assert spec.strided_bandwidth_gbps == data["strided_bandwidth_gbps"] > 0  # a permuted copy runs on a CPU too
+    assert "transpose(1, 2)" in spec.sources["strided_bandwidth"]
+
+
+def test_gpu_spec_records_attention_rates_and_strided_bandwidth():
+    import dataclasses
+
+    rates = [{"backend": "flash", "dtype": "bf16", "seq": 512, "head_dim": 128, "causal": False, "tflops": 410.5},
+             {"backend": "math", "dtype": "bf16", "seq": 512, "head_dim": 64, "causal": False, "tflops": 12.25}]
+    cal = dataclasses.replace(_gpu_cal("NVIDIA H200"), attention_rates=rates, strided_gbps=1612.345,
+                              not_measured={"attention_rates cudnn fp32": "RuntimeError: No available kernel"})
+    data = spec_dict(cal)
+    assert data["attention_rates"] == rates and "sdpa_kernel" in data["attention_rates_source"]
+    assert data["strided_bandwidth_gbps"] == 1612.3
+    assert data["calibration"]["not_measured"] == {"attention_rates cudnn fp32": "RuntimeError: No available kernel"}
+    assert yaml.safe_load(render_spec(data)) == data
+    from fusion_advisor.devices import parse_spec
+
+    spec = parse_spec(yaml.safe_load(render_spec(data)), "x")
+    assert spec.attention_peak_tflops("flash", "bf16", 512, 128) == (410.5, "rates")
+    assert spec.attention_peak_tflops("math", "bf16", 4096, 64) == (12.25, "rates")
+    assert spec.strided_bandwidth_gbps == 1612.3
+
+
+def test_attention_flops_match_the_graph_formula():
+    from fusion_advisor.calibrate import attention_flops
+
+    assert attention_flops(2, 32, 2048, 128, False) == 4 * 2 * 32 * 2048 * 2048 * 128
+    assert attention_flops(2, 32, 2048, 128, True) == 2 * 2 * 32 * 2048 * 2048 * 128
+
+
+def test_cli_calibrate_lists_what_was_not_measured(tmp_path):
+    r = CliRunner().invoke(app, ["calibrate", "--device", "cpu", "--quick", "--out", str(tmp_path / "c.yaml")])
+    assert r.exit_code == 0, r.output
+    assert "not measured: attention_tflops (GPU only" in r.output
+
+
+@pytest.mark.gpu
+def test_measure_attention_rates_on_gpu():
+    from fusion_advisor.calibrate import measure_attention_rates
+
+    rates, skipped = measure_attention_rates(seqs=(256,), head_dims=(64,), dtypes=("bf16", "fp32"),
+                                             configs=(("flash", "", False), ("math", "float", False)))
+    got = {(r["backend"], r["dtype"]) for r in rates}
+    assert {("flash", "bf16"), ("math", "bf16"), ("math", "fp32")} <= got
+    assert all(r["tflops"] > 0 and r["seq"] == 256 and r["head_dim"] == 64 for r in rates)
+    assert "flash fp32" in skipped  # flash takes fp16/bf16 only

@@ -18,6 +18,31 @@ SPEC_DIR = Path(__file__).parent
 
 _REQUIRED = ("name", "memory_bandwidth_gbps", "tensor_tflops", "vector_tflops", "launch_overhead_us")
 
+#: SDPA backends an ``attention_rates`` entry may name (:mod:`fusion_advisor.sdpa`).
+ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")
+_RATE_KEYS = ("backend", "dtype", "seq", "head_dim", "causal", "tflops")
+
+
+@dataclass(frozen=True)
+class AttentionRate:
+    """One measured SDPA rate: ``backend`` on q/k/v of ``dtype`` with Lq = Lk = ``seq`` and ``head_dim``.
+
+    Attributes:
+        backend: one of :data:`ATTENTION_BACKENDS`.
+        dtype: q/k/v dtype name (``"bf16"``, ``"fp16"``, ``"fp32"``).
+        seq: sequence length (tokens).
+        head_dim: head dimension.
+        causal: measured with ``is_causal=True`` (FLOPs counted as half, as ``fusion_advisor.graph`` counts them).
+        tflops: TFLOP/s, ``4 b h s^2 d`` FLOPs (halved when causal) over the median time.
+    """
+
+    backend: str
+    dtype: str
+    seq: int
+    head_dim: int
+    causal: bool
+    tflops: float
+
 
 @dataclass(frozen=True)
 class DeviceSpec:
@@ -32,6 +57,12 @@ class DeviceSpec:
         attention_tflops: optional, fused attention (``F.scaled_dot_product_attention``, flash / memory-efficient
             kernels) TFLOP/s by dtype, measured: these kernels reach well under the matmul peak (softmax, masking and
             the online rescaling between their two GEMMs). Attention ops without an entry use ``tensor_tflops``.
+        attention_rates: optional, measured SDPA rates per backend, dtype, sequence length, head dim and causal flag
+            (``fusion-advisor calibrate``); used by :meth:`attention_peak_tflops` before ``attention_tflops``.
+        strided_bandwidth_gbps: optional, bandwidth (GB/s, read + written) of an eager copy reading a permuted view
+            (``x.transpose(1, 2).contiguous()``), measured; the memory ceiling of non-matmul ops that read a
+            permuted input (:attr:`fusion_advisor.records.OpInfo.reads_permuted`). 0: not measured, such ops use
+            ``memory_bandwidth_gbps``.
         launch_overhead_us: time per eager kernel launch (dispatch plus launch), microseconds.
         l2_bytes: L2 cache size in bytes (0 if unknown).
         kind: ``"gpu"`` or ``"cpu"``; library Triton kernels are routed to on GPU specs only.
@@ -50,6 +81,42 @@ class DeviceSpec:
     source: str = ""
     sources: dict[str, str] | None = None
     attention_tflops: dict[str, float] = field(default_factory=dict)
+    attention_rates: tuple[AttentionRate, ...] = ()
+    strided_bandwidth_gbps: float = 0.0
+
+    def attention_peak_tflops(self, backend: str, dtype: str, seq: int, head_dim: int,
+                              causal: bool = False) -> tuple[float, str]:
+        """Ceiling (TFLOP/s) of one attention op and where it came from (``"rates"``, ``"attention_tflops"``,
+        ``"tensor_tflops"``).
+
+        Lookup: the :attr:`attention_rates` entries of ``backend`` and ``dtype`` (an empty ``backend``, not known,
+        is taken as ``flash``), of the same causal flag when there are any (else the others), of the measured
+        head dim nearest ``head_dim``; over their sequence lengths the rate is interpolated linearly in
+        ``log(seq)`` and held constant beyond the measured ends. Without such entries: :attr:`attention_tflops`
+        (flash at calibrate's shape; an optimistic ceiling for the other backends, whose extra launches and, for
+        math, score-matrix traffic the roofline adds separately), then the matmul peak (:meth:`peak_tflops` on
+        tensor cores).
+        """
+        import math
+
+        want = backend or "flash"
+        rows = [r for r in self.attention_rates if r.backend == want and r.dtype == dtype]
+        if rows:
+            same = [r for r in rows if r.causal == bool(causal)]
+            rows = same or rows
+            hd = min({r.head_dim for r in rows}, key=lambda d: (abs(d - head_dim), d))
+            pts = sorted((r.seq, r.tflops) for r in rows if r.head_dim == hd)
+            x = math.log(max(seq, 1))
+            if x <= math.log(pts[0][0]):
+                return float(pts[0][1]), "rates"
+            for (s0, t0), (s1, t1) in zip(pts, pts[1:]):
+                if x <= math.log(s1):
+                    w = (x - math.log(s0)) / (math.log(s1) - math.log(s0)) if s1 != s0 else 1.0
+                    return float(t0 + w * (t1 - t0)), "rates"
+            return float(pts[-1][1]), "rates"
+        if dtype in self.attention_tflops:
+            return float(self.attention_tflops[dtype]), "attention_tflops"
+        return self.peak_tflops(dtype, True), "tensor_tflops"
 
     def peak_tflops(self, dtype: str, tensor_cores: bool, category: str = "") -> float:
         """Compute ceiling (TFLOP/s) for ``dtype`` on tensor cores (matmuls) or vector units (everything else);
@@ -95,6 +162,12 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
     if bw <= 0 or not tensor or not vector or min([*tensor.values(), *vector.values(), *attention.values()]) <= 0 \
             or launch < 0:
         raise DeviceSpecError(f"{origin}: bandwidth and TFLOP/s must be positive, launch overhead non-negative")
+    rates = _parse_rates(data.get("attention_rates"), origin)
+    strided = data.get("strided_bandwidth_gbps")
+    if strided is not None:
+        if isinstance(strided, bool) or not isinstance(strided, (int, float)) or not strided > 0:
+            raise DeviceSpecError(f"{origin}: field 'strided_bandwidth_gbps' must be a positive number (GB/s), "
+                                  f"got {strided!r}")
     sources = {k[: -len("_source")]: str(v) for k, v in data.items() if k.endswith("_source")}
     return DeviceSpec(
         name=str(data["name"]),
@@ -108,7 +181,44 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         source=str(data.get("source", "")),
         sources=sources,
         attention_tflops=attention,
+        attention_rates=rates,
+        strided_bandwidth_gbps=float(strided or 0.0),
     )
+
+
+def _parse_rates(raw: Any, origin: str) -> tuple[AttentionRate, ...]:
+    """Validate the optional ``attention_rates`` list (see :class:`AttentionRate`); errors name the entry and key."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise DeviceSpecError(f"{origin}: field 'attention_rates' must be a list of mappings with keys "
+                              f"{', '.join(_RATE_KEYS)}")
+    out = []
+    for i, entry in enumerate(raw):
+        where = f"{origin}: attention_rates[{i}]"
+        if not isinstance(entry, dict):
+            raise DeviceSpecError(f"{where} must be a mapping with keys {', '.join(_RATE_KEYS)}")
+        unknown = sorted(set(map(str, entry)) - set(_RATE_KEYS))
+        if unknown:
+            raise DeviceSpecError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(_RATE_KEYS)}")
+        missing = [k for k in _RATE_KEYS if k != "causal" and k not in entry]
+        if missing:
+            raise DeviceSpecError(f"{where}: missing key(s) {', '.join(missing)}")
+        if entry["backend"] not in ATTENTION_BACKENDS:
+            raise DeviceSpecError(f"{where}.backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                                  f"got {entry['backend']!r}")
+        for key in ("seq", "head_dim"):
+            if isinstance(entry[key], bool) or not isinstance(entry[key], int) or entry[key] <= 0:
+                raise DeviceSpecError(f"{where}.{key} must be a positive integer, got {entry[key]!r}")
+        t = entry["tflops"]
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+            raise DeviceSpecError(f"{where}.tflops must be a positive number (TFLOP/s), got {t!r}")
+        causal = entry.get("causal", False)
+        if not isinstance(causal, bool):
+            raise DeviceSpecError(f"{where}.causal must be true or false, got {causal!r}")
+        out.append(AttentionRate(backend=str(entry["backend"]), dtype=str(entry["dtype"]), seq=int(entry["seq"]),
+                                 head_dim=int(entry["head_dim"]), causal=causal, tflops=float(t)))
+    return tuple(out)
 
 
 def parse_spec(data: Any, origin: str) -> DeviceSpec:

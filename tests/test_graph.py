@@ -1,0 +1,62 @@
+"""TensorMeta layout: permuted views are told apart from contiguous tensors, broadcasts and slices; ops reading a
+permuted view (RoPE on q = proj(x).view(...).transpose(1, 2)) are marked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fusion_advisor.analyze import analyze
+from fusion_advisor.graph import row_major_order, tensor_meta
+
+X = torch.empty(2, 16, 4, 8)  # [B, S, H, D]
+
+# (tensor, contiguous?, why): the grid covers each layout class the roofline distinguishes
+LAYOUTS = [
+    (X, True, "contiguous"),
+    (X.transpose(1, 2), False, "transpose(1, 2): the [B, H, S, D] view of q/k/v"),
+    (X.permute(0, 2, 3, 1), False, "permute"),
+    (torch.empty(1, 16, 1, 8).expand(2, 16, 4, 8), True, "broadcast (stride-0 dims)"),
+    (X[:, :8], True, "slice of the sequence"),
+    (X[..., :4], True, "slice of the last dim: rows with gaps, still in order"),
+    (X[1:], True, "offset view"),
+    (X[..., ::2], False, "step slice: last-dim stride 2"),
+    (torch.empty(4, 1, 8).transpose(0, 1), True, "a size-1 dim moved: same memory order"),
+    (torch.empty(5), True, "1-D"),
+    (torch.empty(()), True, "0-D"),
+    (torch.empty(0, 3).t(), True, "empty"),
+]
+
+
+@pytest.mark.parametrize("t,want,why", LAYOUTS, ids=[c[2] for c in LAYOUTS])
+def test_tensor_meta_contiguity(t, want, why):
+    assert tensor_meta(t).contiguous is want, why
+    assert row_major_order(tuple(t.shape), tuple(t.stride())) is want
+
+
+def test_broadcast_bytes_unchanged():
+    m = tensor_meta(torch.empty(1, 16, 1, 8).expand(2, 16, 4, 8))
+    assert m.nbytes == 16 * 8 * 4 and m.numel == 2 * 16 * 4 * 8
+
+
+def test_rope_ops_read_a_permuted_view(tmp_path):
+    model = tmp_path / "rope.py"
+    model.write_text(
+        "import torch\n"
+        "class Model(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.proj = torch.nn.Linear(256, 256, bias=False)\n"
+        "    def forward(self, x, cos):\n"
+        "        q = self.proj(x).view(2, 64, 4, 64).transpose(1, 2)\n"
+        "        half = torch.cat((-q[..., 32:], q[..., :32]), dim=-1)\n"
+        "        return q * cos + half * cos\n"
+        "def get_inputs(): return [torch.randn(2, 64, 256), torch.randn(64, 64)]\n"
+        "def get_init_inputs(): return []\n")
+    a = analyze(model, device="meta", dtype="bf16")
+    by_name = {o.target: o for o in a.ops}
+    mm = next(o for o in a.ops if o.category == "matmul")
+    assert mm.reads_permuted and not mm.inputs[1].contiguous  # F.linear reads W.t(): cuBLAS takes it as is
+    neg = by_name["aten.neg.default"]
+    assert neg.reads_permuted  # reads q[..., 32:], a slice of the permuted view
+    muls = [o for o in a.ops if o.target == "aten.mul.Tensor"]
+    assert muls and any(o.reads_permuted for o in muls)
