@@ -122,6 +122,7 @@ class Calibration:
         attention_shape: ``(batch, heads, seq, head_dim)`` of that measurement.
         attention_rates: GPU only: SDPA TFLOP/s per backend, dtype, seq, head dim and causal flag (entries in the
             spec's ``attention_rates`` format, :class:`fusion_advisor.devices.AttentionRate`).
+        unaligned_tflops: GPU only: matmul TFLOP/s by dtype with output columns not a multiple of 16 bytes.
         strided_gbps: bandwidth of a copy reading a permuted view (GB/s, read + written), None when not measured.
         not_measured: spec fields or grid points not measured, with the reason (e.g. GPU only).
         launch_us: wall time per tiny eager op in a long loop (us).
@@ -148,6 +149,7 @@ class Calibration:
     attention_shape: tuple[int, int, int, int] = ATTENTION_SHAPE
     attention_rates: list[dict[str, Any]] = field(default_factory=list)
     strided_gbps: float | None = None
+    unaligned_tflops: dict[str, float] = field(default_factory=dict)
     not_measured: dict[str, str] = field(default_factory=dict)
 
 
@@ -233,6 +235,24 @@ def measure_matmul_tflops(device: str, dtype: str, sizes: Sizes,
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
     return 2 * n**3 / (t.median_ms * 1e-3) / 1e12
+
+
+def measure_unaligned_matmul_tflops(device: str, dtype: str, sizes: Sizes,
+                                    timer: Callable[[Callable[[], Any]], Timing]) -> float:
+    """Matmul TFLOP/s of ``torch.mm`` of ``[n, n] x [n, n - 1]`` operands of ``dtype``: output columns (and the
+    second operand's leading dimension) not a multiple of 16 bytes, as in GPT-2's 50257-column vocabulary
+    projection; ``2 n^2 (n - 1)`` FLOPs over the median time.
+
+    Raises:
+        RuntimeError: the device cannot run a matmul of that dtype.
+    """
+    n = sizes.matmul_n
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=_DTYPES[dtype], generator=gen)
+    b = torch.randn(n, n - 1, device=device, dtype=_DTYPES[dtype], generator=gen)
+    out = torch.empty(n, n - 1, device=device, dtype=_DTYPES[dtype])
+    t = timer(lambda: torch.mm(a, b, out=out))
+    return 2 * n * n * (n - 1) / (t.median_ms * 1e-3) / 1e12
 
 
 def measure_attention_tflops(dtype: str, timer: Callable[[Callable[[], Any]], Timing],
@@ -405,17 +425,26 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         copy = measure_copy_gbps(device, sizes, timer)
         tflops: dict[str, float] = {}
         notes: dict[str, str] = {}
+        not_measured: dict[str, str] = {}
         for dtype in (("fp32", "tf32", "bf16", "fp16") if device == "cuda" else ("fp32", "bf16", "fp16")):
             try:
                 tflops[dtype] = measure_matmul_tflops(device, dtype, sizes, timer)
             except (RuntimeError, NotImplementedError) as e:  # e.g. a CPU build without fp16 matmul
                 notes[dtype] = f"not measured ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+        unaligned: dict[str, float] = {}
+        if device == "cuda":
+            for dtype in ("bf16", "fp16"):
+                try:
+                    unaligned[dtype] = measure_unaligned_matmul_tflops(device, dtype, sizes, timer)
+                except RuntimeError as e:
+                    not_measured[f"unaligned_tensor_tflops {dtype}"] = f"{type(e).__name__}: {str(e)[:120]}"
+        else:
+            not_measured["unaligned_tensor_tflops"] = "GPU only (cuBLAS's align1 kernels): not measured on a CPU"
         if device == "cpu":
             notes["tf32"] = "no TF32 on a CPU: torch runs fp32 matmuls in fp32; the measured fp32 rate"
             tflops["tf32"] = tflops["fp32"]
         attention: dict[str, float] = {}
         rates: list[dict[str, Any]] = []
-        not_measured: dict[str, str] = {}
         if device == "cuda" and not quick:
             for dtype in ("bf16", "fp16"):
                 try:
@@ -445,6 +474,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         device=device, device_name=name, date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), versions=_versions(),
         copy_gbps=copy, matmul_tflops=tflops, matmul_notes=notes, launch_us=launch, kernel_floor_us=floor,
         l2_bytes=l2, sizes=sizes, attention_tflops=attention, attention_rates=rates, strided_gbps=strided,
+        unaligned_tflops=unaligned,
         not_measured=not_measured,
         timer="triton.testing.do_bench median (L2 flushed before each call)" if device == "cuda"
         else "wall-clock median (time.perf_counter)")
@@ -523,6 +553,11 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                        f"causal) over the triton.testing.do_bench median ({ATTENTION_WARMUP_MS:g} ms "
                                        f"warm-up, {ATTENTION_REP_MS:g} ms timed)")}
            if cal.attention_rates else {}),
+        **({"unaligned_tensor_tflops": {k: round(float(x), 3) for k, x in cal.unaligned_tflops.items()},
+            "unaligned_tensor_tflops_source": (f"{by}: torch.mm of [{s.matmul_n}, {s.matmul_n}] x [{s.matmul_n}, "
+                                               f"{s.matmul_n - 1}] (output columns not a multiple of 16 bytes), "
+                                               f"2 n^2 (n - 1) FLOPs over the {cal.timer}")}
+           if cal.unaligned_tflops else {}),
         **({"strided_bandwidth_gbps": round(cal.strided_gbps, 1),
             "strided_bandwidth_source": (f"{by}: dst.copy_(x.transpose(1, 2)) of a bf16 [B, 2048, 32, 128] tensor "
                                          "into a contiguous [B, 32, 2048, 128] (B filling "

@@ -21,6 +21,9 @@ has ``attention_rates``, else its flat ``attention_tflops``, else the matmul pea
 a boolean mask: 4 more); the math backend also moves its score matrix through memory several times
 (:func:`fusion_advisor.sdpa.math_score_bytes`, added to its memory term).
 
+Matmuls with a leading dimension that is not a multiple of 16 bytes (:func:`unaligned_matmul`) use the spec's
+measured ``unaligned_tensor_tflops`` when it has one.
+
 Non-matmul ops that read an input in a permuted layout (``OpInfo.reads_permuted``: ``x.transpose(1, 2)`` feeding a
 pointwise op or a ``.contiguous()`` copy) run far below copy bandwidth in eager TensorIterator kernels; when the
 spec has a measured ``strided_bandwidth_gbps`` it is their memory ceiling (their own bytes only). Without it, the
@@ -58,7 +61,19 @@ def op_peak_tflops(op: OpInfo, spec: DeviceSpec) -> float:
         seq, head_dim, causal = attention_geometry(op)
         return spec.attention_peak_tflops(op.variant, op.dtype, seq, head_dim, causal)[0]
     tensor = op.category in _TENSOR_CORE_CATEGORIES
+    if op.category == "matmul" and op.dtype in spec.unaligned_tensor_tflops and unaligned_matmul(op):
+        return float(spec.unaligned_tensor_tflops[op.dtype])
     return spec.peak_tflops(_compute_dtype(op.dtype, {op.category}), tensor, op.category)
+
+
+def unaligned_matmul(op: OpInfo) -> bool:
+    """Whether a matmul's reduction dim (K, the first operand's last dim) or output columns (N) is not a multiple of
+    16 bytes: cuBLAS needs 16-byte aligned leading dimensions for its vectorised tensor-core kernels and otherwise
+    runs ``align1`` kernels (NVIDIA, cuBLAS docs, "Tensor Core Usage": leading dimensions multiple of 16 bytes)."""
+    if not op.inputs or not op.outputs or not op.inputs[0].shape or not op.outputs[0].shape:
+        return False
+    per_16_bytes = 16 // _ITEMSIZE.get(op.dtype, 4)
+    return op.inputs[0].shape[-1] % per_16_bytes != 0 or op.outputs[0].shape[-1] % per_16_bytes != 0
 
 
 def op_bandwidth_gbps(op: OpInfo, spec: DeviceSpec) -> float:
@@ -157,7 +172,7 @@ def eager_in_model_us(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) 
     GPU: while a long GEMM runs, the host issues the next ops, so short kernels after it wait for no launch. This
     replays the model's ops in execution order (``ops`` order) on two clocks, as
     :func:`fusion_advisor.profile.replay_idle` replays measured kernels: the host issues one op per
-    ``spec.launch_overhead_us`` (ops on empty tensors launch nothing and cost no host time here); an op's kernel
+    ``spec.launch_overhead_us`` per kernel it launches (ops on empty tensors launch nothing and cost no host time here); an op's kernel
     starts when it is issued or when the GPU finished the previous kernel, whichever is later; the GPU's wait for
     an op (capped by the host time issuing it) is that op's idle time. A chain's time is its ops' roofline device
     time (:func:`roofline_busy_us`) plus their idle times. This is what ``analyze --profile`` compares with the
@@ -169,9 +184,10 @@ def eager_in_model_us(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) 
     for op in ops:
         if op.is_view or not _launches(op):
             continue
-        host += launch
+        issue = max(op.eager_kernels, 1) * launch  # SDPA's math backend launches a dozen kernels
+        host += issue
         if host > gpu_free:
-            idle[op.id] = min(host - gpu_free, launch)
+            idle[op.id] = min(host - gpu_free, issue)
         gpu_free = max(host, gpu_free) + _op_time_us(op, spec)
     by_id = {o.id: o for o in ops}
     return {c.id: roofline_busy_us(c, by_id, spec) + sum(idle.get(i, 0.0) for i in c.op_ids) for c in chains}

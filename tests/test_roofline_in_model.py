@@ -42,3 +42,41 @@ def test_a_run_of_short_ops_waits_for_every_launch():
     ops = [_op(i, 1.0) for i in range(4)]
     got = eager_in_model_us([_chain("c0", ops)], ops, SPEC)
     assert got["c0"] == pytest.approx(4 * 1.0 + 4 * 10.0 - 3 * 1.0)  # after each 1-us kernel the GPU waits 9 us
+
+
+def _mm(k: int, n: int, dtype: str = "bf16") -> OpInfo:
+    a = TensorMeta(shape=(4096, k), dtype=dtype, numel=4096 * k, nbytes=2 * 4096 * k)
+    out = TensorMeta(shape=(4096, n), dtype=dtype, numel=4096 * n, nbytes=2 * 4096 * n)
+    return OpInfo(id="g0:mm", graph_index=0, target="aten.mm.default", category="matmul", inputs=(a,), outputs=(out,),
+                  flops=2 * 4096 * k * n, bytes_read=a.nbytes, bytes_written=out.nbytes, module_path="",
+                  source=SourceLoc("m.py", 1, "x"))
+
+
+def test_unaligned_matmuls_take_the_measured_unaligned_rate():
+    from fusion_advisor.roofline import op_peak_tflops, unaligned_matmul
+
+    assert not unaligned_matmul(_mm(768, 50256)) and unaligned_matmul(_mm(768, 50257))
+    assert unaligned_matmul(_mm(767, 1024))  # K: the first operand's leading dimension
+    assert unaligned_matmul(_mm(766, 1024, "fp32")) and not unaligned_matmul(_mm(764, 1024, "fp32"))  # 4 per 16 B
+    h200 = load_spec("h200")
+    assert op_peak_tflops(_mm(768, 50257), h200) == h200.tensor_tflops["bf16"]  # no measured rate: the peak
+    measured = dataclasses.replace(h200, unaligned_tensor_tflops={"bf16": 90.0})
+    assert op_peak_tflops(_mm(768, 50257), measured) == 90.0
+    assert op_peak_tflops(_mm(768, 50256), measured) == h200.tensor_tflops["bf16"]
+
+
+def test_unaligned_rate_is_validated(tmp_path):
+    from fusion_advisor.errors import DeviceSpecError
+
+    spec = tmp_path / "s.yaml"
+    base = "name: s\nmemory_bandwidth_gbps: 100\ntensor_tflops: {bf16: 10}\nvector_tflops: {fp32: 1}\nlaunch_overhead_us: 1\n"
+    spec.write_text(base + "unaligned_tensor_tflops: {bf16: 2.5}\n")
+    assert load_spec(str(spec)).unaligned_tensor_tflops == {"bf16": 2.5}
+    spec.write_text(base + "unaligned_tensor_tflops: {bf16: -1}\n")
+    with pytest.raises(DeviceSpecError, match="must be positive"):
+        load_spec(str(spec))
+
+
+def test_an_op_launching_several_kernels_waits_for_each_launch():
+    ops = [dataclasses.replace(_op(0, 1.0), eager_kernels=12)]  # SDPA's math backend: a dozen launches
+    assert eager_in_model_us([_chain("c0", ops)], ops, SPEC)["c0"] == pytest.approx(1.0 + 120.0)
