@@ -63,7 +63,8 @@ ATTENTION_SHAPE = (2, 32, 2048, 128)
 #: causal and not: newer torch builds pick cuDNN first on sm90); efficient is measured with a mask (HF models pass
 #: one) and causal without one; math with a mask (the path masked models fall to).
 ATTENTION_CONFIGS = (("flash", "", False), ("flash", "", True), ("cudnn", "", False), ("cudnn", "", True),
-                     ("efficient", "float", False), ("efficient", "", True), ("math", "float", False))
+                     ("cudnn", "float", False), ("efficient", "float", False), ("efficient", "", True),
+                     ("math", "float", False))
 ATTENTION_DTYPES = ("bf16", "fp16", "fp32")
 ATTENTION_SEQS = (512, 1024, 2048, 4096)
 ATTENTION_HEAD_DIMS = (64, 128)
@@ -348,6 +349,7 @@ def measure_attention_rates(timer: Callable[[Callable[[], Any]], Timing] | None 
                     finally:
                         q = k = v = mask = None  # free before the next, larger point
                     rates.append({"backend": backend, "dtype": dtype, "seq": s, "head_dim": d, "causal": causal,
+                                  "masked": bool(mask_kind),
                                   "tflops": round(attention_flops(b, h, s, d, causal) / (t.median_ms * 1e-3) / 1e12,
                                                   3)})
             torch.cuda.empty_cache()

@@ -59,7 +59,7 @@ def op_peak_tflops(op: OpInfo, spec: DeviceSpec) -> float:
     the rest at the vector peak."""
     if op.category == "attention":
         seq, head_dim, causal = attention_geometry(op)
-        return spec.attention_peak_tflops(op.variant, op.dtype, seq, head_dim, causal)[0]
+        return spec.attention_peak_tflops(op.variant, op.dtype, seq, head_dim, causal, masked=len(op.inputs) > 3)[0]
     tensor = op.category in _TENSOR_CORE_CATEGORIES
     if op.category == "matmul" and op.dtype in spec.unaligned_tensor_tflops and unaligned_matmul(op):
         return float(spec.unaligned_tensor_tflops[op.dtype])

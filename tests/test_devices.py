@@ -64,3 +64,17 @@ def test_attention_rate_is_used_for_attention_only(tmp_path):
                     "attention_tflops: {bf16: 0}\nlaunch_overhead_us: 1\n")
     with pytest.raises(DeviceSpecError, match="must be positive"):
         load_spec(str(spec))
+
+
+def test_attention_rates_prefer_entries_of_the_same_mask_flag(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nmemory_bandwidth_gbps: 100\ntensor_tflops: {bf16: 10}\nvector_tflops: {fp32: 1}\n"
+                    "launch_overhead_us: 1\nattention_rates:\n"
+                    "  - {backend: cudnn, dtype: bf16, seq: 2048, head_dim: 128, tflops: 634}\n"
+                    "  - {backend: cudnn, dtype: bf16, seq: 2048, head_dim: 128, masked: true, tflops: 333}\n")
+    s = load_spec(str(spec))
+    assert s.attention_peak_tflops("cudnn", "bf16", 2048, 128) == (634.0, "rates")
+    assert s.attention_peak_tflops("cudnn", "bf16", 2048, 128, masked=True) == (333.0, "rates")
+    spec.write_text(spec.read_text().replace("masked: true", "masked: maybe"))
+    with pytest.raises(DeviceSpecError, match=r"attention_rates\[1\].masked must be true or false"):
+        load_spec(str(spec))

@@ -20,7 +20,7 @@ _REQUIRED = ("name", "memory_bandwidth_gbps", "tensor_tflops", "vector_tflops", 
 
 #: SDPA backends an ``attention_rates`` entry may name (:mod:`fusion_advisor.sdpa`).
 ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")
-_RATE_KEYS = ("backend", "dtype", "seq", "head_dim", "causal", "tflops")
+_RATE_KEYS = ("backend", "dtype", "seq", "head_dim", "causal", "masked", "tflops")
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ class AttentionRate:
         head_dim: head dimension.
         causal: measured with ``is_causal=True`` (FLOPs counted as half, as ``fusion_advisor.graph`` counts them).
         tflops: TFLOP/s, ``4 b h s^2 d`` FLOPs (halved when causal) over the median time.
+        masked: measured with an additive ``[B, 1, S, S]`` attention mask (cuDNN runs about half as fast with one
+            on an H200: benchmarks/results/session3_h200/call4/sdpa).
     """
 
     backend: str
@@ -42,6 +44,7 @@ class AttentionRate:
     head_dim: int
     causal: bool
     tflops: float
+    masked: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,12 +92,13 @@ class DeviceSpec:
     unaligned_tensor_tflops: dict[str, float] = field(default_factory=dict)
 
     def attention_peak_tflops(self, backend: str, dtype: str, seq: int, head_dim: int,
-                              causal: bool = False) -> tuple[float, str]:
+                              causal: bool = False, masked: bool = False) -> tuple[float, str]:
         """Ceiling (TFLOP/s) of one attention op and where it came from (``"rates"``, ``"attention_tflops"``,
         ``"tensor_tflops"``).
 
         Lookup: the :attr:`attention_rates` entries of ``backend`` and ``dtype`` (an empty ``backend``, not known,
-        is taken as ``flash``), of the same causal flag when there are any (else the others), of the measured
+        is taken as ``flash``), of the same mask flag, then the same causal flag, when there are any (else the
+        others), of the measured
         head dim nearest ``head_dim``; over their sequence lengths the rate is interpolated linearly in
         ``log(seq)`` and held constant beyond the measured ends. Without such entries: :attr:`attention_tflops`
         (flash at calibrate's shape; an optimistic ceiling for the other backends, whose extra launches and, for
@@ -106,6 +110,7 @@ class DeviceSpec:
         want = backend or "flash"
         rows = [r for r in self.attention_rates if r.backend == want and r.dtype == dtype]
         if rows:
+            rows = [r for r in rows if r.masked == bool(masked)] or rows
             same = [r for r in rows if r.causal == bool(causal)]
             rows = same or rows
             hd = min({r.head_dim for r in rows}, key=lambda d: (abs(d - head_dim), d))
@@ -207,7 +212,7 @@ def _parse_rates(raw: Any, origin: str) -> tuple[AttentionRate, ...]:
         unknown = sorted(set(map(str, entry)) - set(_RATE_KEYS))
         if unknown:
             raise DeviceSpecError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(_RATE_KEYS)}")
-        missing = [k for k in _RATE_KEYS if k != "causal" and k not in entry]
+        missing = [k for k in _RATE_KEYS if k not in ("causal", "masked") and k not in entry]
         if missing:
             raise DeviceSpecError(f"{where}: missing key(s) {', '.join(missing)}")
         if entry["backend"] not in ATTENTION_BACKENDS:
@@ -219,11 +224,12 @@ def _parse_rates(raw: Any, origin: str) -> tuple[AttentionRate, ...]:
         t = entry["tflops"]
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
             raise DeviceSpecError(f"{where}.tflops must be a positive number (TFLOP/s), got {t!r}")
-        causal = entry.get("causal", False)
-        if not isinstance(causal, bool):
-            raise DeviceSpecError(f"{where}.causal must be true or false, got {causal!r}")
+        causal, masked = entry.get("causal", False), entry.get("masked", False)
+        for key, flag in (("causal", causal), ("masked", masked)):
+            if not isinstance(flag, bool):
+                raise DeviceSpecError(f"{where}.{key} must be true or false, got {flag!r}")
         out.append(AttentionRate(backend=str(entry["backend"]), dtype=str(entry["dtype"]), seq=int(entry["seq"]),
-                                 head_dim=int(entry["head_dim"]), causal=causal, tflops=float(t)))
+                                 head_dim=int(entry["head_dim"]), causal=causal, tflops=float(t), masked=masked))
     return tuple(out)
 
 
