@@ -32,6 +32,24 @@ from fusion_advisor.records import GraphBreak, SourceLoc
 METHODS = ("dynamo", "export", "symbolic_trace")
 
 
+def _heads_major_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+                        dropout_p: float, is_causal: bool, enable_gqa: bool) -> bool:
+    """Whether SDPA's output is laid out token-major on a GPU: ``[B, Lq, H, Ev]`` memory seen as ``[B, H, Lq, Ev]``
+    (a transposed view). The fused kernels (flash, memory-efficient, cuDNN) write it so; the math backend (a
+    batched matmul) returns a contiguous ``[B, H, Lq, Ev]``. Decided by :func:`fusion_advisor.sdpa.rule_backend`
+    on the tensors' metadata alone, so the fake and the real op agree; 4-D inputs only."""
+    if q.dim() != 4:
+        return False
+    from fusion_advisor.sdpa import args_of, rule_backend
+
+    return rule_backend(args_of(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa))[0] != "math"
+
+
+def _token_major_empty(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    b, h, lq, _ = q.shape
+    return q.new_empty((b, lq, h, v.shape[-1])).transpose(1, 2)
+
+
 @torch.library.custom_op("fusion_advisor_capture::attention", mutates_args=())
 def _attention(
     q: torch.Tensor,
@@ -47,16 +65,25 @@ def _attention(
 
     Without it, AOTAutograd decomposes SDPA into bmm + softmax on meta and CPU tensors (its math path), although
     on a GPU it runs as one flash/efficient-attention kernel. q ``[..., Lq, E]``, k ``[..., S, E]``,
-    v ``[..., S, Ev]`` -> ``[..., Lq, Ev]``.
+    v ``[..., S, Ev]`` -> ``[..., Lq, Ev]``, in the layout the GPU backend writes (:func:`_heads_major_output`:
+    token-major for the fused kernels, so a following ``transpose(1, 2).contiguous()`` is a plain copy, as it is
+    on the GPU); a result in another layout is copied into it.
     """
     kwargs = {"enable_gqa": True} if enable_gqa else {}
-    return torch.nn.functional.scaled_dot_product_attention(
+    out = torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs
     )
+    if _heads_major_output(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa):
+        if out.transpose(1, 2).is_contiguous():
+            return out
+        return _token_major_empty(q, v).copy_(out)
+    return out if out.is_contiguous() else out.contiguous()
 
 
 @_attention.register_fake
 def _attention_fake(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if _heads_major_output(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa):
+        return _token_major_empty(q, v)
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 

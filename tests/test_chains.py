@@ -127,3 +127,36 @@ def test_scalar_scaled_activation_is_not_a_glu():
     patterns = sorted(c.pattern for c in _chains(_ScaledActivations(), x, a, b)[1])
     assert "geglu" not in patterns
     assert patterns.count("swiglu") == 1  # silu(a) * b alone
+
+
+class _AttnThenMerge(nn.Module):
+    """SDPA, then the heads merged back: ``out.transpose(1, 2).contiguous().view(B, S, H * D)``."""
+
+    def forward(self, q, k, v):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        b, h, s, d = out.shape
+        return out.transpose(1, 2).contiguous().view(b, s, h * d)
+
+
+def test_heads_merge_after_fused_attention_copies_nothing():
+    # the fused GPU kernels write token-major memory: merging the heads back is free (no copy kernel), as on the GPU
+    q = torch.randn(2, 4, 128, 64, dtype=torch.bfloat16)
+    og, chains = _chains(_AttnThenMerge(), q, q, q)
+    assert [c.pattern for c in chains] == ["attention"]
+    # the math backend (fp64 here: no fused kernel takes it) returns heads-major memory: the merge is a copy
+    q64 = q.double()
+    og, chains = _chains(_AttnThenMerge(), q64, q64, q64)
+    assert [c.pattern for c in chains] == ["attention", "copy"]
+
+
+def test_opaque_attention_returns_the_layout_its_fake_promises():
+    from fusion_advisor.capture import _attention, _attention_fake
+
+    for dtype in (torch.bfloat16, torch.float64):
+        q = torch.randn(2, 4, 16, 8, dtype=dtype)
+        real = _attention(q, q, q, None, 0.0, True)
+        with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+            fq = mode.from_tensor(q)
+            fake = _attention_fake(fq, fq, fq, None, 0.0, True)
+        assert real.stride() == fake.stride(), dtype
+        torch.testing.assert_close(real, F.scaled_dot_product_attention(q, q, q, is_causal=True))
