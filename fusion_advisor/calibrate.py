@@ -124,6 +124,8 @@ class Calibration:
         attention_rates: GPU only: SDPA TFLOP/s per backend, dtype, seq, head dim and causal flag (entries in the
             spec's ``attention_rates`` format, :class:`fusion_advisor.devices.AttentionRate`).
         unaligned_tflops: GPU only: matmul TFLOP/s by dtype with output columns not a multiple of 16 bytes.
+        elementwise_overhead_us: GPU only: fixed device time per eager elementwise kernel beyond its bytes at copy
+            bandwidth (:func:`measure_elementwise_overhead_us`), None when not measured.
         strided_gbps: bandwidth of a copy reading a permuted view (GB/s, read + written), None when not measured.
         not_measured: spec fields or grid points not measured, with the reason (e.g. GPU only).
         launch_us: wall time per tiny eager op in a long loop (us).
@@ -151,6 +153,7 @@ class Calibration:
     attention_rates: list[dict[str, Any]] = field(default_factory=list)
     strided_gbps: float | None = None
     unaligned_tflops: dict[str, float] = field(default_factory=dict)
+    elementwise_overhead_us: float | None = None
     not_measured: dict[str, str] = field(default_factory=dict)
 
 
@@ -399,6 +402,49 @@ def measure_kernel_floor_us(sizes: Sizes) -> float | None:
         return None
 
 
+#: Bytes per operand and kernels per CUDA graph of :func:`measure_elementwise_overhead_us`.
+ELEMENTWISE_MIB = (4, 16, 64)
+ELEMENTWISE_KERNELS = 8
+
+
+def measure_elementwise_overhead_us(copy_gbps: float, sizes: Sizes, mib: tuple[int, ...] = ELEMENTWISE_MIB,
+                                    kernels: int = ELEMENTWISE_KERNELS) -> float | None:
+    """Fixed device time per eager elementwise kernel beyond its bytes at copy bandwidth (us): ``torch.add(a, b,
+    out=c)`` on bf16 operands of ``mib`` MiB each, ``kernels`` adds on distinct buffers (more than the L2 holds)
+    captured in a CUDA graph and replayed (no host cost); per size ``time per kernel - 3 * bytes / copy_gbps``,
+    the median over sizes. It is the ramp-up and tail of a bandwidth-bound kernel (H200: a 33 MB add or
+    LayerNorm takes ~4 us more than its bytes at copy bandwidth; a DtoD memcpy does not). ``None`` when CUDA graphs
+    are unavailable."""
+    import statistics
+
+    try:
+        extra = []
+        for m in mib:
+            n = (m << 20) // 2
+            bufs = [tuple(torch.empty(n, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                    for _ in range(kernels)]
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for a, b, c in bufs:
+                    torch.add(a, b, out=c)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for a, b, c in bufs:
+                    torch.add(a, b, out=c)
+            graph.replay()
+            torch.cuda.synchronize()
+            t = time_cuda(graph.replay, warmup_ms=sizes.warmup_ms, rep_ms=sizes.rep_ms)
+            per_kernel_us = t.median_ms * 1e3 / kernels
+            extra.append(per_kernel_us - 3 * (m << 20) / (copy_gbps * 1e9) * 1e6)
+            del bufs, graph
+        torch.cuda.empty_cache()
+        return max(statistics.median(extra), 0.0)
+    except Exception:  # noqa: BLE001 - an optional extra; the spec does not need it
+        return None
+
+
 def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool = False) -> Calibration:
     """Measure copy bandwidth, matmul throughput per dtype and per-op launch overhead on ``device``.
 
@@ -470,13 +516,17 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
             not_measured["strided_bandwidth_gbps"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         launch = measure_launch_us(device, sizes)
         floor = measure_kernel_floor_us(sizes) if device == "cuda" else None
+        elementwise = measure_elementwise_overhead_us(copy, sizes) if device == "cuda" else None
+        if elementwise is None:
+            not_measured["elementwise_overhead_us"] = ("GPU only (CUDA-graph replay of eager adds)" if device != "cuda"
+                                                       else "CUDA graphs unavailable")
     if device == "cuda":
         torch.cuda.empty_cache()
     return Calibration(
         device=device, device_name=name, date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), versions=_versions(),
         copy_gbps=copy, matmul_tflops=tflops, matmul_notes=notes, launch_us=launch, kernel_floor_us=floor,
         l2_bytes=l2, sizes=sizes, attention_tflops=attention, attention_rates=rates, strided_gbps=strided,
-        unaligned_tflops=unaligned,
+        unaligned_tflops=unaligned, elementwise_overhead_us=elementwise,
         not_measured=not_measured,
         timer="triton.testing.do_bench median (L2 flushed before each call)" if device == "cuda"
         else "wall-clock median (time.perf_counter)")
@@ -560,6 +610,12 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                                f"{s.matmul_n - 1}] (output columns not a multiple of 16 bytes), "
                                                f"2 n^2 (n - 1) FLOPs over the {cal.timer}")}
            if cal.unaligned_tflops else {}),
+        **({"elementwise_overhead_us": round(cal.elementwise_overhead_us, 3),
+            "elementwise_overhead_source": (f"{by}: torch.add(a, b, out=c) on bf16 operands of "
+                                            f"{'/'.join(map(str, ELEMENTWISE_MIB))} MiB, {ELEMENTWISE_KERNELS} per CUDA "
+                                            "graph on distinct buffers, replayed; per kernel time less 3 x bytes at the "
+                                            "copy bandwidth, median over the sizes")}
+           if cal.elementwise_overhead_us is not None else {}),
         **({"strided_bandwidth_gbps": round(cal.strided_gbps, 1),
             "strided_bandwidth_source": (f"{by}: dst.copy_(x.transpose(1, 2)) of a bf16 [B, 2048, 32, 128] tensor "
                                          "into a contiguous [B, 32, 2048, 128] (B filling "

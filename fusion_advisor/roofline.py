@@ -21,6 +21,10 @@ has ``attention_rates``, else its flat ``attention_tflops``, else the matmul pea
 a boolean mask: 4 more); the math backend also moves its score matrix through memory several times
 (:func:`fusion_advisor.sdpa.math_score_bytes`, added to its memory term).
 
+Eager elementwise and reduction kernels cost the spec's measured ``elementwise_overhead_us`` on top of their bytes
+(ramp-up and tail of a bandwidth-bound kernel; not for plain memcpy copies nor library ops): a chain of nine such
+kernels pays it nine times, a fused kernel once.
+
 Matmuls with a leading dimension that is not a multiple of 16 bytes (:func:`unaligned_matmul`) use the spec's
 measured ``unaligned_tensor_tflops`` when it has one.
 
@@ -98,11 +102,25 @@ def _compute_dtype(dtype: str, categories: set[str] | frozenset[str]) -> str:
     return "tf32" if dtype == "fp32" and "conv" in categories else dtype
 
 
+def memcpy_like(op: OpInfo) -> bool:
+    """A copy that runs as a DMA memcpy (same dtype, no permuted input): no elementwise kernel's ramp and tail."""
+    return op.category == "copy" and not op.reads_permuted and all(i.dtype == op.dtype for i in op.inputs)
+
+
+def op_overhead_us(op: OpInfo, spec: DeviceSpec) -> float:
+    """Fixed device time of one eager kernel of ``op`` beyond its bytes (us): the spec's measured
+    ``elementwise_overhead_us`` for non-library ops that are not a plain memcpy, else 0."""
+    if op.category in _LIBRARY_CATEGORIES or memcpy_like(op):
+        return 0.0
+    return spec.elementwise_overhead_us
+
+
 def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
-    """Device time of one op (us): ``max(FLOPs / peak, bytes / bandwidth)`` with the op's own ceilings."""
-    compute = op.flops / (op_peak_tflops(op, spec) * 1e12)
-    memory = op_bytes(op) / (op_bandwidth_gbps(op, spec) * 1e9)
-    return max(compute, memory) * 1e6
+    """Device time of one op (us): ``max(FLOPs / peak, bytes / bandwidth + overhead)`` with the op's own
+    ceilings (:func:`op_overhead_us`: an eager elementwise kernel's ramp-up and tail, when measured)."""
+    compute = op.flops / (op_peak_tflops(op, spec) * 1e12) * 1e6
+    memory = op_bytes(op) / (op_bandwidth_gbps(op, spec) * 1e9) * 1e6 + op_overhead_us(op, spec)
+    return max(compute, memory)
 
 
 def _launches(op: OpInfo) -> bool:
@@ -131,7 +149,8 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     idle_us = sum(max(0.0, n * launch - t) if runs else 0.0 for t, runs, n in busy)
     fusible = chain.kind == "fusible" and chain.eager_kernels > 1
     any_work = any(runs for _, runs, _ in busy)
-    fused_us = (max(compute_us, memory_fused_us, launch) if any_work else 0.0) if fusible else eager_us
+    overhead = max((op_overhead_us(ops[i], spec) for i in chain.op_ids), default=0.0)  # the fused kernel's, once
+    fused_us = (max(compute_us, memory_fused_us + overhead, launch) if any_work else 0.0) if fusible else eager_us
     ridge = peak_tflops * 1e12 / (spec.memory_bandwidth_gbps * 1e9)
     if idle_us > sum(t for t, _, _ in busy):
         bound = "launch"

@@ -178,3 +178,13 @@ def test_measure_attention_rates_on_gpu():
     assert {("flash", "bf16"), ("math", "bf16"), ("math", "fp32")} <= got
     assert all(r["tflops"] > 0 and r["seq"] == 256 and r["head_dim"] == 64 for r in rates)
     assert "flash fp32" in skipped  # flash takes fp16/bf16 only
+
+
+@pytest.mark.gpu
+def test_elementwise_overhead_and_unaligned_rate_on_gpu():
+    from fusion_advisor.calibrate import Sizes, measure_elementwise_overhead_us, measure_unaligned_matmul_tflops, _timer
+
+    sizes = Sizes.for_device("cuda", quick=True)
+    t0 = measure_elementwise_overhead_us(3000.0, sizes, mib=(4, 16), kernels=4)
+    assert t0 is not None and 0.0 <= t0 < 50.0
+    assert measure_unaligned_matmul_tflops("cuda", "bf16", sizes, _timer("cuda", sizes)) > 0

@@ -80,3 +80,33 @@ def test_unaligned_rate_is_validated(tmp_path):
 def test_an_op_launching_several_kernels_waits_for_each_launch():
     ops = [dataclasses.replace(_op(0, 1.0), eager_kernels=12)]  # SDPA's math backend: a dozen launches
     assert eager_in_model_us([_chain("c0", ops)], ops, SPEC)["c0"] == pytest.approx(1.0 + 120.0)
+
+
+def test_elementwise_kernels_pay_the_measured_overhead_memcpy_and_library_ops_do_not():
+    from fusion_advisor.roofline import op_overhead_us, roofline_busy_us
+
+    spec = dataclasses.replace(SPEC, elementwise_overhead_us=4.0)
+    add = _op(0, 10.0)
+    memcpy = dataclasses.replace(_op(1, 10.0), category="copy", target="aten.clone.default")
+    to_fp32 = dataclasses.replace(memcpy, outputs=(dataclasses.replace(memcpy.outputs[0], dtype="bf16"),))
+    assert op_overhead_us(add, spec) == 4.0 and op_overhead_us(to_fp32, spec) == 4.0  # a dtype cast is a kernel
+    assert op_overhead_us(memcpy, spec) == 0.0 and op_overhead_us(_mm(768, 1024), spec) == 0.0
+    assert op_overhead_us(add, SPEC) == 0.0  # not measured: the plain roofline
+    ops = [_op(i, 20.0) for i in range(3)]
+    chain = dataclasses.replace(_chain("c0", ops), fused_bytes=int(40e-6 * 1000e9))  # 40 us of bytes fused
+    assert roofline_busy_us(chain, {o.id: o for o in ops}, spec) == pytest.approx(3 * (20.0 + 4.0))
+    est = estimate(chain, {o.id: o for o in ops}, spec)
+    assert est.eager_us == pytest.approx(3 * 24.0)  # three kernels pay it three times, the fused one once
+    assert est.fused_us == pytest.approx(40.0 + 4.0)
+
+
+def test_elementwise_overhead_is_validated(tmp_path):
+    from fusion_advisor.errors import DeviceSpecError
+
+    spec = tmp_path / "s.yaml"
+    base = "name: s\nmemory_bandwidth_gbps: 100\ntensor_tflops: {bf16: 10}\nvector_tflops: {fp32: 1}\nlaunch_overhead_us: 1\n"
+    spec.write_text(base + "elementwise_overhead_us: 3.5\n")
+    assert load_spec(str(spec)).elementwise_overhead_us == 3.5
+    spec.write_text(base + "elementwise_overhead_us: -1\n")
+    with pytest.raises(DeviceSpecError, match="non-negative"):
+        load_spec(str(spec))

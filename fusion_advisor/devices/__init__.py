@@ -69,6 +69,8 @@ class DeviceSpec:
         unaligned_tensor_tflops: optional, measured matmul TFLOP/s by dtype when a leading dimension is not a
             multiple of 16 bytes (e.g. GPT-2's 50257-column vocabulary projection in bf16): cuBLAS then falls back to
             ``align1`` kernels far below the peak. Dtypes without an entry use ``tensor_tflops``.
+        elementwise_overhead_us: optional, measured fixed device time (us) of an eager elementwise/reduction kernel
+            beyond its bytes at copy bandwidth (ramp-up and tail of a bandwidth-bound kernel); 0: not measured.
         launch_overhead_us: time per eager kernel launch (dispatch plus launch), microseconds.
         l2_bytes: L2 cache size in bytes (0 if unknown).
         kind: ``"gpu"`` or ``"cpu"``; library Triton kernels are routed to on GPU specs only.
@@ -90,6 +92,7 @@ class DeviceSpec:
     attention_rates: tuple[AttentionRate, ...] = ()
     strided_bandwidth_gbps: float = 0.0
     unaligned_tensor_tflops: dict[str, float] = field(default_factory=dict)
+    elementwise_overhead_us: float = 0.0
 
     def attention_peak_tflops(self, backend: str, dtype: str, seq: int, head_dim: int,
                               causal: bool = False, masked: bool = False) -> tuple[float, str]:
@@ -165,12 +168,13 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         attention = {str(k): float(v) for k, v in dict(data.get("attention_tflops") or {}).items()}
         unaligned = {str(k): float(v) for k, v in dict(data.get("unaligned_tensor_tflops") or {}).items()}
         launch = float(data["launch_overhead_us"])
+        elementwise = float(data.get("elementwise_overhead_us") or 0.0)
     except (TypeError, ValueError) as e:
         raise DeviceSpecError(f"{origin}: a numeric field is not a number: {e}") from e
     if str(data.get("kind", "gpu")) not in ("gpu", "cpu"):
         raise DeviceSpecError(f"{origin}: field 'kind' must be gpu or cpu")
     if bw <= 0 or not tensor or not vector or min([*tensor.values(), *vector.values(), *attention.values(), *unaligned.values()]) <= 0 \
-            or launch < 0:
+            or launch < 0 or elementwise < 0:
         raise DeviceSpecError(f"{origin}: bandwidth and TFLOP/s must be positive, launch overhead non-negative")
     rates = _parse_rates(data.get("attention_rates"), origin)
     strided = data.get("strided_bandwidth_gbps")
@@ -194,6 +198,7 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         attention_rates=rates,
         strided_bandwidth_gbps=float(strided or 0.0),
         unaligned_tensor_tflops=unaligned,
+        elementwise_overhead_us=elementwise,
     )
 
 
