@@ -193,13 +193,15 @@ def eager_in_model_us(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) 
     :func:`fusion_advisor.profile.replay_idle` replays measured kernels: the host issues one op per
     ``spec.launch_overhead_us`` per kernel it launches (ops on empty tensors launch nothing and cost no host time here); an op's kernel
     starts when it is issued or when the GPU finished the previous kernel, whichever is later; the GPU's wait for
-    an op (capped by the host time issuing it) is that op's idle time. A chain's time is its ops' roofline device
+    an op (capped by the host time issuing it) is that op's idle time. As in a loop over the model (what
+    ``analyze --profile`` measures), the first op is issued while the previous run's kernels still run. A chain's time is its ops' roofline device
     time (:func:`roofline_busy_us`) plus their idle times. This is what ``analyze --profile`` compares with the
     measured chain time; routing keeps :func:`estimate`'s per-chain numbers.
     """
     launch = spec.launch_overhead_us
     idle: dict[str, float] = {}
-    host = gpu_free = 0.0  # the GPU starts idle, waiting for the first launch
+    # steady state of repeated runs: the first op is issued while the previous run's kernels still run
+    host, gpu_free = 0.0, max(ops[0].eager_kernels, 1) * launch if ops else 0.0
     for op in ops:
         if op.is_view or not _launches(op):
             continue
