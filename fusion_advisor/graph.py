@@ -370,6 +370,14 @@ def _flat_nodes(args: Any) -> list[torch.fx.Node]:
     return out
 
 
+#: aten ops that launch more than one kernel per eager call on a CUDA GPU, by op name: ``cumsum`` (CUB's device scan
+#: or the innermost-dim scan kernel, plus a dtype/layout copy: 2-3 kernels) and ``index`` with tensor indices (the
+#: index kernel plus an elementwise copy of the indices: 2-3). The lower count, measured on the H200 with torch 2.11
+#: (``measured_kernels`` of the cumsum/index chains of HF Llama and GPT-2,
+#: benchmarks/results/session3_h200/call5/profile/profile_accuracy_chains.csv). Each kernel costs a launch.
+MULTI_KERNEL_OPS = {"cumsum": 2, "index": 2}
+
+
 def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     target = node.target
     category = categorize(target) if node.op == "call_function" else "other"
@@ -377,7 +385,8 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     outputs = tuple(tensor_meta(t) for t in _tensors(out_val))
     inputs = tuple(tensor_meta(t) for a in _flat_nodes((node.args, node.kwargs)) for t in _tensors(_val(a)))
     row, last = _reduction_geometry(node, _op_name(target), category, inputs, outputs)
-    variant, kernels = attention_variant(node, _op_name(target)) if category == "attention" else ("", 1)
+    variant, kernels = (attention_variant(node, _op_name(target)) if category == "attention"
+                        else ("", MULTI_KERNEL_OPS.get(_op_name(target), 1)))
     if category == "view":
         flops, read, written = 0, 0, 0
     else:

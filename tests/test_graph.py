@@ -60,3 +60,18 @@ def test_rope_ops_read_a_permuted_view(tmp_path):
     assert neg.reads_permuted  # reads q[..., 32:], a slice of the permuted view
     muls = [o for o in a.ops if o.target == "aten.mul.Tensor"]
     assert muls and any(o.reads_permuted for o in muls)
+
+
+def test_ops_launching_several_kernels_count_them():
+    from fusion_advisor.capture import capture
+    from fusion_advisor.graph import MULTI_KERNEL_OPS, build_op_graph
+    from fusion_advisor.load import LoadedModel
+
+    class M(torch.nn.Module):
+        def forward(self, ids, x):
+            return ids.cumsum(-1), x[ids[0]] * 2
+
+    inputs = (torch.zeros(2, 16, dtype=torch.long), torch.randn(32, 8))
+    og = build_op_graph(capture(LoadedModel("m", "<test>", "test", M(), inputs, "cpu", "")))
+    kernels = {o.target.split(".")[1]: o.eager_kernels for o in og.ops if o.target.startswith("aten.")}
+    assert kernels["cumsum"] == MULTI_KERNEL_OPS["cumsum"] == 2 and kernels["index"] == 2 and kernels["mul"] == 1
