@@ -9,17 +9,18 @@
   num_stages), forced through ``RowConfig``; checked against a float64 reference. Prints the fastest verified
   config and the ``BwdTuning(...)`` line that adopts it (``rmsnorm.BWD_TUNING``, ``add_rmsnorm.BWD_TUNING``,
   ``layernorm.BWD_TUNING`` / ``ADD_BWD_TUNING``).
-- ``cross_entropy`` forward + loss.backward() at 8192 x 32000 and 8192 x 128256 bf16: the old path (one program
-  per row) against persistent grids, chunk-loop pipelining, chunk widths, the in-kernel count and the looped scale
-  kernel (``CrossEntropyTuning``), each against torch.compile and as % of copy; prints the ``TUNING = ...`` line.
 - ``rope`` forward at 4 x 2048 tokens, 32 heads of 128, bf16, HF layout: heads per tile (BLOCK_H) x num_warps.
 
 Each config is verified against ``reference_fn`` (forward output; gradients finite and close to the default
 config's) before its summed CUDA kernel time per call (torch.profiler, 10 calls) is taken; torch.compile of the
 reference is measured the same way. Writes sweep_tiles.json to --out.
 
-    python benchmarks/sweep_tiles.py --out DIR [--only add_rmsnorm_bwd,layernorm_bwd,add_layernorm_bwd,cross_entropy]
-        [--norm-budget-s 30] [--ce-budget-s 120]
+    python benchmarks/sweep_tiles.py --out DIR [--only add_rmsnorm_bwd,layernorm_bwd,add_layernorm_bwd]
+        [--norm-budget-s 30]
+
+(A cross-entropy variant sweep, persistent grids / chunk-loop pipelining / in-kernel count / looped scale, ran once on
+the H200 in session 3, benchmarks/results/session3_h200/call3: none beat the one-program-per-row kernel, so those
+variants were removed from the library and from this script.)
 """
 
 from __future__ import annotations
@@ -361,173 +362,15 @@ def rope_sweep(copy_gbps: float) -> list[dict]:
     return out
 
 
-#: Cross-entropy sweep (8192 tokens x V, bf16, forward + loss.backward()): stage A crosses the forward's grid
-#: (None = one program per row, the current launch; k = a persistent grid of k programs per SM) with the chunk
-#: loops' num_stages and (chunk width, warps) of the chunked path; stage B adds, on stage A's best, the in-kernel
-#: count (no count launch) and the looped scale kernel of the backward.
-CE_VOCABS = (32000, 128256)
-CE_PROGRAMS_PER_SM = (None, 1, 2, 4)
-CE_NUM_STAGES = (None, 2, 3)
-CE_CHUNKS = ((4096, 8), (8192, 16))
-#: Wall-clock budget of the cross-entropy sweep, s (torch.compile baselines and references included); stage A
-#: stops starting configs at ``CE_STAGE_A_SHARE`` of it, so that stage B always runs. Configs past a deadline are
-#: recorded as skipped. (24 stage-A configs, each compiled once and timed at both vocabularies.)
-CE_BUDGET_S = 120.0
-CE_STAGE_A_SHARE = 0.75
-
-
-def cross_entropy_sweep(copy_gbps: float, n_tokens: int = 8192) -> dict:
-    """cross_entropy forward + ``loss.backward()`` (mean, 5% ignored targets, bf16) at 8192 x 32000 and
-    8192 x 128256, every :class:`kernel_library.cross_entropy.CrossEntropyTuning` of stages A and B (see the
-    constants) set as ``cross_entropy.TUNING`` around the public op, so the whole autograd path is timed.
-
-    Verified before timing: the loss within the bf16 table of the fp32 reference's (``reference_fn`` autograd on
-    fp32 copies), dlogits' max error against the fp32 reference gradient at most 2x the current default's plus one
-    bf16 ulp (2**-8) of the largest gradient (chunk width changes the order of the fp32 sums). Time: summed CUDA
-    kernel time per call (torch.profiler, 10 calls), count/reduce/scale launches included; torch.compile of
-    ``reference_fn`` (fp32 upcast, as HF's loss) timed the same way. Bytes for % of copy:
-    ``cross_entropy.bytes_moved_fwd_bwd`` = read logits + write dlogits (2 x n_tokens x V x 2 bytes) + targets
-    (8 bytes per token) + the loss. Returns per-shape rows and a summary whose ``tuning_line`` is the config with
-    the best geometric-mean speedup over the default across both shapes (printed).
-    """
-    import dataclasses
-    import math
-    import time
-
-    import kernel_library.cross_entropy as ce
-
-    t0 = time.monotonic()
-    original = ce.TUNING
-    default = ce.CrossEntropyTuning()  # the old path, whatever TUNING is set to now
-
-    def chunk(b: int, w: int) -> dict:  # the constants' own chunk is spelled None, so the default is in the grid
-        return {} if (b, w) == (ce.LOOP_BLOCK, ce.LOOP_WARPS) else {"block_size": b, "num_warps": w}
-
-    stage_a = [ce.CrossEntropyTuning(programs_per_sm=p, num_stages=st, **chunk(b, w))
-               for p in CE_PROGRAMS_PER_SM for st in CE_NUM_STAGES for b, w in CE_CHUNKS]
-    stage_a.sort(key=lambda t: t != default)  # the default (old path) first
-    rows: dict[str, list[dict]] = {}
-    shapes = {}
-    for vocab in CE_VOCABS:
-        logits, target, ii, ls, red = ce.make_inputs(n_tokens, vocab, "bfloat16")
-        x32 = logits.detach().float().requires_grad_()
-        ref_loss = ce.reference_fn(x32, target, ii, ls, red)
-        (ref_grad,) = torch.autograd.grad(ref_loss, x32)
-        del x32
-        compiled = torch.compile(ce.reference_fn, dynamic=False)
-
-        def step(fn, logits=logits, target=target, ii=ii, ls=ls, red=red):
-            loss = fn(logits, target, ii, ls, red)
-            return loss, torch.autograd.grad(loss, logits)[0]
-
-        step(compiled)
-        compile_ms = device_time_ms(lambda: step(compiled))
-        nbytes = ce.bytes_moved_fwd_bwd(logits, target, ii, ls, red)
-        print(f"cross_entropy {n_tokens}x{vocab}: torch.compile fwd+bwd {compile_ms:.4f} ms "
-              f"({100 * nbytes / compile_ms / 1e6 / copy_gbps:.0f}% of copy)", flush=True)
-        shapes[vocab] = dict(step=step, ref_loss=ref_loss, ref_grad=ref_grad, nbytes=nbytes, compile_ms=compile_ms,
-                             grad_ulp=2.0**-8 * float(ref_grad.abs().max()))
-        rows[str(vocab)] = [{"config": "torch.compile", "gpu_ms": compile_ms}]
-
-    def measure(tuning: "ce.CrossEntropyTuning", vocab: int, default_err: float | None) -> dict:
-        sh = shapes[vocab]
-        row = {"config": repr(tuning), "is_default": tuning == default}
-        ce.TUNING = tuning
-        try:
-            loss, grad = sh["step"](ce.kernel_fn)
-            loss_ok = compare_outputs(loss, sh["ref_loss"].to(loss.dtype))[0]
-            err = float((grad.float() - sh["ref_grad"]).abs().max())
-            # the default: within one bf16 ulp of the largest gradient (it rounds fp32 values once); the others
-            # also within 2x the default's own error
-            grad_ok = err <= (0.0 if default_err is None else 2 * default_err) + sh["grad_ulp"]
-            ms = device_time_ms(lambda: sh["step"](ce.kernel_fn))
-        except Exception as e:  # noqa: BLE001
-            print(f"  cross_entropy V={vocab} {tuning}: FAILED {type(e).__name__}: {str(e)[:150]}", flush=True)
-            return {**row, "error": str(e)[:300]}
-        finally:
-            ce.TUNING = original
-        pct = 100 * sh["nbytes"] / ms / 1e6 / copy_gbps
-        row.update(verified=bool(loss_ok and grad_ok), dlogits_max_abs_err=err, gpu_ms=ms, pct_of_copy=pct,
-                   x_compile=sh["compile_ms"] / ms)
-        print(f"  cross_entropy V={vocab} {tuning}: {ms:.4f} ms ({pct:.0f}% of copy, x{row['x_compile']:.2f} "
-              f"compile) ok={row['verified']} (dlogits err {err:.3g})", flush=True)
-        return row
-
-    default_errs = {}
-
-    def run_stage(tunings, deadline_s: float) -> None:
-        for tuning in tunings:
-            for vocab in CE_VOCABS:
-                if time.monotonic() - t0 > deadline_s and default_errs.get(vocab) is not None:
-                    rows[str(vocab)].append({"config": repr(tuning), "skipped": f"deadline {deadline_s:.0f} s passed"})
-                    continue
-                row = measure(tuning, vocab, default_errs.get(vocab))
-                if tuning == default and "dlogits_max_abs_err" in row:
-                    default_errs[vocab] = row["dlogits_max_abs_err"]
-                row["tuning"] = tuning
-                rows[str(vocab)].append(row)
-
-    def ranked() -> list[tuple[float, "ce.CrossEntropyTuning"]]:
-        """(geometric-mean speedup over the default across the vocabularies, tuning), verified at every one."""
-        by_tuning: dict = {}
-        for vocab in CE_VOCABS:
-            base = next((r["gpu_ms"] for r in rows[str(vocab)] if r.get("is_default") and "gpu_ms" in r), None)
-            for r in rows[str(vocab)]:
-                if r.get("verified") and base:
-                    by_tuning.setdefault(r["tuning"], []).append(base / r["gpu_ms"])
-        out = [(math.exp(sum(map(math.log, v)) / len(v)), t) for t, v in by_tuning.items() if len(v) == len(CE_VOCABS)]
-        return sorted(out, key=lambda x: -x[0])
-
-    try:
-        run_stage(stage_a, CE_STAGE_A_SHARE * CE_BUDGET_S)
-        best_a = ranked()[0][1] if ranked() else default
-        stage_b = [dataclasses.replace(best_a, count_in_kernel=c, scale_programs_per_sm=sp)
-                   for c in ((False, True) if best_a.programs_per_sm is not None else (False,))
-                   for sp in (None, 4)]
-        run_stage([t for t in stage_b if t != best_a], CE_BUDGET_S)
-    finally:
-        ce.TUNING = original
-    ranking = ranked()
-    summary: dict = {"bytes_formula": "2 * n_tokens * V * 2 (read logits, write dlogits) + 8 * n_tokens + 2"}
-    for vocab in CE_VOCABS:
-        vrows = rows[str(vocab)]
-        dflt = next((r for r in vrows if r.get("is_default") and "gpu_ms" in r), None)
-        summary[str(vocab)] = {"torch_compile_ms": shapes[vocab]["compile_ms"], "default": dflt}
-    if ranking:
-        speedup, best = ranking[0]
-        fields = ", ".join(f"{f.name}={getattr(best, f.name)!r}" for f in dataclasses.fields(best)
-                           if getattr(best, f.name) != getattr(default, f.name))
-        summary["best"] = repr(best)
-        summary["geomean_speedup_vs_default"] = speedup
-        summary["tuning_line"] = f"TUNING = CrossEntropyTuning({fields})"
-        for vocab in CE_VOCABS:
-            b = next(r for r in rows[str(vocab)] if r.get("tuning") == best and "gpu_ms" in r)
-            d = summary[str(vocab)]["default"]
-            summary[str(vocab)]["best"] = b
-            print(f"cross_entropy V={vocab}: default {d['gpu_ms']:.4f} ms ({d['pct_of_copy']:.0f}% of copy, "
-                  f"x{d['x_compile']:.2f} compile) -> best {b['gpu_ms']:.4f} ms ({b['pct_of_copy']:.0f}%, "
-                  f"x{b['x_compile']:.2f} compile)", flush=True)
-        print(f"cross_entropy BEST (geomean x{speedup:.2f} over the default): in kernel_library/cross_entropy.py "
-              f"set {summary['tuning_line']}", flush=True)
-    for vrows in rows.values():
-        for r in vrows:
-            r.pop("tuning", None)
-    print(f"cross_entropy sweep: {time.monotonic() - t0:.0f} s", flush=True)
-    return {"shapes": rows, "summary": summary}
-
-
 def main() -> None:
-    global NORM_BWD_BUDGET_S, CE_BUDGET_S
+    global NORM_BWD_BUDGET_S
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", default="", help="comma-separated sections (default: all)")
     ap.add_argument("--norm-budget-s", type=float, default=NORM_BWD_BUDGET_S,
                     help="wall-clock budget of each norm backward sweep, s")
-    ap.add_argument("--ce-budget-s", type=float, default=CE_BUDGET_S,
-                    help="wall-clock budget of the cross-entropy sweep, s")
     args = ap.parse_args()
     NORM_BWD_BUDGET_S = args.norm_budget_s
-    CE_BUDGET_S = args.ce_budget_s
     args.out.mkdir(parents=True, exist_ok=True)
     copy_gbps = copy_bandwidth_gbps()
     doc = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -541,8 +384,7 @@ def main() -> None:
                      ("rmsnorm_bwd", lambda: rmsnorm_bwd_sweep(copy_gbps)),
                      ("add_rmsnorm_bwd", lambda: add_rmsnorm_bwd_sweep(copy_gbps)),
                      ("layernorm_bwd", lambda: layernorm_bwd_sweep(copy_gbps)),
-                     ("add_layernorm_bwd", lambda: add_layernorm_bwd_sweep(copy_gbps)),
-                     ("cross_entropy", lambda: cross_entropy_sweep(copy_gbps))):
+                     ("add_layernorm_bwd", lambda: add_layernorm_bwd_sweep(copy_gbps))):
         if only and name not in only:
             continue
         try:

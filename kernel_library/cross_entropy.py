@@ -24,28 +24,12 @@ reduction=...)`` with class-index targets and no class weights:
   an error or a device-side assert; the kernel cannot raise without a host sync).
 - The loss has the logits' dtype (like torch), computed in fp32 (``loss_dtype`` can ask for float32 directly).
 
-Memory: with grad enabled, the forward allocates and keeps until the backward one ``[n_tokens, vocab]`` buffer in
-the logits' dtype (the logits' own size: 0.52 GB at 8192 x 32000 bf16, 2.1 GB at 8192 x 128256), and nothing
-else of that size; eager torch's ``cross_entropy(logits.float(), ...)`` (HF's loss) keeps an fp32 ``log_softmax``
-of the same shape, twice that for bf16 logits. Without grad (``torch.no_grad()`` or logits not requiring grad) no
-buffer is allocated. ``reduction="none"``: the backward's per-row ``grad_output`` is generally not 1, so the scale
-kernel reads and writes every row whose value is not exactly 1 (``bytes_moved_backward``); only rows with 1, and
-the scalar 1 of ``loss.backward()`` on "mean"/"sum", are skipped, decided on the device (no host sync).
-
-Launch variants (:class:`CrossEntropyTuning`, one module-level :data:`TUNING`; the default is the launch measured
-in the constants): a persistent forward grid of k programs per SM looping over rows (bounds the rows in flight, so
-the chunked path's second read of a row can come from L2), a pipelining hint on the chunk loops, the count of
-non-ignored targets done inside the persistent forward (one launch fewer for "mean"), and a persistent grid for
-the scale kernel (one load per program instead of one program per row for a scalar ``grad_output``).
-``benchmarks/sweep_tiles.py --only cross_entropy`` measures them on the GPU and prints the line to adopt.
-
 Backward limitation: the op's backward runs once per forward (it scales its saved buffer in place); a second
 backward through the same graph (``retain_graph=True``) raises ``RuntimeError``. It is not twice differentiable.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -92,10 +76,6 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 REDUCTIONS = ("mean", "sum", "none")
 
-#: "SM count" of the persistent grids under the CPU interpreter: small, so tests stay fast, but more than one so
-#: that the per-program row loop and the per-program loss sums are exercised.
-CPU_SM_COUNT = 2
-
 
 # --- kernels ------------------------------------------------------------------------------------------------
 # Float arguments (label_smoothing) are cast to fp32 at kernel entry. Eager Triton passes a Python float as fp32,
@@ -141,28 +121,37 @@ def _reduce_loss_kernel(
     tl.store(out_ptr, total.to(out_ptr.dtype.element_ty))
 
 
-@triton.jit
-def _ce_row(
-    row,  # int64 token row
-    logits_ptr, logits_stride_row, logits_stride_col,  # as in the kernels below
-    target_ptr, target_stride,
-    dlogits_ptr,  # *T: contiguous [n_rows, n_cols] gradient buffer; unused unless COMPUTE_GRAD
-    n_cols, ignore_index, label_smoothing,
-    factor,  # fp32 gradient scale: 1 / n_valid for "mean", else 1
-    HAS_SMOOTHING: tl.constexpr, COMPUTE_GRAD: tl.constexpr, SINGLE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-    COLS_I64: tl.constexpr,
-    NUM_STAGES: tl.constexpr,  # tl.range pipelining hint of the chunk loops; None = no hint
+# n_cols stays specialised: its divisibility by 16 lets the masked row accesses vectorise (see softmax.py).
+@triton.jit(do_not_specialize=["ignore_index"])
+def _cross_entropy_fwd_kernel(
+    logits_ptr,  # *T: logits [n_rows, n_cols]; never written
+    logits_stride_row, logits_stride_col,  # strides of the logits' row and vocabulary axes, in elements
+    target_ptr,  # *int64: target class per row [n_rows]
+    target_stride,  # stride of target, in elements
+    dlogits_ptr,  # *T: output gradient per unit upstream gradient, contiguous [n_rows, n_cols]; unused unless COMPUTE_GRAD
+    loss_ptr,  # *fp32 or *T: output per-row loss [n_rows] (0 for ignored rows), stored in the pointer's dtype
+    n_valid_ptr,  # *int64: scalar, number of rows whose target != ignore_index; read only when REDUCE_MEAN
+    n_cols,  # vocabulary size V
+    ignore_index,  # target value whose row is ignored
+    label_smoothing,  # eps in [0, 1]
+    HAS_SMOOTHING: tl.constexpr,  # eps > 0 (skips the sum of logits otherwise; also avoids 0 * -inf)
+    REDUCE_MEAN: tl.constexpr,  # scale the gradient by 1 / n_valid
+    COMPUTE_GRAD: tl.constexpr,  # write dlogits
+    SINGLE_BLOCK: tl.constexpr,  # whole row in one block (held in registers), else chunked two-pass path
+    BLOCK: tl.constexpr,  # elements per block (power of two)
+    COLS_I64: tl.constexpr,  # column offsets in int64
 ):
-    """One token row: returns its fp32 loss (0 when ignored, NaN for an out-of-range target) and, when
-    COMPUTE_GRAD, writes its gradient row ``factor * (softmax - eps / V - (1 - eps) onehot)``."""
+    label_smoothing = tl.cast(label_smoothing, tl.float32)  # see 'Float arguments' above
+    row = tl.program_id(0).to(tl.int64)
     x_row = logits_ptr + row * logits_stride_row
     d_row = dlogits_ptr + row * n_cols
     offs = tl.arange(0, BLOCK)
     if COLS_I64:
         offs = offs.to(tl.int64)
     t = tl.load(target_ptr + row * target_stride)
-    loss = tl.zeros([], dtype=tl.float32)
+
     if t == ignore_index:
+        tl.store(loss_ptr + row, tl.zeros([], dtype=loss_ptr.dtype.element_ty))
         if COMPUTE_GRAD:
             zero = tl.zeros([BLOCK], dtype=dlogits_ptr.dtype.element_ty)
             for start in tl.range(0, n_cols, BLOCK):
@@ -186,7 +175,7 @@ def _ce_row(
             m_lane = tl.full([BLOCK], float("-inf"), tl.float32)
             s_lane = tl.zeros([BLOCK], dtype=tl.float32)
             shift_lane = tl.zeros([BLOCK], dtype=tl.float32)
-            for start in tl.range(0, n_cols, BLOCK, num_stages=NUM_STAGES):
+            for start in tl.range(0, n_cols, BLOCK):
                 cols = start + offs
                 live = cols < n_cols
                 # evict_last: ask L2 to keep the row for pass 2.
@@ -203,8 +192,12 @@ def _ce_row(
         if HAS_SMOOTHING:
             loss = loss - (label_smoothing / n_cols) * shift_sum
         loss = tl.where(in_range, loss, float("nan"))
+        tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
 
         if COMPUTE_GRAD:
+            factor = 1.0
+            if REDUCE_MEAN:
+                factor = 1.0 / tl.load(n_valid_ptr).to(tl.float32)
             smooth = label_smoothing / n_cols * factor  # subtracted from every column
             hit = (1.0 - label_smoothing) * factor  # subtracted from the target column
             bad = tl.where(in_range, 0.0, float("nan"))  # NaN row for an out-of-range target
@@ -215,7 +208,7 @@ def _ce_row(
             else:
                 # Pass 2: softmax_j = exp(x_j - lse), from (x_j - lse) to keep 1e4-scale logits accurate.
                 lse = m + tl.log2(s) * LN2
-                for start in tl.range(0, n_cols, BLOCK, num_stages=NUM_STAGES):
+                for start in tl.range(0, n_cols, BLOCK):
                     cols = start + offs
                     live = cols < n_cols
                     x = tl.load(x_row + cols * logits_stride_col, mask=live, other=float("-inf"),
@@ -223,242 +216,56 @@ def _ce_row(
                     p = tl.exp2((x - lse) * LOG2E) * factor
                     g = p - smooth - tl.where(cols == t, hit, 0.0) + bad
                     tl.store(d_row + cols, g.to(dlogits_ptr.dtype.element_ty), mask=live)
-    return loss
-
-
-# n_cols stays specialised: its divisibility by 16 lets the masked row accesses vectorise (see softmax.py).
-@triton.jit(do_not_specialize=["ignore_index"])
-def _cross_entropy_fwd_kernel(
-    logits_ptr,  # *T: logits [n_rows, n_cols]; never written
-    logits_stride_row, logits_stride_col,  # strides of the logits' row and vocabulary axes, in elements
-    target_ptr,  # *int64: target class per row [n_rows]
-    target_stride,  # stride of target, in elements
-    dlogits_ptr,  # *T: out: gradient per unit upstream gradient, contiguous [n_rows, n_cols] (COMPUTE_GRAD only)
-    loss_ptr,  # *fp32 or *T: output per-row loss [n_rows] (0 for ignored rows), stored in the pointer's dtype
-    n_valid_ptr,  # *int64: scalar, number of rows whose target != ignore_index; read only when REDUCE_MEAN
-    n_cols,  # vocabulary size V
-    ignore_index,  # target value whose row is ignored
-    label_smoothing,  # eps in [0, 1]
-    HAS_SMOOTHING: tl.constexpr,  # eps > 0 (skips the sum of logits otherwise; also avoids 0 * -inf)
-    REDUCE_MEAN: tl.constexpr,  # scale the gradient by 1 / n_valid
-    COMPUTE_GRAD: tl.constexpr,  # write dlogits
-    SINGLE_BLOCK: tl.constexpr,  # whole row in one block (held in registers), else chunked two-pass path
-    BLOCK: tl.constexpr,  # elements per block (power of two)
-    COLS_I64: tl.constexpr,  # column offsets in int64
-    NUM_STAGES: tl.constexpr = None,  # tl.range pipelining hint of the chunk loops; None = no hint
-):
-    """One program per token row (grid ``(n_rows,)``)."""
-    label_smoothing = tl.cast(label_smoothing, tl.float32)  # see 'Float arguments' above
-    row = tl.program_id(0).to(tl.int64)
-    factor = 1.0
-    if REDUCE_MEAN:
-        if COMPUTE_GRAD:
-            factor = 1.0 / tl.load(n_valid_ptr).to(tl.float32)
-    loss = _ce_row(row, logits_ptr, logits_stride_row, logits_stride_col, target_ptr, target_stride, dlogits_ptr,
-                   n_cols, ignore_index, label_smoothing, factor, HAS_SMOOTHING, COMPUTE_GRAD, SINGLE_BLOCK, BLOCK,
-                   COLS_I64, NUM_STAGES)
-    tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
-
-
-@triton.jit(do_not_specialize=["n_rows", "n_programs", "ignore_index"])
-def _cross_entropy_fwd_persistent_kernel(
-    logits_ptr,  # *T: logits [n_rows, n_cols]; never written
-    logits_stride_row, logits_stride_col,  # strides of the logits' row and vocabulary axes, in elements
-    target_ptr,  # *int64: target class per row [n_rows]
-    target_stride,  # stride of target, in elements
-    dlogits_ptr,  # *T: out: gradient per unit upstream gradient, contiguous [n_rows, n_cols] (COMPUTE_GRAD only)
-    loss_ptr,  # PER_ROW_LOSS: *T per-row loss [n_rows]; else *fp32 per-program loss sums [n_programs]
-    n_valid_ptr,  # *int64 scalar count of non-ignored rows: read (COUNT_IN_KERNEL False) or written by program 0
-    n_rows,  # number of tokens
-    n_programs,  # programs in the grid: program p handles rows p, p + n_programs, ...
-    n_cols,  # vocabulary size V
-    ignore_index,  # target value whose row is ignored
-    label_smoothing,  # eps in [0, 1]
-    HAS_SMOOTHING: tl.constexpr,  # eps > 0
-    REDUCE_MEAN: tl.constexpr,  # scale the gradient by 1 / n_valid
-    PER_ROW_LOSS: tl.constexpr,  # reduction "none": store each row's loss; else one fp32 sum per program
-    COUNT_IN_KERNEL: tl.constexpr,  # REDUCE_MEAN: every program counts the non-ignored targets itself
-    COMPUTE_GRAD: tl.constexpr,  # write dlogits
-    SINGLE_BLOCK: tl.constexpr,  # whole row in one block, else chunked two-pass path
-    BLOCK: tl.constexpr,  # elements per block (power of two)
-    COLS_I64: tl.constexpr,  # column offsets in int64
-    COUNT_BLOCK: tl.constexpr,  # targets per step of the in-kernel count
-    NUM_STAGES: tl.constexpr = None,  # tl.range pipelining hint of the chunk loops; None = no hint
-):
-    """A persistent grid of ``n_programs`` programs looping over token rows: at most ``n_programs`` rows are in
-    flight, so the chunked path's second read of a row (``n_programs * V * itemsize`` bytes in flight) can stay in
-    L2. With COUNT_IN_KERNEL, each program reads all ``n_rows`` targets (n_rows * 8 bytes, from L2 after the first)
-    instead of a separate count launch; sums per program are deterministic (fixed row order)."""
-    label_smoothing = tl.cast(label_smoothing, tl.float32)  # see 'Float arguments' above
-    pid = tl.program_id(0)
-    factor = 1.0
-    if REDUCE_MEAN:
-        if COUNT_IN_KERNEL:
-            acc_n = tl.zeros([COUNT_BLOCK], dtype=tl.int64)
-            for start in tl.range(0, n_rows, COUNT_BLOCK):
-                rows = start + tl.arange(0, COUNT_BLOCK)
-                tv = tl.load(target_ptr + rows.to(tl.int64) * target_stride, mask=rows < n_rows, other=ignore_index)
-                acc_n += (tv != ignore_index).to(tl.int64)
-            n_valid = tl.sum(acc_n, axis=0)
-            tl.store(n_valid_ptr, n_valid, mask=pid == 0)  # for the reduce kernel's mean
-        else:
-            n_valid = tl.load(n_valid_ptr)
-        if COMPUTE_GRAD:
-            factor = 1.0 / n_valid.to(tl.float32)
-    acc = tl.zeros([], dtype=tl.float32)
-    for row in tl.range(pid, n_rows, n_programs):
-        row64 = tl.cast(row, tl.int64)  # a Python int under the interpreter: no .to
-        loss = _ce_row(row64, logits_ptr, logits_stride_row, logits_stride_col, target_ptr, target_stride,
-                       dlogits_ptr, n_cols, ignore_index, label_smoothing, factor, HAS_SMOOTHING, COMPUTE_GRAD,
-                       SINGLE_BLOCK, BLOCK, COLS_I64, NUM_STAGES)
-        if PER_ROW_LOSS:
-            tl.store(loss_ptr + row64, loss.to(loss_ptr.dtype.element_ty))
-        else:
-            acc += loss
-    if not PER_ROW_LOSS:
-        tl.store(loss_ptr + pid, acc)
 
 
 @triton.jit
-def _scale_rows(dlogits_ptr, grad_ptr, grad_stride, n_rows, n_programs, n_cols, BLOCK: tl.constexpr,
-                COLS_I64: tl.constexpr):
-    """Rows pid, pid + n_programs, ... of dlogits times their grad_output value, skipping rows whose value is 1."""
-    offs = tl.arange(0, BLOCK)
-    if COLS_I64:
-        offs = offs.to(tl.int64)
-    for row in tl.range(tl.program_id(0), n_rows, n_programs):
-        row64 = tl.cast(row, tl.int64)  # a Python int under the interpreter: no .to
-        g = tl.load(grad_ptr + row64 * grad_stride).to(tl.float32)
-        if g != 1.0:  # loss.backward() passes exactly 1: nothing to move
-            d_row = dlogits_ptr + row64 * n_cols
-            for start in tl.range(0, n_cols, BLOCK):
-                cols = start + offs
-                live = cols < n_cols
-                d = tl.load(d_row + cols, mask=live, other=0.0).to(tl.float32)
-                tl.store(d_row + cols, (d * g).to(dlogits_ptr.dtype.element_ty), mask=live)
-
-
-@triton.jit(do_not_specialize=["n_rows", "n_programs"])
 def _scale_grad_kernel(
     dlogits_ptr,  # *T: gradient buffer [n_rows, n_cols], contiguous; scaled in place
     grad_ptr,  # *T': upstream gradient of the loss, one value per row or a scalar
     grad_stride,  # stride of grad_output per row (0 for a scalar)
-    n_rows,  # number of token rows
-    n_programs,  # programs in the grid: program p handles rows p, p + n_programs, ... (n_rows: one row each)
     n_cols,  # vocabulary size
-    SCALAR_GRAD: tl.constexpr,  # grad_output is one value (grad_stride == 0): tested once per program
     BLOCK: tl.constexpr,  # elements per chunk
     COLS_I64: tl.constexpr,  # column offsets in int64
 ):
-    if SCALAR_GRAD:
-        if tl.load(grad_ptr).to(tl.float32) != 1.0:  # loss.backward() passes exactly 1: the program has no work
-            _scale_rows(dlogits_ptr, grad_ptr, grad_stride, n_rows, n_programs, n_cols, BLOCK, COLS_I64)
-    else:
-        _scale_rows(dlogits_ptr, grad_ptr, grad_stride, n_rows, n_programs, n_cols, BLOCK, COLS_I64)
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.load(grad_ptr + row * grad_stride).to(tl.float32)
+    if g != 1.0:  # loss.backward() passes exactly 1: nothing to move
+        d_row = dlogits_ptr + row * n_cols
+        offs = tl.arange(0, BLOCK)
+        if COLS_I64:
+            offs = offs.to(tl.int64)
+        for start in tl.range(0, n_cols, BLOCK):
+            cols = start + offs
+            live = cols < n_cols
+            d = tl.load(d_row + cols, mask=live, other=0.0).to(tl.float32)
+            tl.store(d_row + cols, (d * g).to(dlogits_ptr.dtype.element_ty), mask=live)
 
 
 # --- launchers ----------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class CrossEntropyTuning:
-    """Launch overrides of the cross-entropy kernels (defaults: the launch measured in cross_entropy's constants).
-
-    The module holds one as :data:`TUNING`, read at every launch: adopting a measured variant is one line, and
-    ``benchmarks/sweep_tiles.py --only cross_entropy`` prints that line for the fastest verified one.
-
-    Attributes:
-        programs_per_sm: forward: None = one program per token row (grid ``(n_rows,)``); k = a persistent grid of
-            k programs per SM looping over rows, which bounds the rows in flight (and so the L2 footprint of the
-            chunked path's second read of each row: ``k * n_SM * V * itemsize`` bytes).
-        num_stages: forward, chunked path: ``tl.range(num_stages=)`` of both chunk loops; None = no hint.
-        count_in_kernel: forward with a persistent grid, ``reduction="mean"``: every program counts the
-            non-ignored targets itself (``n_rows * 8`` bytes each, from L2) instead of a count launch before it.
-        block_size / num_warps: forward, chunked path: chunk width and warps; None = :data:`LOOP_BLOCK` /
-            :data:`LOOP_WARPS`.
-        scale_programs_per_sm: backward: None = one program per row; k = k programs per SM looping over rows
-            (with ``loss.backward()``'s scalar 1 each program reads it once and exits).
-
-    Raises:
-        ValueError: a count or stage below 1, ``block_size`` not a power of two, or ``count_in_kernel`` without
-            ``programs_per_sm``.
-    """
-
-    programs_per_sm: int | None = None
-    num_stages: int | None = None
-    count_in_kernel: bool = False
-    block_size: int | None = None
-    num_warps: int | None = None
-    scale_programs_per_sm: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("programs_per_sm", "num_stages", "num_warps", "scale_programs_per_sm", "block_size"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"CrossEntropyTuning.{name} must be >= 1 or None; got {value}")
-        if self.block_size is not None and self.block_size & (self.block_size - 1):
-            raise ValueError(f"CrossEntropyTuning.block_size must be a power of two; got {self.block_size}")
-        if self.count_in_kernel and self.programs_per_sm is None:
-            raise ValueError("CrossEntropyTuning.count_in_kernel needs programs_per_sm (a persistent grid): with one "
-                             "program per row every row would re-count all targets")
-
-
-#: The launch in use: the default (one program per row, chunk 4096 / 8 warps, no loop hint). The H200 sweep
-#: (``benchmarks/sweep_tiles.py --only cross_entropy``, 8192 x 32000 and 8192 x 128256 bf16, forward +
-#: loss.backward(); benchmarks/results/session3_h200/call3) found no variant clearly better: persistent grids (1-4
-#: programs per SM) and loop hints were 15-120% slower at 32000; the best (8192 / 16 warps, looped scale) was 3%
-#: slower at 32000 and 9% faster at 128256 (geomean 1.03x), inside run-to-run spread, so the default stays.
-TUNING = CrossEntropyTuning()
-
-
-@dataclass(frozen=True)
 class CrossEntropyConfig:
-    """Launch configuration of the forward.
+    """Launch configuration for one token row per program.
 
     Attributes:
         block_size: elements per block (power of two); the whole row when ``single_block``.
         num_warps: warps per program.
         single_block: the row fits one block (read once, held in registers) instead of the chunked two-pass path.
-        programs_per_sm / num_stages / count_in_kernel: see :class:`CrossEntropyTuning` (None / None / False: one
-            program per row, no pipelining hint, a count launch for "mean").
     """
 
     block_size: int
     num_warps: int
     single_block: bool
-    programs_per_sm: int | None = None
-    num_stages: int | None = None
-    count_in_kernel: bool = False
-
-    def __post_init__(self) -> None:
-        if self.count_in_kernel and self.programs_per_sm is None:
-            raise ValueError("CrossEntropyConfig.count_in_kernel needs programs_per_sm (a persistent grid)")
 
     @classmethod
-    def for_vocab(cls, n_cols: int, tuning: CrossEntropyTuning | None = None) -> "CrossEntropyConfig":
+    def for_vocab(cls, n_cols: int) -> "CrossEntropyConfig":
         """Single block when ``next_power_of_2(n_cols) <= MAX_SINGLE_BLOCK`` (:func:`warps_for` warps), else
-        :data:`LOOP_BLOCK` chunks over :data:`LOOP_WARPS` warps (the H200 sweep's choices, see the constants);
-        then ``tuning`` (default :data:`TUNING`) applied."""
-        tuning = TUNING if tuning is None else tuning
+        :data:`LOOP_BLOCK` chunks over :data:`LOOP_WARPS` warps (the H200 sweep's choices, see the constants)."""
         block = triton.next_power_of_2(max(n_cols, 1))
-        grid = dict(programs_per_sm=tuning.programs_per_sm, count_in_kernel=tuning.count_in_kernel)
         if block <= MAX_SINGLE_BLOCK:
-            return cls(block, warps_for(block), True, **grid)
-        return cls(tuning.block_size or LOOP_BLOCK, tuning.num_warps or LOOP_WARPS, False,
-                   num_stages=tuning.num_stages, **grid)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of ``device``; :data:`CPU_SM_COUNT` under the CPU interpreter."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return CPU_SM_COUNT
-
-
-def _persistent_programs(n_rows: int, device: torch.device, programs_per_sm: int) -> int:
-    """Programs of a persistent grid: ``programs_per_sm`` per SM, never more than ``n_rows`` (>= 1)."""
-    return max(1, min(n_rows, _sm_count(device) * programs_per_sm))
+            return cls(block, warps_for(block), True)
+        return cls(LOOP_BLOCK, LOOP_WARPS, False)
 
 
 def _check_args(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float, reduction: str) -> None:
@@ -502,54 +309,40 @@ def _cross_entropy_fwd_launch(logits: torch.Tensor, target: torch.Tensor, ignore
         if reduction == "none":
             return torch.empty(0, dtype=out_dtype, device=device), dlogits
         return torch.full((), float("nan") if reduction == "mean" else 0.0, dtype=out_dtype, device=device), dlogits
-    cfg = config or CrossEntropyConfig.for_vocab(n_cols)
-    persistent = cfg.programs_per_sm is not None
-    n_programs = _persistent_programs(n_rows, device, cfg.programs_per_sm) if persistent else n_rows
-    # "none" writes the per-row losses straight into the output; "sum"/"mean" reduce an fp32 buffer afterwards
-    # (one loss per row, or one sum per program of a persistent grid).
+    # "none" writes the per-row losses straight into the output; "sum"/"mean" reduce an fp32 buffer afterwards.
     if reduction == "none":
         loss_rows = torch.empty(n_rows, dtype=out_dtype, device=device)
     else:
-        loss_rows = torch.empty(n_programs, dtype=torch.float32, device=device)
+        loss_rows = torch.empty(n_rows, dtype=torch.float32, device=device)
     n_valid = torch.empty((), dtype=torch.int64, device=device) if reduction == "mean" else target
-    if reduction == "mean" and not cfg.count_in_kernel:  # on the device: 1 / n_valid without a host sync
+    if reduction == "mean":  # on the device: the gradient's 1 / n_valid without a host sync
         torch.library.wrap_triton(_count_valid_kernel)[(1,)](
             target, target.stride(0), n_valid, n_rows, int(ignore_index), BLOCK=REDUCE_BLOCK, num_warps=4,
         )
-    common = dict(
+    cfg = config or CrossEntropyConfig.for_vocab(n_cols)
+    torch.library.wrap_triton(_cross_entropy_fwd_kernel)[(n_rows,)](
+        logits, logits.stride(0), logits.stride(1),
+        target, target.stride(0),
+        dlogits if compute_grad else logits,
+        loss_rows,
+        n_valid,
+        n_cols, int(ignore_index), float(label_smoothing),
         HAS_SMOOTHING=label_smoothing > 0.0, REDUCE_MEAN=reduction == "mean", COMPUTE_GRAD=bool(compute_grad),
         SINGLE_BLOCK=cfg.single_block, BLOCK=cfg.block_size,
         COLS_I64=force_int64_cols or needs_int64_cols(n_cols, logits.stride(1)) or needs_int64_cols(n_cols, 1),
         num_warps=cfg.num_warps,
     )
-    # every constexpr is passed, defaults included: torch.compile's wrap_triton needs the full argument list
-    common["NUM_STAGES"] = cfg.num_stages
-    ptrs = (logits, logits.stride(0), logits.stride(1), target, target.stride(0),
-            dlogits if compute_grad else logits, loss_rows, n_valid)
-    if persistent:
-        torch.library.wrap_triton(_cross_entropy_fwd_persistent_kernel)[(n_programs,)](
-            *ptrs, n_rows, n_programs, n_cols, int(ignore_index), float(label_smoothing),
-            PER_ROW_LOSS=reduction == "none", COUNT_IN_KERNEL=cfg.count_in_kernel, COUNT_BLOCK=REDUCE_BLOCK,
-            **common,
-        )
-    else:
-        torch.library.wrap_triton(_cross_entropy_fwd_kernel)[(n_rows,)](
-            *ptrs, n_cols, int(ignore_index), float(label_smoothing), **common,
-        )
     if reduction == "none":
         return loss_rows, dlogits
     loss = torch.empty((), dtype=out_dtype, device=device)
     torch.library.wrap_triton(_reduce_loss_kernel)[(1,)](
-        loss_rows, n_valid, loss, loss_rows.shape[0], MEAN=reduction == "mean", BLOCK=REDUCE_BLOCK, num_warps=4,
+        loss_rows, n_valid, loss, n_rows, MEAN=reduction == "mean", BLOCK=REDUCE_BLOCK, num_warps=4,
     )
     return loss, dlogits
 
 
-def _scale_grad_launch(dlogits: torch.Tensor, grad_output: torch.Tensor, programs_per_sm: int | None = None) -> None:
-    """Multiply row ``i`` of ``dlogits`` in place by ``grad_output[i]`` (or the scalar ``grad_output``).
-
-    ``programs_per_sm``: None = :data:`TUNING`'s ``scale_programs_per_sm`` (None there: one program per row).
-    """
+def _scale_grad_launch(dlogits: torch.Tensor, grad_output: torch.Tensor) -> None:
+    """Multiply row ``i`` of ``dlogits`` in place by ``grad_output[i]`` (or the scalar ``grad_output``)."""
     if dlogits.dim() != 2 or not dlogits.is_contiguous():
         raise ValueError("cross_entropy backward: dlogits must be the contiguous [n_tokens, vocab] forward buffer")
     n_rows, n_cols = dlogits.shape
@@ -562,10 +355,8 @@ def _scale_grad_launch(dlogits: torch.Tensor, grad_output: torch.Tensor, program
                          f"got {tuple(grad_output.shape)}")
     if dlogits.numel() == 0:
         return
-    per_sm = TUNING.scale_programs_per_sm if programs_per_sm is None else programs_per_sm
-    n_programs = n_rows if per_sm is None else _persistent_programs(n_rows, dlogits.device, per_sm)
-    torch.library.wrap_triton(_scale_grad_kernel)[(n_programs,)](
-        dlogits, grad_output, grad_stride, n_rows, n_programs, n_cols, SCALAR_GRAD=grad_stride == 0,
+    torch.library.wrap_triton(_scale_grad_kernel)[(n_rows,)](
+        dlogits, grad_output, grad_stride, n_cols,
         BLOCK=SCALE_BLOCK, COLS_I64=needs_int64_cols(n_cols, 1), num_warps=warps_for(SCALE_BLOCK),
     )
 

@@ -1,4 +1,4 @@
-"""CPU test of the selection logic of benchmarks/sweep_tiles.py's norm-backward and cross-entropy sweeps.
+"""CPU test of the selection logic of benchmarks/sweep_tiles.py's norm-backward sweeps.
 
 The sweeps time on a GPU (torch.profiler); here they run on the Triton interpreter at tiny shapes with a host
 clock standing in for ``device_time_ms`` and torch.compile replaced by the eager function, so what is tested is
@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import benchmarks.sweep_tiles as st
-import kernel_library.cross_entropy as ce
 import kernel_library.rmsnorm as rn
 
 
@@ -36,7 +35,13 @@ def test_norm_bwd_sweep_picks_a_verified_config_and_prints_its_tuning(cpu_sweep,
     monkeypatch.setattr(st, "_norm_bwd_configs", lambda: configs)
     out = getattr(st, sweep)(1000.0, n_rows=9, n_cols=64)
     rows = out["configs"]
-    assert rows[0]["is_default"] and (rows[0]["rows_per_iter"], rows[0]["num_stages"]) == (1, None)
+    import kernel_library.add_rmsnorm as arms
+    import kernel_library.layernorm as ln
+
+    current = (arms.BWD_TUNING if sweep == "add_rmsnorm_bwd_sweep" else ln.ADD_BWD_TUNING).apply(
+        rn.RowConfig.backward(64))  # the module's default launch is timed first
+    assert rows[0]["is_default"] and (rows[0]["rows_per_iter"], rows[0]["num_stages"]) == (current.rows_per_iter,
+                                                                                          current.num_stages)
     assert len(rows) == 1 + len(configs) and all(r["verified"] for r in rows)
     best = out["summary"]["best"]
     assert best["gpu_ms"] == min(r["gpu_ms"] for r in rows)
@@ -61,24 +66,3 @@ def test_norm_bwd_sweep_flags_a_wrong_config(cpu_sweep, monkeypatch):
     out = st.add_rmsnorm_bwd_sweep(1000.0, n_rows=9, n_cols=64)
     assert [r["verified"] for r in out["configs"]] == [True, False]
     assert out["summary"]["best"]["is_default"]
-
-
-def test_cross_entropy_sweep_old_path_first_and_tuning_line(cpu_sweep, monkeypatch, capsys):
-    monkeypatch.setattr(st, "CE_VOCABS", (300, 70))
-    monkeypatch.setattr(st, "CE_PROGRAMS_PER_SM", (None, 1))
-    monkeypatch.setattr(st, "CE_NUM_STAGES", (None, 2))
-    monkeypatch.setattr(st, "CE_CHUNKS", ((ce.LOOP_BLOCK, ce.LOOP_WARPS), (64, 2)))
-    monkeypatch.setattr(ce, "MAX_SINGLE_BLOCK", 64)  # the chunked path at these tiny vocabularies
-    original = ce.TUNING
-    out = st.cross_entropy_sweep(1000.0, n_tokens=6)
-    assert ce.TUNING is original  # restored
-    for vocab in ("300", "70"):
-        rows = out["shapes"][vocab]
-        assert rows[0]["config"] == "torch.compile" and rows[1]["is_default"]
-        timed = [r for r in rows[1:] if "gpu_ms" in r]
-        # stage A (2 x 2 x 2), then B on the best of A: 3 variants if it is persistent (count x scale grid), else 1
-        assert len(timed) in (8 + 1, 8 + 3) and all(r["verified"] for r in timed)
-    line = out["summary"]["tuning_line"]
-    tuning = eval(line.split(" = ", 1)[1], {"CrossEntropyTuning": ce.CrossEntropyTuning})  # noqa: S307
-    assert repr(tuning) == out["summary"]["best"]
-    assert line in capsys.readouterr().out
