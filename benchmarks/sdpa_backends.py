@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fusion_advisor.bench import time_cuda  # noqa: E402
+from fusion_advisor.bench import device_kernels_per_call, time_cuda  # noqa: E402
 from fusion_advisor.calibrate import attention_flops  # noqa: E402
 from fusion_advisor.sdpa import args_of, rule_backend  # noqa: E402
 
@@ -100,17 +100,10 @@ def fused_choice(kw: dict) -> str:
 
 
 def kernels_per_call(fn, iters: int = 3) -> float | None:
-    """CUDA kernels (and memsets/copies) per call of ``fn`` from torch.profiler, None if the profiler fails."""
+    """CUDA kernels (and memsets/copies) per call of ``fn`` (:func:`fusion_advisor.bench.device_kernels_per_call`),
+    None if the profiler fails."""
     try:
-        from torch.profiler import ProfilerActivity, profile
-
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(iters):
-                fn()
-            torch.cuda.synchronize()
-        return sum(e.count for e in prof.key_averages() if e.self_device_time_total > 0) / iters
+        return device_kernels_per_call(fn, iters)
     except Exception:  # noqa: BLE001 - optional column
         return None
 

@@ -109,24 +109,43 @@ def time_cuda(fn: Callable[[], Any], warmup_ms: float = DEFAULT_WARMUP_MS, rep_m
     return Timing(float(statistics.median(times)), calls - len(times), len(times))
 
 
-def device_time_by_kernel(fn: Callable[[], Any], iters: int = 10) -> dict[str, float]:
-    """GPU kernel name -> ms of device time per call of ``fn`` (``torch.profiler``; see :func:`device_time_ms`).
+def _device_events(fn: Callable[[], Any], iters: int, caller: str) -> list[Any]:
+    """``torch.profiler`` key averages of the device activities of ``iters`` calls of ``fn`` (one untimed call first).
 
     Raises:
-        RuntimeError: no CUDA device.
+        RuntimeError: no CUDA device (``caller`` names the function asked).
     """
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     if not torch.cuda.is_available():
-        raise RuntimeError("device_time_by_kernel needs a CUDA device")
+        raise RuntimeError(f"{caller} needs a CUDA device")
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    return {e.key: e.self_device_time_total / iters / 1e3 for e in prof.key_averages() if e.self_device_time_total > 0}
+    return [e for e in prof.key_averages() if e.self_device_time_total > 0]
+
+
+def device_time_by_kernel(fn: Callable[[], Any], iters: int = 10) -> dict[str, float]:
+    """GPU kernel name -> ms of device time per call of ``fn`` (``torch.profiler``; see :func:`device_time_ms`).
+
+    Raises:
+        RuntimeError: no CUDA device.
+    """
+    return {e.key: e.self_device_time_total / iters / 1e3
+            for e in _device_events(fn, iters, "device_time_by_kernel")}
+
+
+def device_kernels_per_call(fn: Callable[[], Any], iters: int = 3) -> float:
+    """Device activities (kernels, memsets, copies) one call of ``fn`` launches (``torch.profiler``).
+
+    Raises:
+        RuntimeError: no CUDA device.
+    """
+    return sum(e.count for e in _device_events(fn, iters, "device_kernels_per_call")) / iters
 
 
 #: Kernel-name patterns of vendor-library kernels (cuBLAS/cuBLASLt, CUTLASS, cuDNN, flash / memory-efficient

@@ -81,6 +81,18 @@ def _heads_ok(a: SdpaArgs) -> bool:
     return a.enable_gqa and k[1] == v[1] and k[1] > 0 and q[1] % k[1] == 0
 
 
+def _layout_reasons(a: SdpaArgs) -> list[str]:
+    """The checks flash and memory-efficient attention share: last-dim stride 1, nonzero lengths, batch/heads."""
+    out = []
+    if not a.last_dim_stride_one:
+        out.append("last-dim stride != 1")
+    if min(a.q_shape[-2], a.k_shape[-2]) == 0:
+        out.append("zero sequence length")
+    if not _heads_ok(a):
+        out.append("batch/heads mismatch")
+    return out
+
+
 def flash_reasons(a: SdpaArgs) -> list[str]:
     """Why the flash kernel cannot run ``a`` on sm80-sm121 (empty: it can), from ``can_use_flash_attention``:
     fp16/bf16 only, no attn_mask, q/k/v head dims equal and <= 256 (dense inputs: other sizes are padded inside
@@ -97,13 +109,7 @@ def flash_reasons(a: SdpaArgs) -> list[str]:
         out.append(f"head dims {a.q_shape[-1]}/{a.k_shape[-1]}/{a.v_shape[-1]} (must be equal and <= 256)")
     if a.is_causal and a.q_shape[-2] != a.k_shape[-2]:
         out.append("is_causal with Lq != Lk")
-    if not a.last_dim_stride_one:
-        out.append("last-dim stride != 1")
-    if min(a.q_shape[-2], a.k_shape[-2]) == 0:
-        out.append("zero sequence length")
-    if not _heads_ok(a):
-        out.append("batch/heads mismatch")
-    return out
+    return out + _layout_reasons(a)
 
 
 def efficient_reasons(a: SdpaArgs) -> list[str]:
@@ -120,13 +126,7 @@ def efficient_reasons(a: SdpaArgs) -> list[str]:
     e, ev = a.q_shape[-1], a.v_shape[-1]
     if e != a.k_shape[-1] or e <= 0 or ev <= 0 or e % align or ev % align:
         out.append(f"head dims {e}/{a.k_shape[-1]}/{ev} (q == k, q and v multiples of {align})")
-    if not a.last_dim_stride_one:
-        out.append("last-dim stride != 1")
-    if min(a.q_shape[-2], a.k_shape[-2]) == 0:
-        out.append("zero sequence length")
-    if not _heads_ok(a):
-        out.append("batch/heads mismatch")
-    return out
+    return out + _layout_reasons(a)
 
 
 def rule_backend(a: SdpaArgs) -> tuple[str, str]:
