@@ -50,6 +50,16 @@ def _token_major_empty(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return q.new_empty((b, lq, h, v.shape[-1])).transpose(1, 2)
 
 
+def _out_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool) -> tuple[int, ...]:
+    """SDPA's output shape ``[*batch, Lq, Ev]``: the leading (batch, head) dims of q, k and v broadcast against
+    each other, as eager SDPA's math path broadcasts them (learned queries ``[1, H, Lq, E]`` shared over a
+    batch of keys ``[B, H, S, E]`` give ``[B, H, Lq, Ev]``); with ``enable_gqa`` the head dim is q's."""
+    leads = [tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2])]
+    if enable_gqa and q.dim() >= 3:
+        leads[1:] = [(*t[:-1], q.shape[-3]) if len(t) else t for t in leads[1:]]
+    return (*torch.broadcast_shapes(*leads), q.shape[-2], v.shape[-1])
+
+
 @torch.library.custom_op("fusion_advisor_capture::attention", mutates_args=())
 def _attention(
     q: torch.Tensor,
@@ -84,7 +94,7 @@ def _attention(
 def _attention_fake(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     if _heads_major_output(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa):
         return _token_major_empty(q, v)
-    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+    return q.new_empty(_out_shape(q, k, v, enable_gqa))
 
 
 _SDPA_TARGETS = {torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
