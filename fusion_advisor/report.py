@@ -112,7 +112,8 @@ CHAIN_COLUMNS: dict[str, str] = {
     "est_in_model_us": "With --profile: the roofline's EAGER time of the chain inside the model: its ops' roofline "
     "device time plus the GPU's predicted wait for their launches, the host issuing one op per launch overhead "
     "and running ahead of the GPU where it can (us). Unlike est_eager_us (the chain priced alone), short ops "
-    "behind a long kernel wait for no launch.",
+    "behind a long kernel wait for no launch. For a graph that runs k times per model call (a graph break inside "
+    "a loop), k times one call's estimate, as measured_us sums the k calls (the profile's notes name such graphs).",
     "predicted_vs_measured": "est_in_model_us / measured_us (1 = exact; above 1 the model predicts too slow).",
     "flag_2x": "True when prediction and measurement differ by more than 2x (predicted_vs_measured > 2 or < 0.5).",
     "achieved_gbps": "eager_bytes / measured_us (GB/s, 1e9 bytes/s).",
