@@ -100,10 +100,10 @@ CHAIN_COLUMNS: dict[str, str] = {
     # measured (analyze --profile); empty / NaN without a profile
     "measured_us": "Measured time of the chain run unfused (eager), per run: its kernels' durations plus the "
     "device idle time charged to them (GPU), or its aten ops' wall time (CPU) (us). Empty without --profile.",
-    "measured_busy_us": "Of measured_us, the time its kernels ran (GPU), or wall time minus the spec's per-op "
-    "dispatch overhead (CPU) (us).",
-    "measured_idle_us": "Of measured_us, device idle time waiting for its launches (GPU), or per-op dispatch "
-    "overhead (CPU) (us).",
+    "measured_busy_us": "Of measured_us, the time its kernels ran (GPU), or its aten ops' profiled durations "
+    "less that of an op doing no work, measured in the same run (CPU) (us).",
+    "measured_idle_us": "Of measured_us, device idle time waiting for its launches (GPU), or the plain host cost "
+    "of one eager op (measured, not the spec's) per aten op (CPU) (us).",
     "measured_kernels": "Device kernels (GPU) or top-level aten ops (CPU) it ran per run (count).",
     "measured_kernel_names": "GPU: the distinct device kernels the chain ran (profiler names, each op's longest "
     "first), '; '-separated; empty on a CPU.",
