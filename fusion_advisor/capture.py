@@ -245,6 +245,12 @@ def _capture_symbolic(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Captur
 _CAPTURERS = {"dynamo": _capture_dynamo, "export": _capture_export, "symbolic_trace": _capture_symbolic}
 
 
+#: Added to a failed ``.view`` (GPU-only code: a view of SDPA's output that only its GPU layout allows).
+VIEW_HINT = (" (if this view follows F.scaled_dot_product_attention: on a GPU the fused kernels return its output "
+             "token-major, so `.transpose(1, 2).view(...)` works there, but on a CPU or meta device the output is "
+             "heads-major and the view fails; use .reshape(...), which copies nothing where the view would work)")
+
+
 def run_eagerly(loaded: LoadedModel) -> None:
     """Run the model on its inputs; raise :class:`ModelRunError` naming the user's line if it fails."""
     try:
@@ -258,9 +264,12 @@ def run_eagerly(loaded: LoadedModel) -> None:
         text = str(e).lower()
         data_dependent = any(k in text for k in ("meta", "item()", "data-dependent", "truth value", "data_ptr",
                                                  "cannot be called on", "nonzero"))
+        if "view size is not compatible" in text or "cannot view a tensor" in text:
+            hint = VIEW_HINT
+        elif not (loaded.device == "meta" and data_dependent):
+            hint = ""
         raise ModelRunError(
-            f"{where}: the model fails on its own inputs: {type(e).__name__}: {first_line(str(e), 400)}"
-            + (hint if loaded.device == "meta" and data_dependent else "")
+            f"{where}: the model fails on its own inputs: {type(e).__name__}: {first_line(str(e), 400)}" + hint
         ) from e
 
 

@@ -115,3 +115,24 @@ def test_attention_flops_count_the_broadcast_batch(tmp_path):
     att = [o for o in a.ops if o.category == "attention"]
     assert len(att) == 1 and a.capture_method == "dynamo"
     assert att[0].flops == 2 * (3 * 4) * 16 * 20 * (8 + 8)  # QK^T and PV over the output's 3 x 4 batch x heads
+
+
+def test_gpu_only_view_after_attention_gets_a_hint(tmp_path):
+    # `.transpose(1, 2).view(...)` of SDPA's output works on a GPU (token-major output) but not on a CPU or meta
+    # device: the refusal says why and what to write instead
+    import pytest
+
+    from fusion_advisor.analyze import analyze
+    from fusion_advisor.errors import ModelRunError
+
+    model = tmp_path / "tview.py"
+    model.write_text(
+        "import torch, torch.nn as nn, torch.nn.functional as F\n"
+        "class Model(nn.Module):\n"
+        "    def forward(self, q):\n"
+        "        return F.scaled_dot_product_attention(q, q, q).transpose(1, 2).view(2, 16, 32)\n"
+        "def get_inputs(): return [torch.randn(2, 4, 16, 8)]\n"
+        "def get_init_inputs(): return []\n"
+    )
+    with pytest.raises(ModelRunError, match=r"tview.py:4: .*use \.reshape\(\.\.\.\)"):
+        analyze(model, device="meta")
