@@ -331,8 +331,10 @@ def _instrument(loaded: LoadedModel, cap: Capture, op_ids: set[str]) -> _Instrum
         state["graphs"] = 1
         flat, _ = torch.utils._pytree.tree_flatten(loaded.inputs)
         return _Instrumented(lambda: copy(*flat), lambda: state["graphs"], lambda: state["tagged"], schedules)
+    why = [w for w in cap.warnings if w.startswith("capture by dynamo")]
     raise ProfileError(f"{loaded.file}: --profile supports models captured by dynamo or symbolic_trace; this one "
-                       f"was captured by {cap.method}, whose graph cannot be re-run on the model's inputs")
+                       f"was captured by {cap.method}, whose graph cannot be re-run on the model's inputs"
+                       + (f" ({why[0][len('capture by '):]})" if why else ""))
 
 
 # --- attribution ----------------------------------------------------------------------------------------------

@@ -465,3 +465,15 @@ def test_a_graph_reused_within_a_forward_is_compared_over_all_its_calls():
         busy = roofline_busy_us(c, by_id, spec)
         assert 3 * busy - 1e-9 <= m.predicted_us <= 3 * (busy + c.eager_kernels * spec.launch_overhead_us) + 1e-9
         assert math.isclose(m.pct_of_roofline, 100.0 * 3 * busy / m.time_us)
+
+
+def test_export_refusal_says_why_dynamo_failed():
+    from fusion_advisor.capture import Capture
+    from fusion_advisor.load import load_model
+    from fusion_advisor.profile import _instrument
+
+    loaded = load_model(MLP, device="cpu")
+    cap = Capture(graphs=[], method="export",
+                  warnings=["capture by dynamo: CaptureError: dynamo captured no graph (the whole forward ran eagerly)"])
+    with pytest.raises(UserError, match=r"captured by export, .*\(dynamo: CaptureError: dynamo captured no graph"):
+        _instrument(loaded, cap, set())
