@@ -50,6 +50,16 @@ def _token_major_empty(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return q.new_empty((b, lq, h, v.shape[-1])).transpose(1, 2)
 
 
+def _out_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool) -> tuple[int, ...]:
+    """SDPA's output shape ``[*batch, Lq, Ev]``: the leading (batch, head) dims of q, k and v broadcast against
+    each other, as eager SDPA's math path broadcasts them (learned queries ``[1, H, Lq, E]`` shared over a
+    batch of keys ``[B, H, S, E]`` give ``[B, H, Lq, Ev]``); with ``enable_gqa`` the head dim is q's."""
+    leads = [tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2])]
+    if enable_gqa and q.dim() >= 3:
+        leads[1:] = [(*t[:-1], q.shape[-3]) if len(t) else t for t in leads[1:]]
+    return (*torch.broadcast_shapes(*leads), q.shape[-2], v.shape[-1])
+
+
 @torch.library.custom_op("fusion_advisor_capture::attention", mutates_args=())
 def _attention(
     q: torch.Tensor,
@@ -84,7 +94,7 @@ def _attention(
 def _attention_fake(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     if _heads_major_output(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa):
         return _token_major_empty(q, v)
-    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+    return q.new_empty(_out_shape(q, k, v, enable_gqa))
 
 
 _SDPA_TARGETS = {torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
@@ -235,6 +245,12 @@ def _capture_symbolic(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Captur
 _CAPTURERS = {"dynamo": _capture_dynamo, "export": _capture_export, "symbolic_trace": _capture_symbolic}
 
 
+#: Added to a failed ``.view`` (GPU-only code: a view of SDPA's output that only its GPU layout allows).
+VIEW_HINT = (" (if this view follows F.scaled_dot_product_attention: on a GPU the fused kernels return its output "
+             "token-major, so `.transpose(1, 2).view(...)` works there, but on a CPU or meta device the output is "
+             "heads-major and the view fails; use .reshape(...), which copies nothing where the view would work)")
+
+
 def run_eagerly(loaded: LoadedModel) -> None:
     """Run the model on its inputs; raise :class:`ModelRunError` naming the user's line if it fails."""
     try:
@@ -248,9 +264,12 @@ def run_eagerly(loaded: LoadedModel) -> None:
         text = str(e).lower()
         data_dependent = any(k in text for k in ("meta", "item()", "data-dependent", "truth value", "data_ptr",
                                                  "cannot be called on", "nonzero"))
+        if "view size is not compatible" in text or "cannot view a tensor" in text:
+            hint = VIEW_HINT
+        elif not (loaded.device == "meta" and data_dependent):
+            hint = ""
         raise ModelRunError(
-            f"{where}: the model fails on its own inputs: {type(e).__name__}: {first_line(str(e), 400)}"
-            + (hint if loaded.device == "meta" and data_dependent else "")
+            f"{where}: the model fails on its own inputs: {type(e).__name__}: {first_line(str(e), 400)}" + hint
         ) from e
 
 

@@ -175,7 +175,9 @@ def _materialize(arg: Any) -> Any:
 def _matmul_like_flops(target: Any, node: torch.fx.Node, out: Any) -> int:
     if _op_name(target) == "attention":  # our opaque SDPA: QK^T and PV, 2 FLOPs per multiply-add
         q, k, v = (_val(a) for a in node.args[:3])
-        batch = q.numel() // (q.shape[-2] * q.shape[-1])
+        # batch x heads of the output: SDPA broadcasts q's, k's and v's leading dims
+        batch = out.numel() // max(out.shape[-2] * out.shape[-1], 1) if isinstance(out, torch.Tensor) else \
+            q.numel() // max(q.shape[-2] * q.shape[-1], 1)
         flops = 2 * batch * q.shape[-2] * k.shape[-2] * (q.shape[-1] + v.shape[-1])
         causal = node.kwargs.get("is_causal", node.args[5] if len(node.args) > 5 else False)
         # a causal flash kernel skips the masked upper triangle: about half the work when q and k are as long

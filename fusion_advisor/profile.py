@@ -51,7 +51,7 @@ import platform
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -331,8 +331,10 @@ def _instrument(loaded: LoadedModel, cap: Capture, op_ids: set[str]) -> _Instrum
         state["graphs"] = 1
         flat, _ = torch.utils._pytree.tree_flatten(loaded.inputs)
         return _Instrumented(lambda: copy(*flat), lambda: state["graphs"], lambda: state["tagged"], schedules)
+    why = [w for w in cap.warnings if w.startswith("capture by dynamo")]
     raise ProfileError(f"{loaded.file}: --profile supports models captured by dynamo or symbolic_trace; this one "
-                       f"was captured by {cap.method}, whose graph cannot be re-run on the model's inputs")
+                       f"was captured by {cap.method}, whose graph cannot be re-run on the model's inputs"
+                       + (f" ({why[0][len('capture by '):]})" if why else ""))
 
 
 # --- attribution ----------------------------------------------------------------------------------------------
@@ -351,6 +353,8 @@ class Attribution:
         unattributed_events: of those, how many no op of the graphs claimed, per run.
         wall_us: mean duration of the ``fa-run`` ranges (host wall time of one run under the profiler).
         unmatched_ops: scheduled aten ops (per run) that no profiled op event matched (sequence mode).
+        graph_calls: graph index -> calls of that graph per run (``fa-graph:<i>`` ranges inside the runs, per run);
+            more than 1 where dynamo reuses a graph, e.g. a graph break inside a loop over layers.
     """
 
     nodes: dict[str, NodeMeasurement]
@@ -361,6 +365,7 @@ class Attribution:
     unattributed_events: float
     wall_us: float
     unmatched_ops: float = 0.0
+    graph_calls: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -515,6 +520,7 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
     # who owns each host interval, per thread
     owned: dict[Any, list[_Owned]] = {}
     unmatched = 0
+    calls: dict[int, float] = {}
     for e in events:
         if e.get("cat") != "user_annotation":
             continue
@@ -522,8 +528,10 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
         start, end = _span(e)
         tid = e.get("tid")
         if name.startswith(GRAPH_TAG_PREFIX):
-            schedule = schedules.get(int(name[len(GRAPH_TAG_PREFIX):]) if name[len(GRAPH_TAG_PREFIX):].isdigit()
-                                     else -1, [])
+            index = int(name[len(GRAPH_TAG_PREFIX):]) if name[len(GRAPH_TAG_PREFIX):].isdigit() else -1
+            schedule = schedules.get(index, [])
+            if in_run(start):
+                calls[index] = calls.get(index, 0.0) + 1.0
             pairs, missed = match_schedule(schedule, _top_level(ops_by_tid.get(tid, empty), start, end))
             unmatched += missed
             prev_end = start
@@ -608,7 +616,8 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
     total_us = total / n
     return Attribution(nodes=nodes, total_us=total_us, attributed_us=attributed,
                        unattributed_us=max(total_us - attributed, 0.0), device_events=n_events / n,
-                       unattributed_events=unclaimed_events / n, wall_us=wall_us, unmatched_ops=unmatched / n)
+                       unattributed_events=unclaimed_events / n, wall_us=wall_us, unmatched_ops=unmatched / n,
+                       graph_calls={i: c / n for i, c in calls.items()})
 
 
 # --- per chain ------------------------------------------------------------------------------------------------
@@ -639,19 +648,29 @@ def _chain_kernels(ms: list[NodeMeasurement]) -> tuple[str, ...]:
 
 
 def measure_chains(chains: list[Chain], ops: list[OpInfo], estimates: dict[str, Estimate], spec: DeviceSpec,
-                   nodes: dict[str, NodeMeasurement]) -> dict[str, ChainMeasurement]:
-    """A :class:`ChainMeasurement` per chain from the per-op measurements ``nodes`` (ops without one count 0)."""
+                   nodes: dict[str, NodeMeasurement], graph_calls: dict[int, float] | None = None
+                   ) -> dict[str, ChainMeasurement]:
+    """A :class:`ChainMeasurement` per chain from the per-op measurements ``nodes`` (ops without one count 0).
+
+    ``graph_calls`` (graph index -> calls per run, default 1): a graph run ``k`` times per model call (dynamo
+    reusing it, e.g. a graph break inside a loop over layers) has its ops measured summed over the ``k`` calls, so
+    its chains' in-model prediction (``predicted_us``, one call of the graph), bytes, FLOPs and roofline floor are
+    multiplied by ``k`` to compare like with like."""
     by_id = {o.id: o for o in ops}
     predicted = eager_in_model_us(chains, ops, spec)
     out: dict[str, ChainMeasurement] = {}
     for c in chains:
+        k = (graph_calls or {}).get(c.graph_index, 1.0)
+        k = k if k > 0 else 1.0
+        predicted[c.id] *= k
+        nbytes, flops = c.eager_bytes * k, c.flops * k
         est = estimates[c.id]
         ms = [nodes[i] for i in c.op_ids if i in nodes]
         busy = sum(m.busy_us for m in ms)
         idle = sum(m.idle_us for m in ms)
         t = busy + idle
         seconds = t * 1e-6
-        floor = roofline_busy_us(c, by_id, spec)
+        floor = roofline_busy_us(c, by_id, spec) * k
         ratio = predicted[c.id] / t if t > 0 else math.nan
         out[c.id] = ChainMeasurement(
             chain_id=c.id,
@@ -659,10 +678,10 @@ def measure_chains(chains: list[Chain], ops: list[OpInfo], estimates: dict[str, 
             busy_us=busy,
             idle_us=idle,
             kernels=sum(m.kernels for m in ms),
-            achieved_gbps=c.eager_bytes / seconds / 1e9 if t > 0 else math.nan,
-            achieved_tflops=c.flops / seconds / 1e12 if t > 0 else math.nan,
+            achieved_gbps=nbytes / seconds / 1e9 if t > 0 else math.nan,
+            achieved_tflops=flops / seconds / 1e12 if t > 0 else math.nan,
             pct_of_roofline=100.0 * floor / t if t > 0 else math.nan,
-            bound=measured_bound(busy, idle, c.flops, c.eager_bytes, est.peak_tflops, spec.memory_bandwidth_gbps),
+            bound=measured_bound(busy, idle, flops, nbytes, est.peak_tflops, spec.memory_bandwidth_gbps),
             predicted_us=predicted[c.id],
             ratio=ratio,
             flagged=bool(t > 0 and (ratio > FLAG_FACTOR or ratio < 1.0 / FLAG_FACTOR)),
@@ -781,7 +800,13 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
         what = "device kernel(s)" if device == "cuda" else "aten op(s)"
         notes.append(f"{att.unattributed_events:g} {what} per run ran outside any op of the graph (graph-break "
                      f"code, view ops, Python glue): {att.unattributed_us:.1f} us per run not attributed to a chain")
-    chain_ms = measure_chains(chains, ops, estimates, spec, att.nodes)
+    repeated = {i: k for i, k in sorted(att.graph_calls.items()) if k > 1.0}
+    if repeated:
+        notes.append("graph(s) run several times per model call (dynamo reuses a graph, e.g. after a graph break "
+                     "inside a loop): " + ", ".join(f"graph {i} x{k:g}" for i, k in repeated.items())
+                     + "; their chains' measured times sum all calls, and est_in_model_us, achieved GB/s, TFLOP/s and % "
+                     "of roofline count all calls too, while the other estimate columns count one call")
+    chain_ms = measure_chains(chains, ops, estimates, spec, att.nodes, att.graph_calls)
     unmeasured = [c.id for c in chains if chain_ms[c.id].time_us <= 0 and c.eager_kernels > 0]
     if unmeasured:
         notes.append(f"{len(unmeasured)} chain(s) launched no measured kernel: {' '.join(unmeasured[:12])}"

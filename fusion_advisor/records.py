@@ -274,10 +274,11 @@ class NodeMeasurement:
         op_id: the op's id (``"g<graph>:<node name>"``).
         time_us: ``busy_us + idle_us``: the time the op held the device, per run (us).
         busy_us: on a GPU, summed durations of the device kernels (and memcpy/memset) the op launched; on a CPU,
-            the op's wall time minus the per-op dispatch overhead of the device spec (us, per run).
-        idle_us: on a GPU, device idle time just before each of the op's kernels, capped by the host time spent in
-            the op (the GPU waiting for this op to be issued); on a CPU, the part of the op's wall time the spec's
-            per-op dispatch overhead accounts for (us, per run).
+            the profiled duration of its top-level aten op less that of an op doing no work (the probe's median:
+            the profiler's own cost plus dispatch) (us, per run).
+        idle_us: on a GPU, device idle time waiting for this op to be issued (the profiled kernels replayed on a
+            plain run's host timeline, or the device gap before each kernel, capped by the host time issuing the
+            op); on a CPU, the plain (unprofiled) host cost of one eager op, measured by the probe (us, per run).
         kernels: device kernels (GPU) or top-level aten CPU ops (CPU) the op ran, per run.
         kernel_names: GPU: the distinct device kernels it ran, longest total time first (names as the profiler
             gives them); empty on a CPU.

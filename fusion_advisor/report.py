@@ -100,10 +100,10 @@ CHAIN_COLUMNS: dict[str, str] = {
     # measured (analyze --profile); empty / NaN without a profile
     "measured_us": "Measured time of the chain run unfused (eager), per run: its kernels' durations plus the "
     "device idle time charged to them (GPU), or its aten ops' wall time (CPU) (us). Empty without --profile.",
-    "measured_busy_us": "Of measured_us, the time its kernels ran (GPU), or wall time minus the spec's per-op "
-    "dispatch overhead (CPU) (us).",
-    "measured_idle_us": "Of measured_us, device idle time waiting for its launches (GPU), or per-op dispatch "
-    "overhead (CPU) (us).",
+    "measured_busy_us": "Of measured_us, the time its kernels ran (GPU), or its aten ops' profiled durations "
+    "less that of an op doing no work, measured in the same run (CPU) (us).",
+    "measured_idle_us": "Of measured_us, device idle time waiting for its launches (GPU), or the plain host cost "
+    "of one eager op (measured, not the spec's) per aten op (CPU) (us).",
     "measured_kernels": "Device kernels (GPU) or top-level aten ops (CPU) it ran per run (count).",
     "measured_kernel_names": "GPU: the distinct device kernels the chain ran (profiler names, each op's longest "
     "first), '; '-separated; empty on a CPU.",
@@ -112,7 +112,8 @@ CHAIN_COLUMNS: dict[str, str] = {
     "est_in_model_us": "With --profile: the roofline's EAGER time of the chain inside the model: its ops' roofline "
     "device time plus the GPU's predicted wait for their launches, the host issuing one op per launch overhead "
     "and running ahead of the GPU where it can (us). Unlike est_eager_us (the chain priced alone), short ops "
-    "behind a long kernel wait for no launch.",
+    "behind a long kernel wait for no launch. For a graph that runs k times per model call (a graph break inside "
+    "a loop), k times one call's estimate, as measured_us sums the k calls (the profile's notes name such graphs).",
     "predicted_vs_measured": "est_in_model_us / measured_us (1 = exact; above 1 the model predicts too slow).",
     "flag_2x": "True when prediction and measurement differ by more than 2x (predicted_vs_measured > 2 or < 0.5).",
     "achieved_gbps": "eager_bytes / measured_us (GB/s, 1e9 bytes/s).",

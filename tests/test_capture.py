@@ -41,3 +41,98 @@ def test_mha_analysed_as_one_attention_op(tmp_path):
     assert patterns.count("attention") == 1
     assert "softmax" not in patterns and "masked_softmax" not in patterns
     assert patterns.count("matmul") >= 2  # the in- and out-projections stay library GEMMs
+
+
+class _LatentQueries(nn.Module):
+    """Perceiver-style learned queries ``[1, H, Lq, E]`` shared over a batch of keys: SDPA broadcasts batch dims."""
+
+    def __init__(self):
+        super().__init__()
+        self.latents = nn.Parameter(torch.randn(1, 4, 16, 8))
+
+    def forward(self, k, v):
+        out = torch.nn.functional.scaled_dot_product_attention(self.latents, k, v)
+        return out.transpose(1, 2).reshape(out.shape[0], 16, 32)
+
+
+def test_opaque_attention_broadcasts_batch_dims_as_sdpa_does():
+    from fusion_advisor.capture import _attention, _attention_fake
+
+    F = torch.nn.functional
+    # (q, k, v, mask, enable_gqa): q's batch broadcast over k's, k's heads broadcast, GQA, a broadcast mask
+    cases = [
+        (torch.randn(1, 4, 16, 8), torch.randn(3, 4, 20, 8), torch.randn(3, 4, 20, 8), None, False),
+        (torch.randn(3, 4, 16, 8), torch.randn(3, 1, 20, 8), torch.randn(3, 1, 20, 8), None, False),
+        (torch.randn(1, 4, 16, 8), torch.randn(3, 2, 20, 8), torch.randn(3, 2, 20, 8), None, True),
+        (torch.randn(1, 4, 16, 8), torch.randn(3, 4, 20, 8), torch.randn(3, 4, 20, 8), torch.randn(16, 20), False),
+    ]
+    for q, k, v, mask, gqa in cases:
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **({"enable_gqa": True} if gqa else {}))
+        real = _attention(q, k, v, mask, 0.0, False, None, gqa)
+        with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+            f = [None if t is None else mode.from_tensor(t) for t in (q, k, v, mask)]
+            fake = _attention_fake(*f[:3], f[3], 0.0, False, None, gqa)
+        assert fake.shape == want.shape == real.shape and fake.stride() == real.stride(), (q.shape, k.shape)
+        torch.testing.assert_close(real, want)
+
+
+def test_latent_query_model_is_captured_by_dynamo_and_matches_eager():
+    from torch._dynamo.backends.common import aot_autograd
+
+    from fusion_advisor.capture import _capture_dynamo, keep_attention_opaque
+
+    torch.manual_seed(0)
+    model, k = _LatentQueries().eval(), torch.randn(2, 4, 24, 8)
+    # a wrong fake shape failed dynamo here, and capture fell back to export (decomposed attention, no --profile)
+    cap = _capture_dynamo(model, (k, k))
+    assert cap.method == "dynamo" and len(cap.graphs) == 1
+    assert any("attention" in str(n.target) for n in cap.graphs[0].graph.nodes)
+    # the captured graph (attention opaque) computes what the model computes
+    aot = aot_autograd(fw_compiler=lambda gm, _: gm.forward, bw_compiler=lambda gm, _: gm.forward)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=lambda gm, ex: (keep_attention_opaque(gm), aot(gm, ex))[1],
+                             dynamic=False)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(k, k), model(k, k))
+    torch._dynamo.reset()
+
+
+def test_attention_flops_count_the_broadcast_batch(tmp_path):
+    from fusion_advisor.analyze import analyze
+
+    model = tmp_path / "latent.py"
+    model.write_text(
+        "import torch, torch.nn as nn, torch.nn.functional as F\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.q = nn.Parameter(torch.randn(1, 4, 16, 8))\n"
+        "    def forward(self, k):\n"
+        "        return F.scaled_dot_product_attention(self.q, k, k)\n"
+        "def get_inputs(): return [torch.randn(3, 4, 20, 8)]\n"
+        "def get_init_inputs(): return []\n"
+    )
+    a = analyze(model, device="meta")
+    att = [o for o in a.ops if o.category == "attention"]
+    assert len(att) == 1 and a.capture_method == "dynamo"
+    assert att[0].flops == 2 * (3 * 4) * 16 * 20 * (8 + 8)  # QK^T and PV over the output's 3 x 4 batch x heads
+
+
+def test_gpu_only_view_after_attention_gets_a_hint(tmp_path):
+    # `.transpose(1, 2).view(...)` of SDPA's output works on a GPU (token-major output) but not on a CPU or meta
+    # device: the refusal says why and what to write instead
+    import pytest
+
+    from fusion_advisor.analyze import analyze
+    from fusion_advisor.errors import ModelRunError
+
+    model = tmp_path / "tview.py"
+    model.write_text(
+        "import torch, torch.nn as nn, torch.nn.functional as F\n"
+        "class Model(nn.Module):\n"
+        "    def forward(self, q):\n"
+        "        return F.scaled_dot_product_attention(q, q, q).transpose(1, 2).view(2, 16, 32)\n"
+        "def get_inputs(): return [torch.randn(2, 4, 16, 8)]\n"
+        "def get_init_inputs(): return []\n"
+    )
+    with pytest.raises(ModelRunError, match=r"tview.py:4: .*use \.reshape\(\.\.\.\)"):
+        analyze(model, device="meta")

@@ -78,3 +78,44 @@ def test_attention_rates_prefer_entries_of_the_same_mask_flag(tmp_path):
     spec.write_text(spec.read_text().replace("masked: true", "masked: maybe"))
     with pytest.raises(DeviceSpecError, match=r"attention_rates\[1\].masked must be true or false"):
         load_spec(str(spec))
+
+
+# A hand-edited spec's optional measured fields: each bad value is refused with the file and the field named.
+# The grid covers each way a YAML value goes wrong: wrong sign, not finite (.inf / .nan parse as floats), a bool or
+# string where a number belongs, a scalar where a mapping belongs, and dtype names no op ever carries.
+_BAD_OPTIONAL = [
+    ("elementwise_overhead_us: -2", "'elementwise_overhead_us'"),
+    ("elementwise_overhead_us: .nan", "'elementwise_overhead_us'"),
+    ("elementwise_overhead_us: .inf", "'elementwise_overhead_us'"),
+    ("elementwise_overhead_us: true", "'elementwise_overhead_us'"),
+    ("elementwise_overhead_us: slow", "'elementwise_overhead_us'"),
+    ("strided_bandwidth_gbps: .inf", "'strided_bandwidth_gbps'"),
+    ("unaligned_tensor_tflops: {bf16: -1}", r"'unaligned_tensor_tflops.bf16'"),
+    ("unaligned_tensor_tflops: {bf16: .nan}", r"'unaligned_tensor_tflops.bf16'"),
+    ("unaligned_tensor_tflops: {bf16: fast}", r"'unaligned_tensor_tflops.bf16'"),
+    ("unaligned_tensor_tflops: 100", "'unaligned_tensor_tflops' must be a mapping"),
+    ("unaligned_tensor_tflops: {bfloat16: 100}", "'unaligned_tensor_tflops': unknown dtype 'bfloat16'"),
+    ("attention_rates:\n  - {backend: flash, dtype: bfloat16, seq: 2048, head_dim: 128, tflops: 500}",
+     r"attention_rates\[0\].dtype must be one of"),
+    ("attention_rates:\n  - {backend: flash, dtype: bf16, seq: 2048, head_dim: 128, tflops: .inf}",
+     r"attention_rates\[0\].tflops must be a positive number \(TFLOP/s, finite\), got inf"),
+]
+
+
+@pytest.mark.parametrize("line,field", _BAD_OPTIONAL)
+def test_bad_optional_measured_fields_name_the_field(tmp_path, line, field):
+    spec = tmp_path / "hand.yaml"
+    spec.write_text("name: s\nmemory_bandwidth_gbps: 100\ntensor_tflops: {bf16: 10}\nvector_tflops: {fp32: 1}\n"
+                    f"launch_overhead_us: 1\n{line}\n")
+    with pytest.raises(DeviceSpecError, match=f"hand.yaml: .*{field}"):
+        load_spec(str(spec))
+
+
+def test_good_optional_measured_fields_load(tmp_path):
+    spec = tmp_path / "hand.yaml"
+    spec.write_text("name: s\nmemory_bandwidth_gbps: 100\ntensor_tflops: {bf16: 10}\nvector_tflops: {fp32: 1}\n"
+                    "launch_overhead_us: 1\nelementwise_overhead_us: 0\nstrided_bandwidth_gbps: 40\n"
+                    "unaligned_tensor_tflops: {bf16: 3, fp16: 3.5}\n")
+    s = load_spec(str(spec))
+    assert (s.elementwise_overhead_us, s.strided_bandwidth_gbps) == (0.0, 40.0)
+    assert s.unaligned_tensor_tflops == {"bf16": 3.0, "fp16": 3.5}

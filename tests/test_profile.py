@@ -443,3 +443,37 @@ def test_insert_stamps_records_every_scheduled_op_in_order():
     items = stamps.record(lambda: gm(torch.ones(2, 2)), runs=2, device="cpu")
     assert [(gi, pos) for gi, pos, _ in items] == [(0, 0), (0, 1), (0, 2)] * 2
     assert [t for _, _, t in items] == sorted(t for _, _, t in items)
+
+
+def test_graph_calls_per_run_are_counted_from_the_graph_ranges():
+    trace = _graph_trace() + [_x("fa-graph:0", 60, 20, "user_annotation"), _x("fa-graph:1", 200, 5, "user_annotation")]
+    att = attribute(trace, "cuda", schedules=SCHEDULE)
+    assert att.graph_calls == {0: 2.0}  # graph 1's range lies outside the run
+
+
+def test_a_graph_reused_within_a_forward_is_compared_over_all_its_calls():
+    # a graph break inside a loop over 3 blocks: 2 graphs, each run 3 times per forward; the measurement sums the
+    # 3 calls, so the in-model estimate (one call) is scaled to 3 calls before they are compared
+    a = analyze(DATA / "loop_break.py", device="cpu", gpu="cpu", profile=True)
+    p = a.profile
+    assert len({c.graph_index for c in a.chains}) == 2
+    assert any("graph 0 x3" in n and "graph 1 x3" in n for n in p.notes), p.notes
+    spec, by_id = load_spec("cpu"), {o.id: o for o in a.ops}
+    for c in a.chains:
+        m = p.chains[c.id]
+        assert m.kernels == 3 * c.eager_kernels, c.id  # every op ran 3 times per run
+        busy = roofline_busy_us(c, by_id, spec)
+        assert 3 * busy - 1e-9 <= m.predicted_us <= 3 * (busy + c.eager_kernels * spec.launch_overhead_us) + 1e-9
+        assert math.isclose(m.pct_of_roofline, 100.0 * 3 * busy / m.time_us)
+
+
+def test_export_refusal_says_why_dynamo_failed():
+    from fusion_advisor.capture import Capture
+    from fusion_advisor.load import load_model
+    from fusion_advisor.profile import _instrument
+
+    loaded = load_model(MLP, device="cpu")
+    cap = Capture(graphs=[], method="export",
+                  warnings=["capture by dynamo: CaptureError: dynamo captured no graph (the whole forward ran eagerly)"])
+    with pytest.raises(UserError, match=r"captured by export, .*\(dynamo: CaptureError: dynamo captured no graph"):
+        _instrument(loaded, cap, set())

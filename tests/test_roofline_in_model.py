@@ -73,7 +73,7 @@ def test_unaligned_rate_is_validated(tmp_path):
     spec.write_text(base + "unaligned_tensor_tflops: {bf16: 2.5}\n")
     assert load_spec(str(spec)).unaligned_tensor_tflops == {"bf16": 2.5}
     spec.write_text(base + "unaligned_tensor_tflops: {bf16: -1}\n")
-    with pytest.raises(DeviceSpecError, match="must be positive"):
+    with pytest.raises(DeviceSpecError, match="'unaligned_tensor_tflops.bf16' must be a positive number"):
         load_spec(str(spec))
 
 

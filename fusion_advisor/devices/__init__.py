@@ -21,6 +21,45 @@ _REQUIRED = ("name", "memory_bandwidth_gbps", "tensor_tflops", "vector_tflops", 
 #: SDPA backends an ``attention_rates`` entry may name (:mod:`fusion_advisor.sdpa`).
 ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")
 _RATE_KEYS = ("backend", "dtype", "seq", "head_dim", "causal", "masked", "tflops")
+#: dtype names the optional per-dtype rates (``unaligned_tensor_tflops``, ``attention_rates[].dtype``) may use:
+#: the names the op graph gives dtypes (:func:`fusion_advisor.graph.dtype_name`), plus tf32; another name would
+#: never match an op and its number would be silently unused.
+RATE_DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16")
+
+
+def _number(value: Any, where: str, unit: str, positive: bool = True) -> float:
+    """``value`` as a finite float, > 0 (``positive``) or >= 0; else :class:`DeviceSpecError` naming ``where``.
+    Booleans and strings are refused (YAML ``true`` or ``"5"`` is a typo, not a rate)."""
+    import math
+
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) \
+        and (value > 0 if positive else value >= 0)
+    if not ok:
+        raise DeviceSpecError(f"{where} must be a {'positive' if positive else 'non-negative'} number "
+                              f"({unit}, finite), got {value!r}")
+    return float(value)
+
+
+def _optional_fields(data: dict[str, Any], origin: str) -> tuple[float, dict[str, float], float]:
+    """The optional measured fields ``elementwise_overhead_us`` (us, >= 0), ``unaligned_tensor_tflops`` (a
+    mapping dtype -> TFLOP/s > 0, dtypes from :data:`RATE_DTYPES`) and ``strided_bandwidth_gbps`` (GB/s > 0),
+    validated; absent (or null) fields give 0 / ``{}``. Errors name the file and the field."""
+    elementwise = data.get("elementwise_overhead_us")
+    elementwise = 0.0 if elementwise is None else _number(elementwise, f"{origin}: field 'elementwise_overhead_us'",
+                                                          "us", positive=False)
+    raw = data.get("unaligned_tensor_tflops")
+    if raw is not None and not isinstance(raw, dict):
+        raise DeviceSpecError(f"{origin}: field 'unaligned_tensor_tflops' must be a mapping of dtype "
+                              f"({', '.join(RATE_DTYPES)}) to TFLOP/s, got {raw!r}")
+    unaligned = {}
+    for k, v in (raw or {}).items():
+        if str(k) not in RATE_DTYPES:
+            raise DeviceSpecError(f"{origin}: field 'unaligned_tensor_tflops': unknown dtype {k!r}; known: "
+                                  f"{', '.join(RATE_DTYPES)}")
+        unaligned[str(k)] = _number(v, f"{origin}: field 'unaligned_tensor_tflops.{k}'", "TFLOP/s")
+    strided = data.get("strided_bandwidth_gbps")
+    strided = 0.0 if strided is None else _number(strided, f"{origin}: field 'strided_bandwidth_gbps'", "GB/s")
+    return elementwise, unaligned, strided
 
 
 @dataclass(frozen=True)
@@ -166,22 +205,16 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         tensor = {str(k): float(v) for k, v in dict(data["tensor_tflops"]).items()}
         vector = {str(k): float(v) for k, v in dict(data["vector_tflops"]).items()}
         attention = {str(k): float(v) for k, v in dict(data.get("attention_tflops") or {}).items()}
-        unaligned = {str(k): float(v) for k, v in dict(data.get("unaligned_tensor_tflops") or {}).items()}
         launch = float(data["launch_overhead_us"])
-        elementwise = float(data.get("elementwise_overhead_us") or 0.0)
     except (TypeError, ValueError) as e:
         raise DeviceSpecError(f"{origin}: a numeric field is not a number: {e}") from e
     if str(data.get("kind", "gpu")) not in ("gpu", "cpu"):
         raise DeviceSpecError(f"{origin}: field 'kind' must be gpu or cpu")
-    if bw <= 0 or not tensor or not vector or min([*tensor.values(), *vector.values(), *attention.values(), *unaligned.values()]) <= 0 \
-            or launch < 0 or elementwise < 0:
+    if bw <= 0 or not tensor or not vector or min([*tensor.values(), *vector.values(), *attention.values()]) <= 0 \
+            or launch < 0:
         raise DeviceSpecError(f"{origin}: bandwidth and TFLOP/s must be positive, launch overhead non-negative")
+    elementwise, unaligned, strided = _optional_fields(data, origin)
     rates = _parse_rates(data.get("attention_rates"), origin)
-    strided = data.get("strided_bandwidth_gbps")
-    if strided is not None:
-        if isinstance(strided, bool) or not isinstance(strided, (int, float)) or not strided > 0:
-            raise DeviceSpecError(f"{origin}: field 'strided_bandwidth_gbps' must be a positive number (GB/s), "
-                                  f"got {strided!r}")
     sources = {k[: -len("_source")]: str(v) for k, v in data.items() if k.endswith("_source")}
     return DeviceSpec(
         name=str(data["name"]),
@@ -196,7 +229,7 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         sources=sources,
         attention_tflops=attention,
         attention_rates=rates,
-        strided_bandwidth_gbps=float(strided or 0.0),
+        strided_bandwidth_gbps=strided,
         unaligned_tensor_tflops=unaligned,
         elementwise_overhead_us=elementwise,
     )
@@ -220,15 +253,15 @@ def _parse_rates(raw: Any, origin: str) -> tuple[AttentionRate, ...]:
         missing = [k for k in _RATE_KEYS if k not in ("causal", "masked") and k not in entry]
         if missing:
             raise DeviceSpecError(f"{where}: missing key(s) {', '.join(missing)}")
+        if entry["dtype"] not in RATE_DTYPES:
+            raise DeviceSpecError(f"{where}.dtype must be one of {', '.join(RATE_DTYPES)}, got {entry['dtype']!r}")
         if entry["backend"] not in ATTENTION_BACKENDS:
             raise DeviceSpecError(f"{where}.backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                                   f"got {entry['backend']!r}")
         for key in ("seq", "head_dim"):
             if isinstance(entry[key], bool) or not isinstance(entry[key], int) or entry[key] <= 0:
                 raise DeviceSpecError(f"{where}.{key} must be a positive integer, got {entry[key]!r}")
-        t = entry["tflops"]
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
-            raise DeviceSpecError(f"{where}.tflops must be a positive number (TFLOP/s), got {t!r}")
+        t = _number(entry["tflops"], f"{where}.tflops", "TFLOP/s")
         causal, masked = entry.get("causal", False), entry.get("masked", False)
         for key, flag in (("causal", causal), ("masked", masked)):
             if not isinstance(flag, bool):
