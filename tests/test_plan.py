@@ -33,16 +33,27 @@ MODEL = textwrap.dedent("""
 KERNELS = ("add_rmsnorm", "rmsnorm", "cross_entropy")
 
 
-@pytest.fixture(scope="module")
-def planned(tmp_path_factory):
-    """apply --verify on the tiny built-in Llama, plan written; returns (plan path, model file, result)."""
-    tmp = tmp_path_factory.mktemp("plan")
+def _plan(tmp: Path, device: str):
+    """apply --verify of the tiny built-in Llama on ``device``, plan written; returns (plan path, model file, result)."""
     model = tmp / "tiny_llama.py"
     model.write_text(MODEL)
     options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0, kernels=KERNELS)
-    result = apply(model, options, device="cpu")
+    result = apply(model, options, device=device)
     paths = write_outputs(result, tmp / "out")
     return paths["plan"], model, result
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """The plan made on the CPU (Triton's interpreter)."""
+    return _plan(tmp_path_factory.mktemp("plan"), "cpu")
+
+
+@pytest.fixture(scope="module")
+def planned_cuda(tmp_path_factory):
+    """The plan made on the GPU (on a GPU machine apply refuses --device cpu unless TRITON_INTERPRET=1 was set
+    before Triton was imported, so the GPU test cannot share the CPU fixture)."""
+    return _plan(tmp_path_factory.mktemp("plan_cuda"), "cuda")
 
 
 def _fresh(model_file: Path):
@@ -148,8 +159,8 @@ def test_read_plan_errors(tmp_path, planned):
 
 
 @pytest.mark.gpu
-def test_load_plan_with_inductor_for_the_rest(planned):
-    path, model_file, _ = planned
+def test_load_plan_with_inductor_for_the_rest(planned_cuda):
+    path, model_file, _ = planned_cuda
     loaded = load_model(model_file, device="cuda")
     patched = fusion_advisor.load_plan(loaded.module, path, compile_rest=True)
     out = patched(*loaded.inputs)
