@@ -23,6 +23,7 @@ import torch.fx
 from torch.utils.flop_counter import flop_registry
 
 from fusion_advisor.capture import Capture, source_of
+from fusion_advisor.load import KEYWORD_WRAPPER_ATTR
 from fusion_advisor.records import OpInfo, SourceLoc, TensorMeta
 from fusion_advisor.sdpa import BACKEND_OF_TARGET, choose_backend, fused_kernels, math_kernels
 
@@ -241,7 +242,10 @@ def module_path_of(node: torch.fx.Node) -> str:
     for prefix in ("L['self'].", "L['self']", "L__self___", "self."):
         if path.startswith(prefix):
             path = path[len(prefix) :]
-    return path.replace("['", ".").replace("']", "").replace("[", ".").replace("]", "").strip(".")
+    path = path.replace("['", ".").replace("']", "").replace("[", ".").replace("]", "").strip(".")
+    if path == KEYWORD_WRAPPER_ATTR or path.startswith(KEYWORD_WRAPPER_ATTR + "."):  # load.KeywordCall's model
+        path = path[len(KEYWORD_WRAPPER_ATTR) + 1:]
+    return path
 
 
 def _reduction_geometry(node: torch.fx.Node, name: str, category: str,

@@ -6,6 +6,9 @@ Conventions, detected in this order:
 - ``get_model``: ``get_model()`` returning an ``nn.Module``, and ``get_inputs()``;
 - ``kernel_contract``: ``kernel_fn``, ``reference_fn``, ``get_inputs()`` (a kernel file; ``reference_fn`` is analysed).
 
+``get_inputs()`` returns ``forward()``'s positional arguments (a list), or its keyword arguments (a dict): the model
+is then wrapped in :class:`KeywordCall`, so every later stage passes inputs positionally.
+
 On ``device="meta"`` the model is built and the inputs made under ``torch.device("meta")``: parameters and
 inputs have shapes and dtypes but no storage, so a 7B-parameter model needs no real memory.
 """
@@ -46,7 +49,7 @@ class LoadedModel:
         file: path of the model file, or ``"<builtin:module>"``.
         convention: one of :data:`CONVENTIONS` or ``"builtin"``.
         module: the ``nn.Module`` to analyse (in eval mode).
-        inputs: positional example inputs, on ``device``.
+        inputs: positional example inputs, on ``device`` (for keyword inputs: the dict's values, in its order).
         device: ``"meta"``, ``"cpu"`` or ``"cuda"``.
         dtype: dtype override applied (``"bf16"``...), or ``""``.
         notes: facts the report should state (e.g. a model handed over in training mode is analysed in eval mode).
@@ -60,6 +63,25 @@ class LoadedModel:
     device: str
     dtype: str
     notes: list[str] = field(default_factory=list)
+
+
+#: Attribute under which a model called with keyword inputs sits in its :class:`KeywordCall` wrapper;
+#: :func:`fusion_advisor.graph.module_path_of` drops it, so module paths name the user's modules.
+KEYWORD_WRAPPER_ATTR = "fa_keyword_model"
+
+
+class KeywordCall(nn.Module):
+    """A model whose ``get_inputs()`` returns a dict, called as ``model(**inputs)``: the wrapper takes the values
+    positionally, in the dict's order, and binds them to their names, so every later stage passes inputs
+    positionally. The model sits under :data:`KEYWORD_WRAPPER_ATTR`."""
+
+    def __init__(self, model: nn.Module, names: tuple[str, ...]):
+        super().__init__()
+        self.add_module(KEYWORD_WRAPPER_ATTR, model)
+        self.names = tuple(names)
+
+    def forward(self, *args: Any) -> Any:
+        return getattr(self, KEYWORD_WRAPPER_ATTR)(**dict(zip(self.names, args)))
 
 
 class _FunctionModule(nn.Module):
@@ -221,9 +243,13 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
     if inputs is None:
         raise ModelLoadError(f"{origin}: get_inputs() returned None; return a list of the positional arguments "
                              "of forward() (a missing return statement?)")
-    if isinstance(inputs, dict):
-        raise ModelLoadError(f"{origin}: get_inputs() returned a dict; return a list of the positional arguments "
-                             "of forward() (keyword inputs are not supported yet)")
+    if isinstance(inputs, dict):  # keyword inputs: forward(**inputs)
+        bad = [k for k in inputs if not isinstance(k, str) or not k.isidentifier()]
+        if bad or not inputs:
+            raise ModelLoadError(f"{origin}: get_inputs() returned a dict whose keys must be forward()'s keyword "
+                                 f"argument names" + (f", got {bad[:3]!r}" if bad else ", got an empty dict"))
+        model = KeywordCall(model, tuple(inputs))
+        inputs = list(inputs.values())
     if not isinstance(inputs, (list, tuple)):
         inputs = (inputs,)
     try:

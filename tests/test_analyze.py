@@ -154,3 +154,51 @@ def test_ops_on_empty_tensors_cost_nothing(tmp_path):
     a = analyze(str(model))
     assert a.chains and all(a.estimates[c.id].eager_us == 0.0 for c in a.chains)
     assert all(a.estimates[c.id].saving_us == 0.0 for c in a.chains)
+
+
+_KEYWORD_BLOCK = '''
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(64)
+        self.proj = nn.Linear(64, 64)
+
+    def forward(self, hidden_states, attention_mask=None):
+        h = self.proj(self.norm(hidden_states))
+        if attention_mask is not None:
+            h = h * attention_mask[..., None]
+        return torch.relu(h + hidden_states)
+
+
+def get_model():
+    return Block()
+
+
+def get_inputs():
+    return {GET_INPUTS}
+'''
+
+
+def test_keyword_inputs_are_passed_by_name_and_paths_name_the_users_modules(tmp_path):
+    f = tmp_path / "kw_block.py"
+    f.write_text(_KEYWORD_BLOCK.replace("{GET_INPUTS}", '{"attention_mask": torch.zeros(4, 32), '
+                                                        '"hidden_states": torch.randn(4, 32, 64)}'))
+    a = analyze(f, device="cpu")
+    paths = {o.module_path for o in a.ops}
+    assert {"norm", "proj"} <= paths and not any(p.startswith("fa_keyword_model") for p in paths)
+    # the mask (all zeros) reached forward() by name: h * 0 leaves relu(hidden_states), the mask multiply is traced
+    assert any("mul" in o.target for o in a.ops)
+
+
+@pytest.mark.parametrize("inputs, message", [("{}", "got an empty dict"), ("{1: torch.ones(2)}", "keys must be")])
+def test_bad_keyword_inputs_are_refused_clearly(tmp_path, inputs, message):
+    from fusion_advisor.errors import UserError
+
+    f = tmp_path / "kw_bad.py"
+    f.write_text(_KEYWORD_BLOCK.replace("{GET_INPUTS}", inputs))
+    with pytest.raises(UserError, match=message):
+        analyze(f, device="cpu")

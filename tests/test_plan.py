@@ -203,3 +203,35 @@ def test_a_swap_not_applied_says_why(planned, monkeypatch):
         patched(*inputs)
     assert patched.missing_swaps()
     assert any("cannot take this site: tensors on cpu" in p for p in patched.problems()), patched.problems()
+
+
+KEYWORD_MODEL = MODEL.replace('''def get_inputs():
+    torch.manual_seed(1)
+    return _get_inputs(CFG)''', '''def get_inputs():
+    torch.manual_seed(1)
+    input_ids, labels = _get_inputs(CFG)
+    return {"labels": labels, "input_ids": input_ids}  # keyword inputs, not in forward()'s order''')
+assert KEYWORD_MODEL != MODEL
+
+
+def test_keyword_inputs_apply_and_load_plan_on_the_users_model(tmp_path):
+    """get_inputs() returning a dict: the model is called as model(**inputs); swap sites name the user's modules
+    (no wrapper in their paths), so the plan patches the user's own model, called with keywords."""
+    from fusion_advisor.load import KeywordCall
+
+    model = tmp_path / "kw_llama.py"
+    model.write_text(KEYWORD_MODEL)
+    loaded = load_model(model, device="cpu")
+    assert isinstance(loaded.module, KeywordCall) and loaded.module.names == ("labels", "input_ids")
+    options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0, kernels=("rmsnorm",))
+    result = apply(model, options, device="cpu")
+    paths = write_outputs(result, tmp_path / "out")
+    kept = [s for s in yaml.safe_load(paths["plan"].read_text())["swaps"] if s["kept"]]
+    assert kept and all(not s["key"]["module_path"].startswith("fa_keyword_model") for s in kept)
+    assert any(s["key"]["module_path"].endswith("norm") for s in kept)
+    user = load_model(model, device="cpu").module.fa_keyword_model
+    inputs = dict(zip(loaded.module.names, loaded.inputs))
+    patched = fusion_advisor.load_plan(user, paths["plan"])
+    out = patched(**inputs)
+    assert not patched.problems(), patched.problems()
+    torch.testing.assert_close(out, user(**inputs), rtol=1e-4, atol=1e-4)
