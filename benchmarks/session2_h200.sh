@@ -14,13 +14,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R=$OUT/r
 mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/gpu.txt" 2>&1
-step() {  # step NAME SECONDS CMD...
-    local name=$1 limit=$2
-    shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" > "$R/$name.log" 2>&1
-    echo "$name: exit $? after $((SECONDS - t0)) s (limit $limit s)" | tee -a "$R/steps.txt"
-}
+. benchmarks/steps.sh
 step apply 265 python benchmarks/apply_llama.py --out "$R/apply" --budget-s 250 --only hf-llama-fwdbwd
 step profile 170 python benchmarks/profile_accuracy.py --out "$R/profile" --budget-s 160
 step kernels 35 python benchmarks/kernels.py --out "$R/kernels" --max-shapes 1 --kernels rope

@@ -6,13 +6,7 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R=$OUT/r
 mkdir -p "$R"
-step() {  # step NAME SECONDS CMD...
-    local name=$1 limit=$2
-    shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" > "$R/$name.log" 2>&1
-    echo "$name: exit $? after $((SECONDS - t0)) s (limit $limit s)" | tee -a "$R/steps.txt"
-}
+. benchmarks/steps.sh
 step profile 300 python benchmarks/profile_accuracy.py --out "$R/profile" --budget-s 290
 step sweep 70 python benchmarks/sweep_kernels.py --out "$R/sweep" --kernels softmax,cross_entropy --budget-s 60
 tar czf "$OUT/results.tgz" -C "$OUT" r

@@ -7,13 +7,7 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R=$OUT/r
 mkdir -p "$R"
-step() {  # step NAME SECONDS CMD...
-    local name=$1 limit=$2
-    shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" > "$R/$name.log" 2>&1
-    echo "$name: exit $? after $((SECONDS - t0)) s (limit $limit s)" | tee -a "$R/steps.txt"
-}
+. benchmarks/steps.sh
 step norm_bwd 45 python benchmarks/sweep_tiles.py --out "$R/tiles" --only rmsnorm_bwd --norm-budget-s 28
 step profile 118 python benchmarks/profile_accuracy.py --out "$R/profile" --budget-s 110 --only default_llama --only hf_llama --only hf_gpt2 --only hf_bert
 tar czf "$OUT/results.tgz" -C "$OUT" r
