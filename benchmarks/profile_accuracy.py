@@ -9,8 +9,9 @@ Steps:
    - ``default_llama``: the built-in default model (Llama-2-7B widths, seq 2048, bf16, 2 layers);
    - ``hf_llama``, ``hf_gpt2``, ``hf_bert``: transformers models built from config objects (no download), bf16,
      realistic widths (see ``benchmarks/models/``);
-   - KernelBench-style files, fp32 as KernelBench ships them: ``tests/data/models/kernelbench_conv_gelu.py`` and
-     ``benchmarks/models/kb_*.py`` (GEMM + epilogue, add + LayerNorm + softmax, a launch-bound pointwise chain);
+   - KernelBench-style files, fp32 as KernelBench ships them: ``tests/data/models/kernelbench_conv_gelu.py``,
+     ``tests/data/models/tiny_pointwise.py`` (a launch-bound pointwise chain, run as ``kb_small_pointwise``) and
+     ``benchmarks/models/kb_*.py`` (GEMM + epilogue, add + LayerNorm + softmax);
 
    each in its own subprocess (a crash or out-of-memory in one cannot stop the others) with a time limit.
 3. Per chain measured (time > 0): the predicted bound class (the roofline's, before rules) vs the measured one,
@@ -56,7 +57,7 @@ MODELS = (
     ("kb_conv_gelu", "tests/data/models/kernelbench_conv_gelu.py", "", {}),
     ("kb_gemm_bias_gelu_scale", "benchmarks/models/kb_gemm_bias_gelu_scale.py", "", {}),
     ("kb_norm_softmax", "benchmarks/models/kb_norm_softmax.py", "", {}),
-    ("kb_small_pointwise", "benchmarks/models/kb_small_pointwise.py", "", {}),
+    ("kb_small_pointwise", "tests/data/models/tiny_pointwise.py", "", {}),
 )
 BOUNDS = ("compute", "memory", "launch")
 TARGET_BOUND_PCT = 95.0
