@@ -53,7 +53,7 @@ import time
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
 
@@ -368,8 +368,7 @@ class Attribution:
     graph_calls: dict[int, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class _Owned:
+class _Owned(NamedTuple):
     """A host interval whose device work belongs to ``owner`` (an op id, or ``None``: nobody's).
 
     ``window_start`` is where the host started issuing this op: the end of the previous op of the same graph range
@@ -383,19 +382,19 @@ class _Owned:
 
 
 class _Intervals:
-    """Non-overlapping intervals of one host thread, sorted, for lookup by timestamp."""
+    """Non-overlapping intervals of one host thread (tuples starting ``(start, end, ...)``: op events, run ranges,
+    :class:`_Owned`), sorted, for lookup by timestamp."""
 
     def __init__(self, items: list[Any]):
-        self.items = sorted(items, key=lambda r: r.start if isinstance(r, _Owned) else r[0])
-        self.starts = [r.start if isinstance(r, _Owned) else r[0] for r in self.items]
+        self.items = sorted(items, key=lambda r: r[0])
+        self.starts = [r[0] for r in self.items]
 
     def find(self, ts: float) -> Any:
         i = bisect.bisect_right(self.starts, ts) - 1
         # intervals never nest, but walk back a little in case of a zero-length neighbour
         for j in range(i, max(i - 3, -1), -1):
             item = self.items[j]
-            start, end = (item.start, item.end) if isinstance(item, _Owned) else (item[0], item[1])
-            if start <= ts <= end:
+            if item[0] <= ts <= item[1]:
                 return item
         return None
 
