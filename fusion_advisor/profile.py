@@ -580,13 +580,13 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
             # the GPU cannot have waited on this op longer than the host spent issuing it (in the plain run)
             charged = min(max(gap - host_extra_us, 0.0), max(launch[0] - item.window_start - host_extra_us, 0.0))
             add(item.owner, dur, charged, 1.0)
-            names = kernel_time.setdefault(item.owner, {})
-            names[str(e.get("name", ""))] = names.get(str(e.get("name", "")), 0.0) + dur
+            names, kernel = kernel_time.setdefault(item.owner, {}), str(e.get("name", ""))
+            names[kernel] = names.get(kernel, 0.0) + dur
             total += dur + charged
     else:
         probe_durs = [en - st for e in events if e.get("cat") == "user_annotation" and e.get("name") == PROBE_TAG
                       for st, en, _ in _top_level(ops_by_tid.get(e.get("tid"), empty), *_span(e))]
-        floor = sorted(probe_durs)[len(probe_durs) // 2] if probe_durs else 0.0
+        floor = _median(probe_durs) if probe_durs else 0.0
         unclaimed_events = 0
         n_events = 0
         for tid, items in owned.items():
