@@ -378,26 +378,38 @@ def measure_launch_us(device: str, sizes: Sizes, repeats: int = 5) -> float:
     return float(statistics.median(times))
 
 
+def _graph_replay_ms(body: Callable[[], Any], sizes: Sizes) -> float:
+    """Median ms per replay of a CUDA graph capturing ``body()`` (run once first on a side stream, as capture needs),
+    timed with ``time_cuda``: the device time of ``body``'s kernels with no host cost between them.
+
+    Raises:
+        RuntimeError: CUDA graphs unavailable, or ``body`` fails.
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        body()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    graph.replay()
+    torch.cuda.synchronize()
+    return time_cuda(graph.replay, warmup_ms=sizes.warmup_ms, rep_ms=sizes.rep_ms).median_ms
+
+
 def measure_kernel_floor_us(sizes: Sizes) -> float | None:
     """GPU device time per back-to-back tiny kernel: ``launch_ops`` tiny adds captured in a CUDA graph, replayed and
     timed with CUDA events (us). ``None`` when CUDA graphs are unavailable."""
     try:
         x = torch.ones(sizes.launch_numel, device="cuda")
         ops = min(sizes.launch_ops, 1000)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                x.add_(0.0)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+
+        def adds() -> None:
             for _ in range(ops):
                 x.add_(0.0)
-        graph.replay()
-        torch.cuda.synchronize()
-        t = time_cuda(graph.replay, warmup_ms=sizes.warmup_ms, rep_ms=sizes.rep_ms)
-        return t.median_ms * 1e3 / ops
+
+        return _graph_replay_ms(adds, sizes) * 1e3 / ops
     except Exception:  # noqa: BLE001 - an optional extra; the spec does not need it
         return None
 
@@ -423,22 +435,14 @@ def measure_elementwise_overhead_us(copy_gbps: float, sizes: Sizes, mib: tuple[i
             n = (m << 20) // 2
             bufs = [tuple(torch.empty(n, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                     for _ in range(kernels)]
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
+
+            def adds(bufs: list[tuple[torch.Tensor, ...]] = bufs) -> None:
                 for a, b, c in bufs:
                     torch.add(a, b, out=c)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for a, b, c in bufs:
-                    torch.add(a, b, out=c)
-            graph.replay()
-            torch.cuda.synchronize()
-            t = time_cuda(graph.replay, warmup_ms=sizes.warmup_ms, rep_ms=sizes.rep_ms)
-            per_kernel_us = t.median_ms * 1e3 / kernels
+
+            per_kernel_us = _graph_replay_ms(adds, sizes) * 1e3 / kernels
             extra.append(per_kernel_us - 3 * (m << 20) / (copy_gbps * 1e9) * 1e6)
-            del bufs, graph
+            del bufs, adds  # free this size's buffers before the next, larger one
         torch.cuda.empty_cache()
         return max(statistics.median(extra), 0.0)
     except Exception:  # noqa: BLE001 - an optional extra; the spec does not need it
