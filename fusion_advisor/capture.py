@@ -32,7 +32,7 @@ from fusion_advisor.records import GraphBreak, SourceLoc
 METHODS = ("dynamo", "export", "symbolic_trace")
 
 
-def _heads_major_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+def _token_major_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
                         dropout_p: float, is_causal: bool, enable_gqa: bool) -> bool:
     """Whether SDPA's output is laid out token-major on a GPU: ``[B, Lq, H, Ev]`` memory seen as ``[B, H, Lq, Ev]``
     (a transposed view). The fused kernels (flash, memory-efficient, cuDNN) write it so; the math backend (a
@@ -75,7 +75,7 @@ def _attention(
 
     Without it, AOTAutograd decomposes SDPA into bmm + softmax on meta and CPU tensors (its math path), although
     on a GPU it runs as one flash/efficient-attention kernel. q ``[..., Lq, E]``, k ``[..., S, E]``,
-    v ``[..., S, Ev]`` -> ``[..., Lq, Ev]``, in the layout the GPU backend writes (:func:`_heads_major_output`:
+    v ``[..., S, Ev]`` -> ``[..., Lq, Ev]``, in the layout the GPU backend writes (:func:`_token_major_output`:
     token-major for the fused kernels, so a following ``transpose(1, 2).contiguous()`` is a plain copy, as it is
     on the GPU); a result in another layout is copied into it.
     """
@@ -83,7 +83,7 @@ def _attention(
     out = torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs
     )
-    if _heads_major_output(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa):
+    if _token_major_output(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa):
         if out.transpose(1, 2).is_contiguous():
             return out
         return _token_major_empty(q, v).copy_(out)
@@ -92,7 +92,7 @@ def _attention(
 
 @_attention.register_fake
 def _attention_fake(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    if _heads_major_output(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa):
+    if _token_major_output(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa):
         return _token_major_empty(q, v)
     return q.new_empty(_out_shape(q, k, v, enable_gqa))
 

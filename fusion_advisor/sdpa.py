@@ -182,19 +182,18 @@ def _span_bytes(t: torch.Tensor) -> int:
     return int(span) * t.element_size()
 
 
-_SHORT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
-
-
 def args_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
             dropout_p: float = 0.0, is_causal: bool = False, enable_gqa: bool = False) -> SdpaArgs:
     """:class:`SdpaArgs` of (fake or real) tensors."""
+    from fusion_advisor.graph import dtype_name  # the graph stage's names; imported here: graph imports this module
+
     def last_ok(t: torch.Tensor) -> bool:
         return t.dim() == 0 or t.shape[-1] == 1 or t.stride(-1) == 1
 
     mask_kind = "" if mask is None else "bool" if mask.dtype == torch.bool else "float"
     return SdpaArgs(q_shape=tuple(int(s) for s in q.shape), k_shape=tuple(int(s) for s in k.shape),
                     v_shape=tuple(int(s) for s in v.shape),
-                    dtype=_SHORT.get(q.dtype, str(q.dtype).replace("torch.", "")),
+                    dtype=dtype_name(q.dtype),
                     last_dim_stride_one=all(last_ok(t) for t in (q, k, v)), mask=mask_kind,
                     dropout_p=float(dropout_p or 0.0), is_causal=bool(is_causal), enable_gqa=bool(enable_gqa))
 
