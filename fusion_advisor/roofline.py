@@ -109,8 +109,9 @@ def memcpy_like(op: OpInfo) -> bool:
 
 def op_overhead_us(op: OpInfo, spec: DeviceSpec) -> float:
     """Fixed device time of one eager kernel of ``op`` beyond its bytes (us): the spec's measured
-    ``elementwise_overhead_us`` for non-library ops that are not a plain memcpy, else 0."""
-    if op.category in _LIBRARY_CATEGORIES or memcpy_like(op):
+    ``elementwise_overhead_us`` for non-library ops that are not a plain memcpy, else 0 (and 0 for an op on empty
+    tensors, which launches no kernel)."""
+    if op.category in _LIBRARY_CATEGORIES or memcpy_like(op) or not _launches(op):
         return 0.0
     return spec.elementwise_overhead_us
 
@@ -200,6 +201,7 @@ def eager_in_model_us(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) 
     """
     launch = spec.launch_overhead_us
     idle: dict[str, float] = {}
+    device: dict[str, float] = {}
     # steady state of repeated runs: the first op is issued while the previous run's kernels still run
     host, gpu_free = 0.0, max(ops[0].eager_kernels, 1) * launch if ops else 0.0
     for op in ops:
@@ -209,6 +211,7 @@ def eager_in_model_us(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) 
         host += issue
         if host > gpu_free:
             idle[op.id] = min(host - gpu_free, issue)
-        gpu_free = max(host, gpu_free) + _op_time_us(op, spec)
-    by_id = {o.id: o for o in ops}
-    return {c.id: roofline_busy_us(c, by_id, spec) + sum(idle.get(i, 0.0) for i in c.op_ids) for c in chains}
+        device[op.id] = _op_time_us(op, spec)
+        gpu_free = max(host, gpu_free) + device[op.id]
+    # ops that launch nothing cost nothing (views are in no chain; an op on empty tensors has no time)
+    return {c.id: sum(device.get(i, 0.0) + idle.get(i, 0.0) for i in c.op_ids) for c in chains}

@@ -110,3 +110,14 @@ def test_elementwise_overhead_is_validated(tmp_path):
     spec.write_text(base + "elementwise_overhead_us: -1\n")
     with pytest.raises(DeviceSpecError, match="non-negative"):
         load_spec(str(spec))
+
+
+def test_an_op_on_empty_tensors_pays_no_kernel_overhead():
+    from fusion_advisor.roofline import op_overhead_us, roofline_busy_us
+
+    spec = dataclasses.replace(SPEC, elementwise_overhead_us=4.0)
+    empty = TensorMeta(shape=(0, 8), dtype="fp32", numel=0, nbytes=0)
+    op = dataclasses.replace(_op(0, 0.0), inputs=(empty,), outputs=(empty,), bytes_read=0, bytes_written=0)
+    chain = _chain("c0", [op])
+    assert op_overhead_us(op, spec) == 0.0  # launches no kernel
+    assert roofline_busy_us(chain, {op.id: op}, spec) == 0.0 and eager_in_model_us([chain], [op], spec)["c0"] == 0.0
