@@ -34,7 +34,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fusion_advisor.bench import device_time_ms  # noqa: E402
+from fusion_advisor.bench import device_time_by_kernel  # noqa: E402
 from fusion_advisor.tolerances import within_eager_error  # noqa: E402
 from fusion_advisor.verify import compare_outputs  # noqa: E402
 from kernel_library.registry import load_all  # noqa: E402
@@ -86,9 +86,17 @@ def _fwd_bwd(fn, args, grads, leaves):
     return run
 
 
+def entry_shapes(name: str, mod) -> list[dict]:
+    """The module's ``BENCH_SHAPES`` that exercise the registry entry ``name``. A module registering two entries
+    (layernorm / add_layernorm, softmax / masked_softmax) says which entry each shape is with ``bench_entry(shape)``;
+    a module without it has one entry, all its shapes."""
+    pick = getattr(mod, "bench_entry", None)
+    return [s for s in getattr(mod, "BENCH_SHAPES", []) if pick is None or pick(s) == name]
+
+
 def bench_kernel(name: str, entry, copy_gbps: float, max_shapes: int, rows: list, log) -> None:
     mod = importlib.import_module(entry.module)
-    shapes = list(getattr(mod, "BENCH_SHAPES", []))[:max_shapes]
+    shapes = entry_shapes(name, mod)[:max_shapes]
     for shape in shapes:
         label = _shape_label(shape)
         try:
@@ -169,8 +177,9 @@ def bench_kernel(name: str, entry, copy_gbps: float, max_shapes: int, rows: list
                     else:
                         timed = call
                     ms = do_bench(timed, warmup=25, rep=100, return_mode="median")
-                    # GPU time without host overhead: kernel time per call from the profiler
-                    gpu_ms = device_time_ms(timed)
+                    # GPU time without host overhead: kernel time per call from the profiler, per kernel
+                    by_kernel = device_time_by_kernel(timed)
+                    gpu_ms = sum(by_kernel.values())
                 except Exception as e:  # noqa: BLE001 - one provider failing must not stop the run
                     log(f"{name} {label} {mode} {provider}: FAILED {type(e).__name__}: {str(e)[:200]}")
                     rows.append({"kernel": name, "shape": label, "mode": mode, "provider": provider,
@@ -184,7 +193,10 @@ def bench_kernel(name: str, entry, copy_gbps: float, max_shapes: int, rows: list
                     "gpu_kernel_ms": gpu_ms,
                     "gpu_gbps": nbytes / (gpu_ms * 1e-3) / 1e9 if gpu_ms else None,
                     "first_call_s": compile_s,
+                    "gpu_kernel_ms_by_kernel": by_kernel,
                 })
+                if provider == "triton":
+                    log("    triton kernels (ms per call): " + ", ".join(f"{k} {v:.4f}" for k, v in by_kernel.items()))
             for r in rows:
                 if r.get("kernel") == name and r.get("shape") == label and r.get("mode") == mode and "median_ms" in r:
                     r["speedup_vs_eager"] = times.get("eager", float("nan")) / r["median_ms"]
@@ -271,11 +283,9 @@ def main() -> None:
     }
     rows: list = []
     wanted = {k for k in args.kernels.split(",") if k}
-    seen_modules: set[str] = set()
     for name, entry in sorted(load_all().items()):
-        if (wanted and name not in wanted) or entry.module in seen_modules:
-            continue  # one module registering two entries (layernorm / add_layernorm) is timed once
-        seen_modules.add(entry.module)
+        if wanted and name not in wanted:
+            continue
         try:
             bench_kernel(name, entry, copy_gbps, args.max_shapes, rows, log)
         except Exception as e:  # noqa: BLE001

@@ -781,6 +781,12 @@ BENCH_SHAPES: list[dict] = [
 ]
 
 
+def bench_entry(shape: dict) -> str:
+    """The registry entry a ``BENCH_SHAPES`` shape exercises: ``"add_layernorm"`` with ``residual=True``, else
+    ``"layernorm"`` (this module registers both)."""
+    return "add_layernorm" if shape.get("residual") else "layernorm"
+
+
 def _param_bytes(weight: torch.Tensor | None, bias: torch.Tensor | None) -> int:
     return sum(p.numel() * p.element_size() for p in (weight, bias) if p is not None)
 

@@ -533,6 +533,13 @@ BENCH_SHAPES: list[dict] = [
 ]
 
 
+def bench_entry(shape: dict) -> str:
+    """The registry entry a ``BENCH_SHAPES`` shape exercises: ``"masked_softmax"`` with a mask, a scale or causal
+    masking, else ``"softmax"`` (this module registers both)."""
+    masked = shape.get("mask") or shape.get("causal") or shape.get("scale", 1.0) != 1.0
+    return "masked_softmax" if masked else "softmax"
+
+
 def bytes_moved(x: torch.Tensor, scale: float = 1.0, mask: Optional[torch.Tensor] = None,
                 causal: bool = False) -> int:
     """Fewest bytes of the forward: read x, read the mask's own elements once (not its broadcast), write y."""

@@ -1,0 +1,29 @@
+"""The registry as the benchmarks read it: every entry has benchmark shapes of its own, made from its module."""
+
+import importlib
+
+import pytest
+
+from benchmarks.kernels import entry_shapes
+from kernel_library.registry import load_all
+
+ENTRIES = sorted(load_all().items())
+
+
+@pytest.mark.parametrize("name,entry", ENTRIES, ids=[n for n, _ in ENTRIES])
+def test_every_entry_has_bench_shapes_of_its_own(name, entry):
+    mod = importlib.import_module(entry.module)
+    shapes = entry_shapes(name, mod)
+    assert shapes, f"{name}: no BENCH_SHAPES entry exercises it"
+    siblings = [n for n, e in ENTRIES if e.module == entry.module and n != name]
+    for other in siblings:  # a module registering two entries gives them disjoint shapes
+        assert not [s for s in shapes if s in entry_shapes(other, mod)]
+
+
+def test_two_entry_modules_split_their_shapes_by_what_they_exercise():
+    ln = importlib.import_module("kernel_library.layernorm")
+    assert all(s.get("residual") for s in entry_shapes("add_layernorm", ln))
+    assert not any(s.get("residual") for s in entry_shapes("layernorm", ln))
+    sm = importlib.import_module("kernel_library.softmax")
+    assert all(s.get("mask") or s.get("causal") for s in entry_shapes("masked_softmax", sm))
+    assert not any(s.get("mask") or s.get("causal") for s in entry_shapes("softmax", sm))
