@@ -69,6 +69,7 @@ SCALE_BLOCK = 4096
 #: 1024 elements over 4 warps; 8192 tokens are 8 iterations. One launch each instead of ~5 small torch ops (~3 us
 #: each against a ~270 us fwd+bwd at 8192 x 32000 bf16).
 REDUCE_BLOCK = 1024
+REDUCE_WARPS = 4
 
 #: log2(e) and ln(2): the kernels compute exp(v) = exp2(v * log2 e) and log(v) = log2(v) * ln 2.
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -317,7 +318,7 @@ def _cross_entropy_fwd_launch(logits: torch.Tensor, target: torch.Tensor, ignore
     n_valid = torch.empty((), dtype=torch.int64, device=device) if reduction == "mean" else target
     if reduction == "mean":  # on the device: the gradient's 1 / n_valid without a host sync
         torch.library.wrap_triton(_count_valid_kernel)[(1,)](
-            target, target.stride(0), n_valid, n_rows, int(ignore_index), BLOCK=REDUCE_BLOCK, num_warps=4,
+            target, target.stride(0), n_valid, n_rows, int(ignore_index), BLOCK=REDUCE_BLOCK, num_warps=REDUCE_WARPS,
         )
     cfg = config or CrossEntropyConfig.for_vocab(n_cols)
     torch.library.wrap_triton(_cross_entropy_fwd_kernel)[(n_rows,)](
@@ -336,7 +337,7 @@ def _cross_entropy_fwd_launch(logits: torch.Tensor, target: torch.Tensor, ignore
         return loss_rows, dlogits
     loss = torch.empty((), dtype=out_dtype, device=device)
     torch.library.wrap_triton(_reduce_loss_kernel)[(1,)](
-        loss_rows, n_valid, loss, n_rows, MEAN=reduction == "mean", BLOCK=REDUCE_BLOCK, num_warps=4,
+        loss_rows, n_valid, loss, n_rows, MEAN=reduction == "mean", BLOCK=REDUCE_BLOCK, num_warps=REDUCE_WARPS,
     )
     return loss, dlogits
 
