@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from kernel_library._device import default_device, on_gpu
+from kernel_library._op import library_op
 from kernel_library.registry import KernelEntry, register_kernel
 from kernel_library.rmsnorm import (
     BENCH_SHAPES as rms_bench_shapes,
@@ -64,7 +65,7 @@ def _check_add_rms_inputs(x: torch.Tensor, residual: torch.Tensor, weight: torch
 # --- torch.library ops --------------------------------------------------------------------------------------
 
 
-@torch.library.triton_op("fusion_advisor::add_rms_norm", mutates_args={})
+@library_op("fusion_advisor::add_rms_norm", mutates_args={})
 def _add_rms_norm_op(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,7 +78,7 @@ def _add_rms_norm_op(
     return y.view(x.shape), s.view(x.shape)
 
 
-@torch.library.triton_op("fusion_advisor::add_rms_norm_backward", mutates_args={})
+@library_op("fusion_advisor::add_rms_norm_backward", mutates_args={})
 def _add_rms_norm_backward_op(
     dy: torch.Tensor, d_new_residual: torch.Tensor, new_residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
 
 from kernel_library import _device
+from kernel_library._op import launcher, library_op
 from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ------------------------------------------------------------------------------------------------
@@ -336,7 +336,7 @@ def bias_gelu_forward(
     cfg = config or BiasGeluConfig.from_shape(n_rows, n_cols)
     n_col_blocks = triton.cdiv(n_cols, cfg.block_c)
     grid = (triton.cdiv(n_rows, cfg.block_r) * n_col_blocks,)
-    wrap_triton(_bias_gelu_fwd_kernel)[grid](
+    launcher(_bias_gelu_fwd_kernel)[grid](
         x2, bias, y2, n_rows, n_cols, n_col_blocks,
         x2.stride(0), x2.stride(1), bias.stride(0), y2.stride(0), y2.stride(1),
         seed, dropout_p, _dropout_scale(dropout_p),
@@ -363,7 +363,7 @@ def bias_gelu_backward(
     n_col_blocks = triton.cdiv(n_cols, cfg.block_c)
     n_row_groups = triton.cdiv(n_rows, cfg.rows_per_program)
     partial = torch.empty((n_row_groups, n_cols), dtype=torch.float32, device=x.device)
-    wrap_triton(_bias_gelu_bwd_kernel)[(n_row_groups * n_col_blocks,)](
+    launcher(_bias_gelu_bwd_kernel)[(n_row_groups * n_col_blocks,)](
         gy2, x2, bias, gx2, partial, n_rows, n_cols, n_col_blocks,
         gy2.stride(0), gy2.stride(1), x2.stride(0), x2.stride(1), bias.stride(0),
         gx2.stride(0), gx2.stride(1), partial.stride(0),
@@ -394,12 +394,12 @@ def dropout_mask(seed: int, shape: tuple[int, ...] | torch.Size, dropout_p: floa
 # --- torch.library ops ----------------------------------------------------------------------------------------
 
 
-@triton_op("fusion_advisor::bias_gelu", mutates_args={})
+@library_op("fusion_advisor::bias_gelu", mutates_args={})
 def bias_gelu_op(x: torch.Tensor, bias: torch.Tensor, approximate: str, dropout_p: float, seed: int) -> torch.Tensor:
     return bias_gelu_forward(x, bias, approximate, dropout_p, seed)
 
 
-@triton_op("fusion_advisor::bias_gelu_backward", mutates_args={})
+@library_op("fusion_advisor::bias_gelu_backward", mutates_args={})
 def bias_gelu_backward_op(
     grad_y: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str, dropout_p: float, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.library import triton_op
 
 from kernel_library import _device
+from kernel_library._op import library_op
 from kernel_library.registry import KernelEntry, register_kernel
 from kernel_library.swiglu import SUPPORTED_DTYPES, bytes_moved, bytes_moved_backward, glu_backward, glu_forward
 from kernel_library.swiglu import make_inputs as _glu_inputs
@@ -30,12 +30,12 @@ ACTIVATION = "gelu_tanh"
 # --- torch.library ops ----------------------------------------------------------------------------------------
 
 
-@triton_op("fusion_advisor::geglu", mutates_args={})
+@library_op("fusion_advisor::geglu", mutates_args={})
 def geglu_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return glu_forward(a, b, ACTIVATION)
 
 
-@triton_op("fusion_advisor::geglu_backward", mutates_args={})
+@library_op("fusion_advisor::geglu_backward", mutates_args={})
 def geglu_backward_op(grad_c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return glu_backward(grad_c, a, b, ACTIVATION)
 

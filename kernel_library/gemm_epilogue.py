@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
 
 from kernel_library import _device
 from kernel_library.bias_gelu import check_device, gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, rows_view
+from kernel_library._op import launcher, library_op
 from kernel_library.registry import KernelEntry, register_kernel
 from kernel_library.swiglu import silu, silu_grad
 
@@ -213,7 +213,7 @@ def _launch(x2, w, bias, grad, y, activation: str, act_grad: bool) -> None:
     def grid(meta):
         return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
 
-    wrap_triton(_gemm_epilogue_kernel)[grid](
+    launcher(_gemm_epilogue_kernel)[grid](
         x2, w, bias_arg, grad, y, M, N, K,
         x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), 0 if bias is None else bias.stride(0),
         grad.stride(0), grad.stride(1), y.stride(0), y.stride(1),
@@ -267,12 +267,12 @@ def gemm_epilogue_backward(
 # --- torch.library ops ----------------------------------------------------------------------------------------
 
 
-@triton_op("fusion_advisor::gemm_epilogue", mutates_args={})
+@library_op("fusion_advisor::gemm_epilogue", mutates_args={})
 def gemm_epilogue_op(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
     return gemm_epilogue_forward(x, w, bias, activation)
 
 
-@triton_op("fusion_advisor::gemm_epilogue_backward", mutates_args={})
+@library_op("fusion_advisor::gemm_epilogue_backward", mutates_args={})
 def gemm_epilogue_backward_op(
     grad_y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, activation: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from kernel_library._device import default_device, on_gpu
+from kernel_library._op import launcher, library_op
 from kernel_library.registry import KernelEntry, register_kernel
 from kernel_library.rmsnorm import (
     SUPPORTED_DTYPES,
@@ -475,7 +476,7 @@ def layer_norm_fwd_launch(
     w = weight if weight is not None else x
     b = bias if bias is not None else x
     kernel = _layer_norm_fwd_looped_kernel if cfg.looped else _layer_norm_fwd_kernel
-    torch.library.wrap_triton(kernel)[(n_rows,)](
+    launcher(kernel)[(n_rows,)](
         y,
         s_arg,
         x,
@@ -541,7 +542,7 @@ def layer_norm_bwd_launch(
     else:  # every constexpr passed, defaults included: torch.compile's wrap_triton needs the full argument list
         fused_only = {"ROWS_PER_ITER": rows_per_iter, "NUM_STAGES": cfg.num_stages}
     kernel = _layer_norm_bwd_looped_kernel if cfg.looped else _layer_norm_bwd_kernel
-    torch.library.wrap_triton(kernel)[(n_programs,)](
+    launcher(kernel)[(n_programs,)](
         *ptrs,
         dx.stride(0),
         dx.stride(1),
@@ -580,7 +581,7 @@ def _empty_param_grads(
 # --- torch.library ops --------------------------------------------------------------------------------------
 
 
-@torch.library.triton_op("fusion_advisor::layer_norm", mutates_args={})
+@library_op("fusion_advisor::layer_norm", mutates_args={})
 def _layer_norm_op(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> torch.Tensor:
@@ -592,7 +593,7 @@ def _layer_norm_op(
     return y.view(x.shape)
 
 
-@torch.library.triton_op("fusion_advisor::layer_norm_backward", mutates_args={})
+@library_op("fusion_advisor::layer_norm_backward", mutates_args={})
 def _layer_norm_backward_op(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -618,7 +619,7 @@ def _layer_norm_backward(ctx, dy: torch.Tensor):
 _layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup_context)
 
 
-@torch.library.triton_op("fusion_advisor::add_layer_norm", mutates_args={})
+@library_op("fusion_advisor::add_layer_norm", mutates_args={})
 def _add_layer_norm_op(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -631,7 +632,7 @@ def _add_layer_norm_op(
     return y.view(x.shape), s.view(x.shape)
 
 
-@torch.library.triton_op("fusion_advisor::add_layer_norm_backward", mutates_args={})
+@library_op("fusion_advisor::add_layer_norm_backward", mutates_args={})
 def _add_layer_norm_backward_op(
     dy: torch.Tensor,
     d_new_residual: torch.Tensor,

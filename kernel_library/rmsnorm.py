@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from kernel_library._device import default_device, interpreted, on_gpu
+from kernel_library._op import launcher, library_op
 from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ----------------------------------------------------------------------------------------------
@@ -553,7 +554,7 @@ def rms_norm_fwd_launch(
     r = residual if residual is not None else x  # placeholder pointer, never read when HAS_RESIDUAL is False
     s_arg = s if s is not None else y  # placeholder pointer, never written when HAS_RESIDUAL is False
     kernel = _rms_norm_fwd_looped_kernel if cfg.looped else _rms_norm_fwd_kernel
-    torch.library.wrap_triton(kernel)[(n_rows,)](
+    launcher(kernel)[(n_rows,)](
         y,
         s_arg,
         x,
@@ -658,7 +659,7 @@ def rms_norm_bwd_launch(
     else:  # every constexpr passed, defaults included: torch.compile's wrap_triton needs the full argument list
         fused_only = {"ROWS_PER_ITER": rows_per_iter, "NUM_STAGES": cfg.num_stages}
     kernel = _rms_norm_bwd_looped_kernel if cfg.looped else _rms_norm_bwd_kernel
-    torch.library.wrap_triton(kernel)[(n_programs,)](
+    launcher(kernel)[(n_programs,)](
         *ptrs,
         dx.stride(0),
         dx.stride(1),
@@ -686,7 +687,7 @@ def rms_norm_bwd_launch(
 # --- torch.library ops --------------------------------------------------------------------------------------
 
 
-@torch.library.triton_op("fusion_advisor::rms_norm", mutates_args={})
+@library_op("fusion_advisor::rms_norm", mutates_args={})
 def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
     _check_rms_inputs(x, weight)
     n_cols = x.shape[-1]
@@ -696,7 +697,7 @@ def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: floa
     return y.view(x.shape)
 
 
-@torch.library.triton_op("fusion_advisor::rms_norm_backward", mutates_args={})
+@library_op("fusion_advisor::rms_norm_backward", mutates_args={})
 def _rms_norm_backward_op(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
 
 from kernel_library import _device
 from kernel_library.bias_gelu import check_device
+from kernel_library._op import launcher, library_op
 from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ------------------------------------------------------------------------------------------------
@@ -195,7 +195,7 @@ def rope_apply(
         return q_out, k_out
     cos, sin = cos.expand(batch, seq, head_dim), sin.expand(batch, seq, head_dim)
     cfg = config or RopeConfig.from_shape(max(n_q_heads, k.shape[1]), head_dim)
-    wrap_triton(_rope_kernel)[(batch * seq,)](
+    launcher(_rope_kernel)[(batch * seq,)](
         q, k, cos, sin, q_out, k_out, seq, n_q_heads, k.shape[1], head_dim // 2,
         *q.stride(), *k.stride(), *cos.stride(), *sin.stride(), *q_out.stride(), *k_out.stride(),
         BACKWARD=backward, BLOCK_H=cfg.block_h, HALF_D=cfg.half_d, num_warps=cfg.num_warps,
@@ -206,14 +206,14 @@ def rope_apply(
 # --- torch.library ops ----------------------------------------------------------------------------------------
 
 
-@triton_op("fusion_advisor::rope", mutates_args={})
+@library_op("fusion_advisor::rope", mutates_args={})
 def rope_op(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return rope_apply(q, k, cos, sin)
 
 
-@triton_op("fusion_advisor::rope_backward", mutates_args={})
+@library_op("fusion_advisor::rope_backward", mutates_args={})
 def rope_backward_op(
     grad_q_out: torch.Tensor, grad_k_out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from kernel_library import _device
+from kernel_library._op import launcher, library_op
 from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ----------------------------------------------------------------------------------------------
@@ -334,7 +335,7 @@ def _softmax_fwd_launch(x: torch.Tensor, scale: float, mask: Optional[torch.Tens
             m4 = m4.view(torch.uint8)  # same bytes; Triton loads uint8 more portably than i1
     cfg = config or RowConfig.for_row(n_cols)
     cols_i64 = force_int64_cols or needs_int64_cols(n_cols, x4.stride(3)) or needs_int64_cols(n_cols, m4.stride(3))
-    torch.library.wrap_triton(_softmax_fwd_kernel)[(n_rows,)](
+    launcher(_softmax_fwd_kernel)[(n_rows,)](
         x4, *x4.stride(),
         m4, *m4.stride(),
         y, n_cols,
@@ -360,7 +361,7 @@ def _softmax_bwd_launch(y: torch.Tensor, dy: torch.Tensor, scale: float,
     n_rows = y.numel() // n_cols
     cfg = config or RowConfig.for_row(n_cols, MAX_SINGLE_BLOCK_BWD)
     cols_i64 = force_int64_cols or needs_int64_cols(n_cols, dy4.stride(3))
-    torch.library.wrap_triton(_softmax_bwd_kernel)[(n_rows,)](
+    launcher(_softmax_bwd_kernel)[(n_rows,)](
         y, n_cols,
         dy4, *dy4.stride(),
         dx,
@@ -373,13 +374,13 @@ def _softmax_bwd_launch(y: torch.Tensor, dy: torch.Tensor, scale: float,
 # --- custom ops and autograd --------------------------------------------------------------------------------
 
 
-@torch.library.triton_op("fusion_advisor::softmax", mutates_args={})
+@library_op("fusion_advisor::softmax", mutates_args={})
 def softmax_op(x: torch.Tensor, scale: float, mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
     """``softmax(scale * x + mask)`` over the last axis (see the module docstring for the mask rules)."""
     return _softmax_fwd_launch(x, scale, mask, causal)
 
 
-@torch.library.triton_op("fusion_advisor::softmax_backward", mutates_args={})
+@library_op("fusion_advisor::softmax_backward", mutates_args={})
 def softmax_backward_op(y: torch.Tensor, dy: torch.Tensor, scale: float) -> torch.Tensor:
     """``dx = scale * y * (dy - sum(dy * y, -1))`` for the contiguous forward output ``y``."""
     return _softmax_bwd_launch(y, dy, scale)

@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
 
 from kernel_library import _device
 from kernel_library.bias_gelu import check_device, gelu_tanh, gelu_tanh_grad, rows_view
+from kernel_library._op import launcher, library_op
 from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ------------------------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ def _launch(kernel, tensors: list[torch.Tensor], activation: str, config: GluCon
     cfg = config or GluConfig.from_cols(n_cols)
     n_col_blocks = triton.cdiv(n_cols, cfg.block_size)
     strides = [s for v in views for s in v.stride()]
-    wrap_triton(kernel)[(n_rows * n_col_blocks,)](
+    launcher(kernel)[(n_rows * n_col_blocks,)](
         *views, n_cols, n_col_blocks, *strides,
         ACTIVATION=activation, BLOCK_SIZE=cfg.block_size, num_warps=cfg.num_warps,
     )
@@ -232,12 +232,12 @@ def glu_backward(
 # --- torch.library ops ----------------------------------------------------------------------------------------
 
 
-@triton_op("fusion_advisor::swiglu", mutates_args={})
+@library_op("fusion_advisor::swiglu", mutates_args={})
 def swiglu_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return glu_forward(a, b, "silu")
 
 
-@triton_op("fusion_advisor::swiglu_backward", mutates_args={})
+@library_op("fusion_advisor::swiglu_backward", mutates_args={})
 def swiglu_backward_op(grad_c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return glu_backward(grad_c, a, b, "silu")
 
