@@ -1,6 +1,7 @@
 """A/B on the GPU: cross-entropy forward + ``loss.backward()`` device time per kernel, for the count/reduce kernels'
-block (targets or losses per loop step) and warps. The default is :data:`kernel_library.cross_entropy.REDUCE_BLOCK`
-over ``REDUCE_WARPS``: 1024 over 4 warps loops 8 times over 8192 tokens in one program.
+block (targets or losses per loop step) and warps (:data:`kernel_library.cross_entropy.REDUCE_BLOCK` over
+``REDUCE_WARPS``). Session 4 ran it with the session-3 default, 1024 over 4 warps (8 loop steps over 8192 tokens);
+8192 over 16 warps, one step, was adopted.
 
     python benchmarks/ce_reduce_ab.py --out DIR [--n-tokens 8192 --vocab 32000]
 

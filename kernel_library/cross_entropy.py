@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from kernel_library import _device
+from kernel_library._op import launcher, library_op
 from kernel_library.registry import KernelEntry, register_kernel
 from kernel_library.softmax import needs_int64_cols, online_lse_combine, online_lse_update, warps_for
 
@@ -65,11 +66,13 @@ LOOP_WARPS = 8
 #: 16 per thread).
 SCALE_BLOCK = 4096
 
-#: Block of the single-program prologue (count of non-ignored targets) and epilogue (sum of row losses) kernels:
-#: 1024 elements over 4 warps; 8192 tokens are 8 iterations. One launch each instead of ~5 small torch ops (~3 us
-#: each against a ~270 us fwd+bwd at 8192 x 32000 bf16).
-REDUCE_BLOCK = 1024
-REDUCE_WARPS = 4
+#: Block and warps of the single-program prologue (count of non-ignored targets) and epilogue (sum of row losses)
+#: kernels, one launch each instead of ~5 small torch ops. One program loops over the tokens, so each loop step is a
+#: memory round trip: 8192 tokens in one step of 8192 over 16 warps took 2.1 + 2.2 us against 5.2 + 5.0 us in 8
+#: steps of 1024 over 4 warps (H200, fwd + loss.backward() at 8192 x 32000 bf16: 0.3534 vs 0.3599 ms; 32 warps no
+#: better; benchmarks/results/session4_h200/call1/ce_ab).
+REDUCE_BLOCK = 8192
+REDUCE_WARPS = 16
 
 #: log2(e) and ln(2): the kernels compute exp(v) = exp2(v * log2 e) and log(v) = log2(v) * ln 2.
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -317,11 +320,11 @@ def _cross_entropy_fwd_launch(logits: torch.Tensor, target: torch.Tensor, ignore
         loss_rows = torch.empty(n_rows, dtype=torch.float32, device=device)
     n_valid = torch.empty((), dtype=torch.int64, device=device) if reduction == "mean" else target
     if reduction == "mean":  # on the device: the gradient's 1 / n_valid without a host sync
-        torch.library.wrap_triton(_count_valid_kernel)[(1,)](
+        launcher(_count_valid_kernel)[(1,)](
             target, target.stride(0), n_valid, n_rows, int(ignore_index), BLOCK=REDUCE_BLOCK, num_warps=REDUCE_WARPS,
         )
     cfg = config or CrossEntropyConfig.for_vocab(n_cols)
-    torch.library.wrap_triton(_cross_entropy_fwd_kernel)[(n_rows,)](
+    launcher(_cross_entropy_fwd_kernel)[(n_rows,)](
         logits, logits.stride(0), logits.stride(1),
         target, target.stride(0),
         dlogits if compute_grad else logits,
@@ -336,7 +339,7 @@ def _cross_entropy_fwd_launch(logits: torch.Tensor, target: torch.Tensor, ignore
     if reduction == "none":
         return loss_rows, dlogits
     loss = torch.empty((), dtype=out_dtype, device=device)
-    torch.library.wrap_triton(_reduce_loss_kernel)[(1,)](
+    launcher(_reduce_loss_kernel)[(1,)](
         loss_rows, n_valid, loss, n_rows, MEAN=reduction == "mean", BLOCK=REDUCE_BLOCK, num_warps=REDUCE_WARPS,
     )
     return loss, dlogits
@@ -356,7 +359,7 @@ def _scale_grad_launch(dlogits: torch.Tensor, grad_output: torch.Tensor) -> None
                          f"got {tuple(grad_output.shape)}")
     if dlogits.numel() == 0:
         return
-    torch.library.wrap_triton(_scale_grad_kernel)[(n_rows,)](
+    launcher(_scale_grad_kernel)[(n_rows,)](
         dlogits, grad_output, grad_stride, n_cols,
         BLOCK=SCALE_BLOCK, COLS_I64=needs_int64_cols(n_cols, 1), num_warps=warps_for(SCALE_BLOCK),
     )
@@ -365,7 +368,7 @@ def _scale_grad_launch(dlogits: torch.Tensor, grad_output: torch.Tensor) -> None
 # --- custom ops and autograd --------------------------------------------------------------------------------
 
 
-@torch.library.triton_op("fusion_advisor::cross_entropy", mutates_args={})
+@library_op("fusion_advisor::cross_entropy", mutates_args={})
 def cross_entropy_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, label_smoothing: float,
                      reduction: str, compute_grad: bool,
                      loss_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -374,7 +377,7 @@ def cross_entropy_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: i
                                      loss_dtype)
 
 
-@torch.library.triton_op("fusion_advisor::cross_entropy_scale_grad", mutates_args={"dlogits"})
+@library_op("fusion_advisor::cross_entropy_scale_grad", mutates_args={"dlogits"})
 def cross_entropy_scale_grad_op(dlogits: torch.Tensor, grad_output: torch.Tensor) -> None:
     """Backward of :func:`cross_entropy_op`: ``dlogits *= grad_output`` per row, in place; rows with exactly 1 skipped."""
     _scale_grad_launch(dlogits, grad_output)
