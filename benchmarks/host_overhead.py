@@ -1,7 +1,10 @@
 """Host (CPU) time per call of every kernel_library op against eager PyTorch and torch.compile, on tiny inputs.
 
 The kernels' GPU time at Llama-7B shapes is in ``benchmarks/kernels.py``; this measures the other half of a call in an
-eager model: the Python, dispatcher and launch work before the GPU sees the kernel. Each provider runs ``--calls``
+eager model: the Python, dispatcher and launch work before the GPU sees the kernel. Providers: ``triton`` (the
+library op as users call it: eager calls with plain tensors skip the dispatcher, ``kernel_library._op``),
+``triton_op`` (the same kernels, every call through the registered ``torch.library`` op), ``eager``
+(``reference_fn``) and ``compile`` (``torch.compile(reference_fn)``). Each provider runs ``--calls``
 times back to back on inputs a few rows high (the GPU finishes each launch before the host issues the next one, so
 the loop's wall time per call is the host time): forward under ``torch.no_grad()``, and forward + backward
 (``torch.autograd.grad``) where the op has one. The median of ``--repeats`` loops is reported in us per call, with a
@@ -33,6 +36,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernels import _float_outputs, _shape_label, entry_shapes, tensor_leaves  # noqa: E402
+from kernel_library import _op  # noqa: E402
 from kernel_library.registry import load_all  # noqa: E402
 
 #: Tiny sizes replacing the 7B shapes' sizes (the host work is the same; the GPU work must stay below it).
@@ -118,10 +122,13 @@ def main() -> None:
             leaves = [t for t in tensor_leaves(inputs) if t.is_floating_point() and t.requires_grad]
             torch._dynamo.reset()
             compiled = torch.compile(mod.reference_fn, dynamic=False)
-            providers = {"triton": mod.kernel_fn, "eager": mod.reference_fn, "compile": compiled}
+            providers = {"triton": mod.kernel_fn, "triton_op": mod.kernel_fn, "eager": mod.reference_fn,
+                         "compile": compiled}
             for mode in (["fwd", "fwd+bwd"] if entry.has_backward and leaves else ["fwd"]):
                 row = {"kernel": name, "shape": label, "mode": mode}
                 for provider, fn in providers.items():
+                    # triton_op: the same kernels with every call through the registered torch.library op
+                    _op.DIRECT_EAGER = provider != "triton_op"
                     try:
                         call = _call(fn, inputs, leaves, mode)
                         row[f"{provider}_us"] = per_call_us(call, args.calls, args.repeats)
@@ -141,9 +148,12 @@ def main() -> None:
                                                             indent=1))
     lines = [f"Host time per call, us (median of {args.repeats} loops of {args.calls} back-to-back calls on tiny "
              f"inputs; {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}).", "",
-             "| kernel | shape | mode | triton us | eager us | compile us |", "|---|---|---|---|---|---|"]
+             "triton: the library op, eager calls direct (kernel_library._op); triton_op: every call through the "
+             "registered torch.library op.", "",
+             "| kernel | shape | mode | triton us | triton_op us | eager us | compile us |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['kernel']} | {r['shape']} | {r['mode']} | {r.get('triton_us', float('nan')):.1f} | "
+                     f"{r.get('triton_op_us', float('nan')):.1f} | "
                      f"{r.get('eager_us', float('nan')):.1f} | {r.get('compile_us', float('nan')):.1f} |")
     lines += ["", "## cProfile of each library forward (own time)", ""]
     for k, text in profiles.items():
