@@ -15,9 +15,10 @@ Backward (mean and rstd are recomputed from the saved input; the row is in regis
     dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat))   (+ d(new residual) with a residual)
     dweight = sum_rows dy * x_hat;  dbias = sum_rows dy
 
-dweight and dbias are accumulated per program in fp32 partial sums ``[n_programs, n_cols]`` and reduced with one
-``sum(0)`` (Triton tutorial 05-layer-norm, Liger-Kernel ``layer_norm``). Rows wider than a register block take
-looped kernels that compute the statistics with a chunked Welford/Chan merge (exact as a two-pass variance).
+dweight and dbias are accumulated per program in fp32 partial sums ``[n_programs, n_cols]`` and reduced together
+by one small kernel (``rmsnorm.sum_partials``; Triton tutorial 05-layer-norm, Liger-Kernel ``layer_norm``). Rows
+wider than a register block take looped kernels that compute the statistics with a chunked Welford/Chan merge
+(exact as a two-pass variance).
 
 Launch heuristics and helpers are shared with :mod:`kernel_library.rmsnorm` (``RowConfig``, ``row_start``...).
 """
@@ -39,6 +40,7 @@ from kernel_library.rmsnorm import (
     as_rows,
     bwd_programs,
     check_tensor,
+    sum_partials,
     row_start,
 )
 
@@ -564,8 +566,10 @@ def layer_norm_bwd_launch(
         **fused_only,
         num_warps=cfg.num_warps,
     )
-    dw = dw_partial.sum(0).to(weight.dtype) if weight is not None else x.new_empty((0,))
-    db = db_partial.sum(0).to(bias.dtype) if bias is not None else x.new_empty((0,))
+    wanted = [(p, t.dtype) for p, t in ((dw_partial, weight), (db_partial, bias)) if t is not None]
+    sums = sum_partials(wanted) if wanted else []
+    dw = sums.pop(0) if weight is not None else x.new_empty((0,))
+    db = sums.pop(0) if bias is not None else x.new_empty((0,))
     return dx, dw, db
 
 

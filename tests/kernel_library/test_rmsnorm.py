@@ -507,3 +507,25 @@ def test_default_backward_pipelines_the_row_loop_of_the_plain_norm_only():
     assert rms.default_bwd_config(4096).num_stages == rms.BWD_NUM_STAGES
     assert rms.default_bwd_config(4096, residual=True).num_stages is None
     assert rms.default_bwd_config(65536).looped and rms.default_bwd_config(65536).num_stages is None
+
+
+@pytest.mark.parametrize("n_parts,n_cols", [(1, 1), (3, 17), (65, 33), (264, 4097)])
+@pytest.mark.parametrize("two", [False, True])
+def test_sum_partials_matches_a_float64_column_sum(n_parts, n_cols, two):
+    gen = torch.Generator().manual_seed(n_parts + n_cols)
+    a = (torch.randn(n_parts, n_cols, generator=gen) * 1e3).to(DEVICE)
+    b = torch.randn(n_parts, n_cols, generator=gen).to(DEVICE)
+    parts = [(a, torch.bfloat16)] + ([(b, torch.float32)] if two else [])
+    outs = rms.sum_partials(parts)
+    assert len(outs) == len(parts)
+    for (p, dtype), out in zip(parts, outs):
+        assert out.dtype == dtype and out.shape == (n_cols,)
+        assert_close(out, p.double().sum(0), dtype, f"sum_partials {dtype}")
+
+
+def test_sum_partials_refuses_mismatched_buffers():
+    a = torch.zeros(4, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="one shape"):
+        rms.sum_partials([(a, torch.float32), (torch.zeros(4, 9, device=DEVICE), torch.float32)])
+    with pytest.raises(ValueError, match="one or two"):
+        rms.sum_partials([])
