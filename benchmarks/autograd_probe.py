@@ -8,7 +8,8 @@ from the op's own backward work (the backward op called directly, no engine).
 
     python benchmarks/autograd_probe.py --out DIR
 
-Writes ``autograd_probe.json``: host us per call (median of loops of back-to-back calls on 8 x 4096 bf16).
+Writes ``autograd_probe.json``: host us per call (median of loops of back-to-back calls on 8 x 4096 bf16), and
+cProfiles of the library LayerNorm's forward + backward run on the calling thread.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.host_overhead import per_call_us  # noqa: E402
+from benchmarks.host_overhead import per_call_us, profile_top  # noqa: E402
 from kernel_library import layernorm  # noqa: E402
 
 
@@ -74,9 +75,17 @@ def main() -> None:
             key = f"{name}{'' if threads else '_no_worker_threads'}"
             rows[key] = per_call_us(fn, args.calls, 7)
             print(f"{key}: {rows[key]:.1f} us", flush=True)
+    # the whole fwd+bwd on the calling thread, so that cProfile sees the backward too
+    profiles = {}
+    with torch.autograd.set_multithreading_enabled(False):
+        for sort in ("tottime", "cumulative"):
+            profiles[sort] = profile_top(cases["library_layer_norm_fwd_bwd"], args.calls, n=35, sort=sort)
+            print(profiles[sort], flush=True)
     torch.autograd.set_multithreading_enabled(True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": sys.version.split()[0]}
-    (args.out / "autograd_probe.json").write_text(json.dumps({"meta": meta, "host_us_per_call": rows}, indent=1))
+    (args.out / "autograd_probe.json").write_text(json.dumps({"meta": meta, "host_us_per_call": rows,
+                                                               "cprofile_library_layer_norm_fwd_bwd": profiles},
+                                                              indent=1))
 
 
 if __name__ == "__main__":

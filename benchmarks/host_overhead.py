@@ -64,8 +64,8 @@ def per_call_us(fn, calls: int, repeats: int) -> float:
     return statistics.median(loops)
 
 
-def profile_top(fn, calls: int, n: int = 14) -> str:
-    """cProfile of ``calls`` calls of ``fn``, the ``n`` entries with the largest own time."""
+def profile_top(fn, calls: int, n: int = 14, sort: str = "tottime") -> str:
+    """cProfile of ``calls`` calls of ``fn``, the ``n`` entries first by ``sort`` (own time by default)."""
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
@@ -73,7 +73,7 @@ def profile_top(fn, calls: int, n: int = 14) -> str:
     prof.disable()
     torch.cuda.synchronize()
     buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(n)
+    pstats.Stats(prof, stream=buf).sort_stats(sort).print_stats(n)
     return buf.getvalue()
 
 

@@ -9,6 +9,7 @@
   num_stages), forced through ``RowConfig``; checked against a float64 reference. Prints the fastest verified
   config and the ``BwdTuning(...)`` line that adopts it (``rmsnorm.BWD_TUNING``, ``add_rmsnorm.BWD_TUNING``,
   ``layernorm.BWD_TUNING`` / ``ADD_BWD_TUNING``).
+- ``layernorm_fwd`` (plain and with the residual add) at 8192 x 4096 bf16: num_warps of the one-row kernel.
 - ``rope`` forward at 4 x 2048 tokens, 32 heads of 128, bf16, HF layout: heads per tile (BLOCK_H) x num_warps.
 
 Each config is verified against ``reference_fn`` (forward output; gradients finite and close to the default
@@ -26,6 +27,7 @@ variants were removed from the library and from this script.)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from datetime import datetime, timezone
@@ -362,6 +364,36 @@ def rope_sweep(copy_gbps: float) -> list[dict]:
     return out
 
 
+def layernorm_fwd_sweep(copy_gbps: float, n_rows: int = 8192, n_cols: int = 4096) -> list[dict]:
+    """LayerNorm forward (plain and with the residual add) at 8192 x 4096 bf16: num_warps of the one-row-per-program
+    kernel, forced through ``RowConfig``; the default (``RowConfig.forward``) first."""
+    import kernel_library.layernorm as ln
+    from kernel_library.rmsnorm import RowConfig
+
+    out = []
+    for residual in (False, True):
+        x, w, b, eps, *rest = ln.make_inputs(n_rows, n_cols, torch.bfloat16, residual=residual, requires_grad=False)
+        r = rest[0] if rest else None
+        expected = torch.nn.functional.layer_norm((x + r if r is not None else x).double(), (n_cols,), w.double(),
+                                                  b.double(), eps)
+        nbytes = ln.bytes_moved(*([x, w, b, eps] + ([r] if r is not None else [])))
+        name = "add_layernorm_fwd" if residual else "layernorm_fwd"
+        default = RowConfig.forward(n_cols)
+        for warps in dict.fromkeys((default.num_warps, 2, 4, 8, 16)):
+            cfg = dataclasses.replace(default, num_warps=warps)
+            label = f"warps={warps}" + (" (default)" if warps == default.num_warps else "")
+
+            def run(cfg=cfg):
+                return ln.layer_norm_fwd_launch(x, w, b, eps, residual=r, config=cfg)[0]
+
+            ok = compare_outputs(run(), expected.to(torch.bfloat16))[0]
+            ms = device_time_ms(run)
+            pct = 100 * nbytes / ms / 1e6 / copy_gbps
+            out.append({"kernel": name, "config": label, "verified": ok, "gpu_ms": ms, "pct_of_copy": pct})
+            print(f"  {name} {label}: {ms:.4f} ms ({pct:.0f}% of copy) ok={ok}", flush=True)
+    return out
+
+
 def main() -> None:
     global NORM_BWD_BUDGET_S
     ap = argparse.ArgumentParser()
@@ -380,6 +412,7 @@ def main() -> None:
     only = set(args.only.split(",")) if args.only else None
     for name, fn in (("cross_entropy_breakdown", ce_breakdown),
                      ("rope", lambda: rope_sweep(copy_gbps)),
+                     ("layernorm_fwd", lambda: layernorm_fwd_sweep(copy_gbps)),
                      ("bias_gelu", lambda: bias_gelu_sweep(copy_gbps)),
                      ("rmsnorm_bwd", lambda: rmsnorm_bwd_sweep(copy_gbps)),
                      ("add_rmsnorm_bwd", lambda: add_rmsnorm_bwd_sweep(copy_gbps)),
