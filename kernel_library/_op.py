@@ -86,11 +86,20 @@ class LibraryOp:
         ``CustomOpDef.register_autograd``) and build the ``autograd.Function`` the direct path uses from the same
         two functions."""
         self.op.register_autograd(backward, setup_context=setup_context)
+        run = self._run_direct
+
+        # forward(ctx, *args) calling setup_context itself, not a separate setup_context staticmethod: with one,
+        # Function.apply binds default arguments through inspect.signature on every call (~50 us on the H200 host,
+        # torch 2.11; benchmarks/results/session4_h200/call4/probe). Every argument is passed, so nothing to bind.
+        def forward(ctx, *args):
+            output = run(*args)
+            setup_context(ctx, args, output)
+            return output
+
         self._function = type(
             f"{self.impl.__name__}_function",
             (torch.autograd.Function,),
-            {"forward": staticmethod(self._run_direct), "setup_context": staticmethod(setup_context),
-             "backward": staticmethod(backward)},
+            {"forward": staticmethod(forward), "backward": staticmethod(backward)},
         )
 
     def _run_direct(self, *args: Any) -> Any:
