@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -43,10 +45,38 @@ class _Double(torch.autograd.Function):
         return g * 2
 
 
+@triton.jit
+def _copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def _triton_copy(g: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(g)
+    _copy_kernel[(triton.cdiv(g.numel(), 1024),)](g, out, g.numel(), BLOCK=1024)
+    return out
+
+
+def _function_with_launches(n_launches: int, n_allocs: int = 0) -> type[torch.autograd.Function]:
+    """y = 2 x whose Python backward makes ``n_allocs`` torch.empty allocations and ``n_launches`` Triton launches
+    (a copy each) before returning 2 g."""
+
+    def backward(ctx, g):
+        for _ in range(n_allocs):
+            torch.empty_like(g)
+        for _ in range(n_launches):
+            g = _triton_copy(g)
+        return g * 2
+
+    return type(f"Launches{n_launches}", (torch.autograd.Function,),
+                {"forward": staticmethod(lambda ctx, x: x * 2), "backward": staticmethod(backward)})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--no-profile", action="store_true", help="skip the cProfiles")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -62,6 +92,9 @@ def main() -> None:
         "eager_mul_fwd_bwd": grad_of(lambda: x * 2, [x]),
         "function_mul_fwd": lambda: _Double.apply(x),
         "function_mul_fwd_bwd": grad_of(lambda: _Double.apply(x), [x]),
+        **{f"function_{k}_triton_launches_fwd_bwd": grad_of(lambda f=_function_with_launches(k): f.apply(x), [x])
+           for k in (1, 2, 4)},
+        "function_4_allocations_fwd_bwd": grad_of(lambda f=_function_with_launches(0, 4): f.apply(x), [x]),
         "eager_layer_norm_fwd_bwd": grad_of(lambda: torch.nn.functional.layer_norm(x, (4096,), w, b), [x, w, b]),
         "library_layer_norm_fwd": lambda: layernorm.layer_norm(x, w, b),
         "library_layer_norm_fwd_bwd": grad_of(lambda: layernorm.layer_norm(x, w, b), [x, w, b]),
@@ -78,7 +111,7 @@ def main() -> None:
     # the whole fwd+bwd on the calling thread, so that cProfile sees the backward too
     profiles = {}
     with torch.autograd.set_multithreading_enabled(False):
-        for sort in ("tottime", "cumulative"):
+        for sort in () if args.no_profile else ("tottime", "cumulative"):
             profiles[sort] = profile_top(cases["library_layer_norm_fwd_bwd"], args.calls, n=35, sort=sort)
             print(profiles[sort], flush=True)
     torch.autograd.set_multithreading_enabled(True)
