@@ -121,3 +121,13 @@ def test_shipped_reasons_give_every_byte_count_its_unit():
     for r in rules:
         for m in re.finditer(r"\{fused_bytes[^}]*\}", r.reason):
             assert r.reason[m.end():].startswith(" bytes"), (r.id, r.reason)
+
+
+@pytest.mark.parametrize("dtype,rule,route", [("fp32", "compile-bias-gelu-fp32", "torch.compile"),
+                                              ("bf16", "triton-bias-gelu", "triton")])
+def test_bias_gelu_goes_to_the_library_kernel_only_where_it_measured_faster(dtype, rule, route):
+    from kernel_library.registry import load_all
+
+    chain = _chain(pattern="bias_gelu", categories=("elementwise",), dtype=dtype, row_elems=11008)
+    d = route_chain(chain, _est(), load_rules([]), kernels=load_all())
+    assert (d.rule_id, d.route) == (rule, route)
