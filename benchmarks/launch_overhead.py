@@ -25,10 +25,7 @@ and cProfiles of ``public_grad`` and ``fwd_bwd`` (top functions by own time). Wr
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
-import pstats
 import sys
 import time
 from datetime import datetime, timezone
@@ -38,6 +35,8 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.host_overhead import profile_top  # noqa: E402
 
 N_CALLS = 2000
 
@@ -111,16 +110,7 @@ def main() -> None:
 
     profiles = {}
     for name in ("public_grad", "fwd_bwd"):
-        prof = cProfile.Profile()
-        fn = layers[name]
-        prof.enable()
-        for _ in range(N_CALLS):
-            fn()
-        prof.disable()
-        torch.cuda.synchronize()
-        buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
-        profiles[name] = buf.getvalue()
+        profiles[name] = profile_top(layers[name], N_CALLS, n=30)
         print(profiles[name][:6000], flush=True)
 
     meta_doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
