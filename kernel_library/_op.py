@@ -114,8 +114,11 @@ class LibraryOp:
         """Run the op on positional ``args`` (every argument passed; the signature of the decorated function)."""
         if not direct_call_ok(args):
             return self.op(*args)
-        if self._function is not None and torch.is_grad_enabled() and any(
-                isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            if self._function is None:
+                # no autograd formula (a backward op differentiated again, e.g. create_graph=True): the registered
+                # op says so when its output is differentiated; a direct call would return a silent constant
+                return self.op(*args)
             return self._function.apply(*args)
         out = self._run_direct(*args)
         for i in self._mutated_positions:  # as the dispatcher does for a mutating op: autograd sees the write

@@ -110,3 +110,14 @@ def test_launcher_is_the_bare_kernel_only_on_the_direct_path(monkeypatch):
     finally:
         _op._state.direct = False
     assert wrapped == [kernel]
+
+
+def test_differentiating_an_op_without_a_backward_fails_loudly_as_the_registered_op_does():
+    # double backward: the backward op has no autograd formula of its own; a direct call would hand back a gradient
+    # that silently does not depend on x
+    x = torch.randn(4, requires_grad=True)
+    y = scaled_square(x, 1.0)
+    (g,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    penalty = g.pow(2).sum() + x.sum()  # a gradient penalty: without the op, g would count as a constant
+    with pytest.raises(RuntimeError, match="(?i)autograd"):
+        torch.autograd.grad(penalty, x)
