@@ -14,10 +14,11 @@ took ~1 ms of host time for ~0.1 ms of GPU work at Llama-7B shapes. PyTorch meas
 (pytorch/pytorch#188077) and proposed the same remedy for ``custom_op`` itself (pytorch/pytorch#178216: an
 ``is_compiling()`` check, then an ``autograd.Function``).
 
-The direct path is taken only when nothing needs the dispatcher (:func:`direct_call_ok`): not while Dynamo traces,
-no ``TorchDispatchMode`` (FakeTensorMode, FlopCounterMode, functionalization) or functorch transform active, every
-tensor argument a plain ``torch.Tensor`` / ``nn.Parameter`` and none on the ``meta`` device. Everything else takes
-the registered op, as before.
+The direct path is taken only when nothing needs the dispatcher (:func:`direct_call_ok`): not while Dynamo or
+``torch.jit.trace`` traces, no ``TorchDispatchMode`` (FakeTensorMode, FlopCounterMode, functionalization) or
+functorch transform active, every tensor argument a plain ``torch.Tensor`` / ``nn.Parameter`` and none on the
+``meta`` device. Everything else takes the registered op, as before; so does a call that needs a gradient from an
+op without an autograd formula.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ def launcher(kernel: Any) -> Any:
 
 def direct_call_ok(args: Iterable[Any]) -> bool:
     """True when an op call with ``args`` can skip the dispatcher: :data:`DIRECT_EAGER` set, eager (not traced by
-    Dynamo), no ``TorchDispatchMode`` or functorch transform active, and every tensor in ``args`` a plain
+    Dynamo or ``torch.jit.trace``), no ``TorchDispatchMode`` or functorch transform active, and every tensor in ``args`` a plain
     ``torch.Tensor`` or ``nn.Parameter`` not on the ``meta`` device."""
-    if torch.compiler.is_compiling() or not DIRECT_EAGER:
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or not DIRECT_EAGER:
         return False
     if _get_current_dispatch_mode() is not None or torch._C._are_functorch_transforms_active():
         return False

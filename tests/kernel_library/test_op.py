@@ -121,3 +121,10 @@ def test_differentiating_an_op_without_a_backward_fails_loudly_as_the_registered
     penalty = g.pow(2).sum() + x.sum()  # a gradient penalty: without the op, g would count as a constant
     with pytest.raises(RuntimeError, match="(?i)autograd"):
         torch.autograd.grad(penalty, x)
+
+
+def test_jit_trace_records_the_registered_op():
+    traced = torch.jit.trace(lambda t: scaled_square(t, 2.0), torch.randn(3))
+    assert "fusion_advisor_test::scaled_square" in str(traced.graph)
+    x = torch.randn(3)
+    assert torch.allclose(traced(x), 2.0 * x * x)
