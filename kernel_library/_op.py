@@ -52,8 +52,8 @@ def launcher(kernel: Any) -> Any:
 
 def direct_call_ok(args: Iterable[Any]) -> bool:
     """True when an op call with ``args`` can skip the dispatcher: :data:`DIRECT_EAGER` set, eager (not traced by
-    Dynamo or ``torch.jit.trace``), no ``TorchDispatchMode`` or functorch transform active, and every tensor in ``args`` a plain
-    ``torch.Tensor`` or ``nn.Parameter`` not on the ``meta`` device."""
+    Dynamo or ``torch.jit.trace``), no ``TorchDispatchMode`` or functorch transform active, and every tensor in
+    ``args`` a plain ``torch.Tensor`` or ``nn.Parameter`` not on the ``meta`` device."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or not DIRECT_EAGER:
         return False
     if _get_current_dispatch_mode() is not None or torch._C._are_functorch_transforms_active():

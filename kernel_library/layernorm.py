@@ -40,8 +40,8 @@ from kernel_library.rmsnorm import (
     as_rows,
     bwd_programs,
     check_tensor,
-    sum_partials,
     row_start,
+    sum_partials,
 )
 
 # --- constants ----------------------------------------------------------------------------------------------
