@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -36,27 +35,9 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.host_overhead import profile_top  # noqa: E402
+from benchmarks.host_overhead import per_call_us, profile_top  # noqa: E402
 
 N_CALLS = 2000
-
-
-def host_us_per_call(fn, n: int = N_CALLS) -> float:
-    """Median over 5 rounds of host microseconds per call of ``fn`` (n calls per round, synchronised around)."""
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    rounds = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        rounds.append((t1 - t0) / n * 1e6)
-    rounds.sort()
-    return rounds[len(rounds) // 2]
 
 
 def main() -> None:
@@ -103,9 +84,9 @@ def main() -> None:
     for name, fn in layers.items():
         if name in ("op_no_grad", "bwd_op_no_grad"):
             with torch.no_grad():
-                results[name] = host_us_per_call(fn)
+                results[name] = per_call_us(fn, N_CALLS, 5)
         else:
-            results[name] = host_us_per_call(fn)
+            results[name] = per_call_us(fn, N_CALLS, 5)
         print(f"{name:18s} {results[name]:8.1f} us/call", flush=True)
 
     profiles = {}
