@@ -460,13 +460,18 @@ def sum_partials(parts: list[tuple[torch.Tensor, torch.dtype]]) -> list[torch.Te
         shapes = [tuple(p.shape) for p, _ in parts]
         raise ValueError(f"sum_partials takes one or two partial buffers of one shape; got {shapes}")
     n_parts, n_cols = parts[0][0].shape
-    outs = [torch.empty(n_cols, dtype=dtype, device=p.device) for p, dtype in parts]
+    # Triton's CPU interpreter narrows fp32 to bf16/fp16 by truncation (its fp_trunc ignores the round-to-nearest-even
+    # the GPU uses), which doubles a bf16 dweight's error against the reference; there the kernel writes fp32 and
+    # torch rounds, as the GPU would.
+    round_in_torch = interpreted()
+    outs = [torch.empty(n_cols, dtype=torch.float32 if round_in_torch else dtype, device=p.device)
+            for p, dtype in parts]
     (a, _), (b, _) = parts[0], parts[-1]
     launcher(_sum_partials_kernel)[(triton.cdiv(n_cols, FINAL_BLOCK_N),)](
         a, outs[0], b, outs[-1], n_parts, n_cols,
         HAS_B=len(parts) == 2, BLOCK_M=FINAL_BLOCK_M, BLOCK_N=FINAL_BLOCK_N, num_warps=4,
     )
-    return outs
+    return [out.to(dtype) for out, (_, dtype) in zip(outs, parts)] if round_in_torch else outs
 
 
 def _warps_for(block_size: int, table: tuple[tuple[int, int], ...]) -> int:

@@ -27,3 +27,16 @@ def test_two_entry_modules_split_their_shapes_by_what_they_exercise():
     sm = importlib.import_module("kernel_library.softmax")
     assert all(s.get("mask") or s.get("causal") for s in entry_shapes("masked_softmax", sm))
     assert not any(s.get("mask") or s.get("causal") for s in entry_shapes("softmax", sm))
+
+
+MODULES = sorted({e.module for _, e in ENTRIES})
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_library_kernel_passes_verify(module):
+    # what `fusion-advisor verify kernel_library/<name>.py` runs: several seeds, poisoned outputs, gradients, a float64
+    # reference (on the CPU interpreter here)
+    from fusion_advisor.verify import load_contract, verify_kernel
+
+    result = verify_kernel(load_contract(module))
+    assert result.correct, result.details
