@@ -67,7 +67,7 @@ def op_peak_tflops(op: OpInfo, spec: DeviceSpec) -> float:
     tensor = op.category in _TENSOR_CORE_CATEGORIES
     if op.category == "matmul" and op.dtype in spec.unaligned_tensor_tflops and unaligned_matmul(op):
         return float(spec.unaligned_tensor_tflops[op.dtype])
-    return spec.peak_tflops(_compute_dtype(op.dtype, {op.category}), tensor, op.category)
+    return spec.peak_tflops(_compute_dtype(op.dtype, {op.category}), tensor)
 
 
 def unaligned_matmul(op: OpInfo) -> bool:

@@ -55,11 +55,12 @@ def test_attention_rate_is_used_for_attention_only(tmp_path):
     assert at_peak.compute_us == pytest.approx(flops / 790e12 * 1e6)
     assert at_measured.compute_us == pytest.approx(flops / 395e12 * 1e6) and at_measured.eager_us > at_peak.eager_us
     assert measured.peak_tflops("bf16", True) == 790  # matmuls keep the tensor-core peak
-    assert measured.peak_tflops("fp16", True, "attention") == h200.tensor_tflops["fp16"]  # no entry: matmul peak
+    # no attention entry for the dtype: the matmul peak
+    assert measured.attention_peak_tflops("flash", "fp16", 2048, 128)[0] == h200.tensor_tflops["fp16"]
     spec = tmp_path / "s.yaml"
     spec.write_text("name: s\nmemory_bandwidth_gbps: 100\ntensor_tflops: {bf16: 10}\nvector_tflops: {fp32: 1}\n"
                     "attention_tflops: {bf16: 4}\nlaunch_overhead_us: 1\n")
-    assert load_spec(str(spec)).peak_tflops("bf16", True, "attention") == 4.0
+    assert load_spec(str(spec)).attention_peak_tflops("flash", "bf16", 2048, 128)[0] == 4.0
     spec.write_text("name: s\nmemory_bandwidth_gbps: 100\ntensor_tflops: {bf16: 10}\nvector_tflops: {fp32: 1}\n"
                     "attention_tflops: {bf16: 0}\nlaunch_overhead_us: 1\n")
     with pytest.raises(DeviceSpecError, match="must be positive"):

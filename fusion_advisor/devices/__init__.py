@@ -169,20 +169,18 @@ class DeviceSpec:
             return float(self.attention_tflops[dtype]), "attention_tflops"
         return self.peak_tflops(dtype, True), "tensor_tflops"
 
-    def peak_tflops(self, dtype: str, tensor_cores: bool, category: str = "") -> float:
+    def peak_tflops(self, dtype: str, tensor_cores: bool) -> float:
         """Compute ceiling (TFLOP/s) for ``dtype`` on tensor cores (matmuls) or vector units (everything else);
-        ``category="attention"`` takes :attr:`attention_tflops` when the spec has that dtype.
+        attention ops take :meth:`attention_peak_tflops`.
 
         Unknown dtypes fall back to the fp32 rate.
         """
-        if category == "attention" and dtype in self.attention_tflops:
-            return float(self.attention_tflops[dtype])
         table = self.tensor_tflops if tensor_cores else self.vector_tflops
         return float(table.get(dtype, table.get("fp32", min(table.values()))))
 
-    def ridge_point(self, dtype: str, tensor_cores: bool, category: str = "") -> float:
+    def ridge_point(self, dtype: str, tensor_cores: bool) -> float:
         """Arithmetic intensity (FLOP/byte) where the compute and memory roofs meet."""
-        return self.peak_tflops(dtype, tensor_cores, category) * 1e12 / (self.memory_bandwidth_gbps * 1e9)
+        return self.peak_tflops(dtype, tensor_cores) * 1e12 / (self.memory_bandwidth_gbps * 1e9)
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a plain dict (for reports)."""
