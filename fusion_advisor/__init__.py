@@ -1,22 +1,23 @@
-"""fusion-advisor: which chains of a PyTorch model to fuse, how, and what it buys.
+"""fusion-advisor: which chains of a PyTorch model to fuse, how, and what it buys; then a faster model.
 
-Pipeline stages, one module each, passing the typed records of :mod:`fusion_advisor.records`:
+Pipeline stages, passing the typed records of :mod:`fusion_advisor.records` (analyze) and
+:mod:`fusion_advisor.apply.records` (apply):
 
-    load -> capture -> graph -> chains -> route (rules, devices) -> report
-                                         \\-> apply -> swaps (verify, bench) -> plan
+    load -> capture -> graph -> chains -> roofline -> rules/route -> report
+                                          \\-> apply: swaps, regions, variants (verified, timed) -> plan
 
-See README.md for the commands. ``fusion_advisor.load_plan(model, "plan.yaml")`` rebuilds a model patched by
-``fusion-advisor apply`` (imported lazily, so ``import fusion_advisor`` stays light).
+See README.md for the commands. ``fusion_advisor.load_plan(model, "plan.yaml")`` rebuilds the model ``fusion-advisor
+apply`` chose (imported lazily, so ``import fusion_advisor`` stays light).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-__all__ = ["__version__", "load_plan", "PatchedModel"]
+__all__ = ["__version__", "load_plan", "PlannedModel"]
 
 
 def __getattr__(name: str):
-    if name in ("load_plan", "PatchedModel"):
-        from fusion_advisor import plan
+    if name in ("load_plan", "PlannedModel"):
+        from fusion_advisor import apply
 
-        return getattr(plan, name)
+        return getattr(apply, name)
     raise AttributeError(f"module 'fusion_advisor' has no attribute {name!r}")

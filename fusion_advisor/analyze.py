@@ -10,7 +10,7 @@ import contextlib
 import platform
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -18,7 +18,7 @@ from fusion_advisor.capture import Capture, capture
 from fusion_advisor.chains import build_chains
 from fusion_advisor.devices import DeviceSpec, load_spec
 from fusion_advisor.graph import build_op_graph
-from fusion_advisor.load import load_model
+from fusion_advisor.load import LoadedModel, load_model
 from fusion_advisor.records import Analysis
 from fusion_advisor.roofline import estimate_all
 from fusion_advisor.route import route_all
@@ -149,6 +149,32 @@ def analyze(
         cap = capture(loaded)
     if on_capture is not None:
         on_capture(cap)
+    profile_fn = None
+    if profile:
+        from fusion_advisor.profile import profile_model
+
+        def profile_fn(og: Any, chains: list, estimates: dict) -> Any:
+            return profile_model(loaded, cap, og.ops, chains, estimates, spec, runs=profile_runs,
+                                 trace_path=Path(trace) if trace is not None else None)
+
+    analysis = analyze_capture(loaded, cap, spec, rules, timed, notes=spec_notes, profile_fn=profile_fn)
+    analysis.timings_s = timings
+    return analysis
+
+
+def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: Any,
+                    timed: Callable[[str], contextlib.AbstractContextManager] | None = None,
+                    notes: list[str] | None = None, profile_fn: Callable[..., Any] | None = None) -> Analysis:
+    """The analysis stages after capture, written once for ``analyze`` and ``apply``: op graph -> chains ->
+    roofline -> routes (and, with ``profile_fn(op_graph, chains, estimates) -> Profile``, the measurement and
+    the routes again, since rules may match the measured bound class).
+
+    Args:
+        loaded: the loaded model; cap: its capture; spec: the device spec; rules: the :class:`RuleSet`.
+        timed: context-manager factory called with each stage's name (progress and stage times).
+        notes: extra warnings for the report (e.g. about the device spec).
+    """
+    timed = timed or _no_progress
     with timed("graph"):
         og = build_op_graph(cap)
     with timed("chains"):
@@ -157,15 +183,11 @@ def analyze(
         estimates = estimate_all(chains, og.ops, spec)
         decisions = route_all(chains, estimates, rules, device_kind=spec.kind)
     measured = None
-    if profile:
-        from fusion_advisor.profile import profile_model
-
+    if profile_fn is not None:
         with timed("profile"):
-            measured = profile_model(loaded, cap, og.ops, chains, estimates, spec, runs=profile_runs,
-                                     trace_path=Path(trace) if trace is not None else None)
+            measured = profile_fn(og, chains, estimates)
         with timed("route-measured"):  # again: rules may match the measured bound class
             decisions = route_all(chains, estimates, rules, device_kind=spec.kind, measured=measured.chains)
-
     return Analysis(
         model_name=loaded.name,
         model_file=loaded.file,
@@ -176,12 +198,11 @@ def analyze(
         rules_files=list(rules.files),
         capture_method=cap.method,
         graph_breaks=cap.breaks,
-        warnings=cap.warnings + loaded.notes + spec_notes,
+        warnings=cap.warnings + loaded.notes + list(notes or []),
         ops=og.ops,
         chains=chains,
         estimates=estimates,
         decisions=decisions,
-        timings_s=timings,
         versions=versions(),
         profile=measured,
     )

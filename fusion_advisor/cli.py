@@ -350,14 +350,15 @@ def bench(
 
 
 # --- apply --------------------------------------------------------------------------------------------------
-# (swap library kernels into the model; see fusion_advisor/apply.py, swaps.py, plan.py)
+# (carry the routing out: swaps, regions, whole-model variants, each verified and timed; see fusion_advisor/apply/)
 
 
 @app.command(name="apply")
 def apply_cmd(
     model: Optional[Path] = typer.Argument(None, help="Model file (as for analyze). Default: built-in Llama."),
-    verify_swaps: bool = typer.Option(False, "--verify", help="Verify (and on a GPU time) every candidate swap and "
-                                      "keep the winners. Without it: find and report matches only."),
+    verify_swaps: bool = typer.Option(False, "--verify", help="Verify and time every swap and whole-model variant "
+                                      "(eager, torch.compile, CUDA graphs, library kernels, regions) and write the "
+                                      "fastest correct one as the plan. Without it: find and report matches only."),
     backward: bool = typer.Option(False, "--backward", help="Also verify gradients and time forward+backward."),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when present). apply runs the model."),
     dtype: str = typer.Option("", help="Cast the model and floating inputs: fp32, bf16 or fp16."),
@@ -366,19 +367,27 @@ def apply_cmd(
     candidates: str = typer.Option("routed", help="routed: only chains the analysis routes to a kernel; all: every "
                                    "match (the measurement decides)."),
     kernel: List[str] = typer.Option([], "--kernel", help="Only match these library kernels (repeatable)."),
-    margin: float = typer.Option(0.03, help="Keep a swap only if it beats the better of eager and torch.compile by "
-                                 "this fraction."),
-    compile_rest: bool = typer.Option(False, "--compile-rest", help="Force Inductor (compile_fx) for the rest of "
-                                      "each graph. Default: eager on a CPU; on a GPU both are timed and the faster "
-                                      "one, checked again, goes into the plan."),
-    keep_unmeasured: bool = typer.Option(False, "--keep-unmeasured", help="Keep verified swaps that could not be "
-                                         "timed (no GPU)."),
+    margin: float = typer.Option(0.03, help="A swap is a candidate only if, timed alone, it beats the better of "
+                                 "eager and torch.compile by this fraction."),
+    budget_s: float = typer.Option(120.0, "--budget-s", help="Seconds the variant search may spend after the "
+                                   "baselines (each variant compiles, is checked and timed)."),
+    regions: bool = typer.Option(True, "--regions/--no-regions", help="Also try a different executor per region "
+                                 "(one module's ops in a captured graph), kept only when the whole model gets "
+                                 "faster."),
+    time_rounds: int = typer.Option(3, "--time-rounds", help="Timing rounds per variant (their spread is the noise "
+                                    "a win must beat)."),
+    variants: List[str] = typer.Option([], "--variants", help="Only try variants whose name matches these patterns "
+                                       "(repeatable; fnmatch: 'eager', 'swaps+*'). Default: every variant."),
+    keep_unmeasured: bool = typer.Option(False, "--keep-unmeasured", help="Allow a verified variant that could not "
+                                         "be timed (library kernels under the CPU interpreter) to be chosen."),
     seeds: int = typer.Option(2, help="Fresh random input draws per swap verification."),
     out: Optional[Path] = typer.Option(None, help="Output directory. Default: reports/<model name>/."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
-    """Swap verified library kernels into a model: writes swaps.csv, swaps.html and plan.yaml (load it with
-    fusion_advisor.load_plan). Exit 1 when the patched model disagrees with the original."""
+    """Carry the routing out on a model: library kernels swapped in, regions compiled by Inductor or replayed
+    from CUDA graphs, every variant checked against float64 and timed in the whole model; the fastest correct one
+    becomes plan.yaml (rebuild it with fusion_advisor.load_plan). Writes plan.yaml, variants.csv, swaps.csv,
+    swaps.html."""
     if device != "cuda":  # before anything imports triton.language: the interpreter is chosen at import time
         from fusion_advisor.verify import use_triton_interpreter_if_no_gpu
 
@@ -393,25 +402,24 @@ def apply_cmd(
         if out is not None:
             _check_apply_out(out)  # before the (long) apply run
         options = ApplyOptions(verify=verify_swaps, backward=backward or None, candidates=candidates, margin=margin,
-                               compile_rest=compile_rest, keep_unmeasured=keep_unmeasured, seeds=seeds,
-                               kernels=tuple(kernel) or None, gpu=gpu, rules_files=tuple(str(r) for r in rules))
+                               keep_unmeasured=keep_unmeasured, seeds=seeds, kernels=tuple(kernel) or None, gpu=gpu,
+                               rules_files=tuple(str(r) for r in rules), budget_s=budget_s, regions=regions,
+                               time_rounds=time_rounds, variants=tuple(variants) or None)
         options.check()
         result = apply(model, options, device=device, dtype=dtype, stage=_progress)
         out_dir = out or Path("reports") / result.model_name
         if out is None:  # the default folder is known only now (it is named after the model)
             _check_apply_out(out_dir)
-        with console.status("writing swaps.csv, swaps.html, plan.yaml ..."):
+        with console.status("writing plan.yaml, variants.csv, swaps.csv, swaps.html ..."):
             paths = write_outputs(result, out_dir)
         return result, paths
 
     result, paths = run_guarded(job, debug)
     _print_apply_summary(result, paths)
-    if result.whole_model is not None and not result.whole_model.passed:
-        raise typer.Exit(1)
 
 
 def _check_apply_out(out_dir: Path) -> None:
-    """Refuse an --out holding swaps.csv / swaps.html / plan.yaml that an earlier apply run did not write."""
+    """Refuse an --out holding apply's files that an earlier apply run did not write."""
     from fusion_advisor.apply import OUTPUT_FILES
     from fusion_advisor.report import check_out_dir
 
@@ -432,32 +440,38 @@ def _print_apply_summary(result, paths: dict) -> None:
         out.print(f"[yellow]warning:[/] {_escape(w)}")
     for name, why in result.library_problems.items():
         out.print(f"[yellow]kernel {name}:[/] {_escape(why)}")
-    t = Table(title=f"{len(result.sites)} swap site(s) in {result.model_name}")
-    for col in ("swap", "kernel", "chain", "decision", "reason", "source"):
-        t.add_column(col, overflow="fold")
-    for s in result.sites:
-        o = result.outcomes[s.id]
-        src = f"{Path(s.source.file).name}:{s.source.line}" if s.source.file else "?"
-        t.add_row(s.id, s.kernel, ",".join(s.chain_ids), o.decision, _escape(o.reason), src)
-    out.print(t)
+    if result.sites:
+        t = Table(title=f"{len(result.sites)} swap site(s) in {result.model_name}")
+        for col in ("swap", "kernel", "chain", "decision", "reason", "source"):
+            t.add_column(col, overflow="fold")
+        for s in result.sites:
+            o = result.outcomes[s.id]
+            src = f"{Path(s.source.file).name}:{s.source.line}" if s.source.file else "?"
+            t.add_row(s.id, s.kernel, ",".join(s.chain_ids), o.decision, _escape(o.reason), src)
+        out.print(t)
     if result.near_misses:
         out.print(f"{len(result.near_misses)} near-miss(es), e.g.: "
                   + _escape("; ".join(f"{n.kernel}: {n.reason}" for n in result.near_misses[:3])))
-    wm = result.whole_model
-    if wm is not None:
-        verdict = "[green]agrees[/]" if wm.passed else "[bold red]DISAGREES[/]"
-        out.print(f"whole model: patched {verdict} with the original on {', '.join(wm.input_sets)} "
-                  f"(max abs err {wm.max_abs_err:.3g})")
-    b = result.whole_model_bench
-    if b is not None:
-        def ms(v):
-            return f"{v:.3f} ms" if v is not None else "n/a"
-
-        out.print(f"whole model {b.what} (do_bench median): eager {ms(b.eager_ms)}, torch.compile {ms(b.compile_ms)}, "
-                  f"advised {ms(b.advised_ms)} ({b.chosen or 'none'}); rest: {_escape(result.rest_reason)}")
-    kept = len(result.kept)
-    out.print(f"{kept} swap(s) kept. report: {paths['swaps_html']} (also swaps.csv, plan.yaml in "
-              f"{Path(paths['plan']).parent})")
+    if result.variants:
+        what = "forward+backward" if result.backward else "forward"
+        t = Table(title=f"whole-model variants, {what} ({result.variants[0].timing.timer if result.variants[0].timing else 'not timed'})")
+        for col in ("variant", "status", "ms", "spread", "first call s", "reason"):
+            t.add_column(col, overflow="fold")
+        for v in result.variants:
+            tm = v.timing
+            t.add_row(v.spec.name, v.status, f"{tm.ms:.4g}" if tm and tm.ms else "",
+                      f"{tm.spread:.1%}" if tm and tm.spread is not None else "",
+                      f"{tm.first_call_s:.2f}" if tm and tm.first_call_s is not None else "",
+                      _escape(v.reason))
+        out.print(t)
+        gains = ", ".join(f"{x:.2f}x vs {k}" for k, x in result.speedups.items())
+        chosen = result.chosen.spec.name if result.chosen is not None else "the model as written"
+        out.print(f"plan: [bold]{_escape(chosen)}[/]" + (f" ({gains})" if gains else "")
+                  + f": {_escape(result.chosen_reason)}")
+    else:
+        out.print("dry run: no variant verified or timed (add --verify to choose one)")
+    out.print(f"report: {paths['swaps_html']} (also plan.yaml, variants.csv, swaps.csv in "
+              f"{Path(paths['plan']).parent}); rebuild with fusion_advisor.load_plan(model, '{paths['plan']}')")
 
 
 # --- doctor -------------------------------------------------------------------------------------------------

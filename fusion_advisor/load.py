@@ -53,6 +53,11 @@ class LoadedModel:
         device: ``"meta"``, ``"cpu"`` or ``"cuda"``.
         dtype: dtype override applied (``"bf16"``...), or ``""``.
         notes: facts the report should state (e.g. a model handed over in training mode is analysed in eval mode).
+        make_inputs: ``make_inputs(seed)`` calls the file's ``get_inputs()`` again under ``torch.manual_seed(seed)``
+            (the caller's RNG state restored after) and returns inputs like :attr:`inputs`: fresh values with the
+            structure the user's own code gives them (masks, labels, index tensors). ``None`` when not available.
+        user_module: the user's own ``nn.Module`` (``module`` is a :class:`KeywordCall` around it for keyword
+            inputs).
     """
 
     name: str
@@ -63,6 +68,13 @@ class LoadedModel:
     device: str
     dtype: str
     notes: list[str] = field(default_factory=list)
+    make_inputs: Callable[[int], tuple[Any, ...]] | None = field(default=None, repr=False)
+    user_module: nn.Module | None = field(default=None, repr=False)
+
+    @property
+    def model(self) -> nn.Module:
+        """The user's own module (what training-mode checks and messages should look at)."""
+        return self.user_module if self.user_module is not None else self.module
 
 
 #: Attribute under which a model called with keyword inputs sits in its :class:`KeywordCall` wrapper;
@@ -231,27 +243,23 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
             model = _call_user(module.get_model, "get_model()", origin, file_path)
         else:
             model = _FunctionModule(module.reference_fn)
-        try:
-            inputs = module.get_inputs()
-        except Exception:  # e.g. a CPU torch.Generator under the device context: retry as the file wrote it
-            inputs = _RETRY
-    if inputs is _RETRY:
-        inputs = _call_user(module.get_inputs, "get_inputs()", origin, file_path)
+    inputs = _make_raw_inputs(module, device, origin, file_path)
 
     if not isinstance(model, nn.Module):
         raise ModelLoadError(f"{origin}: the model is a {type(model).__name__}, not a torch.nn.Module")
     if inputs is None:
         raise ModelLoadError(f"{origin}: get_inputs() returned None; return a list of the positional arguments "
                              "of forward() (a missing return statement?)")
+    user_model = model
+    keywords: tuple[str, ...] | None = None
     if isinstance(inputs, dict):  # keyword inputs: forward(**inputs)
         bad = [k for k in inputs if not isinstance(k, str) or not k.isidentifier()]
         if bad or not inputs:
             raise ModelLoadError(f"{origin}: get_inputs() returned a dict whose keys must be forward()'s keyword "
                                  f"argument names" + (f", got {bad[:3]!r}" if bad else ", got an empty dict"))
-        model = KeywordCall(model, tuple(inputs))
-        inputs = list(inputs.values())
-    if not isinstance(inputs, (list, tuple)):
-        inputs = (inputs,)
+        keywords = tuple(inputs)
+        model = KeywordCall(model, keywords)
+    inputs = _positional(inputs, keywords)
     try:
         model = model.to(device=device, dtype=torch_dtype) if torch_dtype else model.to(device)
     except Exception as e:
@@ -259,12 +267,20 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
     notes = []
     mode_matters = any(isinstance(m, (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm))
                        for m in model.modules())
-    if model.training and mode_matters:
+    if user_model.training and mode_matters:  # the user's module, not the KeywordCall wrapper around it
         notes.append(
             f"{origin}: the model was in training mode; it is analysed in eval mode, forward only (dropout off, "
             "batch norm with running statistics); use `apply --backward` to verify swaps with gradients"
         )
     model.eval()
+
+    def make_inputs(seed: int) -> tuple[Any, ...]:
+        devices = [torch.cuda.current_device()] if device == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            raw = _make_raw_inputs(module, device, origin, file_path)
+        return tuple(_convert(x, device, torch_dtype) for x in _positional(raw, keywords))
+
     return LoadedModel(
         name=name,
         file=origin,
@@ -274,4 +290,26 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
         device=device,
         dtype=dtype,
         notes=notes,
+        make_inputs=make_inputs if device != "meta" else None,
+        user_module=user_model,
     )
+
+
+def _make_raw_inputs(module: ModuleType, device: str, origin: str, file_path: Path | None) -> Any:
+    """``module.get_inputs()`` under ``torch.device(device)`` (so meta inputs need no memory); inputs that cannot be
+    made there (a CPU generator, say) are made as the file writes them, then moved by the caller."""
+    try:
+        with torch.device(device):
+            return module.get_inputs()
+    except Exception:  # e.g. a CPU torch.Generator under the device context: retry as the file wrote it
+        return _call_user(module.get_inputs, "get_inputs()", origin, file_path)
+
+
+def _positional(inputs: Any, keywords: tuple[str, ...] | None) -> tuple[Any, ...]:
+    """``get_inputs()``'s result as positional arguments (a dict's values in the order of ``keywords``)."""
+    if keywords is not None:
+        if not isinstance(inputs, dict) or tuple(inputs) != keywords:
+            raise ModelLoadError(f"get_inputs() returned {type(inputs).__name__} with other keys than before "
+                                 f"({list(inputs) if isinstance(inputs, dict) else ''} vs {list(keywords)})")
+        return tuple(inputs.values())
+    return tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)

@@ -1,8 +1,10 @@
-"""`apply`: matching kernel patterns in real models, verification of every swap, faults, whole-model checks, CLI.
+"""`apply`: matching kernel patterns in real models, verification of every swap, faults, the swap variants, CLI.
 
 CPU only (Triton kernels in the interpreter). Model sizes are tiny so the interpreter keeps the file near a minute
-on two cores; the patterns and the rewrite do not depend on widths. Nothing here can be timed on a CPU, so kept
-swaps come from ``keep_unmeasured=True``; the GPU-only test at the end checks the Inductor path.
+on two cores; the patterns and the rewrite do not depend on widths. Library kernels cannot be timed on a CPU, so
+swap variants are chosen through ``keep_unmeasured=True``, and these tests try only the variants they are about
+(``variants=SWAP_VARIANTS``); tests/test_variants.py covers the variant search itself. The GPU-only test at the end
+checks the Inductor path.
 """
 
 from __future__ import annotations
@@ -20,15 +22,11 @@ import triton.language as tl
 import yaml
 from typer.testing import CliRunner
 
-from fusion_advisor import swaps as sw
-from fusion_advisor.apply import (
-    ApplyOptions,
-    PatternLibrary,
-    apply,
-    canonicalize,
-    find_matches,
-    write_outputs,
-)
+from fusion_advisor.apply import ApplyOptions, PlannedModel, PlannedSwap, VariantSpec, apply, canonicalize, find_matches
+from fusion_advisor.apply import records as R
+from fusion_advisor.apply import swaps as sw
+from fusion_advisor.apply.outputs import write_outputs
+from fusion_advisor.apply.patterns import PatternLibrary
 from fusion_advisor.cli import app
 from kernel_library.registry import KERNELS, KernelEntry, load_all
 
@@ -139,6 +137,9 @@ NEAR_MISSES = textwrap.dedent("""
 
 LLAMA_KERNELS = ("rmsnorm", "add_rmsnorm", "swiglu", "cross_entropy")
 
+#: The variants these tests are about: the model as written (the reference) and the swaps with an eager rest.
+SWAP_VARIANTS = ("eager", "swaps+eager*")
+
 
 def _write(tmp: Path, name: str, text: str) -> Path:
     path = tmp / f"{name}.py"
@@ -152,7 +153,7 @@ def default_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("default")
     model = _write(tmp, "tiny_llama", DEFAULT_MODEL)
     options = ApplyOptions(verify=True, backward=True, candidates="all", keep_unmeasured=True, seeds=1,
-                           kernels=LLAMA_KERNELS)
+                           kernels=LLAMA_KERNELS, variants=SWAP_VARIANTS)
     result = apply(model, options, device="cpu")
     return result, model, tmp
 
@@ -244,10 +245,10 @@ def test_dry_run_routed_policy_follows_the_analysis(tmp_path):
     assert len(result.sites) == 3 and not result.kept
     for s in result.sites:
         o = result.outcomes[s.id]
-        assert o.decision == sw.NOT_TRIED and o.verification is None
+        assert o.decision == R.NOT_TRIED and o.verification is None
         assert "torch.compile" in o.reason and "--candidates all" in o.reason
     result = apply(model, ApplyOptions(candidates="all", kernels=("swiglu",)), device="cpu")
-    assert {result.outcomes[s.id].decision for s in result.sites} == {sw.NOT_VERIFIED}
+    assert {result.outcomes[s.id].decision for s in result.sites} == {R.NOT_VERIFIED}
 
 
 # --- verification and decisions -----------------------------------------------------------------------------
@@ -263,7 +264,7 @@ def test_default_model_swaps_verified_forward_and_backward(default_run):
         assert v.max_abs_err < 1e-4
         assert v.cases[0] == "captured" and any(c.startswith("fresh-0") for c in v.cases)
         assert any(c.startswith("hard-zeros") for c in v.cases)
-        assert o.timing.timer == sw.TIMER_NONE and o.timing.kernel_ms is None
+        assert o.timing.timer == R.TIMER_NONE and o.timing.kernel_ms is None
     kept = {s.kernel for s in result.kept}
     assert kept == set(LLAMA_KERNELS)
     # an RMSNorm inside an add+RMSNorm is verified too, but only the larger swap is kept
@@ -271,31 +272,31 @@ def test_default_model_swaps_verified_forward_and_backward(default_run):
     assert len(overlapped) == 4
     for s in overlapped:
         reason = result.outcomes[s.id].reason
-        assert result.outcomes[s.id].decision == sw.NOT_KEPT and reason.startswith("not kept: overlaps kept swap")
+        assert result.outcomes[s.id].decision == R.NOT_KEPT and reason.startswith("not kept: overlaps kept swap")
         assert "kept because" not in reason  # it was not kept: the reason must not read "kept because ..."
 
 
 def test_decide_never_keeps_unverified_or_unmeasured_unless_asked():
-    ok = sw.SwapVerification(verified=True)
-    bad = sw.SwapVerification(verified=False, reason="captured: forward mismatch")
-    unmeasured = sw.SwapTiming(timer=sw.TIMER_NONE)
-    assert sw.decide(bad, None, 0.03, keep_unmeasured=True)[0] == sw.REJECTED
+    ok = R.SwapVerification(verified=True)
+    bad = R.SwapVerification(verified=False, reason="captured: forward mismatch")
+    unmeasured = R.SwapTiming(timer=R.TIMER_NONE)
+    assert sw.decide(bad, None, 0.03, keep_unmeasured=True)[0] == R.REJECTED
     decision, reason = sw.decide(ok, unmeasured, 0.03, keep_unmeasured=False)
-    assert decision == sw.NOT_KEPT and "not measured on a GPU" in reason and "--keep-unmeasured" in reason
-    assert sw.decide(ok, unmeasured, 0.03, keep_unmeasured=True)[0] == sw.KEPT
-    timed = sw.SwapTiming(timer=sw.TIMER_GPU, eager_ms=1.0, compile_ms=0.5, kernel_ms=0.49)
+    assert decision == R.NOT_KEPT and "not measured on a GPU" in reason and "--keep-unmeasured" in reason
+    assert sw.decide(ok, unmeasured, 0.03, keep_unmeasured=True)[0] == R.KEPT
+    timed = R.SwapTiming(timer=R.TIMER_GPU, eager_ms=1.0, compile_ms=0.5, kernel_ms=0.49)
     decision, reason = sw.decide(ok, timed, 0.03, keep_unmeasured=False)
-    assert decision == sw.NOT_KEPT and "torch.compile" in reason  # 2% faster than compile is not 3%
+    assert decision == R.NOT_KEPT and "torch.compile" in reason  # 2% faster than compile is not 3%
     timed.kernel_ms = 0.40
-    assert sw.decide(ok, timed, 0.03, keep_unmeasured=False)[0] == sw.KEPT
+    assert sw.decide(ok, timed, 0.03, keep_unmeasured=False)[0] == R.KEPT
     # device time decides when measured: a host-bound chain timed alone can lose in wall time and win on the GPU
-    host_bound = sw.SwapTiming(timer=sw.TIMER_GPU, eager_ms=0.9, compile_ms=0.6, kernel_ms=1.0,
+    host_bound = R.SwapTiming(timer=R.TIMER_GPU, eager_ms=0.9, compile_ms=0.6, kernel_ms=1.0,
                                eager_gpu_ms=0.30, compile_gpu_ms=0.12, kernel_gpu_ms=0.10)
     decision, reason = sw.decide(ok, host_bound, 0.03, keep_unmeasured=False)
-    assert decision == sw.KEPT and "device time 0.1 ms vs torch.compile 0.12 ms" in reason and "wall 1 ms" in reason
+    assert decision == R.KEPT and "device time 0.1 ms vs torch.compile 0.12 ms" in reason and "wall 1 ms" in reason
     host_bound.kernel_gpu_ms = 0.118  # 2% faster on the GPU is not 3%
     decision, reason = sw.decide(ok, host_bound, 0.03, keep_unmeasured=False)
-    assert decision == sw.NOT_KEPT and "device time" in reason
+    assert decision == R.NOT_KEPT and "device time" in reason
 
 
 def test_low_precision_gradient_is_judged_against_the_original_ops_own_error():
@@ -312,25 +313,37 @@ def test_low_precision_gradient_is_judged_against_the_original_ops_own_error():
     assert not sw._within_eager_error(nan, eager, ref, "grad")[0]
 
 
-def test_default_model_patched_equals_original(default_run):
+def test_default_model_swaps_variant_is_checked_and_chosen(default_run):
+    """The swaps that won alone run in the whole model (swaps+eager), checked against a float64 copy of the model
+    on the example and fresh inputs, forward and backward; chosen (not timed on a CPU) with --keep-unmeasured."""
     result, _, _ = default_run
-    wm = result.whole_model
-    assert wm is not None and wm.passed, wm.details
-    assert wm.input_sets == ["example", "fresh-0"] and wm.grad_max_abs_err is not None
-    assert sorted(wm.swaps_applied) == sorted(str(s.key) for s in result.kept)
-    # the patched model's graph calls the kernels' custom ops, and matches the original forward and backward
-    patched = result.patched
-    graph = patched.backend.graphs[-1]
-    assert graph.applied and not graph.error
+    chosen = result.chosen
+    assert chosen is not None and chosen.spec.name == "swaps+eager" and chosen.status == R.CHOSEN, result.chosen_reason
+    assert "--keep-unmeasured" in result.chosen_reason
+    check = chosen.check
+    assert check.passed and check.reference == "float64 copy of the model", check.details
+    assert check.input_sets == ["example", "fresh-0"] and check.norm_err is not None
+    assert sorted(chosen.applied) == sorted(str(s.key) for s in result.kept)
+    eager = result.variant("eager")
+    assert eager.baseline and eager.correct and eager.timing.timer == R.TIMER_CPU and eager.ms > 0
+
+
+def test_default_model_planned_equals_original(default_run):
+    """The chosen variant rebuilt around the model calls the kernels' custom ops and matches the original forward
+    and backward."""
+    result, model_file, _ = default_run
     from fusion_advisor.load import load_model
 
-    inputs = load_model(default_run[1], device="cpu").inputs
-    model = patched.model
-    out = patched(*inputs)
+    loaded = load_model(model_file, device="cpu")
+    planned = PlannedModel(loaded.module, result.chosen.spec)
+    model = planned.model
+    out = planned(*loaded.inputs)
+    graph = planned.backend.graphs[-1]
+    assert graph.applied and not graph.error and not planned.missing_swaps()
     out.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
-    ref = model(*inputs)
+    ref = model(*loaded.inputs)
     ref.backward()
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     for n, p in model.named_parameters():
@@ -425,87 +438,66 @@ def faulty_kernels(monkeypatch):
 def test_broken_kernel_is_rejected_and_never_kept(tmp_path, faulty_kernels):
     model = _write(tmp_path, "tiny_llama", DEFAULT_MODEL)
     options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=1,
-                           kernels=("broken_rmsnorm", "oob_rmsnorm", "raising_swiglu", "swiglu"))
+                           kernels=("broken_rmsnorm", "oob_rmsnorm", "raising_swiglu", "swiglu"),
+                           variants=SWAP_VARIANTS)
     result = apply(model, options, device="cpu")
     oob = _by_kernel(result, "oob_rmsnorm")
     assert len(oob) == 5
     for s in oob:  # right values, one element stored past the end of its output
         o = result.outcomes[s.id]
-        assert o.decision == sw.REJECTED and "out-of-bounds store" in o.reason, o.reason
+        assert o.decision == R.REJECTED and "out-of-bounds store" in o.reason, o.reason
     broken = _by_kernel(result, "broken_rmsnorm")
     raising = _by_kernel(result, "raising_swiglu")
     assert len(broken) == 5 and len(raising) == 2
     for s in broken:
         o = result.outcomes[s.id]
-        assert o.decision == sw.REJECTED and not o.kept
+        assert o.decision == R.REJECTED and not o.kept
         assert "elements are NaN where the reference is not" in o.reason and "unwritten" in o.reason
     for s in raising:
         o = result.outcomes[s.id]
-        assert o.decision == sw.REJECTED and "raised RuntimeError: kernel launch failed" in o.reason
-    # the rest continues: the real SwiGLU kernel at the same sites is verified and kept
+        assert o.decision == R.REJECTED and "raised RuntimeError: kernel launch failed" in o.reason
+    # the rest continues: the real SwiGLU kernel at the same sites is verified, and the plan uses it
     assert {s.kernel for s in result.kept} == {"swiglu"}
-    assert result.whole_model.passed
+    assert result.chosen.check.passed and {k.key.kernel for k in result.chosen.spec.swaps} == {"swiglu"}
     paths = write_outputs(result, tmp_path / "out")
     plan = yaml.safe_load(paths["plan"].read_text())
     assert not any(s["kept"] for s in plan["swaps"] if s["kernel"] in ("broken_rmsnorm", "raising_swiglu"))
+    assert {s["key"]["kernel"] for s in plan["chosen"]["spec"]["swaps"]} == {"swiglu"}
 
 
 def test_whole_model_check_rejects_a_kernel_that_only_fails_inside_the_graph(tmp_path, faulty_kernels):
     model = _write(tmp_path, "tiny_llama", DEFAULT_MODEL)
     options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0,
-                           kernels=("wrong_when_traced_rmsnorm", "swiglu"))
+                           kernels=("wrong_when_traced_rmsnorm", "swiglu"), variants=SWAP_VARIANTS)
     result = apply(model, options, device="cpu")
     bad = _by_kernel(result, "wrong_when_traced_rmsnorm")
     assert bad and all(result.outcomes[s.id].verification.verified for s in bad)  # fine in isolation
     for s in bad:
         o = result.outcomes[s.id]
-        assert o.decision == sw.REJECTED and "whole patched model disagrees" in o.reason
-        assert "agrees without them" in o.reason
+        assert o.decision == R.REJECTED and "fails the check with the wrong_when_traced_rmsnorm swaps" in o.reason
+        assert "passes without them" in o.reason
+    names = [v.spec.name for v in result.variants]
+    assert names == ["eager", "swaps+eager", "swaps+eager (without swiglu)", "swaps+eager (without "
+                     "wrong_when_traced_rmsnorm)"]
+    assert result.variant("swaps+eager").status == R.WRONG
     assert {s.kernel for s in result.kept} == {"swiglu"}
-    assert result.whole_model.passed  # checked again without the culprit
-    assert sorted(result.whole_model.swaps_applied) == sorted(str(s.key) for s in result.kept)
+    assert result.chosen.spec.name == "swaps+eager (without wrong_when_traced_rmsnorm)" and result.chosen.check.passed
+    assert sorted(result.chosen.applied) == sorted(str(s.key) for s in result.kept)
 
 
 def test_a_swap_that_cannot_be_rewritten_is_not_kept(tmp_path, faulty_kernels):
     model = _write(tmp_path, "tiny_llama", DEFAULT_MODEL)
     options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0,
-                           kernels=("untraceable_rmsnorm",))
+                           kernels=("untraceable_rmsnorm",), variants=SWAP_VARIANTS)
     result = apply(model, options, device="cpu")
     sites = _by_kernel(result, "untraceable_rmsnorm")
     assert sites and not result.kept
     for s in sites:
         o = result.outcomes[s.id]
-        assert o.verification.verified and o.decision == sw.NOT_KEPT
+        assert o.verification.verified and o.decision == R.NOT_KEPT
         assert "could not be rewritten into the model's graph" in o.reason and "aten.item" in o.reason
-
-
-@pytest.mark.parametrize("advised_ms, kept, rest", [(7.0, True, "eager"), (9.0, False, "inductor")])
-def test_plan_is_never_slower_than_the_better_baseline(tmp_path, monkeypatch, advised_ms, kept, rest):
-    """The GPU-only whole-model decision, with the timer faked (CPU here): eager 10 ms, torch.compile 8 ms, the
-    advised model with an eager rest ``advised_ms`` and with an Inductor rest 12 ms."""
-    from fusion_advisor.apply import apply_module
-    from fusion_advisor.load import load_model
-
-    fake = {"eager": 10.0, "compile": 8.0, "advised-eager-rest": advised_ms, "advised-compile-rest": 12.0}
-    order = iter(fake)
-
-    def fake_timer(make, inputs, backward, params):
-        make()
-        return sw.VariantTiming(ms=fake[next(order)], first_call_s=1.0, peak_mb=1.0)
-
-    monkeypatch.setattr(sw, "time_model_variant", fake_timer)
-    loaded = load_model(_write(tmp_path, "tiny_llama", DEFAULT_MODEL), device="cpu")
-    loaded.device = "cuda"  # only the (faked) whole-model timing looks at it
-    options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0, kernels=("swiglu",))
-    result = apply_module(loaded, options)
-    assert result.whole_model_bench.chosen == "advised-eager-rest"
-    assert bool(result.kept) is kept
-    assert ("inductor" if result.compile_rest else "eager") == rest
-    if not kept:
-        assert "torch.compile of the whole model (8 ms) beats the advised model (9 ms)" in result.rest_reason
-        assert all("slower than torch.compile" in result.outcomes[s.id].reason for s in result.sites)
-    plan = yaml.safe_load(write_outputs(result, tmp_path / "out")["plan"].read_text())
-    assert plan["rest"]["mode"] == rest and plan["options"]["compile_rest"] == (rest == "inductor")
+    assert result.variant("swaps+eager").status == R.FAILED
+    assert result.chosen.spec.name == "eager"  # nothing else correct: the model as written
 
 
 # --- real models --------------------------------------------------------------------------------------------
@@ -514,14 +506,14 @@ def test_plan_is_never_slower_than_the_better_baseline(tmp_path, monkeypatch, ad
 def test_hf_llama_swaps_verified_and_patched_model_matches(tmp_path):
     model = _write(tmp_path, "hf_llama", HF_LLAMA)
     options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0,
-                           kernels=("add_rmsnorm", "rmsnorm", "swiglu", "cross_entropy"))
+                           kernels=("add_rmsnorm", "rmsnorm", "swiglu", "cross_entropy"), variants=SWAP_VARIANTS)
     result = apply(model, options, device="cpu")
     counts = {k: len(_by_kernel(result, k)) for k in options.kernels}
     assert counts == {"add_rmsnorm": 2, "rmsnorm": 3, "swiglu": 1, "cross_entropy": 1}
     ce = _by_kernel(result, "cross_entropy")[0]
     assert ce.source.file.endswith("loss_utils.py")  # transformers' ForCausalLMLoss, not our code
     assert {s.kernel for s in result.kept} == {"add_rmsnorm", "rmsnorm", "swiglu", "cross_entropy"}
-    assert result.whole_model.passed, result.whole_model.details
+    assert result.chosen.spec.name == "swaps+eager" and result.chosen.check.passed, result.chosen.check.details
 
 
 def test_gpt2_layernorm_matches(tmp_path):
@@ -534,12 +526,12 @@ def test_gpt2_layernorm_matches(tmp_path):
 
 def test_graph_break_model_swaps_after_the_break():
     result = apply(DATA / "models" / "graph_break.py", ApplyOptions(verify=True, candidates="all",
-                   keep_unmeasured=True, seeds=0, kernels=("softmax",)), device="cpu")
+                   keep_unmeasured=True, seeds=0, kernels=("softmax",), variants=SWAP_VARIANTS), device="cpu")
     assert len(result.graph_breaks) == 1
     (site,) = result.sites
     assert site.graph_index == 1 and site.source.file.endswith("graph_break.py")  # the graph after the break
-    assert result.outcomes[site.id].kept and result.whole_model.passed
-    assert result.whole_model.swaps_applied == [str(site.key)]
+    assert result.outcomes[site.id].kept and result.chosen.check.passed
+    assert result.chosen.applied == [str(site.key)]
 
 
 def test_kernelbench_file_has_no_match_and_says_why():
@@ -560,32 +552,37 @@ def test_outputs_written_with_every_decision(default_run, tmp_path):
     assert len(rows) == len(result.sites)
     assert list(rows[0])[:10] == ["swap", "chain", "kernel", "verified", "max_abs_err", "max_rel_err",
                                   "grad_max_abs_err", "eager_ms", "compile_ms", "kernel_ms"]
-    assert {r["decision"] for r in rows} == {sw.KEPT, sw.NOT_KEPT}
-    assert all(r["timer"] == sw.TIMER_NONE and r["kernel_ms"] == "" for r in rows)
+    assert {r["decision"] for r in rows} == {R.KEPT, R.NOT_KEPT}
+    assert all(r["timer"] == R.TIMER_NONE and r["kernel_ms"] == "" for r in rows)
+    variants = list(csv.DictReader(paths["variants_csv"].open()))
+    assert [v["variant"] for v in variants] == ["eager", "swaps+eager"]
+    assert variants[1]["status"] == R.CHOSEN and variants[0]["ms"] and variants[0]["timer"] == R.TIMER_CPU
     plan = yaml.safe_load(paths["plan"].read_text())
     assert plan["model"]["file"] == str(model)
     assert plan["versions"]["torch"] == torch.__version__
-    assert len(plan["swaps"]) == len(result.sites) and plan["summary"]["kept"] == len(result.kept)
+    assert len(plan["swaps"]) == len(result.sites) and plan["summary"]["swaps_in_plan"] == len(result.kept)
+    assert plan["chosen"]["name"] == "swaps+eager" and len(plan["variants"]) == 2
     assert all(s["decision"] and s["reason"] and s["key"]["kernel"] for s in plan["swaps"])
     html = paths["swaps_html"].read_text()
-    assert "<h2>Swaps" in html and "not measured" in html and "<script" not in html
+    assert "<h2>Swaps" in html and "<h2>Whole-model variants" in html and "not measured" in html
+    assert "<script" not in html
     assert model.read_text() == DEFAULT_MODEL  # the user's file is never touched
 
 
 def test_interrupt_during_rendering_writes_nothing(default_run, tmp_path, monkeypatch):
-    import fusion_advisor.plan as plan_mod
+    import fusion_advisor.apply.outputs as outputs_mod
 
     def interrupted(doc):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(plan_mod, "render_plan", interrupted)
+    monkeypatch.setattr(outputs_mod, "render_plan", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write_outputs(default_run[0], tmp_path / "out")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
 def test_interrupt_during_writing_finishes_the_set_first(default_run, tmp_path, monkeypatch):
-    """Ctrl-C (a real SIGINT) arriving while files are replaced is held back until all three are in place."""
+    """Ctrl-C (a real SIGINT) arriving while files are replaced is held back until all four are in place."""
     import fusion_advisor.report as report_mod
 
     real = report_mod.atomic_write_bytes
@@ -600,9 +597,9 @@ def test_interrupt_during_writing_finishes_the_set_first(default_run, tmp_path, 
     monkeypatch.setattr(report_mod, "atomic_write_bytes", write_and_interrupt)
     with pytest.raises(KeyboardInterrupt):
         write_outputs(default_run[0], tmp_path / "out")
-    assert calls == ["swaps.csv", "swaps.html", "plan.yaml"]
+    assert calls == ["swaps.csv", "variants.csv", "swaps.html", "plan.yaml"]
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert files == ["plan.yaml", "swaps.csv", "swaps.html"]  # no temp files left behind
+    assert files == ["plan.yaml", "swaps.csv", "swaps.html", "variants.csv"]  # no temp files left behind
     yaml.safe_load((tmp_path / "out" / "plan.yaml").read_text())
 
 
@@ -615,7 +612,8 @@ def test_cli_apply_dry_run_writes_reports(tmp_path):
     r = runner.invoke(app, ["apply", str(model), "--kernel", "swiglu", "--candidates", "all", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert (out / "swaps.csv").is_file() and (out / "plan.yaml").is_file() and (out / "swaps.html").is_file()
-    assert "2 swap site(s)" in r.output and "0 swap(s) kept" in r.output
+    assert "2 swap site(s)" in r.output and "dry run: no variant verified" in r.output
+    assert (out / "variants.csv").is_file()
 
 
 @pytest.mark.parametrize(
@@ -652,10 +650,9 @@ def test_cli_apply_out_is_a_file(tmp_path):
 
 
 @pytest.mark.gpu
-def test_compile_rest_under_inductor_matches_eager(tmp_path):
+def test_swaps_with_an_inductor_rest_match_eager(tmp_path):
     """Every non-overlapping match swapped in, the rest compiled by Inductor: same loss and gradients as eager."""
     from fusion_advisor.load import load_model
-    from fusion_advisor.plan import PatchedModel, PlannedSwap
 
     model = _write(tmp_path, "tiny_llama", DEFAULT_MODEL)
     result = apply(model, ApplyOptions(candidates="all", kernels=LLAMA_KERNELS), device="cuda")
@@ -665,7 +662,7 @@ def test_compile_rest_under_inductor_matches_eager(tmp_path):
             taken |= set(s.op_ids)
             planned.append(PlannedSwap(s.key))
     loaded = load_model(model, device="cuda")
-    patched = PatchedModel(loaded.module, planned, compile_rest=True)
+    patched = PlannedModel(loaded.module, VariantSpec("swaps+inductor", "inductor", swaps=tuple(planned)))
     out = patched(*loaded.inputs)
     assert not patched.problems(), patched.problems()
     assert sorted(map(str, patched.applied_swaps())) == sorted(str(p.key) for p in planned)
@@ -696,5 +693,5 @@ def test_swap_timing_counts_steady_state_recompiles(monkeypatch):
     report = recompiles["compile"]  # the first compile happened in the warm-up call, outside the watch
     assert report.dynamo_compiles == 1 and report.dynamo_recompiles == 1, report.causes()
     assert "size mismatch at index 0. expected 4, actual 6" in report.events[0].cause
-    timing = sw.SwapTiming(timer=sw.TIMER_GPU, steady_state_recompiles=summarize(recompiles))
+    timing = R.SwapTiming(timer=R.TIMER_GPU, steady_state_recompiles=summarize(recompiles))
     assert timing.steady_state_recompiles["dynamo_recompiles"] == 1

@@ -1,4 +1,4 @@
-"""plan.yaml and ``fusion_advisor.load_plan``: the patched model rebuilt from the plan, without re-benchmarking."""
+"""plan.yaml and ``fusion_advisor.load_plan``: the chosen model rebuilt from the plan, without re-measuring."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import torch
 import yaml
 
 import fusion_advisor
-from fusion_advisor.apply import ApplyOptions, MatchKey, apply, write_outputs
+from fusion_advisor.apply import (
+    PLAN_VERSION, ApplyOptions, MatchKey, PlanError, PlannedModel, PlannedSwap, VariantSpec, apply, read_plan,
+    write_outputs,
+)
 from fusion_advisor.load import load_model
-from fusion_advisor.plan import PLAN_VERSION, PatchedModel, PlanError, PlannedSwap, read_plan
 
 MODEL = textwrap.dedent("""
     import torch
@@ -32,12 +34,16 @@ MODEL = textwrap.dedent("""
 
 KERNELS = ("add_rmsnorm", "rmsnorm", "cross_entropy")
 
+#: The model as written and the swap variants (tests/test_variants.py covers the search itself).
+SWAP_VARIANTS = ("eager", "swaps+eager*")
+
 
 def _plan(tmp: Path, device: str):
     """apply --verify of the tiny built-in Llama on ``device``, plan written; returns (plan path, model file, result)."""
     model = tmp / "tiny_llama.py"
     model.write_text(MODEL)
-    options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0, kernels=KERNELS)
+    options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0, kernels=KERNELS,
+                           variants=SWAP_VARIANTS if device == "cpu" else None, budget_s=60)
     result = apply(model, options, device=device)
     paths = write_outputs(result, tmp / "out")
     return paths["plan"], model, result
@@ -66,7 +72,7 @@ def test_plan_records_every_decision(planned):
     doc = yaml.safe_load(path.read_text())
     assert doc["fusion_advisor_plan"] == PLAN_VERSION
     assert doc["model"]["file"] == str(model_file) and doc["model"]["name"] == "tiny_llama"
-    assert doc["options"]["margin"] == 0.03 and doc["options"]["compile_rest"] is False
+    assert doc["options"]["margin"] == 0.03 and doc["options"]["variants"] == list(SWAP_VARIANTS)
     assert {"torch", "triton", "python"} <= set(doc["versions"])
     assert len(doc["swaps"]) == len(result.sites) == 10  # 5 rmsnorm (4 inside add+RMSNorm), 4 add_rmsnorm, 1 CE
     for s in doc["swaps"]:
@@ -76,15 +82,20 @@ def test_plan_records_every_decision(planned):
     kept = [s for s in doc["swaps"] if s["kept"]]
     assert sorted(s["kernel"] for s in kept) == ["add_rmsnorm"] * 4 + ["cross_entropy", "rmsnorm"]
     assert all(s["verified"] for s in kept)
-    assert doc["whole_model"]["passed"] is True
-    assert read_plan(path).kept and len(read_plan(path).kept) == len(kept)
+    chosen = doc["chosen"]
+    assert chosen["name"] == "swaps+eager" and chosen["spec"]["rest"] == "eager"
+    assert sorted(s["key"]["kernel"] for s in chosen["spec"]["swaps"]) == sorted(s["kernel"] for s in kept)
+    variants = {v["name"]: v for v in doc["variants"]}
+    assert variants["swaps+eager"]["status"] == "chosen" and variants["swaps+eager"]["check"]["passed"]
+    assert variants["eager"]["baseline"] and variants["eager"]["timing"]["ms"] > 0
+    assert read_plan(path).chosen.swaps and len(read_plan(path).chosen.swaps) == len(kept)
 
 
-def test_load_plan_rebuilds_the_patched_model(planned):
+def test_load_plan_rebuilds_the_chosen_model(planned):
     path, model_file, result = planned
     model, inputs = _fresh(model_file)
     patched = fusion_advisor.load_plan(model, path)
-    assert isinstance(patched, fusion_advisor.PatchedModel)
+    assert isinstance(patched, fusion_advisor.PlannedModel) and patched.spec.name == "swaps+eager"
     out = patched(*inputs)
     kept = sorted(str(s.key) for s in result.kept)
     assert sorted(map(str, patched.applied_swaps())) == kept
@@ -129,7 +140,8 @@ def test_a_kept_swap_missing_from_the_model_is_reported(planned):
     path, model_file, _ = planned
     model, inputs = _fresh(model_file)
     ghost = PlannedSwap(MatchKey("rmsnorm", "layers.7.input_layernorm", "llama.py:61", 0))
-    patched = PatchedModel(model, read_plan(path).kept + [ghost])
+    spec = read_plan(path).chosen
+    patched = PlannedModel(model, VariantSpec(spec.name, spec.rest, swaps=spec.swaps + (ghost,)))
     with torch.no_grad():
         patched(*inputs)
     assert patched.missing_swaps() == [ghost.key]
@@ -151,21 +163,37 @@ def test_read_plan_errors(tmp_path, planned):
     with pytest.raises(PlanError, match="plan format version"):
         read_plan(bad)
     doc["fusion_advisor_plan"] = PLAN_VERSION
-    kept = next(s for s in doc["swaps"] if s["kept"])
-    kept["key"]["kernel"] = "warp_speed"
+    doc["chosen"]["spec"]["swaps"][0]["key"]["kernel"] = "warp_speed"
     bad.write_text(yaml.safe_dump(doc))
     with pytest.raises(PlanError, match="kernel 'warp_speed'.*known kernels: add_layernorm"):
+        read_plan(bad)
+    doc["chosen"]["spec"]["rest"] = "hyperdrive"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(PlanError, match="unknown executor 'hyperdrive'"):
+        read_plan(bad)
+    doc["fusion_advisor_plan"] = 1
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(PlanError, match="run apply again"):
         read_plan(bad)
 
 
 @pytest.mark.gpu
-def test_load_plan_with_inductor_for_the_rest(planned_cuda):
-    path, model_file, _ = planned_cuda
+def test_load_plan_on_the_gpu_rebuilds_the_measured_choice(planned_cuda):
+    path, model_file, result = planned_cuda
+    doc = yaml.safe_load(path.read_text())
+    names = [v["name"] for v in doc["variants"]]
+    assert names[:3] == ["eager", "torch.compile", "torch.compile reduce-overhead"]
+    chosen = result.chosen
+    assert chosen is not None and chosen.correct and chosen.ms is not None
+    best_baseline = min(v.ms for v in result.variants if v.baseline and v.correct and v.ms is not None)
+    assert chosen.ms <= best_baseline * 1.05, (chosen.spec.name, chosen.ms, best_baseline)
     loaded = load_model(model_file, device="cuda")
-    patched = fusion_advisor.load_plan(loaded.module, path, compile_rest=True)
-    out = patched(*loaded.inputs)
-    assert not patched.problems(), patched.problems()
-    torch.testing.assert_close(out, loaded.module(*loaded.inputs), rtol=1e-4, atol=1e-4)
+    planned = fusion_advisor.load_plan(loaded.module, path)
+    with torch.no_grad():
+        out = planned(*loaded.inputs)
+        ref = loaded.module(*loaded.inputs)
+    assert not planned.problems(), planned.problems()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_unapplied_swaps_are_warned(tmp_path, monkeypatch):
@@ -174,16 +202,17 @@ def test_unapplied_swaps_are_warned(tmp_path, monkeypatch):
 
     import torch
 
-    from fusion_advisor.plan import load_plan
+    from fusion_advisor.apply import plan as plan_mod
 
     plan = tmp_path / "plan.yaml"  # never read: read_plan is replaced below
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    from fusion_advisor import plan as plan_mod
-
-    fake = plan_mod.Plan(path=None, model={}, options={"compile_rest": False}, versions={}, swaps=[], kept=[object()])
+    key = MatchKey("rmsnorm", "norm", "llama.py:1", 0)
+    fake = plan_mod.Plan(path=None, model={}, options={}, versions={},
+                         chosen=VariantSpec("swaps+eager", "eager", swaps=(PlannedSwap(key),)))
     monkeypatch.setattr(plan_mod, "read_plan", lambda p: fake)
-    monkeypatch.setattr(plan_mod, "PatchedModel", lambda model, kept, compile_rest: model)
+    monkeypatch.setattr(plan_mod, "PlannedModel", lambda model, spec: model)
+    load_plan = plan_mod.load_plan
     with _w.catch_warnings(record=True) as caught:
         _w.simplefilter("always")
         load_plan(torch.nn.Linear(2, 2), plan)
@@ -223,7 +252,8 @@ def test_keyword_inputs_apply_and_load_plan_on_the_users_model(tmp_path):
     model.write_text(KEYWORD_MODEL)
     loaded = load_model(model, device="cpu")
     assert isinstance(loaded.module, KeywordCall) and loaded.module.names == ("labels", "input_ids")
-    options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0, kernels=("rmsnorm",))
+    options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0, kernels=("rmsnorm",),
+                           variants=SWAP_VARIANTS)
     result = apply(model, options, device="cpu")
     paths = write_outputs(result, tmp_path / "out")
     kept = [s for s in yaml.safe_load(paths["plan"].read_text())["swaps"] if s["kept"]]

@@ -1,0 +1,359 @@
+"""Whole-model measurement: every variant checked against a float64 reference and timed inside the whole model.
+
+:class:`ModelHarness` holds what every variant of one model is judged by:
+
+- **input sets**: the example inputs, and ``fresh-<seed>`` sets from the file's own ``get_inputs()`` called again
+  under another seed (:attr:`~fusion_advisor.load.LoadedModel.make_inputs`), so masks, labels and index tensors
+  keep the structure the user's code gives them;
+- **the float64 reference**: a float64 copy of the model run on float64 copies of each input set, once;
+- **the eager outputs**: the model as written, in its own dtypes, on each input set, once.
+
+A variant passes (:meth:`ModelHarness.check`) when every output (and, with ``backward``, every parameter
+gradient of a fixed random projection of the outputs) passes :func:`fusion_advisor.tolerances.judge`: no further
+from float64 than eager is, times the policy's factors, plus a floor of the dtype's rounding. Where no float64
+copy can run (the model refuses float64, or it does not fit), variants are judged against eager at the dtype's
+tolerance and the check says so. The RNG is seeded identically before every call, so a model that draws random
+numbers is compared with itself; if the model as written disagrees with its float64 copy by more than
+:data:`REFERENCE_SANITY` (norm-wise), the reference is not trusted either and the same fallback applies.
+
+Timing (:meth:`ModelHarness.time`): one step is a forward under ``torch.no_grad()`` (or forward + backward to the
+parameters), timed in rounds: on a GPU each round is a ``triton.testing.do_bench`` median (CUDA events, L2
+flushed), on a CPU a wall-clock median (:func:`fusion_advisor.bench.time_cpu`, labelled as such). The rounds'
+spread is the measurement's noise. First-call time (compile, capture) is taken apart; peak memory and GPU kernel
+time (torch.profiler) are taken once, after the timed rounds.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any, Callable, Sequence
+
+import torch
+
+from fusion_advisor.apply.records import TIMER_CPU, TIMER_GPU, VariantCheck, VariantTiming
+from fusion_advisor.capture import first_line
+from fusion_advisor.tolerances import judge, tolerance_for
+
+#: Seed set before every model call of a check, so that a model drawing random numbers draws the same ones.
+CALL_SEED = 1234
+
+#: The model as written must land within this norm-wise error of its float64 copy for the copy to serve as the
+#: reference (a larger gap means the model is ill-conditioned or draws random numbers the copy draws otherwise).
+REFERENCE_SANITY = 0.05
+
+#: Default per-round do_bench budget (ms of warm-up, ms of timed calls).
+ROUND_WARMUP_MS = 10.0
+ROUND_REP_MS = 60.0
+
+
+def tensor_leaves(obj: Any) -> list[torch.Tensor]:
+    """The tensors in a model's output, in a fixed order: tensors, lists/tuples, mappings (Hugging Face's
+    ``ModelOutput`` is one), dataclasses and objects with ``to_tuple()``."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in tensor_leaves(v)]
+    if isinstance(obj, Mapping):
+        return [t for v in obj.values() for t in tensor_leaves(v)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [t for f in dataclasses.fields(obj) for t in tensor_leaves(getattr(obj, f.name))]
+    to_tuple = getattr(obj, "to_tuple", None)
+    if callable(to_tuple):
+        return tensor_leaves(to_tuple())
+    return []
+
+
+def scalarize(out: Any, cache: dict[Any, torch.Tensor]) -> torch.Tensor:
+    """A scalar to differentiate: a fixed random projection of every float output that requires grad.
+
+    Raises:
+        RuntimeError: no output requires grad, with what the outputs are.
+    """
+    total = None
+    leaves = tensor_leaves(out)
+    for i, t in enumerate(leaves):
+        if t.is_floating_point() and t.requires_grad:
+            key = (i, tuple(t.shape), str(t.device))
+            w = cache.get(key)
+            if w is None:
+                gen = torch.Generator().manual_seed(777 + i)
+                w = cache[key] = torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.device)
+            term = (t.float() * w).sum()
+            total = term if total is None else total + term
+    if total is None:
+        what = (f"{len(leaves)} tensor(s), none requiring grad" if leaves else
+                f"no tensors found in a {type(out).__name__}")
+        raise RuntimeError(f"nothing to differentiate: the model's output holds {what} (with --backward the "
+                           f"parameters must require grad and the output must depend on them)")
+    return total
+
+
+def _upcast(x: Any) -> Any:
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        return x.detach().to(torch.float64)
+    return x
+
+
+@dataclasses.dataclass
+class _Run:
+    """One call's results: ``(label, tensor)`` for every output and (with backward) every parameter gradient."""
+
+    tensors: list[tuple[str, torch.Tensor]]
+
+
+class ModelHarness:
+    """The model, its input sets, its eager outputs and float64 reference: shared by every variant's check and
+    timing (see the module docstring).
+
+    Args:
+        loaded: the :class:`~fusion_advisor.load.LoadedModel`.
+        backward: check parameter gradients and time forward + backward.
+        fresh_sets: fresh input sets besides the example inputs.
+    """
+
+    def __init__(self, loaded: Any, backward: bool, fresh_sets: int = 1):
+        self.loaded = loaded
+        self.model: torch.nn.Module = loaded.module
+        self.backward = backward
+        self.device = loaded.device
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad] if backward else []
+        self.param_names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.sets: list[tuple[str, list[Any]]] = [("example", list(loaded.inputs))]
+        for s in range(fresh_sets):
+            fresh = self._fresh(s)
+            if fresh is not None:
+                self.sets.append((f"fresh-{s}", fresh))
+        self._eager: dict[str, _Run] | None = None
+        self._reference: dict[str, _Run] | None = None
+        self.reference_note = ""
+        self._cache: dict[Any, torch.Tensor] = {}
+
+    def _fresh(self, seed: int) -> list[Any] | None:
+        make = getattr(self.loaded, "make_inputs", None)
+        if make is None:
+            return None
+        try:
+            return list(make(2000 + seed))
+        except Exception:  # a get_inputs() that cannot run twice: the example inputs alone are checked
+            return None
+
+    # --- running ----------------------------------------------------------------------------------------------
+
+    def run(self, fn: Callable[..., Any], xs: Sequence[Any], params: Sequence[torch.Tensor] | None = None,
+            names: Sequence[str] | None = None) -> _Run:
+        """``fn(*xs)`` (seeded RNG), its outputs detached and cloned, and with backward the gradients of
+        :func:`scalarize` with respect to ``params`` (default the model's)."""
+        params = self.params if params is None else params
+        names = self.param_names if names is None else names
+        torch.manual_seed(CALL_SEED)
+        with torch.set_grad_enabled(self.backward):
+            out = fn(*xs)
+        leaves = tensor_leaves(out)
+        tensors = [(f"output {i}", t.detach().clone()) for i, t in enumerate(leaves)]
+        if self.backward:
+            grads = torch.autograd.grad(scalarize(out, self._cache), list(params), allow_unused=True)
+            tensors += [(f"grad {n}", g.detach().clone()) for n, g in zip(names, grads) if g is not None]
+        return _Run(tensors)
+
+    def eager(self) -> dict[str, _Run]:
+        """The model as written on every input set (computed once)."""
+        if self._eager is None:
+            self._eager = {name: self.run(self.model, xs) for name, xs in self.sets}
+        return self._eager
+
+    def reference(self) -> dict[str, _Run] | None:
+        """The float64 copy of the model on every input set (computed once), or ``None`` with
+        :attr:`reference_note` saying why there is none."""
+        if self._reference is not None or self.reference_note:
+            return self._reference
+        try:
+            model64 = copy.deepcopy(self.model).to(torch.float64)
+        except Exception as e:  # a model that cannot be copied or cast
+            self.reference_note = f"no float64 copy of the model ({type(e).__name__}: {first_line(str(e), 160)})"
+            return None
+        named = [(n, p) for n, p in model64.named_parameters() if p.requires_grad] if self.backward else []
+        try:
+            ref = {name: self.run(model64, [_upcast(x) for x in xs], [p for _, p in named], [n for n, _ in named])
+                   for name, xs in self.sets}
+        except Exception as e:  # an op without float64 support, out of memory, ...
+            if isinstance(e, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()
+            self.reference_note = (f"the float64 copy of the model does not run ({type(e).__name__}: "
+                                   f"{first_line(str(e), 160)})")
+            return None
+        finally:
+            del model64
+        eager = self.eager()
+        for name, run in ref.items():
+            for (label, r), (_, e) in zip(run.tensors, eager[name].tensors):
+                if not e.is_floating_point():
+                    continue
+                j = judge(e, r, None, label)
+                if j.norm_err > REFERENCE_SANITY:
+                    self.reference_note = (f"the model as written is {j.norm_err:.3g} norm-wise from its float64 "
+                                           f"copy on {name} {label} (over {REFERENCE_SANITY:g}: ill-conditioned, or "
+                                           f"it draws random numbers): the float64 copy is not used")
+                    return None
+        self._reference = ref
+        return ref
+
+    # --- checking ---------------------------------------------------------------------------------------------
+
+    def check(self, fn: Callable[..., Any]) -> VariantCheck:
+        """Judge ``fn`` (a variant of the model) on every input set; never raises for the variant's own failure."""
+        eager = self.eager()
+        ref = self.reference()
+        out = VariantCheck(passed=True, reference="float64 copy of the model" if ref is not None else
+                           f"the model as written at the dtype tolerance: {self.reference_note}")
+        worst_ratio = -1.0
+        for name, xs in self.sets:
+            out.input_sets.append(name)
+            try:
+                got = self.run(fn, xs)
+            except Exception as e:  # the variant raised: it fails, with the reason
+                if isinstance(e, torch.cuda.OutOfMemoryError):
+                    torch.cuda.empty_cache()
+                out.passed = False
+                out.details.append(f"{name}: raised {type(e).__name__}: {first_line(str(e))}")
+                return out
+            e_run = eager[name]
+            if len(got.tensors) != len(e_run.tensors):
+                out.passed = False
+                out.details.append(f"{name}: {len(got.tensors)} tensors where the model as written gives "
+                                   f"{len(e_run.tensors)}")
+                return out
+            for i, ((label, g), (_, e)) in enumerate(zip(got.tensors, e_run.tensors)):
+                label = f"{name} {label}"
+                if ref is not None:
+                    j = judge(g, ref[name].tensors[i][1], e, label)
+                    ok, line = j.ok, j.reason
+                    ratio = j.norm_err / j.limit_norm if j.limit_norm > 0 else (0.0 if j.norm_err == 0 else 1e9)
+                    ratio = max(ratio, j.max_err / j.limit_max if j.limit_max > 0 else ratio)
+                    if ratio > worst_ratio:
+                        worst_ratio, out.worst = ratio, line
+                        out.norm_err, out.eager_norm_err = j.norm_err, j.eager_norm_err
+                else:
+                    ok, line = _close_to_eager(g, e, label)
+                    if not out.worst or not ok:
+                        out.worst = line
+                if not ok:
+                    out.passed = False
+                    out.details.append(line)
+        if out.passed:
+            out.details.append(f"{sum(len(r.tensors) for r in eager.values())} tensors on "
+                               f"{', '.join(out.input_sets)}: every one passed; worst: {out.worst}")
+        return out
+
+    # --- timing -----------------------------------------------------------------------------------------------
+
+    def step(self, fn: Callable[..., Any], xs: Sequence[Any] | None = None) -> Callable[[], Any]:
+        """One timed step of ``fn`` on the example inputs: forward under no_grad, or forward + backward."""
+        xs = list(self.loaded.inputs) if xs is None else list(xs)
+        if not self.backward:
+            def fwd() -> Any:
+                with torch.no_grad():
+                    return fn(*xs)
+            return fwd
+        params = list(self.params)
+
+        def fwd_bwd() -> Any:
+            return torch.autograd.grad(scalarize(fn(*xs), self._cache), params, allow_unused=True)
+        return fwd_bwd
+
+    @property
+    def timer(self) -> str:
+        return TIMER_GPU if self.device == "cuda" else TIMER_CPU
+
+    def first_call(self, fn: Callable[..., Any]) -> float:
+        """Seconds of ``fn``'s first step (compilation and capture included)."""
+        step = self.step(fn)
+        _sync(self.device)
+        start = time.perf_counter()
+        step()
+        _sync(self.device)
+        return time.perf_counter() - start
+
+    def time_round(self, fn: Callable[..., Any], warmup_ms: float = ROUND_WARMUP_MS,
+                   rep_ms: float = ROUND_REP_MS) -> float:
+        """One timing round of ``fn``'s step: its median, ms."""
+        from fusion_advisor.bench import time_cpu, time_cuda
+
+        step = self.step(fn)
+        if self.device == "cuda":
+            return time_cuda(step, warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms
+        return time_cpu(step, warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms
+
+    def time(self, fn: Callable[..., Any], rounds: int, timing: VariantTiming | None = None) -> VariantTiming:
+        """``rounds`` timing rounds of ``fn`` (after its first call), then peak memory and GPU kernel time."""
+        from fusion_advisor.recompile import RecompileWatch
+
+        timing = timing or VariantTiming(timer=self.timer)
+        timing.timer = self.timer
+        try:
+            with RecompileWatch() as watch:
+                for _ in range(rounds):
+                    timing.rounds_ms.append(self.time_round(fn))
+            timing.steady_state_recompiles = watch.report.to_dict()
+            summarize_rounds(timing)
+            if self.device == "cuda":
+                self._memory_and_device_time(fn, timing)
+        except Exception as e:  # a variant that fails while timed (out of memory, ...) has no number
+            if isinstance(e, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()
+            timing.ms = None
+            timing.error = f"{type(e).__name__}: {first_line(str(e))}"
+        return timing
+
+    def _memory_and_device_time(self, fn: Callable[..., Any], timing: VariantTiming) -> None:
+        from fusion_advisor.bench import device_time_by_kernel, kernel_class
+
+        step = self.step(fn)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        timing.peak_mb = torch.cuda.max_memory_allocated() / 2**20
+        try:
+            by_kernel = device_time_by_kernel(step, iters=3)
+        except Exception:  # the profiler unavailable: wall time stands alone
+            return
+        timing.device_ms = sum(by_kernel.values())
+        for name, ms in by_kernel.items():
+            cls = kernel_class(name)
+            timing.device_ms_by_class[cls] = timing.device_ms_by_class.get(cls, 0.0) + ms
+
+
+def summarize_rounds(timing: VariantTiming) -> None:
+    """``timing.ms`` (median of the rounds) and ``timing.spread`` ((max - min) / median) from ``rounds_ms``."""
+    import statistics
+
+    if not timing.rounds_ms:
+        return
+    timing.ms = float(statistics.median(timing.rounds_ms))
+    timing.spread = (max(timing.rounds_ms) - min(timing.rounds_ms)) / timing.ms if timing.ms > 0 else 0.0
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _close_to_eager(g: torch.Tensor, e: torch.Tensor, label: str) -> tuple[bool, str]:
+    """Fallback without a float64 reference: within the dtype tolerance of the model as written, NaN where it is."""
+    if g.shape != e.shape or g.dtype != e.dtype:
+        return False, f"{label}: {g.dtype}{list(g.shape)} where the model as written gives {e.dtype}{list(e.shape)}"
+    atol, rtol = tolerance_for(g.dtype)
+    g64, e64 = g.double(), e.double().to(g.device)
+    same = (torch.isnan(g64) & torch.isnan(e64)) | (g64 == e64)
+    close = same | (torch.isfinite(g64) & torch.isfinite(e64) & ((g64 - e64).abs() <= atol + rtol * e64.abs()))
+    bad = int((~close).sum())
+    diff = float((g64 - e64)[torch.isfinite(g64 - e64)].abs().max()) if g.numel() else 0.0
+    if bad:
+        return False, (f"{label}: {bad} of {g.numel()} elements outside atol {atol:g} + rtol {rtol:g} of the model "
+                       f"as written (max abs diff {diff:.3g})")
+    return True, f"{label}: within atol {atol:g} + rtol {rtol:g} of the model as written (max abs diff {diff:.3g})"

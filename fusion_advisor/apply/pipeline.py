@@ -1,0 +1,432 @@
+"""The apply pipeline: the passes in order, from a model file to a verified, measured plan.
+
+::
+
+    load -> capture (dynamo + RewriteBackend: graphs, matches, each match's real values)
+         -> analyze (op graph, chains, roofline, routes of the same capture)
+         -> link (chains <-> matches, candidacy) -> swaps (each verified and timed alone)
+         -> regions (the captured graphs cut by module)
+         -> variants (search.py: baselines, candidates, regions; each checked against float64 and timed whole)
+         -> plan (plan.py, outputs.py)
+
+:func:`apply` loads a model file; :func:`apply_module` runs the rest on a loaded model. Without ``--verify``
+only matches, near-misses and regions are found and reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.fx
+from torch.fx import Node
+
+from fusion_advisor.apply.backend import RewriteBackend, origin_of
+from fusion_advisor.apply.canonical import tensors_of
+from fusion_advisor.apply.match import Match
+from fusion_advisor.apply.measure import ModelHarness
+from fusion_advisor.apply.records import (
+    NOT_KEPT, NOT_TRIED, NOT_VERIFIED, REJECTED, ApplyOptions, ApplyResult, NearMiss, Region, SwapOutcome, SwapSite,
+    SwapVerification,
+)
+from fusion_advisor.apply.regions import describe_regions
+from fusion_advisor.apply.rewrite import extract_subgraph, grad_flags
+from fusion_advisor.apply.search import SearchInputs, search
+from fusion_advisor.apply.swaps import bench_swap, decide, verify_swap
+from fusion_advisor.apply.variants import PlannedModel
+from fusion_advisor.capture import first_line, quiet_torch_logs, source_of
+from fusion_advisor.graph import module_path_of
+from fusion_advisor.records import SourceLoc
+
+Stage = Callable[[str], contextlib.AbstractContextManager]
+
+
+@contextlib.contextmanager
+def _no_progress(_: str) -> Iterator[None]:
+    yield
+
+
+def apply(model_path: str | Path | None, options: ApplyOptions | None = None, device: str | None = None,
+          dtype: str = "", stage: Stage = _no_progress) -> ApplyResult:
+    """Run ``apply`` on a model file (``None``: the built-in default model); see :func:`apply_module`.
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"`` (default: cuda when present). ``meta`` is refused: apply runs the model.
+        dtype: ``""``, ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+
+    Raises:
+        UserError: bad options, a model file that cannot be loaded or run.
+    """
+    from fusion_advisor.errors import UserError
+    from fusion_advisor.load import load_model
+
+    options = options or ApplyOptions()
+    options.check()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "meta":
+        raise UserError("apply runs the model to verify swaps on real values: use --device cpu or cuda, not meta")
+    from kernel_library._device import interpreted
+
+    if device == "cpu" and not interpreted():
+        raise UserError("on --device cpu the Triton kernels run only in Triton's interpreter: set TRITON_INTERPRET=1 "
+                        "before triton is first imported (the fusion-advisor command does this without a GPU)")
+    # cheap checks first, so that a bad option fails before a long model load
+    from fusion_advisor.analyze import default_spec_name
+    from fusion_advisor.devices import load_spec
+    from fusion_advisor.rules import load_rules
+
+    _library_for(options)
+    load_spec(options.gpu or default_spec_name())
+    load_rules(list(options.rules_files))
+    with stage("load"):
+        loaded = load_model(model_path, device=device, dtype=dtype)
+    return apply_module(loaded, options, stage)
+
+
+def _library_for(options: ApplyOptions) -> dict[str, Any]:
+    from fusion_advisor.errors import UserError
+    from kernel_library.registry import load_all
+
+    every = load_all()
+    if not options.kernels:
+        return dict(every)
+    unknown = [k for k in options.kernels if k not in every]
+    if unknown:
+        raise UserError(f"unknown kernel(s) {', '.join(unknown)}; known kernels: {', '.join(sorted(every))}")
+    return {k: every[k] for k in options.kernels}
+
+
+def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage = _no_progress) -> ApplyResult:
+    """Run the passes of the module docstring on ``loaded`` (a :class:`~fusion_advisor.load.LoadedModel`).
+
+    Raises:
+        ModelRunError: the model fails on its own inputs.
+    """
+    from fusion_advisor.analyze import default_spec_name, versions
+    from fusion_advisor.devices import load_spec
+    from fusion_advisor.rules import load_rules
+
+    options = options or ApplyOptions()
+    options.check()
+    kernels = _library_for(options)
+    spec = load_spec(options.gpu or default_spec_name())
+    rules = load_rules(list(options.rules_files))
+    backward = bool(options.backward) if options.backward is not None else bool(loaded.model.training)
+    timings: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def timed(name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        with stage(name):
+            yield
+        timings[name] = time.perf_counter() - start
+
+    with timed("capture"):
+        backend = _capture(loaded, kernels, backward)
+    with timed("analyze"):
+        analysis = _analyze(loaded, backend, spec, rules)
+        sites, near = _link(backend, analysis, options)
+        regions = _regions(backend, analysis)
+    matches = {m.site.id: m for g in backend.graphs for m in g.matches}
+    with timed("swaps"):
+        outcomes = _verify_all(sites, matches, backend, kernels, options, backward, stage)
+    result = ApplyResult(
+        model_name=loaded.name, model_file=loaded.file, convention=loaded.convention, device=loaded.device,
+        dtype=loaded.dtype, options=options, backward=backward, sites=sites, outcomes=outcomes, near_misses=near,
+        analysis=analysis, regions=regions, graph_breaks=list(backend.breaks),
+        library_problems=dict(backend.library.problems), versions=versions(), timings_s=timings, loaded=loaded,
+    )
+    result.warnings += [f"graph {g.index}: {g.error}" for g in backend.graphs if g.error]
+    result.warnings += [w for w in analysis.warnings if w not in result.warnings]
+    if not options.verify:
+        return result
+    with timed("variants"):
+        harness = ModelHarness(loaded, backward)
+        found = search(SearchInputs(
+            harness=harness, kernels=kernels, analysis=analysis, regions=regions,
+            swaps=[s for s in sites if outcomes[s.id].kept], budget_s=options.budget_s,
+            time_rounds=options.time_rounds, use_regions=options.regions, keep_unmeasured=options.keep_unmeasured,
+            progress=stage, only=options.variants))
+    result.variants, result.chosen, result.chosen_reason = found.variants, found.chosen, found.reason
+    result.baseline, result.planned = found.baseline, found.planned
+    if result.planned is None and result.chosen is not None:  # built lazily: compiles on its first call
+        result.planned = PlannedModel(loaded.module, result.chosen.spec, kernels)
+    _mark_swaps(result, found.swap_notes)
+    return result
+
+
+def _mark_swaps(result: ApplyResult, notes: dict[str, str]) -> None:
+    """Swaps that won alone but are not in the chosen variant: say why (left out of the swap variants, with the
+    search's reason, or the chosen variant has none)."""
+    chosen = result.chosen.spec if result.chosen is not None else None
+    used = {s.key for s in chosen.swaps} if chosen is not None else set()
+    for s in result.kept:
+        if s.key in used:
+            continue
+        o = result.outcomes[s.id]
+        alone = o.reason.replace("kept because", "would be kept as")
+        note = notes.get(str(s.key))
+        o.decision = REJECTED if note and "fails the check" in note else NOT_KEPT
+        if note:
+            o.reason = f"{alone}; not kept: {note}"
+        else:
+            name = chosen.name if chosen is not None else "none"
+            o.reason = (f"{alone}; not in the plan: the chosen whole-model variant is {name} (faster than every "
+                        f"variant with library swaps, or those were not tried; see the variants)")
+
+
+def _regions(backend: RewriteBackend, analysis: Any) -> list[Region]:
+    """The captured graphs' regions, linked to the analysis chains through ``meta["from_node"]``."""
+    chain_of_op = {op_id: c.id for c in analysis.chains for op_id in c.op_ids}
+    chain_of_node: dict[tuple[int, str], str] = {}
+    graphs = []
+    for g in backend.graphs:
+        if g.graph is None:
+            continue
+        graphs.append((g.index, g.graph))
+        if g.analysis_graph is None:
+            continue
+        for n in g.analysis_graph.graph.nodes:
+            cid = chain_of_op.get(f"g{g.index}:{n.name}")
+            src = origin_of(n)
+            if cid is not None and src:
+                chain_of_node.setdefault((g.index, src), cid)
+    return describe_regions(graphs, chain_of_node, analysis)
+
+
+def _capture(loaded: Any, kernels: dict[str, Any], backward: bool) -> RewriteBackend:
+    from fusion_advisor.capture import run_eagerly
+    from fusion_advisor.errors import CaptureError
+
+    backend = RewriteBackend(kernels, record_values=True, analyze=True, keep_graphs=True)
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(loaded.module, backend=backend, dynamic=False)
+        with torch.set_grad_enabled(backward), warnings.catch_warnings(), quiet_torch_logs():
+            warnings.simplefilter("ignore")
+            compiled(*loaded.inputs)
+    except Exception as e:
+        run_eagerly(loaded)  # the model's own failure gets the model's message
+        raise CaptureError(f"{loaded.file}: capturing the model with torch.compile failed: {type(e).__name__}: "
+                           f"{first_line(str(e))}") from e
+    finally:
+        torch._dynamo.reset()
+    return backend
+
+
+def _analyze(loaded: Any, backend: RewriteBackend, spec: Any, rules: Any) -> Any:
+    """The analysis stages (:func:`fusion_advisor.analyze.analyze_capture`) on the capture's decomposed graphs."""
+    from fusion_advisor.analyze import analyze_capture
+    from fusion_advisor.capture import Capture
+
+    graphs = []
+    warns: list[str] = []
+    for g in backend.graphs:
+        if g.analysis_graph is None:
+            warns.append(f"graph {g.index} could not be decomposed for the analysis; its chains are missing")
+            graphs.append(torch.fx.GraphModule(torch.nn.Module(), _empty_graph()))
+        else:
+            graphs.append(g.analysis_graph)
+    if not backend.graphs:
+        warns.append("dynamo captured no graph (the whole forward ran eagerly, e.g. a cuDNN RNN): no chains to "
+                     "analyse; the whole-model variants are still tried")
+    cap = Capture(graphs=graphs, method="dynamo", breaks=list(backend.breaks))
+    return analyze_capture(loaded, cap, spec, rules, notes=warns)
+
+
+def _empty_graph() -> torch.fx.Graph:
+    g = torch.fx.Graph()
+    g.output(())
+    return g
+
+
+def _link(backend: RewriteBackend, analysis: Any, options: ApplyOptions) -> tuple[list[SwapSite], list[NearMiss]]:
+    """Chain ids, routes and candidacy of every site; near-misses with chain ids, filtered and completed."""
+    chain_of_op = {op_id: c.id for c in analysis.chains for op_id in c.op_ids}
+    by_origin: dict[tuple[int, str], set[str]] = {}
+    by_loc: dict[tuple[int, str, str, int], set[str]] = {}
+    linked = False
+    for g in backend.graphs:
+        if g.analysis_graph is None:
+            continue
+        for n in g.analysis_graph.graph.nodes:
+            cid = chain_of_op.get(f"g{g.index}:{n.name}")
+            if cid is None:
+                continue
+            src = origin_of(n)
+            if src:
+                linked = True
+                by_origin.setdefault((g.index, src), set()).add(cid)
+            loc = source_of(n) if n.meta.get("stack_trace") else SourceLoc()
+            by_loc.setdefault((g.index, module_path_of(n), loc.file, loc.line), set()).add(cid)
+    node_locs: dict[tuple[int, str], tuple[str, str, int]] = {}
+    if not linked:  # torch without from_node provenance: link by module path and source line
+        for g in backend.graphs:
+            if g.graph is not None:
+                for n in g.graph.nodes:
+                    loc = source_of(n) if n.meta.get("stack_trace") else SourceLoc()
+                    node_locs[(g.index, n.name)] = (module_path_of(n), loc.file, loc.line)
+
+    def chains_of(gi: int, op_ids: Sequence[str]) -> tuple[str, ...]:
+        counts: dict[str, int] = {}
+        for op_id in op_ids:
+            name = op_id.split(":", 1)[1]
+            found = by_origin.get((gi, name), set()) if linked else by_loc.get((gi, *node_locs.get((gi, name), ("", "", 0))), set())
+            for c in found:
+                counts[c] = counts.get(c, 0) + 1
+        return tuple(sorted(counts, key=lambda c: (-counts[c], int(c[1:]) if c[1:].isdigit() else 0)))
+
+    sites: list[SwapSite] = []
+    for g in backend.graphs:
+        for m in g.matches:
+            s = m.site
+            chain_ids = chains_of(g.index, s.op_ids)
+            decs = [analysis.decisions[c] for c in chain_ids if c in analysis.decisions]
+            routed = next((d for d in decs if d.route == "triton" and d.kernel == s.kernel), None)
+            main = routed or next((d for d in decs if d.route == "triton"), decs[0] if decs else None)
+            route_text = (f"chain {main.chain_id} -> {main.route}{'/' + main.kernel if main.kernel else ''} "
+                          f"(rule {main.rule_id})") if main else "no analysis chain linked to these ops"
+            if options.candidates == "all":
+                candidate, why = True, f"tried (--candidates all); analysis: {route_text}"
+            elif routed is not None:
+                candidate, why = True, f"analysis routes {route_text}"
+            else:
+                candidate, why = False, (f"not tried: analysis routes {route_text}; --candidates all tries every "
+                                         f"match")
+            s = replace(s, chain_ids=chain_ids, route=main.route if main else "", route_kernel=main.kernel if main
+                        else "", route_rule=main.rule_id if main else "", candidate=candidate, candidate_reason=why)
+            m.site = s
+            sites.append(s)
+
+    matched_ops = {op for s in sites for op in s.op_ids}
+    near: list[NearMiss] = []
+    seen: set[tuple[str, tuple[str, ...], str]] = set()
+    for g in backend.graphs:
+        for nm in g.near_misses:
+            if nm.kind != "check" and nm.op_ids and set(nm.op_ids) <= matched_ops:
+                continue  # a partial match of ops another kernel's match already covers
+            key = (nm.kernel, nm.op_ids, nm.reason)
+            if key in seen:
+                continue
+            seen.add(key)
+            near.append(replace(nm, chain_ids=chains_of(g.index, nm.op_ids)))
+    # chains the analysis names after a kernel's pattern that no match and no near-miss covers
+    by_pattern: dict[str, list[str]] = {}
+    for name, entry in backend.library.kernels.items():
+        by_pattern.setdefault(entry.replaces, []).append(name)
+    covered = {c for s in sites for c in s.chain_ids} | {c for nm in near for c in nm.chain_ids}
+    for c in analysis.chains:
+        if c.kind != "fusible" or c.pattern not in by_pattern or c.id in covered:
+            continue
+        names = by_pattern[c.pattern]
+        problems = [f"{k}: {backend.library.problems[k]}" for k in names if k in backend.library.problems]
+        reason = (f"the analysis found a {c.pattern} chain ({len(c.targets)} ops) but no op sequence in it matches "
+                  f"the pattern of {', '.join(names)}" + (f" ({'; '.join(problems)})" if problems else ""))
+        near.append(NearMiss(names[0], c.pattern, c.graph_index, tuple(c.op_ids), (c.id,), c.source, c.module_path,
+                             reason, "chain"))
+    return sites, near
+
+
+def _values_for(backend: RewriteBackend, m: Match) -> tuple[list[Any] | None, list[Any] | None]:
+    vals = backend.values.get(m.site.graph_index, {})
+    args: list[Any] = []
+    for a in m.args_template:
+        if isinstance(a, Node):
+            if a.name not in vals:
+                return None, None
+            args.append(vals[a.name])
+        else:
+            args.append(a)
+    outs = []
+    for o in m.out_nodes:
+        if o.name not in vals:
+            return args, None
+        outs.extend(t for t in tensors_of(vals[o.name]))
+    return args, outs
+
+
+def _verify_and_time(s: SwapSite, m: Match, entry: Any, args: list[Any], outs: list[Any], rg: list[bool],
+                     first: tuple[str, Any] | None, options: ApplyOptions, backward: bool,
+                     timing_cache: dict[str, Any]) -> Any:
+    """Verify one candidate swap (only on its captured inputs when ``first``, an earlier site of the same signature,
+    passed the fresh and hard-value cases), time it when verified, and decide; returns its ``SwapOutcome``."""
+    try:
+        ver = verify_swap(entry, extract_subgraph(m), args, m.pattern.params, backward, options.seeds, outs,
+                             requires_grad=rg, captured_only=first is not None)
+    except Exception as e:  # a bug in verification itself must not keep the swap, nor stop the others
+        ver = SwapVerification(False, reason=f"verification raised {type(e).__name__}: {first_line(str(e))}")
+    if first is not None:
+        first_id, first_ver = first
+        ver.details.append(f"fresh and hard-value cases: passed on {first_id} (same signature)")
+        ver.cases += [f"{c} (on {first_id})" for c in first_ver.cases[1:]]
+    timing = None
+    if ver.verified:
+        cache_key = f"{s.signature}|{backward}|{rg}"
+        try:
+            timing = timing_cache.get(cache_key) or bench_swap(entry, extract_subgraph(m), args, backward, rg)
+            timing_cache[cache_key] = timing
+        except Exception as e:  # a kernel that fails (or runs out of memory) while timed is rejected
+            if isinstance(e, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()
+            return SwapOutcome(s.id, REJECTED, f"timing raised {type(e).__name__}: {first_line(str(e))}",
+                                  ver, None)
+    decision, reason = decide(ver, timing, options.margin, options.keep_unmeasured)
+    return SwapOutcome(s.id, decision, reason, ver, timing)
+
+
+def _verify_all(sites: list[SwapSite], matches: dict[str, Match], backend: RewriteBackend,
+                kernels: dict[str, Any], options: ApplyOptions, backward: bool,
+                stage: Callable[[str], contextlib.AbstractContextManager] = _no_progress) -> dict[str, Any]:
+    outcomes: dict[str, Any] = {}
+    timing_cache: dict[str, Any] = {}
+    by_signature: dict[str, tuple[str, Any]] = {}  # signature -> (first site id, its verification)
+    flags: dict[int, dict[Node, bool]] = {}  # graph index -> node -> requires grad in the model
+    for g in backend.graphs:
+        if g.matches:
+            flags[g.index] = grad_flags(g.matches[0].gm, g.input_requires_grad, g.grad_enabled)[0] if backward else {}
+    n_candidates = sum(1 for x in sites if x.candidate)
+    n_seen = 0
+    for s in sites:
+        if not s.candidate:
+            outcomes[s.id] = SwapOutcome(s.id, NOT_TRIED, s.candidate_reason)
+            continue
+        if not options.verify:
+            outcomes[s.id] = SwapOutcome(s.id, NOT_VERIFIED, "not verified: dry run (add --verify)")
+            continue
+        n_seen += 1
+        m = matches[s.id]
+        entry = kernels[s.kernel]
+        args, outs = _values_for(backend, m)
+        if args is None:
+            outcomes[s.id] = SwapOutcome(s.id, REJECTED, "verification impossible: the site's inputs were not "
+                                                               "recorded during the forward pass")
+            continue
+        rg = [flags[s.graph_index].get(a, False) if isinstance(a, Node) else False for a in m.args_template]
+        # fresh and hard-value inputs behave alike at every site of one signature: once they passed at one site,
+        # the others are verified on their own captured inputs only
+        sig = f"{s.signature}|{rg}"
+        first = by_signature.get(sig)
+        with stage(f"verifying and timing swap {s.id} ({s.kernel}, {n_seen} of {n_candidates})"):
+            outcomes[s.id] = _verify_and_time(s, m, entry, args, outs, rg, first, options, backward, timing_cache)
+        if first is None and outcomes[s.id].verification is not None and outcomes[s.id].verification.verified:
+            by_signature[sig] = (s.id, outcomes[s.id].verification)
+    # kept swaps must not overlap: larger ones first
+    taken: dict[str, SwapSite] = {}
+    for s in sorted((s for s in sites if outcomes[s.id].kept), key=lambda s: -s.n_ops):
+        clash = next((taken[o] for o in s.op_ids if o in taken), None)
+        if clash is not None:
+            o = outcomes[s.id]
+            # the overlap decides; what the swap earned alone follows, so the reason never reads "kept ... not kept"
+            o.decision, o.reason = NOT_KEPT, (f"not kept: overlaps kept swap {clash.id} ({clash.kernel}), the larger "
+                                                 f"one; on its own: {o.reason.replace('kept because', 'would be kept as')}")
+            continue
+        for o in s.op_ids:
+            taken[o] = s
+    return outcomes
+
+

@@ -1,0 +1,161 @@
+"""The plan: every decision of an ``apply`` run in ``plan.yaml``, and the chosen model rebuilt from it.
+
+``plan.yaml`` records the model file, the options, the library versions and GPU, every whole-model variant apply
+tried (its spec, check against float64, steady-state time and spread, first-call time, peak memory, status and
+reason), the chosen variant and why, the regions of the captured graphs, and per swap site its kernel, match key,
+verification, timings, decision and reason, and every near-miss.
+
+:func:`load_plan` rebuilds the chosen variant around the user's model without re-verifying or re-timing::
+
+    model = get_model()                       # the same model class (weights may differ)
+    fast = fusion_advisor.load_plan(model, "reports/llama/plan.yaml")
+    out = fast(*inputs)                       # compiles / captures on the first call, as apply did
+
+The rebuilt model is a :class:`~fusion_advisor.apply.variants.PlannedModel`: compilation and CUDA-graph capture
+happen lazily on its first call (with the warm-up cudagraph trees do themselves); a torch, Triton or GPU other
+than the plan's is reported with a warning, since the measured choice may not hold there.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+from fusion_advisor.apply.records import AS_WRITTEN, VariantSpec
+from fusion_advisor.apply.variants import PlannedModel
+from fusion_advisor.errors import UserError
+
+#: Format version of plan.yaml; :func:`read_plan` refuses other versions (1: swaps only, before variants).
+PLAN_VERSION = 2
+
+
+class PlanError(UserError):
+    """plan.yaml is missing, unreadable, of another version, or names kernels the library lacks."""
+
+
+@dataclass
+class Plan:
+    """A parsed plan.yaml.
+
+    Attributes:
+        path: where it was read from.
+        model: model name, file, convention, device, dtype at apply time.
+        options: the apply options.
+        versions: torch, triton, python, GPU at apply time.
+        chosen: the chosen variant (the model as written when apply chose nothing).
+        chosen_reason: why.
+        variants, swaps: every variant's and every swap site's record (dicts, as written).
+    """
+
+    path: Path | None
+    model: dict[str, Any]
+    options: dict[str, Any]
+    versions: dict[str, Any]
+    chosen: VariantSpec
+    chosen_reason: str = ""
+    variants: list[dict[str, Any]] = field(default_factory=list)
+    swaps: list[dict[str, Any]] = field(default_factory=list)
+
+
+def render_plan(doc: dict[str, Any]) -> str:
+    """plan.yaml text of a plan document (:func:`fusion_advisor.apply.outputs.plan_document`)."""
+    header = ("# fusion-advisor plan: every variant and swap decision of one `apply` run.\n"
+              "# Rebuild the chosen model with fusion_advisor.load_plan(model, '<this file>').\n")
+    return header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120)
+
+
+def read_plan(path: str | Path) -> Plan:
+    """Parse and validate plan.yaml.
+
+    Raises:
+        PlanError: missing file, invalid YAML, another format version, a malformed chosen variant, or a swap
+            naming a kernel the library does not have (the message lists the known kernels).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise PlanError(f"{path}: no such plan file")
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise PlanError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(doc, dict) or "fusion_advisor_plan" not in doc:
+        raise PlanError(f"{path}: not a fusion-advisor plan (no 'fusion_advisor_plan' key)")
+    if doc["fusion_advisor_plan"] != PLAN_VERSION:
+        raise PlanError(f"{path}: plan format version {doc['fusion_advisor_plan']!r}; this fusion-advisor reads "
+                        f"version {PLAN_VERSION}: run apply again")
+    chosen_doc = doc.get("chosen")
+    if chosen_doc is None:
+        spec = VariantSpec("eager", AS_WRITTEN, why="apply chose no variant")
+    else:
+        if not isinstance(chosen_doc, dict) or not isinstance(chosen_doc.get("spec"), dict):
+            raise PlanError(f"{path}: 'chosen' must hold a 'spec' mapping")
+        try:
+            spec = VariantSpec.from_dict(chosen_doc["spec"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise PlanError(f"{path}: the chosen variant's spec is invalid: {e}") from e
+    from kernel_library.registry import load_all
+
+    known = load_all()
+    for s in spec.swaps:
+        if s.key.kernel not in known:
+            raise PlanError(f"{path}: swap {s.swap_id or s.key} uses kernel {s.key.kernel!r}, which kernel_library "
+                            f"does not have; known kernels: {', '.join(sorted(known)) or '(none)'}")
+    swaps = doc.get("swaps") or []
+    if not isinstance(swaps, list):
+        raise PlanError(f"{path}: 'swaps' must be a list")
+    return Plan(path=path, model=dict(doc.get("model") or {}), options=dict(doc.get("options") or {}),
+                versions=dict(doc.get("versions") or {}), chosen=spec,
+                chosen_reason=str((chosen_doc or {}).get("reason", "")), variants=list(doc.get("variants") or []),
+                swaps=swaps)
+
+
+def version_differences(plan_versions: dict[str, Any]) -> list[str]:
+    """What differs between the plan's torch / Triton / GPU and this process's (``"torch 2.11.0 -> 2.13.0"``)."""
+    from fusion_advisor.analyze import versions
+
+    now = versions()
+    out = []
+    for key in ("torch", "triton", "gpu", "cuda"):
+        then = plan_versions.get(key)
+        if then is not None and str(now.get(key, "none")) != str(then):
+            out.append(f"{key} {then} -> {now.get(key, 'none')}")
+    return out
+
+
+def load_plan(model: nn.Module, plan: str | Path) -> PlannedModel:
+    """Rebuild the chosen variant of ``plan`` (a plan.yaml path) around ``model``, without re-verifying or
+    re-timing; compilation and capture happen on its first call.
+
+    Args:
+        model: the model the plan was made for (same code; weights may differ).
+        plan: path of plan.yaml.
+
+    Raises:
+        PlanError: see :func:`read_plan`.
+    """
+    p = read_plan(plan)
+    diffs = version_differences(p.versions)
+    if diffs:
+        warnings.warn(f"{plan}: the plan was measured with another stack ({'; '.join(diffs)}); its choice "
+                      f"({p.chosen.name}) may not be the fastest here: run apply again to re-measure",
+                      RuntimeWarning, stacklevel=2)
+    if p.chosen.swaps and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        warnings.warn(
+            "no CUDA GPU and TRITON_INTERPRET is not set: library Triton kernels cannot run here, so the model "
+            "runs unpatched; set TRITON_INTERPRET=1 before importing triton to run them (slowly) on the CPU",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return PlannedModel(model, p.chosen)
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,509 @@
+"""The variant search: which ways of running the whole model apply tries, in which order, and which it keeps.
+
+1. **Baselines**, always: the model as written, ``torch.compile(model)`` and, on a GPU,
+   ``torch.compile(model, mode="reduce-overhead")`` (Inductor + CUDA graphs): what a user gets in one line.
+2. **Candidates**, in order of what the analysis predicts they buy, while ``--budget-s`` lasts:
+   the model's own ops in CUDA graphs (``backend="cudagraphs"``: launch-bound models whose Inductor code is
+   slower than cuDNN's); the library swaps that won alone, with an eager rest, an Inductor rest and an Inductor
+   rest in CUDA graphs; the analysis' routing carried out region by region; ``cudnn.benchmark`` for models with
+   convolutions; Inductor's freezing (forward only: weights folded as constants, conv + batch norm folded);
+   max-autotune for GEMM- and convolution-heavy models.
+3. **Regions** (``--regions``): from the fastest variant so far, one region at a time switched to the other
+   executor (Inductor <-> eager), in order of predicted gain; a change is kept only when the whole model gets
+   faster by more than the measured noise. Regions are chosen by timing the whole model, never by timing a
+   region alone (small host-bound pieces do not add up).
+
+Every variant is built, run once (compile and capture time apart), checked against the float64 reference
+(:class:`~fusion_advisor.apply.measure.ModelHarness`) and only then timed; a wrong one is reported with its error
+and never chosen. **The choice**: the fastest correct variant, confirmed against the fastest correct baseline in
+interleaved timing rounds; it is kept only when it wins the confirmation too, else the baseline is the plan. So
+the chosen model is never slower than the best baseline beyond the noise the rounds measure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
+
+import torch
+
+from fusion_advisor.apply.executors import CudagraphSkips, reset_compiled_state
+from fusion_advisor.apply.measure import ModelHarness, summarize_rounds
+from fusion_advisor.apply.records import (
+    AS_WRITTEN, CHOSEN, CORRECT, FAILED, NOT_TIMED, SKIPPED, WRONG, PlannedSwap, Region, SwapSite, VariantOutcome,
+    VariantSpec, VariantTiming, uses_cudagraphs, with_cudagraphs,
+)
+from fusion_advisor.apply.variants import PlannedModel
+from fusion_advisor.capture import first_line, quiet_torch_logs
+
+#: Names of the baselines (what ``torch.compile`` gives in one line, and the model as written).
+EAGER, COMPILE, REDUCE_OVERHEAD = "eager", "torch.compile", "torch.compile reduce-overhead"
+
+#: Interleaved rounds of the final confirmation (chosen vs best baseline).
+CONFIRM_ROUNDS = 4
+
+#: A region change is kept only when the whole model gets faster by at least this share (or the measured spread,
+#: whichever is larger).
+MIN_REGION_GAIN = 0.02
+
+#: Most region changes tried per search (each one recompiles the model).
+MAX_REGION_TRIALS = 8
+
+#: max-autotune is tried when GEMMs, convolutions and attention hold at least this share of the predicted time.
+AUTOTUNE_HEAVY_SHARE = 0.3
+
+Progress = Callable[[str], contextlib.AbstractContextManager]
+
+
+@contextlib.contextmanager
+def _no_progress(_: str) -> Iterator[None]:
+    yield
+
+
+@dataclass
+class SearchInputs:
+    """What the search needs from the stages before it.
+
+    Attributes:
+        harness: the model's :class:`~fusion_advisor.apply.measure.ModelHarness`.
+        kernels: ``{name: KernelEntry}`` for swaps.
+        analysis: the :class:`~fusion_advisor.records.Analysis` of apply's capture.
+        regions: the captured graphs' :class:`Region` list.
+        swaps: the swaps that won alone (verified and faster than eager and torch.compile on their own).
+        budget_s: seconds for the candidates after the baselines.
+        time_rounds: timing rounds per variant.
+        use_regions: try region changes.
+        keep_unmeasured: a verified variant that cannot be timed (library kernels under the CPU interpreter)
+            may be chosen.
+        progress: ``progress(text)`` context manager shown while a step runs.
+        only: ``--variants`` patterns (see :meth:`wanted`).
+        swap_notes: filled by the search: why a swap was left out of the swap variants.
+    """
+
+    harness: ModelHarness
+    kernels: dict[str, Any]
+    analysis: Any
+    regions: list[Region]
+    swaps: list[SwapSite]
+    budget_s: float = 120.0
+    time_rounds: int = 3
+    use_regions: bool = True
+    keep_unmeasured: bool = False
+    progress: Progress = _no_progress
+    only: tuple[str, ...] | None = None
+    swap_notes: dict[str, str] = field(default_factory=dict)
+
+    def wanted(self, spec: VariantSpec) -> bool:
+        """Whether ``spec`` passes the ``--variants`` filter (``fnmatch`` patterns on its name)."""
+        return self.only is None or any(fnmatch.fnmatchcase(spec.name, p) for p in self.only)
+
+
+@dataclass
+class SearchResult:
+    """The search's outcome: every variant in the order tried, the chosen one and why, the best baseline, and
+    why a swap that won alone was left out of the swap variants (``swap_notes``: ``str(MatchKey) -> reason``)."""
+
+    variants: list[VariantOutcome]
+    chosen: VariantOutcome | None
+    reason: str
+    baseline: str
+    planned: Any = None
+    swap_notes: dict[str, str] = field(default_factory=dict)
+
+
+def baselines(device: str) -> list[VariantSpec]:
+    """The whole-model baselines on ``device``."""
+    out = [VariantSpec(EAGER, AS_WRITTEN, why="baseline: the model as written"),
+           VariantSpec(COMPILE, "inductor", why="baseline: torch.compile(model)")]
+    if device == "cuda":
+        out.append(VariantSpec(REDUCE_OVERHEAD, "inductor+cudagraphs",
+                               why="baseline: torch.compile(model, mode='reduce-overhead'), Inductor + CUDA graphs"))
+    return out
+
+
+# --- one variant ----------------------------------------------------------------------------------------------
+
+
+def evaluate(spec: VariantSpec, inp: SearchInputs, baseline: bool = False) -> VariantOutcome:
+    """Build ``spec``, run it once, check it, and (when correct and timeable) time it; never raises for the
+    variant's own failure."""
+    h = inp.harness
+    out = VariantOutcome(spec, baseline=baseline)
+    reset_compiled_state()
+    timing = VariantTiming(timer=h.timer)
+    with CudagraphSkips() as skips, warnings.catch_warnings(), quiet_torch_logs():
+        warnings.simplefilter("ignore")
+        try:
+            with inp.progress(f"variant {spec.name}: building and running once (compile / capture)"):
+                model = PlannedModel(h.model, spec, inp.kernels)
+                timing.first_call_s = h.first_call(model)
+        except Exception as e:  # a compiler or capture failure is this variant's, not the run's
+            if isinstance(e, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()
+            out.status, out.reason = FAILED, f"failed on its first call: {type(e).__name__}: {first_line(str(e))}"
+            return out
+        with inp.progress(f"variant {spec.name}: checking against the float64 reference"):
+            out.check = h.check(model)
+        out.problems = model.problems() + [f"CUDA graphs not used for a graph: {r}" for r in skips.reasons]
+        out.applied = sorted({str(k) for k in model.applied_swaps()})
+        out.unapplied = [str(k) for k in model.missing_swaps()]
+        if out.unapplied:
+            out.status = FAILED
+            why = "; ".join(p for p in out.problems if "not rewritten" in p or "at " in p)[:300]
+            out.reason = (f"{len(out.unapplied)} of {len(spec.swaps)} swap(s) could not be rewritten into the "
+                          f"model's graph" + (f": {why}" if why else ""))
+            return out
+        if not out.check.passed:
+            out.status = WRONG
+            out.reason = "wrong: " + (out.check.details[0] if out.check.details else "failed the check")
+            return out
+        if not _timeable(spec, h.device):
+            out.status = NOT_TIMED
+            out.reason = ("correct; not timed: library Triton kernels run in the CPU interpreter here, whose speed "
+                          "says nothing about a GPU")
+            return out
+        with inp.progress(f"variant {spec.name}: timing ({inp.time_rounds} rounds)"):
+            out.timing = h.time(model, inp.time_rounds, timing)
+    if out.timing.ms is None:
+        out.status, out.reason = FAILED, f"correct, but failed while timed: {out.timing.error}"
+    else:
+        out.status = CORRECT
+        out.reason = f"correct; {_ms(out.timing)}"
+    return out
+
+
+def _timeable(spec: VariantSpec, device: str) -> bool:
+    return device == "cuda" or not spec.swaps
+
+
+def _ms(t: VariantTiming) -> str:
+    spread = f" (spread {t.spread:.1%} over {len(t.rounds_ms)} rounds)" if t.spread is not None else ""
+    first = f", first call {t.first_call_s:.2f} s" if t.first_call_s is not None else ""
+    return f"{t.ms:.4g} ms per step{spread}{first}"
+
+
+# --- the candidates ---------------------------------------------------------------------------------------------
+
+
+def _model_features(analysis: Any) -> dict[str, Any]:
+    heavy = total = 0.0
+    has_conv = False
+    for c in analysis.chains:
+        est = analysis.estimates.get(c.id)
+        if est is None:
+            continue
+        total += est.eager_us
+        if set(c.categories) & {"matmul", "conv", "attention"}:
+            heavy += est.eager_us
+        has_conv = has_conv or "conv" in c.categories
+    return {"heavy_share": heavy / total if total > 0 else 0.0, "has_conv": has_conv}
+
+
+def _best(outcomes: list[VariantOutcome], pred: Callable[[VariantOutcome], bool] = lambda o: True
+          ) -> VariantOutcome | None:
+    timed = [o for o in outcomes if o.correct and o.ms is not None and pred(o)]
+    return min(timed, key=lambda o: o.ms) if timed else None
+
+
+def _family(spec: VariantSpec) -> str:
+    return "eager" if spec.rest in (AS_WRITTEN, "eager", "eager+cudagraphs") else "inductor"
+
+
+def candidates(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[VariantSpec]:
+    """The candidates after the baselines, in order (a generator: later ones look at the outcomes so far)."""
+    h = inp.harness
+    cuda = h.device == "cuda"
+    feats = _model_features(inp.analysis)
+    tried: set[VariantSpec] = set()
+
+    def fresh(spec: VariantSpec) -> bool:
+        key = replace(spec, name="", why="")
+        if key in tried or any(replace(o.spec, name="", why="") == key for o in outcomes):
+            return False
+        tried.add(key)
+        return True
+
+    if cuda:
+        spec = VariantSpec("cudagraphs", "eager+cudagraphs",
+                           why="the model's own kernels (cuBLAS, cuDNN) replayed from a CUDA graph: no launch "
+                               "overhead, no Inductor code")
+        if fresh(spec):
+            yield spec
+    surviving = yield from _swap_set(inp, outcomes)
+    if surviving:
+        kernels = ", ".join(sorted({s.key.kernel for s in surviving}))
+        rests = ["inductor", "inductor+cudagraphs", "eager+cudagraphs"] if cuda else []
+        for rest in rests:
+            spec = VariantSpec(f"swaps+{rest}", rest, swaps=tuple(surviving),
+                               why=f"the library kernels that won alone ({kernels}); the rest of each graph: {rest}")
+            if fresh(spec):
+                yield spec
+    routed = _routed_regions(inp, outcomes)
+    if routed is not None and fresh(routed):
+        yield routed
+    if cuda and feats["has_conv"]:
+        for base in _top(outcomes, 2):
+            spec = replace(base.spec, name=f"{base.spec.name} +cudnn.benchmark", cudnn_benchmark=True,
+                           why="the model runs convolutions: cuDNN times its algorithms once per shape and keeps "
+                               "the fastest (cudnn.benchmark)")
+            if fresh(spec):
+                yield spec
+    if not h.backward and any(True for _ in h.model.parameters()):
+        base = _best(outcomes, lambda o: _family(o.spec) == "inductor" and not o.spec.swaps)
+        if base is not None and "freezing" not in dict(base.spec.inductor_options):
+            opts = tuple(sorted({**dict(base.spec.inductor_options), "freezing": True}.items()))
+            spec = replace(base.spec, name=f"{base.spec.name} +freezing", inductor_options=opts,
+                           why="forward only: Inductor folds the weights in as constants (conv + batch norm folded, "
+                               "weight layouts fixed at compile time)")
+            if fresh(spec):
+                yield spec
+    if cuda and feats["heavy_share"] >= AUTOTUNE_HEAVY_SHARE:
+        base = _best(outcomes, lambda o: _family(o.spec) == "inductor")
+        if base is not None and "max_autotune" not in dict(base.spec.inductor_options):
+            opts = tuple(sorted({**dict(base.spec.inductor_options), "max_autotune": True,
+                                 "coordinate_descent_tuning": True}.items()))
+            spec = replace(base.spec, name=f"{base.spec.name} +max-autotune", inductor_options=opts,
+                           why=f"GEMMs / convolutions / attention hold {feats['heavy_share']:.0%} of the predicted "
+                               f"time: Inductor times its own GEMM and convolution templates against the vendor's "
+                               f"and fuses epilogues into them (max-autotune)")
+            if fresh(spec):
+                yield spec
+
+
+def _swap_set(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[VariantSpec]:
+    """Yield ``swaps+eager`` variants until the set of swaps that works in the whole model is known; return it.
+
+    A swap that cannot be rewritten into the graph is dropped; when the whole model with the swaps fails the
+    check, each kernel is left out in turn, and one whose absence makes the model correct is dropped (a kernel
+    correct on its own inputs can still break the whole model, e.g. through a broken trace path). Why each swap
+    was dropped goes to ``inp.swap_notes``.
+    """
+    current = [PlannedSwap(s.key, s.signature, s.id) for s in inp.swaps]
+    if not current:
+        return []
+
+    def spec_of(swaps: list[PlannedSwap], without: str = "") -> VariantSpec:
+        kernels = ", ".join(sorted({p.key.kernel for p in swaps}))
+        name = "swaps+eager" + (f" (without {without})" if without else "")
+        return VariantSpec(name, "eager", swaps=tuple(swaps),
+                           why=f"the library kernels that won alone ({kernels}); the rest of each graph runs eagerly")
+
+    while current:
+        yield spec_of(current)
+        last = outcomes[-1]
+        if last.unapplied:
+            gone = set(last.unapplied)
+            for p in current:
+                if str(p.key) in gone:
+                    inp.swap_notes[str(p.key)] = f"it could not be rewritten into the model's graph: {last.reason}"
+            current = [p for p in current if str(p.key) not in gone]
+            continue
+        if last.status != WRONG:
+            return current if last.correct else []
+        culprit = None
+        for kernel in sorted({p.key.kernel for p in current}):
+            rest = [p for p in current if p.key.kernel != kernel]
+            if not rest:
+                continue
+            yield spec_of(rest, without=kernel)
+            if outcomes[-1].correct:
+                culprit = kernel
+                break
+        detail = last.check.details[0] if last.check and last.check.details else last.reason
+        if culprit is None:
+            for p in current:
+                inp.swap_notes[str(p.key)] = f"the whole model with the swaps fails the check: {detail}"
+            return []
+        for p in current:
+            if p.key.kernel == culprit:
+                inp.swap_notes[str(p.key)] = (f"the whole model fails the check with the {culprit} swaps and "
+                                              f"passes without them: {detail}")
+        return [p for p in current if p.key.kernel != culprit]
+    return []
+
+
+def _top(outcomes: list[VariantOutcome], n: int) -> list[VariantOutcome]:
+    timed = sorted((o for o in outcomes if o.correct and o.ms is not None), key=lambda o: o.ms)
+    return timed[:n]
+
+
+def _routed_regions(inp: SearchInputs, outcomes: list[VariantOutcome]) -> VariantSpec | None:
+    """The analysis' routing carried out: each region with the executor its chains' routes ask for."""
+    if not inp.use_regions or len(inp.regions) < 2:
+        return None
+    wanted = {str(r.key): r.routed_executor for r in inp.regions}
+    if len(set(wanted.values())) < 2:
+        return None  # one executor everywhere: a whole-model variant already is the routing
+    best = _best(outcomes)
+    graphs = bool(best is not None and best.spec.cudagraphs)
+    wanted = {k: with_cudagraphs(e, graphs or uses_cudagraphs(e)) for k, e in wanted.items()}
+    counts: dict[str, int] = {}
+    for e in wanted.values():
+        counts[e] = counts.get(e, 0) + 1
+    rest = max(counts, key=counts.__getitem__)
+    overrides = tuple(sorted((k, e) for k, e in wanted.items() if e != rest))
+    return VariantSpec("routes", rest, regions=overrides, region_depths=_depths(inp.regions),
+                       why="the analysis' routes carried out region by region: "
+                           f"{len(overrides)} of {len(wanted)} regions run {', '.join(sorted(set(wanted.values()) - {rest}))}, "
+                           f"the rest {rest}")
+
+
+def _depths(regions: list[Region]) -> tuple[tuple[int, int], ...]:
+    return tuple(sorted({(r.key.graph_index, r.depth) for r in regions}))
+
+
+# --- regions ----------------------------------------------------------------------------------------------------
+
+
+def region_trials(inp: SearchInputs, base: VariantSpec) -> list[tuple[Region, str]]:
+    """``(region, executor)`` changes to try from ``base``, in order of predicted gain: from an Inductor base,
+    the regions where the analysis predicts Inductor gains least go eager first; from an eager base, the regions
+    where it predicts most get Inductor first."""
+    if base.swaps:
+        return []
+    graphs = base.cudagraphs
+    family = _family(base)
+    current = dict(base.regions)
+    out = []
+    for r in inp.regions:
+        now = current.get(str(r.key), base.rest if base.rest != AS_WRITTEN else "eager")
+        alt_family = "eager" if _family(replace(base, rest=now)) == "inductor" else "inductor"
+        out.append((r, with_cudagraphs(alt_family, graphs)))
+    reverse = family != "inductor"
+    out.sort(key=lambda ra: ra[0].compile_gain_us, reverse=reverse)
+    return out[:MAX_REGION_TRIALS]
+
+
+# --- the search ---------------------------------------------------------------------------------------------
+
+
+def search(inp: SearchInputs) -> SearchResult:
+    """Run the whole search (see the module docstring)."""
+    h = inp.harness
+    outcomes: list[VariantOutcome] = []
+    for spec in baselines(h.device):
+        if inp.wanted(spec):
+            outcomes.append(evaluate(spec, inp, baseline=True))
+    start = time.perf_counter()
+
+    def spent() -> bool:
+        return time.perf_counter() - start >= inp.budget_s
+
+    for spec in candidates(inp, outcomes):
+        if not inp.wanted(spec):
+            outcomes.append(VariantOutcome(spec, SKIPPED, "not tried: not among --variants"))
+        elif spent():
+            outcomes.append(VariantOutcome(spec, SKIPPED, f"not tried: the --budget-s of {inp.budget_s:g} s was spent"))
+        else:
+            outcomes.append(evaluate(spec, inp))
+    if inp.use_regions and len(inp.regions) >= 2:
+        _search_regions(inp, outcomes, spent)
+    result = _choose(inp, outcomes)
+    result.swap_notes = dict(inp.swap_notes)
+    return result
+
+
+def _search_regions(inp: SearchInputs, outcomes: list[VariantOutcome], spent: Callable[[], bool]) -> None:
+    best = _best(outcomes, lambda o: not o.spec.swaps and not o.spec.cudnn_benchmark
+                 and not o.spec.inductor_options)
+    if best is None:
+        return
+    base = best
+    for region, executor in region_trials(inp, base.spec):
+        regions = dict(base.spec.regions)
+        default = base.spec.rest if base.spec.rest != AS_WRITTEN else "eager"
+        if executor == default:
+            regions.pop(str(region.key), None)
+        else:
+            regions[str(region.key)] = executor
+        changes = ", ".join(f"{k}={e}" for k, e in sorted(regions.items()))
+        spec = replace(base.spec, name=f"{_root_name(base.spec)} [{changes}]",
+                       rest=default, regions=tuple(sorted(regions.items())), region_depths=_depths(inp.regions),
+                       why=f"from {base.spec.name}: region {region.key} ({region.n_ops} ops, predicted fusion gain "
+                           f"{region.compile_gain_us:.1f} us) runs {executor}")
+        if spent():
+            outcomes.append(VariantOutcome(spec, SKIPPED, f"not tried: the --budget-s of {inp.budget_s:g} s was spent"))
+            break
+        if not inp.wanted(spec):
+            break
+        trial = evaluate(spec, inp)
+        outcomes.append(trial)
+        if trial.ms is None or not trial.correct or base.ms is None:
+            continue
+        noise = max(base.timing.spread or 0.0, trial.timing.spread or 0.0, MIN_REGION_GAIN)
+        if trial.ms < base.ms * (1.0 - noise):
+            trial.reason += f"; kept as the new base ({base.ms / trial.ms:.3f}x {base.spec.name})"
+            base = trial
+        else:
+            trial.reason += (f"; not kept: {trial.ms:.4g} ms vs {base.ms:.4g} ms of {base.spec.name} (needs "
+                             f"{noise:.1%} better)")
+
+
+def _root_name(spec: VariantSpec) -> str:
+    return spec.name.split(" [", 1)[0]
+
+
+def _choose(inp: SearchInputs, outcomes: list[VariantOutcome]) -> SearchResult:
+    best_base = _best(outcomes, lambda o: o.baseline)
+    best = _best(outcomes)
+    baseline = best_base.spec.name if best_base is not None else ""
+    untimed = [o for o in outcomes if o.status == NOT_TIMED and o.correct]
+    if untimed and inp.keep_unmeasured:  # asked for: library kernels verified where they cannot be timed
+        pick = max(untimed, key=lambda o: len(o.spec.swaps))
+        pick.status = CHOSEN
+        return SearchResult(outcomes, pick, f"{pick.spec.name}: correct, not timed (library kernels under the CPU "
+                                            f"interpreter); chosen because --keep-unmeasured was given", baseline)
+    if best is None:
+        eager = next((o for o in outcomes if o.spec.name == EAGER), None)
+        reason = "no variant could be checked and timed: the plan runs the model as written"
+        if eager is not None and eager.status == FAILED:
+            reason = f"the model as written failed: {eager.reason}"
+        return SearchResult(outcomes, None, reason, baseline)
+    if best is best_base or best_base is None:
+        best.status = CHOSEN
+        why = "the fastest correct variant" + (", a baseline" if best.baseline else "")
+        return SearchResult(outcomes, best, f"{best.spec.name}: {why} ({_ms(best.timing)})", baseline)
+    # confirm against the best baseline in interleaved rounds
+    with inp.progress(f"confirming {best.spec.name} against {best_base.spec.name} ({CONFIRM_ROUNDS} interleaved "
+                      f"rounds)"):
+        won, line, planned = _confirm(inp, best, best_base)
+    pick = best if won else best_base
+    pick.status = CHOSEN
+    if won:
+        reason = (f"{best.spec.name}: the fastest correct variant, {best_base.ms / best.ms:.3f}x the best baseline "
+                  f"{best_base.spec.name} in the search; confirmed in interleaved rounds: {line}")
+    else:
+        best.reason += f"; not chosen: it did not confirm against {best_base.spec.name}: {line}"
+        reason = (f"{best_base.spec.name}: the best baseline; {best.spec.name} was faster in the search "
+                  f"({best.ms:.4g} vs {best_base.ms:.4g} ms) but not in the interleaved confirmation ({line})")
+    return SearchResult(outcomes, pick, reason, baseline, planned if won else None)
+
+
+def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> tuple[bool, str, Any]:
+    """Time ``a`` and ``b`` in alternating rounds (both built, both warm); ``(a wins, line, a's model)``."""
+    h = inp.harness
+    reset_compiled_state()
+    with warnings.catch_warnings(), quiet_torch_logs():
+        warnings.simplefilter("ignore")
+        try:
+            ma = PlannedModel(h.model, a.spec, inp.kernels)
+            mb = PlannedModel(h.model, b.spec, inp.kernels)
+            h.first_call(ma)
+            h.first_call(mb)
+            ta, tb = [], []
+            for _ in range(CONFIRM_ROUNDS):
+                ta.append(h.time_round(ma))
+                tb.append(h.time_round(mb))
+        except Exception as e:  # the challenger failing now is a loss
+            return False, f"raised {type(e).__name__}: {first_line(str(e))}", None
+    ra, rb = VariantTiming(rounds_ms=ta), VariantTiming(rounds_ms=tb)
+    summarize_rounds(ra)
+    summarize_rounds(rb)
+    won = ra.ms < rb.ms
+    line = (f"{ra.ms:.4g} ms (spread {ra.spread:.1%}) vs {rb.ms:.4g} ms (spread {rb.spread:.1%}), "
+            f"{rb.ms / ra.ms:.3f}x")
+    return won, line, ma if won else None

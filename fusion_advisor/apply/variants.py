@@ -1,0 +1,139 @@
+"""Variants: a :class:`~fusion_advisor.apply.records.VariantSpec` built into a runnable model.
+
+:class:`PlannedModel` wraps the user's model (never modified) and runs it the way its spec says:
+
+- ``rest="as-written"`` with nothing else: the model is called directly;
+- a *stock* spec (no swaps, no regions) is built with ``torch.compile`` exactly as a user writes it:
+  ``torch.compile(model)``, ``torch.compile(model, mode="reduce-overhead")``, ``torch.compile(model,
+  backend="cudagraphs")``, or ``torch.compile(model, options={...})`` for Inductor options (max-autotune, freezing);
+- otherwise the model is compiled with :class:`~fusion_advisor.apply.backend.RewriteBackend`, which swaps the
+  spec's library kernels in and runs each graph, and each region of it, with its executor.
+
+``cudnn_benchmark`` turns ``torch.backends.cudnn.benchmark`` on around each call (restored after). Compilation
+and CUDA-graph capture happen on the first call (dynamo's rules: a new input shape or grad mode recompiles).
+Inside an outer ``torch.compile`` the planned model runs outside the outer graph (a graph break), so the outer
+compile cannot inline the model and silently drop the plan.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from fusion_advisor.apply.backend import RewriteBackend
+from fusion_advisor.apply.executors import cudnn_benchmark
+from fusion_advisor.apply.records import AS_WRITTEN, MatchKey, VariantSpec
+
+
+def stock_compile(model: nn.Module, executor: str, options: dict[str, Any] | None = None) -> Any:
+    """``model`` compiled as a user writes it for ``executor`` (see the module docstring).
+
+    Raises:
+        ValueError: an executor with no stock form.
+    """
+    options = dict(options or {})
+    if executor == "inductor":
+        return torch.compile(model, options=options) if options else torch.compile(model)
+    if executor == "inductor+cudagraphs":
+        if options:
+            return torch.compile(model, options={**options, "triton.cudagraphs": True})
+        return torch.compile(model, mode="reduce-overhead")
+    if executor == "eager+cudagraphs":
+        return torch.compile(model, backend="cudagraphs")
+    if executor == "eager":
+        return torch.compile(model, backend="eager")
+    raise ValueError(f"no stock torch.compile call for executor {executor!r}")
+
+
+class PlannedModel(nn.Module):
+    """``model`` run as ``spec`` says (see the module docstring).
+
+    Args:
+        model: the user's model (not modified; the wrapper holds it as ``.model``).
+        spec: the variant.
+        kernels: ``{name: KernelEntry}`` to match for the spec's swaps; default the library's kernels they name.
+    """
+
+    def __init__(self, model: nn.Module, spec: VariantSpec, kernels: dict[str, Any] | None = None):
+        super().__init__()
+        self.model = model
+        # not attributes nn.Module registers: the compiled module would duplicate the parameters
+        self.__dict__["spec"] = spec
+        self.__dict__["backend"] = None
+        keys = {s.key for s in spec.swaps}
+        if spec.rest == AS_WRITTEN and spec.stock:
+            fn: Any = model
+        elif spec.stock:
+            fn = stock_compile(model, spec.rest, dict(spec.inductor_options))
+        else:
+            if spec.swaps and kernels is None:
+                from kernel_library.registry import load_all
+
+                wanted = {k.kernel for k in keys}
+                kernels = {n: e for n, e in load_all().items() if n in wanted}
+            executor = "eager" if spec.rest == AS_WRITTEN else spec.rest
+            backend = RewriteBackend(kernels or {}, select=lambda site: site.key in keys, executor=executor,
+                                     inductor_options=dict(spec.inductor_options), regions=dict(spec.regions),
+                                     region_depths=dict(spec.region_depths), match=bool(spec.swaps))
+            self.__dict__["backend"] = backend
+            fn = torch.compile(model, backend=backend, dynamic=False)
+        self.__dict__["_fn"] = fn
+        self.__dict__["_outside"] = torch._dynamo.disable(self._call)
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        with cudnn_benchmark(self.spec.cudnn_benchmark):
+            return self._fn(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            # an outer torch.compile would inline the model and lose the plan: run ours outside its graph
+            return self._outside(*args, **kwargs)
+        out = self._call(*args, **kwargs)
+        if self.spec.swaps and not self.__dict__.get("_checked"):
+            self.__dict__["_checked"] = True
+            missing = self.missing_swaps()
+            if missing:
+                warnings.warn(
+                    f"{len(missing)} of {len(self.spec.swaps)} planned swap(s) were not applied (see .problems()): "
+                    f"{'; '.join(self.problems()[:3]) or 'no matching site in the model'}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        return out
+
+    def applied_swaps(self) -> list[MatchKey]:
+        """Keys of the swaps rewritten into the graphs compiled so far (one entry per graph and swap)."""
+        return self.backend.applied() if self.backend is not None else []
+
+    def missing_swaps(self) -> list[MatchKey]:
+        """Planned swaps never found in any graph compiled so far (the model changed, or it has not run yet)."""
+        applied = set(self.applied_swaps())
+        return [s.key for s in self.spec.swaps if s.key not in applied]
+
+    def problems(self) -> list[str]:
+        """Graphs that ran unrewritten or without their executor, swaps that could not be rewritten, region
+        overrides not found: each with its reason."""
+        if self.backend is None:
+            return []
+        out = []
+        for g in self.backend.graphs:
+            if g.error:
+                out.append(f"graph {g.index}: {g.error} (ran unrewritten)")
+            if g.executor_error:
+                out.append(f"graph {g.index}: {g.executor_error}")
+            out += [f"graph {g.index}: {k} not rewritten: {why}" for k, why in g.skipped]
+            out += [f"graph {g.index}: {n}" for n in g.notes]
+        # a missing swap's kernel refused the site it would have taken (dtype, row width, or tensors on a CPU
+        # without TRITON_INTERPRET): say why, rather than leave "no matching site"
+        missing = {k.kernel for k in self.missing_swaps()}
+        for g in self.backend.graphs:
+            for nm in g.near_misses:
+                if nm.kind == "check" and nm.kernel in missing:
+                    where = nm.module_path or str(nm.source)
+                    text = f"graph {g.index}: at {where}: {nm.reason}"
+                    if text not in out:
+                        out.append(text)
+        return out

@@ -1,0 +1,271 @@
+"""The whole-model variants of `apply`: executors, regions, the float64 check of every variant, the search and its
+choice (never slower than the best baseline, never a wrong variant), the plan rebuilt from it.
+
+CPU only: Inductor's C++ backend compiles here, timings are CPU wall-clock medians; CUDA-graph executors are GPU
+work (tests/test_plan.py's GPU case and benchmarks/apply_kernelbench.py cover them).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import fusion_advisor
+from fusion_advisor.apply import ApplyOptions, RegionKey, VariantSpec, apply, write_outputs
+from fusion_advisor.apply import records as R
+from fusion_advisor.apply import search as search_mod
+from fusion_advisor.apply.executors import compile_graph
+from fusion_advisor.apply.measure import ModelHarness, scalarize, tensor_leaves
+from fusion_advisor.apply.regions import choose_depth, region_runs
+from fusion_advisor.apply.variants import PlannedModel
+from fusion_advisor.load import load_model
+
+DATA = Path(__file__).parent / "data" / "models"
+REGIONS_MODEL = DATA / "pointwise_regions.py"
+
+
+def _write(tmp: Path, name: str, text: str) -> Path:
+    path = tmp / f"{name}.py"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+# --- records --------------------------------------------------------------------------------------------------
+
+
+def test_region_key_round_trips_and_rejects_garbage():
+    key = RegionKey(2, "layers.0.mlp", 1)
+    assert str(key) == "g2:layers.0.mlp#1" and RegionKey.parse(str(key)) == key
+    assert RegionKey.parse("g0:<top>#0") == RegionKey(0, "", 0)
+    with pytest.raises(ValueError, match="not a region key"):
+        RegionKey.parse("layers.0#1")
+
+
+def test_variant_spec_round_trips_through_the_plan_form():
+    spec = VariantSpec("x", "inductor+cudagraphs", inductor_options=(("max_autotune", True),), cudnn_benchmark=True,
+                       regions=(("g0:lin#0", "eager+cudagraphs"),), region_depths=((0, 1),), why="because")
+    assert VariantSpec.from_dict(spec.to_dict()) == spec
+    assert "triton.cudagraphs" in VariantSpec("y", "inductor+cudagraphs",
+                                              inductor_options=(("freezing", True),)).describe()
+    assert VariantSpec("z", "inductor+cudagraphs").describe() == "torch.compile(model, mode='reduce-overhead')"
+    with pytest.raises(ValueError, match="unknown executor"):
+        VariantSpec.from_dict({"name": "bad", "rest": "warp"})
+
+
+# --- measurement ----------------------------------------------------------------------------------------------
+
+
+def test_tensor_leaves_reads_mappings_dataclasses_and_model_outputs():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Out:
+        loss: torch.Tensor
+        logits: torch.Tensor
+
+    a, b = torch.ones(1), torch.zeros(2)
+    assert [t.shape for t in tensor_leaves({"x": a, "y": [b, 3]})] == [a.shape, b.shape]
+    assert [t.shape for t in tensor_leaves(Out(a, b))] == [a.shape, b.shape]
+
+    class ToTuple:
+        def to_tuple(self):
+            return (a, b)
+
+    assert len(tensor_leaves(ToTuple())) == 2
+    with pytest.raises(RuntimeError, match="none requiring grad"):
+        scalarize({"loss": torch.ones(1)}, {})
+    with pytest.raises(RuntimeError, match="no tensors found in a object"):
+        scalarize(object(), {})
+
+
+def test_harness_rejects_a_variant_off_by_a_little_and_accepts_a_reordered_one():
+    """A variant 0.1% off in fp32 fails; one that sums in another order (fp32 rounding only) passes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh()).eval()
+    loaded = load_model(REGIONS_MODEL, device="cpu")  # a LoadedModel to borrow; its module is swapped below
+    loaded.module, loaded.user_module = model, model
+    loaded.inputs = (torch.randn(32, 64),)
+    loaded.make_inputs = lambda seed: (torch.randn(32, 64, generator=torch.Generator().manual_seed(seed)),)
+    h = ModelHarness(loaded, backward=False)
+    assert [n for n, _ in h.sets] == ["example", "fresh-0"]
+    ok = h.check(lambda x: torch.tanh(torch.nn.functional.linear(x, model[0].weight) + model[0].bias))
+    assert ok.passed and ok.reference == "float64 copy of the model", ok.details
+    bad = h.check(lambda x: model(x) * 1.001)
+    assert not bad.passed and "beyond the limits" in bad.details[0]
+    nan = h.check(lambda x: model(x).masked_fill(torch.zeros(32, 64, dtype=torch.bool).index_fill(0,
+                                                 torch.tensor([3]), True), float("nan")))
+    assert not nan.passed and "non-finite" in nan.details[0]
+
+
+def test_a_model_that_draws_random_numbers_is_judged_against_itself(tmp_path):
+    """Seeded identically before every call, the model as written agrees with itself; a compiled variant draws
+    other random numbers, and its float64 reference is untrusted: the check falls back to the dtype tolerance."""
+    path = _write(tmp_path, "noisy", """
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return x + torch.rand_like(x)
+
+        def get_inputs():
+            return [torch.randn(8, 8)]
+
+        def get_init_inputs():
+            return []
+    """)
+    loaded = load_model(path, device="cpu")
+    h = ModelHarness(loaded, backward=False)
+    check = h.check(loaded.module)
+    assert check.passed and "the model as written at the dtype tolerance" in check.reference
+    assert not h.check(lambda x: x + torch.rand_like(x) * 0.5).passed
+
+
+# --- executors and regions ------------------------------------------------------------------------------------
+
+
+def _dynamo_graph(model, inputs):
+    graphs = []
+
+    def grab(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=grab)(*inputs)
+    torch._dynamo.reset()
+    return graphs[0]
+
+
+def test_regions_follow_module_paths_and_mixed_executors_match_eager():
+    loaded = load_model(REGIONS_MODEL, device="cpu")
+    gm, example = _dynamo_graph(loaded.module, loaded.inputs)
+    runs = region_runs(gm, 1, 0)
+    assert [str(r.key) for r in runs] == ["g0:pre#0", "g0:lin#0", "g0:post#0"]
+    assert choose_depth(gm) == 1
+    spec = VariantSpec("mixed", "inductor", regions=(("g0:lin#0", "eager"), ("g0:nowhere#0", "eager")),
+                       region_depths=((0, 1),))
+    planned = PlannedModel(loaded.module, spec)
+    with torch.no_grad():
+        torch.testing.assert_close(planned(*loaded.inputs), loaded.module(*loaded.inputs), rtol=1e-5, atol=1e-5)
+    (graph,) = planned.backend.graphs
+    assert graph.regions == {"g0:lin#0": "eager", "g0:nowhere#0": "eager"} and not graph.executor_error
+    assert planned.problems() == ["graph 0: region g0:nowhere#0 not found in graph 0 (cut at depth 1)"]
+    with pytest.raises(ValueError, match="unknown executor"):
+        compile_graph(gm, example, "warp")
+
+
+# --- the search -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def regions_run(tmp_path_factory):
+    """apply --verify on the CPU: eager vs Inductor, the routes carried out per region, region changes."""
+    out = tmp_path_factory.mktemp("regions")
+    options = ApplyOptions(verify=True, budget_s=90, time_rounds=2)
+    result = apply(REGIONS_MODEL, options, device="cpu")
+    paths = write_outputs(result, out)
+    return result, paths
+
+
+def test_cpu_search_tries_baselines_routes_and_regions(regions_run):
+    result, paths = regions_run
+    names = [v.spec.name for v in result.variants]
+    assert names[:2] == ["eager", "torch.compile"] and "torch.compile reduce-overhead" not in names  # no CUDA
+    routes = result.variant("routes")
+    assert routes is not None and routes.correct, routes and routes.reason
+    assert dict(routes.spec.regions) == {"g0:lin#0": "eager"} and routes.spec.rest == "inductor"
+    assert not routes.problems, routes.problems
+    assert any("[g0:" in n for n in names), names  # region changes tried from the best variant
+    assert [r.routed_executor for r in result.regions] == ["inductor", "eager", "inductor"]
+    for v in result.variants:
+        if v.status not in (R.SKIPPED,):
+            assert v.check is not None and v.check.passed, (v.spec.name, v.check and v.check.details)
+            assert v.timing.timer == R.TIMER_CPU and v.timing.ms > 0 and len(v.timing.rounds_ms) == 2
+
+
+def test_cpu_choice_is_the_fastest_correct_variant_and_load_plan_rebuilds_it(regions_run):
+    result, paths = regions_run
+    chosen = result.chosen
+    timed = [v for v in result.variants if v.correct and v.ms is not None]
+    assert chosen in timed and chosen.status == R.CHOSEN
+    best_baseline = min(v.ms for v in timed if v.baseline)
+    assert chosen.ms <= best_baseline  # measured in this run: never slower than the best baseline
+    doc = yaml.safe_load(paths["plan"].read_text())
+    assert doc["chosen"]["name"] == chosen.spec.name and doc["summary"]["best_baseline"] == result.baseline
+    loaded = load_model(REGIONS_MODEL, device="cpu")
+    planned = fusion_advisor.load_plan(loaded.module, paths["plan"])
+    with torch.no_grad():
+        torch.testing.assert_close(planned(*loaded.inputs), loaded.module(*loaded.inputs), rtol=1e-5, atol=1e-5)
+    assert not planned.problems(), planned.problems()
+
+
+def _fake_outcome(name: str, ms: float | None, baseline: bool = False, correct: bool = True) -> R.VariantOutcome:
+    spec = VariantSpec(name, R.AS_WRITTEN if name == "eager" else "inductor")
+    check = R.VariantCheck(passed=correct)
+    timing = R.VariantTiming(timer=R.TIMER_GPU, ms=ms, rounds_ms=[ms] * 3 if ms else [], spread=0.01)
+    status = R.CORRECT if correct else R.WRONG
+    return R.VariantOutcome(spec, status, "", check, timing if ms is not None else None, baseline=baseline)
+
+
+def _inputs() -> search_mod.SearchInputs:
+    return search_mod.SearchInputs(harness=None, kernels={}, analysis=None, regions=[], swaps=[])
+
+
+def test_a_wrong_variant_is_never_chosen_however_fast():
+    outcomes = [_fake_outcome("eager", 10.0, True), _fake_outcome("torch.compile", 8.0, True),
+                _fake_outcome("fast-but-wrong", 1.0, correct=False)]
+    result = search_mod._choose(_inputs(), outcomes)
+    assert result.chosen.spec.name == "torch.compile" and result.baseline == "torch.compile"
+
+
+@pytest.mark.parametrize("confirmed", [True, False])
+def test_a_faster_variant_must_win_the_interleaved_confirmation(monkeypatch, confirmed):
+    outcomes = [_fake_outcome("eager", 10.0, True), _fake_outcome("torch.compile", 8.0, True),
+                _fake_outcome("regions", 7.5)]
+    monkeypatch.setattr(search_mod, "_confirm", lambda inp, a, b: (confirmed, "7.6 ms vs 7.9 ms", None))
+    result = search_mod._choose(_inputs(), outcomes)
+    assert result.chosen.spec.name == ("regions" if confirmed else "torch.compile")
+    assert ("confirmed in interleaved rounds" in result.reason) is confirmed
+    if not confirmed:
+        assert "not in the interleaved confirmation" in result.reason
+        assert "did not confirm against torch.compile" in outcomes[2].reason
+
+
+def test_unmeasured_swaps_are_chosen_only_when_asked():
+    untimed = R.VariantOutcome(VariantSpec("swaps+eager", "eager"), R.NOT_TIMED, "", R.VariantCheck(passed=True))
+    outcomes = [_fake_outcome("eager", 10.0, True), untimed]
+    assert search_mod._choose(_inputs(), list(outcomes)).chosen.spec.name == "eager"
+    inp = _inputs()
+    inp.keep_unmeasured = True
+    assert search_mod._choose(inp, list(outcomes)).chosen.spec.name == "swaps+eager"
+
+
+def test_the_budget_stops_the_candidates_but_not_the_baselines(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_evaluate(spec, inp, baseline=False):
+        calls.append(spec.name)
+        return _fake_outcome(spec.name, 5.0, baseline)
+
+    monkeypatch.setattr(search_mod, "evaluate", fake_evaluate)
+    loaded = load_model(REGIONS_MODEL, device="cpu")
+    inp = search_mod.SearchInputs(harness=ModelHarness(loaded, backward=False), kernels={}, regions=[], swaps=[],
+                                  analysis=apply(REGIONS_MODEL, ApplyOptions(), device="cpu").analysis, budget_s=0)
+    result = search_mod.search(inp)
+    assert calls == ["eager", "torch.compile"]
+    assert all(v.status == R.SKIPPED and "--budget-s" in v.reason for v in result.variants[2:])
+
+
+def test_planned_model_keeps_the_user_model_untouched_and_survives_an_outer_compile():
+    loaded = load_model(REGIONS_MODEL, device="cpu")
+    before = {k: v.clone() for k, v in loaded.module.state_dict().items()}
+    planned = PlannedModel(loaded.module, VariantSpec("torch.compile", "inductor"))
+    with torch.no_grad():
+        out = torch.compile(planned, backend="eager")(*loaded.inputs)
+        torch.testing.assert_close(out, loaded.module(*loaded.inputs), rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(before[k], v) for k, v in loaded.module.state_dict().items())
+    assert set(planned.state_dict()) == {f"model.{k}" for k in loaded.module.state_dict()}
