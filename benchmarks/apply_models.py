@@ -39,23 +39,22 @@ VARIANTS = ("eager", "torch.compile", "reduce-overhead", "plan")
 # --- one file, in its own process ---------------------------------------------------------------------------
 
 
-def evaluate(model_file: str, plan: str, backward: bool, rounds: int) -> dict[str, Any]:
+def evaluate(model_file: str, plan: str, backward: bool, rounds: int, device: str = "cuda") -> dict[str, Any]:
     """Time and check eager / torch.compile / reduce-overhead / the plan's model for one file (this process)."""
     import torch
-    import triton.testing
 
     import fusion_advisor
     from fusion_advisor.apply.measure import ModelHarness, tensor_leaves
     from fusion_advisor.load import load_model
 
-    loaded = load_model(None if model_file == "builtin" else model_file, device="cuda")
+    loaded = load_model(None if model_file == "builtin" else model_file, device=device)
     model = loaded.module
     harness = ModelHarness(loaded, backward=backward, fresh_sets=0)
     fresh = list(loaded.make_inputs(4321)) if loaded.make_inputs else list(loaded.inputs)
     makers = {
         "eager": lambda: model,
         "torch.compile": lambda: torch.compile(model),
-        "reduce-overhead": lambda: torch.compile(model, mode="reduce-overhead"),
+        "reduce-overhead": (lambda: torch.compile(model, mode="reduce-overhead")) if device == "cuda" else None,
         "plan": lambda: fusion_advisor.load_plan(model, plan),
     }
     out: dict[str, Any] = {"variants": {}}
@@ -67,15 +66,18 @@ def evaluate(model_file: str, plan: str, backward: bool, rounds: int) -> dict[st
 
     reference = outputs(model)
     built: dict[str, Any] = {}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for name, make in makers.items():
+        if make is None:
+            continue
         rec: dict[str, Any] = {}
         out["variants"][name] = rec
         try:
             fn = make()
-            torch.cuda.synchronize()
+            sync()
             start = time.perf_counter()
             harness.step(fn)()
-            torch.cuda.synchronize()
+            sync()
             rec["first_call_s"] = time.perf_counter() - start
             got = outputs(fn)
             ok = len(got) == len(reference) and all(
@@ -95,8 +97,7 @@ def evaluate(model_file: str, plan: str, backward: bool, rounds: int) -> dict[st
     for _ in range(rounds):  # interleaved: each round times every variant once
         for name, fn in built.items():
             try:
-                ms = triton.testing.do_bench(harness.step(fn), warmup=25, rep=100, return_mode="median")
-                out["variants"][name]["rounds_ms"].append(float(ms))
+                out["variants"][name]["rounds_ms"].append(harness.time_round(fn, warmup_ms=25, rep_ms=100))
             except Exception as e:
                 out["variants"][name]["error"] = f"timing: {type(e).__name__}: {str(e).splitlines()[0]}"[:300]
     for rec in out["variants"].values():
@@ -129,7 +130,7 @@ def run_file(path: str, out_dir: Path, args: argparse.Namespace) -> dict[str, An
     rec: dict[str, Any] = {"file": path, "name": name, "level": Path(path).parent.name if path != "builtin" else ""}
     apply_dir = out_dir / name
     cmd = ["fusion-advisor", "apply"] + ([] if path == "builtin" else [path]) + [
-        "--verify", "--device", "cuda", "--out", str(apply_dir), "--budget-s", str(args.budget_s),
+        "--verify", "--device", args.device, "--out", str(apply_dir), "--budget-s", str(args.budget_s),
         "--time-rounds", str(args.time_rounds)] + (["--backward"] if args.backward else [])
     start = time.perf_counter()
     try:
@@ -155,7 +156,7 @@ def run_file(path: str, out_dir: Path, args: argparse.Namespace) -> dict[str, An
     rec["apply_stage_s"] = doc.get("timings_s")
     ev_json = apply_dir / "eval.json"
     ev_cmd = [sys.executable, __file__, "--evaluate", path, "--plan", str(plan), "--json", str(ev_json),
-              "--rounds", str(args.rounds)] + (["--backward"] if args.backward else [])
+              "--rounds", str(args.rounds), "--device", args.device] + (["--backward"] if args.backward else [])
     try:
         p = subprocess.run(ev_cmd, capture_output=True, text=True, timeout=args.eval_timeout)
         if p.returncode != 0:
@@ -255,11 +256,14 @@ def main() -> None:
     ap.add_argument("--level3", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--files", nargs="*", default=[], help="more model files ('builtin': the default model)")
+    ap.add_argument("--slice", default="", help="run files[a:b] of the seeded subset (split a subset across calls)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--budget-s", type=float, default=45.0)
     ap.add_argument("--time-rounds", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--backward", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test this script")
+    ap.add_argument("--deadline-s", type=float, default=0.0, help="start no new file after this many seconds")
     ap.add_argument("--apply-timeout", type=float, default=400.0)
     ap.add_argument("--eval-timeout", type=float, default=300.0)
     ap.add_argument("--evaluate", help=argparse.SUPPRESS)
@@ -267,13 +271,21 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.evaluate:
-        args.json.write_text(json.dumps(evaluate(args.evaluate, args.plan, args.backward, args.rounds), indent=1))
+        result = evaluate(args.evaluate, args.plan, args.backward, args.rounds, args.device)
+        args.json.write_text(json.dumps(result, indent=1))
         return
     files = [str(f) for f in select(args.kernelbench, args.level2, args.level3, args.seed)] if args.kernelbench else []
+    if args.slice:
+        a, _, b = args.slice.partition(":")
+        files = files[int(a or 0):int(b) if b else None]
     files += list(args.files)
     args.out.mkdir(parents=True, exist_ok=True)
     recs = []
+    t0 = time.perf_counter()
     for i, f in enumerate(files):
+        if args.deadline_s and time.perf_counter() - t0 > args.deadline_s:
+            print(f"deadline of {args.deadline_s:g} s reached: {len(files) - i} file(s) not run: {files[i:]}")
+            break
         print(f"[{i + 1}/{len(files)}] {f}", flush=True)
         recs.append(run_file(f, args.out, args))
         r = recs[-1]

@@ -269,3 +269,20 @@ def test_planned_model_keeps_the_user_model_untouched_and_survives_an_outer_comp
         torch.testing.assert_close(out, loaded.module(*loaded.inputs), rtol=1e-5, atol=1e-5)
     assert all(torch.equal(before[k], v) for k, v in loaded.module.state_dict().items())
     assert set(planned.state_dict()) == {f"model.{k}" for k in loaded.module.state_dict()}
+
+
+@pytest.mark.gpu
+def test_gpu_search_tries_cuda_graphs_and_the_plan_rebuilds_the_choice(tmp_path):
+    result = apply(REGIONS_MODEL, ApplyOptions(verify=True, budget_s=60), device="cuda")
+    names = [v.spec.name for v in result.variants]
+    assert names[:4] == ["eager", "torch.compile", "torch.compile reduce-overhead", "cudagraphs"], names
+    for v in result.variants[:4]:
+        assert v.correct and v.ms is not None, (v.spec.name, v.reason)
+    chosen = result.chosen
+    best_baseline = min(v.ms for v in result.variants if v.baseline)
+    assert chosen.correct and chosen.ms <= best_baseline, (chosen.spec.name, chosen.ms, best_baseline)
+    paths = write_outputs(result, tmp_path / "out")
+    loaded = load_model(REGIONS_MODEL, device="cuda")
+    planned = fusion_advisor.load_plan(loaded.module, paths["plan"])
+    with torch.no_grad():
+        torch.testing.assert_close(planned(*loaded.inputs), loaded.module(*loaded.inputs), rtol=1e-4, atol=1e-4)

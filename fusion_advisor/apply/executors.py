@@ -22,9 +22,8 @@ a graph we build from a dynamo graph (the pre-dispatch retrace, a region) inheri
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
@@ -133,20 +132,6 @@ class CudagraphSkips:
         for mod, attr, original in self._patched:
             setattr(mod, attr, original)
         self._patched.clear()
-
-
-@contextlib.contextmanager
-def cudnn_benchmark(on: bool) -> Iterator[None]:
-    """``torch.backends.cudnn.benchmark`` set to ``on`` inside the block (restored after), when ``on``."""
-    if not on:
-        yield
-        return
-    previous = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.benchmark = previous
 
 
 def reset_compiled_state() -> None:
