@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1
 pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 if [ "$TESTS" = 1 ]; then
-  timeout 420 python -m pytest -q -p no:cacheprovider -m gpu tests/test_apply.py tests/test_plan.py \
+  timeout 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_apply.py tests/test_plan.py \
     tests/test_variants.py > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests: exit $?"; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -12
 fi
