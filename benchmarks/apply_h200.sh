@@ -9,7 +9,7 @@ set -u
 L2=${1:-4} L3=${2:-2} SEED=${3:-0} SLICE=${4:-} TESTS=${5:-1} DEADLINE=${6:-400}
 shift 6 2>/dev/null || shift $#
 export PYTHONUNBUFFERED=1
-pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 if [ "$TESTS" = 1 ]; then
   timeout 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_apply.py tests/test_plan.py \

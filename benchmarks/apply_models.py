@@ -129,7 +129,7 @@ def run_file(path: str, out_dir: Path, args: argparse.Namespace) -> dict[str, An
     name = "builtin" if path == "builtin" else Path(path).stem
     rec: dict[str, Any] = {"file": path, "name": name, "level": Path(path).parent.name if path != "builtin" else ""}
     apply_dir = out_dir / name
-    cmd = ["fusion-advisor", "apply"] + ([] if path == "builtin" else [path]) + [
+    cmd = [sys.executable, "-m", "fusion_advisor.cli", "apply"] + ([] if path == "builtin" else [path]) + [
         "--verify", "--device", args.device, "--out", str(apply_dir), "--budget-s", str(args.budget_s),
         "--time-rounds", str(args.time_rounds)] + (["--backward"] if args.backward else [])
     start = time.perf_counter()
