@@ -256,7 +256,7 @@ def main() -> None:
     ap.add_argument("--level3", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--files", nargs="*", default=[], help="more model files ('builtin': the default model)")
-    ap.add_argument("--slice", default="", help="run files[a:b] of the seeded subset (split a subset across calls)")
+    ap.add_argument("--slice", default="", help="run files[a:b] of the seeded subset, e.g. 0:3,8:10 (split a subset across calls)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--budget-s", type=float, default=45.0)
     ap.add_argument("--time-rounds", type=int, default=2)
@@ -275,9 +275,12 @@ def main() -> None:
         args.json.write_text(json.dumps(result, indent=1))
         return
     files = [str(f) for f in select(args.kernelbench, args.level2, args.level3, args.seed)] if args.kernelbench else []
-    if args.slice:
-        a, _, b = args.slice.partition(":")
-        files = files[int(a or 0):int(b) if b else None]
+    if args.slice:  # "a:b" or several, comma-separated
+        picked = []
+        for part in args.slice.split(","):
+            a, _, b = part.partition(":")
+            picked += files[int(a or 0):int(b) if b else None]
+        files = picked
     files += list(args.files)
     args.out.mkdir(parents=True, exist_ok=True)
     recs = []

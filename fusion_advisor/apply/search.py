@@ -46,6 +46,10 @@ EAGER, COMPILE, REDUCE_OVERHEAD = "eager", "torch.compile", "torch.compile reduc
 #: Interleaved rounds of the final confirmation (chosen vs best baseline).
 CONFIRM_ROUNDS = 4
 
+#: The fastest variant replaces the best baseline only when it wins the confirmation by at least this share (or
+#: the rounds' spread, whichever is larger): a win inside the noise buys nothing and risks losing elsewhere.
+MIN_WIN = 0.01
+
 #: A region change is kept only when the whole model gets faster by at least this share (or the measured spread,
 #: whichever is larger).
 MIN_REGION_GAIN = 0.02
@@ -503,7 +507,7 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> tuple[b
     ra, rb = VariantTiming(rounds_ms=ta), VariantTiming(rounds_ms=tb)
     summarize_rounds(ra)
     summarize_rounds(rb)
-    won = ra.ms < rb.ms
+    won = ra.ms < rb.ms * (1.0 - max(MIN_WIN, ra.spread or 0.0, rb.spread or 0.0))
     line = (f"{ra.ms:.4g} ms (spread {ra.spread:.1%}) vs {rb.ms:.4g} ms (spread {rb.spread:.1%}), "
             f"{rb.ms / ra.ms:.3f}x")
     return won, line, ma if won else None
