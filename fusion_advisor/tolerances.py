@@ -81,8 +81,19 @@ ERROR_FLOOR_ULPS: dict[torch.dtype, tuple[float, float]] = {
 }
 
 
-def error_floor(dtype: torch.dtype) -> tuple[float, float]:
-    """(norm-wise, max-wise) error floors of :func:`judge` for ``dtype``: ``ERROR_FLOOR_ULPS x finfo.eps``."""
+#: Unit of TF32 rounding (10 explicit mantissa bits): an fp32 result that went through a TF32 tensor-core product.
+TF32_EPS = 2.0 ** -10
+
+#: Floors for fp32 results where PyTorch's settings let products run in TF32, in units of :data:`TF32_EPS`.
+TF32_FLOOR_UNITS = (1.0, 4.0)
+
+
+def error_floor(dtype: torch.dtype, tf32: bool = False) -> tuple[float, float]:
+    """(norm-wise, max-wise) error floors of :func:`judge` for ``dtype``: ``ERROR_FLOOR_ULPS x finfo.eps``; for
+    fp32 with ``tf32`` (convolutions under ``torch.backends.cudnn.allow_tf32``, PyTorch's default, or matmuls
+    under ``torch.backends.cuda.matmul.allow_tf32``) the TF32 floor, since any eager run may take a TF32 kernel."""
+    if tf32 and dtype == torch.float32:
+        return TF32_FLOOR_UNITS[0] * TF32_EPS, TF32_FLOOR_UNITS[1] * TF32_EPS
     ulps = ERROR_FLOOR_ULPS.get(dtype, ERROR_FLOOR_ULPS[torch.float32])
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
     return ulps[0] * eps, ulps[1] * eps
@@ -123,7 +134,8 @@ def _errors(x: torch.Tensor, ref: torch.Tensor, finite: torch.Tensor) -> tuple[f
 
 
 def judge(candidate: torch.Tensor, reference: torch.Tensor, eager: torch.Tensor | None, label: str = "output",
-          norm_factor: float = NORM_ERROR_FACTOR, max_factor: float = MAX_ERROR_FACTOR) -> Judgement:
+          norm_factor: float = NORM_ERROR_FACTOR, max_factor: float = MAX_ERROR_FACTOR,
+          tf32: bool = False) -> Judgement:
     """Judge ``candidate`` against the float64 ``reference``, with the eager computation's own error as the scale.
 
     Args:
@@ -133,6 +145,7 @@ def judge(candidate: torch.Tensor, reference: torch.Tensor, eager: torch.Tensor 
             ``None``: no eager computation, the floors alone bound the error.
         label: names the tensor in ``reason``.
         norm_factor, max_factor: K of the section above.
+        tf32: fp32 products may run in TF32 under the present settings (see :func:`error_floor`).
 
     Returns:
         A :class:`Judgement`. Shapes that differ, and NaN / inf where the reference is finite (or finite where it
@@ -162,7 +175,7 @@ def judge(candidate: torch.Tensor, reference: torch.Tensor, eager: torch.Tensor 
                          f"not, or the reverse; first at flat index {flat}: candidate "
                          f"{x.reshape(-1)[flat].item():.6g}, float64 {ref.reshape(-1)[flat].item():.6g}")
     norm_err, max_err = _errors(x, ref, fin_ref)
-    floor_norm, floor_max = error_floor(x.dtype)
+    floor_norm, floor_max = error_floor(x.dtype, tf32)
     e_norm = e_max = None
     if eager is not None and tuple(eager.shape) == tuple(x.shape):
         e = eager.detach().to(x.device)
@@ -175,5 +188,6 @@ def judge(candidate: torch.Tensor, reference: torch.Tensor, eager: torch.Tensor 
     what = "within" if ok else "beyond"
     reason = (f"{label}: error against float64 {norm_err:.3g} norm-wise / {max_err:.3g} max-wise ({eager_text}); "
               f"{what} the limits {limit_norm:.3g} / {limit_max:.3g} "
-              f"({norm_factor:g}x / {max_factor:g}x eager + {x.dtype} floor)")
+              f"({norm_factor:g}x / {max_factor:g}x eager + {'TF32' if tf32 and x.dtype == torch.float32 else x.dtype} "
+              f"floor)")
     return Judgement(ok, norm_err, max_err, e_norm, e_max, limit_norm, limit_max, reason)

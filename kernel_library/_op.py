@@ -23,10 +23,11 @@ op without an autograd formula.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -56,12 +57,31 @@ def direct_call_ok(args: Iterable[Any]) -> bool:
     ``args`` a plain ``torch.Tensor`` or ``nn.Parameter`` not on the ``meta`` device."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or not DIRECT_EAGER:
         return False
+    if getattr(_state, "registered_only", False):
+        return False
     if _get_current_dispatch_mode() is not None or torch._C._are_functorch_transforms_active():
         return False
     for a in args:
         if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN_TENSOR_TYPES or a.is_meta):
             return False
     return True
+
+
+@contextlib.contextmanager
+def registered_ops_only() -> Iterator[None]:
+    """Inside the block every library op call goes through the registered op, never the direct path.
+
+    Tracing with ``make_fx(pre_dispatch=True)`` on real tensors pushes its proxy mode on the pre-dispatch stack,
+    which :func:`direct_call_ok` does not see: a direct call would launch the kernel eagerly, unseen by the
+    tracer, and the traced graph would keep only the output's allocation (``empty_like``) — an uninitialised
+    tensor in place of the kernel's result. apply traces its replacements inside this block.
+    """
+    previous = getattr(_state, "registered_only", False)
+    _state.registered_only = True
+    try:
+        yield
+    finally:
+        _state.registered_only = previous
 
 
 class LibraryOp:

@@ -112,10 +112,16 @@ class ModelHarness:
         loaded: the :class:`~fusion_advisor.load.LoadedModel`.
         backward: check parameter gradients and time forward + backward.
         fresh_sets: fresh input sets besides the example inputs.
+        tf32: fp32 products may run in TF32 under PyTorch's present settings (the model has convolutions and
+            ``torch.backends.cudnn.allow_tf32`` is on, the default, or matmuls and
+            ``torch.backends.cuda.matmul.allow_tf32``): fp32 outputs get the TF32 floor
+            (:func:`fusion_advisor.tolerances.error_floor`), since the model as written may take a TF32 kernel
+            on another run or GPU and torch.compile's choices do.
     """
 
-    def __init__(self, loaded: Any, backward: bool, fresh_sets: int = 1):
+    def __init__(self, loaded: Any, backward: bool, fresh_sets: int = 1, tf32: bool = False):
         self.loaded = loaded
+        self.tf32 = tf32
         self.model: torch.nn.Module = loaded.module
         self.backward = backward
         self.device = loaded.device
@@ -207,7 +213,9 @@ class ModelHarness:
         """Judge ``fn`` (a variant of the model) on every input set; never raises for the variant's own failure."""
         eager = self.eager()
         ref = self.reference()
-        out = VariantCheck(passed=True, reference="float64 copy of the model" if ref is not None else
+        what = "float64 copy of the model" + ("; fp32 products may run in TF32 (PyTorch's settings): TF32 floor"
+                                               if self.tf32 else "")
+        out = VariantCheck(passed=True, reference=what if ref is not None else
                            f"the model as written at the dtype tolerance: {self.reference_note}")
         worst_ratio = -1.0
         for name, xs in self.sets:
@@ -229,7 +237,7 @@ class ModelHarness:
             for i, ((label, g), (_, e)) in enumerate(zip(got.tensors, e_run.tensors)):
                 label = f"{name} {label}"
                 if ref is not None:
-                    j = judge(g, ref[name].tensors[i][1], e, label)
+                    j = judge(g, ref[name].tensors[i][1], e, label, tf32=self.tf32)
                     ok, line = j.ok, j.reason
                     ratio = j.norm_err / j.limit_norm if j.limit_norm > 0 else (0.0 if j.norm_err == 0 else 1e9)
                     ratio = max(ratio, j.max_err / j.limit_max if j.limit_max > 0 else ratio)

@@ -146,7 +146,7 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     if not options.verify:
         return result
     with timed("variants"):
-        harness = ModelHarness(loaded, backward)
+        harness = ModelHarness(loaded, backward, tf32=tf32_allowed(analysis, loaded.device))
         found = search(SearchInputs(
             harness=harness, kernels=kernels, analysis=analysis, regions=regions,
             swaps=[s for s in sites if outcomes[s.id].kept], budget_s=options.budget_s,
@@ -158,6 +158,17 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
         result.planned = PlannedModel(loaded.module, result.chosen.spec, kernels)
     _mark_swaps(result, found.swap_notes)
     return result
+
+
+def tf32_allowed(analysis: Any, device: str) -> bool:
+    """Whether PyTorch's present settings let the model's fp32 products run in TF32 on ``device``: convolutions
+    with ``torch.backends.cudnn.allow_tf32`` (on by default), matmuls with ``torch.backends.cuda.matmul.allow_tf32``
+    (off by default)."""
+    if device != "cuda":
+        return False
+    categories = {op.category for op in analysis.ops}
+    return bool(("conv" in categories and torch.backends.cudnn.allow_tf32)
+                or (categories & {"matmul", "attention"} and torch.backends.cuda.matmul.allow_tf32))
 
 
 def _mark_swaps(result: ApplyResult, notes: dict[str, str]) -> None:

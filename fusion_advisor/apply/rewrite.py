@@ -20,6 +20,9 @@ from fusion_advisor.apply.canonical import node_value, tensors_of
 from fusion_advisor.apply.match import Match
 from fusion_advisor.capture import first_line, quiet_torch_logs
 
+#: Namespaces of PyTorch's own ops: a traced replacement must call at least one op from another (its kernel's).
+_ATEN_NAMESPACES = frozenset({"aten", "prims"})
+
 #: Ops whose result never requires grad.
 _NO_GRAD_OPS = frozenset({torch.ops.aten.detach.default})
 
@@ -78,11 +81,19 @@ def trace_replacement(m: Match, requires_grad: dict[Node, bool], grad_mode: bool
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from kernel_library._op import registered_ops_only
+
     with unset_fake_temporarily():
         args = [_real_like(node_value(a), requires_grad.get(a, False)) if isinstance(a, Node) else a
                 for a in m.args_template]
-        with torch.set_grad_enabled(grad_mode), quiet_torch_logs():
-            return make_fx(m.pattern.entry.replacement, pre_dispatch=True)(*args)
+        with torch.set_grad_enabled(grad_mode), quiet_torch_logs(), registered_ops_only():
+            gm = make_fx(m.pattern.entry.replacement, pre_dispatch=True)(*args)
+    ops = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+           and n.target.namespace not in _ATEN_NAMESPACES]
+    if not ops:  # the kernel ran unseen by the tracer: its result would be lost, never run such a graph
+        raise RuntimeError(f"tracing the {m.site.kernel} replacement recorded no custom op call (the kernel "
+                           f"launch was not traced)")
+    return gm
 
 
 def rewrite(gm: torch.fx.GraphModule, matches: Sequence[Match], input_requires_grad: Sequence[bool],

@@ -389,29 +389,58 @@ def search(inp: SearchInputs) -> SearchResult:
     """Run the whole search (see the module docstring)."""
     h = inp.harness
     outcomes: list[VariantOutcome] = []
+    walls: dict[str, float] = {}
     for spec in baselines(h.device):
         if inp.wanted(spec):
+            t0 = time.perf_counter()
             outcomes.append(evaluate(spec, inp, baseline=True))
+            walls[spec.name] = time.perf_counter() - t0
     start = time.perf_counter()
+    compiled = next((o for o in outcomes if o.spec.name == COMPILE and o.timing is not None), None)
+    compile_s = (compiled.timing.first_call_s or 0.0) if compiled is not None else 10.0
+    check_s = walls.get(EAGER, 1.0)  # building nothing: what checking and timing one variant costs
 
-    def spent() -> bool:
-        return time.perf_counter() - start >= inp.budget_s
+    def refusal(spec: VariantSpec) -> str:
+        """Why ``spec`` is not tried now ("" when it is): a budget it would overrun."""
+        left = inp.budget_s - (time.perf_counter() - start)
+        estimate = check_s + compile_cost(spec) * compile_s
+        if estimate > left:
+            return (f"not tried: would take about {estimate:.0f} s ({compile_cost(spec):g}x torch.compile's first "
+                    f"call of {compile_s:.1f} s, plus checking and timing), {max(left, 0):.0f} s of the --budget-s "
+                    f"of {inp.budget_s:g} s left")
+        return ""
 
     for spec in candidates(inp, outcomes):
-        if not inp.wanted(spec):
-            outcomes.append(VariantOutcome(spec, SKIPPED, "not tried: not among --variants"))
-        elif spent():
-            outcomes.append(VariantOutcome(spec, SKIPPED, f"not tried: the --budget-s of {inp.budget_s:g} s was spent"))
-        else:
-            outcomes.append(evaluate(spec, inp))
+        if not inp.wanted(spec):  # not asked for (--variants): not tried, not listed
+            outcomes.append(VariantOutcome(spec, SKIPPED, "not among --variants"))
+            continue
+        why = refusal(spec)
+        outcomes.append(VariantOutcome(spec, SKIPPED, why) if why else evaluate(spec, inp))
+    outcomes[:] = [o for o in outcomes if o.reason != "not among --variants"]
     if inp.use_regions and len(inp.regions) >= 2:
-        _search_regions(inp, outcomes, spent)
+        _search_regions(inp, outcomes, refusal)
     result = _choose(inp, outcomes)
     result.swap_notes = dict(inp.swap_notes)
     return result
 
 
-def _search_regions(inp: SearchInputs, outcomes: list[VariantOutcome], spent: Callable[[], bool]) -> None:
+def compile_cost(spec: VariantSpec) -> float:
+    """A variant's build cost in units of ``torch.compile(model)``'s first call (what the budget is checked with):
+    nothing to compile for the model as written, a trace and a capture for CUDA graphs of the model's own
+    kernels, one Inductor compile otherwise, about ten for max-autotune (it times every GEMM / convolution
+    template)."""
+    opts = dict(spec.inductor_options)
+    if opts.get("max_autotune"):
+        return 10.0
+    if spec.rest == AS_WRITTEN and spec.stock:
+        return 0.0
+    if spec.rest in ("eager", "eager+cudagraphs") and not any(e.startswith("inductor") for _, e in spec.regions):
+        return 0.3
+    return 1.0
+
+
+def _search_regions(inp: SearchInputs, outcomes: list[VariantOutcome], refusal: Callable[[VariantSpec], str]
+                    ) -> None:
     best = _best(outcomes, lambda o: not o.spec.swaps and not o.spec.cudnn_benchmark
                  and not o.spec.inductor_options)
     if best is None:
@@ -429,10 +458,11 @@ def _search_regions(inp: SearchInputs, outcomes: list[VariantOutcome], spent: Ca
                        rest=default, regions=tuple(sorted(regions.items())), region_depths=_depths(inp.regions),
                        why=f"from {base.spec.name}: region {region.key} ({region.n_ops} ops, predicted fusion gain "
                            f"{region.compile_gain_us:.1f} us) runs {executor}")
-        if spent():
-            outcomes.append(VariantOutcome(spec, SKIPPED, f"not tried: the --budget-s of {inp.budget_s:g} s was spent"))
-            break
         if not inp.wanted(spec):
+            break
+        why = refusal(spec)
+        if why:
+            outcomes.append(VariantOutcome(spec, SKIPPED, why))
             break
         trial = evaluate(spec, inp)
         outcomes.append(trial)

@@ -128,3 +128,19 @@ def test_jit_trace_records_the_registered_op():
     assert "fusion_advisor_test::scaled_square" in str(traced.graph)
     x = torch.randn(3)
     assert torch.allclose(traced(x), 2.0 * x * x)
+
+
+def test_tracing_a_replacement_records_the_op_not_an_unseen_launch():
+    """make_fx(pre_dispatch=True) on real tensors keeps its proxy mode where direct_call_ok cannot see it: a direct
+    call would launch the kernel unseen and leave only the output's allocation in the graph (found on the H200:
+    swapped models computed from uninitialised memory). registered_ops_only() makes the call take the op."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kernel_library._op import registered_ops_only
+    from kernel_library.registry import load_all
+
+    entry = load_all()["swiglu"]
+    a, b = torch.zeros(4, 8), torch.zeros(4, 8)
+    with registered_ops_only():
+        gm = make_fx(entry.replacement, pre_dispatch=True)(a, b)
+    assert "fusion_advisor.swiglu.default" in [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
