@@ -47,8 +47,8 @@ DEFAULT_BUDGET_S = 300.0
 #: Largest total input elements compiled on the CPU for a --device meta analysis (64 MiB of fp32).
 MAX_META_ELEMS = 1 << 24
 
-#: Routes whose chains get Inductor code.
-ROUTES = ("torch.compile", "triton")
+#: Routes whose chains get Inductor code (a CUDA-graph route replays Inductor's fused kernels too).
+CODE_ROUTES = ("torch.compile", "triton", "cudagraphs")
 
 CPU_NOTE = "Inductor CPU code (C++); on a GPU it would be Triton"
 ISOLATION_NOTE = ("the chain compiled on its own: inside the whole model Inductor may fuse it with its neighbours")
@@ -249,7 +249,7 @@ def generate(analysis: Analysis, graphs: Sequence[torch.fx.GraphModule], top: in
         one :class:`InductorCode` per selected chain, in order of estimated saving; ``path`` is
         ``inductor/<chain_id>.py`` for generated code (written by :func:`write_files`).
     """
-    routed = [c for c in analysis.chains if analysis.decisions.get(c.id) and analysis.decisions[c.id].route in ROUTES]
+    routed = [c for c in analysis.chains if analysis.decisions.get(c.id) and analysis.decisions[c.id].route in CODE_ROUTES]
     routed.sort(key=lambda c: analysis.estimates[c.id].saving_us if c.id in analysis.estimates else 0.0, reverse=True)
     device = _target_device(analysis.device)
     start = time.perf_counter()

@@ -206,13 +206,21 @@ class Estimate:
     peak_tflops: float
 
 
+#: Where a chain can go (the rules' ``route`` field): leave it to eager / vendor libraries, compile it with
+#: Inductor, swap in a library Triton kernel, or replay it from a CUDA graph (launch-bound work).
+ROUTES = ("skip", "torch.compile", "triton", "cudagraphs")
+
+#: Bound classes of the roofline.
+BOUNDS = ("compute", "memory", "launch")
+
+
 @dataclass(frozen=True)
 class Decision:
     """Where one chain goes and why.
 
     Attributes:
         chain_id: the chain decided.
-        route: ``"skip"``, ``"torch.compile"`` or ``"triton"``.
+        route: one of :data:`ROUTES`.
         kernel: library kernel name for ``"triton"`` routes, else ``""``.
         rule_id: id of the rule that decided (first match wins).
         rules_file: file the rule came from.

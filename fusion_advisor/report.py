@@ -35,12 +35,9 @@ import jinja2
 import pandas as pd
 
 import fusion_advisor
-from fusion_advisor.records import Analysis, Chain, ChainMeasurement, Decision, Estimate, OpInfo, SourceLoc, TensorMeta
-
-#: Route names in the order the report lists them (``fusion_advisor.route`` produces these).
-ROUTES = ("skip", "torch.compile", "triton")
-#: Bound classes in the order the report lists them (``fusion_advisor.cost`` produces these).
-BOUNDS = ("compute", "memory", "launch")
+from fusion_advisor.records import (  # route names and bound classes, in the order the report lists them
+    BOUNDS, ROUTES, Analysis, Chain, ChainMeasurement, Decision, Estimate, OpInfo, SourceLoc, TensorMeta,
+)
 
 #: File names written by :func:`write_report`, by the key of its result.
 FILE_NAMES = {
@@ -57,7 +54,8 @@ CHAIN_COLUMNS: dict[str, str] = {
     "kind": "'fusible' (pointwise/reduction/normalization/softmax ops one fused kernel can run), 'heavy' (a "
     "library op: matmul, conv, attention, embedding) or 'other' (an op no fused kernel takes).",
     "pattern": "Recognised pattern ('rmsnorm', 'softmax', ...), else a generic name ('pointwise', 'matmul', ...).",
-    "route": "Where the chain goes: 'skip' (leave eager), 'torch.compile' or 'triton' (a library kernel).",
+    "route": "Where the chain goes: 'skip' (leave eager), 'torch.compile', 'triton' (a library kernel) or "
+             "'cudagraphs' (replay it from a CUDA graph: launch-bound work).",
     "kernel": "Library kernel name for 'triton' routes, else empty.",
     "rule_id": "Id of the routing rule that decided (first match wins).",
     "bound": "Bound class after routing: 'compute', 'memory' or 'launch' (the roofline's class unless a rule "
@@ -81,6 +79,7 @@ CHAIN_COLUMNS: dict[str, str] = {
     "est_saving_us": "est_eager_us - est_fused_us as the cost model reports it (0 for heavy and single-kernel "
     "items) (us).",
     "est_after_route_us": "Estimated time after routing: est_fused_us when route is 'torch.compile' or 'triton', "
+    "the eager kernels without launch gaps (max of compute_us and the eager memory time) when 'cudagraphs', "
     "est_eager_us when 'skip' (us).",
     "compute_us": "flops / the peak FLOP/s that serves the chain (tensor cores for matmuls, else vector units) (us).",
     "memory_fused_us": "fused_bytes / peak memory bandwidth (us).",
@@ -176,7 +175,7 @@ HOW_COMPUTED = (
 )
 
 # Roofline chart styling: color per route, marker per bound class (anything else: grey / 'x').
-_ROUTE_COLORS = {"skip": "#8c8c8c", "torch.compile": "#1f77b4", "triton": "#d62728"}
+_ROUTE_COLORS = {"skip": "#8c8c8c", "torch.compile": "#1f77b4", "triton": "#d62728", "cudagraphs": "#2ca02c"}
 _BOUND_MARKERS = {"compute": "s", "memory": "o", "launch": "^"}
 _OTHER_COLOR = "#9467bd"
 _OTHER_MARKER = "x"
@@ -223,9 +222,12 @@ def _is_num(x: Any) -> bool:
 
 
 def _after_route_us(route: str, est: Estimate | None) -> float:
-    """Fused time when the route fuses (torch.compile / triton), eager time otherwise (skip, or no decision)."""
+    """Fused time when the route fuses (torch.compile / triton); for cudagraphs the eager kernels back to back,
+    without the launch gaps (``max(compute, eager memory)``); eager time otherwise (skip, or no decision)."""
     if est is None:
         return _nan()
+    if route == "cudagraphs":
+        return min(est.eager_us, max(est.compute_us, est.memory_eager_us))
     return est.fused_us if route in ("torch.compile", "triton") else est.eager_us
 
 

@@ -10,7 +10,7 @@ A rules file::
         match:                          # every condition must hold; an absent one matches anything
           kind: [heavy]
           categories_any: [matmul]
-        route: skip                     # skip | torch.compile | triton
+        route: skip                     # skip | torch.compile | triton | cudagraphs
         kernel: auto                    # triton routes: a kernel_library name, or auto (the kernel that
                                         #   replaces the chain's pattern)
         bound: memory                   # optional: override the roofline's bound class
@@ -34,10 +34,7 @@ from typing import Any, Callable
 import yaml
 
 from fusion_advisor.errors import RulesError
-from fusion_advisor.records import Chain, ChainMeasurement, Estimate
-
-ROUTES = ("skip", "torch.compile", "triton")
-BOUNDS = ("compute", "memory", "launch")
+from fusion_advisor.records import BOUNDS, ROUTES, Chain, ChainMeasurement, Estimate
 def _shipped_rules() -> Path:
     """rules/default.yaml: beside the package in a checkout, package data (fusion_advisor.shipped_rules) when installed."""
     in_checkout = Path(__file__).resolve().parent.parent / "rules" / "default.yaml"

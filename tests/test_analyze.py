@@ -77,7 +77,7 @@ def test_tiny_pointwise_chain_is_launch_bound(runs):
     c = fusible[0]
     assert c.eager_kernels >= 9
     assert a.estimates[c.id].bound == "launch"
-    assert a.decisions[c.id].route == "torch.compile"
+    assert a.decisions[c.id].route == "cudagraphs" and a.decisions[c.id].rule_id == "cudagraphs-launch-bound"
     assert a.estimates[c.id].fused_us < a.estimates[c.id].eager_us / 5
 
 
@@ -90,7 +90,7 @@ def test_gpt2_and_bert_capture_and_route(runs):
         assert any(c.pattern == "matmul" for c in a.chains)
         assert set(a.decisions) == {c.id for c in a.chains}
         for d in a.decisions.values():
-            assert d.route in ("skip", "torch.compile", "triton") and d.reason and d.rule_id
+            assert d.route in ("skip", "torch.compile", "triton", "cudagraphs") and d.reason and d.rule_id
 
 
 def test_kernelbench_file(runs):

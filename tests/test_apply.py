@@ -246,7 +246,8 @@ def test_dry_run_routed_policy_follows_the_analysis(tmp_path):
     for s in result.sites:
         o = result.outcomes[s.id]
         assert o.decision == R.NOT_TRIED and o.verification is None
-        assert "torch.compile" in o.reason and "--candidates all" in o.reason
+        assert "analysis routes chain" in o.reason and "--candidates all" in o.reason
+        assert "triton" not in o.reason.split("->")[1].split("(")[0]  # routed elsewhere than a library kernel
     result = apply(model, ApplyOptions(candidates="all", kernels=("swiglu",)), device="cpu")
     assert {result.outcomes[s.id].decision for s in result.sites} == {R.NOT_VERIFIED}
 

@@ -288,7 +288,7 @@ def test_measured_launch_bound_overrides_a_predicted_memory_bound():
     static = route_chain(chain, _est("memory"), rules, kernels={}, device_kind="gpu")
     assert static.rule_id == "triton-rmsnorm"  # unchanged without a measurement
     d = route_chain(chain, _est("memory"), rules, kernels={}, device_kind="gpu", measured=_measured("launch"))
-    assert (d.rule_id, d.route, d.bound) == ("compile-measured-launch-bound", "torch.compile", "launch")
+    assert (d.rule_id, d.route, d.bound) == ("cudagraphs-measured-launch-bound", "cudagraphs", "launch")
     assert "measured launch-bound (predicted memory-bound)" in d.reason and "40.0 us" in d.reason
     same = route_chain(chain, _est("memory"), rules, kernels={}, device_kind="gpu", measured=_measured("memory"))
     assert same.rule_id == "triton-rmsnorm"

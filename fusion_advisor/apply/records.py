@@ -363,10 +363,11 @@ class Region:
 
     @property
     def routed_executor(self) -> str:
-        """The executor the analysis' routes ask for: ``inductor`` when a chain is routed to torch.compile (or a
-        library kernel, whose rest Inductor fuses), else ``eager``; CUDA graphs when a chain is routed there."""
+        """The executor the analysis' routes ask for: ``inductor`` when a chain is routed to torch.compile, a
+        library kernel (whose rest Inductor fuses) or CUDA graphs (Inductor fuses inside the graph), else
+        ``eager``; with CUDA graphs when a chain is routed there."""
         routes = dict(self.routes)
-        base = "inductor" if routes.get("torch.compile") or routes.get("triton") else "eager"
+        base = "inductor" if any(routes.get(r) for r in ("torch.compile", "triton", "cudagraphs")) else "eager"
         return with_cudagraphs(base, bool(routes.get("cudagraphs")))
 
 

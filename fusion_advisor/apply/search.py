@@ -343,8 +343,9 @@ def _routed_regions(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Varian
     if len(set(wanted.values())) < 2:
         return None  # one executor everywhere: a whole-model variant already is the routing
     best = _best(outcomes)
+    cuda = inp.harness.device == "cuda"
     graphs = bool(best is not None and best.spec.cudagraphs)
-    wanted = {k: with_cudagraphs(e, graphs or uses_cudagraphs(e)) for k, e in wanted.items()}
+    wanted = {k: with_cudagraphs(e, cuda and (graphs or uses_cudagraphs(e))) for k, e in wanted.items()}
     counts: dict[str, int] = {}
     for e in wanted.values():
         counts[e] = counts.get(e, 0) + 1
