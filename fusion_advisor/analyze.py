@@ -17,6 +17,7 @@ import torch
 from fusion_advisor.capture import Capture, capture
 from fusion_advisor.chains import build_chains
 from fusion_advisor.devices import DeviceSpec, load_spec
+from fusion_advisor.errors import ModelRunError
 from fusion_advisor.graph import build_op_graph
 from fusion_advisor.load import LoadedModel, load_model
 from fusion_advisor.records import Analysis
@@ -128,6 +129,7 @@ def analyze(
         timings[name] = time.perf_counter() - start
 
     # Cheap checks first, so a bad option fails before a long capture.
+    auto_device = device is None
     device = device or default_device()
     spec: DeviceSpec = load_spec(gpu or _default_spec_for(device, profile))
     spec_notes = _profile_spec_notes(device, profile, gpu, spec)
@@ -144,9 +146,15 @@ def analyze(
             check_trace_path(Path(trace))
 
     with timed("load"):
-        loaded = load_model(model_path, device=device, dtype=dtype)
+        loaded = _load(model_path, device, dtype, auto_device)
     with timed("capture"):
-        cap = capture(loaded)
+        try:
+            cap = capture(loaded)
+        except ModelRunError as e:
+            if not (auto_device and loaded.device == "meta" and reads_values(e)):
+                raise
+            loaded = _on_cpu_instead(model_path, dtype, loaded, e)
+            cap = capture(loaded)
     if on_capture is not None:
         on_capture(cap)
     profile_fn = None
@@ -160,6 +168,68 @@ def analyze(
     analysis = analyze_capture(loaded, cap, spec, rules, timed, notes=spec_notes, profile_fn=profile_fn)
     analysis.timings_s = timings
     return analysis
+
+
+#: Error texts of an op that needs tensor values (nothing to read on the meta device).
+_VALUE_READS = ("meta tensor", "item()", "data-dependent", "truth value", "data_ptr", "cannot be called on meta",
+                "nonzero", "is not implemented for meta", "meta_nonzero", "aten::_local_scalar_dense")
+
+#: On the CPU instead of meta only when the model's parameters and buffers take at most this share of the memory
+#: available (the rest is headroom for activations and the capture).
+CPU_FALLBACK_MEMORY_SHARE = 0.5
+
+
+def reads_values(e: BaseException) -> bool:
+    """Whether an error says the model read a tensor's values (``.item()``, a branch on a value, ``nonzero``)."""
+    text = str(e).lower()
+    return any(k.lower() in text for k in _VALUE_READS)
+
+
+def _available_bytes() -> int:
+    """MemAvailable of this machine, bytes (a large number when it cannot be read)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
+def _load(model_path: str | Path | None, device: str, dtype: str, auto_device: bool) -> LoadedModel:
+    """load_model on ``device``; on the default meta device a model whose ``__init__`` reads tensor values (a
+    ``.item()`` of a ``linspace`` for drop-path rates) is built on the CPU instead, and the report says so."""
+    from fusion_advisor.errors import ModelRunError
+
+    try:
+        return load_model(model_path, device=device, dtype=dtype)
+    except ModelRunError as e:
+        if not (auto_device and device == "meta" and reads_values(e)):
+            raise
+        loaded = load_model(model_path, device="cpu", dtype=dtype)
+        loaded.notes.append(f"{loaded.file}: built and analysed on the CPU, not the meta device: building the "
+                            f"model reads tensor values ({_first_words(e)}); shapes and costs are the same")
+        return loaded
+
+
+def _on_cpu_instead(model_path: str | Path | None, dtype: str, meta: LoadedModel, e: BaseException) -> LoadedModel:
+    """The model again on the CPU, after its run on meta read a tensor's value (a branch on ``h.mean() > 0``, a
+    ``nonzero``): only when its parameters fit in memory (:data:`CPU_FALLBACK_MEMORY_SHARE`), else the error."""
+    need = sum(t.numel() * t.element_size() for t in list(meta.module.parameters()) + list(meta.module.buffers()))
+    have = _available_bytes()
+    if need > CPU_FALLBACK_MEMORY_SHARE * have:
+        raise type(e)(f"{e} — it cannot be analysed on the meta device, and its {need / 2**30:.1f} GiB of weights do "
+                      f"not fit in this machine's memory ({have / 2**30:.1f} GiB available) to run it on the CPU: "
+                      f"analyse it on a GPU machine (--device cuda)") from e
+    loaded = load_model(model_path, device="cpu", dtype=dtype)
+    loaded.notes.append(f"{loaded.file}: analysed on the CPU, not the meta device: the model reads tensor values "
+                        f"while it runs ({_first_words(e)}); its weights ({need / 2**20:.0f} MiB) fit in memory")
+    return loaded
+
+
+def _first_words(e: BaseException, limit: int = 160) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[: limit - 3].rsplit(" ", 1)[0] + "..."
 
 
 def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: Any,
@@ -198,7 +268,7 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
         rules_files=list(rules.files),
         capture_method=cap.method,
         graph_breaks=cap.breaks,
-        warnings=cap.warnings + loaded.notes + list(notes or []),
+        warnings=cap.warnings + loaded.notes + list(notes or []) + og.notes,
         ops=og.ops,
         chains=chains,
         estimates=estimates,

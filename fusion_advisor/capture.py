@@ -177,9 +177,13 @@ class Capture:
 
 
 def first_line(text: str, limit: int = 300) -> str:
-    """``text`` as one line (whitespace collapsed), cut to ``limit`` characters with "..." (for error messages)."""
+    """``text`` as one line (whitespace collapsed), cut to ``limit`` characters at a word boundary with "..." (for
+    error messages)."""
     line = " ".join(str(text).strip().split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    if len(line) <= limit:
+        return line
+    cut = line[: limit - 3]
+    return (cut.rsplit(" ", 1)[0] if " " in cut[limit // 2:] else cut) + "..."
 
 
 def user_loc(stack: list[traceback.FrameSummary] | None) -> SourceLoc:

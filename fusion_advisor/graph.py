@@ -14,7 +14,7 @@ Bytes: each tensor input read once and each output written once, as if the op ra
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 import networkx as nx
@@ -84,7 +84,10 @@ _BY_NAME: dict[str, set[str]] = {
     "view": {"_unsafe_view", "view", "reshape", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze",
              "slice", "select", "as_strided", "alias", "detach", "split", "split_with_sizes", "chunk", "unbind",
              "unflatten", "flatten", "narrow", "view_as", "expand_as", "_reshape_alias", "diagonal", "unfold",
-             "_unsafe_index_put"},
+             "_unsafe_index_put",
+             # reads of a tensor's sizes and checks on them (data-dependent shapes): host-side, no kernel
+             "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_assert_scalar", "sym_constrain_range",
+             "sym_constrain_range_for_size", "_assert_tensor_metadata"},
 }
 _NAME_TO_CATEGORY = {name: cat for cat, names in _BY_NAME.items() for name in names}
 
@@ -281,10 +284,12 @@ class OpGraph:
             ``meta`` (:class:`TensorMeta`) of the tensor flowing; graph outputs are marked by node attribute
             ``is_output=True``.
         ops: every :class:`OpInfo`, in execution order.
+        notes: assumptions made while building it (the value each data-dependent size was costed at).
     """
 
     g: nx.DiGraph
     ops: list[OpInfo]
+    notes: list[str] = field(default_factory=list)
 
     def op(self, op_id: str) -> OpInfo:
         """The op with id ``op_id``. Raises ``KeyError`` if absent or a graph input."""
@@ -341,11 +346,60 @@ class OpGraph:
         return False
 
 
+def _size_hint(s: Any, notes: dict[str, str]) -> int:
+    """An int for one dimension: itself, a backed symbol's hint, or for a data-dependent (unbacked) size the upper
+    bound of its value range (the worst case; ``notes`` records the assumption), else 1."""
+    if isinstance(s, int):
+        return s
+    node = getattr(s, "node", None)
+    env = getattr(node, "shape_env", None)
+    if env is None:
+        return int(s)
+    hint = env.size_hint(node.expr, allow_none=True)
+    if hint is not None:
+        return int(hint)
+    try:
+        upper = env.bound_sympy(node.expr).upper
+        value = int(upper) if upper.is_finite else 1
+    except Exception:  # an expression the range analysis cannot bound
+        value = 1
+    how = "its upper bound (the worst case)" if value != 1 else "1 (no bound known)"
+    notes.setdefault(str(node.expr), f"data-dependent size {node.expr} costed as {value}: {how}")
+    return value
+
+
+def concretize(gm: torch.fx.GraphModule, notes: dict[str, str]) -> None:
+    """Give every node value with symbolic sizes (a data-dependent output: ``nonzero``, a boolean mask) concrete
+    sizes in place, as meta tensors of hinted shape and strides (:func:`_size_hint`), so the stages after capture
+    see ints; ``notes`` gets one line per data-dependent size and the value it was costed at."""
+    def fix(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        sizes = list(t.shape)
+        try:
+            strides = list(t.stride())
+        except (RuntimeError, NotImplementedError):
+            return t
+        if all(isinstance(x, int) for x in sizes + strides):
+            return t
+        shape = [_size_hint(x, notes) for x in sizes]
+        stride = [_size_hint(x, notes) for x in strides]
+        return torch.empty_strided(shape, stride, dtype=t.dtype, device="meta")
+
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if val is not None:
+            n.meta["val"] = torch.utils._pytree.tree_map(fix, val)
+
+
 def build_op_graph(capture: Capture) -> OpGraph:
-    """Build the :class:`OpGraph` of all captured graphs (graphs stay disconnected from each other)."""
+    """Build the :class:`OpGraph` of all captured graphs (graphs stay disconnected from each other). Data-dependent
+    sizes are costed at a stated value (:func:`concretize`; the notes go to :attr:`OpGraph.notes`)."""
     g = nx.DiGraph()
     ops: list[OpInfo] = []
+    notes: dict[str, str] = {}
     for gi, gm in enumerate(capture.graphs):
+        concretize(gm, notes)
         ids: dict[torch.fx.Node, str] = {}
         for node in gm.graph.nodes:
             nid = f"g{gi}:{node.name}"
@@ -367,7 +421,7 @@ def build_op_graph(capture: Capture) -> OpGraph:
                     metas = [tensor_meta(t) for t in _tensors(val)]
                     if metas:
                         g.add_edge(ids[arg], nid, meta=metas[0])
-    return OpGraph(g=g, ops=ops)
+    return OpGraph(g=g, ops=ops, notes=list(notes.values()))
 
 
 def _flat_nodes(args: Any) -> list[torch.fx.Node]:
@@ -390,6 +444,8 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     out_val = _val(node)
     outputs = tuple(tensor_meta(t) for t in _tensors(out_val))
     inputs = tuple(tensor_meta(t) for a in _flat_nodes((node.args, node.kwargs)) for t in _tensors(_val(a)))
+    if not outputs and not inputs:  # arithmetic on sizes (sym_size, comparisons, _assert_scalar): host-side only
+        category = "view"
     row, last = _reduction_geometry(node, _op_name(target), category, inputs, outputs)
     variant, kernels = (attention_variant(node, _op_name(target)) if category == "attention"
                         else ("", MULTI_KERNEL_OPS.get(_op_name(target), 1)))

@@ -264,7 +264,7 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
         model = model.to(device=device, dtype=torch_dtype) if torch_dtype else model.to(device)
     except Exception as e:
         raise ModelRunError(f"{origin}: moving the model to {device} failed: {e}") from e
-    notes = []
+    notes = _cache_off(user_model, origin)
     mode_matters = any(isinstance(m, (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm))
                        for m in model.modules())
     if user_model.training and mode_matters:  # the user's module, not the KeywordCall wrapper around it
@@ -293,6 +293,28 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
         make_inputs=make_inputs if device != "meta" else None,
         user_module=user_model,
     )
+
+
+def _cache_off(model: nn.Module, origin: str) -> list[str]:
+    """Turn the KV cache off in every Hugging Face model inside ``model`` (its ``config.use_cache``), returning a
+    note per model changed.
+
+    A transformers model built from its default config returns a ``DynamicCache`` from its forward: dynamo fakes
+    ``torch.cat`` of its empty (0,)-sized tensors and export cannot flatten it (no pytree), and its mask code reads
+    tensor values; a forward without a cache is what a training step or a prefill runs, and captures everywhere.
+    The tool built this instance from the file itself, so the user's own objects are untouched.
+    """
+    notes = []
+    for name, m in model.named_modules():
+        config = getattr(m, "config", None)
+        if config is None or not getattr(config, "use_cache", False) or not hasattr(m, "generation_config") and \
+                not type(m).__module__.startswith("transformers."):
+            continue
+        config.use_cache = False
+        where = f" ({name})" if name else ""
+        notes.append(f"{origin}: {type(m).__name__}{where} analysed with use_cache=False (a forward without a KV "
+                     f"cache, as in training or a prefill); set by fusion-advisor on its own instance of the model")
+    return notes
 
 
 def _make_raw_inputs(module: ModuleType, device: str, origin: str, file_path: Path | None) -> Any:

@@ -517,6 +517,22 @@ def test_hf_llama_swaps_verified_and_patched_model_matches(tmp_path):
     assert result.chosen.spec.name == "swaps+eager" and result.chosen.check.passed, result.chosen.check.details
 
 
+def test_llama3_shaped_training_step_verifies_through_apply():
+    """GQA (4 query heads over 2 key/value heads), a vocabulary over 65536, a loss from labels, the default config
+    (cache on), forward+backward: every swap verified alone and the whole-model variant with them passes its float64
+    check on the loss and every parameter gradient (it once raised "the model's outputs do not require grad")."""
+    options = ApplyOptions(verify=True, backward=True, candidates="all", keep_unmeasured=True, seeds=0,
+                           kernels=("cross_entropy", "rmsnorm"), variants=SWAP_VARIANTS)
+    result = apply(DATA / "models" / "hf_llama3_loss.py", options, device="cpu")
+    assert {s.kernel for s in result.kept} == {"cross_entropy", "rmsnorm"}
+    ce = _by_kernel(result, "cross_entropy")[0]
+    assert ce.inputs[0][1].shape[-1] == 70000
+    chosen = result.chosen
+    assert chosen.spec.name == "swaps+eager" and chosen.check.passed, chosen.check.details
+    assert result.backward and any("grad" in line for line in [chosen.check.worst] + chosen.check.details)
+    assert any("use_cache=False" in w for w in result.warnings)
+
+
 def test_gpt2_layernorm_matches(tmp_path):
     model = _write(tmp_path, "gpt2", GPT2)
     result = apply(model, ApplyOptions(candidates="all", kernels=("layernorm", "add_layernorm")), device="cpu")

@@ -1,0 +1,68 @@
+"""A model zoo as users bring it: the most used transformers families, each built from the family's default config
+with only the sizes shrunk (the KV cache left on, as the default config sets it), analysed on the meta device (the
+default without a GPU) and on the CPU. Every one must write a report without a traceback.
+
+torchvision / timm classics are not in the zoo: PyPI's torchvision does not import beside the CPU build of torch
+this project's CI installs ("operator torchvision::nms does not exist"), and timm needs torchvision.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fusion_advisor.analyze import analyze
+from fusion_advisor.report import write_report
+
+sys.path.insert(0, str(Path(__file__).parent / "data" / "models"))
+import zoo  # noqa: E402
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+@pytest.mark.parametrize("family", zoo.FAMILIES)
+def test_family_from_its_default_config_is_analysed(family, device, tmp_path):
+    path = tmp_path / f"{family}.py"
+    path.write_text(zoo.model_file_text(family))
+    start = time.perf_counter()
+    analysis = analyze(path, device=None if device == "meta" else device)  # meta: the default device here
+    paths = write_report(analysis, tmp_path / "out")
+    seconds = time.perf_counter() - start
+    print(f"\n{family} on {device}: {seconds:.1f} s, {len(analysis.ops)} ops, {len(analysis.chains)} chains, "
+          f"captured by {analysis.capture_method}")
+    assert paths["html"].is_file() and analysis.chains
+    assert analysis.device == device
+    config = getattr(zoo.build(family)[0], "config", None)
+    if getattr(config, "use_cache", False):  # the default config turns the cache on: analysed without, and said so
+        assert any("use_cache=False" in w for w in analysis.warnings), analysis.warnings
+
+
+MODELS = Path(__file__).parent / "data" / "models"
+
+
+@pytest.mark.parametrize("name, why", [
+    ("value_branch", "reads tensor values while it runs"),
+    ("init_reads_values", "building the model reads tensor values"),
+    ("moe_nonzero", "reads tensor values while it runs"),
+])
+def test_a_model_that_needs_values_is_analysed_on_the_cpu_by_default(name, why):
+    """On the default (meta) device a model that reads values is built or run on the CPU, and the report says so;
+    asked for meta explicitly, it gets the error with what to do."""
+    analysis = analyze(MODELS / f"{name}.py")
+    assert analysis.device == "cpu" and analysis.chains
+    assert any("not the meta device" in w and why in w for w in analysis.warnings), analysis.warnings
+    from fusion_advisor.errors import UserError
+
+    with pytest.raises(UserError, match="meta"):
+        analyze(MODELS / f"{name}.py", device="meta")
+
+
+def test_data_dependent_sizes_are_costed_with_a_stated_assumption():
+    analysis = analyze(MODELS / "moe_nonzero.py", device="cpu")
+    notes = [w for w in analysis.warnings if w.startswith("data-dependent size")]
+    assert notes and all("costed as" in w and "upper bound" in w for w in notes), analysis.warnings
+    assert {"linear", "index_add"} <= {op.target.split(".")[1] for op in analysis.ops if op.target.startswith("aten.")}
+    assert not any(op.target.startswith("aten.sym_size") and op.eager_kernels and op.category != "view"
+                   for op in analysis.ops)  # reading a size launches no kernel
