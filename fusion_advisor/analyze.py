@@ -232,6 +232,25 @@ def _first_words(e: BaseException, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3].rsplit(" ", 1)[0] + "..."
 
 
+#: A model whose every chain is routed SKIP is flagged when torch.compile is predicted to save at least this share.
+ALL_SKIP_FLAG_SHARE = 0.05
+
+
+def _all_skip_check(chains: list, estimates: dict, decisions: dict) -> list[str]:
+    """A warning when every chain is routed SKIP although torch.compile's predicted time of the fusible chains
+    (``Estimate.compile_us``) saves at least :data:`ALL_SKIP_FLAG_SHARE` of the model's eager time."""
+    if not decisions or any(d.route != "skip" for d in decisions.values()):
+        return []
+    eager = sum(e.eager_us for e in estimates.values())
+    gain = sum(max(e.eager_us - e.route_us("torch.compile"), 0.0) for c in chains
+               if c.kind == "fusible" and (e := estimates.get(c.id)) is not None)
+    if eager <= 0 or gain < ALL_SKIP_FLAG_SHARE * eager:
+        return []
+    return [f"every chain is routed SKIP, but torch.compile is predicted to save {gain:.1f} us of {eager:.1f} us "
+            f"({gain / eager:.0%}) over eager across the model's fusible chains: check the rules (a --rules file "
+            f"may be sending them to skip), or run apply, which measures torch.compile(model) whatever the routes"]
+
+
 def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: Any,
                     timed: Callable[[str], contextlib.AbstractContextManager] | None = None,
                     notes: list[str] | None = None, profile_fn: Callable[..., Any] | None = None) -> Analysis:
@@ -268,7 +287,8 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
         rules_files=list(rules.files),
         capture_method=cap.method,
         graph_breaks=cap.breaks,
-        warnings=cap.warnings + loaded.notes + list(notes or []) + og.notes,
+        warnings=cap.warnings + loaded.notes + list(notes or []) + og.notes + _all_skip_check(chains, estimates,
+                                                                                              decisions),
         ops=og.ops,
         chains=chains,
         estimates=estimates,

@@ -192,6 +192,11 @@ class Estimate:
         ridge_point: FLOP/byte where the device's compute and memory ceilings meet, for the chain's dtype/unit.
         bound: ``"compute"``, ``"memory"`` or ``"launch"``.
         peak_tflops: the compute ceiling used (TFLOP/s).
+        compile_us, triton_us: the fused kernel at the share of the roofline Inductor's code, or the library
+            kernel, reaches on this kind of chain (the spec's measured ``route_efficiency``; 1.0 where unmeasured,
+            i.e. ``fused_us``); a chain with nothing to fuse keeps ``eager_us``.
+        cudagraphs_us: replayed from a CUDA graph with Inductor's code inside: ``compile_us`` without the launch
+            floor (a single-kernel item: its device time without the launch gap).
     """
 
     compute_us: float
@@ -204,6 +209,16 @@ class Estimate:
     ridge_point: float
     bound: str
     peak_tflops: float
+    compile_us: float = float("nan")
+    triton_us: float = float("nan")
+    cudagraphs_us: float = float("nan")
+
+    def route_us(self, route: str) -> float:
+        """The predicted time of the chain on ``route`` (``skip``: its eager time)."""
+        value = {"torch.compile": self.compile_us, "triton": self.triton_us,
+                 "cudagraphs": self.cudagraphs_us}.get(route, self.eager_us)
+        return self.fused_us if value != value and route in ("torch.compile", "triton") else (
+            self.eager_us if value != value else value)
 
 
 #: Where a chain can go (the rules' ``route`` field): leave it to eager / vendor libraries, compile it with

@@ -78,9 +78,10 @@ CHAIN_COLUMNS: dict[str, str] = {
     "overhead) (us). An estimate, not a measurement.",
     "est_saving_us": "est_eager_us - est_fused_us as the cost model reports it (0 for heavy and single-kernel "
     "items) (us).",
-    "est_after_route_us": "Estimated time after routing: est_fused_us when route is 'torch.compile' or 'triton', "
-    "the eager kernels without launch gaps (max of compute_us and the eager memory time) when 'cudagraphs', "
-    "est_eager_us when 'skip' (us).",
+    "est_after_route_us": "Estimated time after routing (us): the fused kernel at the share of the roofline the "
+    "route's code reaches on this kind of chain (the device spec's measured route_efficiency; the roofline "
+    "where unmeasured) for 'torch.compile' and 'triton', the same without the launch floor for 'cudagraphs', "
+    "est_eager_us for 'skip'.",
     "compute_us": "flops / the peak FLOP/s that serves the chain (tensor cores for matmuls, else vector units) (us).",
     "memory_fused_us": "fused_bytes / peak memory bandwidth (us).",
     "launch_eager_us": "eager_kernels x per-kernel launch overhead (us).",
@@ -222,13 +223,11 @@ def _is_num(x: Any) -> bool:
 
 
 def _after_route_us(route: str, est: Estimate | None) -> float:
-    """Fused time when the route fuses (torch.compile / triton); for cudagraphs the eager kernels back to back,
-    without the launch gaps (``max(compute, eager memory)``); eager time otherwise (skip, or no decision)."""
+    """The chain's predicted time on its route (:meth:`Estimate.route_us`: the fused kernel at the share of the
+    roofline the route's code reaches; under CUDA graphs without the launch floor), its eager time on skip."""
     if est is None:
         return _nan()
-    if route == "cudagraphs":
-        return min(est.eager_us, max(est.compute_us, est.memory_eager_us))
-    return est.fused_us if route in ("torch.compile", "triton") else est.eager_us
+    return est.route_us(route)
 
 
 def _ordered(present: list[str], canonical: tuple[str, ...]) -> list[str]:

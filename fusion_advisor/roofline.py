@@ -152,6 +152,16 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     any_work = any(runs for _, runs, _ in busy)
     overhead = max((op_overhead_us(ops[i], spec) for i in chain.op_ids), default=0.0)  # the fused kernel's, once
     fused_us = (max(compute_us, memory_fused_us + overhead, launch) if any_work else 0.0) if fusible else eager_us
+
+    def at(efficiency: float, floor: float) -> float:  # the fused kernel at a share of the memory roofline
+        if not fusible:
+            return eager_us
+        return max(compute_us, memory_fused_us / efficiency + overhead, floor) if any_work else 0.0
+
+    compile_us = at(spec.efficiency("torch.compile", chain.pattern), launch)
+    triton_us = at(spec.efficiency("triton", chain.pattern), launch)
+    busy_us = sum(t if runs else 0.0 for t, runs, _ in busy)
+    cudagraphs_us = at(spec.efficiency("torch.compile", chain.pattern), 0.0) if fusible else busy_us
     ridge = peak_tflops * 1e12 / (spec.memory_bandwidth_gbps * 1e9)
     if idle_us > sum(t for t, _, _ in busy):
         bound = "launch"
@@ -170,6 +180,9 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
         ridge_point=ridge,
         bound=bound,
         peak_tflops=peak_tflops,
+        compile_us=compile_us,
+        triton_us=triton_us,
+        cudagraphs_us=cudagraphs_us,
     )
 
 

@@ -78,6 +78,9 @@ def _features(chain: Chain, est: Estimate, measured: ChainMeasurement | None = N
         "fused_us": est.fused_us,
         "saving_us": est.saving_us,
         "compute_us": est.compute_us,
+        "compile_us": est.route_us("torch.compile"),
+        "triton_us": est.route_us("triton"),
+        "cudagraphs_us": est.route_us("cudagraphs"),
         "memory_fused_us": est.memory_fused_us,
         "launch_eager_us": est.launch_eager_us,
         "peak_tflops": est.peak_tflops,
@@ -91,6 +94,7 @@ TEMPLATE_FIELDS = (
     "id", "kind", "pattern", "dtype", "bound", "eager_kernels", "numel", "row_elems", "flops", "eager_bytes",
     "fused_bytes", "bytes_saved", "arithmetic_intensity", "ridge_point", "eager_us", "fused_us", "saving_us",
     "compute_us", "memory_fused_us", "launch_eager_us", "peak_tflops", "epilogue", "epilogue_of", "module_path",
+    "compile_us", "triton_us", "cudagraphs_us",
     "kernel", "route", "measured_bound", "measured_us",
 )
 

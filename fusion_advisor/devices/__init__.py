@@ -110,6 +110,10 @@ class DeviceSpec:
             ``align1`` kernels far below the peak. Dtypes without an entry use ``tensor_tflops``.
         elementwise_overhead_us: optional, measured fixed device time (us) of an eager elementwise/reduction kernel
             beyond its bytes at copy bandwidth (ramp-up and tail of a bandwidth-bound kernel); 0: not measured.
+        route_efficiency: optional, measured share of the fused roofline (fused bytes at copy bandwidth) a route's
+            code reaches, by route (``torch.compile``, ``triton``) and chain pattern (``rmsnorm``; ``default``
+            for any other pattern): ``{"torch.compile": {"softmax": 0.43, ...}}``. A route without an entry is
+            priced at the roofline (1.0), as before these were measured.
         launch_overhead_us: time per eager kernel launch (dispatch plus launch), microseconds.
         l2_bytes: L2 cache size in bytes (0 if unknown).
         kind: ``"gpu"`` or ``"cpu"``; library Triton kernels are routed to on GPU specs only.
@@ -132,6 +136,13 @@ class DeviceSpec:
     strided_bandwidth_gbps: float = 0.0
     unaligned_tensor_tflops: dict[str, float] = field(default_factory=dict)
     elementwise_overhead_us: float = 0.0
+    route_efficiency: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def efficiency(self, route: str, pattern: str) -> float:
+        """Share of the fused roofline ``route``'s code reaches on a chain of ``pattern`` (:attr:`route_efficiency`:
+        the pattern's entry, else the route's ``default``, else 1.0)."""
+        table = self.route_efficiency.get(route) or {}
+        return float(table.get(pattern, table.get("default", 1.0)))
 
     def attention_peak_tflops(self, backend: str, dtype: str, seq: int, head_dim: int,
                               causal: bool = False, masked: bool = False) -> tuple[float, str]:
@@ -213,6 +224,7 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         raise DeviceSpecError(f"{origin}: bandwidth and TFLOP/s must be positive, launch overhead non-negative")
     elementwise, unaligned, strided = _optional_fields(data, origin)
     rates = _parse_rates(data.get("attention_rates"), origin)
+    efficiency = _parse_efficiency(data.get("route_efficiency"), origin)
     sources = {k[: -len("_source")]: str(v) for k, v in data.items() if k.endswith("_source")}
     return DeviceSpec(
         name=str(data["name"]),
@@ -230,7 +242,37 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         strided_bandwidth_gbps=strided,
         unaligned_tensor_tflops=unaligned,
         elementwise_overhead_us=elementwise,
+        route_efficiency=efficiency,
     )
+
+
+#: Routes a ``route_efficiency`` table may name: the ones whose code the analysis prices below the roofline.
+EFFICIENCY_ROUTES = ("torch.compile", "triton")
+
+
+def _parse_efficiency(raw: Any, origin: str) -> dict[str, dict[str, float]]:
+    """Validate the optional ``route_efficiency`` mapping (route -> pattern -> share in (0, 1.5])."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise DeviceSpecError(f"{origin}: field 'route_efficiency' must map a route ({', '.join(EFFICIENCY_ROUTES)}) "
+                              f"to a mapping of chain pattern -> share of the roofline")
+    out: dict[str, dict[str, float]] = {}
+    for route, table in raw.items():
+        if route not in EFFICIENCY_ROUTES:
+            raise DeviceSpecError(f"{origin}: route_efficiency: unknown route {route!r}; known: "
+                                  f"{', '.join(EFFICIENCY_ROUTES)}")
+        if not isinstance(table, dict):
+            raise DeviceSpecError(f"{origin}: route_efficiency.{route} must map chain patterns to shares")
+        out[route] = {}
+        for pattern, share in table.items():
+            v = _number(share, f"{origin}: route_efficiency.{route}.{pattern}", "share of the roofline")
+            if v > 1.5:
+                raise DeviceSpecError(f"{origin}: route_efficiency.{route}.{pattern} = {v:g}: a share of the "
+                                      f"roofline, at most 1.5 (above 1 only where a kernel moves fewer bytes than "
+                                      f"the chain's fused count)")
+            out[route][str(pattern)] = v
+    return out
 
 
 def _parse_rates(raw: Any, origin: str) -> tuple[AttentionRate, ...]:

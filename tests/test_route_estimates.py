@@ -1,0 +1,89 @@
+"""The gain of each route, predicted honestly: torch.compile and library kernels priced at the share of the roofline
+their code reaches on the chain's kind (the spec's measured route_efficiency), CUDA graphs without the launch floor;
+a model routed all-SKIP while torch.compile is predicted to gain is flagged."""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from pathlib import Path
+
+import pytest
+from fusion_advisor.analyze import analyze
+from fusion_advisor.devices import load_spec, parse_spec
+from fusion_advisor.errors import DeviceSpecError
+
+MODELS = Path(__file__).parent / "data" / "models"
+SOFTMAX = textwrap.dedent("""
+    import torch
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x * 0.125 + 1.0, dim=-1)
+
+    def get_inputs():
+        return [torch.randn(8192, 32000, dtype=torch.bfloat16)]
+
+    def get_init_inputs():
+        return []
+""")
+
+
+@pytest.fixture(scope="module")
+def softmax_analysis(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sm") / "softmax.py"
+    path.write_text(SOFTMAX)
+    return analyze(path)
+
+
+def test_compile_and_library_routes_get_their_measured_share_of_the_roofline(softmax_analysis):
+    a = softmax_analysis
+    (chain,) = [c for c in a.chains if c.kind == "fusible"]
+    est = a.estimates[chain.id]
+    h200 = load_spec("h200")
+    assert h200.efficiency("torch.compile", chain.pattern) == 0.43
+    # memory-bound: the fused kernel's memory term over the route's share of copy bandwidth
+    assert est.compile_us == pytest.approx(est.memory_fused_us / 0.43, rel=0.02)
+    assert est.triton_us == pytest.approx(est.memory_fused_us / h200.efficiency("triton", chain.pattern), rel=0.02)
+    assert est.fused_us < est.triton_us < est.compile_us < est.eager_us
+    d = a.decisions[chain.id]
+    assert d.route == "triton" and f"torch.compile {est.compile_us:.1f} us" in d.reason
+
+
+def test_a_spec_without_measured_shares_prices_routes_at_the_roofline():
+    spec = dataclasses.replace(load_spec("h200"), route_efficiency={})
+    assert spec.efficiency("torch.compile", "softmax") == 1.0 and spec.efficiency("triton", "rmsnorm") == 1.0
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"inductor": {"softmax": 0.5}}, "unknown route 'inductor'"),
+    ({"torch.compile": {"softmax": 2.0}}, "at most 1.5"),
+    ({"torch.compile": {"softmax": -1}}, "positive number"),
+    ({"torch.compile": 0.5}, "must map chain patterns"),
+])
+def test_bad_route_efficiency_is_refused_naming_the_field(table, message):
+    base = {"name": "x", "memory_bandwidth_gbps": 1000, "tensor_tflops": {"bf16": 100}, "vector_tflops": {"bf16": 10},
+            "launch_overhead_us": 5, "route_efficiency": table}
+    with pytest.raises(DeviceSpecError, match=message):
+        parse_spec(base, "spec.yaml")
+
+
+def test_cuda_graph_route_drops_the_launch_floor():
+    a = analyze(MODELS / "tiny_pointwise.py")
+    (chain,) = [c for c in a.chains if c.kind == "fusible"]
+    est = a.estimates[chain.id]
+    assert a.decisions[chain.id].route == "cudagraphs"
+    assert est.cudagraphs_us < est.compile_us <= est.eager_us  # the fused kernel's launch is gone in a graph
+    assert est.route_us("cudagraphs") == est.cudagraphs_us and est.route_us("skip") == est.eager_us
+
+
+def test_a_model_routed_all_skip_is_flagged_when_compile_is_predicted_to_gain(tmp_path):
+    rules = tmp_path / "skip_all.yaml"
+    rules.write_text("version: 1\nname: skip-all\nrules:\n  - id: skip-everything\n    match: {}\n    route: skip\n"
+                     "    reason: \"left alone\"\n")
+    path = tmp_path / "softmax.py"
+    path.write_text(SOFTMAX)
+    a = analyze(path, rules_files=[rules])
+    assert all(d.route == "skip" for d in a.decisions.values())
+    assert any(w.startswith("every chain is routed SKIP, but torch.compile is predicted to save") for w in a.warnings)
+    assert not any(w.startswith("every chain is routed SKIP") for w in analyze(path).warnings)
