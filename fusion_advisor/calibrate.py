@@ -99,7 +99,12 @@ class Sizes:
     @classmethod
     def for_device(cls, device: str, quick: bool = False, l2_bytes: int = 0) -> "Sizes":
         """Defaults for ``device``: buffers at 8x L2 (at least 1 GiB) and n = 8192 on a GPU; 256 MiB and n = 1024 on
-        a CPU. ``quick``: small sizes and budgets (seconds on a laptop; numbers noisier)."""
+        a CPU. ``quick``: shorter budgets, and on a GPU buffers of 4x L2 (at least 256 MiB) and n = 4096, sizes that
+        still reach the ceilings (a 16 MiB copy stays in an H200's 60 MiB L2 and a 256^3 matmul runs at a hundredth
+        of the tensor-core peak: a quick spec measured that way was 5 to 17 times off); on a CPU small sizes."""
+        if quick and device == "cuda":
+            return cls(copy_bytes=max(4 * l2_bytes, 256 << 20), matmul_n=4096, launch_ops=300, warmup_ms=5.0,
+                       rep_ms=20.0)
         if quick:
             return cls(copy_bytes=16 << 20, matmul_n=256, launch_ops=300, warmup_ms=5.0, rep_ms=20.0)
         if device == "cuda":
@@ -549,6 +554,28 @@ def closest_shipped_spec(cal: Calibration) -> DeviceSpec:
     return min(gpus, key=lambda s: abs(s.memory_bandwidth_gbps - cal.copy_gbps))
 
 
+#: A measured rate below this share of the closest shipped spec's is flagged loudly: a measurement that did not reach
+#: the ceiling (a buffer inside L2, a matmul too small, a busy GPU) rather than a slower device.
+SANITY_SHARE = 0.25
+
+
+def sanity_warnings(cal: "Calibration", base: DeviceSpec) -> list[str]:
+    """Measured rates of ``cal`` below :data:`SANITY_SHARE` of the closest shipped spec's (``base``), one line each:
+    the copy bandwidth, every measured matmul dtype, fused attention."""
+    measured = [("copy bandwidth", cal.copy_gbps, base.memory_bandwidth_gbps, "GB/s")]
+    measured += [(f"{k} matmul", v, base.peak_tflops(k, True), "TFLOP/s") for k, v in cal.matmul_tflops.items()]
+    measured += [(f"{k} attention", v, base.attention_tflops[k], "TFLOP/s") for k, v in cal.attention_tflops.items()
+                 if k in base.attention_tflops]
+    out = []
+    for what, got, ref, unit in measured:
+        if ref > 0 and got < SANITY_SHARE * ref:
+            out.append(f"{what} measured {got:,.4g} {unit}, under {SANITY_SHARE:.0%} of the shipped {base.name} "
+                       f"spec's {ref:,.4g} {unit}: the measurement probably did not reach the ceiling (a buffer inside "
+                       f"the L2 cache, a matmul too small, a busy device), and analyses with this spec would be that "
+                       f"far off; rerun calibrate without --quick on an idle device")
+    return out
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
 
@@ -644,6 +671,9 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
             "not_measured": dict(cal.not_measured),
         },
     }
+    warnings = sanity_warnings(cal, base) if cal.device == "cuda" else []
+    if warnings:
+        data["calibration"]["warnings"] = warnings
     parse_spec(data, "calibrate output")  # the loader must take what we write
     return data
 

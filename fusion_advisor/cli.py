@@ -581,6 +581,8 @@ def calibrate(
     skipped = data.get("calibration", {}).get("not_measured") or {}
     if skipped:
         typer.echo("not measured: " + "; ".join(f"{k} ({v})" for k, v in skipped.items()))
+    for w in data.get("calibration", {}).get("warnings") or []:
+        console.print(f"[bold red]WARNING:[/] {_escape(w)}")
     typer.echo(f"wrote {path}; use it with: fusion-advisor analyze --gpu {path}")
 
 

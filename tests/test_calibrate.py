@@ -188,3 +188,28 @@ def test_elementwise_overhead_and_unaligned_rate_on_gpu():
     t0 = measure_elementwise_overhead_us(3000.0, sizes, mib=(4, 16), kernels=4)
     assert t0 is not None and 0.0 <= t0 < 50.0
     assert measure_unaligned_matmul_tflops("cuda", "bf16", sizes, _timer("cuda", sizes)) > 0
+
+
+def test_quick_sizes_on_a_gpu_still_reach_the_ceilings():
+    from fusion_advisor.calibrate import Sizes
+
+    s = Sizes.for_device("cuda", quick=True, l2_bytes=60 << 20)
+    assert s.copy_bytes >= 4 * (60 << 20) and s.matmul_n >= 4096  # beyond L2; a matmul large enough for the peak
+    assert Sizes.for_device("cpu", quick=True).copy_bytes < s.copy_bytes
+
+
+def test_a_rate_far_under_the_shipped_spec_is_flagged_loudly():
+    import dataclasses
+
+    from fusion_advisor.calibrate import Calibration, sanity_warnings
+    from fusion_advisor.devices import load_spec
+
+    h200 = load_spec("h200")
+    fields = {f.name for f in dataclasses.fields(Calibration)}
+    cal = Calibration(**{k: v for k, v in dict(
+        device="cuda", device_name="NVIDIA H200", date="2026-12-01", versions={}, copy_gbps=2628.0,
+        matmul_tflops={"bf16": 5.32, "fp32": 50.0}, matmul_notes={}, attention_tflops={}, attention_shape=(),
+        attention_rates=(), unaligned_tflops={}, elementwise_overhead_us=None, strided_gbps=None, not_measured={},
+        launch_us=10.0, kernel_floor_us=None, l2_bytes=0, timer="do_bench", sizes=None).items() if k in fields})
+    warnings = sanity_warnings(cal, h200)
+    assert len(warnings) == 1 and warnings[0].startswith("bf16 matmul measured 5.32 TFLOP/s, under 25% of the shipped")
