@@ -288,12 +288,19 @@ def build_chains(og: OpGraph) -> list[Chain]:
 
 
 def _mark_epilogues(og: OpGraph, chains: list[Chain], chain_of: dict[str, str]) -> list[Chain]:
-    """Set ``epilogue_of`` on pointwise chains that alone consume a matmul's or conv's output."""
+    """Set ``epilogue_of`` on pointwise chains that alone consume a matmul's or conv's output, and on a
+    cross-entropy chain that alone consumes a matmul's (the LM head), whose pattern becomes
+    ``linear_cross_entropy``: one kernel can take the GEMM and the loss together, chunked, so the logits never
+    exist whole."""
     from dataclasses import replace
 
     by_id = {c.id: c for c in chains}
     out = []
     for c in chains:
+        if c.kind == "fusible" and c.pattern == "cross_entropy":
+            head = _sole_matmul_producer(og, c)
+            if head is not None:
+                c = replace(c, pattern="linear_cross_entropy", epilogue_of=chain_of[head])
         if c.kind == "fusible" and set(c.categories) <= {"pointwise", "copy"}:
             members = set(c.op_ids)
             for m in c.op_ids:
@@ -310,3 +317,16 @@ def _mark_epilogues(og: OpGraph, chains: list[Chain], chain_of: dict[str, str]) 
         out.append(c)
     assert len(out) == len(by_id)
     return out
+
+
+def _sole_matmul_producer(og: OpGraph, chain: Chain) -> str | None:
+    """The matmul whose output only ``chain`` consumes (looking through views; not a graph output), or ``None``."""
+    members = set(chain.op_ids)
+    for m in chain.op_ids:
+        for u, _ in og.data_preds(m):
+            producer = og.g.nodes[u]["op"]
+            if producer is None or producer.category != "matmul":
+                continue
+            if set(og.data_succs(u)) <= members and not og.is_graph_output(u):
+                return u
+    return None

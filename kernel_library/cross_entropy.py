@@ -345,6 +345,60 @@ def _cross_entropy_fwd_launch(logits: torch.Tensor, target: torch.Tensor, ignore
     return loss, dlogits
 
 
+def count_valid(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """Number of ``target`` entries != ``ignore_index``, as a 0-d int64 tensor on the target's device (no host
+    sync): the divisor of ``"mean"``. ``target``: ``[n_rows]`` int64, any stride."""
+    n_valid = torch.empty((), dtype=torch.int64, device=target.device)
+    launcher(_count_valid_kernel)[(1,)](
+        target, target.stride(0), n_valid, target.shape[0], int(ignore_index), BLOCK=REDUCE_BLOCK,
+        num_warps=REDUCE_WARPS,
+    )
+    return n_valid
+
+
+def cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, loss_rows: torch.Tensor, n_valid: torch.Tensor,
+                       ignore_index: int, label_smoothing: float, reduce_mean: bool,
+                       dlogits: torch.Tensor | None = None) -> None:
+    """The row kernel on its own, for callers that tile the tokens (the fused linear cross-entropy).
+
+    Args:
+        logits: ``[n_rows, vocab]`` fp32/fp16/bf16, any strides.
+        target: ``[n_rows]`` int64.
+        loss_rows: ``[n_rows]`` output, per-row loss (0 for ignored rows), in its own dtype.
+        n_valid: 0-d int64 divisor of the gradient when ``reduce_mean`` (the whole batch's count, so tiles of one
+            batch scale alike).
+        dlogits: where the gradient per unit upstream gradient goes, contiguous ``[n_rows, vocab]`` of the logits'
+            dtype; it may be ``logits`` itself (each element is read before it is written); ``None``: no gradient.
+    """
+    n_rows, n_cols = logits.shape
+    if n_rows == 0:
+        return
+    cfg = CrossEntropyConfig.for_vocab(n_cols)
+    grad = dlogits is not None
+    launcher(_cross_entropy_fwd_kernel)[(n_rows,)](
+        logits, logits.stride(0), logits.stride(1),
+        target, target.stride(0),
+        dlogits if grad else logits,
+        loss_rows,
+        n_valid,
+        n_cols, int(ignore_index), float(label_smoothing),
+        HAS_SMOOTHING=label_smoothing > 0.0, REDUCE_MEAN=bool(reduce_mean), COMPUTE_GRAD=grad,
+        SINGLE_BLOCK=cfg.single_block, BLOCK=cfg.block_size,
+        COLS_I64=needs_int64_cols(n_cols, logits.stride(1)) or needs_int64_cols(n_cols, 1),
+        num_warps=cfg.num_warps,
+    )
+
+
+def reduce_rows(loss_rows: torch.Tensor, n_valid: torch.Tensor, mean: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    """The 0-d loss of per-row losses ``[n_rows]`` (fp32): their sum, or their mean over ``n_valid`` rows (NaN when
+    0, as torch), in a fixed order (deterministic)."""
+    loss = torch.empty((), dtype=out_dtype, device=loss_rows.device)
+    launcher(_reduce_loss_kernel)[(1,)](
+        loss_rows, n_valid, loss, loss_rows.shape[0], MEAN=bool(mean), BLOCK=REDUCE_BLOCK, num_warps=REDUCE_WARPS,
+    )
+    return loss
+
+
 def _scale_grad_launch(dlogits: torch.Tensor, grad_output: torch.Tensor) -> None:
     """Multiply row ``i`` of ``dlogits`` in place by ``grad_output[i]`` (or the scalar ``grad_output``)."""
     if dlogits.dim() != 2 or not dlogits.is_contiguous():

@@ -23,6 +23,7 @@ KNOWN_PATTERNS = (
     "softmax",
     "masked_softmax",
     "cross_entropy",
+    "linear_cross_entropy",
     "swiglu",
     "geglu",
     "bias_gelu",

@@ -522,11 +522,12 @@ def test_llama3_shaped_training_step_verifies_through_apply():
     (cache on), forward+backward: every swap verified alone and the whole-model variant with them passes its float64
     check on the loss and every parameter gradient (it once raised "the model's outputs do not require grad")."""
     options = ApplyOptions(verify=True, backward=True, candidates="all", keep_unmeasured=True, seeds=0,
-                           kernels=("cross_entropy", "rmsnorm"), variants=SWAP_VARIANTS)
+                           kernels=("linear_cross_entropy", "rmsnorm"), variants=SWAP_VARIANTS)
     result = apply(DATA / "models" / "hf_llama3_loss.py", options, device="cpu")
-    assert {s.kernel for s in result.kept} == {"cross_entropy", "rmsnorm"}
-    ce = _by_kernel(result, "cross_entropy")[0]
-    assert ce.inputs[0][1].shape[-1] == 70000
+    assert {s.kernel for s in result.kept} == {"linear_cross_entropy", "rmsnorm"}
+    lce = _by_kernel(result, "linear_cross_entropy")[0]
+    assert [n for n, _ in lce.inputs] == ["hidden", "weight", "labels"] and lce.inputs[1][1].shape[0] == 70000
+    assert lce.route == "triton" and lce.route_kernel == "linear_cross_entropy"  # the analysis routes the head there
     chosen = result.chosen
     assert chosen.spec.name == "swaps+eager" and chosen.check.passed, chosen.check.details
     assert result.backward and any("grad" in line for line in [chosen.check.worst] + chosen.check.details)

@@ -56,6 +56,7 @@ PATTERN_EXAMPLES: dict[str, tuple[Any, ...]] = {
     "geglu": (_T((_N, _I)), _T((_N, _I))),
     "bias_gelu": (_T((_N, _I)), _T((_I,))),
     "cross_entropy": (_T((_N, _V)), _T((_N,), torch.int64)),
+    "linear_cross_entropy": (_T((2, 3, _D)), _T((_V, _D)), _T((_N,), torch.int64)),
     "softmax": (_T((2, _H, _S, _S)),),
     "masked_softmax": (_T((2, _H, _S, _S)), _T((2, 1, _S, _S)), SCALAR),
     "rope": (_T((2, _H, _S, _HD)), _T((2, _H, _S, _HD)), _T((2, _S, _HD)), _T((2, _S, _HD))),

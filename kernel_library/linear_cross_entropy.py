@@ -1,0 +1,377 @@
+"""Fused linear + cross-entropy: the LM head's GEMM and the loss, chunked over tokens so the logits never exist whole.
+
+At today's vocabularies the logits are the largest tensor of a training step: 2 x 2048 tokens x 128256 classes are
+1 GiB in bf16, and the loss path holds several copies (the fp32 upcast HF's ``ForCausalLMLoss`` makes, its
+gradient). This op computes, for each chunk of ``C`` token rows (Liger-Kernel's fused linear cross-entropy, Hsu et
+al. 2024; Apple's Cut Cross-Entropy, Wijmans et al. 2024, goes further and never writes a chunk either):
+
+1. ``logits_c = x_c @ W^T (+ b)`` in ``x``'s dtype (cuBLAS), and with ``softcap > 0``
+   ``logits_c = softcap * tanh(logits_c / softcap)`` in fp32 (Gemma 2's final logit soft-capping);
+2. the cross-entropy row kernel of :mod:`kernel_library.cross_entropy`: each row's loss and, when a gradient is
+   needed, the gradient per unit upstream gradient (``softmax - eps / V - (1 - eps) onehot``, over the whole batch's
+   ``n_valid`` for ``"mean"``), written over the chunk's own logits buffer (each element is read before written);
+   with soft-capping, times ``1 - tanh^2``;
+3. ``dx_c = dlogits_c @ W``, ``dW += dlogits_c^T @ x_c`` (accumulated in fp32, cast to ``W``'s dtype at the end),
+   ``db += sum_rows(dlogits_c)``.
+
+So the forward returns the loss and, for ``"mean"`` / ``"sum"``, the gradients for a unit upstream gradient; the
+backward scales them by ``grad_output`` (0-d). For ``"none"`` every row has its own upstream gradient, which a
+precomputed ``dW`` cannot take: the forward computes no gradient and the backward recomputes the chunks with the
+row gradients (``fusion_advisor::linear_cross_entropy_backward``).
+
+Memory: one chunk of logits (:data:`CHUNK_BYTES`) instead of ``N x V``, plus ``dW`` in fp32 (``V x H x 4`` bytes)
+while the gradient accumulates. Semantics: ``torch.nn.functional.cross_entropy(linear(x, W, b).float(), target,
+ignore_index=..., label_smoothing=..., reduction=...)`` with class-index targets (soft-capped first when asked).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from kernel_library import _device
+from kernel_library._op import library_op
+from kernel_library.cross_entropy import REDUCTIONS, count_valid, cross_entropy_rows, reduce_rows
+from kernel_library.registry import KernelEntry, register_kernel
+
+# --- constants ----------------------------------------------------------------------------------------------
+
+#: Bytes of one chunk of logits: the peak the loss path adds to the step instead of ``N x V``. 256 MiB keeps each
+#: chunk's GEMMs large (1046 rows of 128256 bf16 classes; a GEMM of 1024 x 4096 x 128256 runs near cuBLAS's peak)
+#: while the logits of a 4096-token step at that vocabulary (1 GiB) never exist whole. Not yet tuned on a GPU.
+CHUNK_BYTES = 256 << 20
+
+#: Rows per chunk are rounded down to a multiple of this (tensor-core tiles of the chunk's GEMMs), when above it.
+ROW_ALIGN = 64
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def chunk_rows(n_rows: int, vocab: int, itemsize: int, chunk_bytes: int | None = None) -> int:
+    """Token rows per chunk: as many as fit ``chunk_bytes`` (default :data:`CHUNK_BYTES`) of logits (at least 1, at
+    most ``n_rows``), rounded down to a multiple of :data:`ROW_ALIGN` when larger."""
+    budget = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    rows = max(1, min(n_rows, budget // max(vocab * itemsize, 1)))
+    return rows - rows % ROW_ALIGN if rows > ROW_ALIGN else rows
+
+
+# --- helpers ------------------------------------------------------------------------------------------------
+
+
+def _check_args(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+                label_smoothing: float, reduction: str, softcap: float) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"linear_cross_entropy: x must be 2-D [n_tokens, hidden], got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != x.shape[1]:
+        raise ValueError(f"linear_cross_entropy: weight must be [vocab, hidden] = [V, {x.shape[1]}], got "
+                         f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    if weight.shape[0] == 0:
+        raise ValueError("linear_cross_entropy: weight has a vocabulary of 0 classes")
+    if x.dtype not in SUPPORTED_DTYPES or weight.dtype != x.dtype:
+        raise TypeError(f"linear_cross_entropy: x and weight must share one of float32/float16/bfloat16, got "
+                        f"{x.dtype} and {weight.dtype}")
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != x.dtype):
+        raise ValueError(f"linear_cross_entropy: bias must be [{weight.shape[0]}] of {x.dtype}, got "
+                         f"{tuple(bias.shape)} {bias.dtype}")
+    if not isinstance(target, torch.Tensor) or target.shape != (x.shape[0],) or target.dtype != torch.int64:
+        raise ValueError(f"linear_cross_entropy: target must be int64 [n_tokens] = [{x.shape[0]}], got "
+                         f"{tuple(target.shape) if isinstance(target, torch.Tensor) else type(target).__name__}")
+    if len({t.device for t in (x, weight, target) + ((bias,) if bias is not None else ())}) != 1:
+        raise ValueError("linear_cross_entropy: x, weight, target (and bias) must be on one device")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"linear_cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"linear_cross_entropy: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if softcap < 0:
+        raise ValueError(f"linear_cross_entropy: softcap must be 0 (off) or positive, got {softcap}")
+
+
+def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` accumulated and returned in fp32: cuBLAS's fp32-output GEMM for 16-bit operands on a GPU
+    (``torch.mm(..., out_dtype=torch.float32)``), upcast operands elsewhere."""
+    if a.dtype != torch.float32 and a.is_cuda:
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):  # a torch without mm.dtype
+            pass
+    return a.float() @ b.float()
+
+
+def _chunk_logits(x_c: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                  softcap: float) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``(logits, d logits / d pre-cap logits)`` of one chunk: ``x_c @ W^T (+ b)`` in ``x``'s dtype, soft-capped in
+    fp32 (the derivative ``1 - tanh^2`` kept, as the row kernel overwrites the logits with the gradient)."""
+    logits = torch.addmm(bias, x_c, weight.t()) if bias is not None else x_c @ weight.t()
+    if softcap <= 0:
+        return logits, None
+    t = torch.tanh(logits.float() / softcap)
+    return t * softcap, 1.0 - t * t
+
+
+def _chunk_grads(dlogits: torch.Tensor, dcap: Optional[torch.Tensor], x_c: torch.Tensor, weight: torch.Tensor,
+                 dw: torch.Tensor, db: Optional[torch.Tensor]) -> torch.Tensor:
+    """Chunk gradients: accumulate ``dW += dlogits^T x_c`` and ``db += sum(dlogits)`` (fp32), return ``dx_c``."""
+    if dcap is not None:
+        dlogits = (dlogits * dcap).to(x_c.dtype)
+    dw += _mm_fp32(dlogits.t(), x_c)
+    if db is not None:
+        db += dlogits.sum(0, dtype=torch.float32)
+    return dlogits @ weight
+
+
+def _forward(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+             ignore_index: int, label_smoothing: float, reduction: str, softcap: float, compute_grad: bool,
+             loss_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, ...]:
+    _check_args(x, weight, target, bias, label_smoothing, reduction, softcap)
+    n_rows, vocab = x.shape[0], weight.shape[0]
+    out_dtype = loss_dtype or x.dtype
+    grad = compute_grad and reduction != "none"
+    empty = x.new_empty(0)
+    dx = torch.empty_like(x) if grad else empty
+    dw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if grad else empty
+    db = torch.zeros(vocab, dtype=torch.float32, device=x.device) if grad and bias is not None else empty
+    if n_rows == 0:
+        if reduction == "none":
+            return torch.empty(0, dtype=out_dtype, device=x.device), dx, dw.to(weight.dtype), db
+        loss = torch.full((), float("nan") if reduction == "mean" else 0.0, dtype=out_dtype, device=x.device)
+        return loss, dx, dw.to(weight.dtype), db
+    loss_rows = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    n_valid = count_valid(target, ignore_index) if reduction == "mean" else loss_rows
+    itemsize = 4 if softcap > 0 else x.element_size()
+    step = chunk_rows(n_rows, vocab, itemsize)
+    for start in range(0, n_rows, step):
+        end = min(start + step, n_rows)
+        x_c = x[start:end]
+        logits, dcap = _chunk_logits(x_c, weight, bias, softcap)
+        cross_entropy_rows(logits, target[start:end], loss_rows[start:end], n_valid, ignore_index, label_smoothing,
+                           reduction == "mean", dlogits=logits if grad else None)
+        if grad:
+            dx[start:end] = _chunk_grads(logits, dcap, x_c, weight, dw, db if bias is not None else None)
+    if reduction == "none":
+        loss = loss_rows.to(out_dtype)
+    else:
+        loss = reduce_rows(loss_rows, n_valid, reduction == "mean", out_dtype)
+    return loss, dx, dw.to(weight.dtype) if grad else dw, db.to(bias.dtype) if grad and bias is not None else db
+
+
+def _backward_rows(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+                   grad_rows: torch.Tensor, ignore_index: int, label_smoothing: float,
+                   softcap: float) -> tuple[torch.Tensor, ...]:
+    """Gradients of ``sum_i grad_rows[i] * loss_i`` (``reduction="none"``): the chunks recomputed, each row's gradient
+    scaled by its upstream gradient before the GEMMs."""
+    n_rows, vocab = x.shape[0], weight.shape[0]
+    dx = torch.empty_like(x)
+    dw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
+    db = torch.zeros(vocab, dtype=torch.float32, device=x.device) if bias is not None else None
+    scratch = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    step = chunk_rows(n_rows, vocab, 4 if softcap > 0 else x.element_size())
+    for start in range(0, n_rows, step):
+        end = min(start + step, n_rows)
+        x_c = x[start:end]
+        logits, dcap = _chunk_logits(x_c, weight, bias, softcap)
+        cross_entropy_rows(logits, target[start:end], scratch[start:end], scratch, ignore_index, label_smoothing,
+                           False, dlogits=logits)
+        g = grad_rows[start:end].to(torch.float32)[:, None]
+        scale = g if dcap is None else g * dcap
+        dx[start:end] = _chunk_grads((logits * scale).to(x.dtype), None, x_c, weight, dw, db)
+    return dx, dw.to(weight.dtype), db.to(bias.dtype) if bias is not None else x.new_empty(0)
+
+
+# --- custom ops and autograd --------------------------------------------------------------------------------
+
+
+@library_op("fusion_advisor::linear_cross_entropy", mutates_args={})
+def linear_cross_entropy_op(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
+                            ignore_index: int, label_smoothing: float, reduction: str, softcap: float,
+                            compute_grad: bool, loss_dtype: Optional[torch.dtype]
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, dx, dW, db)``: the loss and, for mean / sum with ``compute_grad``, the gradients for a unit upstream
+    gradient (empty tensors otherwise); see the module docstring."""
+    return _forward(x, weight, target, bias, ignore_index, label_smoothing, reduction, softcap, compute_grad,
+                    loss_dtype)
+
+
+@library_op("fusion_advisor::linear_cross_entropy_backward", mutates_args={})
+def linear_cross_entropy_backward_op(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                                     bias: Optional[torch.Tensor], grad_rows: torch.Tensor, ignore_index: int,
+                                     label_smoothing: float, softcap: float
+                                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dx, dW, db)`` of ``reduction="none"`` for per-row upstream gradients ``grad_rows`` ``[n_tokens]``."""
+    return _backward_rows(x, weight, target, bias, grad_rows, ignore_index, label_smoothing, softcap)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, target, bias, ignore_index, label_smoothing, reduction, softcap, compute_grad, _ = inputs
+    _loss, dx, dw, db = output
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(dx, dw, db)
+    ctx.has_bias = bias is not None
+    ctx.precomputed = bool(compute_grad) and reduction != "none"
+    ctx.args = (int(ignore_index), float(label_smoothing), float(softcap))
+    if ctx.precomputed:
+        ctx.save_for_backward(dx, dw, db)
+    else:
+        ctx.save_for_backward(x, weight, target, bias if bias is not None else x.new_empty(0))
+
+
+def _backward(ctx, grad_loss, *_unused):
+    none = (None,) * 10
+    if grad_loss is None:  # the loss received no gradient
+        return none
+    if ctx.precomputed:
+        dx, dw, db = ctx.saved_tensors
+        g = grad_loss.to(torch.float32)
+        return (dx * g, dw * g, None, db * g if ctx.has_bias else None) + none[4:]
+    x, weight, target, bias = ctx.saved_tensors
+    if grad_loss.dim() == 0:
+        raise RuntimeError("fusion_advisor::linear_cross_entropy: the forward ran without compute_grad=True, so "
+                           "its gradients were not computed; run it with the inputs requiring grad")
+    dx, dw, db = linear_cross_entropy_backward_op(x, weight, target, bias if ctx.has_bias else None, grad_loss,
+                                                  *ctx.args)
+    return (dx, dw, None, db if ctx.has_bias else None) + none[4:]
+
+
+linear_cross_entropy_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --- public function ----------------------------------------------------------------------------------------
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias: Optional[torch.Tensor] = None, ignore_index: int = -100, label_smoothing: float = 0.0,
+                         reduction: str = "mean", softcap: float = 0.0, *,
+                         loss_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Cross-entropy of ``x @ weight^T (+ bias)`` against class indices, the logits never materialised whole.
+
+    Args:
+        x: ``[..., hidden]`` float32/float16/bfloat16 (the LM head's input); flattened to ``[n_tokens, hidden]``.
+        weight: ``[vocab, hidden]`` of ``x``'s dtype; any vocabulary size.
+        target: ``[...]`` int64 class indices in ``[0, vocab)`` or ``ignore_index``, as many as ``x`` has rows.
+        bias: optional ``[vocab]``.
+        ignore_index: rows with this target give no loss and no gradient and are not counted by ``"mean"``.
+        label_smoothing: ``eps`` in ``[0, 1]``, as ``torch.nn.functional.cross_entropy`` defines it.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"`` (``[n_tokens]``).
+        softcap: ``s > 0`` soft-caps the logits to ``s * tanh(logits / s)`` first (Gemma 2); 0: off.
+        loss_dtype: dtype of the returned loss; default ``x``'s (``torch.float32`` gives HF's fp32 loss).
+
+    Returns:
+        The loss (0-d, or ``[n_tokens]`` for ``"none"``).
+
+    Raises:
+        ValueError / TypeError: shapes, dtypes or devices that do not fit, ``label_smoothing`` outside ``[0, 1]``,
+        an unknown ``reduction``, a negative ``softcap``.
+    """
+    x2 = x.reshape(-1, x.shape[-1])
+    t = target.reshape(-1)
+    compute_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                                or (bias is not None and bias.requires_grad))
+    loss, *_ = linear_cross_entropy_op(x2, weight, t, bias, int(ignore_index), float(label_smoothing), reduction,
+                                       float(softcap), compute_grad, loss_dtype)
+    return loss
+
+
+# --- contract -----------------------------------------------------------------------------------------------
+
+
+def kernel_fn(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor] = None,
+              ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean",
+              softcap: float = 0.0) -> torch.Tensor:
+    """The public function (:func:`linear_cross_entropy`), the loss in ``x``'s dtype."""
+    return linear_cross_entropy(x, weight, target, bias, ignore_index, label_smoothing, reduction, softcap)
+
+
+def reference_fn(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                 ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean",
+                 softcap: float = 0.0) -> torch.Tensor:
+    """Plain PyTorch: the logits materialised, upcast to fp32 (fp64 stays fp64), soft-capped, cross-entropy."""
+    logits = torch.nn.functional.linear(x, weight, bias)
+    acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    logits = logits.to(acc)
+    if softcap > 0:
+        logits = torch.tanh(logits / softcap) * softcap
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                             ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                             reduction=reduction)
+    return loss.to(x.dtype)
+
+
+def make_inputs(n_tokens: int = 16, hidden: int = 32, vocab: int = 300, dtype="float32", bias: bool = False,
+                ignore_frac: float = 0.05, ignore_index: int = -100, label_smoothing: float = 0.0,
+                reduction: str = "mean", softcap: float = 0.0, requires_grad: bool = True, seed: int = 0,
+                device=None) -> list:
+    """Arguments ``[x, weight, target, bias, ignore_index, label_smoothing, reduction, softcap]`` for
+    :func:`kernel_fn`: ``x`` ``[n_tokens, hidden]`` of std 1, ``weight`` ``[vocab, hidden]`` of std
+    ``1 / sqrt(hidden)`` (logits of std ~1, as an LM head's), about ``ignore_frac`` of the targets ignored."""
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    device = device or _device.default_device()
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_tokens, hidden, generator=gen).to(dtype=dtype, device=device).requires_grad_(requires_grad)
+    w = (torch.randn(vocab, hidden, generator=gen) / hidden ** 0.5).to(dtype=dtype, device=device)
+    w.requires_grad_(requires_grad)
+    b = (torch.randn(vocab, generator=gen) * 0.1).to(dtype=dtype, device=device).requires_grad_(requires_grad) \
+        if bias else None
+    target = torch.randint(0, vocab, (n_tokens,), generator=gen)
+    target = target.masked_fill(torch.rand(n_tokens, generator=gen) < ignore_frac, ignore_index).to(device)
+    return [x, w, target, b, ignore_index, float(label_smoothing), reduction, float(softcap)]
+
+
+def get_inputs() -> list:
+    """4096 tokens x hidden 4096 x vocab 128256 bf16 (Llama-3-8B's LM head) on a GPU; 16 x 32 x 300 fp32 on the
+    CPU; mean, 5% ignored."""
+    if _device.on_gpu():
+        return make_inputs(n_tokens=4096, hidden=4096, vocab=128256, dtype="bfloat16")
+    return make_inputs()
+
+
+#: GPU benchmark shapes (kwargs of :func:`make_inputs`): the LM head of a Llama-3-8B-width training step (2 x 2048
+#: tokens, hidden 4096, vocabulary 128256) and of Llama-2 (32000), bf16; the issue's comparison with Liger's.
+BENCH_SHAPES: list[dict] = [
+    {"n_tokens": 4096, "hidden": 4096, "vocab": 128256, "dtype": "bfloat16"},
+    {"n_tokens": 4096, "hidden": 4096, "vocab": 32000, "dtype": "bfloat16"},
+]
+
+
+def flops(x, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0, reduction="mean", softcap=0.0) -> int:
+    """FLOPs of the forward GEMM (``2 N H V``); the gradient GEMMs add ``4 N H V`` when inputs require grad."""
+    n = 2 * x.shape[0] * x.shape[1] * weight.shape[0]
+    return n * 3 if (x.requires_grad or weight.requires_grad) else n
+
+
+def bytes_moved(x, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0, reduction="mean",
+                softcap=0.0) -> int:
+    """Fewest bytes: read x, W, targets; with gradients write dx and dW (the logits never leave a chunk)."""
+    io = x.numel() * x.element_size() + weight.numel() * weight.element_size() + target.numel() * 8
+    if x.requires_grad or weight.requires_grad:
+        io += x.numel() * x.element_size() + weight.numel() * weight.element_size()
+    return io
+
+
+# --- registration -------------------------------------------------------------------------------------------
+
+
+def _linear_cross_entropy_pattern(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    # HF causal-LM head and loss: logits = lm_head(hidden); ForCausalLMLoss: logits.float().view(-1, vocab);
+    # nn.functional.cross_entropy(logits, shift_labels, ignore_index=-100, reduction="mean")
+    logits = torch.nn.functional.linear(hidden, weight)
+    return torch.nn.functional.cross_entropy(logits.float().view(-1, weight.shape[0]), labels, ignore_index=-100,
+                                             reduction="mean")
+
+
+def _linear_cross_entropy_replacement(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return linear_cross_entropy(hidden, weight, labels, None, -100, 0.0, "mean", 0.0, loss_dtype=torch.float32)
+
+
+ENTRY = register_kernel(KernelEntry(
+    name="linear_cross_entropy",
+    module=__name__,
+    replaces="linear_cross_entropy",
+    op="fusion_advisor::linear_cross_entropy",
+    description="LM-head linear + cross-entropy chunked over tokens (the logits never materialised whole); "
+                "mean/sum/none, ignore_index, label smoothing, soft-capping; dx, dW, db in the forward",
+    max_row_elems=None,
+    has_backward=True,
+    pattern=_linear_cross_entropy_pattern,
+    replacement=_linear_cross_entropy_replacement,
+))
