@@ -25,9 +25,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per file")
     ap.add_argument("--levels", nargs="*", default=["level1", "level2", "level3"])
+    ap.add_argument("--only", nargs="*", default=[], help="rerun these files (level/name.py) and update the "
+                    "results.json already in --out")
     args = ap.parse_args()
     files = [f for level in args.levels for f in sorted((args.kernelbench / level).glob("*.py"))]
     args.out.mkdir(parents=True, exist_ok=True)
+    previous: list[dict] = []
+    if args.only:
+        previous = json.loads((args.out / "results.json").read_text())["files"]
+        files = [f for f in files if f"{f.parent.name}/{f.name}" in set(args.only)]
     rows = []
     for i, f in enumerate(files):
         out = args.out / f.parent.name / f.stem
@@ -52,6 +58,9 @@ def main() -> None:
                      "error": error[:300], "traceback": "Traceback" in text, **meta})
         print(f"[{i + 1}/{len(files)}] {f.parent.name}/{f.name}: exit {code}, {seconds:.1f} s, "
               f"{'report' if report else 'NO REPORT'} {error[:120]}", flush=True)
+    if previous:  # the reruns replace their rows, in the original order
+        redone = {r["file"]: r for r in rows}
+        rows = [redone.get(r["file"], r) for r in previous]
     ok = sum(r["report"] for r in rows)
     summary = {"files": len(rows), "with_report": ok, "tracebacks": sum(r["traceback"] for r in rows),
                "median_s": sorted(r["seconds"] for r in rows)[len(rows) // 2] if rows else None,
