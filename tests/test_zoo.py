@@ -66,3 +66,27 @@ def test_data_dependent_sizes_are_costed_with_a_stated_assumption():
     assert {"linear", "index_add"} <= {op.target.split(".")[1] for op in analysis.ops if op.target.startswith("aten.")}
     assert not any(op.target.startswith("aten.sym_size") and op.eager_kernels and op.category != "view"
                    for op in analysis.ops)  # reading a size launches no kernel
+
+
+def test_keyword_inputs_training_mode_note_reads_the_users_module(tmp_path):
+    """get_model() returns the model in eval mode and get_inputs() a dict: no "training mode" note (the check once
+    read the keyword-call wrapper, a fresh module in training mode, not the user's)."""
+    path = tmp_path / "kw.py"
+    path.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.lin = torch.nn.Linear(8, 8); self.drop = torch.nn.Dropout(0.1)\n"
+        "    def forward(self, x, scale):\n"
+        "        return self.drop(self.lin(x)) * scale\n"
+        "def get_model():\n"
+        "    return M().eval()\n"
+        "def get_inputs():\n"
+        "    return {'x': torch.randn(2, 8), 'scale': torch.ones(1)}\n")
+    from fusion_advisor.load import load_model
+
+    loaded = load_model(path, device="cpu")
+    assert not any("training mode" in n for n in loaded.notes), loaded.notes
+    train = path.read_text().replace("return M().eval()", "return M()")
+    path.write_text(train)
+    assert any("training mode" in n for n in load_model(path, device="cpu").notes)
