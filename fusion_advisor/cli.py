@@ -83,6 +83,8 @@ def _progress(name: str) -> Iterator[None]:
         "analyze": "analysing the captured graphs (op graph, chains, roofline, rules)",
         "verify": "verifying (and on a GPU timing) the candidate swaps",
         "whole model": "checking the patched model against the original (on a GPU: timing it)",
+        "swaps": "verifying the candidate swaps, one at a time (timing them where there is a GPU)",
+        "variants": "whole-model variants: each built, checked against float64, then timed",
     }
     label = labels.get(name, name)
     if not console.is_terminal:  # a pipe or a CI log: no live spinner, so one line as each stage starts
@@ -91,6 +93,18 @@ def _progress(name: str) -> Iterator[None]:
         return
     with console.status(label + " ..."):
         yield
+
+
+@contextlib.contextmanager
+def _steps(label: str) -> Iterator[Callable[[str], None]]:
+    """Progress of a long stage made of steps: yields a function taking one line per step. On a terminal the
+    spinner's text follows the steps; in a pipe or a CI log each step prints one line as it starts."""
+    if not console.is_terminal:
+        console.print(f"{_escape(label)} ...", highlight=False)
+        yield lambda line: console.print(f"  {_escape(line)} ...", highlight=False)
+        return
+    with console.status(label + " ...") as status:
+        yield lambda line: status.update(f"{_escape(label)}: {_escape(line)} ...")
 
 
 @app.command()
@@ -570,8 +584,8 @@ def calibrate(
     from fusion_advisor.calibrate import calibrate as run_calibrate
 
     def job():
-        with console.status("measuring copy bandwidth, matmul throughput and launch overhead ..."):
-            return run_calibrate(out, device=device, quick=quick)
+        with _steps("measuring copy bandwidth, matmul throughput and launch overhead") as step:
+            return run_calibrate(out, device=device, quick=quick, progress=step)
 
     path, data = run_guarded(job, debug)
     t = data["tensor_tflops"]

@@ -363,12 +363,19 @@ def _values_for(backend: RewriteBackend, m: Match) -> tuple[list[Any] | None, li
 
 def _verify_and_time(s: SwapSite, m: Match, entry: Any, args: list[Any], outs: list[Any], rg: list[bool],
                      first: tuple[str, Any] | None, options: ApplyOptions, backward: bool,
-                     timing_cache: dict[str, Any]) -> Any:
+                     timing_cache: dict[str, Any], stage: Stage = _no_progress, where: str = "") -> Any:
     """Verify one candidate swap (only on its captured inputs when ``first``, an earlier site of the same signature,
-    passed the fresh and hard-value cases), time it when verified, and decide; returns its ``SwapOutcome``."""
+    passed the fresh and hard-value cases), time it when verified, and decide; returns its ``SwapOutcome``.
+
+    ``stage`` shows each step (verification, then timing where there is a GPU); ``where`` names the swap in it."""
+    on_gpu = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
+    cases = ("its captured inputs" if first is not None else
+             f"its captured inputs, {options.seeds} fresh draw(s) and hard values")
+    what = "forward and backward" if backward else "forward"
     try:
-        ver = verify_swap(entry, extract_subgraph(m), args, m.pattern.params, backward, options.seeds, outs,
-                             requires_grad=rg, captured_only=first is not None)
+        with stage(f"verifying swap {where}: {what} on {cases} against float64"):
+            ver = verify_swap(entry, extract_subgraph(m), args, m.pattern.params, backward, options.seeds, outs,
+                              requires_grad=rg, captured_only=first is not None)
     except Exception as e:  # a bug in verification itself must not keep the swap, nor stop the others
         ver = SwapVerification(False, reason=f"verification raised {type(e).__name__}: {first_line(str(e))}")
     if first is not None:
@@ -379,7 +386,12 @@ def _verify_and_time(s: SwapSite, m: Match, entry: Any, args: list[Any], outs: l
     if ver.verified:
         cache_key = f"{s.signature}|{backward}|{rg}"
         try:
-            timing = timing_cache.get(cache_key) or bench_swap(entry, extract_subgraph(m), args, backward, rg)
+            timing = timing_cache.get(cache_key)
+            if timing is None:
+                # on a CPU bench_swap returns at once (not measured: the interpreter's speed says nothing)
+                with stage(f"timing swap {where}: eager, torch.compile and the kernel") if on_gpu \
+                        else contextlib.nullcontext():
+                    timing = bench_swap(entry, extract_subgraph(m), args, backward, rg)
             timing_cache[cache_key] = timing
         except Exception as e:  # a kernel that fails (or runs out of memory) while timed is rejected
             if isinstance(e, torch.cuda.OutOfMemoryError):
@@ -422,8 +434,8 @@ def _verify_all(sites: list[SwapSite], matches: dict[str, Match], backend: Rewri
         # the others are verified on their own captured inputs only
         sig = f"{s.signature}|{rg}"
         first = by_signature.get(sig)
-        with stage(f"verifying and timing swap {s.id} ({s.kernel}, {n_seen} of {n_candidates})"):
-            outcomes[s.id] = _verify_and_time(s, m, entry, args, outs, rg, first, options, backward, timing_cache)
+        outcomes[s.id] = _verify_and_time(s, m, entry, args, outs, rg, first, options, backward, timing_cache,
+                                          stage, f"{s.id} ({s.kernel}, {n_seen} of {n_candidates})")
         if first is None and outcomes[s.id].verification is not None and outcomes[s.id].verification.verified:
             by_signature[sig] = (s.id, outcomes[s.id].verification)
     # kept swaps must not overlap: larger ones first
