@@ -146,6 +146,8 @@ class Chain:
         module_path: module of that op.
         epilogue_of: id of the heavy chain whose output this chain alone consumes (an epilogue candidate), or ``""``.
         graph_index: captured graph the chain lives in.
+        attention_backend: for an attention item, the SDPA backend its op runs (``OpInfo.variant``: ``"flash"``,
+            ``"efficient"``, ``"cudnn"``, ``"math"``), else ``""``.
     """
 
     id: str
@@ -165,6 +167,7 @@ class Chain:
     module_path: str
     epilogue_of: str = ""
     graph_index: int = 0
+    attention_backend: str = ""
 
     @property
     def arithmetic_intensity(self) -> float:
