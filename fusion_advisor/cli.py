@@ -1,4 +1,4 @@
-"""Command-line interface: ``fusion-advisor analyze | apply | verify | bench``.
+"""Command-line interface: ``fusion-advisor analyze | apply | diff | verify | bench | doctor | calibrate``.
 
 Each command is a thin shell over one pipeline stage; all user-facing errors are
 :class:`fusion_advisor.errors.UserError` and print as one short message (a traceback only with ``--debug``).
@@ -400,8 +400,8 @@ def apply_cmd(
 ) -> None:
     """Carry the routing out on a model: library kernels swapped in, regions compiled by Inductor or replayed
     from CUDA graphs, every variant checked against float64 and timed in the whole model; the fastest correct one
-    becomes plan.yaml (rebuild it with fusion_advisor.load_plan). Writes plan.yaml, variants.csv, swaps.csv,
-    swaps.html."""
+    becomes plan.yaml (rebuild it with fusion_advisor.load_plan). Writes plan.yaml, variants.csv, swaps.csv and
+    the folder's report.html (the analysis with apply's results; one report per model folder)."""
     if device != "cuda":  # before anything imports triton.language: the interpreter is chosen at import time
         from fusion_advisor.verify import use_triton_interpreter_if_no_gpu
 
@@ -424,7 +424,7 @@ def apply_cmd(
         out_dir = out or Path("reports") / result.model_name
         if out is None:  # the default folder is known only now (it is named after the model)
             _check_apply_out(out_dir)
-        with console.status("writing plan.yaml, variants.csv, swaps.csv, swaps.html ..."):
+        with console.status("writing plan.yaml, variants.csv, swaps.csv and the folder's report.html ..."):
             paths = write_outputs(result, out_dir)
         return result, paths
 
@@ -433,17 +433,12 @@ def apply_cmd(
 
 
 def _check_apply_out(out_dir: Path) -> None:
-    """Refuse an --out holding apply's files that an earlier apply run did not write."""
-    from fusion_advisor.apply import OUTPUT_FILES
-    from fusion_advisor.report import check_out_dir
+    """Refuse an --out holding files apply would write (its own, and the folder's report) that fusion-advisor
+    did not write."""
+    from fusion_advisor.apply.outputs import every_output_name
+    from fusion_advisor.report import check_files
 
-    def earlier_apply(d: Path) -> bool:
-        try:
-            return (d / "plan.yaml").read_text().startswith("# fusion-advisor plan")
-        except OSError:
-            return False
-
-    check_out_dir(out_dir, tuple(OUTPUT_FILES.values()), earlier_apply)
+    check_files(out_dir, every_output_name())
 
 
 def _print_apply_summary(result, paths: dict) -> None:
@@ -484,8 +479,51 @@ def _print_apply_summary(result, paths: dict) -> None:
                   + f": {_escape(result.chosen_reason)}")
     else:
         out.print("dry run: no variant verified or timed (add --verify to choose one)")
-    out.print(f"report: {paths['swaps_html']} (also plan.yaml, variants.csv, swaps.csv in "
+    out.print(f"report: {paths['html']} (analysis and apply's results; also plan.yaml, variants.csv, swaps.csv in "
               f"{Path(paths['plan']).parent}); rebuild with fusion_advisor.load_plan(model, '{paths['plan']}')")
+
+
+# --- diff ---------------------------------------------------------------------------------------------------
+# (two report folders side by side; see fusion_advisor/diff.py)
+
+
+@app.command()
+def diff(
+    a: Path = typer.Argument(..., help="Report folder A (written by analyze, perhaps apply too)."),
+    b: Path = typer.Argument(..., help="Report folder B, compared with A."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Folder for diff.html and diff.csv. Default: "
+                                       "reports/diff-<A>-vs-<B>/."),
+    threshold: float = typer.Option(0.10, "--threshold", help="Relative change of a time that counts as a change "
+                                    "(0.1 = 10%)."),
+    top: int = typer.Option(40, "--top", min=0, help="Changed rows shown on the terminal."),
+    fail_on_change: bool = typer.Option(False, "--fail-on-change", help="Exit 1 when any chain changed (for CI: a "
+                                        "torch upgrade that silently breaks a fusion)."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+) -> None:
+    """Compare two report folders (another GPU, another torch, before and after a code change): the chains whose
+    route, bound class, kernel, pattern, kernel count or time changed; writes diff.html and diff.csv."""
+    from fusion_advisor.diff import DIFF_FILES, diff_folders, terminal_table, write_diff
+    from fusion_advisor.report import check_files
+
+    def job():
+        out_dir = out or Path("reports") / f"diff-{Path(a).resolve().name}-vs-{Path(b).resolve().name}"
+        check_files(out_dir, tuple(DIFF_FILES.values()))
+        d = diff_folders(a, b, threshold=threshold)
+        check_files(out_dir, tuple(DIFF_FILES.values()))
+        return d, write_diff(d, out_dir)
+
+    d, paths = run_guarded(job, debug)
+    show = Console(width=None if sys.stdout.isatty() else 160)
+    for label, x, y in d.facts:
+        if x != y:
+            show.print(f"{_escape(label)}: {_escape(x)} (A) -> {_escape(y)} (B)", highlight=False)
+    if d.changed:
+        show.print(terminal_table(d, top))
+    else:
+        show.print(f"no chain changed ({len(d.rows)} rows compared; times within {threshold:.0%})")
+    show.print(f"diff: {paths['html']} (and {paths['csv']})", highlight=False)
+    if fail_on_change and d.changed:
+        raise typer.Exit(1)
 
 
 # --- doctor -------------------------------------------------------------------------------------------------
