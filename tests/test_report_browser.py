@@ -104,10 +104,23 @@ def render_in_browser(page: Path, width: int, tmp: Path) -> dict:
     return json.loads(html_lib.unescape(m.group(1)))
 
 
+def with_profile(a):
+    """``a`` with a measurement for every chain (the widest chains table: five measured columns more)."""
+    from fusion_advisor.records import ChainMeasurement, Profile
+
+    chains = {c.id: ChainMeasurement(c.id, 100.0 + i, 60.0, 40.0 + i, 3.0, 1234.5, 12.345, 56.7, "memory", 90.0,
+                                     0.9, False) for i, c in enumerate(a.chains)}
+    a.profile = Profile(device="cuda", device_name="NVIDIA H200 <test>", runs=3, warmup_runs=2, total_us=5000.0,
+                        attributed_us=4500.0, unattributed_us=500.0, wall_us=6000.0, eager_wall_us=5200.0,
+                        setup="3 runs after 2 warm-up runs", compared="the roofline's eager time in the model",
+                        chains=chains, notes=["a note"])
+    return a
+
+
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory) -> dict[str, Path]:
-    """The built-in default model's report as `fusion-advisor analyze` writes it, and a report with apply's
-    results (a plan in the folder) and repeated layers."""
+    """The built-in default model's report as `fusion-advisor analyze` writes it, a report with apply's results
+    (a plan in the folder) and repeated layers, and one with a profile (the widest chains table)."""
     from fusion_advisor.analyze import analyze
 
     root = tmp_path_factory.mktemp("browser")
@@ -116,11 +129,12 @@ def pages(tmp_path_factory) -> dict[str, Path]:
     (root / "applied").mkdir()
     (root / "applied" / "plan.yaml").write_text("# fusion-advisor plan: test\n" + yaml.safe_dump(plan_doc(a)))
     applied = report.write_report(a, root / "applied")["html"]
-    return {"default": default, "applied": applied}
+    profiled = report.write_report(with_profile(layered(4)), root / "profiled")["html"]
+    return {"default": default, "applied": applied, "profiled": profiled}
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-@pytest.mark.parametrize("which", ["default", "applied"])
+@pytest.mark.parametrize("which", ["default", "applied", "profiled"])
 def test_report_fits_and_works_in_a_browser(pages, which, width, tmp_path):
     seen = render_in_browser(pages[which], width, tmp_path)
     assert seen["viewport"] == width
