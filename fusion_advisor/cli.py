@@ -227,7 +227,20 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
                       m.bound if m else "-"]
         t.add_row(*cells)
     out.print(t)
-    out.print(f"report: {paths.get('html')}  (also chains.csv, ops.csv, report.json in {Path(paths['html']).parent})")
+    from fusion_advisor.report import chains_frame, read_plan
+    from fusion_advisor.report_views import apply_command, predicted_compile_us
+
+    frame = chains_frame(analysis)
+    eager, advised = float(frame["est_eager_us"].sum()), float(frame["est_after_route_us"].sum())
+    if advised > 0:
+        out.print(f"predicted: {eager / advised:.2f}x vs eager, {predicted_compile_us(frame) / advised:.2f}x vs "
+                  "torch.compile(model) over the chains (roofline estimates; apply measures them)", highlight=False)
+    out_dir = Path(paths["html"]).parent
+    plan, _ = read_plan(out_dir)
+    if plan is None:
+        out.print("next: " + _escape(apply_command(analysis, out_dir)), highlight=False)
+    out.print(f"report: {paths.get('html')}  (also chains.csv, ops.csv, report.json in {out_dir}"
+              + ("; with apply's results from plan.yaml" if plan is not None else "") + ")")
 
 # --- verify / bench -----------------------------------------------------------------------------------------
 # (kernel contract commands; see fusion_advisor/verify.py and fusion_advisor/bench.py)

@@ -1,20 +1,33 @@
-"""Stage 6: write what ``analyze`` found as report.html, chains.csv, ops.csv and report.json.
+"""Stage 6: write what ``analyze`` found as report.html, chains.csv, ops.csv and report.json; one report per model
+folder, with ``apply``'s results in it when apply ran into the same folder.
 
 Every ``est_*`` number is an *estimate* from the roofline model of :mod:`fusion_advisor.roofline`; ``measured_*``
 columns (and the Profile section) hold measurements of ``analyze --profile`` (:mod:`fusion_advisor.profile`),
 placed next to the roofline's eager estimate they are compared with. The report says how each number was computed
 (:data:`CHAIN_COLUMNS`, :data:`OP_COLUMNS`).
 
+How analyze and apply share the report: the analysis lives in report.json, apply's decisions in plan.yaml
+(:data:`APPLY_FILE_NAMES`). report.html is rendered from both whoever writes last: :func:`write_report`
+(analyze) reads the folder's plan.yaml when apply wrote one; apply (:func:`fusion_advisor.apply.outputs.write_outputs`)
+renders it from the folder's report.json when that is the same analysis (:func:`load_report`), else from its own.
+What the page shows first is computed in :mod:`fusion_advisor.report_views`, its pictures in
+:mod:`fusion_advisor.charts`.
+
 Public API:
 
 * :func:`write_report` writes the four files into a folder, each atomically (temp file in the same folder, then
-  ``os.replace``), and returns their paths.
+  ``os.replace``), and returns their paths; :func:`render_files` renders any of them in memory.
+* :func:`load_report` reads a folder's report.json back into an :class:`~fusion_advisor.records.Analysis`;
+  :func:`read_plan` its plan.yaml.
+* :func:`check_files` / :func:`check_out_dir`: the one output guard: never overwrite a file fusion-advisor did not
+  write (:func:`file_is_ours`).
 * :func:`chains_frame` / :func:`ops_frame`: one row per chain / per op, columns exactly :data:`CHAIN_COLUMNS` /
   :data:`OP_COLUMNS` (the CSVs are these frames).
 * :func:`summary_rows`: totals by route and by bound class for the terminal summary (keys :data:`SUMMARY_COLUMNS`).
 
-The HTML page is self-contained (inline CSS, roofline chart as a base64 PNG, no JavaScript, no external
-references) and every user string in it is HTML-escaped by jinja2's autoescape.
+The HTML page is self-contained: inline CSS and one small inline script (sorting, filters, repeated-layer groups;
+templates/table.js.j2), charts as base64 PNGs, no external references; it opens offline and reads without the
+script. Every user string in it is HTML-escaped by jinja2's autoescape.
 """
 
 from __future__ import annotations
@@ -171,8 +184,15 @@ HOW_COMPUTED = (
     "A chain is launch-bound when, run eagerly, the GPU would wait for launches longer than it computes "
     "(sum of max(0, launch - t) over its ops > sum of t); otherwise compute-bound when its arithmetic intensity "
     "is above the ridge point, else memory-bound. Routing rules may override the class.",
-    "Time after routing is the fused estimate for chains routed to torch.compile or a Triton kernel, and the "
-    "eager estimate for skipped chains. Savings are eager minus after-routing.",
+    "Time after routing is the fused estimate for chains routed to torch.compile or a Triton kernel, the chain's "
+    "eager kernels back to back without launch gaps for chains routed to CUDA graphs, and the eager estimate for "
+    "skipped chains. Savings are eager minus after-routing.",
+    "What torch.compile(model) would take is predicted as every fusible chain fused into one kernel and every "
+    "library op (GEMM, attention, convolution) and unfusible op left as it runs eagerly. The roofline prices a "
+    "library Triton kernel and Inductor's fused kernel alike, at the memory roof, so the advice's predicted edge "
+    "over torch.compile(model) comes from CUDA graphs and from chains it routes differently; what the library "
+    "kernels measured over Inductor is in benchmarks/results/kernels_h200_7b.md, and apply measures the whole "
+    "model.",
     "All est. times are estimates from peak numbers of the device spec, NOT measurements: real kernels reach a "
     "fraction of peak, and torch.compile may fuse differently. Verify and benchmark before trusting a saving.",
     "With --profile, measured_* columns come from running the captured graphs under torch.profiler after warm-up, "
