@@ -518,6 +518,23 @@ def test_hf_llama_swaps_verified_and_patched_model_matches(tmp_path):
     assert result.chosen.spec.name == "swaps+eager" and result.chosen.check.passed, result.chosen.check.details
 
 
+def test_swaps_name_the_chains_and_lines_analyze_reports(tmp_path):
+    # transformers' Llama once read c12 / modeling_llama.py:65 in analyze and c13 / :67 in apply for the same
+    # RMSNorm: apply now analyses with analyze's capture, and a swap's source is its chain's
+    from fusion_advisor.analyze import analyze
+
+    model = _write(tmp_path, "hf_llama", HF_LLAMA)
+    result = apply(model, ApplyOptions(candidates="all", kernels=("add_rmsnorm", "rmsnorm", "swiglu")), device="cpu")
+    alone = analyze(model, device="meta")
+    assert [(c.id, c.pattern, c.source) for c in result.analysis.chains] == \
+        [(c.id, c.pattern, c.source) for c in alone.chains]
+    chains = {c.id: c for c in alone.chains}
+    for s in result.sites:
+        lead = chains[s.chain_ids[0]]
+        assert lead.pattern in (s.pattern, "add_rmsnorm"), (s.id, s.kernel, lead.pattern)  # rmsnorm inside add_rmsnorm
+        assert s.source == lead.source, (s.id, s.source, lead.source)
+
+
 def test_gpt2_layernorm_matches(tmp_path):
     model = _write(tmp_path, "gpt2", GPT2)
     result = apply(model, ApplyOptions(candidates="all", kernels=("layernorm", "add_layernorm")), device="cpu")

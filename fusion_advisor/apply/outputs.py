@@ -268,7 +268,10 @@ def same_analysis(old: Any, new: Any) -> bool:
     """Whether the analysis ``old`` (the folder's report.json) describes what apply analysed as ``new``: the same
     model file, dtype and device spec, and the same chains (ids, kinds, patterns), so its chain ids are the ones
     apply's swaps name."""
-    if old.model_file != new.model_file or old.dtype != new.dtype:
+    def where(f: str) -> str:  # "model.py" and "/home/u/model.py" are one file; "<builtin:...>" is a name
+        return f if f.startswith("<") else str(Path(f).resolve())
+
+    if where(old.model_file) != where(new.model_file) or old.dtype != new.dtype:
         return False
     if (old.device_spec or {}).get("name") != (new.device_spec or {}).get("name"):
         return False
