@@ -852,9 +852,24 @@ def load_report(out_dir: Path) -> Analysis:
     if not isinstance(doc, dict) or "tool_version" not in doc:
         raise UserError(f"{path}: not a report written by fusion-advisor")
     try:
-        return Analysis.from_dict(doc)
+        analysis = Analysis.from_dict(doc)
     except ValueError as e:
         raise UserError(f"{path}: {e} (written by fusion-advisor {doc.get('tool_version')}; analyze again)") from e
+    # Inductor's code is kept in files beside the report, not in report.json: read it back for the page
+    for cid, rec in list(analysis.inductor_code.items()):
+        code = library = ""
+        if rec.path:
+            try:
+                code = (Path(out_dir) / rec.path).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                code = f"({rec.path} is no longer in {out_dir})"
+        if rec.library_source:
+            try:
+                library = Path(rec.library_source).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                library = ""
+        analysis.inductor_code[cid] = dataclasses.replace(rec, code=code, library_code=library)
+    return analysis
 
 
 def read_plan(out_dir: Path) -> tuple[dict[str, Any] | None, str]:
