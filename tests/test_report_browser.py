@@ -155,3 +155,25 @@ def test_report_fits_and_works_in_a_browser(pages, which, width, tmp_path):
     values = [v for v in seen["sorted_eager"] if v is not None]  # NaN (no estimate) serialises as null, sorted last
     assert seen["sorted_eager"][len(values):] == [None] * (len(seen["sorted_eager"]) - len(values))
     assert values == sorted(values, reverse=True)
+
+
+def test_diff_page_fits_in_a_browser(tmp_path):
+    # diff.html shares the report's CSS and script: it must fit as well, and its status filter must work
+    from fusion_advisor import diff as D
+    from tests.test_diff import _b_side
+
+    report.write_report(layered(4), tmp_path / "A")
+    report.write_report(_b_side(), tmp_path / "B")
+    page = D.write_diff(D.diff_folders(tmp_path / "A", tmp_path / "B"), tmp_path / "d")["html"]
+    probe = MEASURE.split("  out.first_screen")[0] + 'var pre = document.createElement("pre"); pre.id = "fa-measure"; ' \
+        'pre.textContent = JSON.stringify(out); document.body.appendChild(pre); })();</script>'
+    for width in WIDTHS:
+        text = page.read_text(encoding="utf-8").replace("</body>", probe + "</body>")
+        (tmp_path / "p.html").write_text(text, encoding="utf-8")
+        cmd = [BROWSER, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+               f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},1000",
+               "--virtual-time-budget=5000", "--dump-dom", (tmp_path / "p.html").as_uri()]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+        seen = json.loads(html_lib.unescape(re.search(r'<pre id="fa-measure">(.*?)</pre>', out, re.S).group(1)))
+        assert seen["scrollWidth"] <= width and seen["wide"] == [], seen
+        assert {"runs", "changes", "diff-table"} <= set(seen["ids"])
