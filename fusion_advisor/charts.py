@@ -103,7 +103,8 @@ def _points(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     merged: list[dict[str, Any]] = []
     for p in sorted(pts, key=lambda p: (p["route"], p["bound"], p["x"], p["y"])):
         for m in merged:
-            if (m["route"], m["bound"]) == (p["route"], p["bound"]) and _close(m["x"], p["x"]) and _close(m["y"], p["y"]):
+            same_kind = (m["route"], m["bound"]) == (p["route"], p["bound"])
+            if same_kind and _close(m["x"], p["x"]) and _close(m["y"], p["y"]):
                 m["count"] += p["count"]
                 m["groups"] += 1
                 m.setdefault("gids", [m["gid"]]).append(p["gid"])

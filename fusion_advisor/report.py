@@ -595,9 +595,9 @@ def render_html(analysis: Analysis, generated_at: str, plan: dict[str, Any] | No
     summary = summary_rows(analysis)
     profile = profile_view(analysis, frame)
     ordered = _sorted_groups(groups)
+    present_routes = {g["first"]["route"] for g in groups}
     filters = {
-        "route": _ordered(sorted({g["first"]["route"] for g in groups}), tuple(r for r in ROUTES
-                                                                               if any(g["first"]["route"] == r for g in groups))),
+        "route": _ordered(sorted(present_routes), tuple(r for r in ROUTES if r in present_routes)),
         "bound": [b for b in _ordered(sorted({g["first"]["bound"] for g in groups}), BOUNDS)
                   if any(g["first"]["bound"] == b for g in groups)],
         "kernel": sorted({g["first"]["kernel"] for g in groups if g["first"]["kernel"]}),
@@ -781,8 +781,8 @@ def file_is_ours(out_dir: Path, name: str) -> bool:
     """Whether the file ``name`` in ``out_dir`` is one fusion-advisor wrote: report.json carries its
     ``tool_version``; report.html and diff.html their generator tag (report.html: or it sits beside our
     report.json); the CSVs sit beside our report.json (chains.csv, ops.csv), our plan.yaml (variants.csv,
-    swaps.csv, and an old apply's swaps.html) or our diff.html (diff.csv); plan.yaml starts with the plan header. Used by the guard that never overwrites a file the tool did not
-    write."""
+    swaps.csv, and an old apply's swaps.html) or our diff.html (diff.csv); plan.yaml starts with the plan header.
+    Used by the guard that never overwrites a file the tool did not write."""
     out_dir = Path(out_dir)
     ours_json = earlier_report(out_dir)
     ours_plan = earlier_plan(out_dir)

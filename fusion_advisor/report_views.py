@@ -385,7 +385,8 @@ def apply_view(doc: dict[str, Any], analysis: Analysis | None) -> dict[str, Any]
     if analysis is not None and model.get("file") and str(model.get("file")) != analysis.model_file:
         notes.append(f"plan.yaml was made for {model.get('file')}, this analysis for {analysis.model_file}: the two "
                      "may not describe the same model")
-    if analysis is not None and doc.get("device_spec") and doc.get("device_spec") != (analysis.device_spec or {}).get("name"):
+    spec_name = (analysis.device_spec or {}).get("name") if analysis is not None else None
+    if analysis is not None and doc.get("device_spec") and doc.get("device_spec") != spec_name:
         notes.append(f"apply analysed with the device spec {doc.get('device_spec')}, this report with "
                      f"{(analysis.device_spec or {}).get('name')}: chain routes may differ")
     if analysis is not None and swaps and not any(s["linked"] for s in swaps) and chain_ids:
