@@ -314,12 +314,18 @@ def breakdown_png(frame: pd.DataFrame, compile_us: pd.Series, variants: list[dic
         colors = ["#2ca02c" if v.get("status") == "chosen" else "#9ecae1" for v in timed_variants][::-1]
         ax.barh(range(len(names)), ms, color=colors, height=0.6)
         for y, (n, t, v) in enumerate(zip(names, ms, timed_variants[::-1])):
-            ax.text(t + max(ms) * 0.01, y, f"{t:.4g} ms" + ("  (chosen)" if v.get("status") == "chosen" else ""),
-                    va="center", fontsize=8)
+            ax.annotate(f"{t:.4g} ms" + ("  (chosen)" if v.get("status") == "chosen" else ""), (t, y),
+                        xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
         ax.set_yticks(range(len(names)))
         ax.set_yticklabels(names, fontsize=8)
-        ax.set_xlim(0, max(ms) * 1.25)
-        ax.set_xlabel(f"whole model, measured by apply (ms per {what})", fontsize=8.5)
+        spread = max(ms) / max(min(ms), 1e-12)
+        if spread > 20:  # one slow variant would flatten the others: a log axis keeps every bar readable
+            ax.set_xscale("log")
+            ax.set_xlim(min(ms) / 2, max(ms) * 3)
+        else:
+            ax.set_xlim(0, max(ms) * 1.25)
+        ax.set_xlabel(f"whole model, measured by apply (ms per {what}"
+                      + (", log scale)" if spread > 20 else ")"), fontsize=8.5)
         ax.set_title("whole-model variants (apply --verify)", fontsize=10)
         ax.grid(True, axis="x", color="#eeeeee", lw=0.6)
         ax.set_axisbelow(True)
