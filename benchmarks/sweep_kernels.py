@@ -1,7 +1,7 @@
 """GPU launch-config sweep of the rmsnorm, softmax and cross-entropy library kernels (``bench --sweep``'s engine).
 
 For each kernel in ``kernel_library.sweeps.SWEEPS`` (sizes and candidate configs there: softmax over a reduced grid
-of widths 512 .. 262144 by rows 1 .. 65536 plus the ANCHORS rows), :func:`fusion_advisor.sweep.run_sweep` verifies
+of widths 512 .. 262144 by rows 1 .. 65536 plus the reference rows), :func:`fusion_advisor.sweep.run_sweep` verifies
 every config against ``reference_fn`` (float64, poisoned allocations), times the forward with do_bench (median,
 L2 flushed) and reports GB/s from the sweep's bytes-moved formula and % of the H200 spec's copy bandwidth; first
 calls (JIT compile + one run) are timed apart. The config the library's own heuristic picks at each size is

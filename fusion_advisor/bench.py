@@ -122,7 +122,9 @@ def _device_events(fn: Callable[[], Any], iters: int, caller: str) -> list[Any]:
         raise RuntimeError(f"{caller} needs a CUDA device")
     fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    from fusion_advisor.capture import quiet_native_stderr  # libkineto's "USDT: profiler_start" lines
+
+    with quiet_native_stderr(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()

@@ -454,13 +454,15 @@ def measure_elementwise_overhead_us(copy_gbps: float, sizes: Sizes, mib: tuple[i
         return None
 
 
-def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool = False) -> Calibration:
+def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool = False,
+            progress: Callable[[str], None] | None = None) -> Calibration:
     """Measure copy bandwidth, matmul throughput per dtype and per-op launch overhead on ``device``.
 
     Args:
         device: ``"cuda"`` or ``"cpu"``; default ``"cuda"`` when a GPU is present.
         sizes: problem sizes; default :meth:`Sizes.for_device`.
         quick: small sizes (see :meth:`Sizes.for_device`).
+        progress: called with a short line ("matmul bf16 (3 of 8)") as each measurement starts.
 
     Raises:
         CalibrationError: unknown device, or cuda asked for without a GPU.
@@ -478,12 +480,24 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         name = _cpu_name()
     sizes = sizes or Sizes.for_device(device, quick=quick, l2_bytes=l2)
     timer = _timer(device, sizes)
+    matmul_dtypes = ("fp32", "tf32", "bf16", "fp16") if device == "cuda" else ("fp32", "bf16", "fp16")
+    steps = 1 + len(matmul_dtypes) + (2 if device == "cuda" else 0) + (3 if device == "cuda" and not quick else 0) \
+        + 2 + (2 if device == "cuda" else 0)
+    done = [0]
+
+    def step(what: str) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(f"{what} ({done[0]} of {steps})")
+
     with torch.no_grad():
+        step(f"copy bandwidth ({device})")
         copy = measure_copy_gbps(device, sizes, timer)
         tflops: dict[str, float] = {}
         notes: dict[str, str] = {}
         not_measured: dict[str, str] = {}
-        for dtype in (("fp32", "tf32", "bf16", "fp16") if device == "cuda" else ("fp32", "bf16", "fp16")):
+        for dtype in matmul_dtypes:
+            step(f"matmul {dtype}")
             try:
                 tflops[dtype] = measure_matmul_tflops(device, dtype, sizes, timer)
             except (RuntimeError, NotImplementedError) as e:  # e.g. a CPU build without fp16 matmul
@@ -491,6 +505,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         unaligned: dict[str, float] = {}
         if device == "cuda":
             for dtype in ("bf16", "fp16"):
+                step(f"unaligned matmul {dtype}")
                 try:
                     unaligned[dtype] = measure_unaligned_matmul_tflops(device, dtype, sizes, timer)
                 except RuntimeError as e:
@@ -504,10 +519,12 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         rates: list[dict[str, Any]] = []
         if device == "cuda" and not quick:
             for dtype in ("bf16", "fp16"):
+                step(f"attention {dtype}")
                 try:
                     attention[dtype] = measure_attention_tflops(dtype, timer)
                 except RuntimeError as e:
                     notes[f"attention {dtype}"] = f"not measured ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+            step("attention rates per backend")
             try:
                 rates, skipped = measure_attention_rates()
                 not_measured.update({f"attention_rates {k}": v for k, v in skipped.items()})
@@ -518,14 +535,20 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         else:
             not_measured["attention_tflops"] = not_measured["attention_rates"] = \
                 "GPU only (SDPA's flash / efficient / cuDNN kernels): not measured on a CPU"
+        step("strided copy bandwidth")
         try:
             strided: float | None = measure_strided_copy_gbps(device, sizes, timer)
         except (RuntimeError, MemoryError) as e:
             strided = None
             not_measured["strided_bandwidth_gbps"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        step("launch overhead per eager op")
         launch = measure_launch_us(device, sizes)
-        floor = measure_kernel_floor_us(sizes) if device == "cuda" else None
-        elementwise = measure_elementwise_overhead_us(copy, sizes) if device == "cuda" else None
+        floor = elementwise = None
+        if device == "cuda":
+            step("kernel floor (CUDA-graph replay)")
+            floor = measure_kernel_floor_us(sizes)
+            step("elementwise overhead")
+            elementwise = measure_elementwise_overhead_us(copy, sizes)
         if elementwise is None:
             not_measured["elementwise_overhead_us"] = ("GPU only (CUDA-graph replay of eager adds)" if device != "cuda"
                                                        else "CUDA graphs unavailable")
@@ -690,8 +713,11 @@ def default_out(cal_device: str) -> Path:
     return Path(f"device_spec_{'gpu' if cal_device == 'cuda' else 'cpu'}.yaml")
 
 
-def calibrate(out: Path | None = None, device: str | None = None, quick: bool = False) -> tuple[Path, dict[str, Any]]:
+def calibrate(out: Path | None = None, device: str | None = None, quick: bool = False,
+              progress: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]]:
     """Measure the device and write its spec YAML to ``out`` (checked before measuring, written atomically).
+
+    ``progress`` is called with one line as each measurement starts (:func:`measure`).
 
     Returns:
         The path written and the spec mapping.
@@ -704,7 +730,7 @@ def calibrate(out: Path | None = None, device: str | None = None, quick: bool = 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     path = Path(out) if out is not None else default_out(device)
     check_out_file(path)
-    cal = measure(device, quick=quick)
+    cal = measure(device, quick=quick, progress=progress)
     data = spec_dict(cal)
     check_out_file(path)  # again: the file may have appeared while measuring
     atomic_write_bytes(path, render_spec(data).encode("utf-8"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -314,6 +315,48 @@ def quiet_torch_logs():
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+#: Prefixes of lines native code writes to the process's stderr that are noise to a user: libkineto (the
+#: profiler behind torch.profiler) prints ``USDT:<date> <pid>:<tid> SyncActivityProfilerHandler.cpp:52] profiler_start``
+#: (and ``profiler_stop``) at every profile, whatever KINETO_LOG_LEVEL says (torch 2.13).
+NATIVE_NOISE = ("USDT:",)
+
+
+@contextlib.contextmanager
+def quiet_native_stderr(drop: tuple[str, ...] = NATIVE_NOISE):
+    """Hold back what native code writes to file descriptor 2 while the block runs; afterwards pass every line
+    on to stderr except those starting with one of ``drop``.
+
+    Python's ``sys.stderr`` object is left alone (``contextlib.redirect_stderr`` cannot catch C++ writes); fd 2 is
+    pointed at a temporary file and restored on exit, errors included. Where fd 2 cannot be duplicated (no real
+    stderr, e.g. under some test runners) the block runs unfiltered.
+    """
+    import sys
+    import tempfile
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        try:
+            os.dup2(held.fileno(), 2)
+            yield
+        finally:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [ln for ln in held.read().decode("utf-8", "replace").splitlines(keepends=True)
+                    if not ln.startswith(drop)]
+            if kept:
+                os.write(2, "".join(kept).encode("utf-8"))
 
 
 def source_of(node: torch.fx.Node) -> SourceLoc:

@@ -170,7 +170,10 @@ def _pattern(og: OpGraph, member_ids: list[str]) -> str:
     if any(o.category == "softmax" and not o.reduces_last_dim for o in ops):
         return "softmax_not_last_dim"  # our kernels and the softmax rules assume rows along the last dim
     if has("_softmax") or has("_safe_softmax"):
-        masked = has("add") or has("where") or has("masked_fill") or has("mul") or has("div")
+        # a mask is a tensor added to the scores (an additive mask) or selected in (where / masked_fill); a scale
+        # (mul or div by a number) is no mask: such a chain is a softmax, as apply's matcher names it
+        added = any(o.target.startswith("aten.add.Tensor") and len(o.inputs) == 2 for o in ops)
+        masked = added or has("where") or has("masked_fill")
         return "masked_softmax" if masked else "softmax"
     def gated_mul() -> bool:
         """A mul of two tensors (the GLU gate); ``silu(x) * 2.0`` scales by a scalar and gates nothing."""
@@ -282,6 +285,7 @@ def build_chains(og: OpGraph) -> list[Chain]:
                 source=lead.source,
                 module_path=lead.module_path,
                 graph_index=ops[0].graph_index,
+                attention_backend=next((o.variant for o in ops if o.category == "attention" and o.variant), ""),
             )
         )
     return _mark_epilogues(og, chains, chain_of)

@@ -1,4 +1,4 @@
-"""Command-line interface: ``fusion-advisor analyze | apply | verify | bench``.
+"""Command-line interface: ``fusion-advisor analyze | apply | diff | verify | bench | doctor | calibrate``.
 
 Each command is a thin shell over one pipeline stage; all user-facing errors are
 :class:`fusion_advisor.errors.UserError` and print as one short message (a traceback only with ``--debug``).
@@ -83,6 +83,8 @@ def _progress(name: str) -> Iterator[None]:
         "analyze": "analysing the captured graphs (op graph, chains, roofline, rules)",
         "verify": "verifying (and on a GPU timing) the candidate swaps",
         "whole model": "checking the patched model against the original (on a GPU: timing it)",
+        "swaps": "verifying the candidate swaps, one at a time (timing them where there is a GPU)",
+        "variants": "whole-model variants: each built, checked against float64, then timed",
     }
     label = labels.get(name, name)
     if not console.is_terminal:  # a pipe or a CI log: no live spinner, so one line as each stage starts
@@ -91,6 +93,18 @@ def _progress(name: str) -> Iterator[None]:
         return
     with console.status(label + " ..."):
         yield
+
+
+@contextlib.contextmanager
+def _steps(label: str) -> Iterator[Callable[[str], None]]:
+    """Progress of a long stage made of steps: yields a function taking one line per step. On a terminal the
+    spinner's text follows the steps; in a pipe or a CI log each step prints one line as it starts."""
+    if not console.is_terminal:
+        console.print(f"{_escape(label)} ...", highlight=False)
+        yield lambda line: console.print(f"  {_escape(line)} ...", highlight=False)
+        return
+    with console.status(label + " ...") as status:
+        yield lambda line: status.update(f"{_escape(label)}: {_escape(line)} ...")
 
 
 @app.command()
@@ -213,7 +227,20 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
                       m.bound if m else "-"]
         t.add_row(*cells)
     out.print(t)
-    out.print(f"report: {paths.get('html')}  (also chains.csv, ops.csv, report.json in {Path(paths['html']).parent})")
+    from fusion_advisor.report import chains_frame, read_plan
+    from fusion_advisor.report_views import apply_command, predicted_compile_us
+
+    frame = chains_frame(analysis)
+    eager, advised = float(frame["est_eager_us"].sum()), float(frame["est_after_route_us"].sum())
+    if advised > 0:
+        out.print(f"predicted: {eager / advised:.2f}x vs eager, {predicted_compile_us(frame) / advised:.2f}x vs "
+                  "torch.compile(model) over the chains (roofline estimates; apply measures them)", highlight=False)
+    out_dir = Path(paths["html"]).parent
+    plan, _ = read_plan(out_dir)
+    if plan is None:
+        out.print("next: " + _escape(apply_command(analysis, out_dir)), highlight=False)
+    out.print(f"report: {paths.get('html')}  (also chains.csv, ops.csv, report.json in {out_dir}"
+              + ("; with apply's results from plan.yaml" if plan is not None else "") + ")")
 
 # --- verify / bench -----------------------------------------------------------------------------------------
 # (kernel contract commands; see fusion_advisor/verify.py and fusion_advisor/bench.py)
@@ -386,8 +413,8 @@ def apply_cmd(
 ) -> None:
     """Carry the routing out on a model: library kernels swapped in, regions compiled by Inductor or replayed
     from CUDA graphs, every variant checked against float64 and timed in the whole model; the fastest correct one
-    becomes plan.yaml (rebuild it with fusion_advisor.load_plan). Writes plan.yaml, variants.csv, swaps.csv,
-    swaps.html."""
+    becomes plan.yaml (rebuild it with fusion_advisor.load_plan). Writes plan.yaml, variants.csv, swaps.csv and
+    the folder's report.html (the analysis with apply's results; one report per model folder)."""
     if device != "cuda":  # before anything imports triton.language: the interpreter is chosen at import time
         from fusion_advisor.verify import use_triton_interpreter_if_no_gpu
 
@@ -410,7 +437,7 @@ def apply_cmd(
         out_dir = out or Path("reports") / result.model_name
         if out is None:  # the default folder is known only now (it is named after the model)
             _check_apply_out(out_dir)
-        with console.status("writing plan.yaml, variants.csv, swaps.csv, swaps.html ..."):
+        with console.status("writing plan.yaml, variants.csv, swaps.csv and the folder's report.html ..."):
             paths = write_outputs(result, out_dir)
         return result, paths
 
@@ -419,17 +446,12 @@ def apply_cmd(
 
 
 def _check_apply_out(out_dir: Path) -> None:
-    """Refuse an --out holding apply's files that an earlier apply run did not write."""
-    from fusion_advisor.apply import OUTPUT_FILES
-    from fusion_advisor.report import check_out_dir
+    """Refuse an --out holding files apply would write (its own, and the folder's report) that fusion-advisor
+    did not write."""
+    from fusion_advisor.apply.outputs import every_output_name
+    from fusion_advisor.report import check_files
 
-    def earlier_apply(d: Path) -> bool:
-        try:
-            return (d / "plan.yaml").read_text().startswith("# fusion-advisor plan")
-        except OSError:
-            return False
-
-    check_out_dir(out_dir, tuple(OUTPUT_FILES.values()), earlier_apply)
+    check_files(out_dir, every_output_name())
 
 
 def _print_apply_summary(result, paths: dict) -> None:
@@ -470,8 +492,51 @@ def _print_apply_summary(result, paths: dict) -> None:
                   + f": {_escape(result.chosen_reason)}")
     else:
         out.print("dry run: no variant verified or timed (add --verify to choose one)")
-    out.print(f"report: {paths['swaps_html']} (also plan.yaml, variants.csv, swaps.csv in "
+    out.print(f"report: {paths['html']} (analysis and apply's results; also plan.yaml, variants.csv, swaps.csv in "
               f"{Path(paths['plan']).parent}); rebuild with fusion_advisor.load_plan(model, '{paths['plan']}')")
+
+
+# --- diff ---------------------------------------------------------------------------------------------------
+# (two report folders side by side; see fusion_advisor/diff.py)
+
+
+@app.command()
+def diff(
+    a: Path = typer.Argument(..., help="Report folder A (written by analyze, perhaps apply too)."),
+    b: Path = typer.Argument(..., help="Report folder B, compared with A."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Folder for diff.html and diff.csv. Default: "
+                                       "reports/diff-<A>-vs-<B>/."),
+    threshold: float = typer.Option(0.10, "--threshold", help="Relative change of a time that counts as a change "
+                                    "(0.1 = 10%)."),
+    top: int = typer.Option(40, "--top", min=0, help="Changed rows shown on the terminal."),
+    fail_on_change: bool = typer.Option(False, "--fail-on-change", help="Exit 1 when any chain changed (for CI: a "
+                                        "torch upgrade that silently breaks a fusion)."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+) -> None:
+    """Compare two report folders (another GPU, another torch, before and after a code change): the chains whose
+    route, bound class, kernel, pattern, kernel count or time changed; writes diff.html and diff.csv."""
+    from fusion_advisor.diff import DIFF_FILES, diff_folders, terminal_table, write_diff
+    from fusion_advisor.report import check_files
+
+    def job():
+        out_dir = out or Path("reports") / f"diff-{Path(a).resolve().name}-vs-{Path(b).resolve().name}"
+        check_files(out_dir, tuple(DIFF_FILES.values()))
+        d = diff_folders(a, b, threshold=threshold)
+        check_files(out_dir, tuple(DIFF_FILES.values()))
+        return d, write_diff(d, out_dir)
+
+    d, paths = run_guarded(job, debug)
+    show = Console(width=None if sys.stdout.isatty() else 160)
+    for label, x, y in d.facts:
+        if x != y:
+            show.print(f"{_escape(label)}: {_escape(x)} (A) -> {_escape(y)} (B)", highlight=False)
+    if d.changed:
+        show.print(terminal_table(d, top))
+    else:
+        show.print(f"no chain changed ({len(d.rows)} rows compared; times within {threshold:.0%})")
+    show.print(f"diff: {paths['html']} (and {paths['csv']})", highlight=False)
+    if fail_on_change and d.changed:
+        raise typer.Exit(1)
 
 
 # --- doctor -------------------------------------------------------------------------------------------------
@@ -570,8 +635,8 @@ def calibrate(
     from fusion_advisor.calibrate import calibrate as run_calibrate
 
     def job():
-        with console.status("measuring copy bandwidth, matmul throughput and launch overhead ..."):
-            return run_calibrate(out, device=device, quick=quick)
+        with _steps("measuring copy bandwidth, matmul throughput and launch overhead") as step:
+            return run_calibrate(out, device=device, quick=quick, progress=step)
 
     path, data = run_guarded(job, debug)
     t = data["tensor_tflops"]

@@ -2,7 +2,7 @@
 
 ``out[i] = x[i]`` for a contiguous 1-D tensor. A copy reads and writes every byte once, so its GB/s (bytes read
 plus written per second) is the memory-bandwidth ceiling every memory-bound kernel is compared with
-(ANCHORS.md: 4275 GB/s on our H200). Imported only after ``TRITON_INTERPRET`` is settled: Triton decides
+(4275 GB/s on our H200: fusion_advisor/devices/h200.yaml). Imported only after ``TRITON_INTERPRET`` is settled: Triton decides
 between compiling and interpreting when the kernel is decorated.
 """
 

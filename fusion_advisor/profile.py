@@ -753,7 +753,7 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
     op_ids = {o.id for o in ops if not o.is_view}
     notes: list[str] = []
     inst = _instrument(loaded, cap, op_ids)
-    from fusion_advisor.capture import quiet_torch_logs  # the same quieting capture uses
+    from fusion_advisor.capture import quiet_native_stderr, quiet_torch_logs  # the same quieting capture uses
 
     with torch.no_grad(), warnings.catch_warnings(), quiet_torch_logs():
         warnings.simplefilter("ignore")
@@ -770,7 +770,8 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=activities) as prof:
+        # libkineto prints "USDT: ... profiler_start/stop" on the native stderr: held back (quiet_native_stderr)
+        with quiet_native_stderr(), torch.profiler.profile(activities=activities) as prof:
             for _ in range(runs):
                 with torch.profiler.record_function(RUN_TAG):
                     inst.run()

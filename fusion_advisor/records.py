@@ -146,6 +146,8 @@ class Chain:
         module_path: module of that op.
         epilogue_of: id of the heavy chain whose output this chain alone consumes (an epilogue candidate), or ``""``.
         graph_index: captured graph the chain lives in.
+        attention_backend: for an attention item, the SDPA backend its op runs (``OpInfo.variant``: ``"flash"``,
+            ``"efficient"``, ``"cudnn"``, ``"math"``), else ``""``.
     """
 
     id: str
@@ -165,6 +167,7 @@ class Chain:
     module_path: str
     epilogue_of: str = ""
     graph_index: int = 0
+    attention_backend: str = ""
 
     @property
     def arithmetic_intensity(self) -> float:
@@ -443,6 +446,20 @@ class Analysis:
     inductor_code: dict[str, InductorCode] = field(default_factory=dict)
     profile: Profile | None = None
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Analysis":
+        """The analysis of a :meth:`to_dict` document (report.json): every record rebuilt from its fields, keys
+        the records do not have ignored (report.json adds ``columns``, ``summary``, ...), ``null`` numbers read
+        as NaN (JSON has no NaN) and Inductor code texts empty (they are files).
+
+        Raises:
+            ValueError: ``d`` is not such a document (a required field missing or of the wrong type).
+        """
+        try:
+            return _build(cls, d)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"not an analysis document: {type(e).__name__}: {e}") from e
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of the whole analysis (Inductor code texts left out: they are files)."""
         d = asdict(self)
@@ -453,3 +470,50 @@ class Analysis:
             c["arithmetic_intensity"] = chain.arithmetic_intensity
             c["bytes_saved"] = chain.bytes_saved
         return d
+
+
+def _build(tp: Any, value: Any) -> Any:
+    """``value`` (parsed JSON) as an instance of the annotation ``tp``: dataclasses field by field, ``tuple[X,
+    ...]``, ``list[X]``, ``dict[str, X]``, ``X | None``, and the scalars (``None`` as NaN for floats)."""
+    import dataclasses
+    import types
+    import typing
+
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _build(inner[0], value)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise TypeError(f"{tp.__name__}: expected a mapping, got {type(value).__name__}")
+        hints = typing.get_type_hints(tp)
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            if f.name in value:
+                kwargs[f.name] = _build(hints[f.name], value[f.name])
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise KeyError(f"{tp.__name__}.{f.name}")
+        return tp(**kwargs)
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"expected a list, got {type(value).__name__}")
+        item = args[0] if args else Any
+        items = [_build(item, v) for v in value]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise TypeError(f"expected a mapping, got {type(value).__name__}")
+        item = args[1] if len(args) == 2 else Any
+        return {str(k): _build(item, v) for k, v in value.items()}
+    if tp is float:
+        return float("nan") if value is None else float(value)
+    if tp is int:
+        return int(value)
+    if tp is bool:
+        return bool(value)
+    if tp is str:
+        return "" if value is None else str(value)
+    return value

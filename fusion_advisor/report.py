@@ -1,20 +1,33 @@
-"""Stage 6: write what ``analyze`` found as report.html, chains.csv, ops.csv and report.json.
+"""Stage 6: write what ``analyze`` found as report.html, chains.csv, ops.csv and report.json; one report per model
+folder, with ``apply``'s results in it when apply ran into the same folder.
 
 Every ``est_*`` number is an *estimate* from the roofline model of :mod:`fusion_advisor.roofline`; ``measured_*``
 columns (and the Profile section) hold measurements of ``analyze --profile`` (:mod:`fusion_advisor.profile`),
 placed next to the roofline's eager estimate they are compared with. The report says how each number was computed
 (:data:`CHAIN_COLUMNS`, :data:`OP_COLUMNS`).
 
+How analyze and apply share the report: the analysis lives in report.json, apply's decisions in plan.yaml
+(:data:`APPLY_FILE_NAMES`). report.html is rendered from both whoever writes last: :func:`write_report`
+(analyze) reads the folder's plan.yaml when apply wrote one; apply (:func:`fusion_advisor.apply.outputs.write_outputs`)
+renders it from the folder's report.json when that is the same analysis (:func:`load_report`), else from its own.
+What the page shows first is computed in :mod:`fusion_advisor.report_views`, its pictures in
+:mod:`fusion_advisor.charts`.
+
 Public API:
 
 * :func:`write_report` writes the four files into a folder, each atomically (temp file in the same folder, then
-  ``os.replace``), and returns their paths.
+  ``os.replace``), and returns their paths; :func:`render_files` renders any of them in memory.
+* :func:`load_report` reads a folder's report.json back into an :class:`~fusion_advisor.records.Analysis`;
+  :func:`read_plan` its plan.yaml.
+* :func:`check_files` / :func:`check_out_dir`: the one output guard: never overwrite a file fusion-advisor did not
+  write (:func:`file_is_ours`).
 * :func:`chains_frame` / :func:`ops_frame`: one row per chain / per op, columns exactly :data:`CHAIN_COLUMNS` /
   :data:`OP_COLUMNS` (the CSVs are these frames).
 * :func:`summary_rows`: totals by route and by bound class for the terminal summary (keys :data:`SUMMARY_COLUMNS`).
 
-The HTML page is self-contained (inline CSS, roofline chart as a base64 PNG, no JavaScript, no external
-references) and every user string in it is HTML-escaped by jinja2's autoescape.
+The HTML page is self-contained: inline CSS and one small inline script (sorting, filters, repeated-layer groups;
+templates/table.js.j2), charts as base64 PNGs, no external references; it opens offline and reads without the
+script. Every user string in it is HTML-escaped by jinja2's autoescape.
 """
 
 from __future__ import annotations
@@ -38,6 +51,7 @@ import fusion_advisor
 from fusion_advisor.records import (  # route names and bound classes, in the order the report lists them
     BOUNDS, ROUTES, Analysis, Chain, ChainMeasurement, Decision, Estimate, OpInfo, SourceLoc, TensorMeta,
 )
+from fusion_advisor.units import fmt_bytes, fmt_float, fmt_flops, fmt_int, fmt_speedup, fmt_us  # noqa: F401
 
 #: File names written by :func:`write_report`, by the key of its result.
 FILE_NAMES = {
@@ -45,6 +59,14 @@ FILE_NAMES = {
     "chains_csv": "chains.csv",
     "ops_csv": "ops.csv",
     "json": "report.json",
+}
+
+#: Files ``apply`` writes beside the report (fusion_advisor/apply/outputs.py); report.html shows their content when
+#: they are in its folder.
+APPLY_FILE_NAMES = {
+    "plan": "plan.yaml",
+    "variants_csv": "variants.csv",
+    "swaps_csv": "swaps.csv",
 }
 
 # Column name -> documentation (unit and how it is computed). The CSVs use exactly these columns, in this order,
@@ -163,8 +185,15 @@ HOW_COMPUTED = (
     "A chain is launch-bound when, run eagerly, the GPU would wait for launches longer than it computes "
     "(sum of max(0, launch - t) over its ops > sum of t); otherwise compute-bound when its arithmetic intensity "
     "is above the ridge point, else memory-bound. Routing rules may override the class.",
-    "Time after routing is the fused estimate for chains routed to torch.compile or a Triton kernel, and the "
-    "eager estimate for skipped chains. Savings are eager minus after-routing.",
+    "Time after routing is the fused estimate for chains routed to torch.compile or a Triton kernel, the chain's "
+    "eager kernels back to back without launch gaps for chains routed to CUDA graphs, and the eager estimate for "
+    "skipped chains. Savings are eager minus after-routing.",
+    "What torch.compile(model) would take is predicted as every fusible chain fused into one kernel and every "
+    "library op (GEMM, attention, convolution) and unfusible op left as it runs eagerly. The roofline prices a "
+    "library Triton kernel and Inductor's fused kernel alike, at the memory roof, so the advice's predicted edge "
+    "over torch.compile(model) comes from CUDA graphs and from chains it routes differently; what the library "
+    "kernels measured over Inductor is in benchmarks/results/kernels_h200_7b.md, and apply measures the whole "
+    "model.",
     "All est. times are estimates from peak numbers of the device spec, NOT measurements: real kernels reach a "
     "fraction of peak, and torch.compile may fuse differently. Verify and benchmark before trusting a saving.",
     "With --profile, measured_* columns come from running the captured graphs under torch.profiler after warm-up, "
@@ -175,11 +204,6 @@ HOW_COMPUTED = (
     "calibrate) compares against ceilings measured on the same device.",
 )
 
-# Roofline chart styling: color per route, marker per bound class (anything else: grey / 'x').
-_ROUTE_COLORS = {"skip": "#8c8c8c", "torch.compile": "#1f77b4", "triton": "#d62728", "cudagraphs": "#2ca02c"}
-_BOUND_MARKERS = {"compute": "s", "memory": "o", "launch": "^"}
-_OTHER_COLOR = "#9467bd"
-_OTHER_MARKER = "x"
 
 # Device-spec keys read for the header and the chart's memory roof / launch overhead; the first present wins.
 # (The full spec is also shown field by field, so a key missing here is still in the report.)
@@ -482,148 +506,37 @@ def _scalar_text(value: Any) -> str:
     return str(value)
 
 
-# --- roofline chart -----------------------------------------------------------------------------------------
+# --- pictures -----------------------------------------------------------------------------------------------
 
 
 def roofline_png(analysis: Analysis, frame: pd.DataFrame | None = None) -> tuple[bytes, list[str]]:
-    """The roofline chart as PNG bytes, and notes about what it could not show as is.
-
-    Log-log: x = arithmetic intensity (FLOP/byte), y = attained FLOP/s = flops / est_after_route_us. Memory roof
-    bandwidth * AI, one compute roof per distinct peak the estimates used. Chains with 0 FLOPs (or 0 AI) are
-    drawn at a floor value. Uses matplotlib's Agg canvas directly (no pyplot, no global backend switch).
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
+    """The roofline chart as PNG bytes and its notes (:func:`fusion_advisor.charts.roofline_png`, one point per
+    group of repeated chains)."""
+    from fusion_advisor import charts
+    from fusion_advisor.report_views import chain_groups
 
     frame = chains_frame(analysis) if frame is None else frame
-    notes: list[str] = []
-
-    time_s = frame["est_after_route_us"].astype(float) * 1e-6
-    timed = time_s.notna() & (time_s > 0)
-    if (~timed).any():
-        notes.append(f"{int((~timed).sum())} chain(s) without a positive time estimate are not plotted.")
-    pts = frame[timed].copy()
-    pts["x"] = pts["arithmetic_intensity_flop_per_byte"].astype(float)
-    pts["y"] = pts["flops"].astype(float) / time_s[timed]
-
-    pos_x = pts["x"][pts["x"] > 0]
-    pos_y = pts["y"][pts["y"] > 0]
-    x_floor = (pos_x.min() / 10.0) if len(pos_x) else 1e-2
-    y_floor = (pos_y.min() / 10.0) if len(pos_y) else 1e6
-    zero = (pts["x"] <= 0) | (pts["y"] <= 0)
-    if zero.any():
-        notes.append(
-            f"{int(zero.sum())} chain(s) with 0 FLOPs are drawn on the dashed floor lines "
-            f"(x = {x_floor:.3g} FLOP/byte, y = {y_floor:.3g} FLOP/s)."
-        )
-    pts.loc[pts["x"] <= 0, "x"] = x_floor
-    pts.loc[pts["y"] <= 0, "y"] = y_floor
-
-    fig = Figure(figsize=(9.0, 5.4), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-
-    bw, _ = _bandwidth_gbps(analysis)
-    peaks_tflops = sorted({
-        float(e.peak_tflops) for e in analysis.estimates.values() if _is_num(e.peak_tflops) and e.peak_tflops > 0
-    })
-    if not peaks_tflops:
-        peaks_tflops = sorted({p for _, p in _peaks(analysis.device_spec or {}) if p > 0})
-
-    xs = list(pts["x"]) or [1.0]
-    x_lo = min(min(xs), x_floor) / 2.0
-    x_ridge_max = max((p * 1e3 / bw for p in peaks_tflops), default=1.0) if bw else 1.0  # FLOP/byte
-    x_hi = max(max(xs) * 2.0, x_ridge_max * 4.0)
-    if bw:
-        top = max(peaks_tflops) * 1e12 if peaks_tflops else bw * 1e9 * x_hi
-        # memory roof: attained FLOP/s = bandwidth (B/s) * AI, drawn up to the highest compute roof
-        x_knee = top / (bw * 1e9)
-        ax.plot([x_lo, min(x_knee, x_hi)], [bw * 1e9 * x_lo, bw * 1e9 * min(x_knee, x_hi)],
-                color="black", lw=1.5, label=f"memory roof {bw:,.0f} GB/s")
-    else:
-        notes.append("The device spec gives no memory bandwidth: the memory roof is not drawn.")
-    for i, peak in enumerate(peaks_tflops):
-        x_start = peak * 1e3 / bw if bw else x_lo  # TFLOP/s / GB/s * 1e3 = FLOP/byte at the ridge
-        ax.plot([x_start, x_hi], [peak * 1e12, peak * 1e12], color="#444444", lw=1.5, ls=["--", ":", "-."][i % 3],
-                label=f"compute roof {peak:,.4g} TFLOP/s")
-    if zero.any():
-        ax.axvline(x_floor, color="#bbbbbb", ls="--", lw=0.8)
-        ax.axhline(y_floor, color="#bbbbbb", ls="--", lw=0.8)
-        ax.annotate("0 FLOPs (floor)", (x_floor, y_floor), xytext=(4, 4), textcoords="offset points", fontsize=7,
-                    color="#777777")
-
-    for route in _ordered(pts["route"].tolist(), ROUTES):
-        for bound in _ordered(pts["bound"].tolist(), BOUNDS):
-            sel = pts[(pts["route"] == route) & (pts["bound"] == bound)]
-            if len(sel):
-                ax.scatter(sel["x"], sel["y"], s=28, alpha=0.75, linewidths=0.8,
-                           c=_ROUTE_COLORS.get(route, _OTHER_COLOR), marker=_BOUND_MARKERS.get(bound, _OTHER_MARKER))
-    if not len(pts):
-        ax.text(0.5, 0.5, "no chains to plot", transform=ax.transAxes, ha="center", va="center", color="#666666")
-
-    ax.set_xlim(x_lo, x_hi)
-    ax.set_xlabel("arithmetic intensity (FLOP/byte, fused bytes)")
-    ax.set_ylabel("attained FLOP/s (estimated, after routing)")
-    ax.set_title(f"Roofline: {analysis.device_spec.get('name', '') if analysis.device_spec else ''}".strip(": "))
-    ax.grid(True, which="major", color="#e5e5e5", lw=0.6)
-
-    if ax.get_legend_handles_labels()[0]:
-        ax.add_artist(ax.legend(loc="upper left", fontsize=8, frameon=True, title="roofs", title_fontsize=8))
-    routes_present = _ordered(pts["route"].tolist(), ())
-    bounds_present = _ordered(pts["bound"].tolist(), ())
-    handles = [Line2D([], [], ls="", marker="o", color=_ROUTE_COLORS.get(r, _OTHER_COLOR), label=f"route: {r or '?'}")
-               for r in routes_present]
-    handles += [Line2D([], [], ls="", marker=_BOUND_MARKERS.get(b, _OTHER_MARKER), color="#444444",
-                       label=f"bound: {b or '?'}") for b in bounds_present]
-    if handles:
-        ax.legend(handles=handles, loc="lower right", fontsize=8, frameon=True)
-    fig.tight_layout()
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    return buf.getvalue(), notes
+    return charts.roofline_png(analysis, frame, chain_groups(frame))
 
 
 # --- HTML ---------------------------------------------------------------------------------------------------
 
 
-def fmt_int(value: Any) -> str:
-    """``1234567`` -> ``"1,234,567"``; NaN/None -> ``"–"``."""
-    if not _is_num(value):
-        return "–"
-    return f"{int(round(value)):,}"
+def _template(name: str = "report.html.j2") -> jinja2.Template:
+    """A page template of fusion_advisor/templates (package data); they include style.css.j2 and table.js.j2."""
+    def load(template: str) -> str:
+        return resources.files("fusion_advisor.templates").joinpath(template).read_text(encoding="utf-8")
+
+    env = jinja2.Environment(loader=jinja2.FunctionLoader(load), autoescape=True, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(int=fmt_int, num=fmt_float, bytes=fmt_bytes, us=fmt_us, x=fmt_speedup, pct=_fmt_pct,
+                       flops=fmt_flops)
+    return env.get_template(name)
 
 
-def fmt_float(value: Any, digits: int = 2) -> str:
-    """Thousands separators and ``digits`` decimals; 3 significant digits for nonzero values that would print as
-    zero; NaN/None -> ``"–"``."""
-    if not _is_num(value):
-        return "–"
-    if value != 0 and abs(value) < 0.5 * 10.0 ** -digits:
-        return f"{value:.3g}"
-    return f"{value:,.{digits}f}"
-
-
-def fmt_bytes(value: Any) -> str:
-    """Bytes in binary units: ``"512 B"``, ``"1.5 KiB"``, ``"32.0 MiB"``, ``"1.25 GiB"``."""
-    if not _is_num(value):
-        return "–"
-    n = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n):,} B" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024.0
-    return f"{n:,.1f} TiB"  # pragma: no cover (loop always returns)
-
-
-def _template() -> jinja2.Template:
-    text = resources.files("fusion_advisor.templates").joinpath("report.html.j2").read_text(encoding="utf-8")
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(int=fmt_int, num=fmt_float, bytes=fmt_bytes)
-    return env.from_string(text)
+def _fmt_pct(value: Any) -> str:
+    """A fraction as a percentage: ``0.094`` -> ``"9.4%"``."""
+    return f"{100.0 * value:.1f}%" if _is_num(value) else "–"
 
 
 def _sorted_for_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -632,10 +545,43 @@ def _sorted_for_table(frame: pd.DataFrame) -> pd.DataFrame:
     return order.sort_values(["_s", "_e"], ascending=[False, False], kind="stable").drop(columns=["_s", "_e"])
 
 
-def render_html(analysis: Analysis, generated_at: str) -> str:
-    """The self-contained HTML report as a string."""
+def _sorted_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Groups by total estimated saving of fusing, then total estimated eager time (descending, missing last)."""
+    def key(g: dict[str, Any]) -> tuple[float, float]:
+        s, e = g["totals"]["est_saving_us"], g["totals"]["est_eager_us"]
+        return (-(s if _is_num(s) else -math.inf), -(e if _is_num(e) else -math.inf))
+
+    return sorted(groups, key=key)
+
+
+#: What the library kernels measured over Inductor, quoted beside the predictions (the roofline cannot see it).
+LIBRARY_EDGE = ("1.0-2.3x torch.compile's device time per kernel on the H200, "
+                "benchmarks/results/kernels_h200_7b.md")
+
+
+def render_html(analysis: Analysis, generated_at: str, plan: dict[str, Any] | None = None,
+                out_dir: Path | None = None, plan_note: str = "") -> str:
+    """The self-contained HTML report as a string.
+
+    Args:
+        analysis: what analyze found.
+        generated_at: ISO time shown in the header.
+        plan: apply's plan document (plan.yaml) for the same folder, or ``None``: its variants, swaps, regions
+            and measured whole-model times are shown beside the analysis (:func:`report_views.apply_view`).
+        out_dir: the report's folder, named in the apply command of the first screen.
+        plan_note: why a plan.yaml in the folder was not shown, if it was not.
+    """
+    from fusion_advisor import charts, report_views as views
+
     frame = chains_frame(analysis)
-    png, chart_notes = roofline_png(analysis, frame)
+    groups = views.chain_groups(frame)
+    plan_view = views.apply_view(plan, analysis) if plan is not None else None
+    verdict = views.verdict(analysis, frame, groups, plan_view, out_dir)
+    png, chart_notes = charts.roofline_png(analysis, frame, groups, [g["gid"] for g in verdict["opportunities"]])
+    what = (plan_view or {}).get("measured", {}) or {}
+    breakdown = charts.breakdown_png(frame, views.predicted_compile_series(frame),
+                                     (plan_view or {}).get("variants") or None,
+                                     what=str(what.get("what", "forward")) if plan_view else "forward")
     missing_est = [c.id for c in analysis.chains if c.id not in analysis.estimates]
     missing_dec = [c.id for c in analysis.chains if c.id not in analysis.decisions]
     report_notes = []
@@ -645,9 +591,17 @@ def render_html(analysis: Analysis, generated_at: str) -> str:
     if missing_dec:
         report_notes.append(f"{len(missing_dec)} chain(s) have no routing decision: {' '.join(missing_dec[:20])}"
                             + (" ..." if len(missing_dec) > 20 else ""))
-    rows = _sorted_for_table(frame).to_dict("records")
     summary = summary_rows(analysis)
     profile = profile_view(analysis, frame)
+    ordered = _sorted_groups(groups)
+    present_routes = {g["first"]["route"] for g in groups}
+    filters = {
+        "route": _ordered(sorted(present_routes), tuple(r for r in ROUTES if r in present_routes)),
+        "bound": [b for b in _ordered(sorted({g["first"]["bound"] for g in groups}), BOUNDS)
+                  if any(g["first"]["bound"] == b for g in groups)],
+        "kernel": sorted({g["first"]["kernel"] for g in groups if g["first"]["kernel"]}),
+        "file": sorted({g["file"] for g in groups}),
+    }
     return _template().render(
         a=analysis,
         tool_version=fusion_advisor.__version__,
@@ -658,8 +612,17 @@ def render_html(analysis: Analysis, generated_at: str) -> str:
         summary_bound=[r for r in summary if r["group"] == "bound"],
         summary_total=[r for r in summary if r["group"] == "total"][0],
         chart_png_b64=base64.b64encode(png).decode("ascii"),
+        breakdown_png_b64=base64.b64encode(breakdown).decode("ascii"),
         chart_notes=chart_notes,
-        chains=rows,
+        groups=ordered,
+        n_chains=len(analysis.chains),
+        filters=filters,
+        verdict=verdict,
+        plan=plan_view,
+        plan_notes=[n for n in [plan_note] if n],
+        library_edge=LIBRARY_EDGE,
+        group_title=views.group_title,
+        route_class=views.route_class,
         n_ops=len(analysis.ops),
         graph_breaks=[{"reason": b.reason, "source": _source_str(b.source), "code": b.source.code,
                        "graph_index": b.graph_index} for b in analysis.graph_breaks],
@@ -668,7 +631,7 @@ def render_html(analysis: Analysis, generated_at: str) -> str:
         chain_columns=CHAIN_COLUMNS,
         op_columns=OP_COLUMNS,
         how_computed=HOW_COMPUTED,
-        file_names=FILE_NAMES,
+        file_names={**FILE_NAMES, **APPLY_FILE_NAMES},
         n_graphs=len({op.graph_index for op in analysis.ops} | {c.graph_index for c in analysis.chains}),
         inductor=list(analysis.inductor_code.values()),
         short_path=short_path,
@@ -767,13 +730,14 @@ def earlier_report(out_dir: Path) -> bool:
 
 
 def check_out_dir(out_dir: Path, names: tuple[str, ...] | None = None,
-                  written_by_us: Callable[[Path], bool] = earlier_report) -> None:
+                  written_by_us: Callable[[Path], bool] | None = None) -> None:
     """Refuse an output directory the tool must not write into, before any work is done.
 
     Args:
         out_dir: the directory files will be written to.
         names: the file names that will be written (default: the report's, :data:`FILE_NAMES`).
-        written_by_us: whether existing files of those names come from an earlier fusion-advisor run.
+        written_by_us: whether existing files of those names come from an earlier fusion-advisor run (one
+            answer for the folder); default: asked file by file (:func:`file_is_ours`, via :func:`check_files`).
 
     Raises:
         UserError: ``out_dir`` is a file; it is not writable; or it already holds a file of one of ``names``
@@ -781,6 +745,9 @@ def check_out_dir(out_dir: Path, names: tuple[str, ...] | None = None,
     """
     from fusion_advisor.errors import UserError
 
+    if written_by_us is None:
+        check_files(Path(out_dir), tuple(names or FILE_NAMES.values()))
+        return
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir}: exists and is not a directory")
@@ -799,22 +766,144 @@ def check_out_dir(out_dir: Path, names: tuple[str, ...] | None = None,
         )
 
 
-def write_report(analysis: Analysis, out_dir: Path) -> dict[str, Path]:
-    """Write report.html, chains.csv, ops.csv and report.json into ``out_dir`` (created if missing).
+def _marker_in_html(path: Path) -> bool:
+    """True when ``path`` is a report.html fusion-advisor wrote (its generator meta tag)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    return '<meta name="generator" content="fusion-advisor' in head
 
-    All four are rendered in memory first (a rendering error writes nothing), then each is written atomically
-    (:func:`atomic_write_bytes`). Returns ``{"html", "chains_csv", "ops_csv", "json"}`` -> path.
-    """
+
+def file_is_ours(out_dir: Path, name: str) -> bool:
+    """Whether the file ``name`` in ``out_dir`` is one fusion-advisor wrote: report.json carries its
+    ``tool_version``; report.html and diff.html their generator tag (report.html: or it sits beside our
+    report.json); the CSVs sit beside our report.json (chains.csv, ops.csv), our plan.yaml (variants.csv,
+    swaps.csv, and an old apply's swaps.html) or our diff.html (diff.csv); plan.yaml starts with the plan header.
+    Used by the guard that never overwrites a file the tool did not write."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    ours_json = earlier_report(out_dir)
+    ours_plan = earlier_plan(out_dir)
+    if name == FILE_NAMES["json"]:
+        return ours_json
+    if name == FILE_NAMES["html"]:
+        return _marker_in_html(out_dir / name) or ours_json
+    if name in (FILE_NAMES["chains_csv"], FILE_NAMES["ops_csv"]):
+        return ours_json
+    if name == APPLY_FILE_NAMES["plan"]:
+        return ours_plan
+    if name == "diff.html":
+        return _marker_in_html(out_dir / name)
+    if name == "diff.csv":
+        return _marker_in_html(out_dir / "diff.html")
+    return ours_plan
+
+
+def earlier_plan(out_dir: Path) -> bool:
+    """True when ``out_dir`` holds a plan.yaml written by ``fusion-advisor apply``."""
+    try:
+        with open(Path(out_dir) / APPLY_FILE_NAMES["plan"], encoding="utf-8", errors="replace") as fh:
+            return fh.read(64).startswith("# fusion-advisor plan")
+    except OSError:
+        return False
+
+
+def check_files(out_dir: Path, names: tuple[str, ...], flag: str = "--out") -> None:
+    """Refuse to write ``names`` into ``out_dir`` where one of them exists and fusion-advisor did not write it
+    (:func:`file_is_ours`), or where ``out_dir`` is a file or not writable.
+
+    Raises:
+        UserError: naming the folder and the files.
+    """
+    from fusion_advisor.errors import UserError
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{flag} {out_dir}: exists and is not a directory")
+    existing = out_dir if out_dir.is_dir() else next((p for p in out_dir.parents if p.exists()), Path("."))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {out_dir}: {existing} is not writable")
+    if not out_dir.is_dir():
+        return
+    foreign = [n for n in names if (out_dir / n).exists() and not file_is_ours(out_dir, n)]
+    if foreign:
+        raise UserError(f"{flag} {out_dir}: holds {', '.join(foreign)} that fusion-advisor did not write; choose "
+                        "another directory (the tool never overwrites your files)")
+
+
+def load_report(out_dir: Path) -> Analysis:
+    """The analysis in ``out_dir``/report.json (written by :func:`write_report`).
+
+    Raises:
+        UserError: no report.json, one fusion-advisor did not write, or one that does not parse.
+    """
+    from fusion_advisor.errors import UserError
+
+    path = Path(out_dir) / FILE_NAMES["json"]
+    if not path.is_file():
+        raise UserError(f"{out_dir}: no {FILE_NAMES['json']} (a folder written by `fusion-advisor analyze` or "
+                        "`apply` holds one)")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UserError(f"{path}: cannot be read as JSON ({type(e).__name__}: {e})") from e
+    if not isinstance(doc, dict) or "tool_version" not in doc:
+        raise UserError(f"{path}: not a report written by fusion-advisor")
+    try:
+        analysis = Analysis.from_dict(doc)
+    except ValueError as e:
+        raise UserError(f"{path}: {e} (written by fusion-advisor {doc.get('tool_version')}; analyze again)") from e
+    # Inductor's code is kept in files beside the report, not in report.json: read it back for the page
+    for cid, rec in list(analysis.inductor_code.items()):
+        code = library = ""
+        if rec.path:
+            try:
+                code = (Path(out_dir) / rec.path).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                code = f"({rec.path} is no longer in {out_dir})"
+        if rec.library_source:
+            try:
+                library = Path(rec.library_source).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                library = ""
+        analysis.inductor_code[cid] = dataclasses.replace(rec, code=code, library_code=library)
+    return analysis
+
+
+def read_plan(out_dir: Path) -> tuple[dict[str, Any] | None, str]:
+    """apply's plan document in ``out_dir`` (plan.yaml) for the report, and why it is not shown when it is not
+    (:func:`fusion_advisor.report_views.read_plan_document`)."""
+    from fusion_advisor.report_views import read_plan_document
+
+    return read_plan_document(Path(out_dir) / APPLY_FILE_NAMES["plan"])
+
+
+def render_files(analysis: Analysis, out_dir: Path, plan: dict[str, Any] | None = None, plan_note: str = "",
+                 keys: tuple[str, ...] = tuple(FILE_NAMES)) -> dict[str, bytes]:
+    """The report files ``keys`` (of :data:`FILE_NAMES`) rendered in memory, report.html with ``plan``."""
     generated_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     renderers: dict[str, Callable[[], str]] = {
         "chains_csv": lambda: chains_frame(analysis).to_csv(index=False, lineterminator="\n"),
         "ops_csv": lambda: ops_frame(analysis).to_csv(index=False, lineterminator="\n"),
         "json": lambda: render_json(analysis, generated_at),
-        "html": lambda: render_html(analysis, generated_at),
+        "html": lambda: render_html(analysis, generated_at, plan=plan, out_dir=Path(out_dir), plan_note=plan_note),
     }
-    contents = {key: render().encode("utf-8") for key, render in renderers.items()}
+    return {key: renderers[key]().encode("utf-8") for key in keys}
+
+
+def write_report(analysis: Analysis, out_dir: Path) -> dict[str, Path]:
+    """Write report.html, chains.csv, ops.csv and report.json into ``out_dir`` (created if missing).
+
+    When ``out_dir`` holds apply's plan.yaml (``fusion-advisor apply`` ran into the same folder), report.html shows
+    its variants, swaps, measured whole-model times and plan beside the analysis: one report per model folder.
+    All four are rendered in memory first (a rendering error writes nothing), then each is written atomically
+    (:func:`atomic_write_bytes`). Returns ``{"html", "chains_csv", "ops_csv", "json"}`` -> path.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plan, note = read_plan(out_dir)
+    contents = render_files(analysis, out_dir, plan, note)
     paths: dict[str, Path] = {}
     for key in ("chains_csv", "ops_csv", "json", "html"):
         path = out_dir / FILE_NAMES[key]

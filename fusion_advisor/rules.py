@@ -35,6 +35,10 @@ import yaml
 
 from fusion_advisor.errors import RulesError
 from fusion_advisor.records import BOUNDS, ROUTES, Chain, ChainMeasurement, Estimate
+from fusion_advisor.sdpa import BACKENDS as SDPA_BACKENDS
+from fusion_advisor.units import fmt_bytes, mib
+
+
 def _shipped_rules() -> Path:
     """rules/default.yaml: beside the package in a checkout, package data (fusion_advisor.shipped_rules) when installed."""
     in_checkout = Path(__file__).resolve().parent.parent / "rules" / "default.yaml"
@@ -87,15 +91,31 @@ def _features(chain: Chain, est: Estimate, measured: ChainMeasurement | None = N
         "epilogue": bool(chain.epilogue_of),
         "epilogue_of": chain.epilogue_of,
         "module_path": chain.module_path,
+        "attention_backend": chain.attention_backend,
+        # the same numbers in the units a reader expects (a reason never quotes a raw byte count)
+        "eager_size": fmt_bytes(chain.eager_bytes),
+        "fused_size": fmt_bytes(chain.fused_bytes),
+        "saved_size": fmt_bytes(chain.bytes_saved),
+        "eager_mib": mib(chain.eager_bytes),
+        "fused_mib": mib(chain.fused_bytes),
+        "saved_mib": mib(chain.bytes_saved),
+        "gflop": chain.flops / 1e9,
     }
 
 
+#: Fields a reason template may cite. Sizes: ``eager_size`` / ``fused_size`` / ``saved_size`` are text with a
+#: binary unit ("336.0 MiB", :func:`fusion_advisor.units.fmt_bytes`), ``*_mib`` the same in MiB (float);
+#: ``eager_bytes`` / ``fused_bytes`` / ``bytes_saved`` are raw byte counts (for conditions and CSVs: the shipped
+#: reasons quote the sized ones). ``gflop``: FLOPs / 1e9. Times are us, ``peak_tflops`` TFLOP/s.
+#: ``attention_backend``: the SDPA backend of an attention item (``flash``, ``efficient``, ``cudnn``, ``math``; ``""``
+#: for other items).
 TEMPLATE_FIELDS = (
     "id", "kind", "pattern", "dtype", "bound", "eager_kernels", "numel", "row_elems", "flops", "eager_bytes",
     "fused_bytes", "bytes_saved", "arithmetic_intensity", "ridge_point", "eager_us", "fused_us", "saving_us",
     "compute_us", "memory_fused_us", "launch_eager_us", "peak_tflops", "epilogue", "epilogue_of", "module_path",
     "compile_us", "triton_us", "cudagraphs_us",
-    "kernel", "route", "measured_bound", "measured_us",
+    "kernel", "route", "measured_bound", "measured_us", "attention_backend", "eager_size", "fused_size",
+    "saved_size", "eager_mib", "fused_mib", "saved_mib", "gflop",
 )
 
 
@@ -124,6 +144,7 @@ CONDITIONS: dict[str, tuple[type | tuple[type, ...], Callable[[dict[str, Any], A
     "min_bytes_saved": (int, lambda f, v: f["bytes_saved"] >= v),
     "min_saving_us": ((int, float), lambda f, v: f["saving_us"] >= v),
     "epilogue": (bool, lambda f, v: f["epilogue"] == v),
+    "attention_backend": ((str, list), lambda f, v: f["attention_backend"] in _one_of(v)),
 }
 
 _RULE_FIELDS = ("id", "description", "match", "route", "kernel", "bound", "reason")
@@ -160,6 +181,7 @@ _ALLOWED_VALUES: dict[str, frozenset[str]] = {
     "categories_all": frozenset({"pointwise", "reduction", "normalization", "softmax", "matmul", "conv",
                                  "attention", "view", "copy", "embedding", "other"}),
     "pattern": _known_patterns(),
+    "attention_backend": frozenset(SDPA_BACKENDS),
 }
 
 
@@ -171,7 +193,7 @@ class Rule:
         id: unique id within all loaded rules.
         description: what the rule is for.
         match: condition name -> value (see :data:`CONDITIONS`).
-        route: ``skip``, ``torch.compile`` or ``triton``.
+        route: one of :data:`fusion_advisor.records.ROUTES`.
         kernel: library kernel name or ``"auto"`` for triton routes, ``""`` otherwise.
         bound: bound-class override, or ``""`` to keep the roofline's.
         reason: ``str.format`` template over :data:`TEMPLATE_FIELDS`.
@@ -221,7 +243,7 @@ def _check_template(template: str, where: str) -> None:
             f"{where}: field 'reason': unknown placeholder(s) {', '.join(unknown)}; known: {', '.join(TEMPLATE_FIELDS)}"
         )
     text_fields = {"id", "kind", "pattern", "dtype", "bound", "epilogue_of", "module_path", "kernel", "route",
-                   "measured_bound"}
+                   "measured_bound", "attention_backend", "eager_size", "fused_size", "saved_size"}
     int_fields = {"eager_kernels", "numel", "row_elems", "flops", "eager_bytes", "fused_bytes", "bytes_saved"}
     sample = {k: ("x" if k in text_fields else False if k == "epilogue" else 1 if k in int_fields else 1.5)
               for k in TEMPLATE_FIELDS}

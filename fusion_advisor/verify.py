@@ -991,6 +991,7 @@ def _verify_seed(contract: KernelContract, seed: int, atol: float | None, rtol: 
     except Exception as exc:
         failed = _kernel_raised(seed, "the backward of kernel_fn", exc, contract)
         failed.details = details + failed.details
+        failed.precision = outcome.precision  # the forward was compared before the backward raised
         return failed
     details.append(f"seed {seed}: backward ran with {bmode.poisoned} allocation(s) poisoned")
     mutated = _modified_inputs(arg_leaves, snapshot_leaves, "by the backward of kernel_fn")
@@ -1089,8 +1090,12 @@ def verify_kernel(contract: KernelContract, rtol: float | None = None, atol: flo
     else:
         tol = ", ".join(f"{n} {v:g}" if v is not None else f"{n} by output dtype"
                         for n, v in (("atol", atol), ("rtol", rtol)))
+    if result.reference_precision == "n/a":  # the kernel raised before any output was compared
+        against = "kernel_fn raised before its outputs could be compared with reference_fn"
+    else:
+        against = f"against reference_fn in {result.reference_precision}; {tol}"
     result.details.insert(0, f"{contract.name}: {'correct' if result.correct else 'INCORRECT'} over seeds "
-                             f"{result.seeds} against reference_fn in {result.reference_precision}; {tol}")
+                             f"{result.seeds} {against}")
     if contract.note:
         result.details.insert(1, "note: " + contract.note)
     return result

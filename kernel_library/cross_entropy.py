@@ -551,7 +551,7 @@ def get_inputs() -> list:
     return make_inputs(n_tokens=16, vocab=1000, dtype="float32")
 
 
-#: GPU benchmark shapes: the ANCHORS.md rows (8192 tokens, V = 32000 and 128256, both chunked, bf16), other
+#: GPU benchmark shapes: the reference rows (8192 tokens, V = 32000 and 128256, both chunked, bf16), other
 #: common vocabularies (GPT-2 50257, Qwen2 151936, Gemma 256000) at 4096 tokens, fp32 logits, label smoothing, and a
 #: decode-like few-token case.
 BENCH_SHAPES: list[dict] = [

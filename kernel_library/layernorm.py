@@ -765,8 +765,9 @@ def get_inputs() -> list:
     return make_inputs(16, 1000, torch.bfloat16)
 
 
-#: GPU benchmark shapes: the anchor (ANCHORS.md: 8192 x 4096 bf16) in three dtypes, a token and a width sweep,
-#: a row wide enough for the looped path, and the fused residual add (``residual=True``: add_layernorm).
+#: GPU benchmark shapes: the Llama-7B shape (8192 x 4096 bf16, benchmarks/results/kernels_h200_7b.md) in three
+#: dtypes, a token and a width sweep, a row wide enough for the looped path, and the fused residual add
+#: (``residual=True``: add_layernorm).
 BENCH_SHAPES: list[dict] = [
     {"n_rows": 8192, "n_cols": 4096, "dtype": torch.bfloat16},
     {"n_rows": 8192, "n_cols": 4096, "dtype": torch.float16},

@@ -862,8 +862,9 @@ def get_inputs() -> list:
     return make_inputs(16, 1000, torch.bfloat16)
 
 
-#: GPU benchmark shapes: the Llama-7B anchor (ANCHORS.md) in three dtypes, a token sweep (decode to long
-#: prefill), a width sweep (Llama-1B 2048 .. Llama-405B 16384 hidden) and one row wide enough for the looped path.
+#: GPU benchmark shapes: the Llama-7B shape (8192 x 4096, benchmarks/results/kernels_h200_7b.md) in three dtypes,
+#: a token sweep (decode to long prefill), a width sweep (Llama-1B 2048 .. Llama-405B 16384 hidden) and one row
+#: wide enough for the looped path.
 BENCH_SHAPES: list[dict] = [
     {"n_rows": 8192, "n_cols": 4096, "dtype": torch.bfloat16},
     {"n_rows": 8192, "n_cols": 4096, "dtype": torch.float16},

@@ -516,7 +516,7 @@ def get_inputs() -> list:
     return make_inputs(n_rows=8, n_cols=1000, dtype="float32")
 
 
-#: GPU benchmark shapes: the ANCHORS.md rows (8192 x 32000 / 128256 bf16, scale + mask + softmax at 32000), attention
+#: GPU benchmark shapes: the reference rows (8192 x 32000 / 128256 bf16, scale + mask + softmax at 32000), attention
 #: scores of Llama-7B (32 heads, 2048 tokens) with an HF-style additive mask and with causal, and a width sweep
 #: across the single-block limit (4096 single; 16384, 32768, 65536 looped) plus a decode-like few-row case.
 BENCH_SHAPES: list[dict] = [

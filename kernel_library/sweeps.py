@@ -169,7 +169,7 @@ def _softmax_heuristic(size: tuple[int, int]) -> dict[str, Any]:
     return {"BLOCK_SIZE": c.block_size, "num_warps": c.num_warps, "single_block": c.single_block}
 
 
-#: GPU grid: the ANCHORS rows (8192 x 32000 / 128256) and a reduced grid of widths 512 .. 262144 by rows 1 .. 65536
+#: GPU grid: the reference rows (8192 x 32000 / 128256) and a reduced grid of widths 512 .. 262144 by rows 1 .. 65536
 #: (cells above 2**30 elements left out: a 4 GiB bf16 input and its float64 reference would dominate the run).
 SOFTMAX_GPU_SIZES = [(8192, 32000), (8192, 128256)] + [
     (rows, width) for rows in (1, 64, 4096, 65536) for width in (512, 4096, 32768, 262144) if rows * width <= 2**30

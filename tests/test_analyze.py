@@ -202,3 +202,12 @@ def test_bad_keyword_inputs_are_refused_clearly(tmp_path, inputs, message):
     f.write_text(_KEYWORD_BLOCK.replace("{GET_INPUTS}", inputs))
     with pytest.raises(UserError, match=message):
         analyze(f, device="cpu")
+
+
+@pytest.mark.parametrize("name", ["default", "hf_llama", "hf_gpt2", "hf_bert", "kernelbench_conv_gelu"])
+def test_reasons_quote_no_raw_byte_counts(runs, name):
+    # a reason beside MiB columns once read "moves 352378880 bytes"; sizes carry a unit, counts stay short
+    import re
+
+    for d in runs(name).decisions.values():
+        assert not re.search(r"\d{7,}|\d bytes\b", d.reason), (d.chain_id, d.reason)

@@ -10,6 +10,7 @@ checks the Inductor path.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import textwrap
@@ -534,6 +535,23 @@ def test_llama3_shaped_training_step_verifies_through_apply():
     assert any("use_cache=False" in w for w in result.warnings)
 
 
+def test_swaps_name_the_chains_and_lines_analyze_reports(tmp_path):
+    # transformers' Llama once read c12 / modeling_llama.py:65 in analyze and c13 / :67 in apply for the same
+    # RMSNorm: apply now analyses with analyze's capture, and a swap's source is its chain's
+    from fusion_advisor.analyze import analyze
+
+    model = _write(tmp_path, "hf_llama", HF_LLAMA)
+    result = apply(model, ApplyOptions(candidates="all", kernels=("add_rmsnorm", "rmsnorm", "swiglu")), device="cpu")
+    alone = analyze(model, device="meta")
+    assert [(c.id, c.pattern, c.source) for c in result.analysis.chains] == \
+        [(c.id, c.pattern, c.source) for c in alone.chains]
+    chains = {c.id: c for c in alone.chains}
+    for s in result.sites:
+        lead = chains[s.chain_ids[0]]
+        assert lead.pattern in (s.pattern, "add_rmsnorm"), (s.id, s.kernel, lead.pattern)  # rmsnorm inside add_rmsnorm
+        assert s.source == lead.source, (s.id, s.source, lead.source)
+
+
 def test_gpt2_layernorm_matches(tmp_path):
     model = _write(tmp_path, "gpt2", GPT2)
     result = apply(model, ApplyOptions(candidates="all", kernels=("layernorm", "add_layernorm")), device="cpu")
@@ -581,10 +599,36 @@ def test_outputs_written_with_every_decision(default_run, tmp_path):
     assert len(plan["swaps"]) == len(result.sites) and plan["summary"]["swaps_in_plan"] == len(result.kept)
     assert plan["chosen"]["name"] == "swaps+eager" and len(plan["variants"]) == 2
     assert all(s["decision"] and s["reason"] and s["key"]["kernel"] for s in plan["swaps"])
-    html = paths["swaps_html"].read_text()
-    assert "<h2>Swaps" in html and "<h2>Whole-model variants" in html and "not measured" in html
-    assert "<script" not in html
+    # one report per model folder: report.html holds the analysis and apply's results; no folder analysis
+    # existed, so apply wrote its own (report.json, chains.csv, ops.csv) with the chain ids its swaps name
+    assert set(paths) == {"swaps_csv", "variants_csv", "plan", "html", "json", "chains_csv", "ops_csv"}
+    assert not (tmp_path / "out" / "swaps.html").exists()
+    html = paths["html"].read_text()
+    section = html[html.index('<section id="apply"'):html.index('<section id="breaks"')]
+    assert "Whole-model variants (2)" in section and f"Library-kernel swaps ({len(result.sites)})" in section
+    assert "No swap was timed" in section  # CPU: the kernels ran in the interpreter
+    chains = {r["chain_id"] for r in csv.DictReader(paths["chains_csv"].open())}
+    linked = {c for s in result.sites for c in s.chain_ids}
+    assert linked and linked <= chains
+    for c in linked:  # every swap's chain is a link to its row in the same report
+        assert f'href="#chain-{c}"' in section and f'id="chain-{c}"' in html
     assert model.read_text() == DEFAULT_MODEL  # the user's file is never touched
+
+
+def test_apply_keeps_the_folders_analysis_when_it_is_the_same(default_run, tmp_path):
+    # analyze, then apply, into one folder: the report keeps analyze's report.json (and what only analyze
+    # records, such as a profile) and adds apply's results; the chain ids agree
+    from fusion_advisor.report import load_report, write_report
+
+    result, model, _ = default_run
+    out = tmp_path / "both"
+    write_report(result.analysis, out)
+    marker = json.loads((out / "report.json").read_text())["generated_at"]
+    paths = write_outputs(result, out)
+    assert "json" not in paths and json.loads((out / "report.json").read_text())["generated_at"] == marker
+    assert [c.id for c in load_report(out).chains] == [c.id for c in result.analysis.chains]
+    html = paths["html"].read_text()
+    assert "Apply ran: the plan is ready" in html and 'href="#chain-' in html
 
 
 def test_interrupt_during_rendering_writes_nothing(default_run, tmp_path, monkeypatch):
@@ -615,9 +659,9 @@ def test_interrupt_during_writing_finishes_the_set_first(default_run, tmp_path, 
     monkeypatch.setattr(report_mod, "atomic_write_bytes", write_and_interrupt)
     with pytest.raises(KeyboardInterrupt):
         write_outputs(default_run[0], tmp_path / "out")
-    assert calls == ["swaps.csv", "variants.csv", "swaps.html", "plan.yaml"]
+    assert calls == ["swaps.csv", "variants.csv", "plan.yaml", "report.json", "chains.csv", "ops.csv", "report.html"]
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert files == ["plan.yaml", "swaps.csv", "swaps.html", "variants.csv"]  # no temp files left behind
+    assert files == sorted(calls)  # all in place, no temp files left behind
     yaml.safe_load((tmp_path / "out" / "plan.yaml").read_text())
 
 
@@ -629,9 +673,16 @@ def test_cli_apply_dry_run_writes_reports(tmp_path):
     out = tmp_path / "rep"
     r = runner.invoke(app, ["apply", str(model), "--kernel", "swiglu", "--candidates", "all", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    assert (out / "swaps.csv").is_file() and (out / "plan.yaml").is_file() and (out / "swaps.html").is_file()
+    assert (out / "swaps.csv").is_file() and (out / "plan.yaml").is_file() and (out / "report.html").is_file()
     assert "2 swap site(s)" in r.output and "dry run: no variant verified" in r.output
-    assert (out / "variants.csv").is_file()
+    assert (out / "variants.csv").is_file() and f"report: {out / 'report.html'}" in " ".join(r.output.split())
+    # a file of one of those names that fusion-advisor did not write is never overwritten
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "report.html").write_text("<html>mine</html>")
+    r = runner.invoke(app, ["apply", str(model), "--kernel", "swiglu", "--out", str(other)])
+    assert r.exit_code == 2 and "report.html that fusion-advisor did not write" in " ".join(r.output.split())
+    assert (other / "report.html").read_text() == "<html>mine</html>"
 
 
 @pytest.mark.parametrize(

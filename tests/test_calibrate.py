@@ -23,8 +23,13 @@ MLP = Path(__file__).parent / "data" / "models" / "profile_mlp.py"
 def cpu_spec(tmp_path_factory):
     """One quick CPU calibration written to a file."""
     path = tmp_path_factory.mktemp("cal") / "cpu.yaml"
-    written, data = calibrate(path, device="cpu", quick=True)
+    steps: list[str] = []
+    written, data = calibrate(path, device="cpu", quick=True, progress=steps.append)
     assert written == path
+    # progress: one line per measurement as it starts, numbered to the last one
+    assert steps[0].startswith("copy bandwidth (cpu) (1 of ")
+    n = len(steps)
+    assert steps[-1].endswith(f"({n} of {n})") and any(s.startswith("matmul bf16") for s in steps)
     return path, data
 
 
@@ -116,6 +121,7 @@ def test_cli_calibrate(tmp_path):
     r = runner.invoke(app, ["calibrate", "--device", "cpu", "--quick", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert f"wrote {out}" in r.output and "GB/s" in r.output
+    assert "copy bandwidth (cpu) (1 of" in r.output and "launch overhead per eager op" in r.output  # progress
     r = runner.invoke(app, ["calibrate", "--device", "tpu", "--quick", "--out", str(tmp_path / "d.yaml")])
     assert r.exit_code == 2 and "unknown --device 'tpu'" in r.output
     if not torch.cuda.is_available():

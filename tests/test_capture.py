@@ -136,3 +136,21 @@ def test_gpu_only_view_after_attention_gets_a_hint(tmp_path):
     )
     with pytest.raises(ModelRunError, match=r"tview.py:4: .*use \.reshape\(\.\.\.\)"):
         analyze(model, device="meta")
+
+
+def test_profiler_noise_on_native_stderr_is_held_back(capfd):
+    # libkineto writes "USDT: ... profiler_start" to fd 2 at every torch.profiler session; analyze --profile and
+    # bench must not show it, but any other line written there (a real error) must still come through.
+    import os
+
+    from fusion_advisor.capture import quiet_native_stderr
+
+    capfd.readouterr()
+    with quiet_native_stderr():
+        os.write(2, b"USDT:2026-12-01 11:11:26 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"a real native error\n")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            torch.ones(4).add_(1)
+    err = capfd.readouterr().err
+    assert "USDT" not in err and "profiler_start" not in err
+    assert "a real native error" in err

@@ -160,3 +160,35 @@ def test_opaque_attention_returns_the_layout_its_fake_promises():
             fake = _attention_fake(fq, fq, fq, None, 0.0, True)
         assert real.stride() == fake.stride(), dtype
         torch.testing.assert_close(real, F.scaled_dot_product_attention(q, q, q, is_causal=True))
+
+
+class _ScaledSoftmax(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x * 0.125, dim=-1)
+
+
+class _MaskedSoftmax(nn.Module):
+    def forward(self, x, mask):
+        return torch.softmax(x * 0.125 + mask, dim=-1)
+
+
+class _WhereSoftmax(nn.Module):
+    def forward(self, x, keep):
+        return torch.softmax(torch.where(keep, x, torch.full_like(x, -1e4)), dim=-1)
+
+
+def test_masked_softmax_needs_a_mask():
+    # a scale is no mask: apply's matcher names such a site "softmax", and the analysis must agree
+    x = torch.randn(2, 4, 64, 64)
+    assert [c.pattern for c in _chains(_ScaledSoftmax(), x)[1]] == ["softmax"]
+    assert [c.pattern for c in _chains(_MaskedSoftmax(), x, torch.randn(2, 1, 64, 64))[1]] == ["masked_softmax"]
+    patterns = [c.pattern for c in _chains(_WhereSoftmax(), x, torch.rand(2, 1, 64, 64) > 0.5)[1]]
+    assert "masked_softmax" in patterns
+
+
+def test_attention_items_carry_their_sdpa_backend():
+    q = torch.randn(1, 4, 256, 64, dtype=torch.bfloat16)
+    og, chains = _chains(_AttnThenMerge(), q, q, q)
+    att = [c for c in chains if c.pattern == "attention"]
+    assert len(att) == 1 and att[0].attention_backend in ("flash", "efficient", "cudnn")
+    assert all(c.attention_backend == "" for c in chains if c.pattern != "attention")

@@ -74,6 +74,11 @@ def test_code_captured_and_in_report(tiny, generated, tmp_path):
     assert frame.loc[frame["chain_id"] == "c0", "inductor_code"].item() == "inductor/c0.py"
     doc = json.loads(paths["json"].read_text())
     assert doc["inductor_code"]["c0"]["path"] == "inductor/c0.py" and "code" not in doc["inductor_code"]["c0"]
+    # read back (apply re-renders the folder's report from report.json): the code comes from its file again
+    from fusion_advisor.report import load_report
+
+    back = load_report(tmp_path).inductor_code["c0"]
+    assert 'extern "C"' in back.code and back.code.startswith("# Inductor's code for chain c0")
 
 
 def test_failures_are_recorded_not_raised(tiny, monkeypatch, tmp_path):

@@ -113,14 +113,72 @@ def test_bound_condition_and_override(tmp_path):
     assert route_chain(_chain(), _est(bound="memory"), rules, {}).rule_id == "(none)"
 
 
-def test_shipped_reasons_give_every_byte_count_its_unit():
-    # "one row-wise kernel 50339840" read as a kernel number: a number of bytes says "bytes" right after it
+def test_shipped_reasons_quote_sizes_with_units():
+    # "one row-wise kernel 50339840" read as a kernel number, and "352378880 bytes" beside columns in MiB: the
+    # shipped reasons quote the sized fields ({fused_size}: "48.0 MiB"), never a raw byte count
     import re
 
     rules, _ = load_rules_file(SHIPPED_RULES)
     for r in rules:
-        for m in re.finditer(r"\{fused_bytes[^}]*\}", r.reason):
-            assert r.reason[m.end():].startswith(" bytes"), (r.id, r.reason)
+        assert not re.search(r"\{(eager_bytes|fused_bytes|bytes_saved|flops)[^}]*\}", r.reason), (r.id, r.reason)
+    rules = load_rules([])
+    for chain in (_chain(pattern="rmsnorm", eager_bytes=352378880, fused_bytes=50339840),
+                  _chain(kind="heavy", pattern="embedding", categories=("embedding",), eager_kernels=1,
+                         eager_bytes=33570816, fused_bytes=33570816)):
+        reason = route_chain(chain, _est(), rules, {}).reason
+        assert not re.search(r"\d{6,}", reason), reason
+    assert "336.1 MiB" in route_chain(_chain(pattern="rmsnorm", eager_bytes=352378880), _est(), rules, {}).reason
+
+
+def test_no_shipped_rule_cites_a_file_outside_the_repository():
+    # the rules once cited "ANCHORS", notes that are not in the repository; every file they cite must exist
+    import re
+    from pathlib import Path
+
+    text = SHIPPED_RULES.read_text()
+    assert "ANCHORS" not in text
+    root = Path(SHIPPED_RULES).resolve().parent.parent
+    cited = set(re.findall(r"(?:benchmarks|fusion_advisor|kernel_library)/[\w./-]+\.(?:md|py|json|yaml|csv)", text))
+    assert cited, "the shipped rules cite their measurements"
+    for path in cited:
+        assert (root / path).is_file(), path
+
+
+def _attention(backend: str, kernels: int) -> Chain:
+    return _chain(kind="heavy", pattern="attention", categories=("attention",), attention_backend=backend,
+                  eager_kernels=kernels, row_elems=0)
+
+
+@pytest.mark.parametrize("backend,kernels,rule,says,never", [
+    ("flash", 1, "skip-attention", "one fused flash attention kernel", "math"),
+    ("efficient", 5, "skip-attention-mask", "5 kernels in all", "one fused"),
+    ("math", 12, "skip-attention-math", "12 eager kernels", "one fused"),
+    ("", 1, "skip-attention-unknown", "could not be told", "fused"),
+])
+def test_attention_reason_follows_the_backend_and_kernel_count(backend, kernels, rule, says, never):
+    # "runs as one fused flash-attention kernel" beside eager_kernels = 5 contradicted the tool's own numbers
+    d = route_chain(_attention(backend, kernels), _est(bound="compute"), load_rules([]), {})
+    assert (d.rule_id, d.route) == (rule, "skip")
+    assert says in d.reason and never not in d.reason
+
+
+def test_attention_backend_condition_is_validated(tmp_path):
+    bad = _write(tmp_path, "version: 1\nrules:\n  - id: a\n    route: skip\n    match: {attention_backend: flesh}\n"
+                           "    reason: x\n")
+    with pytest.raises(RulesError, match="field 'match.attention_backend': unknown value"):
+        load_rules([bad], shipped=None)
+
+
+def test_single_kernel_epilogue_is_not_nothing_to_fuse():
+    # GELU after fc1 (epilogue_of set): one kernel alone, but it reads back the GEMM's whole output; Inductor fuses
+    # it with its neighbours, so "nothing to fuse" was wrong
+    gelu = _chain(pattern="gelu", categories=("pointwise",), eager_kernels=1, row_elems=0, epilogue_of="c3")
+    d = route_chain(gelu, _est(), load_rules([]), {})
+    assert (d.rule_id, d.route) == ("compile-epilogue", "torch.compile")
+    assert "epilogue of c3" in d.reason and "nothing to fuse" not in d.reason
+    lone = route_chain(_chain(pattern="gelu", categories=("pointwise",), eager_kernels=1, row_elems=0), _est(),
+                       load_rules([]), {})
+    assert lone.rule_id == "skip-single-kernel" and "nothing to fuse" in lone.reason
 
 
 @pytest.mark.parametrize("dtype,rule,route", [("fp32", "compile-bias-gelu-fp32", "torch.compile"),

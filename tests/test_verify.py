@@ -260,6 +260,9 @@ def test_kernel_that_raises_is_reported_not_raised():
     assert not result.correct
     assert any("ValueError: kernel exploded" in d for d in result.details)
     assert result.traceback is not None and "kernel exploded" in result.traceback
+    # nothing was compared: the headline says so instead of "against reference_fn in n/a"
+    assert "n/a" not in result.details[0]
+    assert "kernel_fn raised before its outputs could be compared" in result.details[0]
 
 
 def test_output_dtype_must_match_reference():

@@ -14,7 +14,7 @@ The passes, in the order :mod:`~fusion_advisor.apply.pipeline` runs them::
     variants.py   a variant spec built into a runnable model (PlannedModel)
     search.py     baselines, candidates and regions tried; the fastest correct one chosen and confirmed
     plan.py       plan.yaml read back; load_plan rebuilds the chosen variant
-    outputs.py    plan.yaml, variants.csv, swaps.csv, swaps.html
+    outputs.py    plan.yaml, variants.csv, swaps.csv and the folder's report.html
     records.py    the records the passes hand each other
     pipeline.py   apply / apply_module: the passes in order
 """

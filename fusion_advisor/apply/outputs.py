@@ -1,4 +1,10 @@
-"""apply's outputs: plan.yaml (every decision), variants.csv, swaps.csv and swaps.html, written atomically.
+"""apply's outputs: plan.yaml (every decision), variants.csv, swaps.csv, and the folder's report.html, written
+atomically.
+
+One report per model folder: report.html shows the analysis and apply's results together
+(:func:`fusion_advisor.report.render_html` with the plan document). The analysis is the folder's own report.json
+when an earlier ``analyze`` wrote one for the same model, chains and device spec (so its profile and Inductor code
+stay in the report); otherwise apply's analysis, written as report.json, chains.csv and ops.csv too.
 
 Everything is rendered in memory first; each file is then written atomically
 (:func:`fusion_advisor.report.atomic_write_bytes`) with Ctrl-C held back until all are in place, so an interrupt
@@ -8,16 +14,13 @@ leaves either the previous files or the new ones, never a half-written set.
 from __future__ import annotations
 
 import contextlib
-import html
 import io
 import math
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from fusion_advisor.apply.plan import PLAN_VERSION, now_iso, render_plan
-from fusion_advisor.apply.records import (
-    CHOSEN, FAILED, KEPT, NOT_MEASURED_NOTE, REJECTED, WRONG, ApplyResult, NearMiss, SwapOutcome, SwapSite,
-)
+from fusion_advisor.apply.records import ApplyResult, NearMiss, SwapOutcome, SwapSite
 
 #: variants.csv columns and what each holds.
 VARIANT_COLUMNS: dict[str, str] = {
@@ -78,7 +81,8 @@ def render_variants_csv(rows: list[dict[str, Any]]) -> str:
 #: swaps.csv columns and what each holds.
 SWAP_COLUMNS: dict[str, str] = {
     "swap": "Swap id 's<index>' (in the order matches were found).",
-    "chain": "Analysis chain(s) holding the matched ops (';'-separated), ids of apply's own capture.",
+    "chain": "Analysis chain(s) holding the matched ops (';'-separated, most ops first): the chain ids of "
+             "`fusion-advisor analyze` on the same model (chains.csv).",
     "kernel": "Library kernel whose pattern matched.",
     "verified": "True/False after verification; empty when not verified (not a candidate, or no --verify).",
     "max_abs_err": "Largest forward |kernel - float64 reference| over the verification cases.",
@@ -95,7 +99,7 @@ SWAP_COLUMNS: dict[str, str] = {
     "decision": "kept / rejected / not kept / not tried / not verified.",
     "reason": "Why, with the numbers.",
     "route": "The analysis route of the chain (skip / torch.compile / triton) and the rule that decided.",
-    "source": "file:line of the pattern's last op.",
+    "source": "file:line where the swap's chain starts (the source column of chains.csv).",
     "module_path": "nn.Module that issued it.",
     "signature": "Kernel with input shapes/dtypes and captured constants.",
     "ops": "Matched op ids (apply's capture), ';'-separated.",
@@ -149,65 +153,6 @@ def render_swaps_csv(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         w.writerow(r)
     return buf.getvalue()
-
-
-_CSS = ("body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}"
-        "th,td{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}"
-        "td{max-width:28em;overflow-wrap:anywhere}td:nth-child(5){min-width:24em}th{background:#f3f3f3}"
-        ".kept{background:#e6f4ea}.rejected{background:#fce8e6}.muted{color:#777}code{font-size:12px}")
-
-
-def render_swaps_html(title: str, header: list[tuple[str, str]], rows: list[dict[str, Any]],
-                      near_misses: list[dict[str, Any]], variants: list[dict[str, Any]], notes: list[str]) -> str:
-    """A small self-contained HTML page: the chosen variant, every variant, swaps, near-misses (every string
-    escaped)."""
-    e = html.escape
-    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{_CSS}</style>"
-           f"</head><body><h1>{e(title)}</h1><table>"]
-    out += [f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in header]
-    out.append("</table>")
-    for n in notes:
-        out.append(f"<p class='muted'>{e(n)}</p>")
-    out.append(f"<h2>Whole-model variants ({len(variants)})</h2>")
-    if variants:
-        vcols = list(VARIANT_COLUMNS)
-        out.append("<table><tr>" + "".join(f"<th>{e(c)}</th>" for c in vcols) + "</tr>")
-        for r in variants:
-            cls = "kept" if r["status"] == CHOSEN else "rejected" if r["status"] in (WRONG, FAILED) else ""
-            out.append(f"<tr class='{cls}'>" + "".join(f"<td>{e(_fmt(r.get(c, '')))}</td>" for c in vcols) + "</tr>")
-        out.append("</table>")
-    else:
-        out.append("<p class='muted'>No variant was tried (dry run: add --verify).</p>")
-    cols = ["swap", "kernel", "chain", "decision", "reason", "verified", "max_abs_err", "max_rel_err",
-            "eager_ms", "compile_ms", "kernel_ms", "eager_gpu_ms", "compile_gpu_ms", "kernel_gpu_ms", "route", "source",
-            "module_path"]  # the long signature (shapes, constants) is in swaps.csv
-    out.append(f"<h2>Swaps ({len(rows)})</h2><table><tr>" + "".join(f"<th>{e(c)}</th>" for c in cols) + "</tr>")
-    for r in rows:
-        cls = "kept" if r["decision"] == KEPT else "rejected" if r["decision"] == REJECTED else ""
-        cells = "".join(f"<td>{e(_fmt(r.get(c, '')))}</td>" for c in cols)
-        out.append(f"<tr class='{cls}'>{cells}</tr>")
-    out.append("</table>")
-    out.append(f"<h2>Near-misses ({len(near_misses)})</h2>")
-    if near_misses:
-        ncols = ["kernel", "kind", "reason", "chains", "source", "module_path"]
-        out.append("<table><tr>" + "".join(f"<th>{e(c)}</th>" for c in ncols) + "</tr>")
-        for r in near_misses:
-            out.append("<tr>" + "".join(f"<td>{e(_fmt(r.get(c, '')))}</td>" for c in ncols) + "</tr>")
-        out.append("</table>")
-    cdoc = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in {**VARIANT_COLUMNS, **SWAP_COLUMNS}.items())
-    out.append(f"<h2>Columns</h2><table>{cdoc}</table></body></html>\n")
-    return "".join(out)
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, (list, tuple)):
-        return "; ".join(str(x) for x in v)
-    return "" if v is None else str(v)
-
-
-
 
 
 def plan_document(result: ApplyResult) -> dict[str, Any]:
@@ -307,58 +252,92 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-#: Files written by :func:`write_outputs`, by key.
-OUTPUT_FILES = {"swaps_csv": "swaps.csv", "variants_csv": "variants.csv", "swaps_html": "swaps.html",
-                "plan": "plan.yaml"}
+#: Files :func:`write_outputs` always writes, by key (it also writes report.json, chains.csv and ops.csv when the
+#: folder has no analysis of this model yet: :data:`fusion_advisor.report.FILE_NAMES`).
+OUTPUT_FILES = {"swaps_csv": "swaps.csv", "variants_csv": "variants.csv", "plan": "plan.yaml", "html": "report.html"}
+
+
+def every_output_name() -> tuple[str, ...]:
+    """Every file name apply may write (the guard checks them all before a run)."""
+    from fusion_advisor.report import FILE_NAMES
+
+    return tuple(dict.fromkeys([*OUTPUT_FILES.values(), *FILE_NAMES.values()]))
+
+
+def same_analysis(old: Any, new: Any) -> bool:
+    """Whether the analysis ``old`` (the folder's report.json) describes what apply analysed as ``new``: the same
+    model file, dtype and device spec, and the same chains (ids, kinds, patterns), so its chain ids are the ones
+    apply's swaps name."""
+    def where(f: str) -> str:  # "model.py" and "/home/u/model.py" are one file; "<builtin:...>" is a name
+        return f if f.startswith("<") else str(Path(f).resolve())
+
+    if where(old.model_file) != where(new.model_file) or old.dtype != new.dtype:
+        return False
+    if (old.device_spec or {}).get("name") != (new.device_spec or {}).get("name"):
+        return False
+    return [(c.id, c.kind, c.pattern) for c in old.chains] == [(c.id, c.kind, c.pattern) for c in new.chains]
+
+
+def _report_analysis(result: ApplyResult, out_dir: Path) -> tuple[Any, tuple[str, ...], str]:
+    """The analysis report.html shows, the report files (keys of ``report.FILE_NAMES``) to write, and a note."""
+    from fusion_advisor.errors import UserError
+    from fusion_advisor.report import earlier_report, load_report
+
+    if earlier_report(out_dir):
+        try:
+            old = load_report(out_dir)
+        except UserError:
+            old = None
+        if old is not None and same_analysis(old, result.analysis):
+            return old, ("html",), ""
+        note = ("apply replaced the analysis in this folder with its own (the earlier report.json described another "
+                "model, device spec or set of chains)")
+        return result.analysis, ("html", "json", "chains_csv", "ops_csv"), note
+    return result.analysis, ("html", "json", "chains_csv", "ops_csv"), ""
 
 
 def write_outputs(result: ApplyResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write swaps.csv, variants.csv, swaps.html and plan.yaml into ``out_dir`` (see the module docstring).
+    """Write swaps.csv, variants.csv, plan.yaml and report.html into ``out_dir`` (and report.json, chains.csv,
+    ops.csv when the folder holds no analysis of this model: see the module docstring).
+
+    Returns:
+        key -> path of every file written (``swaps_csv``, ``variants_csv``, ``plan``, ``html``, and ``json``,
+        ``chains_csv``, ``ops_csv`` when written).
 
     Raises:
         UserError: ``out_dir`` is a file, or one of the files would overwrite the model file.
     """
     from fusion_advisor.errors import UserError
-    from fusion_advisor.report import atomic_write_bytes
+    from fusion_advisor.report import FILE_NAMES, atomic_write_bytes, render_files
 
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir}: exists and is not a directory")
     rows = swaps_rows(result.sites, result.outcomes)
     vrows = variant_rows(result)
     doc = plan_document(result)
-    near_rows = [{"kernel": n["kernel"], "kind": n["kind"], "reason": n["reason"], "chains": n["chains"],
-                  "source": n["source"], "module_path": n["module_path"]} for n in doc["near_misses"]]
-    chosen = result.chosen
-    header = [("model", f"{result.model_name} ({result.model_file})"), ("device", result.device),
-              ("dtype", result.dtype or "as the file makes it"),
-              ("measured", "forward+backward" if result.backward else "forward"),
-              ("chosen", f"{chosen.spec.name}: {chosen.spec.describe()}" if chosen is not None else "nothing"),
-              ("why", result.chosen_reason or "dry run (add --verify)"),
-              ("speed-up", ", ".join(f"{v:.2f}x vs {k}" for k, v in result.speedups.items()) or "not measured"),
-              ("options", ", ".join(f"{k}={v}" for k, v in result.options.to_dict().items())),
-              ("versions", ", ".join(f"{k} {v}" for k, v in result.versions.items())),
-              ("summary", ", ".join(f"{k}: {v}" for k, v in doc["summary"].items()))]
-    notes = []
-    if result.sites and not any(o.timing and o.timing.kernel_ms is not None for o in result.outcomes.values()):
-        notes.append("No swap was timed: " + NOT_MEASURED_NOTE + ".")
-    notes += [f"kernel {k}: {v}" for k, v in result.library_problems.items()]
-    notes += [f"warning: {w}" for w in result.warnings]
+    analysis, report_keys, note = _report_analysis(result, out_dir)
+    try:
+        report_files = render_files(analysis, out_dir, plan=doc, plan_note=note, keys=report_keys)
+    except Exception as e:  # noqa: BLE001 - a report that fails to render must not cost the run its plan
+        report_keys, report_files = (), {}
+        result.warnings.append(f"report.html could not be rendered ({type(e).__name__}: {e}); plan.yaml, "
+                               "variants.csv and swaps.csv were written")
     contents = {
         "swaps_csv": render_swaps_csv(rows).encode("utf-8"),
         "variants_csv": render_variants_csv(vrows).encode("utf-8"),
-        "swaps_html": render_swaps_html(f"fusion-advisor apply: {result.model_name}", header, rows, near_rows,
-                                        vrows, notes).encode("utf-8"),
         "plan": render_plan(doc).encode("utf-8"),
+        **report_files,
     }
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out {out_dir}: exists and is not a directory")
+    names = {**{k: v for k, v in OUTPUT_FILES.items()}, **{k: FILE_NAMES[k] for k in report_keys}}
     model_file = Path(result.model_file).resolve() if not result.model_file.startswith("<") else None
-    paths = {k: out_dir / name for k, name in OUTPUT_FILES.items()}
+    paths = {k: out_dir / name for k, name in names.items()}
     if model_file is not None and any(p.resolve() == model_file for p in paths.values()):
         raise UserError(f"--out {out_dir}: would overwrite the model file {model_file}")
     out_dir.mkdir(parents=True, exist_ok=True)
     with _sigint_deferred():
-        for key, path in paths.items():
-            atomic_write_bytes(path, contents[key])
+        for key in ("swaps_csv", "variants_csv", "plan", *[k for k in report_keys if k != "html"], "html"):
+            atomic_write_bytes(paths[key], contents[key])
     return paths
 
 

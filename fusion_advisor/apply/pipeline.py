@@ -3,8 +3,9 @@
 ::
 
     load -> capture (dynamo + RewriteBackend: graphs, matches, each match's real values)
-         -> analyze (op graph, chains, roofline, routes of the same capture)
-         -> link (chains <-> matches, candidacy) -> swaps (each verified and timed alone)
+         -> analyze (analyze's own capture and stages: the chains, ids and source lines of `fusion-advisor analyze`)
+         -> link (chains <-> matches by graph, module and source line; candidacy) -> swaps (each verified and
+            timed alone)
          -> regions (the captured graphs cut by module)
          -> variants (search.py: baselines, candidates, regions; each checked against float64 and timed whole)
          -> plan (plan.py, outputs.py)
@@ -26,7 +27,7 @@ import torch
 import torch.fx
 from torch.fx import Node
 
-from fusion_advisor.apply.backend import RewriteBackend, origin_of
+from fusion_advisor.apply.backend import RewriteBackend
 from fusion_advisor.apply.canonical import tensors_of
 from fusion_advisor.apply.match import Match
 from fusion_advisor.apply.measure import ModelHarness
@@ -130,8 +131,9 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
         backend = _capture(loaded, kernels, backward)
     with timed("analyze"):
         analysis = _analyze(loaded, backend, spec, rules)
-        sites, near = _link(backend, analysis, options)
-        regions = _regions(backend, analysis)
+        links = ChainLinks.build(backend, analysis)
+        sites, near = _link(backend, analysis, options, links)
+        regions = _regions(backend, analysis, links)
     matches = {m.site.id: m for g in backend.graphs for m in g.matches}
     with timed("swaps"):
         outcomes = _verify_all(sites, matches, backend, kernels, options, backward, stage)
@@ -191,22 +193,18 @@ def _mark_swaps(result: ApplyResult, notes: dict[str, str]) -> None:
                         f"variant with library swaps, or those were not tried; see the variants)")
 
 
-def _regions(backend: RewriteBackend, analysis: Any) -> list[Region]:
-    """The captured graphs' regions, linked to the analysis chains through ``meta["from_node"]``."""
-    chain_of_op = {op_id: c.id for c in analysis.chains for op_id in c.op_ids}
+def _regions(backend: RewriteBackend, analysis: Any, links: "ChainLinks") -> list[Region]:
+    """The captured graphs' regions, each with the analysis chains of its ops (:class:`ChainLinks`)."""
     chain_of_node: dict[tuple[int, str], str] = {}
     graphs = []
     for g in backend.graphs:
         if g.graph is None:
             continue
         graphs.append((g.index, g.graph))
-        if g.analysis_graph is None:
-            continue
-        for n in g.analysis_graph.graph.nodes:
-            cid = chain_of_op.get(f"g{g.index}:{n.name}")
-            src = origin_of(n)
-            if cid is not None and src:
-                chain_of_node.setdefault((g.index, src), cid)
+        for n in g.graph.graph.nodes:
+            found = links.chains_of_node(g.index, n.name)
+            if found:
+                chain_of_node[(g.index, n.name)] = found[0]
     return describe_regions(graphs, chain_of_node, analysis)
 
 
@@ -214,7 +212,8 @@ def _capture(loaded: Any, kernels: dict[str, Any], backward: bool) -> RewriteBac
     from fusion_advisor.capture import run_eagerly
     from fusion_advisor.errors import CaptureError
 
-    backend = RewriteBackend(kernels, record_values=True, analyze=True, keep_graphs=True)
+    # the analysis runs on analyze's own capture (_analyze), so the backend traces no analysis graph of its own
+    backend = RewriteBackend(kernels, record_values=True, analyze=False, keep_graphs=True)
     torch._dynamo.reset()
     try:
         compiled = torch.compile(loaded.module, backend=backend, dynamic=False)
@@ -231,22 +230,28 @@ def _capture(loaded: Any, kernels: dict[str, Any], backward: bool) -> RewriteBac
 
 
 def _analyze(loaded: Any, backend: RewriteBackend, spec: Any, rules: Any) -> Any:
-    """The analysis stages (:func:`fusion_advisor.analyze.analyze_capture`) on the capture's decomposed graphs."""
+    """The analysis of the model exactly as ``fusion-advisor analyze`` makes it: analyze's own capture
+    (:func:`fusion_advisor.capture.capture`) and stages (:func:`fusion_advisor.analyze.analyze_capture`), so the
+    chain ids, patterns and source lines apply reports are the ones of ``analyze`` on the same model and device
+    (one report per model folder reads both). A model analyze cannot capture is analysed as having no chains;
+    the whole-model variants are still tried."""
     from fusion_advisor.analyze import analyze_capture
-    from fusion_advisor.capture import Capture
+    from fusion_advisor.capture import Capture, capture
+    from fusion_advisor.errors import CaptureError
 
-    graphs = []
     warns: list[str] = []
-    for g in backend.graphs:
-        if g.analysis_graph is None:
-            warns.append(f"graph {g.index} could not be decomposed for the analysis; its chains are missing")
-            graphs.append(torch.fx.GraphModule(torch.nn.Module(), _empty_graph()))
-        else:
-            graphs.append(g.analysis_graph)
     if not backend.graphs:
         warns.append("dynamo captured no graph (the whole forward ran eagerly, e.g. a cuDNN RNN): no chains to "
                      "analyse; the whole-model variants are still tried")
-    cap = Capture(graphs=graphs, method="dynamo", breaks=list(backend.breaks))
+    try:
+        with warnings.catch_warnings(), quiet_torch_logs():
+            warnings.simplefilter("ignore")
+            cap = capture(loaded)
+    except CaptureError as e:
+        warns.append(f"the analysis could not capture the model ({first_line(str(e))}): no chains to analyse")
+        cap = Capture(graphs=[], method="dynamo", breaks=list(backend.breaks))
+    finally:
+        torch._dynamo.reset()
     return analyze_capture(loaded, cap, spec, rules, notes=warns)
 
 
@@ -256,41 +261,14 @@ def _empty_graph() -> torch.fx.Graph:
     return g
 
 
-def _link(backend: RewriteBackend, analysis: Any, options: ApplyOptions) -> tuple[list[SwapSite], list[NearMiss]]:
-    """Chain ids, routes and candidacy of every site; near-misses with chain ids, filtered and completed."""
-    chain_of_op = {op_id: c.id for c in analysis.chains for op_id in c.op_ids}
-    by_origin: dict[tuple[int, str], set[str]] = {}
-    by_loc: dict[tuple[int, str, str, int], set[str]] = {}
-    linked = False
-    for g in backend.graphs:
-        if g.analysis_graph is None:
-            continue
-        for n in g.analysis_graph.graph.nodes:
-            cid = chain_of_op.get(f"g{g.index}:{n.name}")
-            if cid is None:
-                continue
-            src = origin_of(n)
-            if src:
-                linked = True
-                by_origin.setdefault((g.index, src), set()).add(cid)
-            loc = source_of(n) if n.meta.get("stack_trace") else SourceLoc()
-            by_loc.setdefault((g.index, module_path_of(n), loc.file, loc.line), set()).add(cid)
-    node_locs: dict[tuple[int, str], tuple[str, str, int]] = {}
-    if not linked:  # torch without from_node provenance: link by module path and source line
-        for g in backend.graphs:
-            if g.graph is not None:
-                for n in g.graph.nodes:
-                    loc = source_of(n) if n.meta.get("stack_trace") else SourceLoc()
-                    node_locs[(g.index, n.name)] = (module_path_of(n), loc.file, loc.line)
+def _link(backend: RewriteBackend, analysis: Any, options: ApplyOptions,
+          links: "ChainLinks") -> tuple[list[SwapSite], list[NearMiss]]:
+    """Chain ids, routes and candidacy of every site; near-misses with chain ids, filtered and completed. A site's
+    source line is the one its chain has in the analysis (the chain's first op that launches a kernel)."""
+    chains = {c.id: c for c in analysis.chains}
 
     def chains_of(gi: int, op_ids: Sequence[str]) -> tuple[str, ...]:
-        counts: dict[str, int] = {}
-        for op_id in op_ids:
-            name = op_id.split(":", 1)[1]
-            found = by_origin.get((gi, name), set()) if linked else by_loc.get((gi, *node_locs.get((gi, name), ("", "", 0))), set())
-            for c in found:
-                counts[c] = counts.get(c, 0) + 1
-        return tuple(sorted(counts, key=lambda c: (-counts[c], int(c[1:]) if c[1:].isdigit() else 0)))
+        return links.chains_of_ops(gi, op_ids)
 
     sites: list[SwapSite] = []
     for g in backend.graphs:
@@ -309,8 +287,10 @@ def _link(backend: RewriteBackend, analysis: Any, options: ApplyOptions) -> tupl
             else:
                 candidate, why = False, (f"not tried: analysis routes {route_text}; --candidates all tries every "
                                          f"match")
+            lead = chains.get(main.chain_id) if main else None
             s = replace(s, chain_ids=chain_ids, route=main.route if main else "", route_kernel=main.kernel if main
-                        else "", route_rule=main.rule_id if main else "", candidate=candidate, candidate_reason=why)
+                        else "", route_rule=main.rule_id if main else "", candidate=candidate, candidate_reason=why,
+                        source=lead.source if lead is not None and lead.source.file else s.source)
             m.site = s
             sites.append(s)
 
@@ -343,6 +323,61 @@ def _link(backend: RewriteBackend, analysis: Any, options: ApplyOptions) -> tupl
     return sites, near
 
 
+class ChainLinks:
+    """Which analysis chains hold each node of apply's pre-dispatch graphs.
+
+    The analysis comes from analyze's own capture (AOTAutograd's decomposed graphs), apply's matches from its
+    pre-dispatch graphs: two traces of the same dynamo graphs, with no node shared. They are linked by where each
+    op came from: the graph index, the issuing module's path and the source line. A pre-dispatch node is in the
+    chains whose ops share its key, most ops first (a line that two chains share, such as ``rotate_half`` under
+    the q and the k RoPE, links to both). When the two captures cut the model into a different number of graphs,
+    the graph index is left out of the key.
+    """
+
+    def __init__(self, by_key: dict[tuple[Any, ...], dict[str, int]], node_keys: dict[tuple[int, str], tuple],
+                 order: dict[str, int]):
+        self._by_key, self._node_keys, self._order = by_key, node_keys, order
+
+    @classmethod
+    def build(cls, backend: RewriteBackend, analysis: Any) -> "ChainLinks":
+        n_graphs = len({op.graph_index for op in analysis.ops})
+        same_graphs = n_graphs == len([g for g in backend.graphs if g.graph is not None])
+        chain_of_op = {op_id: c.id for c in analysis.chains for op_id in c.op_ids}
+        by_key: dict[tuple[Any, ...], dict[str, int]] = {}
+        for op in analysis.ops:
+            cid = chain_of_op.get(op.id)
+            if cid is None:
+                continue
+            key = (op.graph_index if same_graphs else -1, op.module_path, op.source.file, op.source.line)
+            counts = by_key.setdefault(key, {})
+            counts[cid] = counts.get(cid, 0) + 1
+        node_keys: dict[tuple[int, str], tuple] = {}
+        for g in backend.graphs:
+            if g.graph is None:
+                continue
+            for n in g.graph.graph.nodes:  # g.graph: the canonical pre-dispatch GraphModule
+                if n.op not in ("call_function", "call_method", "call_module"):
+                    continue
+                loc = source_of(n) if n.meta.get("stack_trace") else SourceLoc()
+                node_keys[(g.index, n.name)] = (g.index if same_graphs else -1, module_path_of(n), loc.file,
+                                                loc.line)
+        order = {c.id: i for i, c in enumerate(analysis.chains)}
+        return cls(by_key, node_keys, order)
+
+    def chains_of_node(self, graph_index: int, name: str) -> tuple[str, ...]:
+        """Chains holding the node ``name`` of pre-dispatch graph ``graph_index``, most ops first."""
+        counts = self._by_key.get(self._node_keys.get((graph_index, name), ()), {})
+        return tuple(sorted(counts, key=lambda c: (-counts[c], self._order.get(c, 0))))
+
+    def chains_of_ops(self, graph_index: int, op_ids: Sequence[str]) -> tuple[str, ...]:
+        """Chains holding the ops ``op_ids`` (``"g<graph>:<node>"``), by how many of the ops each holds."""
+        votes: dict[str, int] = {}
+        for op_id in op_ids:
+            for c in self.chains_of_node(graph_index, op_id.split(":", 1)[1]):
+                votes[c] = votes.get(c, 0) + 1
+        return tuple(sorted(votes, key=lambda c: (-votes[c], self._order.get(c, 0))))
+
+
 def _values_for(backend: RewriteBackend, m: Match) -> tuple[list[Any] | None, list[Any] | None]:
     vals = backend.values.get(m.site.graph_index, {})
     args: list[Any] = []
@@ -363,12 +398,19 @@ def _values_for(backend: RewriteBackend, m: Match) -> tuple[list[Any] | None, li
 
 def _verify_and_time(s: SwapSite, m: Match, entry: Any, args: list[Any], outs: list[Any], rg: list[bool],
                      first: tuple[str, Any] | None, options: ApplyOptions, backward: bool,
-                     timing_cache: dict[str, Any]) -> Any:
+                     timing_cache: dict[str, Any], stage: Stage = _no_progress, where: str = "") -> Any:
     """Verify one candidate swap (only on its captured inputs when ``first``, an earlier site of the same signature,
-    passed the fresh and hard-value cases), time it when verified, and decide; returns its ``SwapOutcome``."""
+    passed the fresh and hard-value cases), time it when verified, and decide; returns its ``SwapOutcome``.
+
+    ``stage`` shows each step (verification, then timing where there is a GPU); ``where`` names the swap in it."""
+    on_gpu = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
+    cases = ("its captured inputs" if first is not None else
+             f"its captured inputs, {options.seeds} fresh draw(s) and hard values")
+    what = "forward and backward" if backward else "forward"
     try:
-        ver = verify_swap(entry, extract_subgraph(m), args, m.pattern.params, backward, options.seeds, outs,
-                             requires_grad=rg, captured_only=first is not None)
+        with stage(f"verifying swap {where}: {what} on {cases} against float64"):
+            ver = verify_swap(entry, extract_subgraph(m), args, m.pattern.params, backward, options.seeds, outs,
+                              requires_grad=rg, captured_only=first is not None)
     except Exception as e:  # a bug in verification itself must not keep the swap, nor stop the others
         ver = SwapVerification(False, reason=f"verification raised {type(e).__name__}: {first_line(str(e))}")
     if first is not None:
@@ -379,7 +421,12 @@ def _verify_and_time(s: SwapSite, m: Match, entry: Any, args: list[Any], outs: l
     if ver.verified:
         cache_key = f"{s.signature}|{backward}|{rg}"
         try:
-            timing = timing_cache.get(cache_key) or bench_swap(entry, extract_subgraph(m), args, backward, rg)
+            timing = timing_cache.get(cache_key)
+            if timing is None:
+                # on a CPU bench_swap returns at once (not measured: the interpreter's speed says nothing)
+                with stage(f"timing swap {where}: eager, torch.compile and the kernel") if on_gpu \
+                        else contextlib.nullcontext():
+                    timing = bench_swap(entry, extract_subgraph(m), args, backward, rg)
             timing_cache[cache_key] = timing
         except Exception as e:  # a kernel that fails (or runs out of memory) while timed is rejected
             if isinstance(e, torch.cuda.OutOfMemoryError):
@@ -422,8 +469,8 @@ def _verify_all(sites: list[SwapSite], matches: dict[str, Match], backend: Rewri
         # the others are verified on their own captured inputs only
         sig = f"{s.signature}|{rg}"
         first = by_signature.get(sig)
-        with stage(f"verifying and timing swap {s.id} ({s.kernel}, {n_seen} of {n_candidates})"):
-            outcomes[s.id] = _verify_and_time(s, m, entry, args, outs, rg, first, options, backward, timing_cache)
+        outcomes[s.id] = _verify_and_time(s, m, entry, args, outs, rg, first, options, backward, timing_cache,
+                                          stage, f"{s.id} ({s.kernel}, {n_seen} of {n_candidates})")
         if first is None and outcomes[s.id].verification is not None and outcomes[s.id].verification.verified:
             by_signature[sig] = (s.id, outcomes[s.id].verification)
     # kept swaps must not overlap: larger ones first

@@ -76,8 +76,9 @@ class SwapSite:
         graph_index: captured graph the match lives in.
         key: :class:`MatchKey` (how the plan finds the site again).
         op_ids: ids ``"g<graph>:<node>"`` of the matched ops in apply's pre-dispatch graphs.
-        chain_ids: analysis chains that hold those ops.
-        source, module_path: where the pattern's last op comes from.
+        chain_ids: analysis chains that hold those ops (the ids of ``fusion-advisor analyze``), most ops first.
+        source: where the site's chain starts in the analysis (its first op that launches a kernel, as in
+            chains.csv); the pattern's last op when no chain is linked. ``module_path``: the pattern's last op's.
         inputs: ``(parameter name, TensorMeta)`` of the pattern's tensor arguments.
         scalars: the pattern's scalar parameters as captured from the model's constants (``{"eps": 1e-6}``).
         outputs: metas of the replaced values.

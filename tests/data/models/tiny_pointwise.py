@@ -1,4 +1,5 @@
-"""Twelve pointwise ops on 4096 elements: the launch-bound case of shared/ANCHORS.md."""
+"""Twelve pointwise ops on 4096 elements: the launch-bound case (12 eager launches of ~12 us each on
+the H200 against well under 1 us of memory traffic: fusion_advisor/devices/h200.yaml)."""
 
 import torch
 import torch.nn as nn

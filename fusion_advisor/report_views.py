@@ -1,0 +1,430 @@
+"""What report.html shows, computed from the analysis and (when apply ran into the same folder) apply's plan.
+
+The page answers one question first: *what do I do, and what does it buy?* This module turns the chains frame
+(:func:`fusion_advisor.report.chains_frame`) and the plan document (plan.yaml, :func:`read_plan_document`) into
+plain dicts the template renders:
+
+* :func:`chain_groups`: chains that repeat layer by layer (same pattern, route, kernel, bound class, source line
+  and numbers; module paths equal up to layer indices) as one group, "x32 layers", members one click away;
+* :func:`verdict`: the first screen: the command that applies the advice, what it buys against eager and
+  against ``torch.compile(model)`` (predicted from the roofline; measured when there is a profile or an apply
+  run), the three largest opportunities with their source lines, and what was left alone and why;
+* :func:`apply_view`: apply's whole-model variants, swaps, regions and the plan, linked to the report's chains.
+
+Predicted times are sums of per-chain roofline estimates (us); what ``torch.compile(model)`` would take is
+predicted as every fusible chain fused into one kernel (Inductor fuses pointwise and reduction chains) and every
+library op (GEMM, attention, convolution) and unfusible op left as it is (:func:`predicted_compile_us`). The
+roofline prices a library Triton kernel and Inductor's fused kernel alike (both at the memory roof), so what the
+library kernels measured over Inductor is not in that prediction; the page says so.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fusion_advisor.records import ROUTES, Analysis
+from fusion_advisor.units import fmt_speedup, fmt_us, is_num
+
+#: Chains shown as the first screen's opportunities.
+TOP_OPPORTUNITIES = 3
+
+_LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
+
+
+def layer_pattern(module_path: str) -> str:
+    """``"layers.3.mlp"`` -> ``"layers.*.mlp"``: the module path with every integer component (an index into an
+    ``nn.ModuleList`` / ``nn.Sequential``) replaced by ``*``."""
+    return _LAYER_INDEX.sub("*", module_path or "")
+
+
+def layer_index(module_path: str) -> str:
+    """The integer components of a module path, joined: ``"layers.3.mlp"`` -> ``"3"``; ``""`` when none."""
+    return ".".join(p for p in (module_path or "").split(".") if p.isdigit())
+
+
+def _round(x: Any) -> Any:
+    """A number rounded to 4 significant digits for grouping (NaN stays NaN, so it groups with itself)."""
+    if not is_num(x):
+        return "nan"
+    return float(f"{float(x):.4g}")
+
+
+#: Columns whose values must agree for chains to form one group (besides the layer-free module path).
+GROUP_BY = ("graph_index", "kind", "pattern", "route", "kernel", "bound", "rule_id", "dtype", "source",
+            "eager_kernels", "est_eager_us", "est_after_route_us", "eager_bytes", "fused_bytes", "flops")
+
+#: Columns summed over a group's members (the group row shows the total).
+GROUP_SUMS = ("est_eager_us", "est_fused_us", "est_saving_us", "est_after_route_us", "eager_bytes", "fused_bytes",
+              "bytes_saved", "flops", "measured_us", "eager_kernels", "n_ops")
+
+
+def chain_groups(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """The chains of ``frame`` grouped by repeated layer, in the frame's order of first member.
+
+    Each group: ``gid`` (``"g<first chain id>"``), ``count``, ``ids`` (member chain ids), ``first`` (the first
+    member's row), ``members`` (every member's row), ``totals`` (the :data:`GROUP_SUMS` columns summed, NaN
+    where every member lacks the value), ``module_pattern`` (``layers.*.mlp``), ``layers`` (the members' layer
+    indices, e.g. ``"0-31"``), ``saving_after_route_us`` (``est_eager_us - est_after_route_us`` summed: what the
+    advised route buys) and ``file`` (the source file's name, for the file filter).
+    """
+    groups: dict[tuple, dict[str, Any]] = {}
+    order: list[tuple] = []
+    for row in frame.to_dict("records"):
+        key = tuple(_round(row[c]) if isinstance(row[c], float) else row[c] for c in GROUP_BY) + (
+            layer_pattern(str(row["module_path"] or "")),)
+        if key not in groups:
+            groups[key] = {"members": []}
+            order.append(key)
+        groups[key]["members"].append(row)
+    out = []
+    for key in order:
+        members = groups[key]["members"]
+        first = members[0]
+        totals = {}
+        for col in GROUP_SUMS:
+            vals = [m[col] for m in members if is_num(m[col])]
+            totals[col] = float(sum(vals)) if vals else float("nan")
+        layers = [layer_index(str(m["module_path"] or "")) for m in members]
+        saving = sum(max(m["est_eager_us"] - m["est_after_route_us"], 0.0) for m in members
+                     if is_num(m["est_eager_us"]) and is_num(m["est_after_route_us"]))
+        src = str(first["source"] or "")
+        out.append({
+            "gid": f"g{first['chain_id']}",
+            "count": len(members),
+            "ids": [m["chain_id"] for m in members],
+            "first": first,
+            "members": members,
+            "totals": totals,
+            "module_pattern": layer_pattern(str(first["module_path"] or "")),
+            "layers": _span(layers),
+            "saving_after_route_us": saving,
+            "file": src.rsplit(":", 1)[0].replace("\\", "/").rsplit("/", 1)[-1] if src else "",
+            "line": src.rsplit(":", 1)[1] if ":" in src else "",
+        })
+    return out
+
+
+def _span(indices: list[str]) -> str:
+    """``["0", "1", "2", "5"]`` -> ``"0-2, 5"``; non-numeric (nested) indices listed as they are."""
+    if not any(indices):
+        return ""
+    if not all(i.isdigit() for i in indices):
+        return ", ".join(i for i in indices if i)
+    nums = sorted({int(i) for i in indices})
+    runs, start, prev = [], nums[0], nums[0]
+    for n in nums[1:] + [None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        runs.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    return ", ".join(runs)
+
+
+def group_title(g: dict[str, Any]) -> str:
+    """``"add_rmsnorm x2 layers (layers.*)"`` or just the pattern for a single chain."""
+    pattern = g["first"]["pattern"]
+    if g["count"] == 1:
+        return pattern
+    where = f" ({g['module_pattern']})" if g["module_pattern"] else ""
+    unit = "layers" if g["layers"] else "times"
+    return f"{pattern} x{g['count']} {unit}{where}"
+
+
+# --- predictions ----------------------------------------------------------------------------------------------
+
+
+def predicted_compile_series(frame: pd.DataFrame) -> pd.Series:
+    """Per chain, the predicted time under ``torch.compile(model)`` (us): a fusible chain as one fused kernel
+    (``min(est_eager_us, est_fused_us)``: Inductor fuses pointwise and reduction chains), a heavy or unfusible
+    item as it runs eagerly (Inductor calls cuBLAS / cuDNN / SDPA for them). NaN without an estimate."""
+    eager = frame["est_eager_us"].astype(float)
+    fused = frame["est_fused_us"].astype(float)
+    fusible = (frame["kind"] == "fusible") & fused.notna()
+    return eager.where(~fusible, pd.concat([eager, fused], axis=1).min(axis=1))
+
+
+def predicted_compile_us(frame: pd.DataFrame) -> float:
+    """Predicted time of ``torch.compile(model)`` over the chains (us), the sum of
+    :func:`predicted_compile_series`."""
+    return float(predicted_compile_series(frame).sum(skipna=True)) if len(frame) else 0.0
+
+
+def _sum(frame: pd.DataFrame, col: str) -> float:
+    return float(frame[col].astype(float).sum(skipna=True)) if len(frame) else 0.0
+
+
+def apply_command(analysis: Analysis, out_dir: Path | None) -> str:
+    """The shell command that carries the advice out on the analysed model: ``fusion-advisor apply ... --verify``
+    with the analysis' model file, dtype, device spec and user rules, writing into the report's folder (so the
+    results join this report)."""
+    from fusion_advisor.devices import available_specs
+
+    parts = ["fusion-advisor", "apply"]
+    if analysis.model_file and not analysis.model_file.startswith("<"):
+        parts.append(analysis.model_file)
+    parts.append("--verify")
+    if analysis.dtype:
+        parts += ["--dtype", analysis.dtype]
+    spec = str((analysis.device_spec or {}).get("name", ""))
+    try:
+        shipped = set(available_specs())
+    except Exception:  # noqa: BLE001 - a command without --gpu is still a command
+        shipped = set()
+    if spec in shipped and spec != "h200":
+        parts += ["--gpu", spec]
+    for r in analysis.rules_files:
+        path = str(r.get("file", "") if isinstance(r, dict) else r)
+        if path and Path(path).name != "default.yaml":
+            parts += ["--rules", path]
+    if out_dir is not None:
+        parts += ["--out", str(out_dir)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def opportunities(groups: list[dict[str, Any]], n: int = TOP_OPPORTUNITIES) -> list[dict[str, Any]]:
+    """The ``n`` groups whose advised route saves the most (predicted ``est_eager_us - est_after_route_us``),
+    skipped groups excluded."""
+    routed = [g for g in groups if g["first"]["route"] not in ("skip", "") and g["saving_after_route_us"] > 0]
+    routed.sort(key=lambda g: -g["saving_after_route_us"])
+    return routed[:n]
+
+
+def left_alone(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Skipped chains by the rule that skipped them: ``{rule_id, chains, eager_us, reason, example}``, the most
+    eager time first; ``reason`` is the largest member's."""
+    by_rule: dict[str, dict[str, Any]] = {}
+    for g in groups:
+        first = g["first"]
+        if first["route"] != "skip":
+            continue
+        e = by_rule.setdefault(first["rule_id"] or "(no rule)", {"rule_id": first["rule_id"] or "(no rule)",
+                                                                   "chains": 0, "eager_us": 0.0, "best": -1.0,
+                                                                   "reason": "", "patterns": {}})
+        e["chains"] += g["count"]
+        t = g["totals"]["est_eager_us"]
+        if is_num(t):
+            e["eager_us"] += t
+        e["patterns"][first["pattern"]] = e["patterns"].get(first["pattern"], 0) + g["count"]
+        own = first["est_eager_us"] if is_num(first["est_eager_us"]) else 0.0
+        if own > e["best"]:
+            e["best"], e["reason"], e["example"] = own, first["reason"], first["chain_id"]
+    out = sorted(by_rule.values(), key=lambda e: -e["eager_us"])
+    for e in out:
+        e["what"] = ", ".join(f"{p} x{n}" if n > 1 else p for p, n in
+                              sorted(e["patterns"].items(), key=lambda kv: -kv[1]))
+    return out
+
+
+def advice(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The advice route by route (skip excluded): ``{route, chains, what, saved_us}``, ``what`` naming the patterns
+    (``"add_rmsnorm x4, rmsnorm"``) and ``saved_us`` the predicted saving of the route."""
+    out: dict[str, dict[str, Any]] = {}
+    for g in groups:
+        route = g["first"]["route"]
+        if route in ("skip", ""):
+            continue
+        e = out.setdefault(route, {"route": route, "chains": 0, "saved_us": 0.0, "patterns": {}})
+        e["chains"] += g["count"]
+        e["saved_us"] += g["saving_after_route_us"]
+        name = g["first"]["kernel"] or g["first"]["pattern"]
+        e["patterns"][name] = e["patterns"].get(name, 0) + g["count"]
+    rows = [out[r] for r in ROUTES if r in out] + [v for k, v in out.items() if k not in ROUTES]
+    for e in rows:
+        e["what"] = ", ".join(f"{p} x{n}" if n > 1 else p for p, n in
+                              sorted(e["patterns"].items(), key=lambda kv: -kv[1]))
+    return rows
+
+
+def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]], plan: dict[str, Any] | None,
+            out_dir: Path | None) -> dict[str, Any]:
+    """The first screen (see the module docstring). Times in us; speed-ups as ratios (old / new time)."""
+    eager = _sum(frame, "est_eager_us")
+    advised = _sum(frame, "est_after_route_us")
+    compiled = predicted_compile_us(frame)
+    routed = frame[frame["route"].isin([r for r in ROUTES if r != "skip"])]
+    out: dict[str, Any] = {
+        "command": apply_command(analysis, out_dir),
+        "pred_eager_us": eager, "pred_advised_us": advised, "pred_compile_us": compiled,
+        "pred_vs_eager": eager / advised if advised > 0 else float("nan"),
+        "pred_vs_compile": compiled / advised if advised > 0 else float("nan"),
+        "pred_saved_us": eager - advised, "pred_saved_vs_compile_us": compiled - advised,
+        "n_routed": int(len(routed)), "n_chains": int(len(frame)),
+        "opportunities": opportunities(groups),
+        "advice": advice(groups),
+        "left_alone": left_alone(groups),
+        "measured": [],
+    }
+    prof = analysis.profile
+    if prof is not None and prof.total_us > 0:
+        out["measured"].append({
+            "what": f"eager, profiled on {prof.device_name}",
+            "text": f"{fmt_us(prof.total_us)} per run measured ({fmt_us(prof.attributed_us)} attributed to chains; "
+                    f"predicted eager {fmt_us(eager)})",
+            "source": "analyze --profile"})
+    if plan is not None and plan.get("measured") and plan["measured"]["timed"]:
+        m = plan["measured"]
+        parts = []
+        for key, label in (("vs_eager", "eager"), ("vs_compile", "torch.compile(model)")):
+            if is_num(m.get(key)):
+                parts.append(f"{fmt_speedup(m[key])} vs {label}")
+        out["measured"].append({
+            "what": f"the plan ({m['chosen']}), measured by apply on {m['device']}",
+            "text": f"{m['chosen_ms']:.4g} ms per step" + (f": {', '.join(parts)}" if parts else "")
+                    + f" ({m['timer']})",
+            "source": "apply --verify"})
+    return out
+
+
+# --- apply's results -------------------------------------------------------------------------------------------
+
+
+def read_plan_document(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """The plan.yaml document at ``path`` when fusion-advisor wrote it, else ``None``, with a note saying why
+    it was not read (``""`` when there is no file)."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        return None, ""
+    try:
+        text = path.read_text(encoding="utf-8")
+        doc = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        return None, f"{path.name} could not be read ({type(e).__name__}); apply's results are not shown"
+    if not text.startswith("# fusion-advisor plan") or not isinstance(doc, dict) or "fusion_advisor_plan" not in doc:
+        return None, f"{path.name} was not written by fusion-advisor apply; not shown"
+    if "variants" not in doc or "swaps" not in doc:
+        return None, (f"{path.name} is an older plan format (version {doc.get('fusion_advisor_plan')}); run apply "
+                      "again to see its results here")
+    return doc, ""
+
+
+def _dict(x: Any) -> dict[str, Any]:
+    return dict(x) if isinstance(x, dict) else {}
+
+
+def _list(x: Any) -> list[Any]:
+    return list(x) if isinstance(x, list) else []
+
+
+def _ratio(a: Any, b: Any) -> float:
+    return a / b if is_num(a) and is_num(b) and b > 0 else float("nan")
+
+
+def apply_view(doc: dict[str, Any], analysis: Analysis | None) -> dict[str, Any]:
+    """apply's results from a plan document (plan.yaml, or :func:`fusion_advisor.apply.outputs.plan_document`):
+    variant rows with speed-ups over the run's own eager and torch.compile timings, swap rows linked to the
+    report's chains, regions, near-misses, and notes when the plan describes another model file or analysis.
+
+    Never raises on a malformed document: missing keys read as empty.
+    """
+    doc = doc if isinstance(doc, dict) else {}
+    variants = [v for v in _list(doc.get("variants")) if isinstance(v, dict)]
+
+    def ms_of(v: dict[str, Any]) -> float:
+        t = _dict(v.get("timing"))
+        return t.get("ms") if is_num(t.get("ms")) else float("nan")
+
+    def correct(v: dict[str, Any]) -> bool:
+        c = _dict(v.get("check"))
+        return bool(c.get("passed")) and v.get("status") not in ("wrong", "failed")
+
+    base = {v.get("name"): v for v in variants}
+    eager = base.get("eager")
+    comp = base.get("torch.compile")
+    eager_ms = ms_of(eager) if eager is not None and correct(eager) else float("nan")
+    comp_ms = ms_of(comp) if comp is not None and correct(comp) else float("nan")
+    rows = []
+    for v in variants:
+        t, c = _dict(v.get("timing")), _dict(v.get("check"))
+        ms = ms_of(v)
+        err = c.get("norm_err")
+        rows.append({
+            "name": str(v.get("name", "")), "status": str(v.get("status", "")), "ms": ms,
+            "spread": t.get("spread"), "vs_eager": _ratio(eager_ms, ms), "vs_compile": _ratio(comp_ms, ms),
+            "first_call_s": t.get("first_call_s"), "peak_mb": t.get("peak_mb"), "device_ms": t.get("device_ms"),
+            "err": err, "eager_err": c.get("eager_norm_err"),
+            "how": str(_dict(v.get("spec")).get("describe", "")), "reason": str(v.get("reason", "")),
+            "problems": [str(p) for p in _list(v.get("problems"))][:3], "timer": str(t.get("timer", "") or ""),
+        })
+    chosen = _dict(doc.get("chosen"))
+    if chosen and not isinstance(chosen.get("spec"), dict):
+        chosen["spec"] = {}
+    summary = _dict(doc.get("summary"))
+    model = _dict(doc.get("model"))
+    chain_ids = {c.id for c in analysis.chains} if analysis is not None else set()
+    swaps = []
+    for s in _list(doc.get("swaps")):
+        if not isinstance(s, dict):
+            continue
+        v, t = _dict(s.get("verification")), _dict(s.get("timing"))
+        swaps.append({
+            "id": str(s.get("id", "")), "kernel": str(s.get("kernel", "")), "pattern": str(s.get("pattern", "")),
+            "chains": [str(c) for c in _list(s.get("chains"))],
+            "linked": [str(c) for c in _list(s.get("chains")) if str(c) in chain_ids],
+            "decision": str(s.get("decision", "")), "reason": str(s.get("reason", "")),
+            "verified": s.get("verified"), "max_abs_err": v.get("max_abs_err"),
+            "grad_max_abs_err": v.get("grad_max_abs_err"),
+            "eager_ms": t.get("eager_ms"), "compile_ms": t.get("compile_ms"), "kernel_ms": t.get("kernel_ms"),
+            "kernel_gpu_ms": t.get("kernel_gpu_ms"), "compile_gpu_ms": t.get("compile_gpu_ms"),
+            "timer": str(t.get("timer", "")), "source": str(s.get("source", "")), "code": str(s.get("code", "")),
+            "module_path": str(s.get("module_path", "")),
+            "route": "{route}{k} ({rule})".format(route=_dict(s.get("route")).get("route", ""),
+                                                  k="/" + str(_dict(s.get("route")).get("kernel", ""))
+                                                  if _dict(s.get("route")).get("kernel") else "",
+                                                  rule=_dict(s.get("route")).get("rule", "")),
+        })
+    notes = []
+    if analysis is not None and model.get("file") and str(model.get("file")) != analysis.model_file:
+        notes.append(f"plan.yaml was made for {model.get('file')}, this analysis for {analysis.model_file}: the two "
+                     "may not describe the same model")
+    spec_name = (analysis.device_spec or {}).get("name") if analysis is not None else None
+    if analysis is not None and doc.get("device_spec") and doc.get("device_spec") != spec_name:
+        notes.append(f"apply analysed with the device spec {doc.get('device_spec')}, this report with "
+                     f"{(analysis.device_spec or {}).get('name')}: chain routes may differ")
+    if analysis is not None and swaps and not any(s["linked"] for s in swaps) and chain_ids:
+        notes.append("no swap links to a chain of this analysis (another model, or an analysis made before chain "
+                     "ids were shared between analyze and apply): run analyze again")
+    raw_swaps = [s for s in _list(doc.get("swaps")) if isinstance(s, dict)]
+    untimed = [(_dict(s.get("timing")).get("note") or "") for s in raw_swaps
+               if s.get("verified") and not is_num(_dict(s.get("timing")).get("kernel_ms"))]
+    if untimed and len(untimed) == sum(1 for s in raw_swaps if s.get("verified")):
+        notes.append("No swap was timed" + (f": {untimed[0]}" if untimed[0] else "") + ".")
+    measured = None
+    chosen_ms = chosen.get("ms")
+    if is_num(chosen_ms) or is_num(eager_ms) or is_num(comp_ms):
+        device = str(model.get("device", ""))
+        gpu = _dict(doc.get("versions")).get("gpu")
+        timed = is_num(chosen_ms)
+        measured = {"chosen": str(chosen.get("name", "")), "chosen_ms": float(chosen_ms) if timed else float("nan"),
+                    "timed": timed, "eager_ms": eager_ms, "compile_ms": comp_ms,
+                    "vs_eager": _ratio(eager_ms, chosen_ms), "vs_compile": _ratio(comp_ms, chosen_ms),
+                    "device": f"{gpu} ({device})" if gpu else device,
+                    "timer": next((r["timer"] for r in rows if r["timer"]), ""),
+                    "what": str(summary.get("what", "forward")),
+                    "why_untimed": "" if timed else next((r["reason"] for r in rows
+                                                          if r["name"] == chosen.get("name")), "")}
+    return {
+        "created_at": str(doc.get("created_at", "")), "tool_version": str(doc.get("tool_version", "")),
+        "model": model, "options": _dict(doc.get("options")), "versions": _dict(doc.get("versions")),
+        "summary": summary, "chosen": chosen, "chosen_reason": str(doc.get("chosen_reason", "") or ""),
+        "variants": rows, "swaps": swaps, "regions": [r for r in _list(doc.get("regions")) if isinstance(r, dict)],
+        "near_misses": [n for n in _list(doc.get("near_misses")) if isinstance(n, dict)],
+        "library_problems": _dict(doc.get("library_problems")),
+        "warnings": [str(w) for w in _list(doc.get("warnings"))],
+        "timings_s": {k: v for k, v in _dict(doc.get("timings_s")).items() if is_num(v)}, "notes": notes,
+        "measured": measured,
+        "dry_run": not variants,
+    }
+
+
+def route_class(route: str) -> str:
+    """CSS-safe class of a route: ``"torch.compile"`` -> ``"r-torch-compile"``."""
+    return "r-" + re.sub(r"[^a-z0-9]+", "-", (route or "none").lower()).strip("-")

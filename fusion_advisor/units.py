@@ -1,0 +1,85 @@
+"""Numbers as people read them: one set of formatters for the report, the rules' reasons, the terminal and diff.
+
+Units are fixed across the tool: times in microseconds (``us``) unless a name says ``ms``/``s``; sizes in binary
+units (``KiB``, ``MiB``, ``GiB``: 1024-based, as memory is allocated); bandwidth in ``GB/s`` (1e9 bytes/s, as
+datasheets and ``torch.cuda`` benchmarks quote it); throughput in ``TFLOP/s`` (1e12 FLOP/s). Every formatter
+takes any value: ``None``, NaN and infinities print as ``"–"`` instead of raising, so a missing number never
+breaks a page.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+MISSING = "–"
+
+
+def is_num(x: Any) -> bool:
+    """A finite int or float (``bool`` excluded)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def fmt_int(value: Any) -> str:
+    """``1234567`` -> ``"1,234,567"``; NaN/None -> ``"–"``."""
+    if not is_num(value):
+        return MISSING
+    return f"{int(round(value)):,}"
+
+
+def fmt_float(value: Any, digits: int = 2) -> str:
+    """Thousands separators and ``digits`` decimals; 3 significant digits for nonzero values that would print as
+    zero; NaN/None -> ``"–"``."""
+    if not is_num(value):
+        return MISSING
+    if value != 0 and abs(value) < 0.5 * 10.0 ** -digits:
+        return f"{value:.3g}"
+    return f"{value:,.{digits}f}"
+
+
+def fmt_bytes(value: Any) -> str:
+    """Bytes in binary units: ``"512 B"``, ``"1.5 KiB"``, ``"32.0 MiB"``, ``"1.25 GiB"``."""
+    if not is_num(value):
+        return MISSING
+    n = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n):,} B" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024.0
+    return f"{n:,.1f} TiB"  # pragma: no cover (loop always returns)
+
+
+def mib(value: Any) -> float:
+    """Bytes -> MiB (2**20 bytes); NaN for a missing value."""
+    return float(value) / 2**20 if is_num(value) else float("nan")
+
+
+def fmt_us(value: Any) -> str:
+    """A time given in microseconds, in the unit that reads best: ``"0.42 us"``, ``"87.0 us"``, ``"1.23 ms"``,
+    ``"2.5 s"``."""
+    if not is_num(value):
+        return MISSING
+    v = float(value)
+    if abs(v) >= 1e6:
+        return f"{v / 1e6:,.2f} s"
+    if abs(v) >= 1e3:
+        return f"{v / 1e3:,.2f} ms"
+    if v != 0 and abs(v) < 0.1:
+        return f"{v:.2g} us"
+    return f"{v:,.1f} us"
+
+
+def fmt_flops(value: Any) -> str:
+    """A FLOP count with a decimal prefix: ``"512 FLOP"``, ``"3.4 MFLOP"``, ``"68.7 GFLOP"``, ``"1.1 TFLOP"``."""
+    if not is_num(value):
+        return MISSING
+    n = float(value)
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{int(n):,} FLOP"
+
+
+def fmt_speedup(value: Any) -> str:
+    """A ratio of times as ``"1.32x"``; ``"–"`` when missing."""
+    return f"{value:.2f}x" if is_num(value) else MISSING

@@ -1,0 +1,244 @@
+"""What report.html shows first (fusion_advisor/report_views.py): repeated layers as one group, the first screen
+(the command, what the advice buys, the largest opportunities, what was left alone), and apply's results read
+from a plan document, on hand-built analyses (no capture: fast)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fusion_advisor import report
+from fusion_advisor import report_views as views
+from fusion_advisor.records import Decision
+from tests.test_report import make_analysis
+
+
+def layered(n_layers: int = 4):
+    """make_analysis() with the rmsnorm chain c1 repeated over ``n_layers`` layers (c1 and c10.., same numbers,
+    module paths model.layers.<i>) and one of them with other numbers (c90: not in the group)."""
+    a = make_analysis()
+    base = next(c for c in a.chains if c.id == "c1")
+    extra = []
+    for i in range(1, n_layers):
+        cid = f"c{10 + i}"
+        extra.append(replace(base, id=cid, module_path=f"model.layers.{i}"))
+        a.estimates[cid] = a.estimates["c1"]
+        a.decisions[cid] = replace(a.decisions["c1"], chain_id=cid)
+    odd = replace(base, id="c90", module_path=f"model.layers.{n_layers}", eager_bytes=base.eager_bytes * 2)
+    a.estimates["c90"] = replace(a.estimates["c1"], eager_us=a.estimates["c1"].eager_us * 2)
+    a.decisions["c90"] = replace(a.decisions["c1"], chain_id="c90")
+    a.chains = [*a.chains, *extra, odd]
+    return a
+
+
+def test_layer_pattern_and_index():
+    assert views.layer_pattern("model.layers.12.mlp.up") == "model.layers.*.mlp.up"
+    assert views.layer_pattern("0.conv") == "*.conv" and views.layer_pattern("") == ""
+    assert views.layer_pattern("block3.fc") == "block3.fc"  # a digit inside a name is no index
+    assert views.layer_index("model.layers.12.mlp") == "12" and views.layer_index("fc") == ""
+
+
+def test_repeated_layers_form_one_group_with_totals():
+    a = layered(4)
+    frame = report.chains_frame(a)
+    groups = views.chain_groups(frame)
+    g = next(g for g in groups if "c1" in g["ids"])
+    assert g["ids"] == ["c1", "c11", "c12", "c13"] and g["count"] == 4
+    assert g["module_pattern"] == "model.layers.*" and g["layers"] == "0-3"
+    assert g["totals"]["est_eager_us"] == pytest.approx(4 * a.estimates["c1"].eager_us)
+    assert g["totals"]["eager_bytes"] == 4 * next(c for c in a.chains if c.id == "c1").eager_bytes
+    assert views.group_title(g) == "rmsnorm x4 layers (model.layers.*)"
+    # other numbers, other row; every chain is in exactly one group
+    assert any(g["ids"] == ["c90"] for g in groups)
+    assert sorted(c for g in groups for c in g["ids"]) == sorted(c.id for c in a.chains)
+
+
+def test_group_span_text():
+    assert views._span(["0", "1", "2", "5", "7", "8"]) == "0-2, 5, 7-8"
+    assert views._span(["", ""]) == ""
+
+
+def test_first_screen_names_the_command_the_gain_and_the_opportunities(tmp_path):
+    a = layered(4)
+    frame = report.chains_frame(a)
+    groups = views.chain_groups(frame)
+    v = views.verdict(a, frame, groups, None, tmp_path / "rep")
+    # the command that carries the advice out, into this report's folder
+    assert v["command"] == f"fusion-advisor apply /home/u/model.py --verify --dtype bf16 --out {tmp_path / 'rep'}"
+    eager = frame["est_eager_us"].sum()
+    advised = frame["est_after_route_us"].sum()
+    assert v["pred_vs_eager"] == pytest.approx(eager / advised)
+    # torch.compile(model): every fusible chain fused, heavy and other items as they are
+    want = sum(min(r.est_eager_us, r.est_fused_us) if r.kind == "fusible" else r.est_eager_us
+               for r in frame.itertuples() if not math.isnan(r.est_eager_us))
+    assert v["pred_compile_us"] == pytest.approx(want)
+    assert v["pred_vs_compile"] == pytest.approx(want / advised)
+    # the largest opportunity is the rmsnorm group (4 layers), then the odd rmsnorm; skipped chains never appear
+    opps = v["opportunities"]
+    assert opps[0]["ids"] == ["c1", "c11", "c12", "c13"] and len(opps) <= views.TOP_OPPORTUNITIES
+    assert all(o["first"]["route"] != "skip" for o in opps)
+    savings = [o["saving_after_route_us"] for o in opps]
+    assert savings == sorted(savings, reverse=True)
+    # what was left alone, by rule, with the reason of its largest chain
+    left = {e["rule_id"]: e for e in v["left_alone"]}
+    assert set(left) == {"rule-skip"} and left["rule-skip"]["chains"] == 2
+    assert "c0" in left["rule-skip"]["reason"]
+
+
+def test_command_quotes_paths_and_names_a_non_default_spec(tmp_path):
+    a = make_analysis()
+    a.model_file = "/home/u/my model.py"
+    a.device_spec = {**a.device_spec, "name": "a100"}
+    a.rules_files = [{"file": "/home/u/rules mine.yaml"}, {"file": "/x/rules/default.yaml"}]
+    cmd = views.apply_command(a, Path("reports/x"))
+    assert cmd == ("fusion-advisor apply '/home/u/my model.py' --verify --dtype bf16 --gpu a100 "
+                   "--rules '/home/u/rules mine.yaml' --out reports/x")
+    a.model_file = "<builtin:llama>"
+    assert views.apply_command(a, None).startswith("fusion-advisor apply --verify")
+
+
+def plan_doc(analysis, chains=("c1",)) -> dict:
+    """A plan document as apply writes it (plan_document's keys), three variants timed, one swap."""
+    def variant(name, status, ms, err=0.0):
+        return {"name": name, "status": status, "reason": f"{name} <reason>", "baseline": name != "swaps+eager",
+                "spec": {"name": name, "describe": f"how {name} runs"},
+                "check": {"passed": status != "wrong", "norm_err": err, "eager_norm_err": 0.0},
+                "timing": {"timer": "do_bench median (cuda)", "ms": ms, "spread": 0.01, "first_call_s": 1.5,
+                           "peak_mb": 100.0, "device_ms": ms * 0.9}, "problems": []}
+
+    return {
+        "fusion_advisor_plan": 2, "tool_version": "0.2.0", "created_at": "2026-12-01T10:00:00+00:00",
+        "model": {"name": analysis.model_name, "file": analysis.model_file, "device": "cuda", "dtype": "bf16"},
+        "versions": {"torch": "2.13.0", "gpu": "NVIDIA H200"}, "device_spec": analysis.device_spec["name"],
+        "summary": {"matches": 1, "candidates": 1, "verified": 1, "swaps_in_plan": 1, "regions": 2,
+                    "variants_tried": 3, "what": "forward"},
+        "chosen": {"name": "swaps+eager", "ms": 2.0, "spec": {"describe": "eager with 1 swap"}},
+        "chosen_reason": "fastest correct",
+        "variants": [variant("eager", "correct", 4.0), variant("torch.compile", "correct", 2.5),
+                     variant("swaps+eager", "chosen", 2.0), variant("broken", "wrong", 1.0, err=0.5)],
+        "regions": [{"key": "g0:model#0", "ops": 3, "chains": list(chains), "routes": {"triton": 1},
+                     "predicted_fusion_gain_us": 5.0, "predicted_launch_us": 8.0, "source": "/home/u/model.py:10"}],
+        "swaps": [{"id": "s0", "kernel": "rmsnorm", "pattern": "rmsnorm", "chains": list(chains),
+                   "source": "/home/u/model.py:73", "code": "x", "module_path": "model.layers.0",
+                   "route": {"route": "triton", "kernel": "rmsnorm", "rule": "rule-triton"},
+                   "verified": True, "verification": {"max_abs_err": 1e-3},
+                   "timing": {"timer": "do_bench", "eager_ms": 0.3, "compile_ms": 0.2, "kernel_ms": 0.1},
+                   "decision": "kept", "reason": "faster <b>than</b> compile"}],
+        "near_misses": [], "library_problems": {}, "warnings": [], "timings_s": {"capture": 1.0},
+    }
+
+
+def test_apply_view_measures_against_its_own_baselines():
+    a = make_analysis()
+    view = views.apply_view(plan_doc(a), a)
+    by = {v["name"]: v for v in view["variants"]}
+    chosen = by["swaps+eager"]
+    assert chosen["vs_eager"] == pytest.approx(2.0) and chosen["vs_compile"] == pytest.approx(1.25)
+    m = view["measured"]
+    assert m["timed"] and m["chosen"] == "swaps+eager" and m["vs_compile"] == pytest.approx(1.25)
+    assert m["device"] == "NVIDIA H200 (cuda)"
+    assert view["swaps"][0]["linked"] == ["c1"] and not view["notes"]
+
+
+def test_apply_view_says_when_the_plan_is_about_another_model_and_survives_junk():
+    a = make_analysis()
+    doc = plan_doc(a, chains=("c77",))
+    doc["model"]["file"] = "/elsewhere/other.py"
+    view = views.apply_view(doc, a)
+    assert any("made for /elsewhere/other.py" in n for n in view["notes"])
+    assert any("no swap links to a chain" in n for n in view["notes"])
+    # a malformed document reads as empty, never raises
+    for junk in ({}, {"variants": "x", "swaps": [1, None], "chosen": [], "model": 3}, {"variants": [{"timing": 5}]}):
+        v = views.apply_view(junk, a)
+        assert isinstance(v["variants"], list) and v["measured"] is None
+
+
+def test_report_in_a_folder_with_apply_shows_apply(tmp_path):
+    a = make_analysis()
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "plan.yaml").write_text("# fusion-advisor plan: test\n" + yaml.safe_dump(plan_doc(a)))
+    html = report.write_report(a, out)["html"].read_text(encoding="utf-8")
+    first = html[:html.index('<section id="breakdown"')]
+    assert "Apply ran: the plan is ready" in first and 'load_plan(model, "plan.yaml")' in first
+    assert "2.00x" in first and "1.25x" in first  # measured vs eager and vs torch.compile(model)
+    section = html[html.index('<section id="apply"'):html.index('<section id="breaks"')]
+    assert "Whole-model variants (4)" in section and 'href="#chain-c1"' in section
+    assert "faster &lt;b&gt;than&lt;/b&gt; compile" in section  # escaped
+    assert 'class="row cls-wrong"' in section
+
+
+@pytest.mark.parametrize("text, note", [
+    ("name: mine\n", "not written by fusion-advisor"),
+    ("# fusion-advisor plan\nfusion_advisor_plan: 1\nwhole_model: {}\n", "older plan format"),
+    ("# fusion-advisor plan\n: [\n", "could not be read"),
+])
+def test_a_plan_the_report_cannot_use_is_named_not_shown(tmp_path, text, note):
+    a = make_analysis()
+    (tmp_path / "plan.yaml").write_text(text)
+    html = report.write_report(a, tmp_path)["html"].read_text(encoding="utf-8")
+    assert note in html and "apply has not run into this folder" in html
+
+
+def test_report_json_round_trips_to_the_same_analysis(tmp_path):
+    a = make_analysis()
+    a.chains[1] = replace(a.chains[1], attention_backend="")
+    report.write_report(a, tmp_path)
+    b = report.load_report(tmp_path)
+    assert [c for c in b.chains] == [c for c in a.chains]
+    assert b.decisions == a.decisions and b.ops == a.ops and b.graph_breaks == a.graph_breaks
+    for cid, e in a.estimates.items():
+        assert b.estimates[cid] == e
+    assert report.chains_frame(b).equals(report.chains_frame(a))
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no report.json"),
+    ("{not json", "cannot be read as JSON"),
+    ('{"model_name": 1}', "not a report written by fusion-advisor"),
+    ('{"tool_version": "0.1", "chains": 3}', "not an analysis document"),
+])
+def test_load_report_refuses_what_it_cannot_read(tmp_path, content, message):
+    from fusion_advisor.errors import UserError
+
+    if content is not None:
+        (tmp_path / "report.json").write_text(content)
+    with pytest.raises(UserError, match=message):
+        report.load_report(tmp_path)
+
+
+def test_the_guard_asks_file_by_file(tmp_path):
+    from fusion_advisor.errors import UserError
+
+    a = make_analysis()
+    report.write_report(a, tmp_path)
+    report.check_files(tmp_path, ("report.html", "report.json", "chains.csv", "plan.yaml"))  # ours, or absent
+    (tmp_path / "plan.yaml").write_text("my own notes\n")
+    with pytest.raises(UserError, match="plan.yaml that fusion-advisor did not write"):
+        report.check_files(tmp_path, ("report.html", "plan.yaml"))
+    other = tmp_path / "o"
+    other.mkdir()
+    (other / "report.html").write_text("<html>mine</html>")
+    with pytest.raises(UserError, match="report.html"):
+        report.check_out_dir(other)
+    copied = tmp_path / "c"
+    copied.mkdir()
+    (copied / "report.html").write_text((tmp_path / "report.html").read_text())  # ours by its generator tag
+    report.check_out_dir(copied)
+
+
+def test_decisions_without_a_rule_and_empty_analysis_render(tmp_path):
+    a = make_analysis()
+    a.decisions = {k: d for k, d in a.decisions.items() if k != "c1"}
+    a.decisions["c2"] = Decision("c2", "skip", "", "", "", "", "launch")
+    html = report.write_report(a, tmp_path)["html"].read_text(encoding="utf-8")
+    assert "Left alone, and why" in html
+    e = copy.deepcopy(a)
+    e.chains, e.ops, e.estimates, e.decisions = [], [], {}, {}
+    html = report.write_report(e, tmp_path / "empty")["html"].read_text(encoding="utf-8")
+    assert "none: no chain is routed away from eager" in html
