@@ -212,16 +212,18 @@ class Estimate:
     ridge_point: float
     bound: str
     peak_tflops: float
-    compile_us: float = float("nan")
-    triton_us: float = float("nan")
-    cudagraphs_us: float = float("nan")
+    compile_us: float | None = None
+    triton_us: float | None = None
+    cudagraphs_us: float | None = None
 
     def route_us(self, route: str) -> float:
-        """The predicted time of the chain on ``route`` (``skip``: its eager time)."""
+        """The predicted time of the chain on ``route`` (``skip``: its eager time; a route without its own
+        estimate: ``fused_us`` where it fuses, else ``eager_us``)."""
         value = {"torch.compile": self.compile_us, "triton": self.triton_us,
                  "cudagraphs": self.cudagraphs_us}.get(route, self.eager_us)
-        return self.fused_us if value != value and route in ("torch.compile", "triton") else (
-            self.eager_us if value != value else value)
+        if value is None or value != value:
+            return self.fused_us if route in ("torch.compile", "triton") else self.eager_us
+        return value
 
 
 #: Where a chain can go (the rules' ``route`` field): leave it to eager / vendor libraries, compile it with

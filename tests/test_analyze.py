@@ -107,10 +107,14 @@ def test_default_model(runs):
     a = runs("default")
     assert a.convention == "builtin"
     patterns = [c.pattern for c in a.chains]
-    assert patterns.count("cross_entropy") == 1
-    ce = _by_pattern(a, "cross_entropy")[0]
-    assert ce.row_elems == 32000
-    assert a.decisions[ce.id].rule_id == "triton-cross-entropy"
+    # the loss consumes the LM head's GEMM alone: the fused linear + cross-entropy takes them together
+    assert patterns.count("linear_cross_entropy") == 1 and "cross_entropy" not in patterns
+    ce = _by_pattern(a, "linear_cross_entropy")[0]
+    assert ce.row_elems == 32000 and ce.epilogue_of
+    assert {op.category for op in a.ops if op.id in {i for c in a.chains if c.id == ce.epilogue_of
+                                                     for i in c.op_ids}} == {"matmul"}
+    d = a.decisions[ce.id]
+    assert (d.rule_id, d.route, d.kernel) == ("triton-linear-cross-entropy", "triton", "linear_cross_entropy")
     # attention stays one opaque SDPA op (not decomposed into bmm + softmax)
     assert patterns.count("attention") == 2
     assert not any(c.pattern in ("softmax", "masked_softmax") for c in a.chains)
