@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import signal
 import textwrap
 from pathlib import Path
@@ -261,8 +262,15 @@ def test_default_model_swaps_verified_forward_and_backward(default_run):
         o = result.outcomes[s.id]
         v = o.verification
         assert v is not None and v.verified, (s.id, o.reason)
-        assert v.backward_checked and v.grad_max_abs_err is not None and v.grad_max_abs_err < 1e-4
+        assert v.backward_checked and v.grad_max_abs_err is not None
         assert v.max_abs_err < 1e-4
+        # against a float64 reference computed in float64 throughout, every tensor of every case is within a few
+        # fp32 ulps at its own scale (hard-tiny's RMSNorm gradients are ~1e3, so absolute errors reach ~3e-4)
+        worst = [re.search(r"error against float64 (\S+) norm-wise / (\S+) max-wise", d) for d in v.details
+                 if "closest to its limits" in d]
+        run_here = [c for c in v.cases if "(on " not in c]  # the others ran at the first site of the signature
+        assert len(worst) == len(run_here) and all(float(m[1]) < 1e-6 and float(m[2]) < 1e-6 for m in worst), \
+            v.details
         assert v.cases[0] == "captured" and any(c.startswith("fresh-0") for c in v.cases)
         assert any(c.startswith("hard-zeros") for c in v.cases)
         assert o.timing.timer == R.TIMER_NONE and o.timing.kernel_ms is None
@@ -301,17 +309,20 @@ def test_decide_never_keeps_unverified_or_unmeasured_unless_asked():
 
 
 def test_low_precision_gradient_is_judged_against_the_original_ops_own_error():
-    # a bf16 row-sum gradient (a norm's dweight): the same rule as `fusion-advisor verify`, 2x eager's own error
+    # a bf16 row-sum gradient (a norm's dweight): the policy every check uses (verify, each swap, each variant): no
+    # further from float64 than the original ops' own error, 2x norm-wise and 4x max-wise, plus bf16's floor
+    from fusion_advisor.verification.policy import judge
+
     ref = torch.tensor([-4.73, 1.0, 0.5], dtype=torch.float64)
     eager = torch.tensor([-4.78, 1.0, 0.5], dtype=torch.bfloat16)  # eager itself is ~0.05 off float64
     close = torch.tensor([-4.66, 1.0, 0.5], dtype=torch.bfloat16)  # bf16 -4.65625, 0.074 off: within 2x
-    far = torch.tensor([-4.50, 1.0, 0.5], dtype=torch.bfloat16)  # ~0.23 off: beyond 2x
-    ok, line = sw._within_eager_error(close, eager, ref, "grad of weight")
-    assert ok and "2x" in line
-    ok, line = sw._within_eager_error(far, eager, ref, "grad of weight")
-    assert not ok and "also beyond" in line
+    far = torch.tensor([-4.50, 1.0, 0.5], dtype=torch.bfloat16)  # ~0.23 off: beyond 2x norm-wise
+    ok = judge(close, ref, eager, "grad of weight")
+    assert ok.ok and "within the limits" in ok.reason, ok.reason
+    bad = judge(far, ref, eager, "grad of weight")
+    assert not bad.ok and "beyond the limits" in bad.reason and bad.norm_err > bad.limit_norm
     nan = torch.tensor([float("nan"), 1.0, 0.5], dtype=torch.bfloat16)
-    assert not sw._within_eager_error(nan, eager, ref, "grad")[0]
+    assert not judge(nan, ref, eager, "grad").ok
 
 
 def test_default_model_swaps_variant_is_checked_and_chosen(default_run):
