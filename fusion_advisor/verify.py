@@ -71,6 +71,10 @@ CONTRACT_HELP = (
 #: CPU interpreter stays fast enough at three.
 DEFAULT_SEEDS = 3
 
+#: Said when an edge shape cannot be built or the kernel refuses it.
+SHAPE_HINT = ("if the kernel does not take this shape, list the sizes it does take in VERIFY_SIZES (or verify with "
+              "--shapes given)")
+
 #: How many extra shapes ``verify`` runs (``--shapes``): ``edges`` the edge shapes derived from the file's size hooks
 #: (under Triton's interpreter without the one over 65,535 rows), ``all`` those too, ``given`` only ``get_inputs()``.
 SHAPE_MODES = ("edges", "all", "given")
@@ -531,7 +535,12 @@ def verify_kernel(contract: KernelContract, rtol: float | None = None, atol: flo
         if failed_at:
             entry["status"] = f"not run: stopped after {failed_at} failed"
             continue
-        args = make()
+        try:
+            args = make()
+        except ContractError as exc:
+            if not case.startswith("shape "):
+                raise
+            raise ContractError(f"{exc}; {SHAPE_HINT}") from exc
         seed = int(case.split()[1]) if case.startswith("seed ") else 0
         try:
             outcome = check_case(case, contract.kernel_fn, contract.reference_fn, args, atol=atol, rtol=rtol,
@@ -549,6 +558,8 @@ def verify_kernel(contract: KernelContract, rtol: float | None = None, atol: flo
             result.traceback = outcome.traceback
             result.failure = outcome.failure
             failed_at = case
+            if case.startswith("shape ") and outcome.traceback is not None:
+                result.details.append(f"{case}: {SHAPE_HINT}")
     result.reference_precision = precisions.pop() if len(precisions) == 1 else ("mixed" if precisions else "n/a")
     if failed_at and any(e["status"].startswith("not run") for e in result.shapes):
         result.details.append(f"stopped after {failed_at}: it failed")
