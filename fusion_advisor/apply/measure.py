@@ -166,8 +166,8 @@ class ModelHarness:
             return None
         named = [(n, p) for n, p in model64.named_parameters() if p.requires_grad] if self.backward else []
         try:
-            def run_all() -> dict[str, _Run]:
-                return {name: self.run(model64, [upcast(x) for x in xs], [p for _, p in named],
+            def run_all(model: torch.nn.Module = model64) -> dict[str, _Run]:
+                return {name: self.run(model, [upcast(x) for x in xs], [p for _, p in named],
                                        [n for n, _ in named]) for name, xs in self.sets}
             try:  # float64 throughout: the model's own .float() / dtype=torch.float32 casts kept at float64
                 with KeepFloat64():

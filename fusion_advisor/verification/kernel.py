@@ -180,6 +180,7 @@ class CaseOutcome:
         self.ok = False
 
     def note(self, line: str) -> None:
+        """Record a passing or informational ``line`` (prefixed with the case)."""
         self.details.append(f"{self.case}: {line}")
 
 

@@ -286,6 +286,7 @@ class OutputVerdict:
     judgements: list[tuple[str, Judgement]] = field(default_factory=list)
 
     def add(self, ok: bool, line: str, max_abs: float, max_rel: float) -> None:
+        """Record one leaf's verdict: its line, and its maxima into the running ones."""
         self.ok &= ok
         self.lines.append(line)
         if not ok:
