@@ -35,8 +35,7 @@ from triton.testing import do_bench
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fusion_advisor.bench import device_time_by_kernel  # noqa: E402
-from fusion_advisor.tolerances import within_eager_error  # noqa: E402
-from fusion_advisor.verify import compare_outputs  # noqa: E402
+from fusion_advisor.verification.kernel import ReferenceFailed, check_case  # noqa: E402
 from kernel_library.registry import load_all  # noqa: E402
 
 
@@ -59,17 +58,6 @@ def tensor_leaves(x):
 
 def _float_outputs(out):
     return [t for t in tensor_leaves(out) if t.is_floating_point() and t.requires_grad]
-
-
-def _upcast(args):
-    """float64 copies of the floating tensors of ``args`` (same requires_grad), for the reference."""
-    def up(x):
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
-            return x.detach().double().requires_grad_(x.requires_grad)
-        if isinstance(x, (list, tuple)):
-            return type(x)(up(v) for v in x)
-        return x
-    return [up(a) for a in args]
 
 
 def _shape_label(shape: dict) -> str:
@@ -105,37 +93,17 @@ def bench_kernel(name: str, entry, copy_gbps: float, max_shapes: int, rows: list
             log(f"{name} {label}: make_inputs failed: {e}")
             continue
         leaves = [t for t in tensor_leaves(args) if t.is_floating_point() and t.requires_grad]
-        # 1. verify on this very shape, against a float64 reference
-        ref_args = _upcast(args)
-        with torch.no_grad():
-            ok, max_abs, max_rel, details = compare_outputs(mod.kernel_fn(*args), mod.reference_fn(*ref_args))
-        grads_ok = True
-        if ok and entry.has_backward and leaves:
-            out_k = mod.kernel_fn(*args)
-            outs_k = _float_outputs(out_k)
-            grads = [torch.randn_like(o) for o in outs_k]
-            gk = torch.autograd.grad(outs_k, leaves, grads, allow_unused=True)
-            ref_leaves = [t for t in tensor_leaves(ref_args) if t.is_floating_point() and t.requires_grad]
-            outs_r = _float_outputs(mod.reference_fn(*ref_args))
-            gr = torch.autograd.grad(outs_r, ref_leaves, [g.double() for g in grads], allow_unused=True)
-            grads_ok, g_abs, g_rel, g_details = compare_outputs(list(gk), list(gr), label="grad")
-            if not grads_ok:
-                # same policy as fusion_advisor.verify: a low-precision gradient that sums over many rows (a norm's
-                # dweight) passes when its error is within 2x eager PyTorch's own error in that dtype
-                outs_e = _float_outputs(mod.reference_fn(*args))
-                ge = torch.autograd.grad(outs_e, leaves, grads, allow_unused=True)
-                grads_ok = True
-                for k_, e_, r_ in zip(gk, ge, gr):
-                    if k_ is None or r_ is None:
-                        continue
-                    k_err = float((k_.double() - r_).abs().max())
-                    e_err = float((e_.double() - r_).abs().max()) if e_ is not None else 0.0
-                    ok_leaf = within_eager_error(k_err, e_err) or compare_outputs(k_, r_)[0]
-                    grads_ok &= ok_leaf
-                    g_details.append(f"grad max abs err {k_err:.3g} vs eager's own {e_err:.3g}: {'ok' if ok_leaf else 'FAIL'}")
-            details += g_details
-        verified = bool(ok and grads_ok)
-        log(f"{name} {label}: verified={verified} max_abs={max_abs:.3g}")
+        # 1. verify on this very shape with the verification engine (float64 reference, the error policy of
+        #    fusion_advisor/verification/policy.py, poisoned allocations; gradients where the kernel has a backward)
+        grad_args = None if entry.has_backward else [False] * len(args)
+        try:
+            outcome = check_case(label, mod.kernel_fn, mod.reference_fn, args, grad_args=grad_args,
+                                 path=Path(mod.__file__))
+        except ReferenceFailed as e:
+            log(f"{name} {label}: the reference does not run: {e}")
+            continue
+        verified, details = outcome.ok, ([outcome.failure] if outcome.failure else []) + outcome.details
+        log(f"{name} {label}: verified={verified} max_abs={outcome.max_abs_diff:.3g}")
         if not verified:
             rows.append({"kernel": name, "shape": label, "verified": False, "details": details[:5]})
             continue
@@ -219,7 +187,7 @@ def bench_kernel(name: str, entry, copy_gbps: float, max_shapes: int, rows: list
                 log(f"  {mode:8} triton {t:.4f} ms ({nbytes / t / 1e6:.0f} GB/s, {100 * nbytes / t / 1e6 / copy_gbps:.0f}% of copy)"
                     f"  eager {e or float('nan'):.4f}  compile {c or float('nan'):.4f}"
                     f"  -> x{(e or float('nan')) / t:.2f} vs eager, x{(c or float('nan')) / t:.2f} vs compile")
-        del args, ref_args
+        del args
         torch.cuda.empty_cache()
 
 

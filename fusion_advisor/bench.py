@@ -1,7 +1,7 @@
 """Time a verified kernel against its reference, eager and under ``torch.compile``.
 
-:func:`bench_kernel` first runs :func:`fusion_advisor.verify.verify_kernel` with one seed and refuses to time a
-kernel that fails it (TRITON_RULES: never benchmark before verify passes). Then, on one ``get_inputs()`` draw
+:func:`bench_kernel` first runs :func:`fusion_advisor.verify.verify_kernel` with one seed (plus the hard values and
+the edge shapes the file's size hooks allow) and refuses to time a kernel that fails it (TRITON_RULES: never benchmark before verify passes). Then, on one ``get_inputs()`` draw
 (seed 0), it times the forward of ``kernel_fn``, ``reference_fn`` and ``torch.compile(reference_fn)`` under
 ``torch.no_grad()``:
 
@@ -321,7 +321,8 @@ def sync_device(device: torch.device | str) -> None:
 def bench_kernel(contract: KernelContract, warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS,
                  compile_reference: bool = True, *, rtol: float | None = None,
                  atol: float | None = None) -> BenchResult:
-    """Verify ``contract`` (one seed), then time its kernel, its reference and the compiled reference.
+    """Verify ``contract`` (one seed, the hard values and the edge shapes: :func:`fusion_advisor.verify.verify_kernel`),
+    then time its kernel, its reference and the compiled reference.
 
     Args:
         contract: from :func:`fusion_advisor.verify.load_contract`.

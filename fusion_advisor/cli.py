@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, TypeVar
+from typing import Any, Callable, Iterator, List, Optional, TypeVar
 
 import typer
 from rich.console import Console
@@ -312,17 +312,24 @@ def verify(
     rtol: Optional[float] = typer.Option(None, "--rtol", min=0.0, help=_TOL_HELP.format("Relative")),
     atol: Optional[float] = typer.Option(None, "--atol", min=0.0, help=_TOL_HELP.format("Absolute")),
     seeds: int = typer.Option(3, "--seeds", min=1, help="Seeds (fresh get_inputs() each) to verify on."),
+    shapes: str = typer.Option("edges", "--shapes", help="Extra shapes, where the file's get_inputs(size) and "
+                               "SIZES/SHAPES (or VERIFY_SIZES) allow: 'edges' (one row, a partial last block, odd "
+                               "widths, 1025 rows; 65537 rows on a GPU), 'all' (65537 rows under the CPU interpreter "
+                               "too: minutes), 'given' (get_inputs() only)."),
     json_out: Optional[Path] = typer.Option(None, "--json-out", help="Also write the JSON result to this file."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
-    """Check kernel_fn against reference_fn on fresh inputs; print JSON {correct, max_abs_diff, max_rel_diff,
-    details}; exit 1 when incorrect, 2 when the file or its contract is unusable."""
+    """Check kernel_fn against reference_fn on fresh inputs, hard values and edge shapes (the error policy of
+    fusion_advisor/verification/policy.py); print JSON {correct, max_abs_diff, max_rel_diff, details, shapes, ...};
+    exit 1 when incorrect, 2 when the file or its contract is unusable."""
 
     def job():
-        from fusion_advisor.verify import load_contract, use_triton_interpreter_if_no_gpu, verify_kernel
+        from fusion_advisor.verify import SHAPE_MODES, load_contract, use_triton_interpreter_if_no_gpu, verify_kernel
 
+        if shapes not in SHAPE_MODES:
+            raise UserError(f"--shapes {shapes}: choose one of {', '.join(SHAPE_MODES)}")
         use_triton_interpreter_if_no_gpu()
-        result = verify_kernel(load_contract(file), rtol=rtol, atol=atol, seeds=seeds)
+        result = verify_kernel(load_contract(file), rtol=rtol, atol=atol, seeds=seeds, shapes=shapes)
         _emit_json(result.to_dict(), json_out)
         return result
 
@@ -348,11 +355,14 @@ def bench(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="With --sweep: device spec for % of roofline."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
-    """Verify (one seed), then time kernel_fn, reference_fn and torch.compile(reference_fn); print JSON with
-    kernel_time_ms, reference_time_ms, speedup, iteration counts, compile time. Exit 1 when verification fails.
-    With --sweep: verify and time every launch config at every size instead (fusion_advisor/sweep.py)."""
+    """Verify (one seed, the hard values and the edge shapes), then time kernel_fn, reference_fn and
+    torch.compile(reference_fn); print JSON with kernel_time_ms, reference_time_ms, speedup, iteration counts,
+    compile time. Exit 1 when verification fails. With --sweep: verify and time every launch config at every size
+    instead (fusion_advisor/sweep.py); exit 1 when a config fails verification at some size."""
     if sweep:
-        run_guarded(lambda: _bench_sweep(file, out, gpu, warmup_ms, rep_ms, rtol, atol, json_out), debug)
+        result = run_guarded(lambda: _bench_sweep(file, out, gpu, warmup_ms, rep_ms, rtol, atol, json_out), debug)
+        if result.failed_sizes:  # a config computed wrong values: the sweep's files are written, the exit says so
+            raise typer.Exit(1)
         return
     if out is not None or gpu is not None:  # sweep-only options: ignoring them would leave the user looking for files
 
@@ -582,8 +592,9 @@ def doctor(
 
 
 def _bench_sweep(file: str, out: Optional[Path], gpu: Optional[str], warmup_ms: float, rep_ms: float,
-                 rtol: Optional[float], atol: Optional[float], json_out: Optional[Path]) -> None:
-    """``bench --sweep``: sweep, print the table, write sweep.csv / sweep.json (see fusion_advisor/sweep.py)."""
+                 rtol: Optional[float], atol: Optional[float], json_out: Optional[Path]) -> Any:
+    """``bench --sweep``: sweep, print the table, write sweep.csv / sweep.json (see fusion_advisor/sweep.py); returns
+    the :class:`~fusion_advisor.sweep.SweepResult`."""
     from fusion_advisor.sweep import check_sweep_dir, load_hooks, run_sweep, sweep_table, write_sweep
     from fusion_advisor.verify import load_contract, use_triton_interpreter_if_no_gpu
 
@@ -607,6 +618,8 @@ def _bench_sweep(file: str, out: Optional[Path], gpu: Optional[str], warmup_ms: 
             line += f" ({s.best_time_ms:.4f} ms)"
         if s.rejected:
             line += f"; {s.rejected} rejected"
+            if s.failed_verification:
+                line += f" ({s.failed_verification} failed verification)"
         if s.autotune_ms is not None:
             line += f"; autotune took {s.autotune_ms:,.1f} ms and chose {s.autotune_choice or '?'}"
         elif s.autotune_error:
@@ -615,6 +628,10 @@ def _bench_sweep(file: str, out: Optional[Path], gpu: Optional[str], warmup_ms: 
     if result.note:
         show.print(f"[yellow]note:[/] {_escape(result.note)}")
     show.print(f"sweep: {paths['csv']}  {paths['json']}", highlight=False)
+    if result.failed_sizes:
+        show.print(f"[bold red]verification failed[/] at size(s) {', '.join(result.failed_sizes)}: a config computed "
+                   f"wrong values there (see the rejected rows); exit 1", highlight=False)
+    return result
 
 
 # --- calibrate ----------------------------------------------------------------------------------------------

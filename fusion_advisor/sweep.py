@@ -77,6 +77,9 @@ from fusion_advisor.verify import KernelContract, fresh_inputs, verify_kernel
 #: Label of every time measured under the Triton interpreter.
 CPU_LABEL = "CPU interpreter, not a GPU measurement"
 
+#: How the reason of a config that computed wrong values starts (a rejection that makes ``bench --sweep`` exit 1).
+FAILED_VERIFICATION = "failed verification"
+
 #: Files written by :func:`write_sweep`.
 FILE_NAMES = ("sweep.csv", "sweep.json")
 
@@ -304,6 +307,8 @@ class SizeSummary:
         best_config: the fastest verified config, ``""`` when every config was rejected.
         best_time_ms: its median time (ms).
         rejected: number of configs rejected at this size.
+        failed_verification: those of them that ran but computed wrong values (NaN, a mismatch, an out-of-bounds
+            store, a mutated input): a kernel bug at this size, unlike a config that does not compile or launch.
         autotune_ms: wall time of the autotuner's first call at this size with all its configs (its
             benchmarking included), apart from the steady state; ``None`` without an autotuner.
         autotune_choice: the config the autotuner picked, ``""`` when unknown.
@@ -314,6 +319,7 @@ class SizeSummary:
     best_config: str
     best_time_ms: float | None
     rejected: int
+    failed_verification: int = 0
     autotune_ms: float | None = None
     autotune_choice: str = ""
     autotune_error: str = ""
@@ -351,6 +357,11 @@ class SweepResult:
     rep_ms: float = DEFAULT_REP_MS
     versions: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def failed_sizes(self) -> list[str]:
+        """Labels of the sizes where some config computed wrong values (``bench --sweep`` then exits 1)."""
+        return [s.size for s in self.sizes if s.failed_verification]
+
     def frame(self) -> Any:
         """The rows as a pandas DataFrame with exactly the :data:`COLUMNS` columns."""
         import pandas as pd
@@ -367,7 +378,7 @@ class SweepResult:
             "sweep": self.name, "path": self.path, "source": self.source, "device": self.device,
             "timer": self.timer, "interpreted": self.interpreted, "note": self.note, "spec": self.spec,
             "warmup_ms": self.warmup_ms, "rep_ms": self.rep_ms, "versions": self.versions,
-            "sizes": [s.__dict__ for s in self.sizes],
+            "sizes": [s.__dict__ for s in self.sizes], "failed_sizes": self.failed_sizes,
             "rows": [{**r.csv_row(), "params": r.params} for r in self.rows],
             "columns": COLUMNS, "tool_version": fusion_advisor.__version__,
         })
@@ -514,6 +525,7 @@ def run_sweep(hooks: SweepHooks, *, spec_name: str | None = None, warmup_ms: flo
             best.best = True
             summary.best_config, summary.best_time_ms = best.config, best.time_ms
         summary.rejected = sum(r.status == "rejected" for r in size_rows)
+        summary.failed_verification = sum(r.reason.startswith(FAILED_VERIFICATION) for r in size_rows)
         rows += size_rows
         summaries.append(summary)
 
@@ -573,11 +585,10 @@ def _sweep_one(row: SweepRow, call: Callable[..., Any], hooks: SweepHooks, get_i
         return
     contract = KernelContract(name=f"{hooks.name}[{row.config}]", path=hooks.path, kernel_fn=call,
                               reference_fn=hooks.reference_fn, get_inputs=get_inputs)
-    verified = verify_kernel(contract, rtol=rtol, atol=atol, seeds=1)
+    # the size is the shape here: no edge shapes, no hard values (each config of each size is verified)
+    verified = verify_kernel(contract, rtol=rtol, atol=atol, seeds=1, shapes="given", hard_values=False)
     if not verified.correct:
-        bad = [d for d in verified.details[1:] if "MISMATCH" in d or "raised" in d or "modified" in d
-               or "dtype" in d or "returns" in d]
-        row.reason = "failed verification: " + (bad[0] if bad else verified.details[0])
+        row.reason = FAILED_VERIFICATION + ": " + (verified.failure or verified.details[0])
         return
     try:
         with torch.no_grad():

@@ -182,11 +182,24 @@ def make_inputs(
     return [t.requires_grad_(requires_grad) for t in (x, residual, weight)] + [eps]
 
 
-def get_inputs() -> list:
-    """Llama-7B shapes on a GPU (8192 tokens x 4096 hidden, bf16); 16 x 1000 on the CPU interpreter."""
-    if on_gpu():
-        return make_inputs(8192, 4096, torch.bfloat16)
-    return make_inputs(16, 1000, torch.bfloat16)
+#: ``get_inputs(size)`` sizes, ``(n_rows, n_cols)``; ``verify`` derives its edge shapes from the first.
+SIZES = [(8192, 4096)] if on_gpu() else [(16, 1000)]
+
+
+def get_inputs(size: tuple[int, int] | None = None) -> list:
+    """``size`` = ``(n_rows, n_cols)``, default ``SIZES[0]``: Llama-7B shapes on a GPU (8192 tokens x 4096
+    hidden), 16 x 1000 on the CPU interpreter; bf16; drawn from the seed ``verify`` set (``torch.initial_seed()``)."""
+    n_rows, n_cols = size or SIZES[0]
+    return make_inputs(n_rows, n_cols, torch.bfloat16, seed=torch.initial_seed())
+
+
+def hard_inputs() -> list:
+    """Hard values: a residual stream of large magnitude (x 1e4, as deep in a long model) and a sum that cancels to
+    zero rows (``residual = -x``: ``rstd = 1 / sqrt(eps)``)."""
+    x, residual, weight, eps = get_inputs()
+    large = [(t.detach() * 1e4).requires_grad_(True) for t in (x, residual)]
+    cancel = (-x.detach()).requires_grad_(True)
+    return [("residual stream x 1e4", large + [weight, eps]), ("x + residual = 0", [x, cancel, weight, eps])]
 
 
 #: GPU benchmark shapes: the same as the plain RMSNorm's (the Llama-7B anchor in three dtypes, token and width

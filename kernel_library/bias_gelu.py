@@ -489,12 +489,22 @@ def make_inputs(n_rows: int, n_cols: int, dtype: torch.dtype = torch.bfloat16, r
     return [x, bias, approximate, dropout_p, 1234 if seed is None else seed]
 
 
-def get_inputs() -> list:
-    """GPU: the MLP up-projection output of a GPT-style model, 8192 tokens x 16384 (4 x 4096), bf16.
-    CPU: 16 x 1000 fp32."""
-    if _device.on_gpu():
-        return make_inputs(8192, 16384, torch.bfloat16)
-    return make_inputs(16, 1000, torch.float32)
+#: ``get_inputs(size)`` sizes, ``(n_rows, n_cols)``; ``verify`` derives its edge shapes from the first.
+SIZES = [(8192, 16384)] if _device.on_gpu() else [(16, 1000)]
+
+
+def get_inputs(size: tuple[int, int] | None = None) -> list:
+    """``size`` = ``(n_rows, n_cols)``, default ``SIZES[0]``: GPU the MLP up-projection output of a
+    GPT-style model, 8192 tokens x 16384 (4 x 4096), bf16; CPU 16 x 1000 fp32."""
+    n_rows, n_cols = size or SIZES[0]
+    return make_inputs(n_rows, n_cols, torch.bfloat16 if _device.on_gpu() else torch.float32)
+
+
+def hard_inputs() -> list:
+    """Hard values: pre-activations of large magnitude (x 100: tanh / erf saturate), and the tanh approximation."""
+    x, bias = get_inputs()
+    return [("x 100", [(x.detach() * 100.0).requires_grad_(True), bias]),
+            ("approximate='tanh'", [x, bias, "tanh", 0.0, 1234])]
 
 
 #: 8192 tokens x 4*4096 (GPT MLP) and x 11008 (Llama-7B intermediate); a decode-sized and a mid-sized batch; tanh.

@@ -544,11 +544,31 @@ def make_inputs(n_tokens: int = 16, vocab: int = 1000, dtype="float32", ignore_f
     return [logits, target, ignore_index, float(label_smoothing), reduction]
 
 
-def get_inputs() -> list:
-    """8192 tokens x 32000 vocab bf16 (Llama-2-7B) on a GPU, 16 x 1000 fp32 on the CPU; mean, 5% ignored."""
-    if _device.on_gpu():
-        return make_inputs(n_tokens=8192, vocab=32000, dtype="bfloat16")
-    return make_inputs(n_tokens=16, vocab=1000, dtype="float32")
+#: ``get_inputs(size)`` sizes, ``(n_tokens, vocab)``; ``verify`` derives its edge shapes from the first.
+SIZES = [(8192, 32000)] if _device.on_gpu() else [(16, 1000)]
+
+
+def get_inputs(size: tuple[int, int] | None = None) -> list:
+    """``size`` = ``(n_tokens, vocab)``, default ``SIZES[0]``: 8192 tokens x 32000 vocab bf16 (Llama-2-7B)
+    on a GPU, 16 x 1000 fp32 on the CPU; mean, 5% ignored; drawn from the seed ``verify`` set."""
+    n_tokens, vocab = size or SIZES[0]
+    dtype = "bfloat16" if _device.on_gpu() else "float32"
+    return make_inputs(n_tokens=n_tokens, vocab=vocab, dtype=dtype, seed=torch.initial_seed())
+
+
+def hard_inputs() -> list:
+    """Hard values: confident predictions (the target's logit raised by 12, so p ~ 0.9999 and the true-class
+    gradient p - 1 ~ -1e-4, which rounding p to bf16 before the subtraction turns into 0), logits of large
+    magnitude (x 100: ``exp`` overflows unless the row max is subtracted), and label smoothing 0.1 with sum."""
+    logits, target, ignore_index, _, _ = get_inputs()
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    valid = target != ignore_index
+    confident = logits.detach().clone()
+    confident[rows[valid], target[valid]] += 12.0
+    large = (logits.detach() * 100.0).requires_grad_(True)
+    return [("confident predictions (p ~ 0.9999)", [confident.requires_grad_(True), target, ignore_index, 0.0, "mean"]),
+            ("logits x 100", [large, target, ignore_index, 0.0, "mean"]),
+            ("label smoothing 0.1, sum", [logits, target, ignore_index, 0.1, "sum"])]
 
 
 #: GPU benchmark shapes: the reference rows (8192 tokens, V = 32000 and 128256, both chunked, bf16), other

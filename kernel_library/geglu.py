@@ -90,11 +90,21 @@ def make_inputs(n_rows: int, n_cols: int, dtype: torch.dtype = torch.bfloat16, r
     return _glu_inputs(n_rows, n_cols, dtype, requires_grad, fused)
 
 
-def get_inputs() -> list[torch.Tensor]:
-    """GPU: 8192 tokens x 11008 (the Llama-7B width the anchors measure GeGLU at), bf16. CPU: 16 x 1000 fp32."""
-    if _device.on_gpu():
-        return make_inputs(8192, 11008, torch.bfloat16)
-    return make_inputs(16, 1000, torch.float32)
+#: ``get_inputs(size)`` sizes, ``(n_rows, n_cols)``; ``verify`` derives its edge shapes from the first.
+SIZES = [(8192, 11008)] if _device.on_gpu() else [(16, 1000)]
+
+
+def get_inputs(size: tuple[int, int] | None = None) -> list[torch.Tensor]:
+    """``size`` = ``(n_rows, n_cols)``, default ``SIZES[0]``: GPU 8192 tokens x 11008 (the Llama-7B width
+    the anchors measure GeGLU at), bf16; CPU 16 x 1000 fp32."""
+    n_rows, n_cols = size or SIZES[0]
+    return make_inputs(n_rows, n_cols, torch.bfloat16 if _device.on_gpu() else torch.float32)
+
+
+def hard_inputs() -> list:
+    """Hard values: gates of large magnitude (x 100: erf saturates, gelu(a) must be a or 0, never NaN)."""
+    a, b = get_inputs()
+    return [("gates x 100", [(a.detach() * 100.0).requires_grad_(True), b])]
 
 
 #: The anchor shape (8192 x 11008), Gemma-7B's intermediate (24576), the fused-chunk layout, dtypes, token counts.

@@ -354,12 +354,24 @@ def make_inputs(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, bia
     return [x, w, b, activation]
 
 
-def get_inputs() -> list:
-    """GPU: GPT-style MLP up-projection + bias + GELU, 8192 tokens x 4096 -> 16384, bf16.
-    CPU: 37 x 48 -> 40, fp32 (not multiples of the interpreter's 32-wide block)."""
-    if _device.on_gpu():
-        return make_inputs(8192, 16384, 4096, torch.bfloat16)
-    return make_inputs(37, 40, 48, torch.float32)
+#: fp32 products run as TF32 (``tl.dot``'s default precision on Ampere/Hopper): ``verify`` applies the policy's TF32
+#: floor to fp32 outputs on a GPU.
+USES_TF32 = True
+
+#: ``get_inputs(size)`` sizes, ``(M, N, K)``.
+SIZES = [(8192, 16384, 4096)] if _device.on_gpu() else [(37, 40, 48)]
+
+#: The shapes ``verify`` runs besides ``get_inputs()`` (a GEMM's size is not (rows, width), so the generic edge
+#: shapes do not apply): one row (decode), odd N and K (partial tiles on both), a tiny odd problem, 1025 rows, and
+#: 65537 rows.
+VERIFY_SIZES = [(1, 40, 48), (37, 41, 47), (5, 3, 7), (1025, 3, 5), (65537, 3, 5)]
+
+
+def get_inputs(size: tuple[int, int, int] | None = None) -> list:
+    """``size`` = ``(M, N, K)``, default ``SIZES[0]``: GPU GPT-style MLP up-projection + bias + GELU, 8192
+    tokens x 4096 -> 16384, bf16; CPU 37 x 48 -> 40, fp32 (not multiples of the interpreter's 32-wide block)."""
+    M, N, K = size or SIZES[0]
+    return make_inputs(M, N, K, torch.bfloat16 if _device.on_gpu() else torch.float32)
 
 
 #: The anchor chain (GEMM + bias + GELU at 8192 tokens), Llama-7B MLP widths, other activations and dtypes,

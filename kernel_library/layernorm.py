@@ -758,11 +758,26 @@ def make_inputs(
     return args
 
 
-def get_inputs() -> list:
-    """Plain LayerNorm at Llama-7B shapes on a GPU (8192 x 4096, bf16); 16 x 1000 on the CPU interpreter."""
-    if on_gpu():
-        return make_inputs(8192, 4096, torch.bfloat16)
-    return make_inputs(16, 1000, torch.bfloat16)
+#: ``get_inputs(size)`` sizes, ``(n_rows, n_cols)``; ``verify`` derives its edge shapes from the first.
+SIZES = [(8192, 4096)] if on_gpu() else [(16, 1000)]
+
+
+def get_inputs(size: tuple[int, int] | None = None) -> list:
+    """Plain LayerNorm, ``size`` = ``(n_rows, n_cols)``, default ``SIZES[0]``: Llama-7B shapes on a GPU
+    (8192 x 4096), 16 x 1000 on the CPU interpreter; bf16; drawn from the seed ``verify`` set."""
+    n_rows, n_cols = size or SIZES[0]
+    return make_inputs(n_rows, n_cols, torch.bfloat16, seed=torch.initial_seed())
+
+
+def hard_inputs() -> list:
+    """Hard values: rows of large magnitude with a large mean (x 1e3 + 1e3: a variance taken as E[x^2] - E[x]^2
+    cancels catastrophically) and constant rows (variance 0: ``rstd = 1 / sqrt(eps)``)."""
+    x, weight, bias, eps = get_inputs()
+    large = (x.detach() * 1e3 + 1e3).requires_grad_(True)
+    flat = x.detach().clone()
+    flat[::3] = 2.5
+    return [("rows x 1e3 + 1e3", [large, weight, bias, eps]), ("constant rows", [flat.requires_grad_(True), weight,
+                                                                                   bias, eps])]
 
 
 #: GPU benchmark shapes: the Llama-7B shape (8192 x 4096 bf16, benchmarks/results/kernels_h200_7b.md) in three

@@ -855,11 +855,27 @@ def make_inputs(
     return [x.requires_grad_(requires_grad), weight.requires_grad_(requires_grad), eps, offset]
 
 
-def get_inputs() -> list:
-    """Llama-7B shapes on a GPU (8192 tokens x 4096 hidden, bf16); 16 x 1000 on the CPU interpreter."""
-    if on_gpu():
-        return make_inputs(8192, 4096, torch.bfloat16)
-    return make_inputs(16, 1000, torch.bfloat16)
+#: ``get_inputs(size)`` sizes, ``(n_rows, n_cols)``: ``verify`` derives its edge shapes (one row, a partial last
+#: block, odd widths, many rows) from the first (``fusion_advisor/verification/inputs.py``).
+SIZES = [(8192, 4096)] if on_gpu() else [(16, 1000)]
+
+
+def get_inputs(size: tuple[int, int] | None = None) -> list:
+    """``size`` = ``(n_rows, n_cols)``, default ``SIZES[0]``: Llama-7B shapes on a GPU (8192 tokens x 4096
+    hidden), 16 x 1000 on the CPU interpreter; bf16; drawn from the seed ``verify`` set (``torch.initial_seed()``)."""
+    n_rows, n_cols = size or SIZES[0]
+    return make_inputs(n_rows, n_cols, torch.bfloat16, seed=torch.initial_seed())
+
+
+def hard_inputs() -> list:
+    """The hard values of a norm (``verify`` runs them): rows of large magnitude (x 1e4: a sum of squares that must
+    be accumulated in fp32) and all-zero rows (``rstd = 1 / sqrt(eps)``)."""
+    x, weight, eps, offset = get_inputs()
+    large = (x.detach() * 1e4).requires_grad_(True)
+    zeros = x.detach().clone()
+    zeros[::3] = 0.0
+    return [("rows x 1e4", [large, weight, eps, offset]), ("all-zero rows", [zeros.requires_grad_(True), weight, eps,
+                                                                            offset])]
 
 
 #: GPU benchmark shapes: the Llama-7B shape (8192 x 4096, benchmarks/results/kernels_h200_7b.md) in three dtypes,

@@ -300,12 +300,22 @@ def make_inputs(batch: int, seq: int, n_heads: int, head_dim: int, n_kv_heads: i
     return [proj(n_heads), proj(n_kv_heads), emb.cos().to(dtype), emb.sin().to(dtype)]
 
 
-def get_inputs() -> list[torch.Tensor]:
-    """GPU: Llama-7B attention, 4 x 2048 tokens, 32 heads of 128, bf16, HF's transposed layout.
-    CPU: 2 x 8 tokens, 4 q heads / 2 kv heads of 16, fp32."""
-    if _device.on_gpu():
-        return make_inputs(4, 2048, 32, 128, dtype=torch.bfloat16)
-    return make_inputs(2, 8, 4, 16, n_kv_heads=2, dtype=torch.float32)
+#: ``get_inputs(size)`` sizes, ``(batch, seq, n_heads, head_dim)``.
+SIZES = [(4, 2048, 32, 128)] if _device.on_gpu() else [(2, 8, 4, 16)]
+
+#: The shapes ``verify`` runs besides ``get_inputs()`` (head_dim must be even, as rotate_half pairs its halves, so the
+#: generic edge shapes do not apply): one token, a head_dim of 34 (not a power of two: a partial block), the
+#: smallest head_dim (2), 1025 (batch, position) rows and 65537 of them (past CUDA's 65535 on grid axes 1 and 2).
+VERIFY_SIZES = [(1, 1, 4, 16), (3, 5, 4, 34), (1, 3, 2, 2), (1, 1025, 2, 4), (1, 65537, 2, 4)]
+
+
+def get_inputs(size: tuple[int, int, int, int] | None = None) -> list[torch.Tensor]:
+    """``size`` = ``(batch, seq, n_heads, head_dim)``, default ``SIZES[0]``, half as many kv heads (GQA):
+    GPU Llama-7B attention, 4 x 2048 tokens, 32 heads of 128, bf16, HF's transposed layout; CPU 2 x 8 tokens, 4 q
+    heads / 2 kv heads of 16, fp32."""
+    batch, seq, n_heads, head_dim = size or SIZES[0]
+    dtype = torch.bfloat16 if _device.on_gpu() else torch.float32
+    return make_inputs(batch, seq, n_heads, head_dim, n_kv_heads=max(1, n_heads // 2), dtype=dtype)
 
 
 #: Llama-7B at 8192 tokens in HF's layout and contiguous, other dtypes, Llama-3-8B's GQA (8 kv heads),

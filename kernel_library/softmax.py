@@ -509,11 +509,35 @@ def make_inputs(n_rows: int | None = None, n_cols: int = 1000, dtype="float32", 
     return [x, float(scale), m, bool(causal)]
 
 
-def get_inputs() -> list:
-    """``[x, 1.0, None, False]``: 8192 x 32000 bf16 (vocab-wide rows) on a GPU, 8 x 1000 fp32 on the CPU."""
-    if _device.on_gpu():
-        return make_inputs(n_rows=8192, n_cols=32000, dtype="bfloat16")
-    return make_inputs(n_rows=8, n_cols=1000, dtype="float32")
+#: ``get_inputs(size)`` sizes, ``(n_rows, n_cols)``; ``verify`` derives its edge shapes from the first.
+SIZES = [(8192, 32000)] if _device.on_gpu() else [(8, 1000)]
+
+
+def get_inputs(size: tuple[int, int] | None = None) -> list:
+    """``[x, 1.0, None, False]``, ``x`` ``size`` = ``(n_rows, n_cols)``, default ``SIZES[0]``: 8192 x 32000
+    bf16 (vocab-wide rows) on a GPU, 8 x 1000 fp32 on the CPU; drawn from the seed ``verify`` set."""
+    n_rows, n_cols = size or SIZES[0]
+    dtype = "bfloat16" if _device.on_gpu() else "float32"
+    return make_inputs(n_rows=n_rows, n_cols=n_cols, dtype=dtype, seed=torch.initial_seed())
+
+
+def hard_inputs() -> list:
+    """The hard values the kernel documents: fully masked rows give 0 (not torch's NaN), with a boolean mask and
+    with an additive ``-inf`` mask; scores of large magnitude (x 1e3: ``exp`` overflows unless the row max is
+    subtracted); HF's additive ``finfo.min`` mask with a scale."""
+    x, _, _, _ = get_inputs()
+    keep = torch.rand(x.shape, device=x.device) > 0.3
+    keep[0] = False  # a fully masked row
+    keep[2] = False
+    additive = torch.zeros(x.shape, dtype=x.dtype, device=x.device).masked_fill(~keep, float("-inf"))
+    hf = torch.zeros(x.shape, dtype=x.dtype, device=x.device).masked_fill(~keep, torch.finfo(x.dtype).min)
+    hf[0] = 0.0  # an all-finfo.min row is uniform for torch and the kernel alike: unmask these rows here
+    hf[2] = 0.0
+    large = (x.detach() * 1e3).requires_grad_(True)
+    return [("fully masked rows (bool mask)", [x, 1.0, keep, False]),
+            ("fully masked rows (additive -inf mask)", [x, 1.0, additive, False]),
+            ("scores x 1e3", [large, 1.0, None, False]),
+            ("additive finfo.min mask, scale 0.125", [x, 0.125, hf, False])]
 
 
 #: GPU benchmark shapes: the reference rows (8192 x 32000 / 128256 bf16, scale + mask + softmax at 32000), attention

@@ -298,11 +298,23 @@ def make_inputs(n_rows: int, n_cols: int, dtype: torch.dtype = torch.bfloat16, r
     return [torch.randn(n_rows, n_cols, dtype=dtype, device=device).requires_grad_(requires_grad) for _ in range(2)]
 
 
-def get_inputs() -> list[torch.Tensor]:
-    """GPU: Llama-7B, 8192 tokens x 11008 intermediate, bf16. CPU: 16 x 1000 fp32."""
-    if _device.on_gpu():
-        return make_inputs(8192, 11008, torch.bfloat16)
-    return make_inputs(16, 1000, torch.float32)
+#: ``get_inputs(size)`` sizes, ``(n_rows, n_cols)``; ``verify`` derives its edge shapes from the first.
+SIZES = [(8192, 11008)] if _device.on_gpu() else [(16, 1000)]
+
+
+def get_inputs(size: tuple[int, int] | None = None) -> list[torch.Tensor]:
+    """``size`` = ``(n_rows, n_cols)``, default ``SIZES[0]``: GPU Llama-7B, 8192 tokens x 11008
+    intermediate, bf16; CPU 16 x 1000 fp32."""
+    n_rows, n_cols = size or SIZES[0]
+    return make_inputs(n_rows, n_cols, torch.bfloat16 if _device.on_gpu() else torch.float32)
+
+
+def hard_inputs() -> list:
+    """Hard values: gates of large magnitude (x 100: ``exp(-a)`` overflows for a << 0, so silu must come out 0, not
+    NaN) and the fused gate_up layout (two chunks of one tensor, row stride 2 n_cols)."""
+    a, b = get_inputs()
+    large = (a.detach() * 100.0).requires_grad_(True)
+    return [("gates x 100", [large, b]), ("chunks of one gate_up tensor", make_inputs(*a.shape, a.dtype, fused=True))]
 
 
 #: Llama-7B (11008) and Llama-3-8B (14336) intermediates at 8192 tokens, the fused gate_up chunk layout, other

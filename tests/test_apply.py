@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import textwrap
 from pathlib import Path
@@ -262,8 +263,15 @@ def test_default_model_swaps_verified_forward_and_backward(default_run):
         o = result.outcomes[s.id]
         v = o.verification
         assert v is not None and v.verified, (s.id, o.reason)
-        assert v.backward_checked and v.grad_max_abs_err is not None and v.grad_max_abs_err < 1e-4
+        assert v.backward_checked and v.grad_max_abs_err is not None
         assert v.max_abs_err < 1e-4
+        # against a float64 reference computed in float64 throughout, every tensor of every case is within a few
+        # fp32 ulps at its own scale (hard-tiny's RMSNorm gradients are ~1e3, so absolute errors reach ~3e-4)
+        worst = [re.search(r"error against float64 (\S+) norm-wise / (\S+) max-wise", d) for d in v.details
+                 if "closest to its limits" in d]
+        run_here = [c for c in v.cases if "(on " not in c]  # the others ran at the first site of the signature
+        assert len(worst) == len(run_here) and all(float(m[1]) < 1e-6 and float(m[2]) < 1e-6 for m in worst), \
+            v.details
         assert v.cases[0] == "captured" and any(c.startswith("fresh-0") for c in v.cases)
         assert any(c.startswith("hard-zeros") for c in v.cases)
         assert o.timing.timer == R.TIMER_NONE and o.timing.kernel_ms is None
@@ -302,17 +310,20 @@ def test_decide_never_keeps_unverified_or_unmeasured_unless_asked():
 
 
 def test_low_precision_gradient_is_judged_against_the_original_ops_own_error():
-    # a bf16 row-sum gradient (a norm's dweight): the same rule as `fusion-advisor verify`, 2x eager's own error
+    # a bf16 row-sum gradient (a norm's dweight): the policy every check uses (verify, each swap, each variant): no
+    # further from float64 than the original ops' own error, 2x norm-wise and 4x max-wise, plus bf16's floor
+    from fusion_advisor.verification.policy import judge
+
     ref = torch.tensor([-4.73, 1.0, 0.5], dtype=torch.float64)
     eager = torch.tensor([-4.78, 1.0, 0.5], dtype=torch.bfloat16)  # eager itself is ~0.05 off float64
     close = torch.tensor([-4.66, 1.0, 0.5], dtype=torch.bfloat16)  # bf16 -4.65625, 0.074 off: within 2x
-    far = torch.tensor([-4.50, 1.0, 0.5], dtype=torch.bfloat16)  # ~0.23 off: beyond 2x
-    ok, line = sw._within_eager_error(close, eager, ref, "grad of weight")
-    assert ok and "2x" in line
-    ok, line = sw._within_eager_error(far, eager, ref, "grad of weight")
-    assert not ok and "also beyond" in line
+    far = torch.tensor([-4.50, 1.0, 0.5], dtype=torch.bfloat16)  # ~0.23 off: beyond 2x norm-wise
+    ok = judge(close, ref, eager, "grad of weight")
+    assert ok.ok and "within the limits" in ok.reason, ok.reason
+    bad = judge(far, ref, eager, "grad of weight")
+    assert not bad.ok and "beyond the limits" in bad.reason and bad.norm_err > bad.limit_norm
     nan = torch.tensor([float("nan"), 1.0, 0.5], dtype=torch.bfloat16)
-    assert not sw._within_eager_error(nan, eager, ref, "grad")[0]
+    assert not judge(nan, ref, eager, "grad").ok
 
 
 def test_default_model_swaps_variant_is_checked_and_chosen(default_run):
@@ -500,6 +511,135 @@ def test_a_swap_that_cannot_be_rewritten_is_not_kept(tmp_path, faulty_kernels):
         assert "could not be rewritten into the model's graph" in o.reason and "aten.item" in o.reason
     assert result.variant("swaps+eager").status == R.FAILED
     assert result.chosen.spec.name == "eager"  # nothing else correct: the model as written
+
+
+# --- swaps the old element-wise checks rejected -------------------------------------------------------------
+
+CAUSAL_ATTENTION = textwrap.dedent("""
+    import math
+    import torch
+    from torch import nn
+
+    class CausalAttention(nn.Module):
+        # eager attention as HF writes it, with an additive -inf causal mask: no row is fully masked
+        def __init__(self, d=32, heads=2):
+            super().__init__()
+            self.qkv = nn.Linear(d, 3 * d)
+            self.heads, self.scale = heads, 1 / math.sqrt(d // heads)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            mask = torch.full((t, t), float("-inf"), device=x.device).triu(1)
+            scores = q @ k.transpose(-1, -2)
+            w = torch.nn.functional.softmax(scores * self.scale + mask, dim=-1, dtype=torch.float32).to(q.dtype)
+            return (w @ v).transpose(1, 2).reshape(b, t, d)
+
+    def get_model():
+        torch.manual_seed(0)
+        return CausalAttention()
+
+    def get_inputs():
+        return [torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(1))]
+""")
+
+
+def test_softmax_with_an_additive_minus_inf_mask_is_kept(tmp_path):
+    """The fresh inputs keep the mask: redrawn as N(mean, std) of a tensor holding -inf, every element of the
+    "mask" was -inf, every row fully masked, and the kernel's documented 0 there was compared with torch's NaN."""
+    result = apply(_write(tmp_path, "causal_attention", CAUSAL_ATTENTION),
+                   ApplyOptions(verify=True, backward=True, candidates="all", keep_unmeasured=True, seeds=1,
+                                kernels=("masked_softmax",), variants=SWAP_VARIANTS), device="cpu")
+    (site,) = _by_kernel(result, "masked_softmax")
+    o = result.outcomes[site.id]
+    assert o.decision == R.KEPT and o.verification.verified, o.reason
+    assert o.verification.cases[:2] == ["captured", "fresh-0"] and o.verification.backward_checked
+    assert result.chosen.spec.name == "swaps+eager" and result.chosen.check.passed
+
+
+def _qwen2_rmsnorm(hidden_states, weight):
+    # transformers' Qwen2RMSNorm.forward, eps 1e-6
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + 1e-6)
+    return weight * hidden_states.to(input_dtype)
+
+
+def test_qwen2_rmsnorm_swap_is_kept_when_one_element_misses_the_element_wise_table():
+    """Qwen2's first RMSNorm sees small embeddings (rstd ~ 200) and trained weights spread widely: a gradient element
+    of the kernel misses fp32's element-wise tolerance of both eager and the pattern run as written on float64
+    inputs (which computes in fp32, as eager does) although the kernel's errors are torch's own; the policy judges
+    the tensor and keeps the swap."""
+    entry = load_all()["rmsnorm"]
+    torch.manual_seed(2)
+    x = torch.randn(16, 896) * 0.005
+    w = 1 + 3.0 * torch.randn(896)
+    # the captured case as the engine runs it: its grad_output for output 0 (seed 10_000, see verification.kernel)
+    g = torch.randn((16, 896), generator=torch.Generator().manual_seed(10_000))
+    leaves = [x.clone().requires_grad_(True), w.clone().requires_grad_(True)]
+    kernel_dx = torch.autograd.grad(entry.replacement(*leaves, 1e-6), leaves[0], g)[0]
+    eager_dx = torch.autograd.grad(_qwen2_rmsnorm(*leaves), leaves[0], g)[0]
+    x64 = x.double().requires_grad_(True)
+    as_written_dx = torch.autograd.grad(entry.pattern(x64, w.double(), 1e-6), x64, g.double())[0]
+    # the element-wise rule: within fp32's table of float64-as-written or of eager
+    from fusion_advisor.verification.policy import compare_outputs, tolerance_for
+
+    atol, rtol = tolerance_for(torch.float32)
+    near = lambda a, b: (a.double() - b.double()).abs() <= atol + rtol * b.double().abs()  # noqa: E731
+    outside_both = ~(near(kernel_dx, as_written_dx) | near(kernel_dx, eager_dx))
+    assert int(outside_both.sum()) >= 1 and not compare_outputs(kernel_dx, eager_dx)[0]
+    ver = sw.verify_swap(entry, _qwen2_rmsnorm, [x, w, 1e-6], ["hidden_states", "weight", "eps"], backward=True,
+                         seeds=1)
+    assert ver.verified, ver.reason
+    assert ver.backward_checked and ver.reference == "float64"
+    assert any(d.startswith("captured: passed; closest to its limits") for d in ver.details)
+
+
+QWEN2 = textwrap.dedent("""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, labels):
+            return self.m(input_ids=input_ids, labels=labels).loss
+
+    def get_model():
+        torch.manual_seed(0)
+        cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=256, max_position_embeddings=64, use_cache=False)
+        cfg._attn_implementation = "sdpa"
+        model = Qwen2ForCausalLM(cfg)
+        with torch.no_grad():  # trained norms are not ones: spread the weights as Qwen2's are
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.copy_(1 + 3 * torch.randn_like(p))
+        return WithLoss(model)
+
+    def get_inputs():
+        g = torch.Generator().manual_seed(1)
+        return [torch.randint(0, 256, (2, 8), generator=g), torch.randint(0, 256, (2, 8), generator=g)]
+""")
+
+
+def test_qwen2_rmsnorm_swaps_are_kept_and_the_patched_model_passes_with_backward(tmp_path):
+    """Every RMSNorm of a (tiny) transformers Qwen2 swapped, checked with gradients, kept; the patched model passes
+    the whole-model check (no further from float64 than the model as written), forward and backward."""
+    result = apply(_write(tmp_path, "qwen2", QWEN2),
+                   ApplyOptions(verify=True, backward=True, candidates="all", keep_unmeasured=True, seeds=1,
+                                kernels=("rmsnorm",), variants=SWAP_VARIANTS), device="cpu")
+    sites = _by_kernel(result, "rmsnorm")
+    assert len(sites) == 5  # 2 layers x 2 norms + the final norm
+    for s in sites:
+        o = result.outcomes[s.id]
+        assert o.decision == R.KEPT and o.verification.verified and o.verification.backward_checked, o.reason
+    chosen = result.chosen
+    assert chosen.spec.name == "swaps+eager" and chosen.check.passed, chosen.check.details
+    assert chosen.check.input_sets == ["example", "fresh-0"]
 
 
 # --- real models --------------------------------------------------------------------------------------------

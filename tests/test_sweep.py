@@ -60,6 +60,7 @@ def test_sweep_table_rows_and_best(add_sweep):
     assert bad.status == "rejected" and bad.time_ms is None and not bad.best
     assert bad.reason.startswith("failed verification") and "MISMATCH in 7 of 1031" in bad.reason
     assert add_sweep.sizes[1].rejected == 1
+    assert add_sweep.sizes[1].failed_verification == 1 and add_sweep.failed_sizes == ["1031"]  # exit 1 from the CLI
     assert CPU_LABEL in add_sweep.note and add_sweep.interpreted
 
 
@@ -72,6 +73,7 @@ def test_config_that_fails_to_launch_is_rejected_and_sweep_goes_on():
     status = [(r.status, r.reason.split(":")[0]) for r in result.rows]
     assert status == [("ok", ""), ("rejected", "failed to compile or launch"), ("ok", "")]
     assert "NO_SUCH_PARAM" in result.rows[1].reason
+    assert result.failed_sizes == []  # a config that does not launch computes nothing wrong: not a failed size
 
 
 def test_autotune_configs_are_swept():
@@ -125,10 +127,18 @@ def test_cli_bench_sweep(tmp_path):
     out = tmp_path / "sw"
     res = runner.invoke(app, ["bench", str(KERNELS / "sweep_add.py"), "--sweep", "--out", str(out),
                               "--warmup-ms", "0.5", "--rep-ms", "2"])
-    assert res.exit_code == 0, res.output
+    # the EVEN_N config computes wrong values at 1031: the sweep goes on and writes its files, then exits 1
+    assert res.exit_code == 1, res.output
     assert "CPU interpreter, not a GPU measurement" in res.output
     assert "rejected" in res.output and "best BLOCK_SIZE" in res.output
+    assert "verification failed at size(s) 1031" in res.output
     assert (out / "sweep.csv").exists() and (out / "sweep.json").exists()
+    assert json.loads((out / "sweep.json").read_text())["failed_sizes"] == ["1031"]
+    # every config of every size verifies: exit 0
+    ok = runner.invoke(app, ["bench", str(KERNELS / "sweep_autotune.py"), "--sweep", "--out", str(tmp_path / "ok"),
+                             "--warmup-ms", "0.5", "--rep-ms", "2"])
+    assert ok.exit_code == 0, ok.output
+    assert "verification failed" not in ok.output
     res = runner.invoke(app, ["bench", str(KERNELS / "no_sweep_hooks.py"), "--sweep", "--out", str(tmp_path / "x")])
     assert res.exit_code == 2 and "nothing to sweep" in res.output and "Traceback" not in res.output
 

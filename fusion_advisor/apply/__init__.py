@@ -9,7 +9,7 @@ The passes, in the order :mod:`~fusion_advisor.apply.pipeline` runs them::
     backend.py    the torch.compile backend: retrace -> match -> rewrite -> executor
     executors.py  eager, Inductor, CUDA graphs (aten or Inductor) for a graph
     regions.py    a graph cut into module regions, each with its own executor
-    swaps.py      each swap verified against float64 and timed alone
+    swaps.py      each swap checked by the verification engine (float64, the error policy) and timed alone
     measure.py    the whole model: float64 reference, eager outputs, checks and timing of a variant
     variants.py   a variant spec built into a runnable model (PlannedModel)
     search.py     baselines, candidates and regions tried; the fastest correct one chosen and confirmed

@@ -5,7 +5,9 @@
 - **input sets**: the example inputs, and ``fresh-<seed>`` sets from the file's own ``get_inputs()`` called again
   under another seed (:attr:`~fusion_advisor.load.LoadedModel.make_inputs`), so masks, labels and index tensors
   keep the structure the user's code gives them;
-- **the float64 reference**: a float64 copy of the model run on float64 copies of each input set, once;
+- **the float64 reference**: a float64 copy of the model run on float64 copies of each input set, once, in float64
+  throughout (:class:`~fusion_advisor.verification.kernel.KeepFloat64`: the model's own ``.float()`` casts stay
+  float64; as written where that raises);
 - **the eager outputs**: the model as written, in its own dtypes, on each input set, once.
 
 A variant passes (:meth:`ModelHarness.check`) when every output (and, with ``backward``, every parameter
@@ -28,14 +30,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import torch
 
 from fusion_advisor.apply.records import TIMER_CPU, TIMER_GPU, VariantCheck, VariantTiming
 from fusion_advisor.capture import first_line
-from fusion_advisor.tolerances import judge, tolerance_for
+from fusion_advisor.verification.inputs import upcast
+from fusion_advisor.verification.kernel import KeepFloat64
+from fusion_advisor.verification.policy import compare_outputs, judge
+from fusion_advisor.verification.trees import tensor_leaves
+
+__all__ = ["CALL_SEED", "REFERENCE_SANITY", "ModelHarness", "scalarize", "summarize_rounds", "tensor_leaves"]
 
 #: Seed set before every model call of a check, so that a model drawing random numbers draws the same ones.
 CALL_SEED = 1234
@@ -47,23 +53,6 @@ REFERENCE_SANITY = 0.05
 #: Default per-round do_bench budget (ms of warm-up, ms of timed calls).
 ROUND_WARMUP_MS = 10.0
 ROUND_REP_MS = 60.0
-
-
-def tensor_leaves(obj: Any) -> list[torch.Tensor]:
-    """The tensors in a model's output, in a fixed order: tensors, lists/tuples, mappings (Hugging Face's
-    ``ModelOutput`` is one), dataclasses and objects with ``to_tuple()``."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in tensor_leaves(v)]
-    if isinstance(obj, Mapping):
-        return [t for v in obj.values() for t in tensor_leaves(v)]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [t for f in dataclasses.fields(obj) for t in tensor_leaves(getattr(obj, f.name))]
-    to_tuple = getattr(obj, "to_tuple", None)
-    if callable(to_tuple):
-        return tensor_leaves(to_tuple())
-    return []
 
 
 def scalarize(out: Any, cache: dict[Any, torch.Tensor]) -> torch.Tensor:
@@ -89,12 +78,6 @@ def scalarize(out: Any, cache: dict[Any, torch.Tensor]) -> torch.Tensor:
         raise RuntimeError(f"nothing to differentiate: the model's output holds {what} (with --backward the "
                            f"parameters must require grad and the output must depend on them)")
     return total
-
-
-def _upcast(x: Any) -> Any:
-    if isinstance(x, torch.Tensor) and x.is_floating_point():
-        return x.detach().to(torch.float64)
-    return x
 
 
 @dataclasses.dataclass
@@ -183,8 +166,14 @@ class ModelHarness:
             return None
         named = [(n, p) for n, p in model64.named_parameters() if p.requires_grad] if self.backward else []
         try:
-            ref = {name: self.run(model64, [_upcast(x) for x in xs], [p for _, p in named], [n for n, _ in named])
-                   for name, xs in self.sets}
+            def run_all(model: torch.nn.Module = model64) -> dict[str, _Run]:
+                return {name: self.run(model, [upcast(x) for x in xs], [p for _, p in named],
+                                       [n for n, _ in named]) for name, xs in self.sets}
+            try:  # float64 throughout: the model's own .float() / dtype=torch.float32 casts kept at float64
+                with KeepFloat64():
+                    ref = run_all()
+            except Exception:  # a model whose casts matter to it (mixed-dtype ops): float64 as written
+                ref = run_all()
         except Exception as e:  # an op without float64 support, out of memory, ...
             if isinstance(e, torch.cuda.OutOfMemoryError):
                 torch.cuda.empty_cache()
@@ -352,16 +341,11 @@ def _sync(device: str) -> None:
 
 
 def _close_to_eager(g: torch.Tensor, e: torch.Tensor, label: str) -> tuple[bool, str]:
-    """Fallback without a float64 reference: within the dtype tolerance of the model as written, NaN where it is."""
+    """Fallback without a float64 reference: within the dtype's element-wise tolerance of the model as written
+    (:func:`fusion_advisor.verification.policy.compare_outputs`), NaN where it is."""
     if g.shape != e.shape or g.dtype != e.dtype:
         return False, f"{label}: {g.dtype}{list(g.shape)} where the model as written gives {e.dtype}{list(e.shape)}"
-    atol, rtol = tolerance_for(g.dtype)
-    g64, e64 = g.double(), e.double().to(g.device)
-    same = (torch.isnan(g64) & torch.isnan(e64)) | (g64 == e64)
-    close = same | (torch.isfinite(g64) & torch.isfinite(e64) & ((g64 - e64).abs() <= atol + rtol * e64.abs()))
-    bad = int((~close).sum())
-    diff = float((g64 - e64)[torch.isfinite(g64 - e64)].abs().max()) if g.numel() else 0.0
-    if bad:
-        return False, (f"{label}: {bad} of {g.numel()} elements outside atol {atol:g} + rtol {rtol:g} of the model "
-                       f"as written (max abs diff {diff:.3g})")
-    return True, f"{label}: within atol {atol:g} + rtol {rtol:g} of the model as written (max abs diff {diff:.3g})"
+    ok, max_abs, _, lines = compare_outputs(g, e, label=label)
+    if not ok:
+        return False, "; ".join(lines) + " (against the model as written)"
+    return True, f"{label}: within the dtype tolerance of the model as written (max abs diff {max_abs:.3g})"

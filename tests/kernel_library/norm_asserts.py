@@ -5,8 +5,7 @@ One tolerance table per dtype (fusion_advisor.tolerances); NaN never passes; a m
 
 import torch
 
-from fusion_advisor.tolerances import TOLERANCES
-from fusion_advisor.verify import EAGER_ERROR_FACTOR
+from fusion_advisor.verification.policy import TOLERANCES, judge
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str) -> None:
@@ -28,9 +27,10 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
 
 
 def assert_row_sum_grad_close(actual, expected, dtype: torch.dtype, what: str, eager) -> None:
-    """A gradient summed over rows (dweight, dbias) against float64: within TOLERANCES[dtype], or, in fp16/bf16, with a
-    largest error at most EAGER_ERROR_FACTOR times that of eager PyTorch's own gradient in the same dtype (``eager()``
-    computes it: autograd of reference_fn on the low-precision inputs), the policy of fusion_advisor.verify.
+    """A gradient summed over rows (dweight, dbias) against float64: within TOLERANCES[dtype], or, in fp16/bf16,
+    within the error policy of fusion_advisor.verification.policy against eager PyTorch's own gradient in the same
+    dtype (``eager()`` computes it: autograd of reference_fn on the low-precision inputs): norm-wise within 2x and
+    max-wise within 4x eager's own error against float64, plus the dtype's floor.
     The Llama form rounds the normalised row to x's dtype before the weight multiply, as HF does (the float64
     reference of upcast inputs does not); summed over the rows those roundings grow like sqrt(n_rows), beyond any
     fixed table: on the H200 (267 rows in the looped tests) bf16 dweight missed the table on a few elements."""
@@ -39,11 +39,6 @@ def assert_row_sum_grad_close(actual, expected, dtype: torch.dtype, what: str, e
     except AssertionError as table_miss:
         if dtype not in (torch.float16, torch.bfloat16):
             raise
-        e = expected.detach().double().cpu()
-        kernel_err = (actual.detach().double().cpu() - e).abs().max().item()
-        eager_err = (eager().detach().double().cpu() - e).abs().max().item()
-        if not kernel_err <= EAGER_ERROR_FACTOR * eager_err:  # NaN fails
-            raise AssertionError(
-                f"{table_miss}; its max error {kernel_err:.4g} is also beyond {EAGER_ERROR_FACTOR:g}x eager "
-                f"PyTorch's own {dtype} error ({eager_err:.4g})"
-            ) from None
+        verdict = judge(actual.detach().cpu(), expected.detach().cpu(), eager().detach().cpu(), what)
+        if not verdict.ok:  # NaN fails
+            raise AssertionError(f"{table_miss}; and by the error policy: {verdict.reason}") from None

@@ -34,9 +34,17 @@ MODULES = sorted({e.module for _, e in ENTRIES})
 
 @pytest.mark.parametrize("module", MODULES)
 def test_every_library_kernel_passes_verify(module):
-    # what `fusion-advisor verify kernel_library/<name>.py` runs: several seeds, poisoned outputs, gradients, a float64
-    # reference (on the CPU interpreter here)
+    # what `fusion-advisor verify kernel_library/<name>.py` runs: several seeds, the hard values (x8, x1e-3, zeros and
+    # the module's own hard_inputs()), the edge shapes of its size hooks (one row, a partial last block, odd widths,
+    # 1025 rows; 65537 rows only on a GPU), poisoned outputs in redzones, gradients, the error policy against a
+    # float64 reference (on the CPU interpreter here)
     from fusion_advisor.verify import load_contract, verify_kernel
 
-    result = verify_kernel(load_contract(module))
-    assert result.correct, result.details
+    contract = load_contract(module)
+    result = verify_kernel(contract)
+    assert result.correct, result.failure or result.details
+    assert contract.sizes or contract.verify_sizes, f"{module}: no size hooks, so verify runs one shape only"
+    shapes = [s for s in result.shapes if s["case"].startswith("shape ")]
+    assert len(shapes) >= 4 and all(s["status"] == "passed" or s["status"].startswith("skipped") for s in shapes)
+    if contract.hard_inputs is not None:
+        assert any(c.startswith("hard: ") for c in result.cases)

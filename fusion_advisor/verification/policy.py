@@ -1,0 +1,547 @@
+"""The error policy: how far from a float64 reference a kernel, a swap or a compiled model may land.
+
+One policy judges every tensor that ``verify``, ``bench``, ``bench --sweep`` and ``apply`` check (kernel outputs and
+gradients, each swap, each whole-model variant). It is the field's practice:
+
+- **a float64 reference.** The computation is repeated on float64 copies of the inputs (in float64 throughout where
+  the reference itself casts down, see :mod:`fusion_advisor.verification.kernel`), so the reference's own rounding
+  is negligible next to the candidate's.
+- **the eager computation's own error sets the scale.** The same computation run eagerly in the candidate's dtype
+  (``reference_fn`` on the inputs as they are, the user's ops, the model as written) is also measured against
+  float64; the candidate passes when it lands no more than a few times further. PyTorch judges compiled models this
+  way (``torch._dynamo.utils.same(ref, res, fp64_ref=...)``, used by Inductor's benchmark suites: RMSE(res, fp64) <=
+  2 x RMSE(eager, fp64) + tol / 10); FlashAttention's tests accept a kernel whose error is at most 2x PyTorch's own
+  in the same dtype. A bf16 output that is only as wrong as bf16 rounding makes it passes; a loss off by 30% or a
+  gradient 3x too large fails however small its values are.
+- **per tensor, relative to the tensor's own scale, two ways**:
+
+  - norm-wise ``||x - ref||_2 / ||ref||_2``: one number per tensor; a single element never decides it;
+  - max-wise ``max |x - ref| / max |ref|``: the worst element, at the tensor's scale, so one wild element fails
+    even in a large tensor.
+
+  Each must be within ``K x eager's + floor``, K = :data:`NORM_ERROR_FACTOR` / :data:`MAX_ERROR_FACTOR`. An
+  absolute tolerance alone is blind at small scales (a loss of 0.03 or a gradient of 1/N sits inside bf16's atol of
+  2e-2 whatever its value), and an element-wise rule fails a kernel on the one element where eager happened to be
+  exact although its largest error equals eager's own (Qwen2's RMSNorm gradient in fp32).
+- **a floor of the dtype's rounding** (:data:`ERROR_FLOOR_ULPS` x ``finfo(dtype).eps``; TF32's where products may run
+  in TF32): an eager computation that happens to be exact does not demand exactness.
+- **NaN and inf never pass** unless float64 has the same one at the same place: a single NaN fails the tensor.
+
+Lossy paths also get the signal-to-quantization-noise ratio ``SQNR = 20 log10(||ref|| / ||x - ref||)`` dB
+(torchao's ``compute_error``), reported in every :class:`Judgement`.
+
+Integer and bool tensors must match exactly. Where no float64 reference can run, or the user gives ``--atol`` /
+``--rtol``, tensors are compared element-wise instead (:func:`compare_outputs`, :data:`TOLERANCES`): ``|a - e| <=
+atol + rtol |e|``, with the same NaN rule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fusion_advisor.verification.poison import poison_value
+from fusion_advisor.verification.trees import describe, dtype_text, leaves, unravel
+
+# --- element-wise tolerances (explicit --atol/--rtol, no float64 reference, the kernels' own tests) -----------
+
+#: (atol, rtol) per dtype of the output: fp32 arithmetic lands near 1e-5 relative, TF32 matmuls near 3e-4, bf16 and
+#: fp16 operands near 1e-2 (../shared/TRITON_RULES.md, the device METHOD).
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-10, 1e-10),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (2e-2, 1.6e-2),
+}
+
+#: (atol, rtol) for fp32 matmuls computed with TF32 tensor cores (Triton's default for fp32 ``tl.dot``).
+TF32_TOLERANCE: tuple[float, float] = (3e-4, 3e-4)
+
+#: Tolerances for Python ``float`` outputs (no dtype to look up): those of fp32, the precision kernels compute in.
+SCALAR_FLOAT_DTYPE = torch.float32
+
+
+def tolerance_for(dtype: torch.dtype, tf32: bool = False) -> tuple[float, float]:
+    """(atol, rtol) for comparing an output of ``dtype`` element-wise; ``tf32`` selects the TF32 matmul tolerance
+    for fp32. Integer and bool outputs must match exactly: ``(0.0, 0.0)``."""
+    if tf32 and dtype == torch.float32:
+        return TF32_TOLERANCE
+    if not dtype.is_floating_point:
+        return (0.0, 0.0)
+    return TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+
+
+# --- the policy's constants ---------------------------------------------------------------------------------
+
+#: Norm-wise: the candidate may be at most this many times further from float64 than eager (``same``'s 2.0).
+NORM_ERROR_FACTOR = 2.0
+#: Max-wise: the worst element at most this many times eager's worst (one element varies more than a norm: eager's
+#: worst element and the candidate's are rounded at different places).
+MAX_ERROR_FACTOR = 4.0
+#: Floors, in units of ``torch.finfo(dtype).eps``: (norm-wise, max-wise). fp32's are wider: a reduction summed in
+#: another order moves an fp32 result by ~sqrt(n) ulps where eager may be exact (``same`` allows tol/10 = 1e-5);
+#: fp16 and bf16 results are rounded to their dtype once at the end, which one eps bounds.
+ERROR_FLOOR_ULPS: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (64.0, 256.0),
+    torch.float32: (64.0, 256.0),
+    torch.float16: (1.0, 4.0),
+    torch.bfloat16: (1.0, 4.0),
+}
+
+#: Unit of TF32 rounding (10 explicit mantissa bits): an fp32 result that went through a TF32 tensor-core product.
+TF32_EPS = 2.0 ** -10
+
+#: Floors for fp32 results where PyTorch's settings let products run in TF32, in units of :data:`TF32_EPS`.
+TF32_FLOOR_UNITS = (1.0, 4.0)
+
+
+def error_floor(dtype: torch.dtype, tf32: bool = False) -> tuple[float, float]:
+    """(norm-wise, max-wise) error floors of :func:`judge` for ``dtype``: ``ERROR_FLOOR_ULPS x finfo.eps``; for
+    fp32 with ``tf32`` (convolutions under ``torch.backends.cudnn.allow_tf32``, PyTorch's default, matmuls under
+    ``torch.backends.cuda.matmul.allow_tf32``, or a Triton ``tl.dot`` at its default precision) the TF32 floor."""
+    if tf32 and dtype == torch.float32:
+        return TF32_FLOOR_UNITS[0] * TF32_EPS, TF32_FLOOR_UNITS[1] * TF32_EPS
+    ulps = ERROR_FLOOR_ULPS.get(dtype, ERROR_FLOOR_ULPS[torch.float32])
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+    return ulps[0] * eps, ulps[1] * eps
+
+
+def policy_text() -> str:
+    """One line naming the policy, for reports."""
+    return (f"error policy: within {NORM_ERROR_FACTOR:g}x norm-wise / {MAX_ERROR_FACTOR:g}x max-wise eager's own "
+            f"error against float64, plus the dtype's floor (fusion_advisor.verification.policy)")
+
+
+# --- judging one tensor -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The verdict on one tensor (:func:`judge`).
+
+    Attributes:
+        ok: the candidate passes.
+        norm_err, max_err: the candidate's norm-wise and max-wise errors against float64 (relative, unitless;
+            absolute where the reference is all zero; ``inf`` where NaN/inf are misplaced).
+        eager_norm_err, eager_max_err: the same for the eager computation (``None`` when there is none).
+        limit_norm, limit_max: the thresholds applied.
+        reason: one line: why it failed, or the numbers when it passed.
+        max_abs_diff: largest ``|x - ref|`` over finite elements (the tensor's unit; ``inf`` when misplaced).
+        max_rel_diff: largest ``|x - ref| / |ref|`` over finite nonzero reference elements.
+        sqnr_db: ``20 log10(||ref|| / ||x - ref||)`` in dB (torchao's ``compute_error``); ``inf`` when exact.
+        worst: the worst element, ``"index (i, j): candidate v, float64 r, eager e"`` (``""`` when none).
+        misplaced: elements non-finite where float64 is finite or the reverse (or another NaN/inf kind).
+        nan_misplaced: those of them that are NaN in the candidate where float64 is finite (unwritten elements
+            under :class:`~fusion_advisor.verification.poison.PoisonAllocations`).
+        first_misplaced: ``"index (i,): candidate nan, float64 0.3"`` of the first misplaced element.
+    """
+
+    ok: bool
+    norm_err: float
+    max_err: float
+    eager_norm_err: float | None
+    eager_max_err: float | None
+    limit_norm: float
+    limit_max: float
+    reason: str
+    max_abs_diff: float = 0.0
+    max_rel_diff: float = 0.0
+    sqnr_db: float = math.inf
+    worst: str = ""
+    misplaced: int = 0
+    nan_misplaced: int = 0
+    first_misplaced: str = ""
+
+
+def sqnr_db(candidate: torch.Tensor, reference: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio of ``candidate`` against ``reference`` in dB:
+    ``20 log10(||ref|| / ||candidate - ref||)`` (torchao ``quantization/utils.py: compute_error``); ``inf`` when
+    equal, ``-inf`` for a zero reference with a nonzero error; over elements finite in both."""
+    x, r = candidate.detach().double(), reference.detach().double().to(candidate.device)
+    fin = torch.isfinite(x) & torch.isfinite(r)
+    noise, signal = float((x - r)[fin].norm()), float(r[fin].norm())
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 20.0 * math.log10(signal / noise)
+
+
+def _errors(x: torch.Tensor, ref: torch.Tensor, finite: torch.Tensor) -> tuple[float, float]:
+    """(norm-wise, max-wise) error of ``x`` against ``ref`` over ``finite`` elements (see the module doc)."""
+    d = (x.double() - ref)[finite]
+    r = ref[finite]
+    if d.numel() == 0:
+        return 0.0, 0.0
+    ref_norm, ref_max = float(r.norm()), float(r.abs().max())
+    if ref_norm == 0.0:  # an all-zero reference: the errors are absolute
+        return float(d.norm()), float(d.abs().max())
+    tiny = torch.finfo(torch.float64).tiny
+    return float(d.norm()) / max(ref_norm, tiny), float(d.abs().max()) / max(ref_max, tiny)
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.6g}"
+
+
+def judge(candidate: torch.Tensor, reference: torch.Tensor, eager: torch.Tensor | None, label: str = "output",
+          norm_factor: float = NORM_ERROR_FACTOR, max_factor: float = MAX_ERROR_FACTOR,
+          tf32: bool = False) -> Judgement:
+    """Judge ``candidate`` against the float64 ``reference``, with the eager computation's own error as the scale.
+
+    Args:
+        candidate: the kernel's or compiled model's tensor, in its own dtype, any shape.
+        reference: the same value computed in float64 (any device; compared on ``candidate``'s), same shape.
+        eager: the same value computed eagerly in ``candidate``'s dtype (the user's ops, the model as written);
+            ``None``: no eager computation, the floors alone bound the error.
+        label: names the tensor in ``reason``.
+        norm_factor, max_factor: K of the module doc.
+        tf32: fp32 products may run in TF32 under the present settings (see :func:`error_floor`).
+
+    Returns:
+        A :class:`Judgement`. Shapes that differ, and NaN / inf where the reference is finite (or finite where it
+        is not, or another kind of non-finite value), always fail. Integer and bool tensors must be equal.
+    """
+    if tuple(candidate.shape) != tuple(reference.shape):
+        return Judgement(False, math.inf, math.inf, None, None, 0.0, 0.0,
+                         f"{label}: shape {list(candidate.shape)}, the reference's {list(reference.shape)}",
+                         math.inf, math.inf, -math.inf)
+    if not candidate.dtype.is_floating_point:
+        same = bool((candidate.detach().cpu() == reference.detach().cpu().to(candidate.dtype)).all())
+        return Judgement(same, 0.0 if same else math.inf, 0.0 if same else math.inf, None, None, 0.0, 0.0,
+                         f"{label}: {'equal' if same else 'differs from'} the reference ({candidate.dtype}: exact)",
+                         0.0 if same else math.inf, 0.0 if same else math.inf, math.inf if same else -math.inf)
+    x = candidate.detach()
+    ref = reference.detach().to(device=x.device, dtype=torch.float64)
+    fin_ref, fin_x = torch.isfinite(ref), torch.isfinite(x)
+    misplaced = fin_ref != fin_x
+    nonfinite = ~fin_ref & ~fin_x  # where both are non-finite they must be the same kind (NaN, +inf, -inf)
+    if nonfinite.any():
+        xr, rr = x[nonfinite].double(), ref[nonfinite]
+        misplaced[nonfinite] = ~((torch.isnan(xr) & torch.isnan(rr)) | (xr == rr))
+    if misplaced.any():
+        flat = misplaced.reshape(-1).nonzero()[0, 0].item()
+        n_bad = int(misplaced.sum())
+        n_nan = int((torch.isnan(x) & fin_ref).sum())
+        first = (f"index {unravel(flat, x.shape)}: candidate {_fmt(x.reshape(-1)[flat].item())}, float64 "
+                 f"{_fmt(ref.reshape(-1)[flat].item())}")
+        return Judgement(False, math.inf, math.inf, None, None, 0.0, 0.0,
+                         f"{label}: {n_bad} of {x.numel()} elements non-finite where float64 is not, or the reverse; "
+                         f"first at {first}", math.inf, math.inf, -math.inf, misplaced=n_bad, nan_misplaced=n_nan,
+                         first_misplaced=first)
+    norm_err, max_err = _errors(x, ref, fin_ref)
+    floor_norm, floor_max = error_floor(x.dtype, tf32)
+    e_norm = e_max = None
+    e = None
+    if eager is not None and tuple(eager.shape) == tuple(x.shape) and eager.dtype.is_floating_point:
+        e = eager.detach().to(x.device)
+        e_fin = torch.isfinite(e) & fin_ref
+        e_norm, e_max = _errors(e, ref, e_fin)
+    limit_norm = norm_factor * (e_norm or 0.0) + floor_norm
+    limit_max = max_factor * (e_max or 0.0) + floor_max
+    ok = norm_err <= limit_norm and max_err <= limit_max
+    diff = (x.double() - ref).abs().where(fin_ref, torch.zeros((), dtype=torch.float64, device=x.device))
+    max_abs = float(diff.max()) if x.numel() else 0.0
+    rel = (diff / ref.abs()).where(fin_ref & (ref != 0), torch.zeros((), dtype=torch.float64, device=x.device))
+    max_rel = float(rel.max()) if x.numel() else 0.0
+    worst = ""
+    if x.numel():
+        w = int(diff.reshape(-1).argmax())
+        worst = (f"index {unravel(w, x.shape)}: candidate {_fmt(x.reshape(-1)[w].item())}, float64 "
+                 f"{_fmt(ref.reshape(-1)[w].item())}"
+                 + (f", eager {_fmt(e.reshape(-1)[w].item())}" if e is not None else ""))
+    eager_text = (f"eager {e_norm:.3g} / {e_max:.3g}" if e_norm is not None else "no eager computation")
+    what = "within" if ok else "beyond"
+    floor_name = "TF32" if tf32 and x.dtype == torch.float32 else dtype_text(x.dtype)
+    reason = (f"{label}: error against float64 {norm_err:.3g} norm-wise / {max_err:.3g} max-wise ({eager_text}); "
+              f"{what} the limits {limit_norm:.3g} / {limit_max:.3g} "
+              f"({norm_factor:g}x / {max_factor:g}x eager + {floor_name} floor)")
+    return Judgement(ok, norm_err, max_err, e_norm, e_max, limit_norm, limit_max, reason, max_abs, max_rel,
+                     sqnr_db(x, ref), worst)
+
+
+# --- judging a whole (nested) output ------------------------------------------------------------------------
+
+
+@dataclass
+class OutputVerdict:
+    """The verdict on a nested output (:func:`judge_outputs`).
+
+    Attributes:
+        ok: every leaf passed.
+        lines: one line per leaf: ``"<label>: ok (...)"`` or ``"<label>: MISMATCH ..."`` with the worst element.
+        failures: the lines of the leaves that failed (in order).
+        max_abs_diff, max_rel_diff: the largest of the leaves' (``inf`` when NaN/inf are misplaced).
+        judgements: ``(label, Judgement)`` of every floating leaf judged by the policy.
+    """
+
+    ok: bool = True
+    lines: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    max_abs_diff: float = 0.0
+    max_rel_diff: float = 0.0
+    judgements: list[tuple[str, Judgement]] = field(default_factory=list)
+
+    def add(self, ok: bool, line: str, max_abs: float, max_rel: float) -> None:
+        """Record one leaf's verdict: its line, and its maxima into the running ones."""
+        self.ok &= ok
+        self.lines.append(line)
+        if not ok:
+            self.failures.append(line)
+        self.max_abs_diff, self.max_rel_diff = max(self.max_abs_diff, max_abs), max(self.max_rel_diff, max_rel)
+
+
+def _as_tensor(x: Any) -> torch.Tensor | None:
+    """A Python number as a tensor: a float as fp32 (the precision a kernel computes it in), an int as int64."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, bool):
+        return torch.tensor(x)
+    if isinstance(x, int):
+        return torch.tensor(x, dtype=torch.int64)
+    if isinstance(x, float):
+        return torch.tensor(x, dtype=SCALAR_FLOAT_DTYPE)
+    if isinstance(x, complex):
+        return torch.tensor(x, dtype=torch.complex64)
+    return None
+
+
+def _real_view(t: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
+
+
+def mismatch_line(label: str, what: str, j: Judgement, numel: int) -> str:
+    """The report line of a failed :class:`Judgement` of tensor ``label`` (``what``: its description)."""
+    if j.misplaced:
+        parts = []
+        if j.nan_misplaced:
+            parts.append(f"{j.nan_misplaced} elements are NaN where the reference is not")
+        if j.misplaced > j.nan_misplaced:
+            parts.append(f"{j.misplaced - j.nan_misplaced} elements differ in NaN/inf")
+        hint = (": unwritten elements? verify fills torch.empty allocations with NaN" if j.nan_misplaced else "")
+        return (f"{label}: MISMATCH in {j.misplaced} of {numel} elements ({what}): {'; '.join(parts)} (first at "
+                f"{j.first_misplaced}){hint}")
+    if j.limit_norm == 0.0 and j.limit_max == 0.0:  # shape mismatch or an exact dtype
+        return f"{label}: MISMATCH ({what}): {j.reason.split(': ', 1)[-1]}"
+    eager = (f"eager's own {j.eager_norm_err:.3g} / {j.eager_max_err:.3g}" if j.eager_norm_err is not None
+             else "no eager computation")
+    return (f"{label}: MISMATCH ({what}): error against float64 {j.norm_err:.3g} norm-wise / {j.max_err:.3g} "
+            f"max-wise, beyond the limits {j.limit_norm:.3g} / {j.limit_max:.3g} ({eager}); SQNR {j.sqnr_db:.1f} dB; "
+            f"worst at {j.worst} (abs diff {j.max_abs_diff:.3g})")
+
+
+def ok_line(label: str, what: str, j: Judgement) -> str:
+    """The report line of a passed :class:`Judgement`."""
+    eager = (f"eager {j.eager_norm_err:.3g} / {j.eager_max_err:.3g}" if j.eager_norm_err is not None
+             else "no eager computation")
+    return (f"{label}: ok ({what}; error against float64 {j.norm_err:.3g} norm-wise / {j.max_err:.3g} max-wise, "
+            f"{eager}; limits {j.limit_norm:.3g} / {j.limit_max:.3g}; max abs diff {j.max_abs_diff:.3g}, SQNR "
+            f"{j.sqnr_db:.1f} dB)")
+
+
+def judge_outputs(actual: Any, reference: Any, eager: Any, label: str = "output", tf32: bool = False,
+                  atol: float | None = None, rtol: float | None = None,
+                  reference_is_float64: bool = True) -> OutputVerdict:
+    """Judge a nested output leaf by leaf (tensors, Python numbers, ``None``; tuples / lists / dicts of them).
+
+    Args:
+        actual: the candidate's output.
+        reference: the float64 reference's output, same structure.
+        eager: the eager computation's output in the candidate's dtypes, same structure, or ``None``.
+        label: the root label (``output``, ``grad of x``).
+        tf32: fp32 leaves may come from TF32 products (:func:`error_floor`).
+        atol, rtol: when either is given, every leaf is compared element-wise at these tolerances instead
+            (:func:`compare_outputs`; the other from :data:`TOLERANCES`).
+        reference_is_float64: ``False`` when ``reference`` had to run in the inputs' own dtypes: floating leaves are
+            then compared element-wise at the dtype's tolerance.
+
+    Returns:
+        An :class:`OutputVerdict`; a structure mismatch fails with one line.
+    """
+    verdict = OutputVerdict()
+    la, lr = leaves(actual, label), leaves(reference, label)
+    if [lab for lab, _ in la] != [lab for lab, _ in lr]:
+        verdict.add(False, f"{label}: kernel returns {describe(actual)}, reference returns {describe(reference)}",
+                    math.inf, math.inf)
+        return verdict
+    le = leaves(eager, label) if eager is not None else []
+    eager_by_label = dict(le) if [lab for lab, _ in le] == [lab for lab, _ in la] else {}
+    for (lab, a), (_, r) in zip(la, lr):
+        if atol is not None or rtol is not None or not reference_is_float64:
+            ok, mabs, mrel, lines = _compare_leaf(a, r, atol, rtol, lab)
+            verdict.add(ok, lines[0] if ok else "; ".join(lines), mabs, mrel)
+            continue
+        if a is None or r is None:
+            ok = a is None and r is None
+            verdict.add(ok, f"{lab}: ok (None)" if ok else
+                        f"{lab}: kernel gives {describe(a)}, reference gives {describe(r)}", 0.0 if ok else math.inf,
+                        0.0 if ok else math.inf)
+            continue
+        ta, tr = _as_tensor(a), _as_tensor(r)
+        if ta is None or tr is None:
+            ok = bool(a == r)
+            verdict.add(ok, f"{lab}: ok (equal)" if ok else f"{lab}: kernel gives {a!r}, reference gives {r!r}",
+                        0.0 if ok else math.inf, 0.0 if ok else math.inf)
+            continue
+        if ta.shape != tr.shape:
+            verdict.add(False, f"{lab}: shape {list(ta.shape)}, reference shape {list(tr.shape)}", math.inf, math.inf)
+            continue
+        if ta.numel() == 0:
+            verdict.add(True, f"{lab}: ok (empty)", 0.0, 0.0)
+            continue
+        if not (ta.is_floating_point() or ta.is_complex()):
+            ok, mabs, mrel, lines = _compare_exact(ta, tr.to(ta.device), lab)
+            verdict.add(ok, lines[0] if ok else "; ".join(lines), mabs, mrel)
+            continue
+        te = _as_tensor(eager_by_label.get(lab)) if eager_by_label else None
+        if te is not None and (te.shape != ta.shape or te.dtype != ta.dtype):
+            te = None
+        ca, cr = _real_view(ta), _real_view(tr.to(torch.complex128 if tr.is_complex() else torch.float64))
+        ce = _real_view(te) if te is not None else None
+        j = judge(ca, cr, ce, lab, tf32=tf32)
+        verdict.judgements.append((lab, j))
+        what = describe(a) if isinstance(a, torch.Tensor) else f"Python {type(a).__name__} (judged as fp32)"
+        verdict.add(j.ok, ok_line(lab, what, j) if j.ok else mismatch_line(lab, what, j, ca.numel()),
+                    j.max_abs_diff, j.max_rel_diff)
+    return verdict
+
+
+# --- element-wise comparison --------------------------------------------------------------------------------
+
+
+def _compare_leaf(a: Any, e: Any, atol: float | None, rtol: float | None,
+                  label: str) -> tuple[bool, float, float, list[str]]:
+    if a is None or e is None:
+        if a is None and e is None:
+            return True, 0.0, 0.0, [f"{label}: ok (None)"]
+        return False, math.inf, math.inf, [f"{label}: kernel gives {describe(a)}, reference gives {describe(e)}"]
+    ta, te = _as_tensor(a), _as_tensor(e)
+    if ta is None or te is None:
+        if bool(a == e):
+            return True, 0.0, 0.0, [f"{label}: ok (equal)"]
+        return False, math.inf, math.inf, [f"{label}: kernel gives {a!r}, reference gives {e!r}"]
+    if ta.shape != te.shape:
+        return False, math.inf, math.inf, [f"{label}: shape {list(ta.shape)}, reference shape {list(te.shape)}"]
+
+    out_dtype = SCALAR_FLOAT_DTYPE if isinstance(a, float) else ta.dtype
+    table_atol, table_rtol = tolerance_for(out_dtype)
+    atol = table_atol if atol is None else atol
+    rtol = table_rtol if rtol is None else rtol
+    ta = ta.detach()
+    te = te.detach().to(ta.device)
+    n = ta.numel()
+    if n == 0:
+        return True, 0.0, 0.0, [f"{label}: ok (empty)"]
+    if ta.is_complex() or te.is_complex():
+        ta, te = torch.view_as_real(ta.to(torch.complex128)), torch.view_as_real(te.to(torch.complex128))
+
+    if not (ta.is_floating_point() or te.is_floating_point()):
+        return _compare_exact(ta, te, label)
+
+    a64, e64 = ta.to(torch.float64).reshape(-1), te.to(torch.float64).reshape(-1)
+    a_nan, e_nan = torch.isnan(a64), torch.isnan(e64)
+    finite = torch.isfinite(a64) & torch.isfinite(e64)
+    same_special = (a_nan & e_nan) | (a64 == e64)  # NaN at the same place, or the same infinity
+    bad_special = ~finite & ~same_special
+    diff = torch.where(finite, (a64 - e64).abs(), torch.zeros_like(a64))
+    mag = e64.abs()
+    tol = atol + rtol * mag
+    bad_finite = finite & (diff > tol)
+    rel = torch.where(finite & (e64 != 0), diff / mag, torch.zeros_like(a64))
+    n_special, n_finite = int(bad_special.sum()), int(bad_finite.sum())
+    max_abs = math.inf if n_special else float(diff.max())
+    max_rel = math.inf if n_special else float(rel.max())
+    tol_text = f"atol {atol:g}, rtol {rtol:g}"
+    if n_special == 0 and n_finite == 0:
+        return True, max_abs, max_rel, [
+            f"{label}: ok ({describe(a)}; max abs diff {max_abs:.3g}, max rel diff {max_rel:.3g}; {tol_text})"
+        ]
+
+    shape = ta.shape
+    details = [f"{label}: MISMATCH in {n_special + n_finite} of {n} elements ({describe(a)}; {tol_text})"]
+    nan_in_kernel = a_nan & ~e_nan
+    if bool(nan_in_kernel.any()):
+        first = int(nan_in_kernel.nonzero()[0, 0])
+        details.append(
+            f"{label}: {int(nan_in_kernel.sum())} elements are NaN where the reference is not (first at index "
+            f"{unravel(first, shape)}, reference {_fmt(float(e64[first]))}): unwritten elements? verify fills "
+            f"torch.empty allocations with NaN"
+        )
+    other = bad_special & ~nan_in_kernel
+    if bool(other.any()):
+        first = int(other.nonzero()[0, 0])
+        details.append(
+            f"{label}: {int(other.sum())} elements differ in NaN/inf (first at index {unravel(first, shape)}: "
+            f"kernel {_fmt(float(a64[first]))}, reference {_fmt(float(e64[first]))})"
+        )
+    if n_finite:
+        excess = torch.where(bad_finite, diff / tol.clamp_min(1e-300), torch.full_like(diff, -1.0))
+        worst = int(excess.argmax())
+        details.append(
+            f"{label}: {n_finite} elements outside tolerance; worst at index {unravel(worst, shape)}: kernel "
+            f"{_fmt(float(a64[worst]))}, reference {_fmt(float(e64[worst]))} (abs diff {float(diff[worst]):.3g}, "
+            f"rel diff {float(rel[worst]):.3g})"
+        )
+    return False, max_abs, max_rel, details
+
+
+def _compare_exact(ta: torch.Tensor, te: torch.Tensor, label: str) -> tuple[bool, float, float, list[str]]:
+    """Integer / bool outputs: equal or not."""
+    a, e = ta.reshape(-1), te.reshape(-1)
+    ne = a != e
+    n_bad = int(ne.sum())
+    diff = (a.to(torch.float64) - e.to(torch.float64)).abs()
+    max_abs = float(diff.max())
+    rel = torch.where(e != 0, diff / e.to(torch.float64).abs(), torch.zeros_like(diff))
+    max_rel = float(rel.max())
+    if n_bad == 0:
+        return True, max_abs, max_rel, [f"{label}: ok ({describe(ta)}; exact match)"]
+    first = int(ne.nonzero()[0, 0])
+    details = [
+        f"{label}: MISMATCH in {n_bad} of {a.numel()} elements ({describe(ta)}; must match exactly); first at "
+        f"index {unravel(first, ta.shape)}: kernel {a[first].item()}, reference {e[first].item()}"
+    ]
+    if ta.dtype != torch.bool:
+        sentinel = poison_value(ta.dtype)
+        n_poison = int((ne & (a == sentinel)).sum())
+        if n_poison:
+            details.append(f"{label}: {n_poison} of them hold the poison value {sentinel}: unwritten elements?")
+    return False, max_abs, max_rel, details
+
+
+def compare_outputs(actual: Any, expected: Any, atol: float | None = None, rtol: float | None = None,
+                    label: str = "output") -> tuple[bool, float, float, list[str]]:
+    """Compare two outputs element-wise: ``|a - e| <= atol + rtol * |e|`` (explicit tolerances; the fallback where
+    no float64 reference runs; the kernels' own tests).
+
+    Args:
+        actual: the kernel's output: a tensor, a Python number, ``None``, or (nested) tuples/lists/dicts of them.
+        expected: the reference output, same structure (may be float64 where ``actual`` is lower precision).
+        atol, rtol: tolerances; ``None`` takes each from :func:`tolerance_for` of the actual output's dtype (fp32's
+            for a Python float; integers and bools must match exactly).
+        label: name of the output in the details (``output``, ``grad of x``).
+
+    NaN in ``actual`` passes only where ``expected`` is NaN at the same index; an infinity only where
+    ``expected`` holds the same infinity.
+
+    Returns:
+        ``(ok, max_abs_diff, max_rel_diff, details)``: the largest absolute difference over elements finite in
+        both, and the largest relative one (over nonzero reference elements), both ``inf`` when NaN/inf differ;
+        ``details`` has one line per leaf (``ok`` with its maxima, or ``MISMATCH`` followed by the count of bad
+        elements, the worst index and both values).
+    """
+    la, le = leaves(actual, label), leaves(expected, label)
+    if [lab for lab, _ in la] != [lab for lab, _ in le]:
+        return False, math.inf, math.inf, [
+            f"{label}: kernel returns {describe(actual)}, reference returns {describe(expected)}"
+        ]
+    ok, max_abs, max_rel, details = True, 0.0, 0.0, []
+    for (lab, a), (_, e) in zip(la, le):
+        leaf_ok, leaf_abs, leaf_rel, leaf_details = _compare_leaf(a, e, atol, rtol, lab)
+        ok &= leaf_ok
+        max_abs, max_rel = max(max_abs, leaf_abs), max(max_rel, leaf_rel)
+        details.extend(leaf_details)
+    return ok, max_abs, max_rel, details
