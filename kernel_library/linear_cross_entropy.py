@@ -317,12 +317,38 @@ def make_inputs(n_tokens: int = 16, hidden: int = 32, vocab: int = 300, dtype="f
     return [x, w, target, b, ignore_index, float(label_smoothing), reduction, float(softcap)]
 
 
-def get_inputs() -> list:
-    """4096 tokens x hidden 4096 x vocab 128256 bf16 (Llama-3-8B's LM head) on a GPU; 16 x 32 x 300 fp32 on the
-    CPU; mean, 5% ignored."""
-    if _device.on_gpu():
-        return make_inputs(n_tokens=4096, hidden=4096, vocab=128256, dtype="bfloat16")
-    return make_inputs()
+#: ``(n_tokens, hidden, vocab)``: Llama-3-8B's LM head on a GPU, a tiny one on the CPU.
+SIZES = [(4096, 4096, 128256)] if _device.on_gpu() else [(16, 32, 300)]
+
+#: Shapes ``fusion-advisor verify`` runs besides ``SIZES[0]``: one token; a vocabulary one past the row kernel's
+#: single block (4097: its chunked path) and odd ones; odd hidden widths; several chunks' worth of tokens (1025);
+#: over 65535 tokens (the row kernel's grid axis 0; skipped under the interpreter unless asked for).
+VERIFY_SIZES = [(1, 8, 50), (3, 8, 4097), (5, 3, 37), (4, 37, 3), (1025, 4, 3), (65537, 2, 3)]
+
+
+def get_inputs(size: tuple[int, int, int] | None = None) -> list:
+    """``size`` = ``(n_tokens, hidden, vocab)``, default ``SIZES[0]``: 4096 x 4096 x 128256 bf16 on a GPU, 16 x 32
+    x 300 fp32 on the CPU; mean, 5% ignored; drawn from the seed ``verify`` set."""
+    n_tokens, hidden, vocab = size or SIZES[0]
+    dtype = "bfloat16" if _device.on_gpu() else "float32"
+    return make_inputs(n_tokens=n_tokens, hidden=hidden, vocab=vocab, dtype=dtype, seed=torch.initial_seed())
+
+
+def hard_inputs() -> list:
+    """Hard values: confident predictions (a weight row aligned with each token's input, so p ~ 1 and the true
+    class's gradient p - 1 is tiny), inputs of large magnitude (logits x 30: ``exp`` overflows unless the row max is
+    subtracted), label smoothing with "sum", soft-capping with a bias, and "none" with every row's own gradient."""
+    x, w, t, b, ignore_index, _, _, _ = get_inputs()
+    confident_w = w.detach().clone()
+    valid = t != ignore_index
+    confident_w[t[valid]] += 12.0 * x.detach()[valid] / x.detach()[valid].norm(dim=-1, keepdim=True).clamp_min(1e-6)
+    big = (x.detach() * 30.0).requires_grad_(True)
+    bias = (torch.randn(w.shape[0], generator=torch.Generator().manual_seed(5)) * 0.1).to(x.dtype).to(x.device)
+    return [("confident predictions", [x, confident_w.requires_grad_(True), t, None, ignore_index, 0.0, "mean", 0.0]),
+            ("inputs x 30", [big, w, t, None, ignore_index, 0.0, "mean", 0.0]),
+            ("label smoothing 0.1, sum", [x, w, t, None, ignore_index, 0.1, "sum", 0.0]),
+            ("soft-capping 2.0 with a bias", [x, w, t, bias.requires_grad_(True), ignore_index, 0.0, "mean", 2.0]),
+            ("reduction none", [x, w, t, None, ignore_index, 0.0, "none", 0.0])]
 
 
 #: GPU benchmark shapes (kwargs of :func:`make_inputs`): the LM head of a Llama-3-8B-width training step (2 x 2048
