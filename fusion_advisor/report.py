@@ -99,6 +99,12 @@ CHAIN_COLUMNS: dict[str, str] = {
     "overhead) (us). An estimate, not a measurement.",
     "est_saving_us": "est_eager_us - est_fused_us as the cost model reports it (0 for heavy and single-kernel "
     "items) (us).",
+    "est_compile_us": "Estimated time under torch.compile: the fused kernel at the share of the roofline Inductor's "
+    "code reaches on this kind of chain (the device spec's measured route_efficiency) (us); est_eager_us when "
+    "there is nothing to fuse.",
+    "est_triton_us": "The same for the library kernel's measured share (us); meaningful for chains a kernel replaces.",
+    "est_cudagraphs_us": "Estimated time replayed from a CUDA graph with Inductor's code: est_compile_us without the "
+    "launch floor (us).",
     "est_after_route_us": "Estimated time after routing (us): the fused kernel at the share of the roofline the "
     "route's code reaches on this kind of chain (the device spec's measured route_efficiency; the roofline "
     "where unmeasured) for 'torch.compile' and 'triton', the same without the launch floor for 'cudagraphs', "
@@ -184,15 +190,13 @@ HOW_COMPUTED = (
     "A chain is launch-bound when, run eagerly, the GPU would wait for launches longer than it computes "
     "(sum of max(0, launch - t) over its ops > sum of t); otherwise compute-bound when its arithmetic intensity "
     "is above the ridge point, else memory-bound. Routing rules may override the class.",
-    "Time after routing is the fused estimate for chains routed to torch.compile or a Triton kernel, the chain's "
-    "eager kernels back to back without launch gaps for chains routed to CUDA graphs, and the eager estimate for "
-    "skipped chains. Savings are eager minus after-routing.",
-    "What torch.compile(model) would take is predicted as every fusible chain fused into one kernel and every "
-    "library op (GEMM, attention, convolution) and unfusible op left as it runs eagerly. The roofline prices a "
-    "library Triton kernel and Inductor's fused kernel alike, at the memory roof, so the advice's predicted edge "
-    "over torch.compile(model) comes from CUDA graphs and from chains it routes differently; what the library "
-    "kernels measured over Inductor is in benchmarks/results/kernels_h200_7b.md, and apply measures the whole "
-    "model.",
+    "Time after routing is the chain's time on its route: the fused kernel at the share of the roofline the "
+    "route's code reaches on that kind of chain (the device spec's measured route_efficiency: Inductor's for "
+    "torch.compile, the library kernel's for a Triton kernel), the same without the launch floor for CUDA graphs, "
+    "and the eager estimate for skipped chains. Savings are eager minus after-routing.",
+    "What torch.compile(model) would take is predicted as every fusible chain fused into one kernel at Inductor's "
+    "measured share of the roofline and every library op (GEMM, attention, convolution) and unfusible op left as "
+    "it runs eagerly; apply measures the whole model.",
     "All est. times are estimates from peak numbers of the device spec, NOT measurements: real kernels reach a "
     "fraction of peak, and torch.compile may fuse differently. Verify and benchmark before trusting a saving.",
     "With --profile, measured_* columns come from running the captured graphs under torch.profiler after warm-up, "
@@ -344,6 +348,9 @@ def _chain_row(chain: Chain, est: Estimate | None, dec: Decision | None, inducto
         "est_eager_us": est.eager_us if est else _nan(),
         "est_fused_us": est.fused_us if est else _nan(),
         "est_saving_us": est.saving_us if est else _nan(),
+        "est_compile_us": est.route_us("torch.compile") if est else _nan(),
+        "est_triton_us": est.route_us("triton") if est else _nan(),
+        "est_cudagraphs_us": est.route_us("cudagraphs") if est else _nan(),
         "est_after_route_us": _after_route_us(route, est),
         "compute_us": est.compute_us if est else _nan(),
         "memory_fused_us": est.memory_fused_us if est else _nan(),

@@ -13,9 +13,9 @@ plain dicts the template renders:
 
 Predicted times are sums of per-chain roofline estimates (us); what ``torch.compile(model)`` would take is
 predicted as every fusible chain fused into one kernel (Inductor fuses pointwise and reduction chains) and every
-library op (GEMM, attention, convolution) and unfusible op left as it is (:func:`predicted_compile_us`). The
-roofline prices a library Triton kernel and Inductor's fused kernel alike (both at the memory roof), so what the
-library kernels measured over Inductor is not in that prediction; the page says so.
+library op (GEMM, attention, convolution) and unfusible op left as it is (:func:`predicted_compile_us`); fused
+chains are priced at the share of the roofline each route's code reaches (the device spec's measured
+``route_efficiency``: Inductor's for torch.compile, the library kernel's for a Triton route).
 """
 
 from __future__ import annotations
@@ -141,11 +141,12 @@ def group_title(g: dict[str, Any]) -> str:
 
 
 def predicted_compile_series(frame: pd.DataFrame) -> pd.Series:
-    """Per chain, the predicted time under ``torch.compile(model)`` (us): a fusible chain as one fused kernel
-    (``min(est_eager_us, est_fused_us)``: Inductor fuses pointwise and reduction chains), a heavy or unfusible
-    item as it runs eagerly (Inductor calls cuBLAS / cuDNN / SDPA for them). NaN without an estimate."""
+    """Per chain, the predicted time under ``torch.compile(model)`` (us): a fusible chain as one fused kernel at the
+    share of the roofline Inductor's code reaches on its kind (``min(est_eager_us, est_compile_us)``; a report
+    without that column: ``est_fused_us``), a heavy or unfusible item as it runs eagerly (Inductor calls cuBLAS /
+    cuDNN / SDPA for them). NaN without an estimate."""
     eager = frame["est_eager_us"].astype(float)
-    fused = frame["est_fused_us"].astype(float)
+    fused = frame["est_compile_us" if "est_compile_us" in frame else "est_fused_us"].astype(float)
     fusible = (frame["kind"] == "fusible") & fused.notna()
     return eager.where(~fusible, pd.concat([eager, fused], axis=1).min(axis=1))
 
