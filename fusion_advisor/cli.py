@@ -641,14 +641,30 @@ def _bench_sweep(file: str, out: Optional[Path], gpu: Optional[str], warmup_ms: 
 @app.command()
 def calibrate(
     out: Optional[Path] = typer.Option(None, "--out", help="Spec YAML to write. Default: device_spec_gpu.yaml "
-                                       "(or device_spec_cpu.yaml) here. A file calibrate did not write is never "
-                                       "overwritten."),
+                                       "(or device_spec_cpu.yaml; with --from-profile device_spec_fitted.yaml) "
+                                       "here. A file calibrate did not write is never overwritten."),
     device: Optional[str] = typer.Option(None, help="cuda (default with a GPU) or cpu."),
     quick: bool = typer.Option(False, "--quick", help="Small sizes: seconds, noisier numbers."),
+    from_profile: Optional[List[Path]] = typer.Option(
+        None, "--from-profile", help="Measure nothing: fit per-op-class eager times from `analyze --profile` "
+        "report folders (or folders of them; repeat the flag) into the spec they were analysed with, and print the "
+        "residuals before and after on a fit set and a test set."),
+    test: Optional[List[Path]] = typer.Option(
+        None, "--test", help="With --from-profile: report folders the fit never sees, to test it on (repeatable). "
+        "Default: every third report held out."),
+    base: Optional[str] = typer.Option(None, "--base", help="With --from-profile: the spec (name or YAML) to add "
+                                       "the fits to. Default: the reports' own."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Measure copy bandwidth, matmul TFLOP/s per dtype and per-op launch overhead on this device; write a device
-    spec YAML that analyze and apply take with --gpu SPEC.yaml."""
+    spec YAML that analyze and apply take with --gpu SPEC.yaml. With --from-profile, learn each op class's eager
+    time from profiled reports instead."""
+    if from_profile:
+        _calibrate_from_profile(from_profile, test, base, out, debug)
+        return
+    if test or base:
+        console.print("[bold red]error:[/] --test and --base go with --from-profile", highlight=False)
+        raise typer.Exit(2)
     from fusion_advisor.calibrate import calibrate as run_calibrate
 
     def job():
@@ -666,6 +682,49 @@ def calibrate(
     for w in data.get("calibration", {}).get("warnings") or []:
         console.print(f"[bold red]WARNING:[/] {_escape(w)}")
     typer.echo(f"wrote {path}; use it with: fusion-advisor analyze --gpu {path}")
+
+
+def _calibrate_from_profile(paths: List[Path], test: Optional[List[Path]], base: Optional[str],
+                            out: Optional[Path], debug: bool) -> None:
+    """``calibrate --from-profile``: fit, write the spec and its residual tables, print the accuracy table."""
+    from datetime import date
+
+    from rich.table import Table
+
+    from fusion_advisor.devices import load_spec
+    from fusion_advisor.fit_profiles import fit_from_profiles, summary, write_fit
+
+    def job():
+        spec = load_spec(base) if base else None
+        result = fit_from_profiles(paths, test or None, base=spec)
+        return result, write_fit(result, out or Path("device_spec_fitted.yaml"), date.today().isoformat())
+
+    result, written = run_guarded(job, debug)
+    sums = {split: summary(result, split) for split in ("fit", "test")}
+    cols = [(split, when) for split in ("fit", "test") if sums[split] for when in ("before", "after")]
+    table = Table(title=f"eager time, predicted vs measured: spec {result.base.name} before and after the fit",
+                  title_justify="left", caption=f"fit set: {len(result.fit_reports)} report(s); test set: "
+                  f"{len(result.test_reports)} the fit never saw", caption_justify="left")
+    table.add_column("", no_wrap=True)
+    for split, when in cols:
+        table.add_column(f"{split} {when}", justify="right", no_wrap=True)
+    for key, label, pct in (("chains_30pct", "chains ±30%", True), ("chains_2x", "chains in 2x", True),
+                            ("models_25pct", "models ±25%", True), ("bound_match", "bound = measured", True),
+                            ("median_log2_error", "median |log2 err|", False)):
+        cells = []
+        for split, when in cols:
+            v = sums[split][when][key]
+            cells.append("n/a" if v != v else (f"{100 * v:.0f}%" if pct else f"{v:.2f}"))
+        table.add_row(label, *cells)
+    console.print(table)
+    coarse = [c for c in result.classes if "/" not in c.key]
+    top = ", ".join(f"{c.key} {c.median_ratio:.3g}x" for c in coarse[:8])
+    typer.echo(f"fitted {len(result.classes)} op class curve(s) from {result.samples} measured op(s); measured "
+               f"over roofline time, median per category: {top} (every class: {written['classes'].name})")
+    for note in result.notes[:1]:
+        typer.echo(note)
+    typer.echo(f"wrote {written['spec']} and {written['residuals'].name}, {written['models'].name}, "
+               f"{written['classes'].name} beside it; use it with: fusion-advisor analyze --gpu {written['spec']}")
 
 
 def main() -> None:

@@ -32,6 +32,12 @@ Non-matmul ops that read an input in a permuted layout (``OpInfo.reads_permuted`
 pointwise op or a ``.contiguous()`` copy) run far below copy bandwidth in eager TensorIterator kernels; when the
 spec has a measured ``strided_bandwidth_gbps`` it is their memory ceiling (their own bytes only). Without it, the
 old behaviour (copy bandwidth).
+
+Where the spec has **fitted op-class curves** (``op_time_fits``, fitted from ``analyze --profile`` runs by
+``fusion-advisor calibrate --from-profile``, :mod:`fusion_advisor.fit_profiles`), an op's eager device time is its
+class's curve applied to the roofline time above (:func:`op_class_keys`: the most specific class the spec has);
+:func:`roofline_op_us` and :func:`roofline_busy_us` stay the plain roofline (the floor a measured run approaches).
+Fused times are not fitted: they price code that has not run yet.
 """
 
 from __future__ import annotations
@@ -116,12 +122,64 @@ def op_overhead_us(op: OpInfo, spec: DeviceSpec) -> float:
     return spec.elementwise_overhead_us
 
 
-def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
-    """Device time of one op (us): ``max(FLOPs / peak, bytes / bandwidth + overhead)`` with the op's own
-    ceilings (:func:`op_overhead_us`: an eager elementwise kernel's ramp-up and tail, when measured)."""
+def roofline_op_us(op: OpInfo, spec: DeviceSpec) -> float:
+    """Roofline device time of one op run eagerly (us): ``max(FLOPs / peak, bytes / bandwidth + overhead)`` with
+    the op's own ceilings (:func:`op_overhead_us`: an eager elementwise kernel's ramp-up and tail, when measured)."""
     compute = op.flops / (op_peak_tflops(op, spec) * 1e12) * 1e6
     memory = op_bytes(op) / (op_bandwidth_gbps(op, spec) * 1e9) * 1e6 + op_overhead_us(op, spec)
     return max(compute, memory)
+
+
+def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
+    """Predicted eager device time of one op (us): :func:`roofline_op_us`, through its class's fitted curve when
+    the spec has one (:meth:`DeviceSpec.op_time_fit` of :func:`op_class_keys`)."""
+    t = roofline_op_us(op, spec)
+    if not spec.op_time_fits:
+        return t
+    fit = spec.op_time_fit(op_class_keys(op))
+    return fit(t) if fit is not None else t
+
+
+def _short_target(target: str) -> str:
+    """``"aten.native_group_norm.default"`` -> ``"native_group_norm"``."""
+    parts = target.split(".")
+    return parts[1] if len(parts) >= 3 and parts[0] == "aten" else (parts[-2] if len(parts) >= 2 else target)
+
+
+def conv_detail(op: OpInfo) -> str:
+    """Geometry class of a convolution op: ``conv<d>d``, ``_transpose`` when its output has more spatial
+    positions than its input (a transposed convolution), ``_depthwise`` when each group holds one input channel,
+    ``_grouped`` when groups > 1 otherwise (groups = input channels / the weight's second dim). ``"conv"`` when
+    the op has no input/weight shapes."""
+    if len(op.inputs) < 2 or len(op.inputs[0].shape) < 3 or len(op.inputs[1].shape) != len(op.inputs[0].shape):
+        return "conv"
+    x, w = op.inputs[0].shape, op.inputs[1].shape
+    spatial = len(x) - 2
+    out_spatial = 1
+    if op.outputs and len(op.outputs[0].shape) == len(x):
+        for d in op.outputs[0].shape[2:]:
+            out_spatial *= d
+    in_spatial = 1
+    for d in x[2:]:
+        in_spatial *= d
+    transposed = out_spatial > in_spatial
+    detail = f"conv{spatial}d" + ("_transpose" if transposed else "")
+    if not transposed and w[1] > 0 and x[1] % w[1] == 0 and x[1] // w[1] > 1:
+        detail += "_depthwise" if w[1] == 1 else "_grouped"
+    return detail
+
+
+def op_class_keys(op: OpInfo) -> tuple[str, ...]:
+    """The classes an op's fitted eager time may come from, most specific first: ``category/detail/dtype``,
+    ``category/detail``, ``category`` (detail: :func:`conv_detail` for convolutions, the SDPA backend for
+    attention, else the aten op's name: ``normalization/native_group_norm/fp32``)."""
+    if op.category == "conv":
+        detail = conv_detail(op)
+    elif op.category == "attention":
+        detail = op.variant or "attention"
+    else:
+        detail = _short_target(op.target)
+    return (f"{op.category}/{detail}/{op.dtype}", f"{op.category}/{detail}", op.category)
 
 
 def _launches(op: OpInfo) -> bool:
@@ -189,7 +247,7 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
 def roofline_busy_us(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> float:
     """Pure roofline device time of ``chain`` run op by op, no launch term: per op ``max(FLOPs / peak, bytes /
     bandwidth)`` summed (us). The floor a measured eager run of the chain can approach."""
-    return sum(_op_time_us(ops[i], spec) for i in chain.op_ids)
+    return sum(roofline_op_us(ops[i], spec) for i in chain.op_ids)
 
 
 def estimate_all(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> dict[str, Estimate]:

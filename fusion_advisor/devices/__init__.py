@@ -87,6 +87,38 @@ class AttentionRate:
 
 
 @dataclass(frozen=True)
+class OpTimeFit:
+    """Measured eager device time of one op class as a function of its roofline time, fitted from profiles
+    (``fusion-advisor calibrate --from-profile``, :mod:`fusion_advisor.fit_profiles`).
+
+    ``t = scale * r ** exponent`` (both in us) for a roofline time ``r`` in ``[min_us, max_us]`` (the fitted
+    range); outside it the curve continues proportionally from its nearer end (``t(edge) * r / edge``), so an op
+    far larger or smaller than any fitted one keeps the fitted efficiency of the nearest measured size.
+
+    Attributes:
+        scale: ``exp(a)`` of the log-log fit ``log t = a + exponent * log r`` (us ** (1 - exponent)).
+        exponent: the fit's slope: 1 for a constant efficiency factor; below 1 when small ops of the class run
+            further below the roofline than large ones (ramp-up, tails, occupancy).
+        min_us: smallest roofline time fitted (us).
+        max_us: largest roofline time fitted (us).
+        samples: measured ops fitted.
+    """
+
+    scale: float
+    exponent: float = 1.0
+    min_us: float = 0.0
+    max_us: float = float("inf")
+    samples: int = 0
+
+    def __call__(self, roofline_us: float) -> float:
+        """The fitted device time (us) of an op whose roofline time is ``roofline_us`` (0 stays 0)."""
+        if roofline_us <= 0:
+            return 0.0
+        edge = min(max(roofline_us, self.min_us), self.max_us) if self.min_us > 0 else roofline_us
+        return self.scale * edge ** self.exponent * (roofline_us / edge)
+
+
+@dataclass(frozen=True)
 class DeviceSpec:
     """Roofline ceilings of one device.
 
@@ -110,6 +142,9 @@ class DeviceSpec:
             ``align1`` kernels far below the peak. Dtypes without an entry use ``tensor_tflops``.
         elementwise_overhead_us: optional, measured fixed device time (us) of an eager elementwise/reduction kernel
             beyond its bytes at copy bandwidth (ramp-up and tail of a bandwidth-bound kernel); 0: not measured.
+        op_time_fits: optional, eager device time per op class fitted from profiles (:class:`OpTimeFit`), keyed
+            ``category``, ``category/detail`` or ``category/detail/dtype`` (:func:`fusion_advisor.roofline.op_class_keys`;
+            ``conv/conv3d/fp32``); the roofline applies the most specific one an op has. Empty: the plain roofline.
         route_efficiency: optional, measured share of the fused roofline (fused bytes at copy bandwidth) a route's
             code reaches, by route (``torch.compile``, ``triton``) and chain pattern (``rmsnorm``; ``default``
             for any other pattern): ``{"torch.compile": {"softmax": 0.43, ...}}``. A route without an entry is
@@ -137,6 +172,14 @@ class DeviceSpec:
     unaligned_tensor_tflops: dict[str, float] = field(default_factory=dict)
     elementwise_overhead_us: float = 0.0
     route_efficiency: dict[str, dict[str, float]] = field(default_factory=dict)
+    op_time_fits: dict[str, OpTimeFit] = field(default_factory=dict)
+
+    def op_time_fit(self, keys: tuple[str, ...]) -> OpTimeFit | None:
+        """The fitted curve of the first of ``keys`` (most specific first) :attr:`op_time_fits` has, else None."""
+        for key in keys:
+            if key in self.op_time_fits:
+                return self.op_time_fits[key]
+        return None
 
     def efficiency(self, route: str, pattern: str) -> float:
         """Share of the fused roofline ``route``'s code reaches on a chain of ``pattern`` (:attr:`route_efficiency`:
@@ -225,6 +268,7 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
     elementwise, unaligned, strided = _optional_fields(data, origin)
     rates = _parse_rates(data.get("attention_rates"), origin)
     efficiency = _parse_efficiency(data.get("route_efficiency"), origin)
+    fits = _parse_fits(data.get("op_time_fits"), origin)
     sources = {k[: -len("_source")]: str(v) for k, v in data.items() if k.endswith("_source")}
     return DeviceSpec(
         name=str(data["name"]),
@@ -243,7 +287,67 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         unaligned_tensor_tflops=unaligned,
         elementwise_overhead_us=elementwise,
         route_efficiency=efficiency,
+        op_time_fits=fits,
     )
+
+
+_FIT_KEYS = ("scale", "exponent", "min_us", "max_us", "samples")
+
+
+def _parse_fits(raw: Any, origin: str) -> dict[str, OpTimeFit]:
+    """Validate the optional ``op_time_fits`` mapping (op class key -> :class:`OpTimeFit` fields)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise DeviceSpecError(f"{origin}: field 'op_time_fits' must map an op class (conv/conv2d/fp32) to a mapping "
+                              f"with keys {', '.join(_FIT_KEYS)}")
+    out: dict[str, OpTimeFit] = {}
+    for key, entry in raw.items():
+        where = f"{origin}: op_time_fits.{key}"
+        if not isinstance(entry, dict) or "scale" not in entry:
+            raise DeviceSpecError(f"{where} must be a mapping with at least 'scale' (keys {', '.join(_FIT_KEYS)})")
+        unknown = sorted(set(map(str, entry)) - set(_FIT_KEYS))
+        if unknown:
+            raise DeviceSpecError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(_FIT_KEYS)}")
+        exponent = _number(entry.get("exponent", 1.0), f"{where}.exponent", "slope of the log-log fit")
+        if not 0.25 <= exponent <= 2.0:
+            raise DeviceSpecError(f"{where}.exponent = {exponent:g}: the fit's slope must lie in [0.25, 2]")
+        lo = _number(entry.get("min_us", 0.0), f"{where}.min_us", "us", positive=False)
+        hi = entry.get("max_us", float("inf"))
+        hi = float("inf") if hi is None else _number(hi, f"{where}.max_us", "us")
+        if hi < lo:
+            raise DeviceSpecError(f"{where}: max_us {hi:g} < min_us {lo:g}")
+        samples = entry.get("samples", 0)
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise DeviceSpecError(f"{where}.samples must be a non-negative integer, got {samples!r}")
+        out[str(key)] = OpTimeFit(scale=_number(entry["scale"], f"{where}.scale", "us"), exponent=exponent,
+                                  min_us=lo, max_us=hi, samples=samples)
+    return out
+
+
+def spec_mapping(spec: DeviceSpec) -> dict[str, Any]:
+    """``spec`` as the YAML mapping :func:`parse_spec` reads (the inverse of parsing)."""
+    return spec_fields(asdict(spec))
+
+
+def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """A spec stored as :meth:`DeviceSpec.to_dict` (report.json's ``device_spec``) as the YAML mapping
+    :func:`parse_spec` reads: ``sources`` back as ``<field>_source`` keys, unset optional fields (empty, 0) left
+    out, an unbounded fit's ``max_us`` as null."""
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    sources = data.pop("sources", None) or {}
+    for key in ("attention_tflops", "attention_rates", "unaligned_tensor_tflops", "route_efficiency",
+                "op_time_fits", "strided_bandwidth_gbps", "elementwise_overhead_us"):
+        if not data.get(key):
+            data.pop(key, None)
+    fits = {k: dict(v) for k, v in (data.get("op_time_fits") or {}).items()}
+    for fit in fits.values():
+        if fit.get("max_us") == float("inf"):
+            fit["max_us"] = None
+    if fits:
+        data["op_time_fits"] = fits
+    data.update({f"{k}_source": v for k, v in sources.items()})
+    return data
 
 
 #: Routes a ``route_efficiency`` table may name: the ones whose code the analysis prices below the roofline.

@@ -1,0 +1,481 @@
+"""``fusion-advisor calibrate --from-profile``: learn per-op-class eager times from ``analyze --profile`` runs.
+
+A profiled report (``analyze MODEL --profile``, report.json) holds every op's roofline facts (FLOPs, bytes, dtype,
+shapes) and its measured device time (:class:`fusion_advisor.records.NodeMeasurement`). This module fits, per op
+class (:func:`fusion_advisor.roofline.op_class_keys`: ``conv/conv3d/fp32``, ``conv/conv3d``, ``conv``), a curve
+from the op's roofline time ``r`` to its measured busy time ``t``:
+
+    log t = a + b log r        (least squares on the fit set's ops of the class)
+
+- ``b`` (the exponent) is fitted only when the class has at least :data:`SLOPE_MIN_SAMPLES` ops spanning at least
+  :data:`SLOPE_MIN_SPAN` in roofline time, clipped to [0.5, 1.5], and kept only when it lowers the median absolute
+  log residual against ``b = 1``; otherwise ``b = 1`` (one efficiency factor for the class);
+- ``a`` is the median of ``log t - b log r`` (robust to a few outlying ops);
+- every level of a class with at least ``min_samples`` ops gets a curve; the roofline applies the most specific
+  one an op has (:meth:`fusion_advisor.devices.DeviceSpec.op_time_fit`). The launch term is not fitted (calibrate
+  measures it); only device time (busy) is.
+
+A graph run ``k`` times per model call (a graph break in a loop over layers) has its ops measured summed over
+the ``k`` calls: ``k`` is read back from the report (its chains' in-model prediction over one call's) and the
+measured times divided by it.
+
+The fit is judged on chains and models the way ``analyze --profile`` compares them (the in-model eager prediction,
+:func:`fusion_advisor.roofline.eager_in_model_us`, against the measured chain time; the predicted whole-model time,
+summed over chains, against the profiled total), before (the reports' own spec) and after (that spec with the
+fitted curves), on the fit set and on a test set the fit never saw.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterable
+
+from fusion_advisor.devices import DeviceSpec, OpTimeFit, parse_spec, spec_fields, spec_mapping
+from fusion_advisor.errors import CalibrationError, UserError
+from fusion_advisor.records import Analysis
+from fusion_advisor.roofline import eager_in_model_us, estimate_all, op_class_keys, roofline_op_us
+
+#: Fewest measured ops a class needs before it gets a curve.
+MIN_SAMPLES = 3
+#: Fewest ops, and smallest max/min roofline-time ratio, before a class's exponent is fitted (else 1).
+SLOPE_MIN_SAMPLES, SLOPE_MIN_SPAN = 6, 4.0
+#: The exponent's range.
+SLOPE_RANGE = (0.5, 1.5)
+#: Accuracy bands of the summary (the issue's targets): chain within +-30 %, model within +-25 %, chain within 2x.
+CHAIN_BAND, MODEL_BAND, WIDE_BAND = 0.30, 0.25, 2.0
+
+
+@dataclass(frozen=True)
+class ProfiledReport:
+    """One ``analyze --profile`` report folder read back.
+
+    Attributes:
+        name: the folder's name (as given or found).
+        path: the folder.
+        analysis: its analysis (with :attr:`Analysis.profile`).
+        spec: the device spec it was analysed with.
+        graph_calls: graph index -> calls per model run (1 unless dynamo reused the graph in a loop).
+    """
+
+    name: str
+    path: Path
+    analysis: Analysis
+    spec: DeviceSpec
+    graph_calls: dict[int, float]
+
+
+@dataclass(frozen=True)
+class OpSample:
+    """One measured op: its classes, roofline time and measured busy time per call (us)."""
+
+    report: str
+    op_id: str
+    keys: tuple[str, ...]
+    roofline_us: float
+    measured_us: float
+
+
+@dataclass(frozen=True)
+class ChainResidual:
+    """One chain's measured time beside its prediction before and after the fit.
+
+    Attributes:
+        report: the report's name.
+        split: ``"fit"`` or ``"test"``.
+        chain_id: the chain.
+        pattern: its pattern.
+        measured_us: measured eager time per run (busy + idle, us).
+        before_us: the in-model eager prediction with the report's spec (us).
+        after_us: the same with the fitted spec (us).
+        measured_bound: the profile's bound class.
+        before_bound: the roofline's bound class with the report's spec.
+        after_bound: the same with the fitted spec.
+    """
+
+    report: str
+    split: str
+    chain_id: str
+    pattern: str
+    measured_us: float
+    before_us: float
+    after_us: float
+    measured_bound: str
+    before_bound: str
+    after_bound: str
+
+
+@dataclass(frozen=True)
+class ModelResidual:
+    """One model's profiled total beside its predicted total (sum over chains) before and after the fit (us)."""
+
+    report: str
+    split: str
+    measured_us: float
+    before_us: float
+    after_us: float
+
+
+@dataclass(frozen=True)
+class ClassFit:
+    """One fitted op class for the summary: its curve and the fit set's median measured-over-roofline ratio."""
+
+    key: str
+    fit: OpTimeFit
+    median_ratio: float
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What :func:`fit_from_profiles` found.
+
+    Attributes:
+        spec: the base spec with the fitted :attr:`DeviceSpec.op_time_fits`.
+        base: the base spec (the reports' own unless one was given), fits removed.
+        classes: the fitted classes, most ops first.
+        fit_reports / test_reports: names of the reports fitted on / tested on.
+        chains: per-chain residuals of both sets.
+        models: per-model residuals of both sets.
+        samples: ops fitted.
+        notes: how the split was made, reports skipped and why.
+    """
+
+    spec: DeviceSpec
+    base: DeviceSpec
+    classes: tuple[ClassFit, ...]
+    fit_reports: tuple[str, ...]
+    test_reports: tuple[str, ...]
+    chains: tuple[ChainResidual, ...]
+    models: tuple[ModelResidual, ...]
+    samples: int
+    notes: tuple[str, ...]
+
+
+# --- reading -------------------------------------------------------------------------------------------------
+
+
+def report_folders(paths: Iterable[Path]) -> list[Path]:
+    """Report folders under ``paths``: each path that holds a report.json, else its subfolders that do (one level
+    down), sorted by name.
+
+    Raises:
+        UserError: a path that does not exist, or one with no report folder in or under it.
+    """
+    from fusion_advisor.report import FILE_NAMES
+
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise UserError(f"{p}: no such folder (give `analyze --profile` report folders, or a folder of them)")
+        if (p / FILE_NAMES["json"]).is_file():
+            out.append(p)
+            continue
+        found = sorted(d for d in p.iterdir() if d.is_dir() and (d / FILE_NAMES["json"]).is_file()) \
+            if p.is_dir() else []
+        if not found:
+            raise UserError(f"{p}: no {FILE_NAMES['json']} in it or in its subfolders (written by "
+                            "`fusion-advisor analyze MODEL --profile --out DIR`)")
+        out.extend(found)
+    return list(dict.fromkeys(out))
+
+
+def _graph_calls(analysis: Analysis, spec: DeviceSpec) -> dict[int, float]:
+    """Calls per run of each graph: the chains' stored in-model prediction over one call's (rounded, >= 1)."""
+    assert analysis.profile is not None
+    one_call = eager_in_model_us(analysis.chains, analysis.ops, spec)
+    ratios: dict[int, list[float]] = {}
+    for c in analysis.chains:
+        m = analysis.profile.chains.get(c.id)
+        if m is not None and one_call.get(c.id, 0.0) > 0 and m.predicted_us > 0:
+            ratios.setdefault(c.graph_index, []).append(m.predicted_us / one_call[c.id])
+    return {g: float(max(1, round(statistics.median(r)))) for g, r in ratios.items()}
+
+
+def read_report(path: Path) -> ProfiledReport:
+    """Read one ``analyze --profile`` report folder.
+
+    Raises:
+        UserError: no report there, or one analysed without ``--profile``.
+    """
+    from fusion_advisor.report import load_report
+
+    analysis = load_report(path)
+    if analysis.profile is None or not analysis.profile.nodes:
+        raise UserError(f"{path}: the report has no measured times (analyze it with --profile)")
+    spec = without_fits(parse_spec(spec_fields(analysis.device_spec), f"{path}/report.json: device_spec"))
+    return ProfiledReport(name=path.name, path=path, analysis=analysis, spec=spec,
+                          graph_calls=_graph_calls(analysis, spec))
+
+
+def without_fits(spec: DeviceSpec) -> DeviceSpec:
+    """``spec`` with no fitted op-class curves: the plain roofline the fit starts from."""
+    return replace(spec, op_time_fits={}) if spec.op_time_fits else spec
+
+
+# --- fitting -------------------------------------------------------------------------------------------------
+
+
+def op_samples(rep: ProfiledReport, spec: DeviceSpec) -> list[OpSample]:
+    """Every op of ``rep`` with a measured busy time and a roofline time above zero, per call of its graph."""
+    assert rep.analysis.profile is not None
+    nodes = rep.analysis.profile.nodes
+    out = []
+    for op in rep.analysis.ops:
+        m = nodes.get(op.id)
+        if m is None or op.is_view or m.busy_us <= 0:
+            continue
+        r = roofline_op_us(op, spec)
+        if r <= 0:
+            continue
+        k = rep.graph_calls.get(op.graph_index, 1.0)
+        out.append(OpSample(rep.name, op.id, op_class_keys(op), r, m.busy_us / k))
+    return out
+
+
+def _median_abs(values: list[float]) -> float:
+    return statistics.median(abs(v) for v in values) if values else 0.0
+
+
+def fit_curve(roofline_us: list[float], measured_us: list[float]) -> OpTimeFit:
+    """The :class:`OpTimeFit` of measured against roofline times (both us, same length, all > 0; module
+    docstring: the exponent only when the sizes span enough and it helps, the intercept a median)."""
+    x = [math.log(r) for r in roofline_us]
+    y = [math.log(t) for t in measured_us]
+    b = 1.0
+    if len(x) >= SLOPE_MIN_SAMPLES and max(roofline_us) >= SLOPE_MIN_SPAN * min(roofline_us):
+        mx, my = statistics.fmean(x), statistics.fmean(y)
+        var = sum((xi - mx) ** 2 for xi in x)
+        slope = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / var if var > 0 else 1.0
+        slope = min(max(slope, SLOPE_RANGE[0]), SLOPE_RANGE[1])
+        a1 = statistics.median(yi - xi for xi, yi in zip(x, y))
+        a_s = statistics.median(yi - slope * xi for xi, yi in zip(x, y))
+        if _median_abs([yi - slope * xi - a_s for xi, yi in zip(x, y)]) < \
+                _median_abs([yi - xi - a1 for xi, yi in zip(x, y)]):
+            b = slope
+    a = statistics.median(yi - b * xi for xi, yi in zip(x, y))
+    return OpTimeFit(scale=math.exp(a), exponent=round(b, 4), min_us=min(roofline_us), max_us=max(roofline_us),
+                     samples=len(x))
+
+
+def fit_op_times(samples: list[OpSample], min_samples: int = MIN_SAMPLES) -> tuple[ClassFit, ...]:
+    """A curve (:func:`fit_curve`) for every class level with at least ``min_samples`` ops, most ops first."""
+    by_key: dict[str, list[OpSample]] = {}
+    for s in samples:
+        for key in s.keys:
+            by_key.setdefault(key, []).append(s)
+    out = []
+    for key, ss in by_key.items():
+        if len(ss) < min_samples:
+            continue
+        fit = fit_curve([s.roofline_us for s in ss], [s.measured_us for s in ss])
+        out.append(ClassFit(key, fit, statistics.median(s.measured_us / s.roofline_us for s in ss)))
+    return tuple(sorted(out, key=lambda c: (-c.fit.samples, c.key)))
+
+
+# --- judging -------------------------------------------------------------------------------------------------
+
+
+def _predicted(rep: ProfiledReport, spec: DeviceSpec) -> tuple[dict[str, float], dict[str, str]]:
+    """In-model eager prediction (times the graph's calls) and bound class of every chain of ``rep`` on ``spec``."""
+    a = rep.analysis
+    times = eager_in_model_us(a.chains, a.ops, spec)
+    bounds = {cid: e.bound for cid, e in estimate_all(a.chains, a.ops, spec).items()}
+    return ({c.id: times.get(c.id, 0.0) * rep.graph_calls.get(c.graph_index, 1.0) for c in a.chains}, bounds)
+
+
+def residuals(rep: ProfiledReport, split: str, before: DeviceSpec, after: DeviceSpec
+              ) -> tuple[list[ChainResidual], ModelResidual]:
+    """Chain and model residuals of ``rep`` on the spec ``before`` and ``after`` the fit."""
+    prof = rep.analysis.profile
+    assert prof is not None
+    t0, b0 = _predicted(rep, before)
+    t1, b1 = _predicted(rep, after)
+    rows = []
+    for c in rep.analysis.chains:
+        m = prof.chains.get(c.id)
+        if m is None or m.time_us <= 0:
+            continue
+        rows.append(ChainResidual(rep.name, split, c.id, c.pattern, m.time_us, t0[c.id], t1[c.id], m.bound,
+                                  b0.get(c.id, ""), b1.get(c.id, "")))
+    model = ModelResidual(rep.name, split, prof.total_us, sum(t0.values()), sum(t1.values()))
+    return rows, model
+
+
+def _within(pred: float, measured: float, band: float) -> bool:
+    return measured > 0 and abs(pred / measured - 1.0) <= band
+
+
+def _within_factor(pred: float, measured: float, factor: float) -> bool:
+    return measured > 0 and pred > 0 and 1.0 / factor <= pred / measured <= factor
+
+
+def summary(result: FitResult, split: str) -> dict[str, dict[str, float]]:
+    """Accuracy of one split before and after the fit: ``{"before": {...}, "after": {...}}`` with the shares (0-1)
+    of chains within +-30 % (``chains_30pct``) and 2x (``chains_2x``), of chains whose bound class equals the
+    measured (``bound_match``), of models within +-25 % (``models_25pct``), the median absolute log2 error of
+    chains (``median_log2_error``), and the counts ``chains`` / ``models``. Empty when the split has no chain."""
+    chains = [r for r in result.chains if r.split == split]
+    models = [m for m in result.models if m.split == split]
+    if not chains:
+        return {}
+    out = {}
+    for when in ("before", "after"):
+        t = [(getattr(r, f"{when}_us"), r.measured_us) for r in chains]
+        bounds = [(getattr(r, f"{when}_bound"), r.measured_bound) for r in chains if r.measured_bound]
+        mt = [(getattr(m, f"{when}_us"), m.measured_us) for m in models if m.measured_us > 0]
+        out[when] = {
+            "chains": len(t),
+            "models": len(mt),
+            "chains_30pct": sum(_within(p, m, CHAIN_BAND) for p, m in t) / len(t),
+            "chains_2x": sum(_within_factor(p, m, WIDE_BAND) for p, m in t) / len(t),
+            "bound_match": sum(p == m for p, m in bounds) / len(bounds) if bounds else math.nan,
+            "models_25pct": sum(_within(p, m, MODEL_BAND) for p, m in mt) / len(mt) if mt else math.nan,
+            "median_log2_error": statistics.median(abs(math.log2(p / m)) if p > 0 else math.inf for p, m in t),
+        }
+    return out
+
+
+# --- the job -------------------------------------------------------------------------------------------------
+
+
+def split_reports(reports: list[ProfiledReport], test: list[ProfiledReport] | None
+                  ) -> tuple[list[ProfiledReport], list[ProfiledReport], str]:
+    """The fit and test sets and a note on how they were made: ``test`` when given (reports in both are fitted
+    only), else every third report in name order held out (3 or more reports), else no test set."""
+    if test is not None:
+        names = {r.path.resolve() for r in reports}
+        test = [r for r in test if r.path.resolve() not in names]
+        return reports, test, f"test set given: {len(test)} report(s)"
+    ordered = sorted(reports, key=lambda r: r.name)
+    if len(ordered) < 3:
+        return ordered, [], "fewer than 3 reports: no test set (give --test DIR to test on reports the fit never saw)"
+    fit = [r for i, r in enumerate(ordered) if i % 3 != 2]
+    held = [r for i, r in enumerate(ordered) if i % 3 == 2]
+    return fit, held, f"every third report in name order held out: {len(held)} of {len(ordered)}"
+
+
+def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | None = None,
+                      base: DeviceSpec | None = None, min_samples: int = MIN_SAMPLES) -> FitResult:
+    """Fit op-class curves on the reports under ``fit_paths`` and judge them there and on ``test_paths``.
+
+    Args:
+        fit_paths: ``analyze --profile`` report folders, or folders of them (:func:`report_folders`).
+        test_paths: held-out report folders; ``None``: every third fit report is held out instead.
+        base: the spec the curves are added to; default the reports' own (all must share one spec name).
+        min_samples: fewest ops a class needs to be fitted.
+
+    Raises:
+        UserError: no report, a report without a profile, reports of different specs (without ``base``), or
+            no op measured at all.
+    """
+    reports = [read_report(p) for p in report_folders(fit_paths)]
+    tests = [read_report(p) for p in report_folders(test_paths)] if test_paths else None
+    every = reports + (tests or [])
+    names = sorted({r.spec.name for r in every})
+    if base is None:
+        if len(names) > 1:
+            raise UserError(f"the reports were analysed with different device specs ({', '.join(names)}): fit one "
+                            "device at a time, or name the spec to add the fits to with --base")
+        base = reports[0].spec
+    base = without_fits(base)
+    fit_set, test_set, how = split_reports(reports, tests)
+    samples = [s for r in fit_set for s in op_samples(r, base)]
+    if not samples:
+        raise UserError("no op in the fit set has a measured time above zero: nothing to fit")
+    classes = fit_op_times(samples, min_samples)
+    fitted = replace(base, op_time_fits={c.key: c.fit for c in classes})
+    chains: list[ChainResidual] = []
+    models: list[ModelResidual] = []
+    for split, group in (("fit", fit_set), ("test", test_set)):
+        for r in group:
+            rows, model = residuals(r, split, base, fitted)
+            chains.extend(rows)
+            models.append(model)
+    notes = [how, f"{len(samples)} measured op(s) fitted into {len(classes)} class curve(s) "
+                  f"(classes with fewer than {min_samples} ops keep the roofline or a coarser class's curve)"]
+    if any(k > 1 for r in every for k in r.graph_calls.values()):
+        notes.append("graphs run several times per model call: their ops' measured times divided by the calls")
+    return FitResult(spec=fitted, base=base, classes=classes, fit_reports=tuple(r.name for r in fit_set),
+                     test_reports=tuple(r.name for r in test_set), chains=tuple(chains), models=tuple(models),
+                     samples=len(samples), notes=tuple(notes))
+
+
+def fitted_spec_data(result: FitResult, date: str) -> dict:
+    """The fitted spec as YAML fields: the base spec's, ``op_time_fits`` and their source, and a ``fit`` block
+    naming the fit and test sets and the accuracy before and after."""
+    data = spec_mapping(result.spec)
+    fits = {c.key: {"scale": round(c.fit.scale, 6), "exponent": c.fit.exponent, "min_us": round(c.fit.min_us, 4),
+                    "max_us": round(c.fit.max_us, 4), "samples": c.fit.samples} for c in result.classes}
+    data["op_time_fits"] = fits
+    data["op_time_fits_source"] = (
+        f"fitted by fusion-advisor calibrate --from-profile on {date} from {result.samples} measured ops of "
+        f"{len(result.fit_reports)} analyze --profile report(s): log t = a + b log r per op class (b fitted only "
+        f"with {SLOPE_MIN_SAMPLES}+ ops spanning {SLOPE_MIN_SPAN:g}x), t the measured busy time, r the roofline time")
+    if not str(data.get("name", "")).endswith("-fitted"):
+        data["name"] = f"{data['name']}-fitted"
+    data["fit"] = {
+        "date": date,
+        "fit_set": list(result.fit_reports),
+        "test_set": list(result.test_reports),
+        "notes": list(result.notes),
+        "accuracy": {split: _rounded(summary(result, split)) for split in ("fit", "test") if summary(result, split)},
+    }
+    parse_spec(data, "calibrate --from-profile output")  # the loader must take what we write
+    return data
+
+
+def _rounded(d: dict) -> dict:
+    return {k: _rounded(v) if isinstance(v, dict) else (round(v, 4) if isinstance(v, float) and math.isfinite(v)
+                                                      else (None if isinstance(v, float) else v))
+            for k, v in d.items()}
+
+
+def residual_frame(result: FitResult):
+    """Per-chain residuals as a DataFrame (one row per chain; ``before_ratio`` / ``after_ratio`` = predicted /
+    measured)."""
+    import pandas as pd
+
+    frame = pd.DataFrame([r.__dict__ for r in result.chains])
+    if not frame.empty:
+        frame["before_ratio"] = frame["before_us"] / frame["measured_us"]
+        frame["after_ratio"] = frame["after_us"] / frame["measured_us"]
+    return frame
+
+
+def write_fit(result: FitResult, out: Path, date: str) -> dict[str, Path]:
+    """Write the fitted spec YAML to ``out`` and, beside it, ``<stem>_residuals.csv`` (per chain),
+    ``<stem>_models.csv`` (per model) and ``<stem>_classes.csv`` (per fitted class), atomically.
+
+    Raises:
+        CalibrationError: ``out`` is a file calibrate did not write, or not a .yaml path.
+    """
+    import pandas as pd
+
+    from fusion_advisor.calibrate import check_out_file, render_spec
+    from fusion_advisor.devices import load_spec
+    from fusion_advisor.report import atomic_write_bytes
+
+    out = Path(out)
+    check_out_file(out)
+    data = fitted_spec_data(result, date)
+    paths = {"spec": out, "residuals": out.with_name(f"{out.stem}_residuals.csv"),
+             "models": out.with_name(f"{out.stem}_models.csv"), "classes": out.with_name(f"{out.stem}_classes.csv")}
+    if not out.exists():  # the tables beside a spec we wrote are ours; any other file of their names is not
+        taken = [str(p) for k, p in paths.items() if k != "spec" and p.exists()]
+        if taken:
+            raise CalibrationError(f"--out {out}: {', '.join(taken)} exist(s) and fusion-advisor did not write "
+                                   "them beside this spec; refusing to overwrite (choose another file name)")
+    atomic_write_bytes(paths["spec"], render_spec(data).encode("utf-8"))
+    load_spec(str(out))
+    atomic_write_bytes(paths["residuals"], residual_frame(result).to_csv(index=False).encode("utf-8"))
+    models = pd.DataFrame([m.__dict__ for m in result.models])
+    atomic_write_bytes(paths["models"], models.to_csv(index=False).encode("utf-8"))
+    classes = pd.DataFrame([{"class": c.key, "samples": c.fit.samples, "scale": c.fit.scale,
+                             "exponent": c.fit.exponent, "min_roofline_us": c.fit.min_us,
+                             "max_roofline_us": c.fit.max_us, "median_measured_over_roofline": c.median_ratio}
+                            for c in result.classes])
+    atomic_write_bytes(paths["classes"], classes.to_csv(index=False).encode("utf-8"))
+    return paths

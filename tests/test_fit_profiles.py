@@ -1,0 +1,192 @@
+"""calibrate --from-profile: op-class curves fitted from profiled reports.
+
+One real CPU profile of the small MLP gives the reports' structure (ops, chains, spec); its measured times are then
+replaced by known laws (matmuls 3x their roofline, everything else 2x) so that the fit has a right answer: the
+curves must recover the laws, the residuals on held-out reports must fall to ~0, and analyze with the fitted spec
+must price the ops by them. Plus: the curve itself, the op classes, the spec field's validation, and the errors a
+user meets (no profile, mixed specs, a file not ours)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fusion_advisor.analyze import analyze
+from fusion_advisor.cli import app
+from fusion_advisor.devices import OpTimeFit, load_spec, parse_spec, spec_fields, spec_mapping
+from fusion_advisor.errors import DeviceSpecError, UserError
+from fusion_advisor.fit_profiles import fit_curve, fit_from_profiles, read_report, summary, write_fit
+from fusion_advisor.records import ChainMeasurement, NodeMeasurement, OpInfo, SourceLoc, TensorMeta
+from fusion_advisor.report import render_json
+from fusion_advisor.roofline import eager_in_model_us, estimate_all, op_class_keys, roofline_op_us
+
+MLP = Path(__file__).parent / "data" / "models" / "profile_mlp.py"
+LAW = {"matmul": 3.0}  # measured busy time over the roofline time, by category; every other op: 2x
+OTHER = 2.0
+
+
+@pytest.fixture(scope="module")
+def profiled():
+    return analyze(MLP, device="cpu", gpu="cpu", profile=True)
+
+
+def _with_law(analysis, law=LAW, other=OTHER, idle_us=1.0):
+    """``analysis`` with every op's measured busy time ``law[category] * roofline`` and chains summed from them."""
+    spec = parse_spec(spec_fields(analysis.device_spec), "test")
+    prof = analysis.profile
+    nodes = {}
+    for op in analysis.ops:
+        if op.id in prof.nodes:
+            busy = law.get(op.category, other) * roofline_op_us(op, spec)
+            nodes[op.id] = NodeMeasurement(op.id, busy + idle_us, busy, idle_us, 1.0)
+    predicted = eager_in_model_us(analysis.chains, analysis.ops, spec)
+    chains = {}
+    for c in analysis.chains:
+        ms = [nodes[i] for i in c.op_ids if i in nodes]
+        busy, idle = sum(m.busy_us for m in ms), sum(m.idle_us for m in ms)
+        t = busy + idle
+        chains[c.id] = ChainMeasurement(c.id, t, busy, idle, float(len(ms)), 0.0, 0.0, 0.0, "memory",
+                                        predicted[c.id], predicted[c.id] / t if t else math.nan, False)
+    total = sum(m.time_us for m in chains.values())
+    prof = dataclasses.replace(prof, nodes=nodes, chains=chains, total_us=total, attributed_us=total,
+                               unattributed_us=0.0)
+    return dataclasses.replace(analysis, profile=prof)
+
+
+def _write(analysis, folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "report.json").write_text(render_json(analysis, "2026-12-01T00:00:00Z"), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reports(profiled, tmp_path_factory):
+    root = tmp_path_factory.mktemp("profiles")
+    lawful = _with_law(profiled)
+    fit = [_write(lawful, root / "fit" / f"m{i}") for i in range(4)]
+    test = [_write(lawful, root / "test" / f"t{i}") for i in range(2)]
+    return root, fit, test
+
+
+def test_the_fit_recovers_known_laws_and_the_test_set_agrees(reports):
+    root, _, _ = reports
+    result = fit_from_profiles([root / "fit"], [root / "test"])
+    assert result.fit_reports == ("m0", "m1", "m2", "m3") and result.test_reports == ("t0", "t1")
+    fits = result.spec.op_time_fits
+    assert fits["matmul"](10.0) == pytest.approx(30.0, rel=1e-6)
+    assert fits["pointwise"](10.0) == pytest.approx(20.0, rel=1e-6)
+    test = summary(result, "test")
+    # before: the plain roofline is 2-3x too fast; after: every chain within 30 %, every model within 25 %
+    assert test["before"]["chains_30pct"] < 0.5
+    assert test["after"]["chains_30pct"] == 1.0 and test["after"]["models_25pct"] == 1.0
+    assert test["after"]["median_log2_error"] < test["before"]["median_log2_error"]
+
+
+def test_every_third_report_is_held_out_without_a_test_set(reports):
+    root, _, _ = reports
+    result = fit_from_profiles([root / "fit"])
+    assert result.fit_reports == ("m0", "m1", "m3") and result.test_reports == ("m2",)
+    assert "every third" in result.notes[0]
+
+
+def test_analyze_with_the_fitted_spec_prices_ops_by_the_curves(reports, profiled, tmp_path):
+    root, _, _ = reports
+    result = fit_from_profiles([root / "fit"], [root / "test"])
+    paths = write_fit(result, tmp_path / "fitted.yaml", "2026-12-01")
+    spec = load_spec(str(paths["spec"]))
+    assert spec.name.endswith("-fitted") and spec.op_time_fits.keys() == result.spec.op_time_fits.keys()
+    data = yaml.safe_load(paths["spec"].read_text())
+    assert data["fit"]["test_set"] == ["t0", "t1"] and data["fit"]["accuracy"]["test"]["after"]["chains_30pct"] == 1
+    again = analyze(MLP, device="cpu", gpu=str(paths["spec"]))
+    plain = estimate_all(profiled.chains, profiled.ops, result.base)
+    heavy = [c for c in again.chains if c.categories == ("matmul",)]
+    assert heavy, "the MLP has matmul items"
+    for c in heavy:
+        assert again.estimates[c.id].eager_us == pytest.approx(3.0 * plain[c.id].eager_us, rel=0.02)
+    for name in ("residuals", "models", "classes"):
+        assert paths[name].is_file() and paths[name].stat().st_size > 0
+
+
+def test_a_power_law_is_fitted_when_sizes_span_enough():
+    r = [0.5 * 2 ** i for i in range(10)]
+    fit = fit_curve(r, [5.0 * x ** 0.7 for x in r])
+    assert fit.exponent == pytest.approx(0.7, abs=1e-3) and fit.scale == pytest.approx(5.0, rel=1e-3)
+    # beyond the fitted range the curve continues proportionally from its end
+    assert fit(2 * max(r)) == pytest.approx(2 * fit(max(r)))
+    narrow = fit_curve([1.0, 1.5, 2.0], [3.0, 4.5, 6.0])
+    assert narrow.exponent == 1.0 and narrow.scale == pytest.approx(3.0)
+
+
+def _conv(x, w, out, dtype="fp32"):
+    def meta(shape):
+        n = math.prod(shape)
+        return TensorMeta(tuple(shape), dtype, n, 4 * n)
+    return OpInfo(id="g0:c", graph_index=0, target="aten.convolution.default", category="conv",
+                  inputs=(meta(x), meta(w)), outputs=(meta(out),), flops=1, bytes_read=1, bytes_written=1,
+                  module_path="", source=SourceLoc("m.py", 1, "conv"))
+
+
+@pytest.mark.parametrize("x,w,out,want", [
+    ((8, 16, 32, 32), (32, 16, 3, 3), (8, 32, 30, 30), "conv/conv2d/fp32"),
+    ((8, 16, 8, 16, 16), (16, 32, 3, 3, 3), (8, 32, 17, 33, 33), "conv/conv3d_transpose/fp32"),
+    ((8, 16, 32, 32), (16, 1, 3, 3), (8, 16, 32, 32), "conv/conv2d_depthwise/fp32"),
+    ((8, 16, 32, 32), (32, 4, 3, 3), (8, 32, 32, 32), "conv/conv2d_grouped/fp32"),
+])
+def test_convolutions_are_classed_by_geometry(x, w, out, want):
+    assert op_class_keys(_conv(x, w, out))[0] == want
+
+
+def test_spec_field_round_trips_and_bad_entries_are_refused():
+    base = load_spec("h200")
+    spec = dataclasses.replace(base, op_time_fits={"conv": OpTimeFit(2.0, 0.9, 1.0, 100.0, 7)})
+    again = parse_spec(spec_mapping(spec), "round trip")
+    assert again.op_time_fits == spec.op_time_fits and again.tensor_tflops == base.tensor_tflops
+    data = spec_mapping(base)
+    for bad, match in (({"conv": {"scale": 2.0, "exponent": 3.0}}, "slope must lie"),
+                       ({"conv": {"scale": 2.0, "slope": 1.0}}, "unknown key"),
+                       ({"conv": {"exponent": 1.0}}, "at least 'scale'"),
+                       ({"conv": {"scale": -1.0}}, "positive number"),
+                       ({"conv": {"scale": 1.0, "min_us": 5.0, "max_us": 1.0}}, "max_us")):
+        with pytest.raises(DeviceSpecError, match=match):
+            parse_spec({**data, "op_time_fits": bad}, "bad.yaml")
+
+
+def test_reports_without_a_profile_or_of_two_specs_are_refused(profiled, tmp_path):
+    plain = _write(dataclasses.replace(profiled, profile=None), tmp_path / "plain")
+    with pytest.raises(UserError, match="no measured times"):
+        read_report(plain)
+    with pytest.raises(UserError, match="no such folder"):
+        fit_from_profiles([tmp_path / "missing"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no report.json"):
+        fit_from_profiles([tmp_path / "empty"])
+    with pytest.raises(UserError, match="no measured times"):
+        fit_from_profiles([tmp_path])  # a folder of report folders: 'plain' is found and refused
+    other = dict(profiled.device_spec, name="other")
+    _write(dataclasses.replace(_with_law(profiled), device_spec=other), tmp_path / "a" / "x")
+    _write(_with_law(profiled), tmp_path / "a" / "y")
+    with pytest.raises(UserError, match="different device specs"):
+        fit_from_profiles([tmp_path / "a"])
+
+
+def test_cli_prints_the_table_and_never_overwrites_a_file_not_ours(reports, tmp_path):
+    root, _, _ = reports
+    runner = CliRunner()
+    out = tmp_path / "fitted.yaml"
+    res = runner.invoke(app, ["calibrate", "--from-profile", str(root / "fit"), "--test", str(root / "test"),
+                              "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "chains ±30%" in res.output and "test after" in res.output and "test set: 2 the fit never saw" in res.output
+    assert out.is_file()
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("name: mine\n")
+    res = runner.invoke(app, ["calibrate", "--from-profile", str(root / "fit"), "--out", str(mine)])
+    assert res.exit_code != 0 and "not written by fusion-advisor calibrate" in res.output
+    assert mine.read_text() == "name: mine\n"
+    res = runner.invoke(app, ["calibrate", "--test", str(root / "test")])
+    assert res.exit_code == 2 and "--from-profile" in res.output
