@@ -35,9 +35,9 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.kernels import _float_outputs, _shape_label, entry_shapes, tensor_leaves  # noqa: E402
+from benchmarks.kernels import _float_outputs, _shape_label, tensor_leaves  # noqa: E402
 from kernel_library import _op  # noqa: E402
-from kernel_library.registry import load_all  # noqa: E402
+from kernel_library.registry import entry_shapes, load_all  # noqa: E402
 
 #: Tiny sizes replacing the 7B shapes' sizes (the host work is the same; the GPU work must stay below it).
 TINY = {"n_rows": 8, "n_tokens": 8, "batch": 1, "seq": 8, "M": 64, "N": 256, "K": 256}

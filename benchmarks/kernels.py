@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fusion_advisor.bench import device_time_by_kernel  # noqa: E402
 from fusion_advisor.verification.kernel import ReferenceFailed, check_case  # noqa: E402
-from kernel_library.registry import load_all  # noqa: E402
+from kernel_library.registry import entry_shapes, load_all  # noqa: E402
 
 
 def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
@@ -72,14 +72,6 @@ def _fwd_bwd(fn, args, grads, leaves):
         return torch.autograd.grad(outs, leaves, grads[: len(outs)], allow_unused=True)
 
     return run
-
-
-def entry_shapes(name: str, mod) -> list[dict]:
-    """The module's ``BENCH_SHAPES`` that exercise the registry entry ``name``. A module registering two entries
-    (layernorm / add_layernorm, softmax / masked_softmax) says which entry each shape is with ``bench_entry(shape)``;
-    a module without it has one entry, all its shapes."""
-    pick = getattr(mod, "bench_entry", None)
-    return [s for s in getattr(mod, "BENCH_SHAPES", []) if pick is None or pick(s) == name]
 
 
 def bench_kernel(name: str, entry, copy_gbps: float, max_shapes: int, rows: list, log) -> None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import subprocess
@@ -48,6 +47,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fusion_advisor.accuracy import (  # noqa: E402
+    TARGET_BOUND_PCT,
+    TARGET_TIME_PCT,
+    TIME_TOLERANCE,
+    by_pattern,
+    chain_rows,
+    fmt,
+    markdown,
+    off_chains,
+    summarize,
+)
+
 #: (name, model file relative to the repo root, dtype override, extra environment), in run order.
 MODELS = (
     ("default_llama", "benchmarks/models/default_llama.py", "", {"FUSION_ADVISOR_LLAMA_LAYERS": "2"}),
@@ -59,12 +70,6 @@ MODELS = (
     ("kb_norm_softmax", "benchmarks/models/kb_norm_softmax.py", "", {}),
     ("kb_small_pointwise", "tests/data/models/tiny_pointwise.py", "", {}),
 )
-BOUNDS = ("compute", "memory", "launch")
-TARGET_BOUND_PCT = 95.0
-TARGET_TIME_PCT = 80.0
-TIME_TOLERANCE = 0.3
-#: ratio buckets (predicted / measured) for the distribution
-BUCKETS = ((0.0, 0.5), (0.5, 0.7), (0.7, 1.3), (1.3, 2.0), (2.0, math.inf))
 #: seconds kept for each model still to run, and the most one model may take
 RESERVE_S = 25.0
 MODEL_LIMIT_S = 150.0
@@ -99,22 +104,7 @@ def worker(model: str, spec: str, device: str, result: str) -> None:
     try:
         a = analyze(ROOT / rel, device=device, dtype=dtype, gpu=spec, profile=True)
         p = a.profile
-        rows = []
-        for c in a.chains:
-            m, e, d = p.chains[c.id], a.estimates[c.id], a.decisions[c.id]
-            rows.append({
-                "model": name, "chain": c.id, "kind": c.kind, "pattern": c.pattern, "dtype": c.dtype,
-                "eager_kernels": c.eager_kernels, "measured_kernels": m.kernels, "numel": c.numel,
-                "eager_bytes": c.eager_bytes, "flops": c.flops,
-                "predicted_bound": e.bound, "measured_bound": m.bound, "routed_bound": d.bound, "rule": d.rule_id,
-                "est_eager_us": e.eager_us, "est_in_model_us": m.predicted_us, "measured_us": m.time_us, "measured_busy_us": m.busy_us,
-                "measured_idle_us": m.idle_us, "ratio": m.ratio if m.time_us > 0 else None,
-                "achieved_gbps": m.achieved_gbps if m.time_us > 0 else None,
-                "achieved_tflops": m.achieved_tflops if m.time_us > 0 else None,
-                "pct_of_roofline": m.pct_of_roofline if m.time_us > 0 else None,
-                "source": f"{Path(c.source.file).name}:{c.source.line}" if c.source.file else "",
-                "kernel_names": "; ".join(k[:80] for k in m.kernel_names[:8]),
-            })
+        rows = chain_rows(name, a)
         out.update(ok=True, rows=rows, profile={
             "device_name": p.device_name, "runs": p.runs, "total_us": p.total_us, "attributed_us": p.attributed_us,
             "unattributed_us": p.unattributed_us, "wall_us": p.wall_us, "eager_wall_us": p.eager_wall_us,
@@ -127,120 +117,6 @@ def worker(model: str, spec: str, device: str, result: str) -> None:
         out["traceback"] = traceback.format_exc()[-3000:]
     out["wall_s"] = time.perf_counter() - start
     Path(result).write_text(json.dumps(out, default=str))
-
-
-# --- aggregation ------------------------------------------------------------------------------------------------
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def summarize(rows: list[dict]) -> dict:
-    """Confusion table, agreement and the ratio distribution over chains with a measured time."""
-    measured = [r for r in rows if _finite(r.get("ratio")) and r["measured_us"] > 0]
-    confusion = {p: {m: 0 for m in BOUNDS} for p in BOUNDS}
-    for r in measured:
-        if r["predicted_bound"] in confusion and r["measured_bound"] in BOUNDS:
-            confusion[r["predicted_bound"]][r["measured_bound"]] += 1
-    n = len(measured)
-    agree = sum(confusion[b][b] for b in BOUNDS)
-    within = [r for r in measured if abs(r["ratio"] - 1.0) <= TIME_TOLERANCE]
-    total_time = sum(r["measured_us"] for r in measured)
-    ratios = sorted(r["ratio"] for r in measured)
-
-    def q(f: float) -> float | None:
-        return ratios[min(int(f * len(ratios)), len(ratios) - 1)] if ratios else None
-
-    buckets = [{"from": lo, "to": hi if math.isfinite(hi) else None,
-                "chains": sum(1 for x in ratios if lo <= x < hi)} for lo, hi in BUCKETS]
-    return {
-        "chains": n,
-        "bound_agree": agree,
-        "bound_agree_pct": 100.0 * agree / n if n else None,
-        "within_30": len(within),
-        "within_30_pct": 100.0 * len(within) / n if n else None,
-        "within_30_time_weighted_pct": (100.0 * sum(r["measured_us"] for r in within) / total_time
-                                        if total_time else None),
-        "confusion": confusion,
-        "ratio_quantiles": {"p10": q(0.1), "p25": q(0.25), "p50": q(0.5), "p75": q(0.75), "p90": q(0.9)},
-        "ratio_buckets": buckets,
-        "targets": {"bound_agree_pct": TARGET_BOUND_PCT, "within_30_pct": TARGET_TIME_PCT},
-    }
-
-
-def _fmt(x, digits: int = 1) -> str:
-    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:,.{digits}f}"
-
-
-def markdown(doc: dict) -> str:
-    s = doc["summary"]
-    lines = [
-        "# Profile accuracy: roofline predictions vs measured chains",
-        "",
-        f"{doc['device_name']}, {doc['date']}; " + ", ".join(f"{k} {v}" for k, v in doc["versions"].items()),
-        "",
-        f"Setup: {doc['setup']}",
-        "",
-        (f"Spec: shipped {doc['spec'].get('name')} (calibrate failed: {doc['calibrate_error']}) ("
-         if doc.get("calibrate_error") else "Spec: calibrated here (")
-        + f"{doc['spec']['memory_bandwidth_gbps']:,.0f} GB/s copy, launch "
-        f"{doc['spec']['launch_overhead_us']:.2f} us per eager op, matmul TFLOP/s "
-        + ", ".join(f"{k} {v:,.1f}" for k, v in doc["spec"]["tensor_tflops"].items()) + ").",
-        "",
-        "Compared: predicted EAGER chain time in the model (est_in_model_us: each op its own kernel, the host issuing "
-        "one op per launch overhead, ahead of the GPU where it can) vs the measured unfused run; predicted bound = "
-        "the roofline's class before rules.",
-        "",
-        "## Result",
-        "",
-        f"- bound class equal: **{s['bound_agree']} / {s['chains']} = {_fmt(s['bound_agree_pct'])}%** "
-        f"(target >= {TARGET_BOUND_PCT:.0f}%)",
-        f"- time within +-30%: **{s['within_30']} / {s['chains']} = {_fmt(s['within_30_pct'])}%** "
-        f"(target >= {TARGET_TIME_PCT:.0f}%); weighted by measured time: {_fmt(s['within_30_time_weighted_pct'])}%",
-        "",
-        "## Confusion table (rows: predicted, columns: measured)",
-        "",
-        "| predicted \\ measured | " + " | ".join(BOUNDS) + " |",
-        "|---|" + "---:|" * len(BOUNDS),
-    ]
-    for p in BOUNDS:
-        lines.append(f"| {p} | " + " | ".join(str(s["confusion"][p][m]) for m in BOUNDS) + " |")
-    lines += ["", "## predicted / measured chain time", "",
-              "| ratio | chains |", "|---|---:|"]
-    for b in s["ratio_buckets"]:
-        hi = "inf" if b["to"] is None else f"{b['to']:g}"
-        lines.append(f"| [{b['from']:g}, {hi}) | {b['chains']} |")
-    qs = s["ratio_quantiles"]
-    lines += ["", "Quantiles: " + ", ".join(f"{k} {_fmt(v, 2)}" for k, v in qs.items()), "",
-              "## Per model", "",
-              "| model | chains | bound equal % | within 30 % | profiled us/run | attributed % | wall us (instr.) | "
-              "wall us (plain) | wall s | error |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for m in doc["models"]:
-        ms = m.get("summary") or {}
-        p = m.get("profile") or {}
-        att = 100.0 * p["attributed_us"] / p["total_us"] if p.get("total_us") else None
-        lines.append(f"| {m['model']} | {ms.get('chains', 0)} | {_fmt(ms.get('bound_agree_pct'))} | "
-                     f"{_fmt(ms.get('within_30_pct'))} | {_fmt(p.get('total_us'))} | {_fmt(att)} | "
-                     f"{_fmt(p.get('wall_us'))} | {_fmt(p.get('eager_wall_us'))} | {_fmt(m.get('wall_s'))} | "
-                     f"{m.get('error', '')} |")
-    lines += ["", "## By pattern and predicted bound", "",
-              "| pattern | predicted bound | chains | bound equal | within 30% | median ratio |",
-              "|---|---|---:|---:|---:|---:|"]
-    for g in doc["by_pattern"]:
-        lines.append(f"| {g['pattern']} | {g['predicted_bound']} | {g['chains']} | {g['bound_agree']} | "
-                     f"{g['within_30']} | {_fmt(g['median_ratio'], 2)} |")
-    lines += ["", "## Chains off by more than 30% or with another bound class (largest measured time first, 25 shown)",
-              "", "| model | chain | pattern | kernels | predicted bound | measured bound | est. in model us "
-              "| measured us | busy us | idle us | ratio | source | device kernels |",
-              "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---|---|"]
-    for r in doc["worst"][:25]:
-        lines.append(f"| {r['model']} | {r['chain']} | {r['pattern']} | {r['eager_kernels']} | {r['predicted_bound']} "
-                     f"| {r['measured_bound']} | {_fmt(r['est_in_model_us'], 2)} | {_fmt(r['measured_us'], 2)} | "
-                     f"{_fmt(r['measured_busy_us'], 2)} | {_fmt(r['measured_idle_us'], 2)} | {_fmt(r['ratio'], 2)} | "
-                     f"{r['source']} | {r.get('kernel_names', '')[:120]} |")
-    return "\n".join(lines) + "\n"
 
 
 # --- driver -------------------------------------------------------------------------------------------------------
@@ -328,27 +204,12 @@ def main() -> int:
             results.append(r)
             s = r.get("summary") or {}
             print(f"{name}: {'ok' if r.get('ok') else r.get('error')} in {r['wall_s']:.0f} s; "
-                  f"bound equal {_fmt(s.get('bound_agree_pct'))}%, within 30% {_fmt(s.get('within_30_pct'))}%",
+                  f"bound equal {fmt(s.get('bound_agree_pct'))}%, within 30% {fmt(s.get('within_30_pct'))}%",
                   flush=True)
 
     rows = [row for r in results if r.get("ok") for row in r["rows"]]
     summary = summarize(rows)
-    off = [r for r in rows if _finite(r.get("ratio")) and r["measured_us"] > 0
-           and (abs(r["ratio"] - 1.0) > TIME_TOLERANCE or r["predicted_bound"] != r["measured_bound"])]
-    off.sort(key=lambda r: r["measured_us"], reverse=True)
     import fusion_advisor.profile as fp
-
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for r in rows:
-        if _finite(r.get("ratio")) and r["measured_us"] > 0:
-            groups.setdefault((r["pattern"], r["predicted_bound"]), []).append(r)
-    by_pattern = []
-    for (pattern, bound), rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-        ratios = sorted(r["ratio"] for r in rs)
-        by_pattern.append({"pattern": pattern, "predicted_bound": bound, "chains": len(rs),
-                           "bound_agree": sum(r["predicted_bound"] == r["measured_bound"] for r in rs),
-                           "within_30": sum(abs(r["ratio"] - 1.0) <= TIME_TOLERANCE for r in rs),
-                           "median_ratio": ratios[len(ratios) // 2]})
 
     doc = {
         "benchmark": "profile_accuracy",
@@ -365,9 +226,9 @@ def main() -> int:
         "calibrate_error": calibrate_error,
         "spec": spec,
         "summary": summary,
-        "by_pattern": by_pattern,
+        "by_pattern": by_pattern(rows),
         "models": [{k: v for k, v in r.items() if k != "rows"} for r in results],
-        "worst": off,
+        "worst": off_chains(rows),
         "wall_s": time.perf_counter() - start,
     }
     (out / OUT_FILES[1]).write_text(json.dumps(doc, indent=1, default=str))
@@ -379,8 +240,8 @@ def main() -> int:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         w.writerows(rows)
-    print(f"bound class equal {_fmt(summary['bound_agree_pct'])}% (target {TARGET_BOUND_PCT:.0f}), time within 30% "
-          f"{_fmt(summary['within_30_pct'])}% (target {TARGET_TIME_PCT:.0f}); {doc['wall_s']:.0f} s; wrote "
+    print(f"bound class equal {fmt(summary['bound_agree_pct'])}% (target {TARGET_BOUND_PCT:.0f}), time within 30% "
+          f"{fmt(summary['within_30_pct'])}% (target {TARGET_TIME_PCT:.0f}); {doc['wall_s']:.0f} s; wrote "
           + ", ".join(str(out / n) for n in OUT_FILES), flush=True)
     return 0
 

@@ -1,4 +1,4 @@
-"""CPU test of the selection logic of benchmarks/sweep_tiles.py's norm-backward sweeps.
+"""CPU test of the selection logic of the norm-backward sweeps (fusion_advisor/norm_bwd_sweep.py).
 
 The sweeps time on a GPU (torch.profiler); here they run on the Triton interpreter at tiny shapes with a host
 clock standing in for ``device_time_ms`` and torch.compile replaced by the eager function, so what is tested is
@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-import benchmarks.sweep_tiles as st
+import fusion_advisor.norm_bwd_sweep as st
 import kernel_library.rmsnorm as rn
 
 
@@ -32,7 +32,7 @@ def cpu_sweep(monkeypatch):
 @pytest.mark.parametrize("sweep", ["add_rmsnorm_bwd_sweep", "add_layernorm_bwd_sweep"])
 def test_norm_bwd_sweep_picks_a_verified_config_and_prints_its_tuning(cpu_sweep, monkeypatch, capsys, sweep):
     configs = [(1, 1, 4, None), (2, 1, 4, 2), (1, 4, 4, 3)]
-    monkeypatch.setattr(st, "_norm_bwd_configs", lambda: configs)
+    monkeypatch.setattr(st, "norm_bwd_configs", lambda: configs)
     out = getattr(st, sweep)(1000.0, n_rows=9, n_cols=64)
     rows = out["configs"]
     import kernel_library.add_rmsnorm as arms
@@ -55,7 +55,7 @@ def test_norm_bwd_sweep_picks_a_verified_config_and_prints_its_tuning(cpu_sweep,
 
 def test_norm_bwd_sweep_flags_a_wrong_config(cpu_sweep, monkeypatch):
     # a config whose dx is off must come out unverified and never be chosen
-    monkeypatch.setattr(st, "_norm_bwd_configs", lambda: [(2, 1, 4, 2)])
+    monkeypatch.setattr(st, "norm_bwd_configs", lambda: [(2, 1, 4, 2)])
     real = rn.rms_norm_bwd_launch
 
     def broken(dy, x, w, eps, offset, ds=None, config=None, tuning=None):
@@ -66,3 +66,11 @@ def test_norm_bwd_sweep_flags_a_wrong_config(cpu_sweep, monkeypatch):
     out = st.add_rmsnorm_bwd_sweep(1000.0, n_rows=9, n_cols=64)
     assert [r["verified"] for r in out["configs"]] == [True, False]
     assert out["summary"]["best"]["is_default"]
+
+
+def test_norm_bwd_sweep_stops_at_its_budget(cpu_sweep, monkeypatch):
+    # the default is always timed; the configs left once the budget is spent are recorded as skipped, not dropped
+    monkeypatch.setattr(st, "norm_bwd_configs", lambda: [(2, 1, 4, 2), (1, 4, 4, 3)])
+    rows = st.add_rmsnorm_bwd_sweep(1000.0, n_rows=9, n_cols=64, budget_s=0.0)["configs"]
+    assert rows[0]["is_default"] and "gpu_ms" in rows[0]
+    assert len(rows) == 3 and all("skipped" in r and "gpu_ms" not in r for r in rows[1:])
