@@ -1,6 +1,6 @@
 """The cost model against measured profiles: per-chain rows, agreement, the time-ratio distribution, the page.
 
-``benchmarks/profile_accuracy.py`` runs ``analyze --profile`` over a set of models on a GPU and hands every
+``benchmarks/accuracy/profile_accuracy.py`` runs ``analyze --profile`` over a set of models on a GPU and hands every
 profiled chain to these functions; the arithmetic lives here so it is tested on the CPU. A chain's *ratio* is the
 roofline's eager time in the model over its measured time (``ChainMeasurement.ratio``: predicted / measured, no
 unit); it is *within* the target when ``|ratio - 1| <= TIME_TOLERANCE``. Bound classes are ``compute``, ``memory``

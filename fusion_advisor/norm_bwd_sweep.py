@@ -5,8 +5,9 @@ add_layernorm) takes a ``RowConfig`` (rows per loop step, programs per SM, warps
 module adopts its measured best as a ``BwdTuning`` over the width heuristic (``rmsnorm.BWD_TUNING``,
 ``add_rmsnorm.BWD_TUNING``, ``layernorm.BWD_TUNING`` / ``ADD_BWD_TUNING``). These sweeps time the module's current
 default first, then every config of :func:`norm_bwd_configs`, verify each one before it counts, and print the
-``BwdTuning(...)`` line that adopts the fastest. ``benchmarks/sweep_tiles.py --only rmsnorm_bwd,...`` runs them on
-a GPU (8192 x 4096 bf16); ``tests/test_norm_bwd_sweep.py`` runs the selection on the CPU interpreter at tiny sizes.
+``BwdTuning(...)`` line that adopts the fastest. ``benchmarks/kernels/sweep_tiles.py --only rmsnorm_bwd,...`` runs
+them on a GPU (8192 x 4096 bf16); ``tests/test_norm_bwd_sweep.py`` runs the selection on the CPU interpreter at tiny
+sizes.
 
 Times: :func:`fusion_advisor.bench.device_time_ms` (summed CUDA kernel time per call, torch.profiler, 10 calls), ms;
 ``pct_of_copy``: the module's backward bytes-moved formula over the time, as % of ``copy_gbps`` (GB/s, read + write).

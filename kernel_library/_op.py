@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 _state = threading.local()
 
 #: Switch for the direct path (True by default); False sends every call through the registered op, as a plain
-#: ``triton_op`` would (benchmarks/host_overhead.py times both).
+#: ``triton_op`` would (benchmarks/host/host_overhead.py times both).
 DIRECT_EAGER = True
 
 #: Tensor types a direct call accepts; subclasses (FakeTensor, FunctionalTensor, DTensor...) go through the op.

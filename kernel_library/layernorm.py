@@ -55,8 +55,8 @@ from kernel_library.rmsnorm import (
 
 #: Launch overrides of the fused backward without (``BWD_TUNING``) and with (``ADD_BWD_TUNING``, add_layernorm)
 #: the residual: rmsnorm.BwdTuning (row loop num_stages, rows per step, programs per SM, warps). The H200 best of
-#: ``benchmarks/sweep_tiles.py --only layernorm_bwd,add_layernorm_bwd`` (8192 x 4096 bf16, 63 configs each verified
-#: against float64; benchmarks/results/session3_h200/call3), for both: 3 stages, 2 rows per step, one program per
+#: ``benchmarks/kernels/sweep_tiles.py --only layernorm_bwd,add_layernorm_bwd`` (8192 x 4096 bf16, 63 configs each
+#: verified against float64; benchmarks/results/session3_h200/call3), for both: 3 stages, 2 rows per step, one program per
 #: SM, 8 warps. LayerNorm 0.0951 -> 0.0679 ms (50% -> 70% of copy); add_layernorm 0.1118 -> 0.0774 ms (57% -> 82%).
 BWD_TUNING = BwdTuning(num_stages=3, rows_per_iter=2, programs_per_sm=1)
 ADD_BWD_TUNING = BwdTuning(num_stages=3, rows_per_iter=2, programs_per_sm=1)

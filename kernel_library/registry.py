@@ -127,8 +127,8 @@ def entry_shapes(name: str, module) -> list[dict]:
 
     A module registering two entries (layernorm / add_layernorm, softmax / masked_softmax) says which entry each
     shape is for with ``bench_entry(shape) -> name``; a module without it has one entry, all its shapes. A module
-    without ``BENCH_SHAPES`` has none (``[]``). The GPU benchmarks (``benchmarks/kernels.py``,
-    ``benchmarks/host_overhead.py``) time these shapes.
+    without ``BENCH_SHAPES`` has none (``[]``). The GPU benchmarks (``benchmarks/kernels/compare.py``,
+    ``benchmarks/host/host_overhead.py``) time these shapes.
     """
     pick = getattr(module, "bench_entry", None)
     return [s for s in getattr(module, "BENCH_SHAPES", []) if pick is None or pick(s) == name]
