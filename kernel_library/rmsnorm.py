@@ -88,7 +88,7 @@ FINAL_BLOCK_N = 32
 
 #: ``tl.range`` pipelining depth of the fused backward's row loop (the loads of the next rows go through shared
 #: memory with cp.async while the current row reduces). Measured on H200 2026-11-29
-#: (benchmarks/results/sweep_tiles_h200.json, key ``rmsnorm_bwd_session2``: 8192 x 4096 bf16, rows per step
+#: (benchmarks/results/h200/kernels/sweep_tiles.json, key ``rmsnorm_bwd_session2``: 8192 x 4096 bf16, rows per step
 #: {1, 2, 4} x programs per SM {1, 2, 4} x warps {4, 8, 16} x num_stages {None, 2, 3, 4}, each verified against
 #: float64): with the default one row per step, 2 programs per SM and 8 warps, num_stages=3 took 0.0576 ms (82% of
 #: copy) against 0.0797 ms (59%) without the hint; the fastest of all, 2 rows per step on 1 program per SM with
@@ -878,8 +878,8 @@ def hard_inputs() -> list:
                                                                             offset])]
 
 
-#: GPU benchmark shapes: the Llama-7B shape (8192 x 4096, benchmarks/results/kernels_h200_7b.md) in three dtypes,
-#: a token sweep (decode to long prefill), a width sweep (Llama-1B 2048 .. Llama-405B 16384 hidden) and one row
+#: GPU benchmark shapes: the Llama-7B shape (8192 x 4096, benchmarks/results/h200/kernels/kernels_7b.md) in three
+#: dtypes, a token sweep (decode to long prefill), a width sweep (Llama-1B 2048 .. Llama-405B 16384 hidden) and one row
 #: wide enough for the looped path.
 BENCH_SHAPES: list[dict] = [
     {"n_rows": 8192, "n_cols": 4096, "dtype": torch.bfloat16},

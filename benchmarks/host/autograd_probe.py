@@ -2,8 +2,8 @@
 engine's per-device worker threads on (default) and off (``torch.autograd.set_multithreading_enabled(False)``: the
 backward runs on the calling thread).
 
-Why: on the H200 host a library op's forward + backward took 500-900 us of host time against 55-105 us for its
-forward alone (``benchmarks/results/session4_h200/call2/host``); this separates the engine's cost of a Python node
+Why: on the H200 host a library op's forward + backward took 340-870 us of host time against 55-125 us for its
+forward alone (``benchmarks/results/h200/host/host_overhead.md``); this separates the engine's cost of a Python node
 from the op's own backward work (the backward op called directly, no engine).
 
     python benchmarks/host/autograd_probe.py --out DIR

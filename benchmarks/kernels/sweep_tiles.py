@@ -21,8 +21,8 @@ reference is measured the same way. Writes sweep_tiles.json to --out.
         [--norm-budget-s 30]
 
 (A cross-entropy variant sweep, persistent grids / chunk-loop pipelining / in-kernel count / looped scale, ran once on
-the H200 in session 3, benchmarks/results/session3_h200/call3: none beat the one-program-per-row kernel, so those
-variants were removed from the library and from this script.)
+the H200 (2026-11-29, key ``cross_entropy`` of benchmarks/results/h200/kernels/sweep_tiles_norm_bwd.json): none beat
+the one-program-per-row kernel, so those variants were removed from the library and from this script.)
 """
 
 from __future__ import annotations
