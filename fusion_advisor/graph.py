@@ -434,7 +434,7 @@ def _flat_nodes(args: Any) -> list[torch.fx.Node]:
 #: or the innermost-dim scan kernel, plus a dtype/layout copy: 2-3 kernels) and ``index`` with tensor indices (the
 #: index kernel plus an elementwise copy of the indices: 2-3). The lower count, measured on the H200 with torch 2.11
 #: (``measured_kernels`` of the cumsum/index chains of HF Llama and GPT-2,
-#: benchmarks/results/session3_h200/call5/profile/profile_accuracy_chains.csv). Each kernel costs a launch.
+#: benchmarks/results/h200/accuracy/profile_accuracy_chains.csv). Each kernel costs a launch.
 MULTI_KERNEL_OPS = {"cumsum": 2, "index": 2}
 
 

@@ -562,7 +562,7 @@ def _sorted_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 #: What the library kernels measured over Inductor, quoted beside the predictions (the roofline cannot see it).
 LIBRARY_EDGE = ("1.0-2.3x torch.compile's device time per kernel on the H200, "
-                "benchmarks/results/kernels_h200_7b.md")
+                "benchmarks/results/h200/kernels/kernels_7b.md")
 
 
 def render_html(analysis: Analysis, generated_at: str, plan: dict[str, Any] | None = None,

@@ -212,7 +212,7 @@ def choose_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
 #: Kernels SDPA runs on a boolean attn_mask before any backend (``convert_boolean_attn_mask`` turns it into an
 #: additive float mask, then the fused path aligns/expands it): measured, 5 kernels per efficient-attention call with
 #: a boolean ``[B, 1, S, S]`` mask on our H200, torch 2.11 (the hf_llama and hf_gpt2 attention rows of
-#: benchmarks/results/profile_accuracy_h200/rerun_4_models/profile_accuracy_chains.csv, ``measured_kernels``), that
+#: benchmarks/results/h200/accuracy/profile_accuracy_chains.csv, ``measured_kernels``), that
 #: is 1 attention kernel + 4.
 BOOL_MASK_KERNELS = 4
 

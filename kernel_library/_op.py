@@ -8,9 +8,9 @@ an ``autograd.Function`` built from the op's own ``setup_context`` / ``backward`
 through the dispatcher.
 
 Why: host time. On the H200 host (torch 2.11, Python 3.12) one call through a custom op cost ~190 us against ~33 us
-for the Triton launch alone (``benchmarks/results/launch_overhead_h200.json``: the dispatcher's autograd and backend
-hops, ``torch._dynamo.disable`` around the implementation, the aliasing check), so a forward + backward of a norm
-took ~1 ms of host time for ~0.1 ms of GPU work at Llama-7B shapes. PyTorch measured the same cost
+for the Triton launch alone (``benchmarks/results/h200/host/launch_overhead.json``: the dispatcher's autograd and
+backend hops, ``torch._dynamo.disable`` around the implementation, the aliasing check), so a forward + backward of a
+norm took ~1 ms of host time for ~0.1 ms of GPU work at Llama-7B shapes. PyTorch measured the same cost
 (pytorch/pytorch#188077) and proposed the same remedy for ``custom_op`` itself (pytorch/pytorch#178216: an
 ``is_compiling()`` check, then an ``autograd.Function``).
 
@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 _state = threading.local()
 
 #: Switch for the direct path (True by default); False sends every call through the registered op, as a plain
-#: ``triton_op`` would (benchmarks/host_overhead.py times both).
+#: ``triton_op`` would (benchmarks/host/host_overhead.py times both).
 DIRECT_EAGER = True
 
 #: Tensor types a direct call accepts; subclasses (FakeTensor, FunctionalTensor, DTensor...) go through the op.
@@ -110,8 +110,9 @@ class LibraryOp:
         run = self._run_direct
 
         # forward(ctx, *args) calling setup_context itself, not a separate setup_context staticmethod: with one,
-        # Function.apply binds default arguments through inspect.signature on every call (~50 us on the H200 host,
-        # torch 2.11; benchmarks/results/session4_h200/call4/probe). Every argument is passed, so nothing to bind.
+        # Function.apply binds default arguments through inspect.signature on every call (~50 us on the H200 host, torch
+        # 2.11; benchmarks/results/h200/host/autograd_probe_signature_bind.json). Every argument is passed, so nothing
+        # to bind.
         def forward(ctx, *args):
             output = run(*args)
             setup_context(ctx, args, output)

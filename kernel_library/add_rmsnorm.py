@@ -34,10 +34,10 @@ from kernel_library.rmsnorm import (
 # (RowConfig, MAX_FUSED_BLOCK_FWD/BWD, BWD_PROGRAMS_PER_SM): the fused add adds one load and one store per
 # element; ptxas reports the same register counts with and without it (rmsnorm's constants).
 
-#: Launch overrides of the residual backward (three input streams: dy, d(new residual), new residual; one
-#: output): the H200 best of ``benchmarks/sweep_tiles.py --only add_rmsnorm_bwd`` (8192 x 4096 bf16, 63 configs each
-#: verified against float64; benchmarks/results/session3_h200/call3): row loop pipelined 4 stages, one program per
-#: SM, one row per step, 8 warps: 0.0984 -> 0.0696 ms GPU time, 65% -> 91% of copy bandwidth.
+#: Launch overrides of the residual backward (three input streams: dy, d(new residual), new residual; one output): the
+#: H200 best of ``benchmarks/kernels/sweep_tiles.py --only add_rmsnorm_bwd`` (8192 x 4096 bf16, 63 configs each verified
+#: against float64; benchmarks/results/h200/kernels/sweep_tiles_norm_bwd.json): row loop pipelined 4 stages, one program
+#: per SM, one row per step, 8 warps: 0.0984 -> 0.0696 ms GPU time, 65% -> 91% of copy bandwidth.
 BWD_TUNING = BwdTuning(num_stages=4, programs_per_sm=1)
 
 #: Offset of the Llama form (weight applied as is; no Gemma ``1 + weight``).

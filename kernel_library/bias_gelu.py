@@ -40,12 +40,12 @@ TANH_SCALE_X2: tl.constexpr = tl.constexpr(1.5957691216057308)
 #: The cubic coefficient of tanh-GELU (same paper; torch ``approximate="tanh"``).
 TANH_CUBIC: tl.constexpr = tl.constexpr(0.044715)
 
-#: Tile shape and warps, measured on H200 2026-11-29 (benchmarks/results/sweep_tiles_h200.json: 8192 x 16384 bf16,
-#: erf, BLOCK_C {256..2048} x tile {2048, 4096, 8192} elements x {4, 8, 16} warps, summed CUDA time): 1024-wide
-#: column blocks, 4096-element tiles (4 rows) over 4 warps were fastest forward (0.2005 ms, 1.05x torch.compile;
-#: the earlier 512 x 4 rows over 8 warps: 0.245 ms, 0.86x) and within 3% of the fastest forward+backward
-#: (0.519 ms, 1.04x). Fewer warps with more elements per thread won throughout: 32 values per thread is four
-#: 16-byte bf16 vectors in flight per load.
+#: Tile shape and warps, measured on H200 2026-11-29 (benchmarks/results/h200/kernels/sweep_tiles.json: 8192 x 16384
+#: bf16, erf, BLOCK_C {256..2048} x tile {2048, 4096, 8192} elements x {4, 8, 16} warps, summed CUDA time): 1024-wide
+#: column blocks, 4096-element tiles (4 rows) over 4 warps were fastest forward (0.2005 ms, 1.05x torch.compile; the
+#: earlier 512 x 4 rows over 8 warps: 0.245 ms, 0.86x) and within 3% of the fastest forward+backward (0.519 ms, 1.04x).
+#: Fewer warps with more elements per thread won throughout: 32 values per thread is four 16-byte bf16 vectors in flight
+#: per load.
 MAX_BLOCK_C = 1024
 #: Elements per tile (BLOCK_R * BLOCK_C).
 TILE_ELEMS = 4096

@@ -45,18 +45,19 @@ from kernel_library.softmax import needs_int64_cols, online_lse_combine, online_
 # --- constants ----------------------------------------------------------------------------------------------
 
 #: Widest vocabulary (power-of-two block) whose row is held in registers as one block (one read of the logits).
-#: Measured on H200 2026-11-29, benchmarks/results/sweep_rows_h200.json (forward + loss.backward(), bf16,
+#: Measured on H200 2026-11-29, benchmarks/results/h200/kernels/sweep_rows.json (forward + loss.backward(), bf16,
 #: 8192 x 32000): the single 32768-wide block took 0.674 ms at its best (32 warps; 0.684 / 0.696 ms at 16 / 8),
 #: while the chunked path below took 0.603 ms (1.17x torch.compile) despite its second read of the row. So
 #: vocabularies wider than 4096 take the chunked path; up to 4096 (not swept) one block stays.
 MAX_SINGLE_BLOCK = 4096
 
-#: Chunk width and warps of the chunked path. Measured on H200 2026-11-29, benchmarks/results/sweep_rows_h200.json
-#: (forward + loss.backward(), bf16, n_cols specialised, per-lane online pass; chunks {1024 .. 8192} x {4, 8, 16}
-#: warps): 4096 over 8 warps was fastest at V = 32000 (0.516 ms total, of which 0.156 ms were autograd's zero fill
-#: of the unused gradient of the op's second output, since removed: see ``_setup_context``) and at V = 128256
-#: (2.169 ms). The per-lane accumulators (max, sum; smoothing: sum of logits) hold 3 fp32 values per chunk element:
-#: 16 elements per thread here; 8192 over 4 warps (64 per thread) spilled and was the slowest.
+#: Chunk width and warps of the chunked path. Measured on H200 2026-11-29,
+#: benchmarks/results/h200/kernels/sweep_rows.json (forward + loss.backward(), bf16, n_cols specialised, per-lane online
+#: pass; chunks {1024 .. 8192} x {4, 8, 16} warps): 4096 over 8 warps was fastest at V = 32000 (0.516 ms total, of which
+#: 0.156 ms were autograd's zero fill of the unused gradient of the op's second output, since removed: see
+#: ``_setup_context``) and at V = 128256 (2.169 ms). The per-lane accumulators (max, sum; smoothing: sum of logits) hold
+#: 3 fp32 values per chunk element: 16 elements per thread here; 8192 over 4 warps (64 per thread) spilled and was the
+#: slowest.
 LOOP_BLOCK = 4096
 LOOP_WARPS = 8
 
@@ -70,7 +71,7 @@ SCALE_BLOCK = 4096
 #: kernels, one launch each instead of ~5 small torch ops. One program loops over the tokens, so each loop step is a
 #: memory round trip: 8192 tokens in one step of 8192 over 16 warps took 2.1 + 2.2 us against 5.2 + 5.0 us in 8
 #: steps of 1024 over 4 warps (H200, fwd + loss.backward() at 8192 x 32000 bf16: 0.3534 vs 0.3599 ms; 32 warps no
-#: better; benchmarks/results/session4_h200/call1/ce_ab).
+#: better; benchmarks/results/h200/kernels/ce_reduce_ab.json).
 REDUCE_BLOCK = 8192
 REDUCE_WARPS = 16
 

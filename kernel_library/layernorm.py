@@ -53,11 +53,12 @@ from kernel_library.rmsnorm import (
 # registers per thread, no stack in any: one row 8 warps 123, 16 warps 64; two rows 8 warps 166, 16 warps 105;
 # four rows 16 warps 128; num_stages=3 adds (3 - 1) x rows x 16 KB of shared memory, registers about the same.
 
-#: Launch overrides of the fused backward without (``BWD_TUNING``) and with (``ADD_BWD_TUNING``, add_layernorm)
-#: the residual: rmsnorm.BwdTuning (row loop num_stages, rows per step, programs per SM, warps). The H200 best of
-#: ``benchmarks/sweep_tiles.py --only layernorm_bwd,add_layernorm_bwd`` (8192 x 4096 bf16, 63 configs each verified
-#: against float64; benchmarks/results/session3_h200/call3), for both: 3 stages, 2 rows per step, one program per
-#: SM, 8 warps. LayerNorm 0.0951 -> 0.0679 ms (50% -> 70% of copy); add_layernorm 0.1118 -> 0.0774 ms (57% -> 82%).
+#: Launch overrides of the fused backward without (``BWD_TUNING``) and with (``ADD_BWD_TUNING``, add_layernorm) the
+#: residual: rmsnorm.BwdTuning (row loop num_stages, rows per step, programs per SM, warps). The H200 best of
+#: ``benchmarks/kernels/sweep_tiles.py --only layernorm_bwd,add_layernorm_bwd`` (8192 x 4096 bf16, 63 configs each
+#: verified against float64; benchmarks/results/h200/kernels/sweep_tiles_norm_bwd.json), for both: 3 stages, 2 rows per
+#: step, one program per SM, 8 warps. LayerNorm 0.0951 -> 0.0679 ms (50% -> 70% of copy); add_layernorm 0.1118 -> 0.0774
+#: ms (57% -> 82%).
 BWD_TUNING = BwdTuning(num_stages=3, rows_per_iter=2, programs_per_sm=1)
 ADD_BWD_TUNING = BwdTuning(num_stages=3, rows_per_iter=2, programs_per_sm=1)
 
@@ -780,7 +781,7 @@ def hard_inputs() -> list:
                                                                                    bias, eps])]
 
 
-#: GPU benchmark shapes: the Llama-7B shape (8192 x 4096 bf16, benchmarks/results/kernels_h200_7b.md) in three
+#: GPU benchmark shapes: the Llama-7B shape (8192 x 4096 bf16, benchmarks/results/h200/kernels/kernels_7b.md) in three
 #: dtypes, a token and a width sweep, a row wide enough for the looped path, and the fused residual add
 #: (``residual=True``: add_layernorm).
 BENCH_SHAPES: list[dict] = [

@@ -121,6 +121,19 @@ def get_kernel(name: str) -> KernelEntry:
         raise KeyError(f"unknown kernel {name!r}; known kernels: {', '.join(sorted(KERNELS)) or '(none)'}") from None
 
 
+def entry_shapes(name: str, module) -> list[dict]:
+    """The benchmark shapes of the registry entry ``name``: the dicts of ``module.BENCH_SHAPES`` (keyword arguments
+    of the module's ``make_inputs``) that exercise it.
+
+    A module registering two entries (layernorm / add_layernorm, softmax / masked_softmax) says which entry each
+    shape is for with ``bench_entry(shape) -> name``; a module without it has one entry, all its shapes. A module
+    without ``BENCH_SHAPES`` has none (``[]``). The GPU benchmarks (``benchmarks/kernels/compare.py``,
+    ``benchmarks/host/host_overhead.py``) time these shapes.
+    """
+    pick = getattr(module, "bench_entry", None)
+    return [s for s in getattr(module, "BENCH_SHAPES", []) if pick is None or pick(s) == name]
+
+
 def kernels_for_pattern(pattern: str) -> list[KernelEntry]:
     """All registered kernels that replace chain pattern ``pattern`` (possibly empty)."""
     load_all()

@@ -78,7 +78,7 @@ BWD_PROGRAMS_PER_SM = 2
 FINAL_BLOCK_M = 64
 FINAL_BLOCK_N = 32
 
-#: Alternatives the lead sweeps on the GPU (benchmarks/sweep_tiles.py --only rmsnorm_bwd), all off by default:
+#: Alternatives the lead sweeps on the GPU (benchmarks/kernels/sweep_tiles.py --only rmsnorm_bwd), all off by default:
 #: ``RowConfig.rows_per_iter`` (R rows per loop step as one [R, BLOCK_SIZE] block), ``RowConfig.num_stages`` (a
 #: ``tl.range`` pipelining hint: loads of the next steps go through shared memory with cp.async) and
 #: ``RowConfig.programs_per_sm``. ptxas for sm_90 (triton 3.9, contiguous bf16 rows of 4096), registers per thread
@@ -88,13 +88,13 @@ FINAL_BLOCK_N = 32
 
 #: ``tl.range`` pipelining depth of the fused backward's row loop (the loads of the next rows go through shared
 #: memory with cp.async while the current row reduces). Measured on H200 2026-11-29
-#: (benchmarks/results/sweep_tiles_h200.json, key ``rmsnorm_bwd_session2``: 8192 x 4096 bf16, rows per step
+#: (benchmarks/results/h200/kernels/sweep_tiles.json, key ``rmsnorm_bwd_session2``: 8192 x 4096 bf16, rows per step
 #: {1, 2, 4} x programs per SM {1, 2, 4} x warps {4, 8, 16} x num_stages {None, 2, 3, 4}, each verified against
 #: float64): with the default one row per step, 2 programs per SM and 8 warps, num_stages=3 took 0.0576 ms (82% of
 #: copy) against 0.0797 ms (59%) without the hint; the fastest of all, 2 rows per step on 1 program per SM with
 #: num_stages=3, took 0.0562 ms (84%), within 3%, so the simpler setting is the default. Applied to the plain
 #: RMSNorm backward (:data:`BWD_TUNING`); the residual variant (add_rmsnorm, a third input stream) has its own
-#: ``add_rmsnorm.BWD_TUNING``, swept by ``benchmarks/sweep_tiles.py --only add_rmsnorm_bwd``.
+#: ``add_rmsnorm.BWD_TUNING``, swept by ``benchmarks/kernels/sweep_tiles.py --only add_rmsnorm_bwd``.
 BWD_NUM_STAGES = 3
 
 #: "SM count" used under the CPU interpreter, where programs run one after another: small, so tests stay fast,
@@ -649,7 +649,7 @@ class BwdTuning:
 
     Each norm module holds its own as a module-level constant (``rmsnorm.BWD_TUNING``, ``add_rmsnorm.BWD_TUNING``,
     ``layernorm.BWD_TUNING`` / ``ADD_BWD_TUNING``), read at every launch: flipping a measured best is one line, and
-    ``benchmarks/sweep_tiles.py --only <kernel>_bwd`` prints that line. Per call, the launchers' ``config``
+    ``benchmarks/kernels/sweep_tiles.py --only <kernel>_bwd`` prints that line. Per call, the launchers' ``config``
     argument overrides everything.
 
     Attributes:
@@ -878,8 +878,8 @@ def hard_inputs() -> list:
                                                                             offset])]
 
 
-#: GPU benchmark shapes: the Llama-7B shape (8192 x 4096, benchmarks/results/kernels_h200_7b.md) in three dtypes,
-#: a token sweep (decode to long prefill), a width sweep (Llama-1B 2048 .. Llama-405B 16384 hidden) and one row
+#: GPU benchmark shapes: the Llama-7B shape (8192 x 4096, benchmarks/results/h200/kernels/kernels_7b.md) in three
+#: dtypes, a token sweep (decode to long prefill), a width sweep (Llama-1B 2048 .. Llama-405B 16384 hidden) and one row
 #: wide enough for the looped path.
 BENCH_SHAPES: list[dict] = [
     {"n_rows": 8192, "n_cols": 4096, "dtype": torch.bfloat16},

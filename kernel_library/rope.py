@@ -38,11 +38,11 @@ from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ------------------------------------------------------------------------------------------------
 
-#: Elements of one half-tile [BLOCK_H, HALF_D] at most: 1024 = 16 heads x 64 (half of Llama-7B's head_dim 128),
-#: so the head loop runs twice for q's 32 heads. Measured on H200 2026-11-29 (benchmarks/results/
-#: sweep_tiles_h200.json, 4 x 2048 tokens, 32 heads of 128, bf16, HF layout; BLOCK_H {4, 8, 16, 32} x {1, 2, 4, 8}
-#: warps): 16 heads over 4 warps was fastest (0.0674 ms, 94% of copy, 1.05x torch.compile); the earlier 32 heads
-#: over 8 warps took 0.0723 ms (0.98x).
+#: Elements of one half-tile [BLOCK_H, HALF_D] at most: 1024 = 16 heads x 64 (half of Llama-7B's head_dim 128), so the
+#: head loop runs twice for q's 32 heads. Measured on H200 2026-11-29 (benchmarks/results/h200/kernels/sweep_tiles.json,
+#: 4 x 2048 tokens, 32 heads of 128, bf16, HF layout; BLOCK_H {4, 8, 16, 32} x {1, 2, 4, 8} warps): 16 heads over 4
+#: warps was fastest (0.0674 ms, 94% of copy, 1.05x torch.compile); the earlier 32 heads over 8 warps took 0.0723 ms
+#: (0.98x).
 MAX_HALF_TILE = 1024
 #: Contiguous elements per thread (x2 halves): one 16-byte vector of bf16/fp16 for each half.
 ELEMS_PER_THREAD = 8

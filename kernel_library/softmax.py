@@ -41,9 +41,9 @@ from kernel_library.registry import KernelEntry, register_kernel
 # --- constants ----------------------------------------------------------------------------------------------
 
 #: Widest row (power-of-two block) the forward holds in registers as one block. Measured on H200 2026-11-29,
-#: benchmarks/results/sweep_rows_h200.json (forward, bf16, 8192 x 32000, n_cols specialised, per-lane online pass):
-#: the single 32768-wide block took 0.349 ms at its best (16 warps; 0.357 / 0.419 ms at 32 / 8), the looped online
-#: path below 0.314 ms although it reads the row twice (the second read mostly from L2). Rows wider than 4096
+#: benchmarks/results/h200/kernels/sweep_rows.json (forward, bf16, 8192 x 32000, n_cols specialised, per-lane online
+#: pass): the single 32768-wide block took 0.349 ms at its best (16 warps; 0.357 / 0.419 ms at 32 / 8), the looped
+#: online path below 0.314 ms although it reads the row twice (the second read mostly from L2). Rows wider than 4096
 #: therefore loop; rows up to 4096 (not swept) keep one block, at most 16 values per thread (:data:`ELEMS_PER_THREAD`).
 MAX_SINGLE_BLOCK = 4096
 
@@ -52,7 +52,7 @@ MAX_SINGLE_BLOCK = 4096
 MAX_SINGLE_BLOCK_BWD = 16384
 
 #: Chunk width and warps of the looped (online) path. Measured on H200 2026-11-29,
-#: benchmarks/results/sweep_rows_h200.json (forward, bf16, chunks {1024, 2048, 4096, 8192} x {4, 8, 16} warps):
+#: benchmarks/results/h200/kernels/sweep_rows.json (forward, bf16, chunks {1024, 2048, 4096, 8192} x {4, 8, 16} warps):
 #: 4096 over 16 warps (8 values per thread per chunk) was fastest at 8192 x 32000 (0.314 ms, 79% of copy, 2.31x
 #: torch.compile; next 4096 / 8 warps, 0.322 ms) and within 1% of the fastest at 2048 x 128256 (0.397 ms vs 0.393 ms
 #: for 8192 / 16 warps, 1.85x). The backward's looped path (rows beyond :data:`MAX_SINGLE_BLOCK_BWD`) uses the same

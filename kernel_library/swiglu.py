@@ -33,7 +33,7 @@ from kernel_library.registry import KernelEntry, register_kernel
 #: Largest block of elements per program. 2048 elements with 8 warps = 8 contiguous elements per thread, one
 #: 16-byte vector per operand in bf16/fp16 (two in fp32); 8192 x 11008 then runs as ~44k programs. Inside the
 #: 1024-4096 range that keeps H100/H200 pointwise kernels at the bandwidth roof; on the H200, 8192 x 11008 bf16 ran
-#: at the copy-bandwidth roof, 1.00x torch.compile (benchmarks/results/kernels_h200_7b.md).
+#: at the copy-bandwidth roof, 1.00x torch.compile (benchmarks/results/h200/kernels/kernels_7b.md).
 MAX_BLOCK_SIZE = 2048
 #: Elements per thread: one 16-byte vector of a 2-byte dtype.
 ELEMS_PER_THREAD = 8

@@ -346,27 +346,7 @@ def test_export_capture_is_refused():
         _instrument(loaded, Capture(graphs=[], method="export"), set())
 
 
-# --- the accuracy benchmark's arithmetic, and the GPU path ---------------------------------------------------
-
-
-def test_accuracy_summary():
-    from benchmarks.profile_accuracy import markdown, summarize
-
-    rows = [
-        {"predicted_bound": "memory", "measured_bound": "memory", "ratio": 1.2, "measured_us": 10.0},
-        {"predicted_bound": "launch", "measured_bound": "memory", "ratio": 0.5, "measured_us": 30.0},
-        {"predicted_bound": "compute", "measured_bound": "compute", "ratio": 0.71, "measured_us": 60.0},
-        {"predicted_bound": "memory", "measured_bound": "", "ratio": None, "measured_us": 0.0},  # unmeasured
-    ]
-    s = summarize(rows)
-    assert s["chains"] == 3 and s["bound_agree"] == 2 and s["within_30"] == 2
-    assert s["confusion"]["launch"]["memory"] == 1
-    assert s["within_30_time_weighted_pct"] == pytest.approx(70.0)
-    assert [b["chains"] for b in s["ratio_buckets"]] == [0, 1, 2, 0, 0]
-    doc = {"summary": s, "device_name": "x", "date": "d", "versions": {}, "setup": "s", "models": [], "worst": [],
-           "by_pattern": [],
-           "spec": {"memory_bandwidth_gbps": 1.0, "launch_overhead_us": 1.0, "tensor_tflops": {"bf16": 1.0}}}
-    assert "| launch | 0 | 1 | 0 |" in markdown(doc)
+# --- the GPU path -----------------------------------------------------------------------------------------------
 
 
 @pytest.mark.gpu

@@ -2,7 +2,7 @@
 choice (never slower than the best baseline, never a wrong variant), the plan rebuilt from it.
 
 CPU only: Inductor's C++ backend compiles here, timings are CPU wall-clock medians; CUDA-graph executors are GPU
-work (tests/test_plan.py's GPU case and benchmarks/apply_kernelbench.py cover them).
+work (tests/test_plan.py's GPU case and benchmarks/apply/apply_models.py cover them).
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ class AttentionRate:
         causal: measured with ``is_causal=True`` (FLOPs counted as half, as ``fusion_advisor.graph`` counts them).
         tflops: TFLOP/s, ``4 b h s^2 d`` FLOPs (halved when causal) over the median time.
         masked: measured with an additive ``[B, 1, S, S]`` attention mask (cuDNN runs about half as fast with one
-            on an H200: benchmarks/results/session3_h200/call4/sdpa).
+            on an H200: benchmarks/results/h200/sdpa/sdpa_backends.json).
     """
 
     backend: str

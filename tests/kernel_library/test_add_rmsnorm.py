@@ -255,7 +255,7 @@ def test_compiled_matches_eager():
     assert_close(compiled[4], eager[4], torch.bfloat16, "dweight compiled vs eager")
 
 
-# --- the backward's module-level tuning (BWD_TUNING, swept by benchmarks/sweep_tiles.py --only add_rmsnorm_bwd) --
+# --- the backward's module-level tuning (BWD_TUNING, swept by benchmarks/kernels/sweep_tiles.py --only add_rmsnorm_bwd)
 
 
 def test_default_backward_config_carries_the_module_tuning():

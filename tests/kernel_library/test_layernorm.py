@@ -438,7 +438,7 @@ def test_compiled_matches_eager(residual):
         assert_close(c, e, torch.bfloat16, f"{name} compiled vs eager")
 
 
-# --- the backward's module-level tunings (BWD_TUNING / ADD_BWD_TUNING, swept by benchmarks/sweep_tiles.py) ------
+# --- the backward's module-level tunings (BWD_TUNING / ADD_BWD_TUNING, swept by benchmarks/kernels/sweep_tiles.py) --
 
 
 @pytest.mark.parametrize("residual", (False, True), ids=("plain", "residual"))

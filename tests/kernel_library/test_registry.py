@@ -4,8 +4,7 @@ import importlib
 
 import pytest
 
-from benchmarks.kernels import entry_shapes
-from kernel_library.registry import load_all
+from kernel_library.registry import entry_shapes, load_all
 
 ENTRIES = sorted(load_all().items())
 

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# apply on the H200 in one device call: install the tree, the GPU-only tests of apply, then
+# benchmarks/apply/apply_models.py on a seeded KernelBench subset (files carried in .kb/, a git-ignored copy of
+# ../shared/kernelbench) and any extra model files. Everything lands in $OUT (results.json / results.md).
+#   bash benchmarks/apply/apply_h200.sh L2 L3 SEED SLICE TESTS DEADLINE_S [extra model files...]
+# e.g. bash benchmarks/apply/apply_h200.sh 8 6 0 0:7 1 300  (the seed-0 subset of 8 + 6 files, its first 7, with the
+# tests, no new file started after 300 s)
+set -u
+L2=${1:-4} L3=${2:-2} SEED=${3:-0} SLICE=${4:-} TESTS=${5:-1} DEADLINE=${6:-400}
+shift 6 2>/dev/null || shift $#
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+if [ "$TESTS" = 1 ]; then
+  timeout 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_apply.py tests/test_plan.py \
+    tests/test_variants.py > "$OUT/gpu_tests.log" 2>&1
+  echo "gpu tests: exit $?"; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -12
+fi
+python benchmarks/apply/apply_models.py --kernelbench .kb --level2 "$L2" --level3 "$L3" --seed "$SEED" \
+  --slice "$SLICE" --deadline-s "$DEADLINE" --files "$@" --out "$OUT/models" > "$OUT/models.log" 2>&1
+tail -40 "$OUT/models.log"
+tar czf "$OUT/models.tgz" -C "$OUT" models

@@ -1,0 +1,308 @@
+"""apply on models nobody here wrote, measured independently of apply's own numbers (GPU).
+
+For each model file: ``fusion-advisor apply FILE --verify --device cuda`` runs as a user would run it (a
+subprocess, its wall time recorded); then, in a fresh process per file, the model as written, ``torch.compile(model)``,
+``torch.compile(model, mode="reduce-overhead")`` and the model ``load_plan`` rebuilds from apply's plan.yaml are
+each run once (first-call time apart), checked against the model as written on fresh inputs at KernelBench's
+``atol = rtol = 1e-2``, and timed in interleaved rounds (``triton.testing.do_bench`` median per round, L2 flushed;
+the median of the rounds is reported with their spread). Forward under ``torch.no_grad()`` (the model in eval mode,
+as apply loads it), or forward+backward with ``--backward``.
+
+Files: ``--kernelbench DIR`` with ``--level2 N --level3 M --seed S`` draws a fixed, seeded subset of each level
+(sorted file names, ``random.Random(seed).sample``); ``--files`` adds any model files. The results name every file.
+
+    python benchmarks/apply/apply_models.py --kernelbench .kb --level2 6 --level3 4 --seed 0 --out $OUT/kb
+    python benchmarks/apply/apply_models.py --files tests/data/models/tiny_pointwise.py --out /tmp/smoke  # one file
+
+Writes ``results.json`` (every number, GPU and versions, date) and ``results.md`` (the table) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+KB_ATOL = KB_RTOL = 1e-2
+VARIANTS = ("eager", "torch.compile", "reduce-overhead", "plan")
+
+
+# --- one file, in its own process ---------------------------------------------------------------------------
+
+
+def evaluate(model_file: str, plan: str, backward: bool, rounds: int, device: str = "cuda") -> dict[str, Any]:
+    """Time and check eager / torch.compile / reduce-overhead / the plan's model for one file (this process)."""
+    import torch
+
+    import fusion_advisor
+    from fusion_advisor.apply.measure import ModelHarness, tensor_leaves
+    from fusion_advisor.load import load_model
+
+    loaded = load_model(None if model_file == "builtin" else model_file, device=device)
+    model = loaded.module
+    harness = ModelHarness(loaded, backward=backward, fresh_sets=0)
+    fresh = list(loaded.make_inputs(4321)) if loaded.make_inputs else list(loaded.inputs)
+    makers = {
+        "eager": lambda: model,
+        "torch.compile": lambda: torch.compile(model),
+        "reduce-overhead": (lambda: torch.compile(model, mode="reduce-overhead")) if device == "cuda" else None,
+        "plan": lambda: fusion_advisor.load_plan(model, plan),
+    }
+    out: dict[str, Any] = {"variants": {}}
+
+    def outputs(fn: Any) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        with torch.no_grad():
+            return [t.detach().clone() for t in tensor_leaves(fn(*fresh))]
+
+    reference = outputs(model)
+    built: dict[str, Any] = {}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for name, make in makers.items():
+        if make is None:
+            continue
+        rec: dict[str, Any] = {}
+        out["variants"][name] = rec
+        try:
+            fn = make()
+            sync()
+            start = time.perf_counter()
+            harness.step(fn)()
+            sync()
+            rec["first_call_s"] = time.perf_counter() - start
+            got = outputs(fn)
+            ok = len(got) == len(reference) and all(
+                g.shape == r.shape and bool(torch.allclose(g.float(), r.float(), atol=KB_ATOL, rtol=KB_RTOL))
+                for g, r in zip(got, reference))
+            rec["correct_at_1e-2"] = ok
+            rec["max_abs_diff"] = max((float((g.float() - r.float()).abs().max()) for g, r in zip(got, reference)
+                                       if g.shape == r.shape and g.numel()), default=0.0)
+            built[name] = fn
+            if name == "plan":
+                rec["plan_variant"] = fn.spec.name
+                rec["plan_problems"] = fn.problems()
+        except Exception as e:  # a variant that fails is reported, the others still run
+            rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    for name in built:
+        out["variants"][name]["rounds_ms"] = []
+    for _ in range(rounds):  # interleaved: each round times every variant once
+        for name, fn in built.items():
+            try:
+                out["variants"][name]["rounds_ms"].append(harness.time_round(fn, warmup_ms=25, rep_ms=100))
+            except Exception as e:
+                out["variants"][name]["error"] = f"timing: {type(e).__name__}: {str(e).splitlines()[0]}"[:300]
+    for rec in out["variants"].values():
+        r = rec.get("rounds_ms") or []
+        if r:
+            rec["ms"] = statistics.median(r)
+            rec["spread"] = (max(r) - min(r)) / rec["ms"]
+    return out
+
+
+# --- the driver -------------------------------------------------------------------------------------------------
+
+
+def select(kb: Path, level2: int, level3: int, seed: int) -> list[Path]:
+    """The seeded subset: ``level2`` files of level 2 and ``level3`` of level 3, sampled from sorted names."""
+    files: list[Path] = []
+    for level, n in (("level2", level2), ("level3", level3)):
+        pool = sorted((kb / level).glob("*.py"))
+        files += sorted(random.Random(seed).sample(pool, min(n, len(pool))))
+    return files
+
+
+def _geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def run_file(path: str, out_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    name = "builtin" if path == "builtin" else Path(path).stem
+    rec: dict[str, Any] = {"file": path, "name": name, "level": Path(path).parent.name if path != "builtin" else ""}
+    apply_dir = out_dir / name
+    cmd = [sys.executable, "-m", "fusion_advisor.cli", "apply"] + ([] if path == "builtin" else [path]) + [
+        "--verify", "--device", args.device, "--out", str(apply_dir), "--budget-s", str(args.budget_s),
+        "--time-rounds", str(args.time_rounds)] + (["--backward"] if args.backward else [])
+    start = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.apply_timeout)
+        rec["apply_exit"] = p.returncode
+        rec["apply_tail"] = (p.stdout + p.stderr)[-1500:]
+    except subprocess.TimeoutExpired:
+        rec["apply_exit"] = "timeout"
+    rec["apply_s"] = time.perf_counter() - start
+    plan = apply_dir / "plan.yaml"
+    if not plan.is_file():
+        rec["error"] = "apply wrote no plan"
+        return rec
+    import yaml
+
+    doc = yaml.safe_load(plan.read_text())
+    rec["apply_chosen"] = (doc.get("chosen") or {}).get("name")
+    rec["apply_summary"] = doc.get("summary")
+    rec["apply_variants"] = [{"name": v["name"], "status": v["status"],
+                              "ms": (v.get("timing") or {}).get("ms"),
+                              "first_call_s": (v.get("timing") or {}).get("first_call_s"),
+                              "reason": v["reason"][:200]} for v in doc.get("variants", [])]
+    rec["apply_stage_s"] = doc.get("timings_s")
+    ev_json = apply_dir / "eval.json"
+    ev_cmd = [sys.executable, __file__, "--evaluate", path, "--plan", str(plan), "--json", str(ev_json),
+              "--rounds", str(args.rounds), "--device", args.device] + (["--backward"] if args.backward else [])
+    try:
+        p = subprocess.run(ev_cmd, capture_output=True, text=True, timeout=args.eval_timeout)
+        if p.returncode != 0:
+            rec["eval_error"] = (p.stdout + p.stderr)[-1500:]
+    except subprocess.TimeoutExpired:
+        rec["eval_error"] = "timeout"
+    if ev_json.is_file():
+        rec["eval"] = json.loads(ev_json.read_text())
+    return rec
+
+
+def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per level: geomeans over files of each variant's speed-up over eager, and of the plan over the best correct
+    baseline; wrong plans; plans slower than that baseline by more than 3%."""
+    out: dict[str, Any] = {}
+    levels = sorted({r["level"] for r in recs})
+    for level in levels + ["all"]:
+        rows = [r for r in recs if (level == "all" or r["level"] == level) and "eval" in r]
+        vs_eager: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        vs_best, wrong, slower = [], 0, []
+        for r in rows:
+            v = r["eval"]["variants"]
+            eager = v.get("eager", {}).get("ms")
+            for name in VARIANTS:
+                ms = v.get(name, {}).get("ms")
+                if eager and ms and v[name].get("correct_at_1e-2"):
+                    vs_eager[name].append(eager / ms)
+            base = [v[n]["ms"] for n in ("eager", "torch.compile", "reduce-overhead")
+                    if v.get(n, {}).get("ms") and v[n].get("correct_at_1e-2")]
+            plan = v.get("plan", {})
+            if plan.get("correct_at_1e-2") is False:
+                wrong += 1
+            if base and plan.get("ms"):
+                ratio = min(base) / plan["ms"]
+                vs_best.append(ratio)
+                if ratio < 1 / 1.03:
+                    slower.append(r["name"])
+        out[level] = {"files": len(rows), "wrong_plans": wrong, "slower_than_best_baseline_by_3pct": slower,
+                      "plan_vs_best_baseline_geomean": _geomean(vs_best),
+                      **{f"{n}_vs_eager_geomean": _geomean(x) for n, x in vs_eager.items()}}
+    return out
+
+
+def markdown(recs: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str, Any]) -> str:
+    lines = [f"# apply on models nobody here wrote ({meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, "
+             f"{meta['date']})", "",
+             f"{meta['what']}; times are medians of {meta['rounds']} interleaved do_bench rounds (ms), measured in "
+             f"a fresh process per file, after apply (`--budget-s {meta['budget_s']}`) wrote its plan; correct = "
+             f"allclose to the model as written at atol = rtol = 1e-2 on fresh inputs.", "",
+             "| file | eager | torch.compile | reduce-overhead | plan (variant) | plan vs best baseline | apply s |",
+             "|---|---|---|---|---|---|---|"]
+    for r in recs:
+        v = (r.get("eval") or {}).get("variants", {})
+
+        def cell(n: str) -> str:
+            x = v.get(n, {})
+            if "ms" not in x:
+                return f"error: {x.get('error', r.get('eval_error', r.get('error', '?')))[:60]}"
+            flag = "" if x.get("correct_at_1e-2") else " WRONG"
+            return f"{x['ms']:.4g}{flag}"
+
+        base = [v[n]["ms"] for n in ("eager", "torch.compile", "reduce-overhead")
+                if v.get(n, {}).get("ms") and v[n].get("correct_at_1e-2")]
+        plan = v.get("plan", {})
+        ratio = f"{min(base) / plan['ms']:.3f}x" if base and plan.get("ms") else "-"
+        lines.append(f"| {r['name']} | {cell('eager')} | {cell('torch.compile')} | {cell('reduce-overhead')} | "
+                     f"{cell('plan')} ({plan.get('plan_variant', r.get('apply_chosen', '-'))}) | {ratio} | "
+                     f"{r.get('apply_s', 0):.0f} |")
+    lines += ["", "| set | files | plan vs best baseline (geomean) | eager | torch.compile | reduce-overhead | plan | "
+              "wrong plans | slower than best by >3% |", "|---|---|---|---|---|---|---|---|---|"]
+    for level, s in summary.items():
+        def g(k: str) -> str:
+            return f"{s[k]:.3f}x" if s.get(k) else "-"
+
+        lines.append(f"| {level} | {s['files']} | {g('plan_vs_best_baseline_geomean')} | {g('eager_vs_eager_geomean')} "
+                     f"| {g('torch.compile_vs_eager_geomean')} | {g('reduce-overhead_vs_eager_geomean')} | "
+                     f"{g('plan_vs_eager_geomean')} | {s['wrong_plans']} | "
+                     f"{', '.join(s['slower_than_best_baseline_by_3pct']) or 'none'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _meta(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import triton
+
+    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+            "torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0],
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "rounds": args.rounds,
+            "budget_s": args.budget_s, "seed": args.seed,
+            "what": "forward+backward" if args.backward else "forward under torch.no_grad()"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernelbench", type=Path, help="KernelBench folder with level2/ and level3/")
+    ap.add_argument("--level2", type=int, default=0)
+    ap.add_argument("--level3", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--files", nargs="*", default=[], help="more model files ('builtin': the default model)")
+    ap.add_argument("--slice", default="", help="run files[a:b] of the seeded subset, e.g. 0:3,8:10 (split a subset across calls)")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--budget-s", type=float, default=45.0)
+    ap.add_argument("--time-rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--backward", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test this script")
+    ap.add_argument("--deadline-s", type=float, default=0.0, help="start no new file after this many seconds")
+    ap.add_argument("--apply-timeout", type=float, default=400.0)
+    ap.add_argument("--eval-timeout", type=float, default=300.0)
+    ap.add_argument("--evaluate", help=argparse.SUPPRESS)
+    ap.add_argument("--plan", help=argparse.SUPPRESS)
+    ap.add_argument("--json", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.evaluate:
+        result = evaluate(args.evaluate, args.plan, args.backward, args.rounds, args.device)
+        args.json.write_text(json.dumps(result, indent=1))
+        return
+    files = [str(f) for f in select(args.kernelbench, args.level2, args.level3, args.seed)] if args.kernelbench else []
+    if args.slice:  # "a:b" or several, comma-separated
+        picked = []
+        for part in args.slice.split(","):
+            a, _, b = part.partition(":")
+            picked += files[int(a or 0):int(b) if b else None]
+        files = picked
+    files += list(args.files)
+    args.out.mkdir(parents=True, exist_ok=True)
+    recs = []
+    t0 = time.perf_counter()
+    for i, f in enumerate(files):
+        if args.deadline_s and time.perf_counter() - t0 > args.deadline_s:
+            print(f"deadline of {args.deadline_s:g} s reached: {len(files) - i} file(s) not run: {files[i:]}")
+            break
+        print(f"[{i + 1}/{len(files)}] {f}", flush=True)
+        recs.append(run_file(f, args.out, args))
+        r = recs[-1]
+        v = (r.get("eval") or {}).get("variants", {})
+        print("   apply %.0f s, chosen %s; " % (r.get("apply_s", 0), r.get("apply_chosen"))
+              + ", ".join(f"{n} {v[n].get('ms', float('nan')):.4g}" for n in VARIANTS if n in v), flush=True)
+        summary = summarize(recs)
+        meta = _meta(args)
+        (args.out / "results.json").write_text(json.dumps({"meta": meta, "files": files, "summary": summary,
+                                                           "results": recs}, indent=1, default=str))
+        (args.out / "results.md").write_text(markdown(recs, summary, meta))
+    print((args.out / "results.md").read_text())
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

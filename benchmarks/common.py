@@ -1,0 +1,42 @@
+"""Helpers the GPU benchmarks share: the copy-bandwidth ceiling, a shape's label, the outputs a backward starts from.
+
+Each entry point (``benchmarks/<purpose>/<name>.py``) puts the repository root on ``sys.path`` and imports these as
+``benchmarks.common``; the package itself never imports ``benchmarks``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fusion_advisor.verification.trees import tensor_leaves
+
+__all__ = ["copy_bandwidth_gbps", "float_outputs", "shape_label", "tensor_leaves"]
+
+
+def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth of the current CUDA GPU, GB/s counting bytes read plus written (the ceiling
+    memory-bound kernels face): ``triton.testing.do_bench`` median (warmup 25 ms, rep 200 ms) of copying ``nbytes``
+    (1 GiB, far past L2).
+
+    Raises:
+        RuntimeError: no CUDA GPU (from the allocation).
+    """
+    from triton.testing import do_bench
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def float_outputs(out: Any) -> list[torch.Tensor]:
+    """The floating-point tensors of ``out`` (nested tuples and lists walked) that require grad: where a backward
+    starts."""
+    return [t for t in tensor_leaves(out) if t.is_floating_point() and t.requires_grad]
+
+
+def shape_label(shape: dict) -> str:
+    """A ``BENCH_SHAPES`` dict as one label, ``n_rows=8192,n_cols=4096,dtype=bfloat16`` (``torch.`` dropped)."""
+    return ",".join(f"{k}={str(v).replace('torch.', '')}" for k, v in shape.items())
