@@ -6,9 +6,15 @@ accumulator tile before the one store, instead of two more passes over the [M, N
 
 Kernel: Triton's matmul tutorial structure (``python/tutorials/03-matrix-multiplication.py``): [BLOCK_M, BLOCK_N]
 output tiles, grouped program ordering (GROUP_M row tiles share each column tile of ``w`` while it is in L2),
-fp32 accumulation, ``@triton.autotune`` over a handful of configs keyed on (M, N, K). ``tl.dot`` keeps its default
-precision: fp32 inputs run as TF32 on Ampere/Hopper like ``torch.mm`` with TF32 allowed, so fp32 results are
-compared with ``fusion_advisor.tolerances.TF32_TOLERANCE`` (exact fp32 under TRITON_INTERPRET).
+fp32 accumulation, ``@triton.autotune`` over a handful of configs keyed on (M, N, K).
+
+fp32 inputs run on tensor cores at fp32's accuracy: ``tl.dot(..., input_precision="tf32x3")`` splits each operand
+into a TF32 high part and a TF32 residual and sums three TF32 products (hi*hi + hi*lo + lo*hi; the split of
+Henry, Tang & Heinecke, "Leveraging the bfloat16 AI datatype for higher-precision computations", ARITH 2019, and
+of CUTLASS's 3xTF32 "fast accurate" GEMMs). Each product keeps ~21 of fp32's 24 mantissa bits, far below the
+fp32 accumulation error of a K-long sum, so the result is as close to float64 as cuBLAS's fp32 SGEMM (which
+PyTorch runs without TF32 by default), at three tensor-core passes instead of CUDA-core FMAs. fp16/bf16 inputs
+use their native tensor-core products. Under TRITON_INTERPRET every dot is exact fp32.
 
 Backward (``dz = dy * act'(z)``, ``dx = dz @ w``, ``dw = dz.T @ x``, ``dbias = sum dz``): the same kernel
 recomputes ``z = x @ w.T + bias`` tile by tile and writes ``dz`` directly (an activation-gradient epilogue, so
@@ -38,20 +44,26 @@ ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
+#: ``tl.dot`` precision of fp32 operands: three TF32 products per product (see the module docstring), fp32's
+#: accuracy on tensor cores. "tf32" would be ~3x faster again but ~1000x less accurate than the fp32 model it
+#: replaces; apply's check (never further from float64 than eager) would reject it.
+FP32_DOT_PRECISION = "tf32x3"
+
 
 def _configs() -> list[triton.Config]:
-    """Autotune candidates. On a GPU: the H100-class configs of Triton's matmul tutorial (128x256 / 256x128 tiles
-    with 8 warps for large bf16 GEMMs, 128x128 and 64x256 with 4 warps, 64x64 for small M such as decode); configs
-    that exceed shared memory (e.g. large fp32 tiles) fail to compile and the autotuner skips them.
-    Under TRITON_INTERPRET: one small config, so the CPU interpreter never benchmarks candidates."""
+    """Autotune candidates. On a GPU: the H100-class configs of Triton's matmul tutorial for 16-bit operands
+    (128x256 / 256x128 tiles with 8 warps for large bf16 GEMMs, 128x128 and 64x256 with 4 warps, 64x64 for small M
+    such as decode), and for fp32 operands (4 bytes each: BLOCK_K 32 keeps 3-4 pipeline stages inside the 227 KiB
+    of shared memory) 128x256 / 256x128 / 128x128 tiles; :func:`_prune_configs` keeps the set of the operands'
+    dtype. Under TRITON_INTERPRET: one small config, so the CPU interpreter never benchmarks candidates."""
     if _device.interpreted():
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4, num_stages=1)]
 
-    def cfg(bm, bn, bk, warps, stages):
+    def cfg(bm, bn, bk, warps, stages, fp32=False):
         return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=warps,
-                             num_stages=stages)
+                             num_stages=stages), fp32
 
-    return [
+    configs = [
         cfg(128, 256, 64, 8, 3),
         cfg(256, 128, 64, 8, 3),
         cfg(128, 128, 64, 8, 4),
@@ -60,7 +72,25 @@ def _configs() -> list[triton.Config]:
         cfg(128, 64, 32, 4, 4),
         cfg(64, 64, 64, 4, 4),
         cfg(64, 128, 32, 4, 5),
+        cfg(128, 256, 32, 8, 3, fp32=True),
+        cfg(256, 128, 32, 8, 3, fp32=True),
+        cfg(128, 128, 32, 8, 4, fp32=True),
+        cfg(128, 128, 32, 4, 3, fp32=True),
+        cfg(64, 128, 32, 4, 4, fp32=True),
+        cfg(64, 64, 32, 4, 4, fp32=True),
     ]
+    _FP32_CONFIGS.update(id(c) for c, fp32 in configs if fp32)
+    return [c for c, _ in configs]
+
+
+#: ``id()`` of the fp32 configs of :func:`_configs` (the autotuner keeps the same Config objects for its life).
+_FP32_CONFIGS: set[int] = set()
+
+
+def _prune_configs(configs: list[triton.Config], named_args: dict, **_: object) -> list[triton.Config]:
+    """The configs of the operands' dtype (:func:`_configs`); all of them when none is of that dtype."""
+    fp32 = named_args["x_ptr"].dtype == torch.float32
+    return [c for c in configs if (id(c) in _FP32_CONFIGS) == fp32] or configs
 
 
 # --- kernel ---------------------------------------------------------------------------------------------------
@@ -118,7 +148,7 @@ def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 
 # M (the token count: 1 when decoding) is not specialised: loads vectorise along K and stores along N, so its
 # divisibility buys nothing and would compile a variant per token-count class.
-@triton.autotune(configs=_configs(), key=["M", "N", "K"])
+@triton.autotune(configs=_configs(), key=["M", "N", "K"], prune_configs_by={"early_config_prune": _prune_configs})
 @triton.jit(do_not_specialize=["M"])
 def _gemm_epilogue_kernel(
     x_ptr,  # x [M, K]
@@ -142,6 +172,7 @@ def _gemm_epilogue_kernel(
     ACTIVATION: tl.constexpr,  # one of ACTIVATIONS
     ACT_GRAD: tl.constexpr,  # epilogue writes dL/dz instead of act(z)
     DOT_IN_FP32: tl.constexpr,  # interpreter workaround for bf16, see _launch; False on GPUs
+    DOT_PRECISION: tl.constexpr,  # tl.dot input_precision: FP32_DOT_PRECISION for fp32 operands, else "tf32"
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -166,7 +197,7 @@ def _gemm_epilogue_kernel(
         if DOT_IN_FP32:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc)  # default precision: TF32 for fp32 inputs
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         x_ptrs += x_step
         w_ptrs += w_step
 
@@ -222,6 +253,8 @@ def _launch(x2, w, bias, grad, y, activation: str, act_grad: bool) -> None:
         # interpreter.py create_dot); bf16 -> fp32 is exact and the interpreter's fp32 dot is exact, so the
         # upcast gives the products a GPU's bf16 tensor cores give, accumulated in fp32 as there.
         DOT_IN_FP32=_device.interpreted() and x2.dtype == torch.bfloat16,
+        # fp16/bf16 operands ignore input_precision; "tf32" is tl.dot's default.
+        DOT_PRECISION=FP32_DOT_PRECISION if x2.dtype == torch.float32 else "tf32",
     )
 
 
@@ -309,8 +342,8 @@ def gemm_epilogue(
         activation: one of ``none``, ``relu``, ``gelu`` (erf), ``gelu_tanh``, ``silu``.
 
     Returns:
-        contiguous [..., N] in x's dtype: ``act(F.linear(x, w, bias))`` accumulated in fp32 (TF32 products for
-        fp32 inputs on a GPU), bias and activation applied in fp32, one rounding.
+        contiguous [..., N] in x's dtype: ``act(F.linear(x, w, bias))`` accumulated in fp32 (3xTF32 products for
+        fp32 inputs on a GPU: fp32 accuracy), bias and activation applied in fp32, one rounding.
 
     Raises:
         ValueError / TypeError: bad shapes, dtypes, device or activation (message names the argument).
@@ -354,9 +387,9 @@ def make_inputs(M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16, bia
     return [x, w, b, activation]
 
 
-#: fp32 products run as TF32 (``tl.dot``'s default precision on Ampere/Hopper): ``verify`` applies the policy's TF32
-#: floor to fp32 outputs on a GPU.
-USES_TF32 = True
+#: fp32 products run as 3xTF32 (fp32 accuracy), so ``verify`` holds fp32 outputs to the fp32 policy, with no TF32
+#: floor.
+USES_TF32 = False
 
 #: ``get_inputs(size)`` sizes, ``(M, N, K)``.
 SIZES = [(8192, 16384, 4096)] if _device.on_gpu() else [(37, 40, 48)]
