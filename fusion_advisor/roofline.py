@@ -218,6 +218,11 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
 
     compile_us = at(spec.efficiency("torch.compile", chain.pattern), launch)
     triton_us = at(spec.efficiency("triton", chain.pattern), launch)
+    heavy_rate = None if fusible else (spec.route_efficiency.get("triton") or {}).get(chain.pattern)
+    if heavy_rate and any_work:
+        # a library kernel that replaces a heavy op itself (the fp32 GEMM as 3xTF32): its measured share of the
+        # op's compute roofline, which may pass 1 when it uses units the roofline's peak does not count
+        triton_us = max(compute_us / float(heavy_rate), memory_fused_us + overhead, launch)
     busy_us = sum(t if runs else 0.0 for t, runs, _ in busy)
     cudagraphs_us = at(spec.efficiency("torch.compile", chain.pattern), 0.0) if fusible else busy_us
     ridge = peak_tflops * 1e12 / (spec.memory_bandwidth_gbps * 1e9)

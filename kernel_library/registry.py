@@ -29,6 +29,7 @@ KNOWN_PATTERNS = (
     "bias_gelu",
     "rope",
     "gemm_epilogue",
+    "matmul",  # the analysis' heavy GEMM item (its category), for kernels that replace a GEMM itself
 )
 
 
@@ -48,6 +49,9 @@ class KernelEntry:
         pattern: plain-PyTorch function of the subgraph the kernel replaces (used by ``apply``), or ``None``.
         replacement: function with the pattern's signature that calls the kernel, or ``None``.
         extra_check: predicate over the matched tensors' metadata (shapes, dtypes), or ``None``.
+        match_dtypes: the float dtypes ``apply`` matches the pattern in at all, or ``None`` for any: a site in
+            another dtype is not this kernel's (no near-miss), e.g. an fp32-only GEMM meeting a bf16 ``F.linear``,
+            which is cuBLAS's tensor-core GEMM already.
     """
 
     name: str
@@ -61,6 +65,7 @@ class KernelEntry:
     pattern: Callable | None = field(default=None, compare=False)
     replacement: Callable | None = field(default=None, compare=False)
     extra_check: Callable[..., bool] | None = field(default=None, compare=False)
+    match_dtypes: tuple[torch.dtype, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.replaces not in KNOWN_PATTERNS:

@@ -275,6 +275,14 @@ def _check_site(entry: Any, vals: list[Any]) -> str:
     return ""
 
 
+def _dtype_matches(entry: Any, anchor: Node) -> bool:
+    """Whether ``anchor``'s output dtype is one ``entry.match_dtypes`` lets the kernel meet (any when it is None,
+    or when the node carries no tensor value)."""
+    wanted = getattr(entry, "match_dtypes", None)
+    val = anchor.meta.get("val")
+    return wanted is None or not isinstance(val, torch.Tensor) or val.dtype in wanted
+
+
 def find_matches(gm: torch.fx.GraphModule, library: PatternLibrary, graph_index: int,
                  site_counter: Iterator[int] | None = None) -> tuple[list[Match], list[NearMiss]]:
     """All matches of the library's patterns in canonical graph ``gm``, and the near-misses.
@@ -298,7 +306,7 @@ def find_matches(gm: torch.fx.GraphModule, library: PatternLibrary, graph_index:
                 continue
             matcher = _Matcher(pat, by_target, strict=False)
             for anchor in by_target.get(pat.outputs[0].target, []):
-                if anchor in found:
+                if anchor in found or not _dtype_matches(entry, anchor):
                     continue
                 attempt = anchors.setdefault(anchor, _Attempt())
                 st = matcher.run(anchor, attempt)

@@ -45,8 +45,9 @@ _SENTINELS = (1.234567e-05, 2.345678e-05, 3.456789e-05, 4.567891e-05)
 _N, _D, _I, _V, _H, _S, _HD = 6, 16, 24, 40, 2, 8, 8  # rows, hidden, intermediate, vocab, heads, seq, head dim
 
 #: Example arguments of each chain pattern's ``KernelEntry.pattern`` (small; only the graph structure matters,
-#: the exact pass retraces at the model's shapes). A kernel whose pattern name is missing here is reported as
-#: "cannot trace its pattern", never silently skipped.
+#: the exact pass retraces at the model's shapes), keyed by the kernel's name where two kernels replace one chain
+#: pattern with different signatures (``linear``, ``linear_nobias``), else by the pattern. A kernel found under
+#: neither key is reported as "cannot trace its pattern", never silently skipped.
 PATTERN_EXAMPLES: dict[str, tuple[Any, ...]] = {
     "rmsnorm": (_T((2, 3, _D)), _T((_D,)), SCALAR),
     "add_rmsnorm": (_T((2, 3, _D)), _T((2, 3, _D)), _T((_D,)), SCALAR),
@@ -61,7 +62,15 @@ PATTERN_EXAMPLES: dict[str, tuple[Any, ...]] = {
     "masked_softmax": (_T((2, _H, _S, _S)), _T((2, 1, _S, _S)), SCALAR),
     "rope": (_T((2, _H, _S, _HD)), _T((2, _H, _S, _HD)), _T((2, _S, _HD)), _T((2, _S, _HD))),
     "gemm_epilogue": (_T((_N, _D)), _T((_I, _D)), _T((_I,))),
+    "linear": (_T((_N, _D)), _T((_I, _D)), _T((_I,))),
+    "linear_nobias": (_T((_N, _D)), _T((_I, _D))),
 }
+
+
+def pattern_examples(entry: Any) -> tuple[Any, ...] | None:
+    """The example arguments of ``entry.pattern``: :data:`PATTERN_EXAMPLES` under the kernel's name, else under
+    the chain pattern it replaces; ``None`` when neither is there."""
+    return PATTERN_EXAMPLES.get(entry.name, PATTERN_EXAMPLES.get(entry.replaces))
 
 
 # --- patterns -----------------------------------------------------------------------------------------------
@@ -114,7 +123,7 @@ def _example_args(entry: Any, dtype: torch.dtype, fake_mode: Any) -> tuple[list[
     params = _pattern_params(entry.pattern)
     args: list[Any] = []
     sentinels: dict[float, str] = {}
-    for i, spec in enumerate(PATTERN_EXAMPLES[entry.replaces]):
+    for i, spec in enumerate(pattern_examples(entry)):
         if isinstance(spec, _Scalar):
             value = _SENTINELS[len(sentinels)]
             sentinels[value] = params[i] if i < len(params) else f"arg{i}"
@@ -144,7 +153,7 @@ class PatternLibrary:
             if entry.pattern is None or entry.replacement is None:
                 self.problems[name] = "the kernel registers no pattern/replacement, so apply cannot swap it in"
                 continue
-            if entry.replaces not in PATTERN_EXAMPLES:
+            if pattern_examples(entry) is None:
                 self.problems[name] = (f"no example arguments for pattern '{entry.replaces}' in "
                                        f"fusion_advisor.apply.patterns.PATTERN_EXAMPLES: its pattern cannot be traced")
                 continue

@@ -276,7 +276,8 @@ def _link(backend: RewriteBackend, analysis: Any, options: ApplyOptions,
             s = m.site
             chain_ids = chains_of(g.index, s.op_ids)
             decs = [analysis.decisions[c] for c in chain_ids if c in analysis.decisions]
-            routed = next((d for d in decs if d.route == "triton" and d.kernel == s.kernel), None)
+            routed = next((d for d in decs if d.route == "triton" and _same_family(backend, d.kernel, s.kernel)),
+                          None)
             main = routed or next((d for d in decs if d.route == "triton"), decs[0] if decs else None)
             route_text = (f"chain {main.chain_id} -> {main.route}{'/' + main.kernel if main.kernel else ''} "
                           f"(rule {main.rule_id})") if main else "no analysis chain linked to these ops"
@@ -321,6 +322,16 @@ def _link(backend: RewriteBackend, analysis: Any, options: ApplyOptions,
         near.append(NearMiss(names[0], c.pattern, c.graph_index, tuple(c.op_ids), (c.id,), c.source, c.module_path,
                              reason, "chain"))
     return sites, near
+
+
+def _same_family(backend: RewriteBackend, routed: str, matched: str) -> bool:
+    """Whether the analysis' kernel ``routed`` and the matched kernel ``matched`` are one, or two entries that
+    replace the same chain pattern (``linear`` / ``linear_nobias``: the analysis routes the GEMM, the match knows
+    whether it has a bias)."""
+    kernels = backend.library.kernels
+    if routed == matched:
+        return True
+    return routed in kernels and matched in kernels and kernels[routed].replaces == kernels[matched].replaces
 
 
 class ChainLinks:
