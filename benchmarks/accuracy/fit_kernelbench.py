@@ -1,0 +1,174 @@
+"""Learn the cost model from profiles of models nobody here wrote, and test it on others: KernelBench on a GPU.
+
+1. A seeded subset of KernelBench files (``--level1 N --level2 N --level3 N --seed S``, sorted names sampled with
+   ``random.Random(seed)``; the chosen names are in the result) is analysed and profiled as a user would:
+   ``analyze(FILE, device="cuda", gpu=SPEC, profile=True)`` and ``write_report`` (what ``fusion-advisor analyze
+   FILE --device cuda --profile --gpu SPEC`` runs), in one worker process for all files (a file that runs past
+   ``--timeout-s`` is killed with its worker and a new worker takes the rest), new files started only inside
+   ``--budget-s``.
+2. The profiled reports are split: every third (in the seeded order) is the test set, the rest the fit set.
+   ``fusion-advisor calibrate --from-profile FIT... --test TEST... --out fitted.yaml`` fits the per-op-class eager
+   times and prints the accuracy before and after, on both sets.
+3. ``DIR/result.json`` (GPU, versions, date, files with their exit status and wall time, the split, the
+   calibrate output); ``fitted.yaml`` with its residual CSVs; ``reports.tar.gz`` (every report.json, so the fit
+   can be re-run anywhere with ``calibrate --from-profile``).
+
+Usage (GPU): ``python benchmarks/accuracy/fit_kernelbench.py --kernelbench .kb --out DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import random
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def choose(kernelbench: Path, counts: dict[str, int], seed: int) -> list[Path]:
+    """``counts[level]`` files of each ``kernelbench/<level>`` (sorted, then ``random.Random(seed).sample``), in the
+    order sampled, levels interleaved so that a budget cut leaves every level represented."""
+    rng = random.Random(seed)
+    per_level = []
+    for level, n in counts.items():
+        files = sorted((kernelbench / level).glob("*.py"))
+        per_level.append(rng.sample(files, min(n, len(files))))
+    out = []
+    for i in range(max((len(f) for f in per_level), default=0)):
+        out.extend(f[i] for f in per_level if i < len(f))
+    return out
+
+
+def worker(listing: Path, progress: Path, work: Path, device: str, gpu: str) -> None:
+    """Analyse and profile each file of ``listing`` (one path per line) in this process, writing its report to
+    ``work/<level>_<stem>/`` and appending ``{"file", "status", "wall_s"}`` to ``progress`` (JSON lines) after each:
+    one torch import and CUDA start for all files (a process per file spent ~8 of its ~13 s on them)."""
+    import torch
+
+    from fusion_advisor.analyze import analyze
+    from fusion_advisor.report import write_report
+
+    for line in listing.read_text().splitlines():
+        f = Path(line)
+        t0 = time.perf_counter()
+        try:
+            a = analyze(f, device=device, gpu=gpu, profile=True)
+            write_report(a, work / f"{f.parent.name}_{f.stem}")
+            status = "ok"
+        except BaseException as e:  # noqa: BLE001 - one file's failure is a result; the next file still runs
+            status = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        torch._dynamo.reset()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        with progress.open("a") as fh:
+            fh.write(json.dumps({"file": str(f), "status": status, "wall_s": round(time.perf_counter() - t0, 1)})
+                     + "\n")
+
+
+def profile_all(files: list[Path], work: Path, args: argparse.Namespace, start: float) -> list[dict]:
+    """Run :func:`worker` over ``files`` in a child process; a file that runs past ``args.timeout_s`` is killed
+    with its worker (status ``timeout``) and a new worker takes the rest; no file starts after ``args.budget_s``."""
+    runs: list[dict] = []
+    left = list(files)
+    while left:
+        if time.perf_counter() - start > args.budget_s:
+            runs += [{"file": f"{f.parent.name}/{f.name}", "status": "not run (budget)"} for f in left]
+            break
+        listing, progress = work / "listing.txt", work / "progress.jsonl"
+        listing.write_text("\n".join(str(f) for f in left))
+        progress.write_text("")
+        child = subprocess.Popen([sys.executable, __file__, "--worker", str(listing), "--progress", str(progress),
+                                  "--work", str(work), "--device", args.device, "--gpu", args.gpu,
+                                  "--kernelbench", str(args.kernelbench), "--out", str(args.out)], cwd=ROOT)
+        seen, last = 0, time.perf_counter()
+        while True:
+            lines = [json.loads(x) for x in progress.read_text().splitlines() if x.strip()]
+            for rec in lines[seen:]:
+                f = Path(rec["file"])
+                name = f"{f.parent.name}_{f.stem}"
+                ok = (work / name / "report.json").is_file()
+                runs.append({"file": f"{f.parent.name}/{f.name}", "report": name if ok else None,
+                             "status": rec["status"], "wall_s": rec["wall_s"]})
+                print(f"{name}: {rec['status']}, {rec['wall_s']} s", flush=True)
+                left.pop(0)
+                last = time.perf_counter()
+            seen = len(lines)
+            if child.poll() is not None and seen == len(lines):
+                if left and child.returncode != 0 and not lines[seen:]:
+                    f = left.pop(0)  # the worker died inside this file
+                    runs.append({"file": f"{f.parent.name}/{f.name}", "status": f"worker exit {child.returncode}"})
+                break
+            if time.perf_counter() - last > args.timeout_s or time.perf_counter() - start > args.budget_s + \
+                    args.timeout_s:
+                child.kill()
+                child.wait()
+                f = left.pop(0)
+                runs.append({"file": f"{f.parent.name}/{f.name}", "status": f"timeout {args.timeout_s:.0f} s"})
+                break
+            time.sleep(0.5)
+    return runs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernelbench", type=Path, required=True, help="Folder with level1/ level2/ level3/.")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--level1", type=int, default=14)
+    ap.add_argument("--level2", type=int, default=14)
+    ap.add_argument("--level3", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gpu", default="h200", help="Device spec the analyses price with (the fit's base).")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu to try the pipeline without a GPU.")
+    ap.add_argument("--work", type=Path, default=None, help="Where the report folders go (default: a temporary "
+                    "folder; only report.json of each is kept, in reports.tar.gz).")
+    ap.add_argument("--timeout-s", type=float, default=90)
+    ap.add_argument("--budget-s", type=float, default=420)
+    ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--progress", type=Path, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.worker, args.progress, args.work, args.device, args.gpu)
+        return 0
+
+    import torch
+    import triton
+
+    start = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.work or Path(tempfile.mkdtemp(prefix="fit_kernelbench_"))
+    work.mkdir(parents=True, exist_ok=True)
+    counts = {"level1": args.level1, "level2": args.level2, "level3": args.level3}
+    files = choose(args.kernelbench, counts, args.seed)
+    runs = profile_all(files, work, args, start)
+    done = [r["report"] for r in runs if r.get("report")]
+    test = done[2::3]
+    fit = [d for d in done if d not in test]
+    cal = {}
+    if fit and test:
+        cmd = [sys.executable, "-m", "fusion_advisor.cli", "calibrate",
+               *sum((["--from-profile", str(work / d)] for d in fit), []),
+               *sum((["--test", str(work / d)] for d in test), []),
+               "--out", str(args.out / "fitted.yaml")]
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        cal = {"exit": p.returncode, "output": (p.stdout + p.stderr)[-6000:]}
+        print(cal["output"])
+    with tarfile.open(args.out / "reports.tar.gz", "w:gz") as tar:
+        for d in done:
+            tar.add(work / d / "report.json", arcname=f"{d}/report.json")
+    result = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+              "torch": torch.__version__, "triton": triton.__version__, "date": datetime.date.today().isoformat(),
+              "seed": args.seed, "counts": counts, "spec": args.gpu, "runs": runs, "fit_set": fit, "test_set": test,
+              "calibrate": cal, "wall_s": round(time.perf_counter() - start, 1)}
+    (args.out / "result.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
