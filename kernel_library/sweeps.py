@@ -1,4 +1,4 @@
-"""Sweep hooks for library kernels: ``fusion-advisor bench rmsnorm --sweep`` (see ``fusion_advisor/sweep.py``).
+"""Sweep hooks for library kernels: ``fusion-advisor bench rmsnorm --sweep`` (see ``fusion_advisor/kernel_tools/sweep.py``).
 
 The kernel modules define only the plain contract, so the hooks live here, one :class:`LibrarySweep` per kernel
 in :data:`SWEEPS`, with the names a kernel file would define (``SIZES``, ``get_inputs(size)``, ``SWEEP_CONFIGS``,

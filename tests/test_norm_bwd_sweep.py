@@ -1,4 +1,4 @@
-"""CPU test of the selection logic of the norm-backward sweeps (fusion_advisor/norm_bwd_sweep.py).
+"""CPU test of the selection logic of the norm-backward sweeps (fusion_advisor/kernel_tools/norm_bwd_sweep.py).
 
 The sweeps time on a GPU (torch.profiler); here they run on the Triton interpreter at tiny shapes with a host
 clock standing in for ``device_time_ms`` and torch.compile replaced by the eager function, so what is tested is
@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-import fusion_advisor.norm_bwd_sweep as st
+import fusion_advisor.kernel_tools.norm_bwd_sweep as st
 import kernel_library.rmsnorm as rn
 
 
