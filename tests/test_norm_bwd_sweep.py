@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import fusion_advisor.kernel_tools.norm_bwd_sweep as st
+import kernel_library._rows as krows
 import kernel_library.rmsnorm as rn
 
 
@@ -49,7 +50,7 @@ def test_norm_bwd_sweep_picks_a_verified_config_and_prints_its_tuning(cpu_sweep,
     cfg = eval(best["tuning"], {"BwdTuning": rn.BwdTuning}).apply(rn.RowConfig.backward(64))  # noqa: S307
     assert (cfg.rows_per_iter, cfg.num_stages, cfg.num_warps) == (best["rows_per_iter"], best["num_stages"],
                                                                    best["num_warps"])
-    assert (cfg.programs_per_sm or rn.BWD_PROGRAMS_PER_SM) == (best["programs_per_sm"] or rn.BWD_PROGRAMS_PER_SM)
+    assert (cfg.programs_per_sm or krows.BWD_PROGRAMS_PER_SM) == (best["programs_per_sm"] or krows.BWD_PROGRAMS_PER_SM)
     assert f"BWD_TUNING = {best['tuning']}" in capsys.readouterr().out
 
 

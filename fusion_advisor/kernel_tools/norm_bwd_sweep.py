@@ -25,7 +25,7 @@ from fusion_advisor.kernel_tools.bench import device_time_ms
 from fusion_advisor.verification.policy import TOLERANCES, judge
 
 if TYPE_CHECKING:
-    from kernel_library.rmsnorm import RowConfig
+    from kernel_library._rows import RowConfig
 
 
 #: Norm backward sweeps: (rows_per_iter, num_warps) pairs that also get num_stages variants. ptxas for sm_90
@@ -50,7 +50,7 @@ def norm_bwd_configs() -> list[tuple[int, int, int, int | None]]:
 
 def tuning_line(cfg: "RowConfig", table_cfg: "RowConfig") -> str:
     """The ``BwdTuning(...)`` expression that reproduces the fused launch ``cfg`` from the heuristic ``table_cfg``."""
-    from kernel_library.rmsnorm import BWD_PROGRAMS_PER_SM  # what programs_per_sm=None means
+    from kernel_library._rows import BWD_PROGRAMS_PER_SM  # what programs_per_sm=None means
 
     fields = []
     if cfg.num_stages is not None:
