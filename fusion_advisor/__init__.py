@@ -1,6 +1,6 @@
 """fusion-advisor: which chains of a PyTorch model to fuse, how, and what it buys; then a faster model.
 
-Pipeline stages, passing the typed records of :mod:`fusion_advisor.records` (analyze) and
+Pipeline stages, passing the typed records of :mod:`fusion_advisor.analyze.records` (analyze) and
 :mod:`fusion_advisor.apply.records` (apply):
 
     load -> capture -> graph -> chains -> roofline -> rules/route -> report

@@ -134,17 +134,19 @@ def analyze(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Analyse a model: chains, bound classes, routes and reasons; writes report.html, chains.csv, ops.csv, report.json."""
-    from fusion_advisor.analyze import analyze as run_analysis
-    from fusion_advisor.report import check_out_dir, write_report
+    from fusion_advisor.analyze.pipeline import analyze as run_analysis
+    from fusion_advisor.report.write import check_out_dir, write_report
 
     def job():
-        if dtype and dtype not in ("fp32", "bf16", "fp16"):
+        from fusion_advisor.dtypes import CAST_NAMES
+
+        if dtype and dtype not in CAST_NAMES:
             raise UserError(f"unknown --dtype {dtype!r}; choose fp32, bf16 or fp16")
         if out is not None:
             check_out_dir(out)  # before the analysis, so a bad --out fails fast
             if inductor_code:
-                from fusion_advisor import inductor_code as ic
-                from fusion_advisor.report import earlier_report
+                from fusion_advisor.analyze import inductor_code as ic
+                from fusion_advisor.report.write import earlier_report
 
                 ic.check_dir(out, ours=earlier_report(out))
         kept: list = []
@@ -165,8 +167,8 @@ def analyze(
 
 def _inductor_code(analysis, graphs, out_dir: Path, top: int, budget_s: float) -> None:
     """``analyze --inductor-code``: fill ``analysis.inductor_code`` and write inductor/<chain>.py (before the report)."""
-    from fusion_advisor import inductor_code as ic
-    from fusion_advisor.report import earlier_report
+    from fusion_advisor.analyze import inductor_code as ic
+    from fusion_advisor.report.write import earlier_report
 
     ic.check_dir(out_dir, ours=earlier_report(out_dir))
     with console.status("generating Inductor's code for the routed chains ..."):
@@ -178,7 +180,7 @@ def _inductor_code(analysis, graphs, out_dir: Path, top: int, budget_s: float) -
 def _print_summary(analysis, paths: dict, top: int) -> None:
     from rich.table import Table
 
-    from fusion_advisor.report import summary_rows
+    from fusion_advisor.report.write import summary_rows
 
     out = Console(width=None if sys.stdout.isatty() else 140)
     for b in analysis.graph_breaks:
@@ -227,8 +229,8 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
                       m.bound if m else "-"]
         t.add_row(*cells)
     out.print(t)
-    from fusion_advisor.report import chains_frame, read_plan
-    from fusion_advisor.report_views import apply_command, predicted_compile_us
+    from fusion_advisor.report.write import chains_frame, read_plan
+    from fusion_advisor.report.views import apply_command, predicted_compile_us
 
     frame = chains_frame(analysis)
     eager, advised = float(frame["est_eager_us"].sum()), float(frame["est_after_route_us"].sum())
@@ -243,7 +245,7 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
               + ("; with apply's results from plan.yaml" if plan is not None else "") + ")")
 
 # --- verify / bench -----------------------------------------------------------------------------------------
-# (kernel contract commands; see fusion_advisor/verify.py and fusion_advisor/bench.py)
+# (kernel contract commands; see fusion_advisor/kernel_tools/verify.py and fusion_advisor/kernel_tools/bench.py)
 
 _KERNEL_ARG_HELP = (
     "Kernel file (.py) defining kernel_fn, reference_fn and get_inputs(), or a kernel_library module "
@@ -253,19 +255,20 @@ _TOL_HELP = "{} tolerance for every output and gradient. Default: by output dtyp
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (:func:`fusion_advisor.report.atomic_write_bytes`), refusing a
+    """Write ``data`` as JSON to ``path`` atomically (:func:`fusion_advisor.report.write.atomic_write_bytes`), refusing a
     file this command did not write."""
     import json
 
-    from fusion_advisor.report import atomic_write_bytes
+    from fusion_advisor.files import atomic_write_bytes, check_out_file
 
-    if path.exists() and (path.suffix != ".json" or not _is_json(path)):
-        raise UserError(f"--json-out {path}: exists and is not a JSON file; refusing to overwrite it")
-    if path.exists() and not _json_written_like(path, data):
-        raise UserError(f"--json-out {path}: holds JSON that this command did not write; refusing to overwrite "
-                        "it (choose another file)")
-    if not path.parent.is_dir():
-        raise UserError(f"--json-out {path}: folder {path.parent} does not exist")
+    def foreign(p: Path) -> str | None:
+        if p.suffix != ".json" or not _is_json(p):
+            return "exists and is not a JSON file; refusing to overwrite it"
+        if not _json_written_like(p, data):
+            return "holds JSON that this command did not write; refusing to overwrite it (choose another file)"
+        return None
+
+    check_out_file(path, "--json-out", foreign)
     try:
         atomic_write_bytes(path, (json.dumps(data, indent=2, allow_nan=False) + "\n").encode("utf-8"))
     except OSError as e:
@@ -324,7 +327,7 @@ def verify(
     exit 1 when incorrect, 2 when the file or its contract is unusable."""
 
     def job():
-        from fusion_advisor.verify import SHAPE_MODES, load_contract, use_triton_interpreter_if_no_gpu, verify_kernel
+        from fusion_advisor.kernel_tools.verify import SHAPE_MODES, load_contract, use_triton_interpreter_if_no_gpu, verify_kernel
 
         if shapes not in SHAPE_MODES:
             raise UserError(f"--shapes {shapes}: choose one of {', '.join(SHAPE_MODES)}")
@@ -358,7 +361,7 @@ def bench(
     """Verify (one seed, the hard values and the edge shapes), then time kernel_fn, reference_fn and
     torch.compile(reference_fn); print JSON with kernel_time_ms, reference_time_ms, speedup, iteration counts,
     compile time. Exit 1 when verification fails. With --sweep: verify and time every launch config at every size
-    instead (fusion_advisor/sweep.py); exit 1 when a config fails verification at some size."""
+    instead (fusion_advisor/kernel_tools/sweep.py); exit 1 when a config fails verification at some size."""
     if sweep:
         result = run_guarded(lambda: _bench_sweep(file, out, gpu, warmup_ms, rep_ms, rtol, atol, json_out), debug)
         if result.failed_sizes:  # a config computed wrong values: the sweep's files are written, the exit says so
@@ -375,8 +378,8 @@ def bench(
         run_guarded(refuse, debug)
 
     def job():
-        from fusion_advisor.bench import bench_kernel
-        from fusion_advisor.verify import load_contract, use_triton_interpreter_if_no_gpu
+        from fusion_advisor.kernel_tools.bench import bench_kernel
+        from fusion_advisor.kernel_tools.verify import load_contract, use_triton_interpreter_if_no_gpu
 
         use_triton_interpreter_if_no_gpu()
         result = bench_kernel(load_contract(file), warmup_ms=warmup_ms, rep_ms=rep_ms,
@@ -426,13 +429,15 @@ def apply_cmd(
     becomes plan.yaml (rebuild it with fusion_advisor.load_plan). Writes plan.yaml, variants.csv, swaps.csv and
     the folder's report.html (the analysis with apply's results; one report per model folder)."""
     if device != "cuda":  # before anything imports triton.language: the interpreter is chosen at import time
-        from fusion_advisor.verify import use_triton_interpreter_if_no_gpu
+        from fusion_advisor.kernel_tools.verify import use_triton_interpreter_if_no_gpu
 
         use_triton_interpreter_if_no_gpu()
     from fusion_advisor.apply import ApplyOptions, apply, write_outputs
 
     def job():
-        if dtype and dtype not in ("fp32", "bf16", "fp16"):
+        from fusion_advisor.dtypes import CAST_NAMES
+
+        if dtype and dtype not in CAST_NAMES:
             raise UserError(f"unknown --dtype {dtype!r}; choose fp32, bf16 or fp16")
         if device is not None and device not in ("cpu", "cuda"):
             raise UserError(f"unknown --device {device!r}: apply runs the model; choose cpu or cuda")
@@ -459,7 +464,7 @@ def _check_apply_out(out_dir: Path) -> None:
     """Refuse an --out holding files apply would write (its own, and the folder's report) that fusion-advisor
     did not write."""
     from fusion_advisor.apply.outputs import every_output_name
-    from fusion_advisor.report import check_files
+    from fusion_advisor.report.write import check_files
 
     check_files(out_dir, every_output_name())
 
@@ -507,7 +512,7 @@ def _print_apply_summary(result, paths: dict) -> None:
 
 
 # --- diff ---------------------------------------------------------------------------------------------------
-# (two report folders side by side; see fusion_advisor/diff.py)
+# (two report folders side by side; see fusion_advisor/report/diff.py)
 
 
 @app.command()
@@ -525,8 +530,8 @@ def diff(
 ) -> None:
     """Compare two report folders (another GPU, another torch, before and after a code change): the chains whose
     route, bound class, kernel, pattern, kernel count or time changed; writes diff.html and diff.csv."""
-    from fusion_advisor.diff import DIFF_FILES, diff_folders, terminal_table, write_diff
-    from fusion_advisor.report import check_files
+    from fusion_advisor.report.diff import DIFF_FILES, diff_folders, terminal_table, write_diff
+    from fusion_advisor.report.write import check_files
 
     def job():
         out_dir = out or Path("reports") / f"diff-{Path(a).resolve().name}-vs-{Path(b).resolve().name}"
@@ -550,7 +555,7 @@ def diff(
 
 
 # --- doctor -------------------------------------------------------------------------------------------------
-# (stack checks; see fusion_advisor/doctor.py)
+# (stack checks; see fusion_advisor/devices/doctor.py)
 
 
 @app.command()
@@ -562,12 +567,12 @@ def doctor(
     """Check the stack: Python, torch, Triton (and whether torch pins this Triton), CUDA, the GPU, torch.compile,
     and a Triton copy kernel (verified; on a GPU its GB/s against the device spec). Exit 1 when a check that
     matters fails; each failed check says what to do."""
-    from fusion_advisor.verify import use_triton_interpreter_if_no_gpu
+    from fusion_advisor.kernel_tools.verify import use_triton_interpreter_if_no_gpu
 
     use_triton_interpreter_if_no_gpu()  # before anything decorates a Triton kernel
 
     def job():
-        from fusion_advisor.doctor import run_doctor
+        from fusion_advisor.devices.doctor import run_doctor
 
         report = run_doctor(stage=_progress)
         if json_stdout:
@@ -578,7 +583,7 @@ def doctor(
 
     report = run_guarded(job, debug)
     if not json_stdout:
-        from fusion_advisor.doctor import render, verdict
+        from fusion_advisor.devices.doctor import render, verdict
 
         out = Console(width=None if sys.stdout.isatty() else 160)
         out.print(render(report))
@@ -593,10 +598,10 @@ def doctor(
 
 def _bench_sweep(file: str, out: Optional[Path], gpu: Optional[str], warmup_ms: float, rep_ms: float,
                  rtol: Optional[float], atol: Optional[float], json_out: Optional[Path]) -> Any:
-    """``bench --sweep``: sweep, print the table, write sweep.csv / sweep.json (see fusion_advisor/sweep.py); returns
-    the :class:`~fusion_advisor.sweep.SweepResult`."""
-    from fusion_advisor.sweep import check_sweep_dir, load_hooks, run_sweep, sweep_table, write_sweep
-    from fusion_advisor.verify import load_contract, use_triton_interpreter_if_no_gpu
+    """``bench --sweep``: sweep, print the table, write sweep.csv / sweep.json (see fusion_advisor/kernel_tools/sweep.py); returns
+    the :class:`~fusion_advisor.kernel_tools.sweep.SweepResult`."""
+    from fusion_advisor.kernel_tools.sweep import check_sweep_dir, load_hooks, run_sweep, sweep_table, write_sweep
+    from fusion_advisor.kernel_tools.verify import load_contract, use_triton_interpreter_if_no_gpu
 
     use_triton_interpreter_if_no_gpu()
     if out is not None:
@@ -635,7 +640,7 @@ def _bench_sweep(file: str, out: Optional[Path], gpu: Optional[str], warmup_ms: 
 
 
 # --- calibrate ----------------------------------------------------------------------------------------------
-# (measure the present device's roofline ceilings; see fusion_advisor/calibrate.py)
+# (measure the present device's roofline ceilings; see fusion_advisor/devices/calibrate.py)
 
 
 @app.command()
@@ -665,7 +670,7 @@ def calibrate(
     if test or base:
         console.print("[bold red]error:[/] --test and --base go with --from-profile", highlight=False)
         raise typer.Exit(2)
-    from fusion_advisor.calibrate import calibrate as run_calibrate
+    from fusion_advisor.devices.calibrate import calibrate as run_calibrate
 
     def job():
         with _steps("measuring copy bandwidth, matmul throughput and launch overhead") as step:
@@ -692,7 +697,7 @@ def _calibrate_from_profile(paths: List[Path], test: Optional[List[Path]], base:
     from rich.table import Table
 
     from fusion_advisor.devices import load_spec
-    from fusion_advisor.fit_profiles import fit_from_profiles, summary, write_fit
+    from fusion_advisor.devices.fit_profiles import fit_from_profiles, summary, write_fit
 
     def job():
         spec = load_spec(base) if base else None

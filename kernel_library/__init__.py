@@ -8,7 +8,7 @@ One module per kernel. Every module follows the contract checked by ``fusion-adv
 - ``get_inputs()``: a list of fresh argument tensors on the current device (realistic shapes on a GPU,
   small ones on the CPU where the kernels run under ``TRITON_INTERPRET=1``).
 
-and the optional hooks ``verify`` reads (``fusion_advisor/verify.py``): ``get_inputs(size)`` with ``SIZES`` (the
+and the optional hooks ``verify`` reads (``fusion_advisor/kernel_tools/verify.py``): ``get_inputs(size)`` with ``SIZES`` (the
 edge shapes are derived from the first size: one row, a partial last block, odd widths, many rows) or, where a
 size is not ``(rows, width)``, ``VERIFY_SIZES`` (the extra sizes themselves); ``hard_inputs()`` returning
 ``[(label, args), ...]``, the hard values the kernel documents; ``USES_TF32 = True`` for fp32 ``tl.dot`` products.

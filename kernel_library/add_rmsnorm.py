@@ -18,19 +18,18 @@ import torch
 from kernel_library._device import default_device, on_gpu
 from kernel_library._op import library_op
 from kernel_library.registry import KernelEntry, register_kernel
+from kernel_library._checks import SUPPORTED_DTYPES, check_tensor
+from kernel_library._rows import as_rows
 from kernel_library.rmsnorm import (
     BENCH_SHAPES as rms_bench_shapes,
-    SUPPORTED_DTYPES,
     BwdTuning,
-    as_rows,
-    check_tensor,
     rms_norm_bwd_launch,
     rms_norm_fwd_launch,
     rms_out_dtype,
 )
 
 # --- constants ----------------------------------------------------------------------------------------------
-# Block sizes, warps, the looped-kernel thresholds and the backward grid are those of kernel_library.rmsnorm
+# Block sizes, warps, the looped-kernel thresholds and the backward grid are those of kernel_library._rows
 # (RowConfig, MAX_FUSED_BLOCK_FWD/BWD, BWD_PROGRAMS_PER_SM): the fused add adds one load and one store per
 # element; ptxas reports the same register counts with and without it (rmsnorm's constants).
 

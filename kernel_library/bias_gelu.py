@@ -25,20 +25,13 @@ import triton
 import triton.language as tl
 
 from kernel_library import _device
+from kernel_library._activations import gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad
+from kernel_library._checks import check_device
 from kernel_library._op import launcher, library_op
+from kernel_library._rows import rows_view
 from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ------------------------------------------------------------------------------------------------
-
-#: 1/sqrt(2): erf-GELU is 0.5 x (1 + erf(x / sqrt 2)) (Hendrycks & Gimpel 2016; torch ``F.gelu``).
-SQRT1_2: tl.constexpr = tl.constexpr(0.7071067811865476)
-#: 1/sqrt(2 pi): the standard normal pdf's constant, in erf-GELU's derivative Phi(x) + x phi(x).
-INV_SQRT_2PI: tl.constexpr = tl.constexpr(0.3989422804014327)
-#: 2 sqrt(2/pi): tanh-GELU 0.5 x (1 + tanh(u)) with u = sqrt(2/pi)(x + 0.044715 x^3) equals x * sigmoid(2u),
-#: which needs no tanh (missing from tl.math) and has no cancellation near 1 + tanh(u) = 0.
-TANH_SCALE_X2: tl.constexpr = tl.constexpr(1.5957691216057308)
-#: The cubic coefficient of tanh-GELU (same paper; torch ``approximate="tanh"``).
-TANH_CUBIC: tl.constexpr = tl.constexpr(0.044715)
 
 #: Tile shape and warps, measured on H200 2026-11-29 (benchmarks/results/h200/kernels/sweep_tiles.json: 8192 x 16384
 #: bf16, erf, BLOCK_C {256..2048} x tile {2048, 4096, 8192} elements x {4, 8, 16} warps, summed CUDA time): 1024-wide
@@ -62,42 +55,6 @@ BWD_ROWS_PER_PROGRAM = 64
 APPROXIMATIONS = ("none", "tanh")
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-# --- fp32 GELU helpers (shared with geglu / gemm_epilogue) ---------------------------------------------------
-# Tensor operand first in products with the constexpr constants: TRITON_INTERPRET fails on ``constexpr * tensor``
-# fed to tl.sigmoid.
-
-
-@triton.jit
-def gelu_erf(x):
-    """GELU(x) = 0.5 x (1 + erf(x / sqrt 2)); ``x`` fp32. Matches ``F.gelu(x)``; -inf gives NaN as in torch."""
-    return 0.5 * x * (1.0 + tl.math.erf(x * SQRT1_2))
-
-
-@triton.jit
-def gelu_erf_grad(x):
-    """d GELU(x) / dx = Phi(x) + x phi(x); ``x`` fp32."""
-    cdf = 0.5 * (1.0 + tl.math.erf(x * SQRT1_2))
-    pdf = tl.exp(-0.5 * x * x) * INV_SQRT_2PI
-    return cdf + x * pdf
-
-
-@triton.jit
-def gelu_tanh(x):
-    """tanh-GELU 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))) written as x * sigmoid(2u); ``x`` fp32.
-
-    Matches ``F.gelu(x, approximate="tanh")``; -inf gives NaN (-inf * 0) as in torch.
-    """
-    return x * tl.sigmoid(x * TANH_SCALE_X2 * (1.0 + x * x * TANH_CUBIC))
-
-
-@triton.jit
-def gelu_tanh_grad(x):
-    """d/dx [x sigmoid(z)] = s + x s (1 - s) z' with z = 2 sqrt(2/pi)(x + 0.044715 x^3); ``x`` fp32."""
-    s = tl.sigmoid(x * TANH_SCALE_X2 * (1.0 + x * x * TANH_CUBIC))
-    dz = (1.0 + x * x * (3.0 * TANH_CUBIC)) * TANH_SCALE_X2
-    return s + x * s * (1.0 - s) * dz
 
 
 @triton.jit
@@ -281,23 +238,6 @@ class BiasGeluConfig:
         # Both powers of two, so rows_per_program is a multiple of block_r.
         rows_per_program = max(block_r, min(BWD_ROWS_PER_PROGRAM, triton.next_power_of_2(n_rows)))
         return cls(block_r, block_c, num_warps, rows_per_program)
-
-
-def rows_view(t: torch.Tensor) -> torch.Tensor:
-    """``t`` [..., n_cols] as [n_rows, n_cols]: a view when the leading dims collapse (contiguous tensors, column
-    slices ``x[:, 3:]``, transposed 2-D tensors), else a copy (e.g. a 3-D tensor with permuted leading dims)."""
-    if t.dim() == 2:
-        return t
-    try:
-        return t.view(-1, t.shape[-1])
-    except RuntimeError:
-        return t.reshape(-1, t.shape[-1])
-
-
-def check_device(t: torch.Tensor, name: str) -> None:
-    """Raise ValueError unless ``t`` is where Triton can run it: CUDA, or any device under TRITON_INTERPRET."""
-    if not _device.interpreted() and t.device.type != "cuda":
-        raise ValueError(f"{name} must be a CUDA tensor (got {t.device}); CPU tensors need TRITON_INTERPRET=1")
 
 
 def _check_args(x: torch.Tensor, bias: torch.Tensor, approximate: str, dropout_p: float) -> None:

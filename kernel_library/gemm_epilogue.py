@@ -32,10 +32,11 @@ import triton
 import triton.language as tl
 
 from kernel_library import _device
-from kernel_library.bias_gelu import check_device, gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, rows_view
+from kernel_library._activations import gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, silu, silu_grad
+from kernel_library._checks import check_device
 from kernel_library._op import launcher, library_op
+from kernel_library._rows import rows_view
 from kernel_library.registry import KernelEntry, register_kernel
-from kernel_library.swiglu import silu, silu_grad
 
 # --- constants ------------------------------------------------------------------------------------------------
 

@@ -16,11 +16,12 @@ Backward (mean and rstd are recomputed from the saved input; the row is in regis
     dweight = sum_rows dy * x_hat;  dbias = sum_rows dy
 
 dweight and dbias are accumulated per program in fp32 partial sums ``[n_programs, n_cols]`` and reduced together
-by one small kernel (``rmsnorm.sum_partials``; Triton tutorial 05-layer-norm, Liger-Kernel ``layer_norm``). Rows
+by one small kernel (``_rows.sum_partials``; Triton tutorial 05-layer-norm, Liger-Kernel ``layer_norm``). Rows
 wider than a register block take looped kernels that compute the statistics with a chunked Welford/Chan merge
 (exact as a two-pass variance).
 
-Launch heuristics and helpers are shared with :mod:`kernel_library.rmsnorm` (``RowConfig``, ``row_start``...).
+Launch heuristics and helpers are shared with :mod:`kernel_library.rmsnorm` through :mod:`kernel_library._rows`
+(``RowConfig``, ``row_start``...).
 """
 
 from __future__ import annotations
@@ -33,19 +34,12 @@ import triton.language as tl
 from kernel_library._device import default_device, on_gpu
 from kernel_library._op import launcher, library_op
 from kernel_library.registry import KernelEntry, register_kernel
-from kernel_library.rmsnorm import (
-    SUPPORTED_DTYPES,
-    BwdTuning,
-    RowConfig,
-    as_rows,
-    bwd_programs,
-    check_tensor,
-    row_start,
-    sum_partials,
-)
+from kernel_library._checks import SUPPORTED_DTYPES, check_tensor
+from kernel_library._rows import RowConfig, as_rows, bwd_programs, row_start, sum_partials
+from kernel_library.rmsnorm import BwdTuning
 
 # --- constants ----------------------------------------------------------------------------------------------
-# Block sizes, warps and the looped thresholds are kernel_library.rmsnorm's (RowConfig, FWD_WARPS, BWD_WARPS,
+# Block sizes, warps and the looped thresholds are kernel_library._rows' (RowConfig, FWD_WARPS, BWD_WARPS,
 # MAX_FUSED_BLOCK_FWD/BWD, LOOP_BLOCK, BWD_PROGRAMS_PER_SM), whose comments give ptxas register counts for these
 # LayerNorm kernels too: they hold the same arrays per element, plus the dbias accumulator in the backward
 # (128 registers at 8192 columns and 16 warps, no stack). The backward's rows_per_iter / num_stages /

@@ -1,8 +1,8 @@
 """Registry of library kernels: what each replaces, and under which constraints.
 
 Kernel modules call :func:`register_kernel` at import time; :func:`load_all` imports every module of the
-package so the registry is complete. The router (``fusion_advisor.route``) looks kernels up by the chain
-*pattern* they replace (``"rmsnorm"``, ``"softmax"``, ...), the names produced by ``fusion_advisor.chains``.
+package so the registry is complete. The router (``fusion_advisor.analyze.route``) looks kernels up by the chain
+*pattern* they replace (``"rmsnorm"``, ``"softmax"``, ...), the names produced by ``fusion_advisor.analyze.chains``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-#: Chain patterns that ``fusion_advisor.chains`` recognises; a kernel must replace one of them.
+#: Chain patterns that ``fusion_advisor.analyze.chains`` recognises; a kernel must replace one of them.
 KNOWN_PATTERNS = (
     "rmsnorm",
     "add_rmsnorm",

@@ -12,7 +12,7 @@ stays in fp32 until the final cast to ``x.dtype`` (HF's ``output.type_as(x)``).
 
 The kernels also serve ``kernel_library.add_rmsnorm`` (``HAS_RESIDUAL=True``: ``s = x + residual`` is rounded to
 the input dtype, written out, and normalised), and ``kernel_library.layernorm`` reuses the launch helpers
-(:class:`RowConfig`, :func:`row_start`, :func:`as_rows`, :func:`bwd_programs`).
+(:class:`RowConfig`, :func:`row_start`, :func:`as_rows`, :func:`bwd_programs`, all in :mod:`kernel_library._rows`).
 
 Backward (rstd is recomputed from the saved input: the row is in registers anyway, so it costs no traffic):
 
@@ -21,62 +21,25 @@ Backward (rstd is recomputed from the saved input: the row is in registers anywa
     dweight = sum over rows of dy * xhat (Llama: xhat rounded to x.dtype, as HF's autograd sees it)
 
 dweight is accumulated per program in fp32 partial sums ``[n_programs, n_cols]`` and reduced by one small kernel
-(:func:`sum_partials`), as in Triton's tutorial 05-layer-norm and Liger-Kernel's ``rms_norm``.
+(:func:`kernel_library._rows.sum_partials`), as in Triton's tutorial 05-layer-norm and Liger-Kernel's ``rms_norm``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from kernel_library._device import default_device, interpreted, on_gpu
+from kernel_library._device import default_device, on_gpu
 from kernel_library._op import launcher, library_op
+from kernel_library._checks import SUPPORTED_DTYPES, check_tensor
+from kernel_library._rows import RowConfig, as_rows, bwd_programs, row_start, sum_partials
 from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ----------------------------------------------------------------------------------------------
-
-#: Dtypes the kernels load and store (inputs, weight, outputs); everything is computed in fp32.
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-#: Widest row the forward keeps in registers in one block. Measured with ptxas for sm_90 (triton 3.9, bf16):
-#: a 32768-wide block at 32 warps uses 64 registers and no stack; a 65536-wide one spills (256 bytes of stack
-#: per thread), so rows wider than 32768 take the looped two-pass kernel.
-MAX_FUSED_BLOCK_FWD = 32768
-
-#: Widest row the backward keeps in registers. The backward holds x, dy, the weight and the dweight accumulator
-#: (LayerNorm: also dbias) per element. Measured with ptxas for sm_90: 8192 at 16 warps uses 100 registers
-#: (LayerNorm 128) and no stack; 16384 spills at 16 and at 32 warps, so wider rows take the looped backward.
-MAX_FUSED_BLOCK_BWD = 8192
-
-#: Chunk (elements) of the looped kernels for rows wider than the fused limits. With the warp tables below
-#: (8 warps forward, 16 backward) ptxas reports 57-78 (forward) and 70-127 (backward) registers, no stack.
-LOOP_BLOCK = 8192
-
-#: Warps per program by block size, as ``(max_block_size, num_warps)`` steps. Forward: about 16 elements per
-#: thread (4096 -> 8 warps: 32 registers, full occupancy). Backward: the same elements per thread up to 4096
-#: (8 warps: ~100 registers, LayerNorm 128, i.e. 2 programs per SM) then 16 warps at 8192 to stay unspilled.
-FWD_WARPS = ((2048, 4), (8192, 8), (16384, 16))
-BWD_WARPS = ((2048, 4), (4096, 8), (8192, 16))
-MAX_WARPS = 32
-
-#: Backward programs per SM. Each program loops over rows and keeps its own fp32 dweight partial row. One
-#: program of 8 warps per SM (Liger's choice) leaves an SM at 8 resident warps, too few to hide load latency;
-#: the 4096-wide backward uses ~100-128 registers per thread at 8 warps, so two programs fit an SM's register
-#: file. Cost: the partial-sum buffer, n_programs * n_cols * 4 bytes written and read once (264 x 4096 on an
-#: H200: 8.7 MB against the backward's 201 MB at 8192 x 4096 bf16, ~4%). Tune on the GPU (1, 2, 4).
-BWD_PROGRAMS_PER_SM = 2
-
-#: Tile of the parameter-gradient finalisation (:func:`sum_partials`): BLOCK_N columns per program, BLOCK_M partial
-#: rows per loop step. 4096 columns are 128 programs; 264 partial rows (2 per SM on an H200) are 5 steps of 8 KB
-#: per buffer. It replaced ``partial.sum(0).to(dtype)`` per buffer (an aten reduction plus a cast kernel: 4.5 +
-#: 1 us each on the H200 at 4096 columns, 11 us of LayerNorm's 103 us fwd+bwd).
-FINAL_BLOCK_M = 64
-FINAL_BLOCK_N = 32
 
 #: Alternatives the lead sweeps on the GPU (benchmarks/kernels/sweep_tiles.py --only rmsnorm_bwd), all off by default:
 #: ``RowConfig.rows_per_iter`` (R rows per loop step as one [R, BLOCK_SIZE] block), ``RowConfig.num_stages`` (a
@@ -97,15 +60,6 @@ FINAL_BLOCK_N = 32
 #: ``add_rmsnorm.BWD_TUNING``, swept by ``benchmarks/kernels/sweep_tiles.py --only add_rmsnorm_bwd``.
 BWD_NUM_STAGES = 3
 
-#: "SM count" used under the CPU interpreter, where programs run one after another: small, so tests stay fast,
-#: but more than one so that the per-program row loop and the cross-program dweight reduction are exercised.
-CPU_SM_COUNT = 4
-
-#: Column offsets (``col * stride_col``) are int32 in the kernels; a view whose column span reaches this many
-#: elements is copied to a contiguous layout first (only a transposed view of > 2**31 elements can do that).
-INT32_SPAN_LIMIT = 2**31
-
-
 # --- kernels ------------------------------------------------------------------------------------------------
 # Float arguments (eps, offset) are cast to fp32 at kernel entry. Eager Triton passes a Python float as fp32, but
 # Inductor types it fp64 when torch.compile compiles these triton_ops: ``mean(x**2) + eps`` and all that follows
@@ -113,12 +67,6 @@ INT32_SPAN_LIMIT = 2**31
 # and a loop-carried fp32 accumulator re-assigned an fp64 value fails to compile (seen there too: "Loop-carried
 # variable dw_acc has initial type fp32 but is re-assigned to fp64"). ``tl.cast`` rather than ``.to``: under
 # TRITON_INTERPRET the argument is a plain Python float, which has no ``.to``; tl.cast also accepts a constexpr.
-
-
-@triton.jit
-def row_start(row, stride):
-    """Element offset of the first element of ``row``: int64 before the multiply, so it cannot wrap past 2**31."""
-    return tl.cast(row, tl.int64) * stride
 
 
 @triton.jit
@@ -415,172 +363,7 @@ def _rms_norm_bwd_looped_kernel(
         tl.store(dw_partial_ptr + row_start(pid, n_cols) + cols, dw_acc, mask=mask)
 
 
-@triton.jit(do_not_specialize=["n_parts"])
-def _sum_partials_kernel(
-    a_ptr,  # in: fp32 partial sums [n_parts, n_cols], contiguous
-    a_out_ptr,  # out: their column sums [n_cols], in the pointer's dtype
-    b_ptr,  # in: a second partial-sum buffer like a (HAS_B only)
-    b_out_ptr,  # out: its column sums (HAS_B only)
-    n_parts,  # partial rows (backward programs)
-    n_cols,  # columns
-    HAS_B: tl.constexpr,  # sum the second buffer too (LayerNorm's dbias beside dweight)
-    BLOCK_M: tl.constexpr,  # partial rows per loop step
-    BLOCK_N: tl.constexpr,  # columns per program
-):
-    """Column sums of one or two fp32 partial-sum buffers, accumulated in fp32 in a fixed order (deterministic),
-    cast once to the output dtype: ``a.sum(0).to(a_out.dtype)`` in one launch."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < n_cols
-    acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for start in tl.range(0, n_parts, BLOCK_M):
-        rows = start + tl.arange(0, BLOCK_M)
-        mask = (rows[:, None] < n_parts) & col_mask[None, :]
-        offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-        acc_a += tl.load(a_ptr + offs, mask=mask, other=0.0)
-        if HAS_B:
-            acc_b += tl.load(b_ptr + offs, mask=mask, other=0.0)
-    tl.store(a_out_ptr + cols, tl.sum(acc_a, axis=0).to(a_out_ptr.dtype.element_ty), mask=col_mask)
-    if HAS_B:
-        tl.store(b_out_ptr + cols, tl.sum(acc_b, axis=0).to(b_out_ptr.dtype.element_ty), mask=col_mask)
-
-
 # --- launchers ----------------------------------------------------------------------------------------------
-
-
-def sum_partials(parts: list[tuple[torch.Tensor, torch.dtype]]) -> list[torch.Tensor]:
-    """Column sums of one or two of the backward's fp32 partial-sum buffers, ``[(partial, dtype), ...]`` with each
-    partial [n_parts, n_cols] contiguous: ``[partial.sum(0).to(dtype), ...]`` (each [n_cols]) in one launch of
-    :data:`FINAL_BLOCK_N`-column programs. The norm backwards' parameter gradients.
-
-    Raises:
-        ValueError: not one or two buffers, or buffers of different shapes.
-    """
-    if not 1 <= len(parts) <= 2 or len({p.shape for p, _ in parts}) != 1:
-        shapes = [tuple(p.shape) for p, _ in parts]
-        raise ValueError(f"sum_partials takes one or two partial buffers of one shape; got {shapes}")
-    n_parts, n_cols = parts[0][0].shape
-    # Triton's CPU interpreter narrows fp32 to bf16/fp16 by truncation (its fp_trunc ignores the round-to-nearest-even
-    # the GPU uses), which doubles a bf16 dweight's error against the reference; there the kernel writes fp32 and
-    # torch rounds, as the GPU would.
-    round_in_torch = interpreted()
-    outs = [torch.empty(n_cols, dtype=torch.float32 if round_in_torch else dtype, device=p.device)
-            for p, dtype in parts]
-    (a, _), (b, _) = parts[0], parts[-1]
-    launcher(_sum_partials_kernel)[(triton.cdiv(n_cols, FINAL_BLOCK_N),)](
-        a, outs[0], b, outs[-1], n_parts, n_cols,
-        HAS_B=len(parts) == 2, BLOCK_M=FINAL_BLOCK_M, BLOCK_N=FINAL_BLOCK_N, num_warps=4,
-    )
-    return [out.to(dtype) for out, (_, dtype) in zip(outs, parts)] if round_in_torch else outs
-
-
-def _warps_for(block_size: int, table: tuple[tuple[int, int], ...]) -> int:
-    """Warps for ``block_size`` from a ``(max_block_size, num_warps)`` step table; ``MAX_WARPS`` beyond it."""
-    for max_block, warps in table:
-        if block_size <= max_block:
-            return warps
-    return MAX_WARPS
-
-
-@dataclass(frozen=True)
-class RowConfig:
-    """Launch configuration of a row-wise norm kernel, built from the row width.
-
-    Attributes:
-        block_size: elements per ``tl.arange``: the whole row (``looped=False``) or one chunk of it.
-        num_warps: warps per program.
-        looped: whether the row is processed in chunks by the looped kernel.
-        rows_per_iter: backward only (fused, not looped): rows each program processes per loop step, as one
-            [rows_per_iter, block_size] block; a power of two. 1 (the default) is the one-row loop.
-        num_stages: backward only (fused): ``tl.range(num_stages=)`` of the row loop; None leaves the loop
-            without a hint (Triton's default).
-        programs_per_sm: backward only: programs per SM of the persistent grid; None = ``BWD_PROGRAMS_PER_SM``.
-
-    The looped backward (rows wider than ``MAX_FUSED_BLOCK_BWD``) ignores the last three.
-
-    Raises:
-        ValueError: ``rows_per_iter`` is not a power of two >= 1, ``num_stages`` or ``programs_per_sm`` < 1.
-    """
-
-    block_size: int
-    num_warps: int
-    looped: bool
-    rows_per_iter: int = 1
-    num_stages: int | None = None
-    programs_per_sm: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.rows_per_iter < 1 or self.rows_per_iter & (self.rows_per_iter - 1):
-            raise ValueError(f"rows_per_iter must be a power of two >= 1; got {self.rows_per_iter}")
-        if self.num_stages is not None and self.num_stages < 1:
-            raise ValueError(f"num_stages must be >= 1 or None; got {self.num_stages}")
-        if self.programs_per_sm is not None and self.programs_per_sm < 1:
-            raise ValueError(f"programs_per_sm must be >= 1 or None; got {self.programs_per_sm}")
-
-    @classmethod
-    def _build(cls, n_cols: int, max_fused_block: int, table: tuple[tuple[int, int], ...]) -> "RowConfig":
-        block = triton.next_power_of_2(max(n_cols, 1))
-        if block <= max_fused_block:
-            return cls(block_size=block, num_warps=_warps_for(block, table), looped=False)
-        # a max_fused_block below LOOP_BLOCK (tests) gives chunks of that size, to reach the looped kernels
-        chunk = min(LOOP_BLOCK, triton.next_power_of_2(max_fused_block))
-        return cls(block_size=chunk, num_warps=_warps_for(chunk, table), looped=True)
-
-    @classmethod
-    def forward(cls, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK_FWD) -> "RowConfig":
-        """Forward kernels: one block per row up to ``max_fused_block`` columns, chunks beyond."""
-        return cls._build(n_cols, max_fused_block, FWD_WARPS)
-
-    @classmethod
-    def backward(cls, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK_BWD) -> "RowConfig":
-        """Backward kernels: one block per row up to ``max_fused_block`` columns, chunks beyond."""
-        return cls._build(n_cols, max_fused_block, BWD_WARPS)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return CPU_SM_COUNT
-
-
-def bwd_programs(
-    n_rows: int, device: torch.device, rows_per_iter: int = 1, programs_per_sm: int | None = None
-) -> int:
-    """Programs of a backward grid: ``programs_per_sm`` (default ``BWD_PROGRAMS_PER_SM``) per SM, never more
-    than there are blocks of ``rows_per_iter`` rows."""
-    per_sm = BWD_PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
-    return max(1, min(triton.cdiv(n_rows, rows_per_iter), _sm_count(device) * per_sm))
-
-
-def check_tensor(name: str, t: torch.Tensor, device: torch.device | None = None) -> None:
-    """Raise if ``t`` (argument ``name``) has an unsupported dtype or sits on a device the kernels cannot use.
-
-    Raises:
-        TypeError: dtype not in :data:`SUPPORTED_DTYPES`.
-        ValueError: ``t`` is not on ``device`` (when given), or is a CPU tensor without ``TRITON_INTERPRET=1``.
-    """
-    if t.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} has dtype {t.dtype}; supported: {', '.join(str(d) for d in SUPPORTED_DTYPES)}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name} is on {t.device} but x is on {device}")
-    if t.device.type != "cuda" and not interpreted():
-        raise ValueError(
-            f"{name} is on {t.device}: the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)"
-        )
-
-
-def as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
-    """``t`` [..., n_cols] as a 2-D [n_rows, n_cols] view with any strides.
-
-    ``reshape`` returns a view whenever the leading dims collapse into one row stride (all contiguous tensors,
-    row/column slices, 2-D transposes, expanded gradients); otherwise it copies. A view whose column offsets
-    would pass 2**31 elements (int32 in the kernels) is copied to a contiguous layout.
-    """
-    t2 = t.reshape(-1, n_cols)
-    if t2.stride(1) != 1 and (n_cols - 1) * t2.stride(1) >= INT32_SPAN_LIMIT:
-        t2 = t2.contiguous()
-    return t2
 
 
 def _check_rms_inputs(x: torch.Tensor, weight: torch.Tensor) -> None:

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kernel_library import _device
-from kernel_library.bias_gelu import check_device
+from kernel_library._checks import check_device
 from kernel_library._op import launcher, library_op
 from kernel_library.registry import KernelEntry, register_kernel
 

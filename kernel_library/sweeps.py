@@ -1,4 +1,4 @@
-"""Sweep hooks for library kernels: ``fusion-advisor bench rmsnorm --sweep`` (see ``fusion_advisor/sweep.py``).
+"""Sweep hooks for library kernels: ``fusion-advisor bench rmsnorm --sweep`` (see ``fusion_advisor/kernel_tools/sweep.py``).
 
 The kernel modules define only the plain contract, so the hooks live here, one :class:`LibrarySweep` per kernel
 in :data:`SWEEPS`, with the names a kernel file would define (``SIZES``, ``get_inputs(size)``, ``SWEEP_CONFIGS``,
@@ -7,10 +7,10 @@ forward launcher with a forced launch config, so the sweep times exactly the cod
 
 | kernel | launcher | config class | config keys |
 |---|---|---|---|
-| ``rmsnorm`` | ``rmsnorm.rms_norm_fwd_launch(..., config=)`` | ``rmsnorm.RowConfig`` | BLOCK_SIZE, num_warps, looped |
-| ``softmax`` | ``softmax._softmax_fwd_launch(..., config=)`` | ``softmax.RowConfig`` | BLOCK_SIZE, num_warps, single_block |
+| ``rmsnorm`` | ``rmsnorm.rms_norm_fwd_launch(..., config=)`` | ``_rows.RowConfig`` | BLOCK_SIZE, num_warps, looped |
+| ``softmax`` | ``softmax._softmax_fwd_launch(..., config=)`` | ``softmax.SoftmaxConfig`` | BLOCK_SIZE, num_warps, single_block |
 | ``cross_entropy`` | ``cross_entropy._cross_entropy_fwd_launch(..., config=)`` | ``CrossEntropyConfig`` | BLOCK_SIZE, num_warps, single_block |
-| ``layernorm`` | ``layernorm.layer_norm_fwd_launch(..., config=)`` | ``rmsnorm.RowConfig`` | BLOCK_SIZE, num_warps, looped |
+| ``layernorm`` | ``layernorm.layer_norm_fwd_launch(..., config=)`` | ``_rows.RowConfig`` | BLOCK_SIZE, num_warps, looped |
 | ``swiglu``, ``geglu`` | ``swiglu.glu_forward(..., config=)`` | ``swiglu.GluConfig`` | BLOCK_SIZE, num_warps |
 
 The sweep is of the **forward** launch (softmax's and rmsnorm's backward launchers take a config too, but are not
@@ -120,7 +120,7 @@ def _dtype() -> torch.dtype:
 
 def _rms_kernel(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, offset: float = 0.0, *,
                 BLOCK_SIZE: int, num_warps: int, looped: bool) -> torch.Tensor:
-    """rmsnorm forward of ``x`` [..., n_cols] with the given :class:`kernel_library.rmsnorm.RowConfig`."""
+    """rmsnorm forward of ``x`` [..., n_cols] with the given :class:`kernel_library._rows.RowConfig`."""
     cfg = _rms.RowConfig(block_size=BLOCK_SIZE, num_warps=num_warps, looped=looped)
     y, _ = _rms.rms_norm_fwd_launch(_rms.as_rows(x, x.shape[-1]), weight, float(eps), float(offset), config=cfg)
     return y.reshape(x.shape)
@@ -154,8 +154,8 @@ RMSNORM = LibrarySweep(
 
 def _softmax_kernel(x: torch.Tensor, scale: float = 1.0, mask: torch.Tensor | None = None, causal: bool = False, *,
                     BLOCK_SIZE: int, num_warps: int, single_block: bool) -> torch.Tensor:
-    """softmax forward with the given :class:`kernel_library.softmax.RowConfig`."""
-    cfg = _sm.RowConfig(block_size=BLOCK_SIZE, num_warps=num_warps, single_block=single_block)
+    """softmax forward with the given :class:`kernel_library.softmax.SoftmaxConfig`."""
+    cfg = _sm.SoftmaxConfig(block_size=BLOCK_SIZE, num_warps=num_warps, single_block=single_block)
     return _sm._softmax_fwd_launch(x, scale, mask, causal, config=cfg)
 
 
@@ -165,7 +165,7 @@ def _softmax_inputs(size: tuple[int, int]) -> list:
 
 
 def _softmax_heuristic(size: tuple[int, int]) -> dict[str, Any]:
-    c = _sm.RowConfig.for_row(size[1])
+    c = _sm.SoftmaxConfig.for_row(size[1])
     return {"BLOCK_SIZE": c.block_size, "num_warps": c.num_warps, "single_block": c.single_block}
 
 
@@ -256,7 +256,7 @@ CROSS_ENTROPY = LibrarySweep(
 
 def _ln_kernel(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float = 1e-5,
                residual: torch.Tensor | None = None, *, BLOCK_SIZE: int, num_warps: int, looped: bool) -> torch.Tensor:
-    """layernorm forward of ``x`` [n_rows, n_cols] (no residual) with the given ``rmsnorm.RowConfig``."""
+    """layernorm forward of ``x`` [n_rows, n_cols] (no residual) with the given ``_rows.RowConfig``."""
     if residual is not None:
         raise ValueError("the layernorm sweep covers plain LayerNorm (no residual)")
     cfg = _rms.RowConfig(block_size=BLOCK_SIZE, num_warps=num_warps, looped=looped)

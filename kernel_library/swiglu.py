@@ -24,8 +24,10 @@ import triton
 import triton.language as tl
 
 from kernel_library import _device
-from kernel_library.bias_gelu import check_device, gelu_tanh, gelu_tanh_grad, rows_view
+from kernel_library._activations import gelu_tanh, gelu_tanh_grad, silu, silu_grad
+from kernel_library._checks import check_device
 from kernel_library._op import launcher, library_op
+from kernel_library._rows import rows_view
 from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ------------------------------------------------------------------------------------------------
@@ -44,22 +46,6 @@ MAX_NUM_WARPS = 8
 ACTIVATIONS = ("silu", "gelu_tanh")
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-# --- fp32 SiLU helpers (shared with gemm_epilogue) ------------------------------------------------------------
-
-
-@triton.jit
-def silu(x):
-    """SiLU(x) = x * sigmoid(x); ``x`` fp32. Matches ``F.silu``; -inf gives NaN as in torch."""
-    return x * tl.sigmoid(x)
-
-
-@triton.jit
-def silu_grad(x):
-    """d SiLU / dx = s (1 + x (1 - s)), s = sigmoid(x); ``x`` fp32."""
-    s = tl.sigmoid(x)
-    return s * (1.0 + x * (1.0 - s))
 
 
 @triton.jit

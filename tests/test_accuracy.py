@@ -1,8 +1,8 @@
-"""The accuracy benchmark's arithmetic (fusion_advisor/accuracy.py): agreement, ratio distribution, the page."""
+"""The accuracy benchmark's arithmetic (fusion_advisor/analyze/accuracy.py): agreement, ratio distribution, the page."""
 
 import pytest
 
-from fusion_advisor.accuracy import by_pattern, chain_rows, markdown, off_chains, summarize
+from fusion_advisor.analyze.accuracy import by_pattern, chain_rows, markdown, off_chains, summarize
 
 ROWS = [
     {"pattern": "rmsnorm", "predicted_bound": "memory", "measured_bound": "memory", "ratio": 1.2, "measured_us": 10.0},
@@ -41,7 +41,7 @@ def test_off_chains_and_by_pattern_count_only_measured_chains():
 def test_chain_rows_of_a_cpu_profile():
     from pathlib import Path
 
-    from fusion_advisor.analyze import analyze
+    from fusion_advisor.analyze.pipeline import analyze
 
     a = analyze(Path(__file__).parent / "data" / "models" / "tiny_pointwise.py", device="cpu", profile=True,
                 profile_runs=1)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fusion_advisor.analyze import analyze
+from fusion_advisor.analyze.pipeline import analyze
 
 pytest.importorskip("transformers")
 

@@ -345,7 +345,7 @@ def test_default_model_planned_equals_original(default_run):
     """The chosen variant rebuilt around the model calls the kernels' custom ops and matches the original forward
     and backward."""
     result, model_file, _ = default_run
-    from fusion_advisor.load import load_model
+    from fusion_advisor.analyze.load import load_model
 
     loaded = load_model(model_file, device="cpu")
     planned = PlannedModel(loaded.module, result.chosen.spec)
@@ -678,7 +678,7 @@ def test_llama3_shaped_training_step_verifies_through_apply():
 def test_swaps_name_the_chains_and_lines_analyze_reports(tmp_path):
     # transformers' Llama once read c12 / modeling_llama.py:65 in analyze and c13 / :67 in apply for the same
     # RMSNorm: apply now analyses with analyze's capture, and a swap's source is its chain's
-    from fusion_advisor.analyze import analyze
+    from fusion_advisor.analyze.pipeline import analyze
 
     model = _write(tmp_path, "hf_llama", HF_LLAMA)
     result = apply(model, ApplyOptions(candidates="all", kernels=("add_rmsnorm", "rmsnorm", "swiglu")), device="cpu")
@@ -758,7 +758,7 @@ def test_outputs_written_with_every_decision(default_run, tmp_path):
 def test_apply_keeps_the_folders_analysis_when_it_is_the_same(default_run, tmp_path):
     # analyze, then apply, into one folder: the report keeps analyze's report.json (and what only analyze
     # records, such as a profile) and adds apply's results; the chain ids agree
-    from fusion_advisor.report import load_report, write_report
+    from fusion_advisor.report.write import load_report, write_report
 
     result, model, _ = default_run
     out = tmp_path / "both"
@@ -785,7 +785,7 @@ def test_interrupt_during_rendering_writes_nothing(default_run, tmp_path, monkey
 
 def test_interrupt_during_writing_finishes_the_set_first(default_run, tmp_path, monkeypatch):
     """Ctrl-C (a real SIGINT) arriving while files are replaced is held back until all four are in place."""
-    import fusion_advisor.report as report_mod
+    import fusion_advisor.report.write as report_mod
 
     real = report_mod.atomic_write_bytes
     calls = []
@@ -861,7 +861,7 @@ def test_cli_apply_out_is_a_file(tmp_path):
 @pytest.mark.gpu
 def test_swaps_with_an_inductor_rest_match_eager(tmp_path):
     """Every non-overlapping match swapped in, the rest compiled by Inductor: same loss and gradients as eager."""
-    from fusion_advisor.load import load_model
+    from fusion_advisor.analyze.load import load_model
 
     model = _write(tmp_path, "tiny_llama", DEFAULT_MODEL)
     result = apply(model, ApplyOptions(candidates="all", kernels=LLAMA_KERNELS), device="cuda")
@@ -881,8 +881,8 @@ def test_swaps_with_an_inductor_rest_match_eager(tmp_path):
 
 def test_swap_timing_counts_steady_state_recompiles(monkeypatch):
     """sw._time_steady: one warm-up call, then the timer under a RecompileWatch (time_cuda stood in: no GPU)."""
-    import fusion_advisor.bench as bench_mod
-    from fusion_advisor.recompile import summarize
+    import fusion_advisor.kernel_tools.bench as bench_mod
+    from fusion_advisor.kernel_tools.recompile import summarize
 
     def fake_time_cuda(fn):
         for _ in range(3):

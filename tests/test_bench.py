@@ -1,4 +1,4 @@
-"""Tests of fusion_advisor.bench and the ``bench`` command.
+"""Tests of fusion_advisor.kernel_tools.bench and the ``bench`` command.
 
 On this CPU-only machine the kernels run under the Triton interpreter, so the tests check the bookkeeping
 (fields, timer label, iteration counts, refusal before verification passes, compile-time reporting), never
@@ -17,11 +17,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fusion_advisor import bench as bench_mod
-from fusion_advisor.bench import TIMER_CPU, BenchResult, bench_kernel, time_cpu, time_cuda
+from fusion_advisor.kernel_tools import bench as bench_mod
+from fusion_advisor.kernel_tools.bench import TIMER_CPU, BenchResult, bench_kernel, time_cpu, time_cuda
 from fusion_advisor.cli import app
 from fusion_advisor.errors import VerificationFailed
-from fusion_advisor.verify import KernelContract, load_contract
+from fusion_advisor.kernel_tools.verify import KernelContract, load_contract
 
 KERNELS = Path(__file__).parent / "data" / "kernels"
 runner = CliRunner()
@@ -219,7 +219,7 @@ def test_steady_state_recompiles_are_counted_with_their_cause(monkeypatch):
 
 
 def test_kernel_class_sorts_library_inductor_ours_and_aten():
-    from fusion_advisor.bench import kernel_class
+    from fusion_advisor.kernel_tools.bench import kernel_class
 
     assert kernel_class("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_TNT") == "library"
     assert kernel_class("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "library"

@@ -10,8 +10,8 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from fusion_advisor.analyze import analyze
-from fusion_advisor.calibrate import MARKER, Calibration, Sizes, calibrate, closest_shipped_spec, render_spec, spec_dict
+from fusion_advisor.analyze.pipeline import analyze
+from fusion_advisor.devices.calibrate import MARKER, Calibration, Sizes, calibrate, closest_shipped_spec, render_spec, spec_dict
 from fusion_advisor.cli import app
 from fusion_advisor.devices import load_spec
 from fusion_advisor.errors import CalibrationError
@@ -161,7 +161,7 @@ def test_gpu_spec_records_attention_rates_and_strided_bandwidth():
 
 
 def test_attention_flops_match_the_graph_formula():
-    from fusion_advisor.calibrate import attention_flops
+    from fusion_advisor.devices.calibrate import attention_flops
 
     assert attention_flops(2, 32, 2048, 128, False) == 4 * 2 * 32 * 2048 * 2048 * 128
     assert attention_flops(2, 32, 2048, 128, True) == 2 * 2 * 32 * 2048 * 2048 * 128
@@ -176,7 +176,7 @@ def test_cli_calibrate_lists_what_was_not_measured(tmp_path):
 
 @pytest.mark.gpu
 def test_measure_attention_rates_on_gpu():
-    from fusion_advisor.calibrate import measure_attention_rates
+    from fusion_advisor.devices.calibrate import measure_attention_rates
 
     rates, skipped = measure_attention_rates(seqs=(256,), head_dims=(64,), dtypes=("bf16", "fp32"),
                                              configs=(("flash", "", False), ("math", "float", False)))
@@ -188,7 +188,7 @@ def test_measure_attention_rates_on_gpu():
 
 @pytest.mark.gpu
 def test_elementwise_overhead_and_unaligned_rate_on_gpu():
-    from fusion_advisor.calibrate import Sizes, measure_elementwise_overhead_us, measure_unaligned_matmul_tflops, _timer
+    from fusion_advisor.devices.calibrate import Sizes, measure_elementwise_overhead_us, measure_unaligned_matmul_tflops, _timer
 
     sizes = Sizes.for_device("cuda", quick=True)
     t0 = measure_elementwise_overhead_us(3000.0, sizes, mib=(4, 16), kernels=4)
@@ -197,7 +197,7 @@ def test_elementwise_overhead_and_unaligned_rate_on_gpu():
 
 
 def test_quick_sizes_on_a_gpu_still_reach_the_ceilings():
-    from fusion_advisor.calibrate import Sizes
+    from fusion_advisor.devices.calibrate import Sizes
 
     s = Sizes.for_device("cuda", quick=True, l2_bytes=60 << 20)
     assert s.copy_bytes >= 4 * (60 << 20) and s.matmul_n >= 4096  # beyond L2; a matmul large enough for the peak
@@ -207,7 +207,7 @@ def test_quick_sizes_on_a_gpu_still_reach_the_ceilings():
 def test_a_rate_far_under_the_shipped_spec_is_flagged_loudly():
     import dataclasses
 
-    from fusion_advisor.calibrate import Calibration, sanity_warnings
+    from fusion_advisor.devices.calibrate import Calibration, sanity_warnings
     from fusion_advisor.devices import load_spec
 
     h200 = load_spec("h200")

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from fusion_advisor.capture import _mha_as_sdpa
+from fusion_advisor.analyze.capture import _mha_as_sdpa
 
 
 def test_mha_rewrite_matches_torch():
@@ -23,7 +23,7 @@ def test_mha_rewrite_matches_torch():
 
 
 def test_mha_analysed_as_one_attention_op(tmp_path):
-    from fusion_advisor.analyze import analyze
+    from fusion_advisor.analyze.pipeline import analyze
 
     model = tmp_path / "mha.py"
     model.write_text(
@@ -56,7 +56,7 @@ class _LatentQueries(nn.Module):
 
 
 def test_opaque_attention_broadcasts_batch_dims_as_sdpa_does():
-    from fusion_advisor.capture import _attention, _attention_fake
+    from fusion_advisor.analyze.capture import _attention, _attention_fake
 
     F = torch.nn.functional
     # (q, k, v, mask, enable_gqa): q's batch broadcast over k's, k's heads broadcast, GQA, a broadcast mask
@@ -79,7 +79,7 @@ def test_opaque_attention_broadcasts_batch_dims_as_sdpa_does():
 def test_latent_query_model_is_captured_by_dynamo_and_matches_eager():
     from torch._dynamo.backends.common import aot_autograd
 
-    from fusion_advisor.capture import _capture_dynamo, keep_attention_opaque
+    from fusion_advisor.analyze.capture import _capture_dynamo, keep_attention_opaque
 
     torch.manual_seed(0)
     model, k = _LatentQueries().eval(), torch.randn(2, 4, 24, 8)
@@ -98,7 +98,7 @@ def test_latent_query_model_is_captured_by_dynamo_and_matches_eager():
 
 
 def test_attention_flops_count_the_broadcast_batch(tmp_path):
-    from fusion_advisor.analyze import analyze
+    from fusion_advisor.analyze.pipeline import analyze
 
     model = tmp_path / "latent.py"
     model.write_text(
@@ -122,7 +122,7 @@ def test_gpu_only_view_after_attention_gets_a_hint(tmp_path):
     # device: the refusal says why and what to write instead
     import pytest
 
-    from fusion_advisor.analyze import analyze
+    from fusion_advisor.analyze.pipeline import analyze
     from fusion_advisor.errors import ModelRunError
 
     model = tmp_path / "tview.py"
@@ -143,7 +143,7 @@ def test_profiler_noise_on_native_stderr_is_held_back(capfd):
     # bench must not show it, but any other line written there (a real error) must still come through.
     import os
 
-    from fusion_advisor.capture import quiet_native_stderr
+    from fusion_advisor.analyze.capture import quiet_native_stderr
 
     capfd.readouterr()
     with quiet_native_stderr():

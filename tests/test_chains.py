@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fusion_advisor.capture import capture
-from fusion_advisor.chains import build_chains
-from fusion_advisor.graph import build_op_graph
-from fusion_advisor.load import LoadedModel
+from fusion_advisor.analyze.capture import capture
+from fusion_advisor.analyze.chains import build_chains
+from fusion_advisor.analyze.graph import build_op_graph
+from fusion_advisor.analyze.load import LoadedModel
 
 
 def _chains(module: nn.Module, *inputs: torch.Tensor):
@@ -150,7 +150,7 @@ def test_heads_merge_after_fused_attention_copies_nothing():
 
 
 def test_opaque_attention_returns_the_layout_its_fake_promises():
-    from fusion_advisor.capture import _attention, _attention_fake
+    from fusion_advisor.analyze.capture import _attention, _attention_fake
 
     for dtype in (torch.bfloat16, torch.float64):
         q = torch.randn(2, 4, 16, 8, dtype=dtype)

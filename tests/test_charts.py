@@ -1,4 +1,4 @@
-"""The report's pictures (fusion_advisor/charts.py): labelled ceilings, one point per group of repeated chains,
+"""The report's pictures (fusion_advisor/report/charts.py): labelled ceilings, one point per group of repeated chains,
 the time breakdown; hand-built analyses, no capture."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from fusion_advisor import charts, report
-from fusion_advisor import report_views as views
+from fusion_advisor.report import charts, views
+from fusion_advisor.report import write as report
 from fusion_advisor.devices import load_spec
 from tests.test_report import make_analysis
 from tests.test_report_views import layered

@@ -38,8 +38,8 @@ def test_unknown_and_invalid(tmp_path):
 def test_attention_rate_is_used_for_attention_only(tmp_path):
     import dataclasses
 
-    from fusion_advisor.records import Chain, OpInfo, SourceLoc, TensorMeta
-    from fusion_advisor.roofline import estimate
+    from fusion_advisor.analyze.records import Chain, OpInfo, SourceLoc, TensorMeta
+    from fusion_advisor.analyze.roofline import estimate
 
     q = TensorMeta(shape=(2, 32, 2048, 128), dtype="bf16", numel=16777216, nbytes=2 * 16777216)
     flops = 4 * 2 * 32 * 2048 * 2048 * 128

@@ -1,4 +1,4 @@
-"""fusion-advisor diff A B (fusion_advisor/diff.py): chains matched across two report folders by module and
+"""fusion-advisor diff A B (fusion_advisor/report/diff.py): chains matched across two report folders by module and
 source line (not by id), changed routes, bound classes, kernels and times found, repeated layers grouped, the
 table and HTML written; bad input is one clear message."""
 
@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner
 
-from fusion_advisor import diff as D
-from fusion_advisor import report
+from fusion_advisor.report import diff as D
+from fusion_advisor.report import write as report
 from fusion_advisor.cli import app
-from fusion_advisor.records import SourceLoc
+from fusion_advisor.analyze.records import SourceLoc
 from tests.test_report import make_analysis
 from tests.test_report_views import layered
 

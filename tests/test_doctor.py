@@ -1,4 +1,4 @@
-"""Tests of fusion_advisor.doctor and the ``doctor`` command.
+"""Tests of fusion_advisor.devices.doctor and the ``doctor`` command.
 
 On this CPU-only machine the copy kernel runs under the Triton interpreter and no bandwidth is measured. A real
 torch.compile costs ~7 s on CPU, so one test runs it for real and the others use a stand-in ``torch.compile``.
@@ -14,9 +14,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fusion_advisor import doctor as doc
+from fusion_advisor.devices import doctor as doc
 from fusion_advisor.cli import app
-from fusion_advisor.doctor import (
+from fusion_advisor.devices.doctor import (
     CHECKS,
     FAIL,
     OK,

@@ -16,14 +16,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from fusion_advisor.analyze import analyze
+from fusion_advisor.analyze.pipeline import analyze
 from fusion_advisor.cli import app
 from fusion_advisor.devices import OpTimeFit, load_spec, parse_spec, spec_fields, spec_mapping
 from fusion_advisor.errors import DeviceSpecError, UserError
-from fusion_advisor.fit_profiles import fit_curve, fit_from_profiles, read_report, summary, write_fit
-from fusion_advisor.records import ChainMeasurement, NodeMeasurement, OpInfo, SourceLoc, TensorMeta
-from fusion_advisor.report import render_json
-from fusion_advisor.roofline import eager_in_model_us, estimate_all, op_class_keys, roofline_op_us
+from fusion_advisor.devices.fit_profiles import fit_curve, fit_from_profiles, read_report, summary, write_fit
+from fusion_advisor.analyze.records import ChainMeasurement, NodeMeasurement, OpInfo, SourceLoc, TensorMeta
+from fusion_advisor.report.write import render_json
+from fusion_advisor.analyze.roofline import eager_in_model_us, estimate_all, op_class_keys, roofline_op_us
 
 MLP = Path(__file__).parent / "data" / "models" / "profile_mlp.py"
 LAW = {"matmul": 3.0}  # measured busy time over the roofline time, by category; every other op: 2x

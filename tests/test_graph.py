@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fusion_advisor.analyze import analyze
-from fusion_advisor.graph import row_major_order, tensor_meta
+from fusion_advisor.analyze.pipeline import analyze
+from fusion_advisor.analyze.graph import row_major_order, tensor_meta
 
 X = torch.empty(2, 16, 4, 8)  # [B, S, H, D]
 
@@ -63,9 +63,9 @@ def test_rope_ops_read_a_permuted_view(tmp_path):
 
 
 def test_ops_launching_several_kernels_count_them():
-    from fusion_advisor.capture import capture
-    from fusion_advisor.graph import MULTI_KERNEL_OPS, build_op_graph
-    from fusion_advisor.load import LoadedModel
+    from fusion_advisor.analyze.capture import capture
+    from fusion_advisor.analyze.graph import MULTI_KERNEL_OPS, build_op_graph
+    from fusion_advisor.analyze.load import LoadedModel
 
     class M(torch.nn.Module):
         def forward(self, ids, x):

@@ -1,4 +1,4 @@
-"""Tests of fusion_advisor.inductor_code (``analyze --inductor-code``) on the CPU.
+"""Tests of fusion_advisor.analyze.inductor_code (``analyze --inductor-code``) on the CPU.
 
 One real Inductor compile of the tiny pointwise model's chain (C++ code on the CPU, a few seconds), checked in
 report.html, chains.csv, report.json and inductor/c0.py; failures (an isolating error, a compile error, the
@@ -17,11 +17,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fusion_advisor import inductor_code as ic
-from fusion_advisor.analyze import analyze
+from fusion_advisor.analyze import inductor_code as ic
+from fusion_advisor.analyze.pipeline import analyze
 from fusion_advisor.cli import app
 from fusion_advisor.errors import UserError
-from fusion_advisor.report import write_report
+from fusion_advisor.report.write import write_report
 
 MODELS = Path(__file__).parent / "data" / "models"
 
@@ -75,7 +75,7 @@ def test_code_captured_and_in_report(tiny, generated, tmp_path):
     doc = json.loads(paths["json"].read_text())
     assert doc["inductor_code"]["c0"]["path"] == "inductor/c0.py" and "code" not in doc["inductor_code"]["c0"]
     # read back (apply re-renders the folder's report from report.json): the code comes from its file again
-    from fusion_advisor.report import load_report
+    from fusion_advisor.report.write import load_report
 
     back = load_report(tmp_path).inductor_code["c0"]
     assert 'extern "C"' in back.code and back.code.startswith("# Inductor's code for chain c0")

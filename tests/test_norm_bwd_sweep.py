@@ -1,4 +1,4 @@
-"""CPU test of the selection logic of the norm-backward sweeps (fusion_advisor/norm_bwd_sweep.py).
+"""CPU test of the selection logic of the norm-backward sweeps (fusion_advisor/kernel_tools/norm_bwd_sweep.py).
 
 The sweeps time on a GPU (torch.profiler); here they run on the Triton interpreter at tiny shapes with a host
 clock standing in for ``device_time_ms`` and torch.compile replaced by the eager function, so what is tested is
@@ -13,7 +13,8 @@ import time
 import pytest
 import torch
 
-import fusion_advisor.norm_bwd_sweep as st
+import fusion_advisor.kernel_tools.norm_bwd_sweep as st
+import kernel_library._rows as krows
 import kernel_library.rmsnorm as rn
 
 
@@ -49,7 +50,7 @@ def test_norm_bwd_sweep_picks_a_verified_config_and_prints_its_tuning(cpu_sweep,
     cfg = eval(best["tuning"], {"BwdTuning": rn.BwdTuning}).apply(rn.RowConfig.backward(64))  # noqa: S307
     assert (cfg.rows_per_iter, cfg.num_stages, cfg.num_warps) == (best["rows_per_iter"], best["num_stages"],
                                                                    best["num_warps"])
-    assert (cfg.programs_per_sm or rn.BWD_PROGRAMS_PER_SM) == (best["programs_per_sm"] or rn.BWD_PROGRAMS_PER_SM)
+    assert (cfg.programs_per_sm or krows.BWD_PROGRAMS_PER_SM) == (best["programs_per_sm"] or krows.BWD_PROGRAMS_PER_SM)
     assert f"BWD_TUNING = {best['tuning']}" in capsys.readouterr().out
 
 

@@ -14,7 +14,7 @@ from fusion_advisor.apply import (
     PLAN_VERSION, ApplyOptions, MatchKey, PlanError, PlannedModel, PlannedSwap, VariantSpec, apply, read_plan,
     write_outputs,
 )
-from fusion_advisor.load import load_model
+from fusion_advisor.analyze.load import load_model
 
 MODEL = textwrap.dedent("""
     import torch
@@ -246,7 +246,7 @@ assert KEYWORD_MODEL != MODEL
 def test_keyword_inputs_apply_and_load_plan_on_the_users_model(tmp_path):
     """get_inputs() returning a dict: the model is called as model(**inputs); swap sites name the user's modules
     (no wrapper in their paths), so the plan patches the user's own model, called with keywords."""
-    from fusion_advisor.load import KeywordCall
+    from fusion_advisor.analyze.load import KeywordCall
 
     model = tmp_path / "kw_llama.py"
     model.write_text(KEYWORD_MODEL)

@@ -11,17 +11,17 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fusion_advisor.analyze import analyze
+from fusion_advisor.analyze.pipeline import analyze
 from fusion_advisor.cli import app
 from fusion_advisor.errors import ProfileError, UserError
-from fusion_advisor.profile import (TRACE_MARKER, HostStamps, aten_schedule, attribute, check_can_profile, insert_stamps,
+from fusion_advisor.analyze.profile import (TRACE_MARKER, HostStamps, aten_schedule, attribute, check_can_profile, insert_stamps,
                                     match_schedule, measured_bound, replay_idle)
-from fusion_advisor.records import ChainMeasurement, NodeMeasurement
-from fusion_advisor.report import chains_frame, render_html
+from fusion_advisor.analyze.records import ChainMeasurement, NodeMeasurement
+from fusion_advisor.report.write import chains_frame, render_html
 from fusion_advisor.devices import load_spec
-from fusion_advisor.roofline import roofline_busy_us
-from fusion_advisor.route import route_chain
-from fusion_advisor.rules import load_rules
+from fusion_advisor.analyze.roofline import roofline_busy_us
+from fusion_advisor.analyze.route import route_chain
+from fusion_advisor.analyze.rules import load_rules
 
 from tests.test_rules import _chain, _est
 
@@ -253,7 +253,7 @@ def test_report_shows_predicted_next_to_measured(profiled):
 def test_report_files_carry_the_measurements(profiled, tmp_path):
     import pandas as pd
 
-    from fusion_advisor.report import write_report
+    from fusion_advisor.report.write import write_report
 
     a, _ = profiled
     paths = write_report(a, tmp_path / "r")
@@ -337,9 +337,9 @@ def test_cli_messages(tmp_path):
 
 
 def test_export_capture_is_refused():
-    from fusion_advisor.capture import Capture
-    from fusion_advisor.load import load_model
-    from fusion_advisor.profile import _instrument
+    from fusion_advisor.analyze.capture import Capture
+    from fusion_advisor.analyze.load import load_model
+    from fusion_advisor.analyze.profile import _instrument
 
     loaded = load_model(MLP, device="cpu")
     with pytest.raises(UserError, match="captured by export"):
@@ -448,9 +448,9 @@ def test_a_graph_reused_within_a_forward_is_compared_over_all_its_calls():
 
 
 def test_export_refusal_says_why_dynamo_failed():
-    from fusion_advisor.capture import Capture
-    from fusion_advisor.load import load_model
-    from fusion_advisor.profile import _instrument
+    from fusion_advisor.analyze.capture import Capture
+    from fusion_advisor.analyze.load import load_model
+    from fusion_advisor.analyze.profile import _instrument
 
     loaded = load_model(MLP, device="cpu")
     cap = Capture(graphs=[], method="export",

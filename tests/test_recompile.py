@@ -1,4 +1,4 @@
-"""Tests of fusion_advisor.recompile: Triton specialization diffs, the compile hook, and dynamo recompiles.
+"""Tests of fusion_advisor.kernel_tools.recompile: Triton specialization diffs, the compile hook, and dynamo recompiles.
 
 No GPU here, so Triton compiles nothing: the cause-diffing logic is tested on compile infos written in the form
 Triton hands its ``jit_post_compile_hook`` (``signature`` name -> type, ``constants`` path -> value,
@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fusion_advisor import recompile as rc
-from fusion_advisor.recompile import (
+from fusion_advisor.kernel_tools import recompile as rc
+from fusion_advisor.kernel_tools.recompile import (
     RecompileWatch,
     clean_guard_reason,
     diff_variants,

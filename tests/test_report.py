@@ -1,4 +1,4 @@
-"""Tests of fusion_advisor/report.py on a hand-built Analysis (no capture, no torch graphs: fast).
+"""Tests of fusion_advisor/report/write.py on a hand-built Analysis (no capture, no torch graphs: fast).
 
 The synthetic analysis covers every route (skip / torch.compile / triton) and every bound class
 (compute / memory / launch), a chain with 0 FLOPs (drawn at the chart's floor), a chain without an estimate or
@@ -18,8 +18,9 @@ import pandas as pd
 import pytest
 
 import fusion_advisor
-from fusion_advisor import report
-from fusion_advisor.records import (
+from fusion_advisor import files
+from fusion_advisor.report import write as report
+from fusion_advisor.analyze.records import (
     Analysis,
     Chain,
     Decision,
@@ -350,7 +351,7 @@ def test_atomic_write_interrupted(tmp_path, monkeypatch, exc, existing):
         seen.append(sorted(p.name for p in tmp_path.iterdir()))  # the temp file exists, mid-write
         raise exc("disk gone")
 
-    monkeypatch.setattr(report.os, "fsync", failing_fsync)
+    monkeypatch.setattr(files.os, "fsync", failing_fsync)
     with pytest.raises(exc):
         report.atomic_write_bytes(target, b"new report " * 10000)
     monkeypatch.undo()
@@ -375,7 +376,7 @@ def test_write_report_interrupted_keeps_old_files(tmp_path, monkeypatch):
             raise OSError("interrupted")
         real_replace(src, dst)
 
-    monkeypatch.setattr(report.os, "replace", replace_then_fail)
+    monkeypatch.setattr(files.os, "replace", replace_then_fail)
     a.model_name = "changed"
     with pytest.raises(OSError):
         report.write_report(a, tmp_path)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fusion_advisor import report
+from fusion_advisor.report import write as report
 from tests.test_report_views import layered, plan_doc
 
 WIDTHS = (1280, 1920)
@@ -107,7 +107,7 @@ def render_in_browser(page: Path, width: int, tmp: Path) -> dict:
 
 def with_profile(a):
     """``a`` with a measurement for every chain (the widest chains table: five measured columns more)."""
-    from fusion_advisor.records import ChainMeasurement, Profile
+    from fusion_advisor.analyze.records import ChainMeasurement, Profile
 
     chains = {c.id: ChainMeasurement(c.id, 100.0 + i, 60.0, 40.0 + i, 3.0, 1234.5, 12.345, 56.7, "memory", 90.0,
                                      0.9, False) for i, c in enumerate(a.chains)}
@@ -122,7 +122,7 @@ def with_profile(a):
 def pages(tmp_path_factory) -> dict[str, Path]:
     """The built-in default model's report as `fusion-advisor analyze` writes it, a report with apply's results
     (a plan in the folder) and repeated layers, and one with a profile (the widest chains table)."""
-    from fusion_advisor.analyze import analyze
+    from fusion_advisor.analyze.pipeline import analyze
 
     root = tmp_path_factory.mktemp("browser")
     default = report.write_report(analyze(None, device="meta"), root / "default")["html"]
@@ -160,7 +160,7 @@ def test_report_fits_and_works_in_a_browser(pages, which, width, tmp_path):
 
 def test_diff_page_fits_in_a_browser(tmp_path):
     # diff.html shares the report's CSS and script: it must fit as well
-    from fusion_advisor import diff as D
+    from fusion_advisor.report import diff as D
     from tests.test_diff import _b_side
 
     report.write_report(layered(4), tmp_path / "A")

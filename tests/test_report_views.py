@@ -1,4 +1,4 @@
-"""What report.html shows first (fusion_advisor/report_views.py): repeated layers as one group, the first screen
+"""What report.html shows first (fusion_advisor/report/views.py): repeated layers as one group, the first screen
 (the command, what the advice buys, the largest opportunities, what was left alone), and apply's results read
 from a plan document, on hand-built analyses (no capture: fast)."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fusion_advisor import report
-from fusion_advisor import report_views as views
-from fusion_advisor.records import Decision
+from fusion_advisor.report import write as report
+from fusion_advisor.report import views
+from fusion_advisor.analyze.records import Decision
 from tests.test_report import make_analysis
 
 

@@ -11,8 +11,8 @@ import yaml
 
 from fusion_advisor.devices import AttentionRate, load_spec, parse_spec
 from fusion_advisor.errors import DeviceSpecError
-from fusion_advisor.records import Chain, OpInfo, SourceLoc, TensorMeta
-from fusion_advisor.roofline import attention_geometry, estimate
+from fusion_advisor.analyze.records import Chain, OpInfo, SourceLoc, TensorMeta
+from fusion_advisor.analyze.roofline import attention_geometry, estimate
 
 H200 = load_spec("h200")
 

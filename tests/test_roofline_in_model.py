@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 
 from fusion_advisor.devices import load_spec
-from fusion_advisor.records import Chain, OpInfo, SourceLoc, TensorMeta
-from fusion_advisor.roofline import eager_in_model_us, estimate
+from fusion_advisor.analyze.records import Chain, OpInfo, SourceLoc, TensorMeta
+from fusion_advisor.analyze.roofline import eager_in_model_us, estimate
 
 SPEC = dataclasses.replace(load_spec("cpu"), name="toy", memory_bandwidth_gbps=1000.0, launch_overhead_us=10.0)
 
@@ -53,7 +53,7 @@ def _mm(k: int, n: int, dtype: str = "bf16") -> OpInfo:
 
 
 def test_unaligned_matmuls_take_the_measured_unaligned_rate():
-    from fusion_advisor.roofline import op_peak_tflops, unaligned_matmul
+    from fusion_advisor.analyze.roofline import op_peak_tflops, unaligned_matmul
 
     assert not unaligned_matmul(_mm(768, 50256)) and unaligned_matmul(_mm(768, 50257))
     assert unaligned_matmul(_mm(767, 1024))  # K: the first operand's leading dimension
@@ -83,7 +83,7 @@ def test_an_op_launching_several_kernels_waits_for_each_launch():
 
 
 def test_elementwise_kernels_pay_the_measured_overhead_memcpy_and_library_ops_do_not():
-    from fusion_advisor.roofline import op_overhead_us, roofline_busy_us
+    from fusion_advisor.analyze.roofline import op_overhead_us, roofline_busy_us
 
     spec = dataclasses.replace(SPEC, elementwise_overhead_us=4.0)
     add = _op(0, 10.0)
@@ -113,7 +113,7 @@ def test_elementwise_overhead_is_validated(tmp_path):
 
 
 def test_an_op_on_empty_tensors_pays_no_kernel_overhead():
-    from fusion_advisor.roofline import op_overhead_us, roofline_busy_us
+    from fusion_advisor.analyze.roofline import op_overhead_us, roofline_busy_us
 
     spec = dataclasses.replace(SPEC, elementwise_overhead_us=4.0)
     empty = TensorMeta(shape=(0, 8), dtype="fp32", numel=0, nbytes=0)

@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from fusion_advisor.analyze import analyze
+from fusion_advisor.analyze.pipeline import analyze
 from fusion_advisor.devices import load_spec, parse_spec
 from fusion_advisor.errors import DeviceSpecError
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from fusion_advisor.errors import RulesError
-from fusion_advisor.records import Chain, Estimate, SourceLoc
-from fusion_advisor.route import route_chain
-from fusion_advisor.rules import SHIPPED_RULES, load_rules, load_rules_file
+from fusion_advisor.analyze.records import Chain, Estimate, SourceLoc
+from fusion_advisor.analyze.route import route_chain
+from fusion_advisor.analyze.rules import SHIPPED_RULES, load_rules, load_rules_file
 
 
 def _chain(**kw) -> Chain:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fusion_advisor.analyze import analyze
-from fusion_advisor.sdpa import (BOOL_MASK_KERNELS, SdpaArgs, args_of, choose_backend, fused_kernels, math_kernels,
+from fusion_advisor.analyze.pipeline import analyze
+from fusion_advisor.analyze.sdpa import (BOOL_MASK_KERNELS, SdpaArgs, args_of, choose_backend, fused_kernels, math_kernels,
                                  rule_backend, torch_backend)
 
 

@@ -1,4 +1,4 @@
-"""Tests of fusion_advisor.sweep and ``fusion-advisor bench FILE --sweep`` (CPU: Triton interpreter).
+"""Tests of fusion_advisor.kernel_tools.sweep and ``fusion-advisor bench FILE --sweep`` (CPU: Triton interpreter).
 
 They check the bookkeeping, never speed: every config verified before it is timed, a config that breaks masking
 rejected with its reason while the sweep goes on, a config that fails to launch rejected, the best config per
@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from fusion_advisor.cli import app
 from fusion_advisor.errors import ContractError, UserError
-from fusion_advisor.sweep import (
+from fusion_advisor.kernel_tools.sweep import (
     COLUMNS,
     CPU_LABEL,
     SweepHooks,
@@ -26,7 +26,7 @@ from fusion_advisor.sweep import (
     run_sweep,
     write_sweep,
 )
-from fusion_advisor.verify import load_contract
+from fusion_advisor.kernel_tools.verify import load_contract
 
 KERNELS = Path(__file__).parent / "data" / "kernels"
 FAST = dict(warmup_ms=0.5, rep_ms=2.0)

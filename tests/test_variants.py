@@ -22,7 +22,7 @@ from fusion_advisor.apply.executors import compile_graph
 from fusion_advisor.apply.measure import ModelHarness, scalarize, tensor_leaves
 from fusion_advisor.apply.regions import choose_depth, region_runs
 from fusion_advisor.apply.variants import PlannedModel
-from fusion_advisor.load import load_model
+from fusion_advisor.analyze.load import load_model
 
 DATA = Path(__file__).parent / "data" / "models"
 REGIONS_MODEL = DATA / "pointwise_regions.py"

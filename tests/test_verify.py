@@ -1,4 +1,4 @@
-"""Tests of fusion_advisor.verify and the ``verify`` command.
+"""Tests of fusion_advisor.kernel_tools.verify and the ``verify`` command.
 
 Kernel files live in tests/data/kernels (vector_add: correct Triton kernel; broken_mask: leaves its last element
 unwritten; no_contract: lacks reference_fn and get_inputs). Smaller contracts are built in code with plain torch
@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from fusion_advisor.cli import app
 from fusion_advisor.errors import ContractError, KernelLoadError
-from fusion_advisor.verify import (
+from fusion_advisor.kernel_tools.verify import (
     KernelContract,
     PoisonAllocations,
     compare_outputs,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from fusion_advisor.analyze import analyze
-from fusion_advisor.report import write_report
+from fusion_advisor.analyze.pipeline import analyze
+from fusion_advisor.report.write import write_report
 
 sys.path.insert(0, str(Path(__file__).parent / "data" / "models"))
 import zoo  # noqa: E402
@@ -83,7 +83,7 @@ def test_keyword_inputs_training_mode_note_reads_the_users_module(tmp_path):
         "    return M().eval()\n"
         "def get_inputs():\n"
         "    return {'x': torch.randn(2, 8), 'scale': torch.ones(1)}\n")
-    from fusion_advisor.load import load_model
+    from fusion_advisor.analyze.load import load_model
 
     loaded = load_model(path, device="cpu")
     assert not any("training mode" in n for n in loaded.notes), loaded.notes

@@ -51,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from fusion_advisor.accuracy import (  # noqa: E402
+from fusion_advisor.analyze.accuracy import (  # noqa: E402
     TARGET_BOUND_PCT,
     TARGET_TIME_PCT,
     TIME_TOLERANCE,
@@ -104,7 +104,7 @@ def _versions() -> dict[str, str]:
 
 def worker(model: str, spec: str, device: str, result: str) -> None:
     """Analyse and profile one model; write its per-chain rows and profile totals to ``result`` (JSON)."""
-    from fusion_advisor.analyze import analyze
+    from fusion_advisor.analyze.pipeline import analyze
 
     name, rel, dtype, _, _ = next(m for m in MODELS if m[0] == model)
     out: dict = {"model": name, "file": rel, "ok": False}
@@ -162,7 +162,7 @@ def main() -> int:
     if args.smoke:
         env["FA_BENCH_SMOKE"] = "1"
 
-    from fusion_advisor.calibrate import calibrate
+    from fusion_advisor.devices.calibrate import calibrate
 
     spec_path = out / OUT_FILES[0]
     t0 = time.perf_counter()
@@ -170,7 +170,7 @@ def main() -> int:
     try:
         spec_path, spec = calibrate(spec_path, device=device, quick=args.smoke)
     except Exception as e:  # noqa: BLE001 - fall back to the shipped spec, and say so
-        from fusion_advisor.analyze import default_spec_name
+        from fusion_advisor.analyze.pipeline import default_spec_name
         from fusion_advisor.devices import load_spec
 
         calibrate_error = f"{type(e).__name__}: {e}"
@@ -221,7 +221,7 @@ def main() -> int:
 
     rows = [row for r in results if r.get("ok") for row in r["rows"]]
     summary = summarize(rows)
-    import fusion_advisor.profile as fp
+    import fusion_advisor.analyze.profile as fp
 
     doc = {
         "benchmark": "profile_accuracy",

@@ -42,9 +42,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from fusion_advisor.bench import device_kernels_per_call, time_cuda  # noqa: E402
-from fusion_advisor.calibrate import attention_flops  # noqa: E402
-from fusion_advisor.sdpa import args_of, rule_backend  # noqa: E402
+from fusion_advisor.kernel_tools.bench import device_kernels_per_call, time_cuda  # noqa: E402
+from fusion_advisor.devices.calibrate import attention_flops  # noqa: E402
+from fusion_advisor.analyze.sdpa import args_of, rule_backend  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CONFIGS = ("causal", "float_mask", "fp32_mask", "bool_mask", "bool_pad_mask", "gqa", "permuted")
@@ -163,7 +163,7 @@ def layout_rows() -> list[dict]:
     and copies. GB/s from bytes read + written (``fusion_advisor.graph.tensor_meta``: broadcast dims once), with
     whether each operand is read in row-major order (``TensorMeta.contiguous``): tells apart "any permuted input
     is slow" from "only a layout change between input and output is slow"."""
-    from fusion_advisor.graph import tensor_meta
+    from fusion_advisor.analyze.graph import tensor_meta
 
     b, s, h, d = 8, 2048, 32, 128
     x = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)

@@ -31,8 +31,8 @@ def main() -> None:
     t0 = time.perf_counter()
     import torch  # noqa: F401 - the import time of torch is part of what is measured
 
-    from fusion_advisor.analyze import analyze, versions
-    from fusion_advisor.report import write_report
+    from fusion_advisor.analyze.pipeline import analyze, versions
+    from fusion_advisor.report.write import write_report
     import fusion_advisor.models.llama as llama
 
     t_import = time.perf_counter() - t0

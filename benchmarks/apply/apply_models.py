@@ -45,7 +45,7 @@ def evaluate(model_file: str, plan: str, backward: bool, rounds: int, device: st
 
     import fusion_advisor
     from fusion_advisor.apply.measure import ModelHarness, tensor_leaves
-    from fusion_advisor.load import load_model
+    from fusion_advisor.analyze.load import load_model
 
     loaded = load_model(None if model_file == "builtin" else model_file, device=device)
     model = loaded.module

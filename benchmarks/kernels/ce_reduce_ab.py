@@ -21,7 +21,7 @@ from triton.testing import do_bench
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import kernel_library.cross_entropy as ce  # noqa: E402
-from fusion_advisor.bench import device_time_by_kernel  # noqa: E402
+from fusion_advisor.kernel_tools.bench import device_time_by_kernel  # noqa: E402
 
 CONFIGS = [(1024, 4), (2048, 4), (4096, 8), (8192, 16), (8192, 32)]
 

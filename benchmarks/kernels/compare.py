@@ -35,7 +35,7 @@ from triton.testing import do_bench
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import copy_bandwidth_gbps, float_outputs, shape_label, tensor_leaves  # noqa: E402
-from fusion_advisor.bench import device_time_by_kernel  # noqa: E402
+from fusion_advisor.kernel_tools.bench import device_time_by_kernel  # noqa: E402
 from fusion_advisor.verification.kernel import ReferenceFailed, check_case  # noqa: E402
 from kernel_library.registry import entry_shapes, load_all  # noqa: E402
 

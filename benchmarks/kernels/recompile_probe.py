@@ -32,13 +32,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from fusion_advisor.verify import use_triton_interpreter_if_no_gpu  # noqa: E402
+from fusion_advisor.kernel_tools.verify import use_triton_interpreter_if_no_gpu  # noqa: E402
 
 use_triton_interpreter_if_no_gpu()  # before any kernel module is imported
 
 from benchmarks.common import tensor_leaves  # noqa: E402
-from fusion_advisor.doctor import run_doctor  # noqa: E402
-from fusion_advisor.recompile import RecompileWatch  # noqa: E402
+from fusion_advisor.devices.doctor import run_doctor  # noqa: E402
+from fusion_advisor.kernel_tools.recompile import RecompileWatch  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 
@@ -70,7 +70,7 @@ def _step(module, args) -> None:
 
 
 def copy_demo() -> dict:
-    from fusion_advisor import copy_kernel
+    from fusion_advisor.devices import copy_kernel
 
     device = "cuda" if ON_GPU else "cpu"
     x = torch.randn(1 << 20, device=device)

@@ -27,8 +27,8 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from fusion_advisor.sweep import config_label, load_hooks, run_sweep  # noqa: E402
-from fusion_advisor.verify import load_contract  # noqa: E402
+from fusion_advisor.kernel_tools.sweep import config_label, load_hooks, run_sweep  # noqa: E402
+from fusion_advisor.kernel_tools.verify import load_contract  # noqa: E402
 
 
 def _fmt(v, spec: str) -> str:

@@ -22,8 +22,8 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import copy_bandwidth_gbps  # noqa: E402
-from fusion_advisor.bench import device_time_ms  # noqa: E402
-from fusion_advisor.verify import compare_outputs  # noqa: E402
+from fusion_advisor.kernel_tools.bench import device_time_ms  # noqa: E402
+from fusion_advisor.kernel_tools.verify import compare_outputs  # noqa: E402
 
 CONFIGS = [("single", 0, w) for w in (8, 16, 32)] + [("looped", b, w) for b in (1024, 2048, 4096, 8192) for w in (4, 8, 16)]
 

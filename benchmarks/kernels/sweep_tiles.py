@@ -40,15 +40,15 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import copy_bandwidth_gbps  # noqa: E402
-from fusion_advisor.bench import device_time_ms  # noqa: E402
-from fusion_advisor.norm_bwd_sweep import (  # noqa: E402
+from fusion_advisor.kernel_tools.bench import device_time_ms  # noqa: E402
+from fusion_advisor.kernel_tools.norm_bwd_sweep import (  # noqa: E402
     NORM_BWD_BUDGET_S,
     add_layernorm_bwd_sweep,
     add_rmsnorm_bwd_sweep,
     layernorm_bwd_sweep,
     rmsnorm_bwd_sweep,
 )
-from fusion_advisor.verify import compare_outputs  # noqa: E402
+from fusion_advisor.kernel_tools.verify import compare_outputs  # noqa: E402
 
 
 def ce_breakdown() -> list[dict]:

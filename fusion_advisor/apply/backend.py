@@ -38,8 +38,8 @@ from fusion_advisor.apply.patterns import PatternLibrary
 from fusion_advisor.apply.records import GraphRecord, MatchKey, RegionKey, SwapSite
 from fusion_advisor.apply.regions import choose_depth, compile_regions
 from fusion_advisor.apply.rewrite import rewrite
-from fusion_advisor.capture import first_line, quiet_torch_logs, user_loc
-from fusion_advisor.records import GraphBreak
+from fusion_advisor.analyze.capture import first_line, quiet_torch_logs, user_loc
+from fusion_advisor.analyze.records import GraphBreak
 
 Selector = Callable[[SwapSite], bool]
 

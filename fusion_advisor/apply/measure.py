@@ -3,7 +3,7 @@
 :class:`ModelHarness` holds what every variant of one model is judged by:
 
 - **input sets**: the example inputs, and ``fresh-<seed>`` sets from the file's own ``get_inputs()`` called again
-  under another seed (:attr:`~fusion_advisor.load.LoadedModel.make_inputs`), so masks, labels and index tensors
+  under another seed (:attr:`~fusion_advisor.analyze.load.LoadedModel.make_inputs`), so masks, labels and index tensors
   keep the structure the user's code gives them;
 - **the float64 reference**: a float64 copy of the model run on float64 copies of each input set, once, in float64
   throughout (:class:`~fusion_advisor.verification.kernel.KeepFloat64`: the model's own ``.float()`` casts stay
@@ -20,7 +20,7 @@ numbers is compared with itself; if the model as written disagrees with its floa
 
 Timing (:meth:`ModelHarness.time`): one step is a forward under ``torch.no_grad()`` (or forward + backward to the
 parameters), timed in rounds: on a GPU each round is a ``triton.testing.do_bench`` median (CUDA events, L2
-flushed), on a CPU a wall-clock median (:func:`fusion_advisor.bench.time_cpu`, labelled as such). The rounds'
+flushed), on a CPU a wall-clock median (:func:`fusion_advisor.kernel_tools.bench.time_cpu`, labelled as such). The rounds'
 spread is the measurement's noise. First-call time (compile, capture) is taken apart; peak memory and GPU kernel
 time (torch.profiler) are taken once, after the timed rounds.
 """
@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from fusion_advisor.apply.records import TIMER_CPU, TIMER_GPU, VariantCheck, VariantTiming
-from fusion_advisor.capture import first_line
+from fusion_advisor.analyze.capture import first_line
 from fusion_advisor.verification.inputs import upcast
 from fusion_advisor.verification.kernel import KeepFloat64
 from fusion_advisor.verification.policy import compare_outputs, judge
@@ -92,7 +92,7 @@ class ModelHarness:
     timing (see the module docstring).
 
     Args:
-        loaded: the :class:`~fusion_advisor.load.LoadedModel`.
+        loaded: the :class:`~fusion_advisor.analyze.load.LoadedModel`.
         backward: check parameter gradients and time forward + backward.
         fresh_sets: fresh input sets besides the example inputs.
         tf32: fp32 products may run in TF32 under PyTorch's present settings (the model has convolutions and
@@ -277,7 +277,7 @@ class ModelHarness:
     def time_round(self, fn: Callable[..., Any], warmup_ms: float = ROUND_WARMUP_MS,
                    rep_ms: float = ROUND_REP_MS) -> float:
         """One timing round of ``fn``'s step: its median, ms."""
-        from fusion_advisor.bench import time_cpu, time_cuda
+        from fusion_advisor.kernel_tools.bench import time_cpu, time_cuda
 
         step = self.step(fn)
         if self.device == "cuda":
@@ -286,7 +286,7 @@ class ModelHarness:
 
     def time(self, fn: Callable[..., Any], rounds: int, timing: VariantTiming | None = None) -> VariantTiming:
         """``rounds`` timing rounds of ``fn`` (after its first call), then peak memory and GPU kernel time."""
-        from fusion_advisor.recompile import RecompileWatch
+        from fusion_advisor.kernel_tools.recompile import RecompileWatch
 
         timing = timing or VariantTiming(timer=self.timer)
         timing.timer = self.timer
@@ -306,7 +306,7 @@ class ModelHarness:
         return timing
 
     def _memory_and_device_time(self, fn: Callable[..., Any], timing: VariantTiming) -> None:
-        from fusion_advisor.bench import device_time_by_kernel, kernel_class
+        from fusion_advisor.kernel_tools.bench import device_time_by_kernel, kernel_class
 
         step = self.step(fn)
         torch.cuda.synchronize()

@@ -2,12 +2,12 @@
 atomically.
 
 One report per model folder: report.html shows the analysis and apply's results together
-(:func:`fusion_advisor.report.render_html` with the plan document). The analysis is the folder's own report.json
+(:func:`fusion_advisor.report.write.render_html` with the plan document). The analysis is the folder's own report.json
 when an earlier ``analyze`` wrote one for the same model, chains and device spec (so its profile and Inductor code
 stay in the report); otherwise apply's analysis, written as report.json, chains.csv and ops.csv too.
 
 Everything is rendered in memory first; each file is then written atomically
-(:func:`fusion_advisor.report.atomic_write_bytes`) with Ctrl-C held back until all are in place, so an interrupt
+(:func:`fusion_advisor.report.write.atomic_write_bytes`) with Ctrl-C held back until all are in place, so an interrupt
 leaves either the previous files or the new ones, never a half-written set.
 """
 
@@ -158,7 +158,7 @@ def render_swaps_csv(rows: list[dict[str, Any]]) -> str:
 def plan_document(result: ApplyResult) -> dict[str, Any]:
     """The plan.yaml document: every decision of ``result`` (see :mod:`fusion_advisor.apply.plan`)."""
     import fusion_advisor
-    from fusion_advisor.report import jsonable
+    from fusion_advisor.report.write import jsonable
     from kernel_library.registry import KERNELS
 
     def swap_doc(s: SwapSite) -> dict[str, Any]:
@@ -253,13 +253,13 @@ def _plain(obj: Any) -> Any:
 
 
 #: Files :func:`write_outputs` always writes, by key (it also writes report.json, chains.csv and ops.csv when the
-#: folder has no analysis of this model yet: :data:`fusion_advisor.report.FILE_NAMES`).
+#: folder has no analysis of this model yet: :data:`fusion_advisor.report.write.FILE_NAMES`).
 OUTPUT_FILES = {"swaps_csv": "swaps.csv", "variants_csv": "variants.csv", "plan": "plan.yaml", "html": "report.html"}
 
 
 def every_output_name() -> tuple[str, ...]:
     """Every file name apply may write (the guard checks them all before a run)."""
-    from fusion_advisor.report import FILE_NAMES
+    from fusion_advisor.report.write import FILE_NAMES
 
     return tuple(dict.fromkeys([*OUTPUT_FILES.values(), *FILE_NAMES.values()]))
 
@@ -281,7 +281,7 @@ def same_analysis(old: Any, new: Any) -> bool:
 def _report_analysis(result: ApplyResult, out_dir: Path) -> tuple[Any, tuple[str, ...], str]:
     """The analysis report.html shows, the report files (keys of ``report.FILE_NAMES``) to write, and a note."""
     from fusion_advisor.errors import UserError
-    from fusion_advisor.report import earlier_report, load_report
+    from fusion_advisor.report.write import earlier_report, load_report
 
     if earlier_report(out_dir):
         try:
@@ -308,7 +308,7 @@ def write_outputs(result: ApplyResult, out_dir: str | Path) -> dict[str, Path]:
         UserError: ``out_dir`` is a file, or one of the files would overwrite the model file.
     """
     from fusion_advisor.errors import UserError
-    from fusion_advisor.report import FILE_NAMES, atomic_write_bytes, render_files
+    from fusion_advisor.report.write import FILE_NAMES, atomic_write_bytes, render_files
 
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():

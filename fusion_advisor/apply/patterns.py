@@ -16,7 +16,7 @@ import torch.fx
 from torch.fx import Node
 
 from fusion_advisor.apply.canonical import canonicalize
-from fusion_advisor.capture import first_line, quiet_torch_logs
+from fusion_advisor.analyze.capture import first_line, quiet_torch_logs
 
 #: Float dtypes the loose pass traces each pattern in: fp32 (casts to fp32 vanish as no-ops) and bf16 (they do not).
 _VARIANT_DTYPES = (torch.float32, torch.bfloat16)

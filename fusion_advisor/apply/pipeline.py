@@ -40,9 +40,9 @@ from fusion_advisor.apply.rewrite import extract_subgraph, grad_flags
 from fusion_advisor.apply.search import SearchInputs, search
 from fusion_advisor.apply.swaps import bench_swap, decide, verify_swap
 from fusion_advisor.apply.variants import PlannedModel
-from fusion_advisor.capture import first_line, quiet_torch_logs, source_of
-from fusion_advisor.graph import module_path_of
-from fusion_advisor.records import SourceLoc
+from fusion_advisor.analyze.capture import first_line, quiet_torch_logs, source_of
+from fusion_advisor.analyze.graph import module_path_of
+from fusion_advisor.analyze.records import SourceLoc
 
 Stage = Callable[[str], contextlib.AbstractContextManager]
 
@@ -64,7 +64,7 @@ def apply(model_path: str | Path | None, options: ApplyOptions | None = None, de
         UserError: bad options, a model file that cannot be loaded or run.
     """
     from fusion_advisor.errors import UserError
-    from fusion_advisor.load import load_model
+    from fusion_advisor.analyze.load import load_model
 
     options = options or ApplyOptions()
     options.check()
@@ -77,9 +77,9 @@ def apply(model_path: str | Path | None, options: ApplyOptions | None = None, de
         raise UserError("on --device cpu the Triton kernels run only in Triton's interpreter: set TRITON_INTERPRET=1 "
                         "before triton is first imported (the fusion-advisor command does this without a GPU)")
     # cheap checks first, so that a bad option fails before a long model load
-    from fusion_advisor.analyze import default_spec_name
+    from fusion_advisor.analyze.pipeline import default_spec_name
     from fusion_advisor.devices import load_spec
-    from fusion_advisor.rules import load_rules
+    from fusion_advisor.analyze.rules import load_rules
 
     _library_for(options)
     load_spec(options.gpu or default_spec_name())
@@ -103,14 +103,14 @@ def _library_for(options: ApplyOptions) -> dict[str, Any]:
 
 
 def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage = _no_progress) -> ApplyResult:
-    """Run the passes of the module docstring on ``loaded`` (a :class:`~fusion_advisor.load.LoadedModel`).
+    """Run the passes of the module docstring on ``loaded`` (a :class:`~fusion_advisor.analyze.load.LoadedModel`).
 
     Raises:
         ModelRunError: the model fails on its own inputs.
     """
-    from fusion_advisor.analyze import default_spec_name, versions
+    from fusion_advisor.analyze.pipeline import default_spec_name, versions
     from fusion_advisor.devices import load_spec
-    from fusion_advisor.rules import load_rules
+    from fusion_advisor.analyze.rules import load_rules
 
     options = options or ApplyOptions()
     options.check()
@@ -209,7 +209,7 @@ def _regions(backend: RewriteBackend, analysis: Any, links: "ChainLinks") -> lis
 
 
 def _capture(loaded: Any, kernels: dict[str, Any], backward: bool) -> RewriteBackend:
-    from fusion_advisor.capture import run_eagerly
+    from fusion_advisor.analyze.capture import run_eagerly
     from fusion_advisor.errors import CaptureError
 
     # the analysis runs on analyze's own capture (_analyze), so the backend traces no analysis graph of its own
@@ -231,12 +231,12 @@ def _capture(loaded: Any, kernels: dict[str, Any], backward: bool) -> RewriteBac
 
 def _analyze(loaded: Any, backend: RewriteBackend, spec: Any, rules: Any) -> Any:
     """The analysis of the model exactly as ``fusion-advisor analyze`` makes it: analyze's own capture
-    (:func:`fusion_advisor.capture.capture`) and stages (:func:`fusion_advisor.analyze.analyze_capture`), so the
+    (:func:`fusion_advisor.analyze.capture.capture`) and stages (:func:`fusion_advisor.analyze.pipeline.analyze_capture`), so the
     chain ids, patterns and source lines apply reports are the ones of ``analyze`` on the same model and device
     (one report per model folder reads both). A model analyze cannot capture is analysed as having no chains;
     the whole-model variants are still tried."""
-    from fusion_advisor.analyze import analyze_capture
-    from fusion_advisor.capture import Capture, capture
+    from fusion_advisor.analyze.pipeline import analyze_capture
+    from fusion_advisor.analyze.capture import Capture, capture
     from fusion_advisor.errors import CaptureError
 
     warns: list[str] = []

@@ -119,7 +119,7 @@ def read_plan(path: str | Path) -> Plan:
 
 def version_differences(plan_versions: dict[str, Any]) -> list[str]:
     """What differs between the plan's torch / Triton / GPU and this process's (``"torch 2.11.0 -> 2.13.0"``)."""
-    from fusion_advisor.analyze import versions
+    from fusion_advisor.analyze.pipeline import versions
 
     now = versions()
     out = []

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from fusion_advisor.records import GraphBreak, SourceLoc, TensorMeta
+from fusion_advisor.analyze.records import GraphBreak, SourceLoc, TensorMeta
 
 #: Candidate policies: ``routed`` tries a kernel only where the analysis routes the chain to it; ``all`` tries
 #: every match (the measurement decides).
@@ -219,14 +219,14 @@ class SwapTiming:
         eager_ms, compile_ms, kernel_ms: original ops eagerly, under torch.compile, and the kernel: wall time of
             one call (do_bench median, host overhead included).
         eager_gpu_ms, compile_gpu_ms, kernel_gpu_ms: the same three as device time: summed GPU kernel time of one
-            call (:func:`~fusion_advisor.bench.device_time_ms`), what the swap changes inside a model whose host
+            call (:func:`~fusion_advisor.kernel_tools.bench.device_time_ms`), what the swap changes inside a model whose host
             runs ahead of the GPU.
         compile_time_ms: torch.compile's first call (tracing + compiling), apart from ``compile_ms``.
         what: ``"forward"`` or ``"forward+backward"``.
         note: why something was not measured.
         steady_state_recompiles: Triton JIT compilations and torch.compile frame compilations during each timed
             run (``"eager"``, ``"kernel"``, ``"compile"``), after a warm-up call: should be 0
-            (:func:`fusion_advisor.recompile.summarize`); ``None`` when not measured.
+            (:func:`fusion_advisor.kernel_tools.recompile.summarize`); ``None`` when not measured.
     """
 
     timer: str
@@ -505,7 +505,7 @@ class VariantTiming:
         first_call_s: the first step's wall time, s (compilation and CUDA-graph capture included).
         peak_mb: peak allocated memory over a few steps, MiB (GPU only).
         device_ms: summed GPU kernel time of one step, ms (torch.profiler); ``device_ms_by_class`` splits it by
-            :func:`~fusion_advisor.bench.kernel_class`.
+            :func:`~fusion_advisor.kernel_tools.bench.kernel_class`.
         steady_state_recompiles: Triton JIT and dynamo compilations while timed (should be 0).
         error: why there is no number.
     """
@@ -655,7 +655,7 @@ class ApplyResult:
         graph_breaks, warnings: as captured; ``library_problems``: kernels that cannot be matched, and why.
         versions, timings_s: library versions and GPU; wall time per stage.
         planned: the chosen model, built (in memory only), or ``None``.
-        loaded: the :class:`~fusion_advisor.load.LoadedModel` (model and example inputs; in memory only).
+        loaded: the :class:`~fusion_advisor.analyze.load.LoadedModel` (model and example inputs; in memory only).
     """
 
     model_name: str

@@ -25,9 +25,9 @@ from torch.fx import Node
 
 from fusion_advisor.apply.executors import compile_graph, inherit_dynamo_metadata
 from fusion_advisor.apply.records import Region, RegionKey
-from fusion_advisor.capture import source_of
-from fusion_advisor.graph import module_path_of
-from fusion_advisor.records import SourceLoc
+from fusion_advisor.analyze.capture import source_of
+from fusion_advisor.analyze.graph import module_path_of
+from fusion_advisor.analyze.records import SourceLoc
 
 #: At most this many regions per graph: the depth is chosen so; more would make the search long and each region
 #: small enough that its boundary (no fusion across it) costs more than a different executor buys.
@@ -93,7 +93,7 @@ def describe_regions(graphs: Sequence[tuple[int, torch.fx.GraphModule]], chain_o
     Args:
         graphs: ``(graph index, graph)`` pairs (apply's pre-dispatch graphs).
         chain_of_node: ``(graph index, node name) -> chain id`` for the graphs' nodes that lie in a chain.
-        analysis: the :class:`~fusion_advisor.records.Analysis` (chains, estimates, decisions).
+        analysis: the :class:`~fusion_advisor.analyze.records.Analysis` (chains, estimates, decisions).
     """
     out: list[Region] = []
     for gi, gm in graphs:

@@ -38,7 +38,7 @@ from fusion_advisor.apply.records import (
     VariantSpec, VariantTiming, uses_cudagraphs, with_cudagraphs,
 )
 from fusion_advisor.apply.variants import PlannedModel
-from fusion_advisor.capture import first_line, quiet_torch_logs
+from fusion_advisor.analyze.capture import first_line, quiet_torch_logs
 
 #: Names of the baselines (what ``torch.compile`` gives in one line, and the model as written).
 EAGER, COMPILE, REDUCE_OVERHEAD = "eager", "torch.compile", "torch.compile reduce-overhead"
@@ -75,7 +75,7 @@ class SearchInputs:
     Attributes:
         harness: the model's :class:`~fusion_advisor.apply.measure.ModelHarness`.
         kernels: ``{name: KernelEntry}`` for swaps.
-        analysis: the :class:`~fusion_advisor.records.Analysis` of apply's capture.
+        analysis: the :class:`~fusion_advisor.analyze.records.Analysis` of apply's capture.
         regions: the captured graphs' :class:`Region` list.
         swaps: the swaps that won alone (verified and faster than eager and torch.compile on their own).
         budget_s: seconds for the candidates after the baselines.

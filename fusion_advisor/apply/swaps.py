@@ -177,8 +177,8 @@ def _case_summary(case: str, outcome: Any) -> str:
 def _time_steady(fn: Callable[[], Any], label: str, recompiles: dict[str, Any], warm: bool = True) -> float:
     """``time_cuda(fn)`` median in ms, after one warm-up call (``warm``), under a RecompileWatch whose report
     goes to ``recompiles[label]``."""
-    from fusion_advisor.bench import time_cuda
-    from fusion_advisor.recompile import RecompileWatch
+    from fusion_advisor.kernel_tools.bench import time_cuda
+    from fusion_advisor.kernel_tools.recompile import RecompileWatch
 
     if warm:
         fn()
@@ -198,7 +198,7 @@ def bench_swap(entry: Any, original: Callable[..., Any], captured: list[Any], ba
     what = "forward+backward" if backward else "forward"
     if not on_cuda:
         return SwapTiming(timer=TIMER_NONE, what=what, note=NOT_MEASURED_NOTE)
-    from fusion_advisor.bench import device_time_ms
+    from fusion_advisor.kernel_tools.bench import device_time_ms
 
     tensor_pos = [i for i, a in enumerate(captured) if isinstance(a, torch.Tensor)]
     float_pos = [i for i in tensor_pos if floating(captured[i]) and (requires_grad is None or requires_grad[i])]
@@ -238,7 +238,7 @@ def bench_swap(entry: Any, original: Callable[..., Any], captured: list[Any], ba
         timing.compile_gpu_ms = device_time_ms(fn)
     except Exception as e:  # torch.compile failing on the chain leaves eager as the baseline, said so
         timing.note = f"torch.compile of the original ops failed: {type(e).__name__}: {str(e).splitlines()[0]}"
-    from fusion_advisor.recompile import summarize
+    from fusion_advisor.kernel_tools.recompile import summarize
 
     timing.steady_state_recompiles = summarize(recompiles)
     return timing

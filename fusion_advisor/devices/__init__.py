@@ -2,6 +2,11 @@
 
 Shipped specs are YAML files beside this module (``h200``, ``h100``, ``a100``, ``l4``, ``cpu``); ``--gpu`` also takes
 the path of a YAML file with the same fields. Every number carries its source.
+
+Beside the specs, the tools that measure a device: :mod:`~fusion_advisor.devices.doctor` (stack checks, with
+:mod:`~fusion_advisor.devices.copy_kernel`'s Triton copy kernel), :mod:`~fusion_advisor.devices.calibrate` (a measured
+spec YAML) and :mod:`~fusion_advisor.devices.fit_profiles` (per-op-class eager-time curves, ``calibrate
+--from-profile``).
 """
 
 from __future__ import annotations
@@ -18,11 +23,11 @@ SPEC_DIR = Path(__file__).parent
 
 _REQUIRED = ("name", "memory_bandwidth_gbps", "tensor_tflops", "vector_tflops", "launch_overhead_us")
 
-#: SDPA backends an ``attention_rates`` entry may name (:mod:`fusion_advisor.sdpa`).
+#: SDPA backends an ``attention_rates`` entry may name (:mod:`fusion_advisor.analyze.sdpa`).
 ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")
 _RATE_KEYS = ("backend", "dtype", "seq", "head_dim", "causal", "masked", "tflops")
 #: dtype names the optional per-dtype rates (``unaligned_tensor_tflops``, ``attention_rates[].dtype``) may use:
-#: the names the op graph gives dtypes (:func:`fusion_advisor.graph.dtype_name`), plus tf32; another name would
+#: the names the op graph gives dtypes (:func:`fusion_advisor.dtypes.dtype_name`), plus tf32; another name would
 #: never match an op and its number would be silently unused.
 RATE_DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16")
 
@@ -71,7 +76,7 @@ class AttentionRate:
         dtype: q/k/v dtype name (``"bf16"``, ``"fp16"``, ``"fp32"``).
         seq: sequence length (tokens).
         head_dim: head dimension.
-        causal: measured with ``is_causal=True`` (FLOPs counted as half, as ``fusion_advisor.graph`` counts them).
+        causal: measured with ``is_causal=True`` (FLOPs counted as half, as ``fusion_advisor.analyze.graph`` counts them).
         tflops: TFLOP/s, ``4 b h s^2 d`` FLOPs (halved when causal) over the median time.
         masked: measured with an additive ``[B, 1, S, S]`` attention mask (cuDNN runs about half as fast with one
             on an H200: benchmarks/results/h200/sdpa/sdpa_backends.json).
@@ -89,7 +94,7 @@ class AttentionRate:
 @dataclass(frozen=True)
 class OpTimeFit:
     """Measured eager device time of one op class as a function of its roofline time, fitted from profiles
-    (``fusion-advisor calibrate --from-profile``, :mod:`fusion_advisor.fit_profiles`).
+    (``fusion-advisor calibrate --from-profile``, :mod:`fusion_advisor.devices.fit_profiles`).
 
     ``t = scale * r ** exponent`` (both in us) for a roofline time ``r`` in ``[min_us, max_us]`` (the fitted
     range); outside it the curve continues proportionally from its nearer end (``t(edge) * r / edge``), so an op
@@ -135,7 +140,7 @@ class DeviceSpec:
             (``fusion-advisor calibrate``); used by :meth:`attention_peak_tflops` before ``attention_tflops``.
         strided_bandwidth_gbps: optional, bandwidth (GB/s, read + written) of an eager copy reading a permuted view
             (``x.transpose(1, 2).contiguous()``), measured; the memory ceiling of non-matmul ops that read a
-            permuted input (:attr:`fusion_advisor.records.OpInfo.reads_permuted`). 0: not measured, such ops use
+            permuted input (:attr:`fusion_advisor.analyze.records.OpInfo.reads_permuted`). 0: not measured, such ops use
             ``memory_bandwidth_gbps``.
         unaligned_tensor_tflops: optional, measured matmul TFLOP/s by dtype when a leading dimension is not a
             multiple of 16 bytes (e.g. GPT-2's 50257-column vocabulary projection in bf16): cuBLAS then falls back to
@@ -143,7 +148,7 @@ class DeviceSpec:
         elementwise_overhead_us: optional, measured fixed device time (us) of an eager elementwise/reduction kernel
             beyond its bytes at copy bandwidth (ramp-up and tail of a bandwidth-bound kernel); 0: not measured.
         op_time_fits: optional, eager device time per op class fitted from profiles (:class:`OpTimeFit`), keyed
-            ``category``, ``category/detail`` or ``category/detail/dtype`` (:func:`fusion_advisor.roofline.op_class_keys`;
+            ``category``, ``category/detail`` or ``category/detail/dtype`` (:func:`fusion_advisor.analyze.roofline.op_class_keys`;
             ``conv/conv3d/fp32``); the roofline applies the most specific one an op has. Empty: the plain roofline.
         route_efficiency: optional, measured share of the fused roofline (fused bytes at copy bandwidth) a route's
             code reaches, by route (``torch.compile``, ``triton``) and chain pattern (``rmsnorm``; ``default``

@@ -9,7 +9,7 @@ The modules, in the order a check uses them::
     policy.py   the error policy: float64 reference, eager's own error as the scale, norm-wise and max-wise
     kernel.py   the engine: one candidate call against its float64 reference and eager computation
 
-``fusion_advisor.verify`` loads kernel contracts and runs the engine over seeds, hard values and shapes;
+``fusion_advisor.kernel_tools.verify`` loads kernel contracts and runs the engine over seeds, hard values and shapes;
 ``fusion_advisor.apply.swaps`` runs it on each swap; ``fusion_advisor.apply.measure`` judges whole-model variants
 with the same policy.
 """

@@ -10,7 +10,7 @@ finite values, with every non-finite or mask-sized (``|v| >= finfo.max / 2``) el
 **Hard values** (:func:`hard_variants`): the plain floating inputs scaled by 8 (large magnitudes: overflow of a sum
 of squares, an ``exp`` without the row max subtracted), by 1e-3 (below a norm's eps) and the first one zeroed; the
 structured ones left alone. A kernel file may add its own (``hard_inputs()``: fully masked rows, confident
-predictions, ...; see :mod:`fusion_advisor.verify`).
+predictions, ...; see :mod:`fusion_advisor.kernel_tools.verify`).
 
 **Edge shapes** (:func:`edge_sizes`): from a size a kernel file's ``get_inputs(size)`` takes (``SIZES`` / ``SHAPES``:
 an int, or a shape tuple whose last entry is the row width and whose leading entries are rows), the shapes where

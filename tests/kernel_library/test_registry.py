@@ -37,7 +37,7 @@ def test_every_library_kernel_passes_verify(module):
     # the module's own hard_inputs()), the edge shapes of its size hooks (one row, a partial last block, odd widths,
     # 1025 rows; 65537 rows only on a GPU), poisoned outputs in redzones, gradients, the error policy against a
     # float64 reference (on the CPU interpreter here)
-    from fusion_advisor.verify import load_contract, verify_kernel
+    from fusion_advisor.kernel_tools.verify import load_contract, verify_kernel
 
     contract = load_contract(module)
     result = verify_kernel(contract)

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from kernel_library import _device
+from kernel_library import _rows as rows
 from kernel_library import rmsnorm as rms
 from kernel_library.registry import get_kernel
 from norm_asserts import assert_close, assert_row_sum_grad_close
@@ -228,7 +229,7 @@ def test_looped_backward_ignores_rows_per_iter():
 def test_backward_config_fields():
     """Defaults keep today's backward (one row per step, no num_stages hint, BWD_PROGRAMS_PER_SM); bad values
     are refused; the grid never has more programs than row blocks."""
-    for n_cols in (17, 4096, rms.MAX_FUSED_BLOCK_BWD + 1):
+    for n_cols in (17, 4096, rows.MAX_FUSED_BLOCK_BWD + 1):
         cfg = rms.RowConfig.backward(n_cols)
         assert (cfg.rows_per_iter, cfg.num_stages, cfg.programs_per_sm) == (1, None, None)
     for bad in ({"rows_per_iter": 3}, {"rows_per_iter": 0}, {"num_stages": 0}, {"programs_per_sm": 0}):
@@ -236,8 +237,8 @@ def test_backward_config_fields():
             rms.RowConfig(block_size=32, num_warps=4, looped=False, **bad)
     cpu = torch.device("cpu")
     assert rms.bwd_programs(17, cpu, rows_per_iter=4) == 5
-    assert rms.bwd_programs(10**6, cpu, rows_per_iter=4) == rms.CPU_SM_COUNT * rms.BWD_PROGRAMS_PER_SM
-    assert rms.bwd_programs(10**6, cpu, programs_per_sm=1) == rms.CPU_SM_COUNT
+    assert rms.bwd_programs(10**6, cpu, rows_per_iter=4) == rows.CPU_SM_COUNT * rows.BWD_PROGRAMS_PER_SM
+    assert rms.bwd_programs(10**6, cpu, programs_per_sm=1) == rows.CPU_SM_COUNT
 
 
 # --- launch heuristics ---------------------------------------------------------------------------------------
@@ -248,17 +249,17 @@ def test_row_config_heuristic():
     assert (llama.block_size, llama.num_warps, llama.looped) == (4096, 8, False)
     assert rms.RowConfig.forward(4097).block_size == 8192
     assert rms.RowConfig.forward(17) == rms.RowConfig(block_size=32, num_warps=4, looped=False)
-    assert rms.RowConfig.forward(rms.MAX_FUSED_BLOCK_FWD).looped is False
-    wide = rms.RowConfig.forward(rms.MAX_FUSED_BLOCK_FWD + 1)
-    assert wide.looped and wide.block_size == rms.LOOP_BLOCK
-    assert rms.RowConfig.backward(rms.MAX_FUSED_BLOCK_BWD).looped is False
-    assert rms.RowConfig.backward(rms.MAX_FUSED_BLOCK_BWD + 1).looped
+    assert rms.RowConfig.forward(rows.MAX_FUSED_BLOCK_FWD).looped is False
+    wide = rms.RowConfig.forward(rows.MAX_FUSED_BLOCK_FWD + 1)
+    assert wide.looped and wide.block_size == rows.LOOP_BLOCK
+    assert rms.RowConfig.backward(rows.MAX_FUSED_BLOCK_BWD).looped is False
+    assert rms.RowConfig.backward(rows.MAX_FUSED_BLOCK_BWD + 1).looped
     # warps never decrease with the block, and are powers of two within [4, 32]
     for table_cfg in (rms.RowConfig.forward, rms.RowConfig.backward):
         warps = [table_cfg(2**k, max_fused_block=2**20).num_warps for k in range(4, 20)]
         assert warps == sorted(warps) and all(w in (4, 8, 16, 32) for w in warps)
     assert rms.bwd_programs(1, torch.device("cpu")) == 1
-    assert rms.bwd_programs(10**6, torch.device("cpu")) == rms.CPU_SM_COUNT * rms.BWD_PROGRAMS_PER_SM
+    assert rms.bwd_programs(10**6, torch.device("cpu")) == rows.CPU_SM_COUNT * rows.BWD_PROGRAMS_PER_SM
 
 
 # --- layouts -------------------------------------------------------------------------------------------------

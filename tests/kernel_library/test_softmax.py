@@ -18,7 +18,7 @@ from kernel_library.registry import get_kernel
 DEVICE = _device.default_device()
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: A looped config with a tiny block, so that rows of a few hundred columns take several online-softmax chunks.
-LOOPED = sm.RowConfig(block_size=64, num_warps=2, single_block=False)
+LOOPED = sm.SoftmaxConfig(block_size=64, num_warps=2, single_block=False)
 NEG_INF = float("-inf")
 
 
@@ -79,7 +79,7 @@ def test_widths(n_cols, dtype):
 # 65537 > MAX_SINGLE_BLOCK: the looped online path at its real block size; 262144 is the widest row promised.
 @pytest.mark.parametrize("n_cols,dtype", [(65537, torch.float32), (65537, torch.bfloat16), (262144, torch.float32)])
 def test_wide_rows_use_online_path(n_cols, dtype):
-    assert not sm.RowConfig.for_row(n_cols).single_block
+    assert not sm.SoftmaxConfig.for_row(n_cols).single_block
     x = rand((1, n_cols), dtype)
     check_forward_backward(x, grad=n_cols < 100000)
 
@@ -289,14 +289,14 @@ def test_errors():
 
 def test_config_heuristic():
     # the H200 sweep's choices (see softmax.py's constants): rows wider than 4096 loop in 4096-wide chunks, 16 warps
-    assert sm.RowConfig.for_row(32000) == sm.RowConfig(4096, 16, False)
-    assert sm.RowConfig.for_row(128256) == sm.RowConfig(4096, 16, False)
-    assert sm.RowConfig.for_row(4097) == sm.RowConfig(4096, 16, False)
-    assert sm.RowConfig.for_row(4096) == sm.RowConfig(4096, 8, True)
-    assert sm.RowConfig.for_row(17) == sm.RowConfig(32, 1, True)
+    assert sm.SoftmaxConfig.for_row(32000) == sm.SoftmaxConfig(4096, 16, False)
+    assert sm.SoftmaxConfig.for_row(128256) == sm.SoftmaxConfig(4096, 16, False)
+    assert sm.SoftmaxConfig.for_row(4097) == sm.SoftmaxConfig(4096, 16, False)
+    assert sm.SoftmaxConfig.for_row(4096) == sm.SoftmaxConfig(4096, 8, True)
+    assert sm.SoftmaxConfig.for_row(17) == sm.SoftmaxConfig(32, 1, True)
     # the backward's own single-block limit (not swept)
-    assert sm.RowConfig.for_row(16384, sm.MAX_SINGLE_BLOCK_BWD) == sm.RowConfig(16384, 32, True)
-    assert not sm.RowConfig.for_row(32000, sm.MAX_SINGLE_BLOCK_BWD).single_block
+    assert sm.SoftmaxConfig.for_row(16384, sm.MAX_SINGLE_BLOCK_BWD) == sm.SoftmaxConfig(16384, 32, True)
+    assert not sm.SoftmaxConfig.for_row(32000, sm.MAX_SINGLE_BLOCK_BWD).single_block
 
 
 def test_contract_and_registry():

@@ -14,8 +14,8 @@ failed with its exception, the traceback kept for ``--debug``):
   name; "no GPU found" on a CPU machine (a stated situation, not a failure).
 - **torch.compile**: a tiny function compiled, run and compared with eager (fp32 tolerance); on a CPU Inductor
   needs a C++ compiler.
-- **triton copy kernel**: :mod:`fusion_advisor.copy_kernel` launched and checked bit-exact against the input.
-  On a GPU it is timed (``triton.testing.do_bench`` median via :func:`fusion_advisor.bench.time_cuda`) on an
+- **triton copy kernel**: :mod:`fusion_advisor.devices.copy_kernel` launched and checked bit-exact against the input.
+  On a GPU it is timed (``triton.testing.do_bench`` median via :func:`fusion_advisor.kernel_tools.bench.time_cuda`) on an
   fp32 input four times the L2 size (the device spec's ``l2_bytes``, else the GPU's), so it streams from HBM;
   GB/s counts bytes read plus written and is compared with the spec's ``memory_bandwidth_gbps``. Without a
   GPU it runs under Triton's interpreter on a small input and says that no bandwidth was measured.
@@ -407,11 +407,11 @@ def check_copy_kernel(time_fn: Callable[..., Any] | None = None) -> Check:
     """Launch the Triton copy kernel, check it bit-exact, and on a GPU measure its GB/s against the spec.
 
     Args:
-        time_fn: the GPU timer (default :func:`fusion_advisor.bench.time_cuda`), a parameter for tests.
+        time_fn: the GPU timer (default :func:`fusion_advisor.kernel_tools.bench.time_cuda`), a parameter for tests.
     """
     import torch
 
-    from fusion_advisor.verify import use_triton_interpreter_if_no_gpu
+    from fusion_advisor.kernel_tools.verify import use_triton_interpreter_if_no_gpu
 
     on_gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
     if not torch.cuda.is_available():
@@ -421,7 +421,7 @@ def check_copy_kernel(time_fn: Callable[..., Any] | None = None) -> Check:
                          "unset TRITON_INTERPRET (doctor then sets it to 1) or set TRITON_INTERPRET=1 to run "
                          "Triton kernels in its CPU interpreter")
     try:
-        from fusion_advisor import copy_kernel
+        from fusion_advisor.devices import copy_kernel
     except Exception as e:  # noqa: BLE001 - triton missing or broken: said here and in the triton check
         return Check("triton copy kernel", FAIL, f"cannot import Triton: {type(e).__name__}: {_first_line(e)}",
                      "install the Triton torch pins (see the triton check)")
@@ -456,7 +456,7 @@ def _copy_bandwidth(copy_kernel: Any, time_fn: Callable[..., Any] | None) -> Che
     import torch
 
     if time_fn is None:
-        from fusion_advisor.bench import time_cuda as time_fn
+        from fusion_advisor.kernel_tools.bench import time_cuda as time_fn
     l2, l2_source = _l2_bytes()
     n = L2_MULTIPLE * l2 // 4  # fp32 elements
     x = torch.randn(n, device="cuda")
@@ -530,7 +530,7 @@ def run_doctor(only: list[str] | None = None,
     Raises:
         ValueError: ``only`` names an unknown check (the message lists the known ones).
     """
-    from fusion_advisor.verify import use_triton_interpreter_if_no_gpu
+    from fusion_advisor.kernel_tools.verify import use_triton_interpreter_if_no_gpu
 
     unknown = [n for n in only or [] if n not in CHECKS]
     if unknown:

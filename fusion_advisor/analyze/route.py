@@ -7,8 +7,9 @@ torch.compile and the decision's note says why.
 
 from __future__ import annotations
 
-from fusion_advisor.records import Chain, ChainMeasurement, Decision, Estimate
-from fusion_advisor.rules import RuleSet, render_reason
+from fusion_advisor.analyze.records import Chain, ChainMeasurement, Decision, Estimate
+from fusion_advisor.analyze.rules import RuleSet, render_reason
+from fusion_advisor.dtypes import float_dtype
 
 
 def _library() -> tuple[dict, str]:
@@ -19,12 +20,6 @@ def _library() -> tuple[dict, str]:
         return load_all(), ""
     except Exception as e:  # a broken kernel module must not stop the analysis
         return {}, f"kernel_library failed to import ({type(e).__name__}: {e})"
-
-
-def _torch_dtype(name: str):
-    import torch
-
-    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}.get(name)
 
 
 def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, library_error: str = "",
@@ -54,7 +49,7 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
                 + (f" ({library_error})" if library_error else "")
             )
         else:
-            dtype = _torch_dtype(chain.dtype)
+            dtype = float_dtype(chain.dtype)
             refusals = []
             for k in candidates:
                 ok, why = k.supports(dtype, chain.row_elems) if dtype is not None else (False, f"dtype {chain.dtype}")

@@ -25,7 +25,7 @@ BUCKETS = ((0.0, 0.5), (0.5, 0.7), (0.7, 1.3), (1.3, 2.0), (2.0, math.inf))
 
 
 def chain_rows(model: str, analysis: Any) -> list[dict[str, Any]]:
-    """One row per chain of a profiled ``analysis`` (:class:`fusion_advisor.analyze.Analysis` with ``profile``):
+    """One row per chain of a profiled ``analysis`` (:class:`fusion_advisor.analyze.pipeline.Analysis` with ``profile``):
     ids, pattern, sizes (elements, bytes, FLOPs), predicted and measured bound class, the roofline's times and the
     measured ones (us), ratio, achieved GB/s and TFLOP/s, % of the roofline bound, source line and device kernels.
     Unmeasured chains (time 0) carry ``None`` for the ratio and rates.

@@ -36,7 +36,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from fusion_advisor.records import Analysis, Chain, InductorCode
+from fusion_advisor.analyze.records import Analysis, Chain, InductorCode
 
 #: Chains compiled by default: the top N by estimated saving among those routed to torch.compile or triton.
 DEFAULT_TOP = 5
@@ -322,7 +322,7 @@ def check_dir(out_dir: Path, ours: bool) -> None:
 
 def write_files(records: dict[str, InductorCode], out_dir: Path) -> list[Path]:
     """Write each generated record's code to ``out_dir / record.path`` atomically; return the paths written."""
-    from fusion_advisor.report import atomic_write_bytes
+    from fusion_advisor.files import atomic_write_bytes
 
     written = []
     for rec in records.values():

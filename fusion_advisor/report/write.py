@@ -1,8 +1,8 @@
 """Stage 6: write what ``analyze`` found as report.html, chains.csv, ops.csv and report.json; one report per model
 folder, with ``apply``'s results in it when apply ran into the same folder.
 
-Every ``est_*`` number is an *estimate* from the roofline model of :mod:`fusion_advisor.roofline`; ``measured_*``
-columns (and the Profile section) hold measurements of ``analyze --profile`` (:mod:`fusion_advisor.profile`),
+Every ``est_*`` number is an *estimate* from the roofline model of :mod:`fusion_advisor.analyze.roofline`; ``measured_*``
+columns (and the Profile section) hold measurements of ``analyze --profile`` (:mod:`fusion_advisor.analyze.profile`),
 placed next to the roofline's eager estimate they are compared with. The report says how each number was computed
 (:data:`CHAIN_COLUMNS`, :data:`OP_COLUMNS`).
 
@@ -10,14 +10,14 @@ How analyze and apply share the report: the analysis lives in report.json, apply
 (:data:`APPLY_FILE_NAMES`). report.html is rendered from both whoever writes last: :func:`write_report`
 (analyze) reads the folder's plan.yaml when apply wrote one; apply (:func:`fusion_advisor.apply.outputs.write_outputs`)
 renders it from the folder's report.json when that is the same analysis (:func:`load_report`), else from its own.
-What the page shows first is computed in :mod:`fusion_advisor.report_views`, its pictures in
-:mod:`fusion_advisor.charts`.
+What the page shows first is computed in :mod:`fusion_advisor.report.views`, its pictures in
+:mod:`fusion_advisor.report.charts`.
 
 Public API:
 
 * :func:`write_report` writes the four files into a folder, each atomically (temp file in the same folder, then
   ``os.replace``), and returns their paths; :func:`render_files` renders any of them in memory.
-* :func:`load_report` reads a folder's report.json back into an :class:`~fusion_advisor.records.Analysis`;
+* :func:`load_report` reads a folder's report.json back into an :class:`~fusion_advisor.analyze.records.Analysis`;
   :func:`read_plan` its plan.yaml.
 * :func:`check_files` / :func:`check_out_dir`: the one output guard: never overwrite a file fusion-advisor did not
   write (:func:`file_is_ours`).
@@ -36,8 +36,6 @@ import base64
 import dataclasses
 import json
 import math
-import os
-import secrets
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
@@ -47,10 +45,12 @@ import jinja2
 import pandas as pd
 
 import fusion_advisor
-from fusion_advisor.records import (  # route names and bound classes, in the order the report lists them
+from fusion_advisor.analyze.records import (  # route names and bound classes, in the order the report lists them
     BOUNDS, ROUTES, Analysis, Chain, ChainMeasurement, Decision, Estimate, OpInfo, SourceLoc, TensorMeta,
 )
-from fusion_advisor.units import fmt_bytes, fmt_float, fmt_flops, fmt_int, fmt_speedup, fmt_us  # noqa: F401
+from fusion_advisor.files import atomic_write_bytes, check_folder
+from fusion_advisor.report.spec import first, flatten, scalar_text, spec_view
+from fusion_advisor.units import fmt_bytes, fmt_float, fmt_flops, fmt_int, fmt_speedup, fmt_us, is_num  # noqa: F401
 
 #: File names written by :func:`write_report`, by the key of its result.
 FILE_NAMES = {
@@ -208,14 +208,6 @@ HOW_COMPUTED = (
 )
 
 
-# Device-spec keys read for the header and the chart's memory roof / launch overhead; the first present wins.
-# (The full spec is also shown field by field, so a key missing here is still in the report.)
-_BANDWIDTH_KEYS = ("bandwidth_gbps", "memory_bandwidth_gbps", "mem_bandwidth_gbps", "hbm_bandwidth_gbps",
-                   "dram_bandwidth_gbps", "bandwidth_GBps", "bandwidth")
-_LAUNCH_KEYS = ("launch_overhead_us", "launch_us", "kernel_launch_us", "launch_latency_us")
-_SOURCE_KEYS = ("sources", "source", "references", "refs")
-
-
 # --- small helpers ------------------------------------------------------------------------------------------
 
 
@@ -245,10 +237,6 @@ def _nan() -> float:
     return float("nan")
 
 
-def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def _after_route_us(route: str, est: Estimate | None) -> float:
     """The chain's predicted time on its route (:meth:`Estimate.route_us`: the fused kernel at the share of the
     roofline the route's code reaches; under CUDA graphs without the launch floor), its eager time on skip."""
@@ -261,21 +249,6 @@ def _ordered(present: list[str], canonical: tuple[str, ...]) -> list[str]:
     """Canonical names first (always), then any other names present, sorted."""
     extra = sorted({p for p in present if p not in canonical})
     return list(canonical) + extra
-
-
-def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """Nested dicts as ``[("a.b", value), ...]``; lists/tuples of scalars joined with ', '."""
-    out: list[tuple[str, Any]] = []
-    if isinstance(d, dict):
-        for k, v in d.items():
-            key = f"{prefix}.{k}" if prefix else str(k)
-            if isinstance(v, dict):
-                out.extend(_flatten(v, key))
-            else:
-                out.append((key, v))
-    elif prefix:
-        out.append((prefix, d))
-    return out
 
 
 def jsonable(obj: Any) -> Any:
@@ -444,82 +417,14 @@ def _summary_row(group: str, key: str, sub: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-# --- device spec --------------------------------------------------------------------------------------------
-
-
-def _first(d: dict[str, Any], keys: tuple[str, ...]) -> Any:
-    for k in keys:
-        if k in d and d[k] not in (None, ""):
-            return d[k]
-    return None
-
-
-def _peaks(spec: dict[str, Any]) -> list[tuple[str, float]]:
-    """Every ``*tflops*`` entry of the spec, flattened: ``[("peak_tflops.bf16", 989.0), ...]``."""
-    out: list[tuple[str, float]] = []
-    for key, value in _flatten(spec):
-        if "tflop" in key.lower() and _is_num(value):
-            out.append((key, float(value)))
-    return out
-
-
-def _bandwidth_gbps(analysis: Analysis) -> tuple[float | None, str]:
-    """Peak memory bandwidth in GB/s from the spec, else derived from the estimates (fused_bytes / memory_fused_us).
-
-    Returns the value and where it came from.
-    """
-    value = _first(analysis.device_spec, _BANDWIDTH_KEYS)
-    if _is_num(value) and value > 0:
-        return float(value), "device spec"
-    for chain in analysis.chains:
-        est = analysis.estimates.get(chain.id)
-        if est and chain.fused_bytes > 0 and _is_num(est.memory_fused_us) and est.memory_fused_us > 0:
-            # bytes / us = MB/s; / 1e3 -> GB/s
-            return chain.fused_bytes / est.memory_fused_us / 1e3, f"derived from the estimate of {chain.id}"
-    return None, ""
-
-
-def _spec_view(analysis: Analysis) -> dict[str, Any]:
-    """What the header shows of the device spec."""
-    spec = analysis.device_spec or {}
-    bw, bw_from = _bandwidth_gbps(analysis)
-    peaks = []
-    for key, tflops in _peaks(spec):
-        # ridge point: peak FLOP/s / bandwidth B/s = (TFLOP/s * 1e12) / (GB/s * 1e9) FLOP/byte
-        ridge = tflops * 1e12 / (bw * 1e9) if bw else None
-        peaks.append({"name": key, "tflops": tflops, "ridge": ridge})
-    sources = _first(spec, _SOURCE_KEYS)
-    if isinstance(sources, dict):
-        sources = [f"{k}: {v}" for k, v in _flatten(sources)]
-    elif isinstance(sources, (list, tuple)):
-        sources = [str(s) for s in sources]
-    elif sources is not None:
-        sources = [str(sources)]
-    return {
-        "name": spec.get("name") or spec.get("device") or "(unnamed)",
-        "bandwidth_gbps": bw,
-        "bandwidth_from": bw_from,
-        "launch_overhead_us": _first(spec, _LAUNCH_KEYS),
-        "peaks": peaks,
-        "sources": sources or [],
-        "fields": [(k, _scalar_text(v)) for k, v in _flatten(spec)],
-    }
-
-
-def _scalar_text(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return ", ".join(str(v) for v in value)
-    return str(value)
-
-
 # --- pictures -----------------------------------------------------------------------------------------------
 
 
 def roofline_png(analysis: Analysis, frame: pd.DataFrame | None = None) -> tuple[bytes, list[str]]:
-    """The roofline chart as PNG bytes and its notes (:func:`fusion_advisor.charts.roofline_png`, one point per
+    """The roofline chart as PNG bytes and its notes (:func:`fusion_advisor.report.charts.roofline_png`, one point per
     group of repeated chains)."""
-    from fusion_advisor import charts
-    from fusion_advisor.report_views import chain_groups
+    from fusion_advisor.report import charts
+    from fusion_advisor.report.views import chain_groups
 
     frame = chains_frame(analysis) if frame is None else frame
     return charts.roofline_png(analysis, frame, chain_groups(frame))
@@ -542,7 +447,7 @@ def _template(name: str = "report.html.j2") -> jinja2.Template:
 
 def _fmt_pct(value: Any) -> str:
     """A fraction as a percentage: ``0.094`` -> ``"9.4%"``."""
-    return f"{100.0 * value:.1f}%" if _is_num(value) else "–"
+    return f"{100.0 * value:.1f}%" if is_num(value) else "–"
 
 
 def _sorted_for_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -555,7 +460,7 @@ def _sorted_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Groups by total estimated saving of fusing, then total estimated eager time (descending, missing last)."""
     def key(g: dict[str, Any]) -> tuple[float, float]:
         s, e = g["totals"]["est_saving_us"], g["totals"]["est_eager_us"]
-        return (-(s if _is_num(s) else -math.inf), -(e if _is_num(e) else -math.inf))
+        return (-(s if is_num(s) else -math.inf), -(e if is_num(e) else -math.inf))
 
     return sorted(groups, key=key)
 
@@ -577,7 +482,7 @@ def render_html(analysis: Analysis, generated_at: str, plan: dict[str, Any] | No
         out_dir: the report's folder, named in the apply command of the first screen.
         plan_note: why a plan.yaml in the folder was not shown, if it was not.
     """
-    from fusion_advisor import charts, report_views as views
+    from fusion_advisor.report import charts, views
 
     frame = chains_frame(analysis)
     groups = views.chain_groups(frame)
@@ -612,7 +517,7 @@ def render_html(analysis: Analysis, generated_at: str, plan: dict[str, Any] | No
         a=analysis,
         tool_version=fusion_advisor.__version__,
         generated_at=generated_at,
-        spec=_spec_view(analysis),
+        spec=spec_view(analysis),
         rules_files=[_rules_file_view(r) for r in analysis.rules_files],
         summary_route=[r for r in summary if r["group"] == "route"],
         summary_bound=[r for r in summary if r["group"] == "bound"],
@@ -680,9 +585,9 @@ def _rules_file_view(entry: Any) -> dict[str, str]:
     """A rules-file entry as ``{"path", "version", "extra"}`` whatever keys it has."""
     if not isinstance(entry, dict):
         return {"path": str(entry), "version": "", "extra": ""}
-    path = _first(entry, ("path", "file", "rules_file", "name")) or ""
-    version = _first(entry, ("version", "rules_version")) or ""
-    extra = "; ".join(f"{k}={_scalar_text(v)}" for k, v in _flatten(entry)
+    path = first(entry, ("path", "file", "rules_file", "name")) or ""
+    version = first(entry, ("version", "rules_version")) or ""
+    extra = "; ".join(f"{k}={scalar_text(v)}" for k, v in flatten(entry)
                       if k not in ("path", "file", "rules_file", "name", "version", "rules_version"))
     return {"path": str(path), "version": str(version), "extra": extra}
 
@@ -702,29 +607,6 @@ def render_json(analysis: Analysis, generated_at: str) -> str:
 
 
 # --- writing ------------------------------------------------------------------------------------------------
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: a temp file in the same folder, fsync, then ``os.replace``.
-
-    On any failure (including KeyboardInterrupt) the temp file is removed and ``path`` is left as it was.
-    The temp file is created with mode 0o666 minus the umask, like a plain ``open(path, "w")``.
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def earlier_report(out_dir: Path) -> bool:
@@ -749,27 +631,17 @@ def check_out_dir(out_dir: Path, names: tuple[str, ...] | None = None,
         UserError: ``out_dir`` is a file; it is not writable; or it already holds a file of one of ``names``
             that fusion-advisor did not write (the tool never overwrites files it did not write).
     """
-    from fusion_advisor.errors import UserError
-
     if written_by_us is None:
         check_files(Path(out_dir), tuple(names or FILE_NAMES.values()))
         return
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out {out_dir}: exists and is not a directory")
-    existing = out_dir if out_dir.is_dir() else next((p for p in out_dir.parents if p.exists()), Path("."))
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"--out {out_dir}: {existing} is not writable")
-    if not out_dir.is_dir():
-        return
-    present = [n for n in (names or tuple(FILE_NAMES.values())) if (out_dir / n).exists()]
-    if not present:
-        return
-    if not written_by_us(out_dir):
-        raise UserError(
-            f"--out {out_dir}: holds {', '.join(present)} that fusion-advisor did not write; "
-            "choose another directory (the tool never overwrites your files)"
-        )
+    answer: list[bool] = []  # one answer for the folder, asked once and only when a file of ``names`` is there
+
+    def ours(_name: str) -> bool:
+        if not answer:
+            answer.append(written_by_us(Path(out_dir)))
+        return answer[0]
+
+    check_folder(Path(out_dir), tuple(names or FILE_NAMES.values()), ours)
 
 
 def _marker_in_html(path: Path) -> bool:
@@ -822,20 +694,7 @@ def check_files(out_dir: Path, names: tuple[str, ...], flag: str = "--out") -> N
     Raises:
         UserError: naming the folder and the files.
     """
-    from fusion_advisor.errors import UserError
-
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"{flag} {out_dir}: exists and is not a directory")
-    existing = out_dir if out_dir.is_dir() else next((p for p in out_dir.parents if p.exists()), Path("."))
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{flag} {out_dir}: {existing} is not writable")
-    if not out_dir.is_dir():
-        return
-    foreign = [n for n in names if (out_dir / n).exists() and not file_is_ours(out_dir, n)]
-    if foreign:
-        raise UserError(f"{flag} {out_dir}: holds {', '.join(foreign)} that fusion-advisor did not write; choose "
-                        "another directory (the tool never overwrites your files)")
+    check_folder(out_dir, names, lambda name: file_is_ours(Path(out_dir), name), flag)
 
 
 def load_report(out_dir: Path) -> Analysis:
@@ -879,8 +738,8 @@ def load_report(out_dir: Path) -> Analysis:
 
 def read_plan(out_dir: Path) -> tuple[dict[str, Any] | None, str]:
     """apply's plan document in ``out_dir`` (plan.yaml) for the report, and why it is not shown when it is not
-    (:func:`fusion_advisor.report_views.read_plan_document`)."""
-    from fusion_advisor.report_views import read_plan_document
+    (:func:`fusion_advisor.report.views.read_plan_document`)."""
+    from fusion_advisor.report.views import read_plan_document
 
     return read_plan_document(Path(out_dir) / APPLY_FILE_NAMES["plan"])
 

@@ -14,12 +14,12 @@ computes (``sum(max(0, launch - t_op)) > sum(t_op)``); otherwise **compute-bound
 is above the ridge point, else **memory-bound**.
 Matmuls, convolutions and attention use the tensor-core peak of their dtype; everything else the vector peak.
 
-Attention ops are costed for the SDPA backend torch runs (``OpInfo.variant``, :mod:`fusion_advisor.sdpa`): the rate
+Attention ops are costed for the SDPA backend torch runs (``OpInfo.variant``, :mod:`fusion_advisor.analyze.sdpa`): the rate
 is :meth:`DeviceSpec.attention_peak_tflops` (measured per backend, dtype, sequence length and head dim when the spec
 has ``attention_rates``, else its flat ``attention_tflops``, else the matmul peak). An op launching
 ``OpInfo.eager_kernels`` kernels costs at least ``kernels * launch`` (the math backend: a dozen; any backend given
 a boolean mask: 4 more); the math backend also moves its score matrix through memory several times
-(:func:`fusion_advisor.sdpa.math_score_bytes`, added to its memory term).
+(:func:`fusion_advisor.analyze.sdpa.math_score_bytes`, added to its memory term).
 
 Eager elementwise and reduction kernels cost the spec's measured ``elementwise_overhead_us`` on top of their bytes
 (ramp-up and tail of a bandwidth-bound kernel; not for plain memcpy copies nor library ops): a chain of nine such
@@ -34,7 +34,7 @@ spec has a measured ``strided_bandwidth_gbps`` it is their memory ceiling (their
 old behaviour (copy bandwidth).
 
 Where the spec has **fitted op-class curves** (``op_time_fits``, fitted from ``analyze --profile`` runs by
-``fusion-advisor calibrate --from-profile``, :mod:`fusion_advisor.fit_profiles`), an op's eager device time is its
+``fusion-advisor calibrate --from-profile``, :mod:`fusion_advisor.devices.fit_profiles`), an op's eager device time is its
 class's curve applied to the roofline time above (:func:`op_class_keys`: the most specific class the spec has);
 :func:`roofline_op_us` and :func:`roofline_busy_us` stay the plain roofline (the floor a measured run approaches).
 Fused times are not fitted: they price code that has not run yet.
@@ -43,8 +43,8 @@ Fused times are not fitted: they price code that has not run yet.
 from __future__ import annotations
 
 from fusion_advisor.devices import DeviceSpec
-from fusion_advisor.records import Chain, Estimate, OpInfo
-from fusion_advisor.sdpa import math_score_bytes
+from fusion_advisor.analyze.records import Chain, Estimate, OpInfo
+from fusion_advisor.analyze.sdpa import math_score_bytes
 
 _TENSOR_CORE_CATEGORIES = frozenset({"matmul", "conv", "attention"})
 #: Library ops whose memory ceiling is not the elementwise one (their kernels tile permuted operands themselves).
@@ -55,7 +55,7 @@ _ITEMSIZE = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2}
 def attention_geometry(op: OpInfo) -> tuple[int, int, bool]:
     """``(sequence length, head dim, causal)`` of an attention op from its q/k shapes and FLOPs: the key length,
     q's last dim, and causal when the op's FLOPs are half the full ``2 * rows * Lk * (E + Ev)`` (how
-    :mod:`fusion_advisor.graph` counts a causal op). ``(0, 0, False)`` without q/k/v inputs."""
+    :mod:`fusion_advisor.analyze.graph` counts a causal op). ``(0, 0, False)`` without q/k/v inputs."""
     if len(op.inputs) < 3 or len(op.inputs[0].shape) < 2 or len(op.inputs[1].shape) < 2:
         return 0, 0, False
     q, k, v = op.inputs[:3]
@@ -267,7 +267,7 @@ def eager_in_model_us(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) 
     :func:`estimate` prices a chain alone: each op ``max(t, launch)``. Inside a model the host may run ahead of the
     GPU: while a long GEMM runs, the host issues the next ops, so short kernels after it wait for no launch. This
     replays the model's ops in execution order (``ops`` order) on two clocks, as
-    :func:`fusion_advisor.profile.replay_idle` replays measured kernels: the host issues one op per
+    :func:`fusion_advisor.analyze.profile.replay_idle` replays measured kernels: the host issues one op per
     ``spec.launch_overhead_us`` per kernel it launches (ops on empty tensors launch nothing and cost no host time here); an op's kernel
     starts when it is issued or when the GPU finished the previous kernel, whichever is later; the GPU's wait for
     an op (capped by the host time issuing it) is that op's idle time. As in a loop over the model (what

@@ -27,8 +27,8 @@ import torch
 import torch.fx
 
 from fusion_advisor.errors import CaptureError, ModelRunError
-from fusion_advisor.load import LoadedModel
-from fusion_advisor.records import GraphBreak, SourceLoc
+from fusion_advisor.analyze.load import LoadedModel
+from fusion_advisor.analyze.records import GraphBreak, SourceLoc
 
 METHODS = ("dynamo", "export", "symbolic_trace")
 
@@ -37,11 +37,11 @@ def _token_major_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_
                         dropout_p: float, is_causal: bool, enable_gqa: bool) -> bool:
     """Whether SDPA's output is laid out token-major on a GPU: ``[B, Lq, H, Ev]`` memory seen as ``[B, H, Lq, Ev]``
     (a transposed view). The fused kernels (flash, memory-efficient, cuDNN) write it so; the math backend (a
-    batched matmul) returns a contiguous ``[B, H, Lq, Ev]``. Decided by :func:`fusion_advisor.sdpa.rule_backend`
+    batched matmul) returns a contiguous ``[B, H, Lq, Ev]``. Decided by :func:`fusion_advisor.analyze.sdpa.rule_backend`
     on the tensors' metadata alone, so the fake and the real op agree; 4-D inputs only."""
     if q.dim() != 4:
         return False
-    from fusion_advisor.sdpa import args_of, rule_backend
+    from fusion_advisor.analyze.sdpa import args_of, rule_backend
 
     return rule_backend(args_of(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa))[0] != "math"
 

@@ -2,7 +2,7 @@
 
 How (one mechanism for CPU and GPU):
 
-1. **Instrument.** The model is captured again exactly as :mod:`fusion_advisor.capture` captured it (dynamo +
+1. **Instrument.** The model is captured again exactly as :mod:`fusion_advisor.analyze.capture` captured it (dynamo +
    AOTAutograd, ``dynamic=False``, attention kept opaque), so graph ``i`` node ``n`` is op-graph node
    ``"g<i>:<n>"``. Each run of graph ``i`` is wrapped in one ``torch.profiler.record_function("fa-graph:<i>")``
    range, and nothing else: the graphs run the real aten ops on the real inputs, unfused, at the host speed of the
@@ -31,9 +31,9 @@ How (one mechanism for CPU and GPU):
    profiling adds per op.
 4. **Per chain** (:func:`measure_chains`): time = sum over its ops; achieved GB/s and TFLOP/s from the op
    graph's eager bytes and FLOPs; % of the roofline bound; a measured bound class — launch-bound when idle time
-   exceeds busy time (the roofline's own criterion, :mod:`fusion_advisor.roofline`, applied to measured times),
+   exceeds busy time (the roofline's own criterion, :mod:`fusion_advisor.analyze.roofline`, applied to measured times),
    else compute- or memory-bound by which ceiling the busy time comes closer to. The measurement is compared
-   with the roofline's **eager** time of the chain inside the model (:func:`fusion_advisor.roofline.eager_in_model_us`,
+   with the roofline's **eager** time of the chain inside the model (:func:`fusion_advisor.analyze.roofline.eager_in_model_us`,
    the same replay on predicted times): the profiled model runs unfused.
 
 The profile records the plain model's wall time next to the profiled one; the replay assumes one stream (kernels in
@@ -57,13 +57,13 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
 
-from fusion_advisor.bench import sync_device
-from fusion_advisor.capture import Capture, keep_attention_opaque
+from fusion_advisor.kernel_tools.bench import sync_device
+from fusion_advisor.analyze.capture import Capture, keep_attention_opaque
 from fusion_advisor.devices import DeviceSpec
-from fusion_advisor.errors import ProfileError, UserError
-from fusion_advisor.load import LoadedModel
-from fusion_advisor.records import Chain, ChainMeasurement, Estimate, NodeMeasurement, OpInfo, Profile
-from fusion_advisor.roofline import eager_in_model_us, roofline_busy_us
+from fusion_advisor.errors import ProfileError
+from fusion_advisor.analyze.load import LoadedModel
+from fusion_advisor.analyze.records import Chain, ChainMeasurement, Estimate, NodeMeasurement, OpInfo, Profile
+from fusion_advisor.analyze.roofline import eager_in_model_us, roofline_busy_us
 
 #: Prefix of the profiler range around each op (``"fa:g0:mm_3"``) and the name of the range around each run.
 TAG_PREFIX = "fa:"
@@ -127,15 +127,11 @@ def check_trace_path(path: Path) -> None:
     Raises:
         UserError: with the path and the reason.
     """
-    path = Path(path)
-    if path.is_dir():
-        raise UserError(f"--trace {path}: is a directory; give a file name such as trace.json")
-    if not path.parent.is_dir():
-        raise UserError(f"--trace {path}: folder {path.parent} does not exist")
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise UserError(f"--trace {path}: folder {path.parent} is not writable")
-    if path.exists() and not _written_by_us(path):
-        raise UserError(f"--trace {path}: exists and was not written by fusion-advisor; refusing to overwrite it")
+    from fusion_advisor.files import check_out_file
+
+    check_out_file(path, "--trace", lambda p: None if _written_by_us(p) else
+                   "exists and was not written by fusion-advisor; refusing to overwrite it",
+                   example="trace.json", writable=True)
 
 
 def _written_by_us(path: Path) -> bool:
@@ -346,7 +342,7 @@ class Attribution:
 
     Attributes:
         nodes: measurement per op id.
-        total_us: profiled total per run (see :attr:`fusion_advisor.records.Profile.total_us`).
+        total_us: profiled total per run (see :attr:`fusion_advisor.analyze.records.Profile.total_us`).
         attributed_us: sum of the nodes' time.
         unattributed_us: ``total_us - attributed_us``.
         device_events: device activities (GPU) or top-level aten ops (CPU) seen, per run.
@@ -624,7 +620,7 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
 
 def measured_bound(busy_us: float, idle_us: float, flops: int, nbytes: int, peak_tflops: float,
                    bandwidth_gbps: float) -> str:
-    """Measured bound class of a chain (see :class:`~fusion_advisor.records.ChainMeasurement`).
+    """Measured bound class of a chain (see :class:`~fusion_advisor.analyze.records.ChainMeasurement`).
 
     ``"launch"`` when ``idle_us > busy_us``; else ``"compute"`` when the chain's FLOP/s over its busy time is a
     larger fraction of ``peak_tflops`` than its bytes/s is of ``bandwidth_gbps``, else ``"memory"``; ``""`` when
@@ -753,7 +749,7 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
     op_ids = {o.id for o in ops if not o.is_view}
     notes: list[str] = []
     inst = _instrument(loaded, cap, op_ids)
-    from fusion_advisor.capture import quiet_native_stderr, quiet_torch_logs  # the same quieting capture uses
+    from fusion_advisor.analyze.capture import quiet_native_stderr, quiet_torch_logs  # the same quieting capture uses
 
     with torch.no_grad(), warnings.catch_warnings(), quiet_torch_logs():
         warnings.simplefilter("ignore")

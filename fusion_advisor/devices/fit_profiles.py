@@ -35,8 +35,8 @@ from typing import Iterable
 
 from fusion_advisor.devices import DeviceSpec, OpTimeFit, parse_spec, spec_fields, spec_mapping
 from fusion_advisor.errors import CalibrationError, UserError
-from fusion_advisor.records import Analysis
-from fusion_advisor.roofline import eager_in_model_us, estimate_all, op_class_keys, roofline_op_us
+from fusion_advisor.analyze.records import Analysis
+from fusion_advisor.analyze.roofline import eager_in_model_us, estimate_all, op_class_keys, roofline_op_us
 
 #: Fewest measured ops a class needs before it gets a curve.
 MIN_SAMPLES = 3
@@ -163,7 +163,7 @@ def report_folders(paths: Iterable[Path]) -> list[Path]:
     Raises:
         UserError: a path that does not exist, or one with no report folder in or under it.
     """
-    from fusion_advisor.report import FILE_NAMES
+    from fusion_advisor.report.write import FILE_NAMES
 
     out: list[Path] = []
     for p in paths:
@@ -200,7 +200,7 @@ def read_report(path: Path) -> ProfiledReport:
     Raises:
         UserError: no report there, or one analysed without ``--profile``.
     """
-    from fusion_advisor.report import load_report
+    from fusion_advisor.report.write import load_report
 
     analysis = load_report(path)
     if analysis.profile is None or not analysis.profile.nodes:
@@ -454,9 +454,9 @@ def write_fit(result: FitResult, out: Path, date: str) -> dict[str, Path]:
     """
     import pandas as pd
 
-    from fusion_advisor.calibrate import check_out_file, render_spec
+    from fusion_advisor.devices.calibrate import check_out_file, render_spec
     from fusion_advisor.devices import load_spec
-    from fusion_advisor.report import atomic_write_bytes
+    from fusion_advisor.report.write import atomic_write_bytes
 
     out = Path(out)
     check_out_file(out)

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from fusion_advisor.dtypes import CAST_NAMES, TORCH_DTYPES
 from fusion_advisor.errors import ModelLoadError, ModelRunError
 
 CONVENTIONS = {
@@ -34,7 +35,8 @@ CONVENTIONS = {
     "kernel_contract": "kernel_fn, reference_fn, get_inputs()  (kernel file; reference_fn is analysed)",
 }
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: what ``--dtype`` casts to: name -> torch dtype (:mod:`fusion_advisor.dtypes`).
+DTYPES = {name: TORCH_DTYPES[name] for name in CAST_NAMES}
 
 BUILTIN_DEFAULT = "fusion_advisor.models.llama"
 _RETRY = object()
@@ -78,7 +80,7 @@ class LoadedModel:
 
 
 #: Attribute under which a model called with keyword inputs sits in its :class:`KeywordCall` wrapper;
-#: :func:`fusion_advisor.graph.module_path_of` drops it, so module paths name the user's modules.
+#: :func:`fusion_advisor.analyze.graph.module_path_of` drops it, so module paths name the user's modules.
 KEYWORD_WRAPPER_ATTR = "fa_keyword_model"
 
 

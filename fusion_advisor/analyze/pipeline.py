@@ -1,6 +1,6 @@
 """The analyze pipeline: model file -> captured graphs -> op graph -> chains -> estimates -> decisions.
 
-:func:`analyze` runs the stages in order and returns an :class:`~fusion_advisor.records.Analysis`; the CLI writes
+:func:`analyze` runs the stages in order and returns an :class:`~fusion_advisor.analyze.records.Analysis`; the CLI writes
 the report from it. Each stage lives in its own module; this one only wires them and times them.
 """
 
@@ -14,16 +14,16 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from fusion_advisor.capture import Capture, capture
-from fusion_advisor.chains import build_chains
+from fusion_advisor.analyze.capture import Capture, capture
+from fusion_advisor.analyze.chains import build_chains
 from fusion_advisor.devices import DeviceSpec, load_spec
 from fusion_advisor.errors import ModelRunError
-from fusion_advisor.graph import build_op_graph
-from fusion_advisor.load import LoadedModel, load_model
-from fusion_advisor.records import Analysis
-from fusion_advisor.roofline import estimate_all
-from fusion_advisor.route import route_all
-from fusion_advisor.rules import load_rules
+from fusion_advisor.analyze.graph import build_op_graph
+from fusion_advisor.analyze.load import LoadedModel, load_model
+from fusion_advisor.analyze.records import Analysis
+from fusion_advisor.analyze.roofline import estimate_all
+from fusion_advisor.analyze.route import route_all
+from fusion_advisor.analyze.rules import load_rules
 
 #: GPU name fragments -> shipped device spec, for picking a default spec on the present GPU.
 _GPU_SPECS = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("L4", "l4"))
@@ -103,15 +103,15 @@ def analyze(
     """Analyse the model in ``model_path`` (``None``: the built-in default model).
 
     Args:
-        model_path: model file in one of the conventions of :mod:`fusion_advisor.load`.
+        model_path: model file in one of the conventions of :mod:`fusion_advisor.analyze.load`.
         device: ``"meta"``, ``"cpu"`` or ``"cuda"``; default :func:`default_device`.
         dtype: ``""``, ``"fp32"``, ``"bf16"`` or ``"fp16"`` (casts model and floating inputs).
         gpu: device-spec name or YAML path; default :func:`default_spec_name`.
         rules_files: user rules files, matched before the shipped rules.
         stage: context-manager factory called with each stage's name (the CLI shows progress with it).
-        on_capture: called with the :class:`~fusion_advisor.capture.Capture` once captured (later stages that need
+        on_capture: called with the :class:`~fusion_advisor.analyze.capture.Capture` once captured (later stages that need
             the graphs themselves, such as ``--inductor-code``, keep it this way).
-        profile: run the model under torch.profiler and measure every chain (:mod:`fusion_advisor.profile`);
+        profile: run the model under torch.profiler and measure every chain (:mod:`fusion_advisor.analyze.profile`);
             needs ``device`` cpu or cuda. Rules may then match the measured bound class.
         trace: with ``profile``, also write the chrome trace there (Perfetto / chrome://tracing).
         profile_runs: profiled runs (times are per run).
@@ -139,7 +139,7 @@ def analyze(
 
         raise UserError("--trace writes the profiler's trace: it needs --profile")
     if profile:
-        from fusion_advisor.profile import check_can_profile, check_trace_path
+        from fusion_advisor.analyze.profile import check_can_profile, check_trace_path
 
         check_can_profile(device)
         if trace is not None:
@@ -159,7 +159,7 @@ def analyze(
         on_capture(cap)
     profile_fn = None
     if profile:
-        from fusion_advisor.profile import profile_model
+        from fusion_advisor.analyze.profile import profile_model
 
         def profile_fn(og: Any, chains: list, estimates: dict) -> Any:
             return profile_model(loaded, cap, og.ops, chains, estimates, spec, runs=profile_runs,

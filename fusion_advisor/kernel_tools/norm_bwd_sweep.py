@@ -9,7 +9,7 @@ default first, then every config of :func:`norm_bwd_configs`, verify each one be
 them on a GPU (8192 x 4096 bf16); ``tests/test_norm_bwd_sweep.py`` runs the selection on the CPU interpreter at tiny
 sizes.
 
-Times: :func:`fusion_advisor.bench.device_time_ms` (summed CUDA kernel time per call, torch.profiler, 10 calls), ms;
+Times: :func:`fusion_advisor.kernel_tools.bench.device_time_ms` (summed CUDA kernel time per call, torch.profiler, 10 calls), ms;
 ``pct_of_copy``: the module's backward bytes-moved formula over the time, as % of ``copy_gbps`` (GB/s, read + write).
 """
 
@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fusion_advisor.bench import device_time_ms
+from fusion_advisor.kernel_tools.bench import device_time_ms
 from fusion_advisor.verification.policy import TOLERANCES, judge
 
 if TYPE_CHECKING:
-    from kernel_library.rmsnorm import RowConfig
+    from kernel_library._rows import RowConfig
 
 
 #: Norm backward sweeps: (rows_per_iter, num_warps) pairs that also get num_stages variants. ptxas for sm_90
@@ -50,7 +50,7 @@ def norm_bwd_configs() -> list[tuple[int, int, int, int | None]]:
 
 def tuning_line(cfg: "RowConfig", table_cfg: "RowConfig") -> str:
     """The ``BwdTuning(...)`` expression that reproduces the fused launch ``cfg`` from the heuristic ``table_cfg``."""
-    from kernel_library.rmsnorm import BWD_PROGRAMS_PER_SM  # what programs_per_sm=None means
+    from kernel_library._rows import BWD_PROGRAMS_PER_SM  # what programs_per_sm=None means
 
     fields = []
     if cfg.num_stages is not None:

@@ -1,6 +1,6 @@
 """``fusion-advisor bench FILE --sweep``: time a kernel's launch configs over the sizes its file can produce.
 
-Sweep hooks (an extension of the kernel contract of :mod:`fusion_advisor.verify`; all optional, but at least one
+Sweep hooks (an extension of the kernel contract of :mod:`fusion_advisor.kernel_tools.verify`; all optional, but at least one
 source of configs is needed):
 
 * **sizes** — ``get_inputs(size)`` taking one argument, plus ``SIZES`` (a list of ints or shape tuples) or
@@ -24,15 +24,15 @@ For each size and config, :func:`run_sweep`
    autotuner's choice, plus one run; Triton's on-disk cache can make a repeat sweep's first call fast). A
    config that raises here (too many registers, out of shared memory, a compile error) is **rejected** with
    the exception as its reason and the sweep goes on;
-2. verifies it with :func:`fusion_advisor.verify.verify_kernel` (one seed; a fresh clone of the size's inputs,
+2. verifies it with :func:`fusion_advisor.kernel_tools.verify.verify_kernel` (one seed; a fresh clone of the size's inputs,
    drawn once per size with seed 0; poisoned allocations, float64 reference, per-dtype tolerances); a config that fails is **rejected** with the first
    failing detail as its reason and is not timed;
-3. times the forward as ``fusion-advisor bench`` does: :func:`fusion_advisor.bench.time_cuda` (do_bench median,
-   L2 flushed) on a GPU, :func:`fusion_advisor.bench.time_cpu` on the CPU; under ``torch.no_grad()``, on inputs
+3. times the forward as ``fusion-advisor bench`` does: :func:`fusion_advisor.kernel_tools.bench.time_cuda` (do_bench median,
+   L2 flushed) on a GPU, :func:`fusion_advisor.kernel_tools.bench.time_cpu` on the CPU; under ``torch.no_grad()``, on inputs
    detached from autograd (the sweep is of the forward launch).
 
 GB/s = ``bytes_moved / time``; TFLOP/s = ``flops / time``; % of roofline = the roofline time of the call on the
-device spec (``max(flops / peak, bytes / bandwidth)``, :mod:`fusion_advisor.roofline`'s model without the launch
+device spec (``max(flops / peak, bytes / bandwidth)``, :mod:`fusion_advisor.analyze.roofline`'s model without the launch
 term; vector peak of the inputs' dtype unless the file sets ``SWEEP_TENSOR_CORES = True``) over the measured
 time. The best config of a size is its fastest verified one.
 
@@ -60,7 +60,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from fusion_advisor.bench import (
+from fusion_advisor.kernel_tools.bench import (
     DEFAULT_REP_MS,
     DEFAULT_WARMUP_MS,
     TIMER_CPU,
@@ -72,7 +72,7 @@ from fusion_advisor.bench import (
     time_cuda,
 )
 from fusion_advisor.errors import ContractError, UserError
-from fusion_advisor.verify import KernelContract, fresh_inputs, verify_kernel
+from fusion_advisor.kernel_tools.verify import KernelContract, fresh_inputs, verify_kernel
 
 #: Label of every time measured under the Triton interpreter.
 CPU_LABEL = "CPU interpreter, not a GPU measurement"
@@ -333,7 +333,7 @@ class SweepResult:
         name, path: the kernel.
         source: where the configs came from (``"SWEEP_CONFIGS"`` or ``"triton.autotune"``).
         device: where it ran (``"cuda:0 (NVIDIA H200)"`` or ``"cpu (Triton interpreter)"``).
-        timer: the timer (:data:`fusion_advisor.bench.TIMER_CUDA` / ``TIMER_CPU``).
+        timer: the timer (:data:`fusion_advisor.kernel_tools.bench.TIMER_CUDA` / ``TIMER_CPU``).
         interpreted: times come from the CPU interpreter (:data:`CPU_LABEL`).
         spec: name of the device spec used for % of roofline.
         rows: one per (size, config), sizes in order.
@@ -370,7 +370,7 @@ class SweepResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (non-finite numbers become ``None``)."""
-        from fusion_advisor.report import jsonable
+        from fusion_advisor.report.write import jsonable
 
         import fusion_advisor
 
@@ -422,7 +422,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _dtype_short(args: Sequence[Any]) -> str:
-    from fusion_advisor.graph import dtype_name
+    from fusion_advisor.dtypes import dtype_name
 
     for a in args:
         if isinstance(a, torch.Tensor) and a.is_floating_point():
@@ -464,7 +464,7 @@ def run_sweep(hooks: SweepHooks, *, spec_name: str | None = None, warmup_ms: flo
         ContractError: ``get_inputs(size)`` or ``reference_fn`` raised, or ``SWEEP_CONFIGS`` is malformed.
         DeviceSpecError: unknown ``spec_name``.
     """
-    from fusion_advisor.analyze import default_spec_name, versions
+    from fusion_advisor.analyze.pipeline import default_spec_name, versions
     from fusion_advisor.devices import load_spec
 
     spec = load_spec(spec_name or default_spec_name())
@@ -633,9 +633,9 @@ def check_sweep_dir(out_dir: Path) -> None:
     """Refuse ``out_dir`` when it holds a sweep.csv / sweep.json that fusion-advisor did not write.
 
     Raises:
-        UserError: see :func:`fusion_advisor.report.check_out_dir`.
+        UserError: see :func:`fusion_advisor.report.write.check_out_dir`.
     """
-    from fusion_advisor.report import check_out_dir
+    from fusion_advisor.report.write import check_out_dir
 
     check_out_dir(Path(out_dir), names=FILE_NAMES, written_by_us=_written_by_us)
 
@@ -648,7 +648,7 @@ def write_sweep(result: SweepResult, out_dir: Path) -> dict[str, Path]:
     Raises:
         UserError: ``out_dir`` holds such files not written by fusion-advisor, or is not writable.
     """
-    from fusion_advisor.report import atomic_write_bytes
+    from fusion_advisor.files import atomic_write_bytes
 
     out_dir = Path(out_dir)
     check_sweep_dir(out_dir)

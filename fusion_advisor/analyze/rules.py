@@ -16,7 +16,7 @@ A rules file::
         bound: memory                   # optional: override the roofline's bound class
         reason: "{pattern}: AI {arithmetic_intensity:.0f} FLOP/B vs ridge {ridge_point:.0f}"
 
-``measured_bound`` matches the bound class measured by ``analyze --profile`` (:mod:`fusion_advisor.profile`); a
+``measured_bound`` matches the bound class measured by ``analyze --profile`` (:mod:`fusion_advisor.analyze.profile`); a
 chain without a measurement never matches it, so rules using it change nothing in a static analysis.
 
 Rules are tried in order, first match wins; the user's ``--rules`` files come before the shipped ones, so they
@@ -34,14 +34,15 @@ from typing import Any, Callable
 import yaml
 
 from fusion_advisor.errors import RulesError
-from fusion_advisor.records import BOUNDS, ROUTES, Chain, ChainMeasurement, Estimate
-from fusion_advisor.sdpa import BACKENDS as SDPA_BACKENDS
+from fusion_advisor.analyze.records import BOUNDS, ROUTES, Chain, ChainMeasurement, Estimate
+from fusion_advisor.analyze.sdpa import BACKENDS as SDPA_BACKENDS
+from fusion_advisor.dtypes import FLOAT_NAMES
 from fusion_advisor.units import fmt_bytes, mib
 
 
 def _shipped_rules() -> Path:
     """rules/default.yaml: beside the package in a checkout, package data (fusion_advisor.shipped_rules) when installed."""
-    in_checkout = Path(__file__).resolve().parent.parent / "rules" / "default.yaml"
+    in_checkout = Path(__file__).resolve().parents[2] / "rules" / "default.yaml"
     if in_checkout.is_file():
         return in_checkout
     from importlib.resources import files
@@ -175,7 +176,7 @@ def _is_aten_op(name: Any) -> bool:
 #: allowed values of the enumerated match conditions (typos would otherwise never match, silently).
 _ALLOWED_VALUES: dict[str, frozenset[str]] = {
     "kind": frozenset({"fusible", "heavy", "other"}),
-    "dtype": frozenset({"fp32", "fp16", "bf16", "fp64"}),
+    "dtype": frozenset(FLOAT_NAMES),
     "categories_any": frozenset({"pointwise", "reduction", "normalization", "softmax", "matmul", "conv", "attention",
                                  "view", "copy", "embedding", "other"}),
     "categories_all": frozenset({"pointwise", "reduction", "normalization", "softmax", "matmul", "conv",
@@ -193,7 +194,7 @@ class Rule:
         id: unique id within all loaded rules.
         description: what the rule is for.
         match: condition name -> value (see :data:`CONDITIONS`).
-        route: one of :data:`fusion_advisor.records.ROUTES`.
+        route: one of :data:`fusion_advisor.analyze.records.ROUTES`.
         kernel: library kernel name or ``"auto"`` for triton routes, ``""`` otherwise.
         bound: bound-class override, or ``""`` to keep the roofline's.
         reason: ``str.format`` template over :data:`TEMPLATE_FIELDS`.

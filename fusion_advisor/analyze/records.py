@@ -72,7 +72,7 @@ class OpInfo:
         id: unique id ``"g<graph>:<node name>"``.
         graph_index: index of the captured graph the node belongs to.
         target: aten overload name, e.g. ``"aten.mm.default"``.
-        category: one of :data:`fusion_advisor.graph.CATEGORIES`.
+        category: one of :data:`fusion_advisor.analyze.graph.CATEGORIES`.
         inputs: tensor inputs in argument order.
         outputs: tensor outputs.
         flops: floating-point operations (multiply and add counted separately, as torch.utils.flop_counter does).
@@ -83,9 +83,9 @@ class OpInfo:
         reduction_elems: for reductions/normalizations/softmax, elements reduced per output (the row width), else 0.
         reduces_last_dim: False when a reduction runs over another dim than the last (e.g. softmax over channels).
         variant: for attention ops, the ``F.scaled_dot_product_attention`` backend torch runs on a GPU (``"flash"``,
-            ``"efficient"``, ``"cudnn"``, ``"math"``; :mod:`fusion_advisor.sdpa`); ``""`` for other ops or unknown.
+            ``"efficient"``, ``"cudnn"``, ``"math"``; :mod:`fusion_advisor.analyze.sdpa`); ``""`` for other ops or unknown.
         eager_kernels: kernels the op launches when run eagerly: 1, except composite paths (SDPA's math backend:
-            :func:`fusion_advisor.sdpa.math_kernels`) and ops on empty tensors (still 1 here; the roofline skips
+            :func:`fusion_advisor.analyze.sdpa.math_kernels`) and ops on empty tensors (still 1 here; the roofline skips
             them).
     """
 
@@ -261,7 +261,7 @@ class Decision:
 
 @dataclass(frozen=True)
 class InductorCode:
-    """The code Inductor generates for one routed chain (``analyze --inductor-code``; fusion_advisor.inductor_code).
+    """The code Inductor generates for one routed chain (``analyze --inductor-code``; fusion_advisor.analyze.inductor_code).
 
     Attributes:
         chain_id, route, pattern: the chain and where it was routed.

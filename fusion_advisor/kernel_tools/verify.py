@@ -11,7 +11,7 @@ with the verification engine (:mod:`fusion_advisor.verification`), on these case
    cases the file documents itself: ``hard_inputs()`` returning ``[(label, args), ...]`` (fully masked rows,
    confident predictions, large magnitudes);
 3. **shapes**: where the file's ``get_inputs`` takes a size and it names its sizes (``SIZES`` or ``SHAPES``, the
-   sweep hooks of :mod:`fusion_advisor.sweep`), the edge shapes derived from the first one (one row, a partial last
+   sweep hooks of :mod:`fusion_advisor.kernel_tools.sweep`), the edge shapes derived from the first one (one row, a partial last
    block, odd widths, 1025 rows, 65537 rows: :func:`~fusion_advisor.verification.inputs.edge_sizes`), or the file's
    own ``VERIFY_SIZES``; under Triton's interpreter the shape over 65,535 rows runs only with ``shapes="all"``
    (one program per row takes ~1.5 ms there), and the result says so.

@@ -1,7 +1,7 @@
 """What report.html shows, computed from the analysis and (when apply ran into the same folder) apply's plan.
 
 The page answers one question first: *what do I do, and what does it buy?* This module turns the chains frame
-(:func:`fusion_advisor.report.chains_frame`) and the plan document (plan.yaml, :func:`read_plan_document`) into
+(:func:`fusion_advisor.report.write.chains_frame`) and the plan document (plan.yaml, :func:`read_plan_document`) into
 plain dicts the template renders:
 
 * :func:`chain_groups`: chains that repeat layer by layer (same pattern, route, kernel, bound class, source line
@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from fusion_advisor.records import ROUTES, Analysis
+from fusion_advisor.analyze.records import ROUTES, Analysis
 from fusion_advisor.units import fmt_speedup, fmt_us, is_num
 
 #: Chains shown as the first screen's opportunities.

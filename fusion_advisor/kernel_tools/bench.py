@@ -1,6 +1,6 @@
 """Time a verified kernel against its reference, eager and under ``torch.compile``.
 
-:func:`bench_kernel` first runs :func:`fusion_advisor.verify.verify_kernel` with one seed (plus the hard values and
+:func:`bench_kernel` first runs :func:`fusion_advisor.kernel_tools.verify.verify_kernel` with one seed (plus the hard values and
 the edge shapes the file's size hooks allow) and refuses to time a kernel that fails it (TRITON_RULES: never benchmark before verify passes). Then, on one ``get_inputs()`` draw
 (seed 0), it times the forward of ``kernel_fn``, ``reference_fn`` and ``torch.compile(reference_fn)`` under
 ``torch.no_grad()``:
@@ -18,7 +18,7 @@ the edge shapes the file's size hooks allow) and refuses to time a kernel that f
 compile faster, and the time is reported as measured. A compile failure (on CPU Inductor needs a C++ compiler)
 is caught and reported as ``compiled_reference_time_ms = None`` with the reason.
 
-Each timer run is wrapped in a :class:`fusion_advisor.recompile.RecompileWatch`: every function is called once
+Each timer run is wrapped in a :class:`fusion_advisor.kernel_tools.recompile.RecompileWatch`: every function is called once
 before it is timed (``kernel_fn`` and ``reference_fn`` by one extra warm-up call under ``no_grad``, counted in
 ``warmup_iters``; the compiled reference by its first, compiling call), so any Triton JIT compilation or
 torch.compile recompilation during the timer's warm-up and timed calls is a steady-state one, and should be 0. The counts and their causes are reported as
@@ -37,8 +37,8 @@ from typing import Any, Callable
 import torch
 
 from fusion_advisor.errors import VerificationFailed
-from fusion_advisor.recompile import RecompileReport, RecompileWatch, summarize
-from fusion_advisor.verify import KernelContract, VerifyResult, fresh_inputs, verify_kernel
+from fusion_advisor.kernel_tools.recompile import RecompileReport, RecompileWatch, summarize
+from fusion_advisor.kernel_tools.verify import KernelContract, VerifyResult, fresh_inputs, verify_kernel
 
 #: do_bench's defaults (ms of warm-up and of timed calls), also used on CPU.
 DEFAULT_WARMUP_MS = 25.0
@@ -122,7 +122,7 @@ def _device_events(fn: Callable[[], Any], iters: int, caller: str) -> list[Any]:
         raise RuntimeError(f"{caller} needs a CUDA device")
     fn()
     torch.cuda.synchronize()
-    from fusion_advisor.capture import quiet_native_stderr  # libkineto's "USDT: profiler_start" lines
+    from fusion_advisor.analyze.capture import quiet_native_stderr  # libkineto's "USDT: profiler_start" lines
 
     with quiet_native_stderr(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
@@ -321,18 +321,18 @@ def sync_device(device: torch.device | str) -> None:
 def bench_kernel(contract: KernelContract, warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS,
                  compile_reference: bool = True, *, rtol: float | None = None,
                  atol: float | None = None) -> BenchResult:
-    """Verify ``contract`` (one seed, the hard values and the edge shapes: :func:`fusion_advisor.verify.verify_kernel`),
+    """Verify ``contract`` (one seed, the hard values and the edge shapes: :func:`fusion_advisor.kernel_tools.verify.verify_kernel`),
     then time its kernel, its reference and the compiled reference.
 
     Args:
-        contract: from :func:`fusion_advisor.verify.load_contract`.
+        contract: from :func:`fusion_advisor.kernel_tools.verify.load_contract`.
         warmup_ms, rep_ms: warm-up and timed budget per function, in ms (do_bench's ``warmup`` and ``rep``).
         compile_reference: also time ``torch.compile(reference_fn)``; ``False`` skips it (``--no-compile``).
         rtol, atol: tolerances for the verification (``None``: per-dtype table).
 
     Raises:
         VerificationFailed: the kernel failed verification; nothing was timed. ``.result`` holds the
-            :class:`~fusion_advisor.verify.VerifyResult`.
+            :class:`~fusion_advisor.kernel_tools.verify.VerifyResult`.
         ContractError: ``get_inputs()`` or ``reference_fn`` raised.
     """
     verified = verify_kernel(contract, rtol=rtol, atol=atol, seeds=1)

@@ -1,7 +1,7 @@
 """Stage 3: the op graph — one node per aten op, with shapes, dtypes, FLOPs, bytes and source line.
 
 Built as a ``networkx.DiGraph`` from the captured aten graphs. Node keys are op ids (``"g0:mm_3"``); node
-attribute ``op`` holds the :class:`~fusion_advisor.records.OpInfo`. Graph inputs (parameters, user inputs) are
+attribute ``op`` holds the :class:`~fusion_advisor.analyze.records.OpInfo`. Graph inputs (parameters, user inputs) are
 nodes with ``op=None``. An edge ``u -> v`` means v reads a tensor u produced; attribute ``meta`` is that tensor.
 
 FLOPs: matmul, convolution and attention from ``torch.utils.flop_counter``'s formulas (a multiply-add counts 2);
@@ -22,10 +22,11 @@ import torch
 import torch.fx
 from torch.utils.flop_counter import flop_registry
 
-from fusion_advisor.capture import Capture, source_of
-from fusion_advisor.load import KEYWORD_WRAPPER_ATTR
-from fusion_advisor.records import OpInfo, SourceLoc, TensorMeta
-from fusion_advisor.sdpa import BACKEND_OF_TARGET, choose_backend, fused_kernels, math_kernels
+from fusion_advisor.analyze.capture import Capture, source_of
+from fusion_advisor.dtypes import dtype_name
+from fusion_advisor.analyze.load import KEYWORD_WRAPPER_ATTR
+from fusion_advisor.analyze.records import OpInfo, SourceLoc, TensorMeta
+from fusion_advisor.analyze.sdpa import BACKEND_OF_TARGET, choose_backend, fused_kernels, math_kernels
 
 CATEGORIES = (
     "pointwise",
@@ -45,20 +46,6 @@ CATEGORIES = (
 FUSIBLE = frozenset({"pointwise", "reduction", "normalization", "softmax", "copy"})
 #: Categories served by a vendor library (cuBLAS, cuDNN, flash attention) or a gather: routing items of their own.
 HEAVY = frozenset({"matmul", "conv", "attention", "embedding"})
-
-_DTYPE_NAMES = {
-    torch.float32: "fp32",
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    torch.float64: "fp64",
-    torch.int64: "int64",
-    torch.int32: "int32",
-    torch.int16: "int16",
-    torch.int8: "int8",
-    torch.uint8: "uint8",
-    torch.bool: "bool",
-    torch.complex64: "c64",
-}
 
 _BY_NAME: dict[str, set[str]] = {
     # element-wise ops that torch does not tag pointwise (the rest are found by torch.Tag.pointwise)
@@ -93,11 +80,6 @@ _NAME_TO_CATEGORY = {name: cat for cat, names in _BY_NAME.items() for name in na
 
 #: FLOPs per element for ops that are not matmul-like (see module docstring).
 _FLOPS_PER_ELEM = {"pointwise": 1, "reduction": 1, "softmax": 5, "normalization": 5, "copy": 0}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """Short dtype name used in records and reports (``torch.bfloat16`` -> ``"bf16"``)."""
-    return _DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
 
 
 def row_major_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -211,9 +193,9 @@ def _sdpa_call(node: torch.fx.Node) -> dict[str, Any]:
 
 def attention_variant(node: torch.fx.Node, name: str) -> tuple[str, int]:
     """``(backend, eager kernels)`` of an attention node: the SDPA backend torch runs on a GPU
-    (:func:`fusion_advisor.sdpa.choose_backend`: torch's own choice when CUDA is present, else the sm80/sm90 rule)
-    and the kernels it launches eagerly (:func:`fusion_advisor.sdpa.fused_kernels` for the fused backends,
-    :func:`fusion_advisor.sdpa.math_kernels` for math). Ops named after their backend keep it; ``("", 1)`` when the arguments cannot be read."""
+    (:func:`fusion_advisor.analyze.sdpa.choose_backend`: torch's own choice when CUDA is present, else the sm80/sm90 rule)
+    and the kernels it launches eagerly (:func:`fusion_advisor.analyze.sdpa.fused_kernels` for the fused backends,
+    :func:`fusion_advisor.analyze.sdpa.math_kernels` for math). Ops named after their backend keep it; ``("", 1)`` when the arguments cannot be read."""
     if name in BACKEND_OF_TARGET:
         return BACKEND_OF_TARGET[name], 1
     if name not in ("attention", "scaled_dot_product_attention"):

@@ -14,17 +14,17 @@ What is measured (:func:`measure`):
 - **SDPA rate per backend** (GPU only, not with ``quick``): ``F.scaled_dot_product_attention`` forced to one
   backend with ``torch.nn.attention.sdpa_kernel`` over the grid :data:`ATTENTION_CONFIGS` x
   :data:`ATTENTION_DTYPES` x :data:`ATTENTION_SEQS` x :data:`ATTENTION_HEAD_DIMS` (batch x seq =
-  :data:`ATTENTION_TOKENS`, heads x head_dim = :data:`ATTENTION_MODEL_DIM`), FLOPs as ``fusion_advisor.graph``
+  :data:`ATTENTION_TOKENS`, heads x head_dim = :data:`ATTENTION_MODEL_DIM`), FLOPs as ``fusion_advisor.analyze.graph``
   counts them (``4 b h s^2 d``, halved when causal) over the median time: the spec's ``attention_rates``;
   combinations a backend refuses are listed as not measured;
 - **per-op launch overhead**: wall time per tiny eager op (``y = x + 1`` on 1024 elements) in a long loop,
   synchronised once at the end: the rate at which eager PyTorch issues kernels, which is the roofline's
-  ``launch_overhead_us`` (:mod:`fusion_advisor.roofline`). On a GPU also the time per back-to-back tiny kernel
+  ``launch_overhead_us`` (:mod:`fusion_advisor.analyze.roofline`). On a GPU also the time per back-to-back tiny kernel
   replayed from a CUDA graph (no host cost): the device's own floor per kernel, recorded in the file's
   ``calibration`` block.
 
-GPU timings are ``triton.testing.do_bench`` medians (:func:`fusion_advisor.bench.time_cuda`, L2 flushed before
-each call); CPU timings are wall-clock medians (:func:`fusion_advisor.bench.time_cpu`). Rates calibrate cannot
+GPU timings are ``triton.testing.do_bench`` medians (:func:`fusion_advisor.kernel_tools.bench.time_cuda`, L2 flushed before
+each call); CPU timings are wall-clock medians (:func:`fusion_advisor.kernel_tools.bench.time_cpu`). Rates calibrate cannot
 measure (vector-unit TFLOP/s; on a CPU, TF32) are copied from the closest shipped spec, and their ``*_source``
 says so.
 
@@ -46,14 +46,17 @@ from typing import Any, Callable
 import torch
 import yaml
 
-from fusion_advisor.bench import Timing, sync_device, time_cpu, time_cuda
+from fusion_advisor.kernel_tools.bench import Timing, sync_device, time_cpu, time_cuda
 from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, parse_spec
+from fusion_advisor.dtypes import TORCH_DTYPES
 from fusion_advisor.errors import CalibrationError
+from fusion_advisor import files
 
 #: First line of every spec calibrate writes; a file without it is not ours and is never overwritten.
 MARKER = "# fusion-advisor calibrate: measured device spec"
 
-_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: the dtypes measured, by name (:mod:`fusion_advisor.dtypes`); tf32 is fp32 storage on TF32 tensor cores.
+_DTYPES = {**{name: TORCH_DTYPES[name] for name in ("fp32", "bf16", "fp16")}, "tf32": torch.float32}
 
 #: (batch, heads, seq, head_dim) of the attention measurement: a Llama-7B layer at 2 x 2048 tokens (non-causal).
 ATTENTION_SHAPE = (2, 32, 2048, 128)
@@ -191,21 +194,21 @@ def check_out_file(path: Path) -> None:
     Raises:
         CalibrationError: naming the path and the reason.
     """
-    path = Path(path)
-    if path.is_dir():
-        raise CalibrationError(f"--out {path}: is a directory; give a file name such as my_gpu.yaml")
-    if path.suffix not in (".yaml", ".yml"):
-        raise CalibrationError(f"--out {path}: a device spec is a .yaml file (analyze --gpu reads it by suffix)")
-    if not path.parent.is_dir():
-        raise CalibrationError(f"--out {path}: folder {path.parent} does not exist")
-    if path.exists():
+
+    def foreign(p: Path) -> str | None:
         try:
-            first = path.read_text().splitlines()[:1]
+            first = p.read_text().splitlines()[:1]
         except (OSError, UnicodeDecodeError):
             first = []
-        if first != [MARKER]:
-            raise CalibrationError(f"--out {path}: exists and was not written by fusion-advisor calibrate; "
-                                   "refusing to overwrite it (choose another file)")
+        return None if first == [MARKER] else ("exists and was not written by fusion-advisor calibrate; refusing to "
+                                               "overwrite it (choose another file)")
+
+    def wrong_suffix(p: Path) -> str | None:
+        return None if p.suffix in (".yaml", ".yml") else \
+            "a device spec is a .yaml file (analyze --gpu reads it by suffix)"
+
+    files.check_out_file(path, "--out", foreign, example="my_gpu.yaml", wrong_suffix=wrong_suffix,
+                         error=CalibrationError)
 
 
 def _timer(device: str, sizes: Sizes) -> Callable[[Callable[[], Any]], Timing]:
@@ -268,7 +271,7 @@ def measure_attention_tflops(dtype: str, timer: Callable[[Callable[[], Any]], Ti
                              shape: tuple[int, int, int, int] = ATTENTION_SHAPE) -> float:
     """Fused attention TFLOP/s of ``F.scaled_dot_product_attention`` (non-causal; flash / memory-efficient kernels
     on a GPU) on q, k, v of ``shape`` = (batch, heads, seq, head_dim) in ``dtype``: ``4 b h s^2 d`` FLOPs (the two
-    GEMMs, as ``fusion_advisor.graph`` counts attention) over the median time.
+    GEMMs, as ``fusion_advisor.analyze.graph`` counts attention) over the median time.
 
     Raises:
         RuntimeError: no CUDA device, or SDPA fails for that dtype.
@@ -297,7 +300,7 @@ def measure_strided_copy_gbps(device: str, sizes: Sizes, timer: Callable[[Callab
 
 
 def attention_flops(b: int, h: int, s: int, d: int, causal: bool) -> int:
-    """FLOPs of SDPA on q, k, v ``[b, h, s, d]`` as ``fusion_advisor.graph`` counts them: ``4 b h s^2 d`` (the two
+    """FLOPs of SDPA on q, k, v ``[b, h, s, d]`` as ``fusion_advisor.analyze.graph`` counts them: ``4 b h s^2 d`` (the two
     GEMMs, a multiply-add counting 2), halved when causal."""
     flops = 4 * b * h * s * s * d
     return flops // 2 if causal else flops
@@ -725,7 +728,7 @@ def calibrate(out: Path | None = None, device: str | None = None, quick: bool = 
     Raises:
         CalibrationError: bad device, or an ``out`` that must not be written.
     """
-    from fusion_advisor.report import atomic_write_bytes
+    from fusion_advisor.files import atomic_write_bytes
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     path = Path(out) if out is not None else default_out(device)

@@ -19,7 +19,8 @@ from typing import Any
 
 import pandas as pd
 
-from fusion_advisor.records import BOUNDS, ROUTES, Analysis
+from fusion_advisor.analyze.records import BOUNDS, ROUTES, Analysis
+from fusion_advisor.report.spec import bandwidth_gbps, flatten  # the report's one reading of the spec
 from fusion_advisor.units import is_num
 
 #: Colour per route (skip grey, torch.compile blue, triton red, cudagraphs green); others purple.
@@ -55,14 +56,12 @@ def ceilings(spec: dict[str, Any], frame: pd.DataFrame, used_peaks: list[float])
     whose kind (tensor / vector / attention, read from the key) and dtype serve a chain of ``frame`` (tensor
     cores: matmul and conv items; attention: attention items; vector units: the rest). Peaks the estimates used
     that the spec does not name are added as "compute". Sorted by TFLOP/s."""
-    from fusion_advisor.report import _flatten  # the report's one flattener of spec mappings
-
     heavy = set(frame.loc[frame["kind"] == "heavy", "dtype"]) if len(frame) else set()
     attention = set(frame.loc[frame["pattern"] == "attention", "dtype"]) if len(frame) else set()
     other = set(frame.loc[frame["kind"] != "heavy", "dtype"]) if len(frame) else set()
     out: list[dict[str, Any]] = []
     seen: set[tuple[str, float]] = set()
-    for key, value in _flatten(spec or {}):
+    for key, value in flatten(spec or {}):
         low = key.lower()
         if "tflop" not in low or not is_num(value) or value <= 0 or "unaligned" in low:
             continue
@@ -126,7 +125,7 @@ def roofline_png(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str,
 
     Args:
         analysis: for the device spec (bandwidth, ceilings) and the peaks the estimates used.
-        frame: the chains frame; groups: :func:`fusion_advisor.report_views.chain_groups` of it.
+        frame: the chains frame; groups: :func:`fusion_advisor.report.views.chain_groups` of it.
         numbered: group ids to number on the chart (the first screen's opportunities, in order).
 
     x = arithmetic intensity (FLOP per fused byte), y = FLOPs / est_after_route_us. Chains with 0 FLOPs are drawn
@@ -135,8 +134,6 @@ def roofline_png(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str,
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
-
-    from fusion_advisor.report import _bandwidth_gbps
 
     notes: list[str] = []
     untimed = int((~(frame["est_after_route_us"].astype(float) > 0)).sum()) if len(frame) else 0
@@ -162,7 +159,7 @@ def roofline_png(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str,
     ax.set_xscale("log")
     ax.set_yscale("log")
 
-    bw, _ = _bandwidth_gbps(analysis)
+    bw, _ = bandwidth_gbps(analysis)
     used = sorted({float(e.peak_tflops) for e in analysis.estimates.values() if is_num(e.peak_tflops)
                    and e.peak_tflops > 0})
     ceils = ceilings(analysis.device_spec or {}, frame, used)

@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from fusion_advisor.report_views import layer_index, layer_pattern
+from fusion_advisor.report.views import layer_index, layer_pattern
 from fusion_advisor.units import fmt_us, is_num
 
 #: Files written by :func:`write_diff`.
@@ -94,8 +94,8 @@ class Diff:
 
 
 def _side(folder: Path) -> Side:
-    from fusion_advisor.report import chains_frame, load_report, read_plan
-    from fusion_advisor.report_views import apply_view, predicted_compile_us
+    from fusion_advisor.report.write import chains_frame, load_report, read_plan
+    from fusion_advisor.report.views import apply_view, predicted_compile_us
 
     analysis = load_report(folder)
     frame = chains_frame(analysis)
@@ -259,8 +259,8 @@ def render_csv(d: Diff) -> str:
 def render_html(d: Diff, generated_at: str | None = None) -> str:
     """diff.html: the two runs' facts and every changed row, self-contained (the report's CSS and script)."""
     import fusion_advisor
-    from fusion_advisor.report import _template
-    from fusion_advisor.report_views import route_class
+    from fusion_advisor.report.write import _template
+    from fusion_advisor.report.views import route_class
 
     return _template("diff.html.j2").render(
         d=d, tool_version=fusion_advisor.__version__,
@@ -273,8 +273,8 @@ def render_html(d: Diff, generated_at: str | None = None) -> str:
 def write_diff(d: Diff, out_dir: Path) -> dict[str, Path]:
     """Write diff.html and diff.csv into ``out_dir`` (created if missing), each atomically, rendered in memory
     first (a rendering error writes nothing). The caller checks ``out_dir`` first
-    (:func:`fusion_advisor.report.check_files`)."""
-    from fusion_advisor.report import atomic_write_bytes
+    (:func:`fusion_advisor.report.write.check_files`)."""
+    from fusion_advisor.files import atomic_write_bytes
 
     contents = {"html": render_html(d).encode("utf-8"), "csv": render_csv(d).encode("utf-8")}
     out_dir = Path(out_dir)

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from fusion_advisor.graph import FUSIBLE, HEAVY, OpGraph
-from fusion_advisor.records import Chain, OpInfo
+from fusion_advisor.analyze.graph import FUSIBLE, HEAVY, OpGraph
+from fusion_advisor.analyze.records import Chain, OpInfo
 
 
 @dataclass
