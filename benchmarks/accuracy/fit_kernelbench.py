@@ -52,8 +52,8 @@ def worker(listing: Path, progress: Path, work: Path, device: str, gpu: str) -> 
     one torch import and CUDA start for all files (a process per file spent ~8 of its ~13 s on them)."""
     import torch
 
-    from fusion_advisor.analyze import analyze
-    from fusion_advisor.report import write_report
+    from fusion_advisor.analyze.pipeline import analyze
+    from fusion_advisor.report.write import write_report
 
     for line in listing.read_text().splitlines():
         f = Path(line)

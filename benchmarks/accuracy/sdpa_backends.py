@@ -1,6 +1,6 @@
 """Which SDPA backend torch picks, how fast each backend runs, and how fast eager ops read permuted views, on a GPU.
 
-For the cost model's attention and layout terms (fusion_advisor/sdpa.py, fusion_advisor/roofline.py):
+For the cost model's attention and layout terms (fusion_advisor/analyze/sdpa.py, fusion_advisor/analyze/roofline.py):
 
 1. Per attention config x dtype x seq x head_dim: the backend ``torch._fused_sdp_choice`` picks, the backend
    ``fusion_advisor.sdpa.rule_backend`` (the CPU-side rule) predicts, the default SDPA call's median time, TFLOP/s

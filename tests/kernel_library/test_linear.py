@@ -127,7 +127,7 @@ def test_apply_meets_a_bf16_linear_neither_as_site_nor_as_near_miss():
 
 
 def _gemm_route(tmp_path, batch: int, width: int, dtype: str):
-    from fusion_advisor.analyze import analyze
+    from fusion_advisor.analyze.pipeline import analyze
 
     f = tmp_path / f"gemm_{batch}_{width}_{dtype}.py"
     f.write_text(
