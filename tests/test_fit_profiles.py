@@ -141,6 +141,23 @@ def test_convolutions_are_classed_by_geometry(x, w, out, want):
     assert op_class_keys(_conv(x, w, out))[0] == want
 
 
+def test_fits_apply_only_to_the_dtypes_they_were_measured_on(reports):
+    root, _, _ = reports
+    result = fit_from_profiles([root / "fit"], [root / "test"])
+    dtypes = result.spec.op_time_fit_dtypes
+    assert dtypes and all(d in ("fp32", "bf16", "fp16") for d in dtypes)
+    spec = dataclasses.replace(load_spec("h200"), op_time_fits={"conv": OpTimeFit(3.0, 1.0, 1.0, 100.0, 7)},
+                               op_time_fit_dtypes=("fp32",))
+    fp32, bf16 = _conv((8, 16, 32, 32), (32, 16, 3, 3), (8, 32, 30, 30)), _conv((8, 16, 32, 32), (32, 16, 3, 3),
+                                                                             (8, 32, 30, 30), "bf16")
+    assert spec.op_time_fit(op_class_keys(fp32), "fp32") is not None
+    assert spec.op_time_fit(op_class_keys(bf16), "bf16") is None  # a curve learnt on fp32 never reprices bf16
+    again = parse_spec(spec_mapping(spec), "round trip")
+    assert again.op_time_fit_dtypes == ("fp32",)
+    with pytest.raises(DeviceSpecError, match="op_time_fit_dtypes"):
+        parse_spec({**spec_mapping(spec), "op_time_fit_dtypes": "fp32"}, "bad.yaml")
+
+
 def test_spec_field_round_trips_and_bad_entries_are_refused():
     base = load_spec("h200")
     spec = dataclasses.replace(base, op_time_fits={"conv": OpTimeFit(2.0, 0.9, 1.0, 100.0, 7)})

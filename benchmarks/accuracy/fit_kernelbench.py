@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the worker imports fusion_advisor from this tree, installed or not
 
 
 def choose(kernelbench: Path, counts: dict[str, int], seed: int) -> list[Path]:

@@ -136,7 +136,7 @@ def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
     t = roofline_op_us(op, spec)
     if not spec.op_time_fits:
         return t
-    fit = spec.op_time_fit(op_class_keys(op))
+    fit = spec.op_time_fit(op_class_keys(op), op.dtype)
     return fit(t) if fit is not None else t
 
 

@@ -150,6 +150,9 @@ class DeviceSpec:
         op_time_fits: optional, eager device time per op class fitted from profiles (:class:`OpTimeFit`), keyed
             ``category``, ``category/detail`` or ``category/detail/dtype`` (:func:`fusion_advisor.analyze.roofline.op_class_keys`;
             ``conv/conv3d/fp32``); the roofline applies the most specific one an op has. Empty: the plain roofline.
+        op_time_fit_dtypes: the op dtypes (``fp32``, ``bf16``) the fits were measured on: an op of another dtype
+            keeps the plain roofline, so a class-level curve learnt from fp32 models never reprices bf16 ones.
+            Empty: the fits apply to every dtype.
         route_efficiency: optional, measured share of the fused roofline (fused bytes at copy bandwidth) a route's
             code reaches, by route (``torch.compile``, ``triton``) and chain pattern (``rmsnorm``; ``default``
             for any other pattern): ``{"torch.compile": {"softmax": 0.43, ...}}``. A route without an entry is
@@ -178,9 +181,13 @@ class DeviceSpec:
     elementwise_overhead_us: float = 0.0
     route_efficiency: dict[str, dict[str, float]] = field(default_factory=dict)
     op_time_fits: dict[str, OpTimeFit] = field(default_factory=dict)
+    op_time_fit_dtypes: tuple[str, ...] = ()
 
-    def op_time_fit(self, keys: tuple[str, ...]) -> OpTimeFit | None:
-        """The fitted curve of the first of ``keys`` (most specific first) :attr:`op_time_fits` has, else None."""
+    def op_time_fit(self, keys: tuple[str, ...], dtype: str = "") -> OpTimeFit | None:
+        """The fitted curve of the first of ``keys`` (most specific first) :attr:`op_time_fits` has, else None;
+        None too for an op of ``dtype`` outside :attr:`op_time_fit_dtypes` (when that is set)."""
+        if dtype and self.op_time_fit_dtypes and dtype not in self.op_time_fit_dtypes:
+            return None
         for key in keys:
             if key in self.op_time_fits:
                 return self.op_time_fits[key]
@@ -274,6 +281,10 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
     rates = _parse_rates(data.get("attention_rates"), origin)
     efficiency = _parse_efficiency(data.get("route_efficiency"), origin)
     fits = _parse_fits(data.get("op_time_fits"), origin)
+    fit_dtypes = data.get("op_time_fit_dtypes") or []
+    if not isinstance(fit_dtypes, list) or not all(isinstance(d, str) for d in fit_dtypes):
+        raise DeviceSpecError(f"{origin}: field 'op_time_fit_dtypes' must be a list of dtype names (fp32, bf16), "
+                              f"got {fit_dtypes!r}")
     sources = {k[: -len("_source")]: str(v) for k, v in data.items() if k.endswith("_source")}
     return DeviceSpec(
         name=str(data["name"]),
@@ -293,6 +304,7 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         elementwise_overhead_us=elementwise,
         route_efficiency=efficiency,
         op_time_fits=fits,
+        op_time_fit_dtypes=tuple(fit_dtypes),
     )
 
 
@@ -342,9 +354,11 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
     sources = data.pop("sources", None) or {}
     for key in ("attention_tflops", "attention_rates", "unaligned_tensor_tflops", "route_efficiency",
-                "op_time_fits", "strided_bandwidth_gbps", "elementwise_overhead_us"):
+                "op_time_fits", "op_time_fit_dtypes", "strided_bandwidth_gbps", "elementwise_overhead_us"):
         if not data.get(key):
             data.pop(key, None)
+    if data.get("op_time_fit_dtypes"):
+        data["op_time_fit_dtypes"] = list(data["op_time_fit_dtypes"])
     fits = {k: dict(v) for k, v in (data.get("op_time_fits") or {}).items()}
     for fit in fits.values():
         if fit.get("max_us") == float("inf"):

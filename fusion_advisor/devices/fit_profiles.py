@@ -212,7 +212,7 @@ def read_report(path: Path) -> ProfiledReport:
 
 def without_fits(spec: DeviceSpec) -> DeviceSpec:
     """``spec`` with no fitted op-class curves: the plain roofline the fit starts from."""
-    return replace(spec, op_time_fits={}) if spec.op_time_fits else spec
+    return replace(spec, op_time_fits={}, op_time_fit_dtypes=()) if spec.op_time_fits else spec
 
 
 # --- fitting -------------------------------------------------------------------------------------------------
@@ -386,7 +386,9 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
     if not samples:
         raise UserError("no op in the fit set has a measured time above zero: nothing to fit")
     classes = fit_op_times(samples, min_samples)
-    fitted = replace(base, op_time_fits={c.key: c.fit for c in classes})
+    # the fits hold for the dtypes they were measured on: an fp32-only fit set leaves bf16 ops on the roofline
+    dtypes = tuple(sorted({s.keys[0].rsplit("/", 1)[-1] for s in samples}))
+    fitted = replace(base, op_time_fits={c.key: c.fit for c in classes}, op_time_fit_dtypes=dtypes)
     chains: list[ChainResidual] = []
     models: list[ModelResidual] = []
     for split, group in (("fit", fit_set), ("test", test_set)):
@@ -410,6 +412,7 @@ def fitted_spec_data(result: FitResult, date: str) -> dict:
     fits = {c.key: {"scale": round(c.fit.scale, 6), "exponent": c.fit.exponent, "min_us": round(c.fit.min_us, 4),
                     "max_us": round(c.fit.max_us, 4), "samples": c.fit.samples} for c in result.classes}
     data["op_time_fits"] = fits
+    data["op_time_fit_dtypes"] = list(result.spec.op_time_fit_dtypes)
     data["op_time_fits_source"] = (
         f"fitted by fusion-advisor calibrate --from-profile on {date} from {result.samples} measured ops of "
         f"{len(result.fit_reports)} analyze --profile report(s): log t = a + b log r per op class (b fitted only "

@@ -107,8 +107,8 @@ def _sites(dtype):
     from fusion_advisor.apply import canonicalize, find_matches
     from fusion_advisor.apply.patterns import PatternLibrary
 
-    model = _MLP().to(dtype)
-    gm = make_fx(model, pre_dispatch=True)(torch.randn(4, 16, dtype=dtype))
+    model = _MLP().to(device=DEVICE, dtype=dtype)
+    gm = make_fx(model, pre_dispatch=True)(torch.randn(4, 16, dtype=dtype, device=DEVICE))
     canonicalize(gm)
     lib = PatternLibrary.for_kernels({k: load_all()[k] for k in ("linear", "linear_nobias")})
     matches, near = find_matches(gm, lib, 0)
