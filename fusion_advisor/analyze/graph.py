@@ -49,7 +49,8 @@ HEAVY = frozenset({"matmul", "conv", "attention", "embedding"})
 
 _BY_NAME: dict[str, set[str]] = {
     # element-wise ops that torch does not tag pointwise (the rest are found by torch.Tag.pointwise)
-    "pointwise": {"floor_divide"},
+    "pointwise": {"floor_divide", "hardswish", "hardswish_backward", "log_sigmoid_forward", "log_sigmoid_backward",
+                  "prelu", "_prelu_kernel", "rrelu_with_noise", "where", "glu", "native_dropout", "dropout"},
     "matmul": {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "matmul", "dot", "mv", "addmv", "_int_mm"},
     "conv": {"convolution", "_convolution", "cudnn_convolution", "convolution_overrideable", "_slow_conv2d_forward",
              "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"},
