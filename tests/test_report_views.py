@@ -9,6 +9,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -88,6 +89,29 @@ def test_first_screen_names_the_command_the_gain_and_the_opportunities(tmp_path)
     left = {e["rule_id"]: e for e in v["left_alone"]}
     assert set(left) == {"rule-skip"} and left["rule-skip"]["chains"] == 2
     assert "c0" in left["rule-skip"]["reason"]
+
+
+def _frame(rows):
+    cols = ["kind", "est_eager_us", "est_compile_us", "est_cudagraphs_us"]
+    return pd.DataFrame([dict(zip(cols, r)) for r in rows])
+
+
+def test_predicted_model_route_needs_a_gain_beyond_the_margin():
+    # a GEMM-bound model: fusing a small tail saves 1% -> the model as written is predicted best
+    gemm = _frame([("heavy", 1000.0, 1000.0, 1000.0), ("fusible", 20.0, 10.0, 9.0)])
+    r = views.predicted_model_routes(gemm)
+    assert r["eager"] == pytest.approx(1020.0) and r["torch.compile"] == pytest.approx(1010.0)
+    assert r["best"] == "eager"
+    # a pointwise-bound model: Inductor's fusion wins
+    pointwise = _frame([("heavy", 100.0, 100.0, 100.0), ("fusible", 300.0, 100.0, 95.0)])
+    assert views.predicted_model_routes(pointwise)["best"] == "torch.compile"
+    # a launch-bound model: many small kernels whose launches dominate -> CUDA graphs
+    small = _frame([("heavy", 12.0, 12.0, 2.0)] * 20 + [("fusible", 24.0, 12.0, 1.0)] * 20)
+    r = views.predicted_model_routes(small)
+    assert r["reduce-overhead"] < r["torch.compile"] * 0.97 and r["best"] == "reduce-overhead"
+    # a CPU spec has no CUDA graphs
+    r = views.predicted_model_routes(small, gpu=False)
+    assert math.isnan(r["reduce-overhead"]) and r["best"] == "torch.compile"
 
 
 def test_command_quotes_paths_and_names_a_non_default_spec(tmp_path):

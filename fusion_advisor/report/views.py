@@ -157,6 +157,35 @@ def predicted_compile_us(frame: pd.DataFrame) -> float:
     return float(predicted_compile_series(frame).sum(skipna=True)) if len(frame) else 0.0
 
 
+#: A faster whole-model route is predicted only when it beats the simpler one by more than this share: the margin
+#: apply's never-slower rule allows, and about the spread of its timings (the simpler route: eager, then
+#: torch.compile, then CUDA graphs).
+ROUTE_MARGIN = 0.03
+
+#: The whole-model routes :func:`predicted_model_routes` prices, simplest first.
+MODEL_ROUTES = ("eager", "torch.compile", "reduce-overhead")
+
+
+def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True) -> dict[str, Any]:
+    """The predicted time (us) of the whole model as written (``eager``: sum of ``est_eager_us``), under
+    ``torch.compile(model)`` (:func:`predicted_compile_us`) and under ``torch.compile(model, mode="reduce-overhead")``
+    (Inductor's code replayed from CUDA graphs: every chain at ``est_cudagraphs_us``, the launch floor gone; GPU
+    specs only), and ``best``: the route predicted fastest, where a route counts as faster than a simpler one only
+    beyond :data:`ROUTE_MARGIN`. Returns ``{"eager": us, "torch.compile": us, "reduce-overhead": us or NaN,
+    "best": name}``."""
+    times = {"eager": _sum(frame, "est_eager_us"), "torch.compile": predicted_compile_us(frame)}
+    graphed = frame["est_cudagraphs_us"] if "est_cudagraphs_us" in frame else None
+    times["reduce-overhead"] = (float(pd.concat([graphed.astype(float), predicted_compile_series(frame)], axis=1)
+                                      .min(axis=1).sum(skipna=True)) if gpu and graphed is not None and len(frame)
+                                else float("nan"))
+    best = "eager"
+    for route in MODEL_ROUTES[1:]:
+        t = times[route]
+        if is_num(t) and t < times[best] * (1.0 - ROUTE_MARGIN):
+            best = route
+    return {**times, "best": best}
+
+
 def _sum(frame: pd.DataFrame, col: str) -> float:
     return float(frame[col].astype(float).sum(skipna=True)) if len(frame) else 0.0
 
@@ -250,7 +279,9 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
     advised = _sum(frame, "est_after_route_us")
     compiled = predicted_compile_us(frame)
     routed = frame[frame["route"].isin([r for r in ROUTES if r != "skip"])]
+    model_routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu")
     out: dict[str, Any] = {
+        "model_routes": model_routes,
         "command": apply_command(analysis, out_dir),
         "pred_eager_us": eager, "pred_advised_us": advised, "pred_compile_us": compiled,
         "pred_vs_eager": eager / advised if advised > 0 else float("nan"),
