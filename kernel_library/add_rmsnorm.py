@@ -242,6 +242,7 @@ def _hf_add_rmsnorm_replacement(
 ENTRY = register_kernel(
     KernelEntry(
         name="add_rmsnorm",
+        example_args=((2, 3, 16), (2, 3, 16), (16,), "scalar"),
         module=__name__,
         replaces="add_rmsnorm",
         op="fusion_advisor::add_rms_norm",

@@ -482,6 +482,7 @@ def _replacement(x, bias):
 ENTRY = register_kernel(
     KernelEntry(
         name="bias_gelu",
+        example_args=((6, 24), (24,)),
         module=__name__,
         replaces="bias_gelu",
         op="fusion_advisor::bias_gelu",

@@ -629,6 +629,7 @@ def _cross_entropy_replacement(logits: torch.Tensor, labels: torch.Tensor) -> to
 
 ENTRY = register_kernel(KernelEntry(
     name="cross_entropy",
+    example_args=((6, 40), ((6,), torch.int64)),
     module=__name__,
     replaces="cross_entropy",
     op="fusion_advisor::cross_entropy",

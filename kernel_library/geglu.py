@@ -134,6 +134,7 @@ def _replacement(gate, up):
 ENTRY = register_kernel(
     KernelEntry(
         name="geglu",
+        example_args=((6, 24), (6, 24)),
         module=__name__,
         replaces="geglu",
         op="fusion_advisor::geglu",

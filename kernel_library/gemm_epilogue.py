@@ -458,6 +458,7 @@ def _replacement(x, w, bias):
 ENTRY = register_kernel(
     KernelEntry(
         name="gemm_epilogue",
+        example_args=((6, 16), (24, 16), (24,)),
         module=__name__,
         replaces="gemm_epilogue",
         op="fusion_advisor::gemm_epilogue",

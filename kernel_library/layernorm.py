@@ -862,6 +862,7 @@ def _hf_add_layer_norm_replacement(
 ENTRY = register_kernel(
     KernelEntry(
         name="layernorm",
+        example_args=((2, 3, 16), (16,), (16,), "scalar"),
         module=__name__,
         replaces="layernorm",
         op="fusion_advisor::layer_norm",
@@ -879,6 +880,7 @@ ENTRY = register_kernel(
 ADD_ENTRY = register_kernel(
     KernelEntry(
         name="add_layernorm",
+        example_args=((2, 3, 16), (2, 3, 16), (16,), (16,), "scalar"),
         module=__name__,
         replaces="add_layernorm",
         op="fusion_advisor::add_layer_norm",

@@ -152,7 +152,9 @@ _COMMON = dict(module=__name__, replaces="matmul", op="fusion_advisor::gemm_epil
 
 ENTRY = register_kernel(KernelEntry(
     name="linear", description="fp32 F.linear(x, w, bias) as 3xTF32 tensor-core products (fp32 accuracy)",
+    example_args=((6, 16), (24, 16), (24,)),
     pattern=_pattern, replacement=_replacement, **_COMMON))
 ENTRY_NOBIAS = register_kernel(KernelEntry(
     name="linear_nobias", description="fp32 F.linear(x, w) without bias as 3xTF32 tensor-core products",
+    example_args=((6, 16), (24, 16)),
     pattern=_pattern_nobias, replacement=_replacement_nobias, **_COMMON))

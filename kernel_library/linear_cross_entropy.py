@@ -391,6 +391,7 @@ def _linear_cross_entropy_replacement(hidden: torch.Tensor, weight: torch.Tensor
 
 ENTRY = register_kernel(KernelEntry(
     name="linear_cross_entropy",
+    example_args=((2, 3, 16), (40, 16), ((6,), torch.int64)),
     module=__name__,
     replaces="linear_cross_entropy",
     op="fusion_advisor::linear_cross_entropy",

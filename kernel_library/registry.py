@@ -48,6 +48,11 @@ class KernelEntry:
         has_backward: whether the op registers an autograd backward.
         pattern: plain-PyTorch function of the subgraph the kernel replaces (used by ``apply``), or ``None``.
         replacement: function with the pattern's signature that calls the kernel, or ``None``.
+        example_args: small example arguments of ``pattern``, one per parameter, that ``apply`` traces it on (only
+            the graph's structure matters; the exact pass retraces at the model's shapes): a tuple of ints is a
+            tensor of that shape in the float dtype being traced (fp32 and bf16), ``(shape, dtype)`` a tensor of
+            that dtype (``((6,), torch.int64)`` for targets), ``"scalar"`` a scalar parameter such as ``eps``
+            (traced with a sentinel, captured from the model at a match).
         extra_check: predicate over the matched tensors' metadata (shapes, dtypes), or ``None``.
         match_dtypes: the float dtypes ``apply`` matches the pattern in at all, or ``None`` for any: a site in
             another dtype is not this kernel's (no near-miss), e.g. an fp32-only GEMM meeting a bf16 ``F.linear``,
@@ -64,6 +69,7 @@ class KernelEntry:
     has_backward: bool = False
     pattern: Callable | None = field(default=None, compare=False)
     replacement: Callable | None = field(default=None, compare=False)
+    example_args: tuple = field(default=(), compare=False)
     extra_check: Callable[..., bool] | None = field(default=None, compare=False)
     match_dtypes: tuple[torch.dtype, ...] | None = None
 

@@ -709,6 +709,7 @@ def _hf_llama_rmsnorm_replacement(hidden_states: torch.Tensor, weight: torch.Ten
 ENTRY = register_kernel(
     KernelEntry(
         name="rmsnorm",
+        example_args=((2, 3, 16), (16,), "scalar"),
         module=__name__,
         replaces="rmsnorm",
         op="fusion_advisor::rms_norm",

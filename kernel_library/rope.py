@@ -354,6 +354,7 @@ def _replacement(q, k, cos, sin):
 ENTRY = register_kernel(
     KernelEntry(
         name="rope",
+        example_args=((2, 2, 8, 8), (2, 2, 8, 8), (2, 8, 8), (2, 8, 8)),
         module=__name__,
         replaces="rope",
         op="fusion_advisor::rope",

@@ -607,6 +607,7 @@ def _masked_softmax_replacement(x: torch.Tensor, mask: torch.Tensor, scale: floa
 
 ENTRY = register_kernel(KernelEntry(
     name="softmax",
+    example_args=((2, 2, 8, 8),),
     module=__name__,
     replaces="softmax",
     op="fusion_advisor::softmax",
@@ -619,6 +620,7 @@ ENTRY = register_kernel(KernelEntry(
 
 MASKED_ENTRY = register_kernel(KernelEntry(
     name="masked_softmax",
+    example_args=((2, 2, 8, 8), (2, 1, 8, 8), "scalar"),
     module=__name__,
     replaces="masked_softmax",
     op="fusion_advisor::softmax",

@@ -338,6 +338,7 @@ def _replacement(gate, up):
 ENTRY = register_kernel(
     KernelEntry(
         name="swiglu",
+        example_args=((6, 24), (6, 24)),
         module=__name__,
         replaces="swiglu",
         op="fusion_advisor::swiglu",

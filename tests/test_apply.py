@@ -431,7 +431,8 @@ def _wrong_when_traced_replacement(hidden_states, weight, eps):
 def _entry(name, replaces, replacement):
     base = load_all()[replaces]
     return KernelEntry(name=name, module=__name__, replaces=replaces, op="", description="test-only faulty kernel",
-                       dtypes=base.dtypes, has_backward=False, pattern=base.pattern, replacement=replacement)
+                       dtypes=base.dtypes, has_backward=False, pattern=base.pattern, replacement=replacement,
+                       example_args=base.example_args)
 
 
 @pytest.fixture

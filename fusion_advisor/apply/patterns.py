@@ -1,7 +1,7 @@
 """Kernel patterns traced once to canonical pre-dispatch graphs: what :mod:`~fusion_advisor.apply.match` looks for.
 
 Each :class:`~kernel_library.registry.KernelEntry` carries ``pattern`` (plain torch code of the subgraph it
-replaces). :class:`PatternLibrary` traces it on small example arguments (:data:`PATTERN_EXAMPLES`; fp32 and bf16
+replaces) and its ``example_args``. :class:`PatternLibrary` traces it on those small example arguments (fp32 and bf16
 variants, scalar parameters as sentinel constants) for the loose pass, and again on a site's own shapes, dtypes
 and captured constants for the exact pass (cached per shape).
 """
@@ -42,35 +42,29 @@ SCALAR = _Scalar()
 #: Sentinel values for scalar parameters in the loose pass: unusual enough never to be a model's own constant.
 _SENTINELS = (1.234567e-05, 2.345678e-05, 3.456789e-05, 4.567891e-05)
 
-_N, _D, _I, _V, _H, _S, _HD = 6, 16, 24, 40, 2, 8, 8  # rows, hidden, intermediate, vocab, heads, seq, head dim
-
-#: Example arguments of each chain pattern's ``KernelEntry.pattern`` (small; only the graph structure matters,
-#: the exact pass retraces at the model's shapes), keyed by the kernel's name where two kernels replace one chain
-#: pattern with different signatures (``linear``, ``linear_nobias``), else by the pattern. A kernel found under
-#: neither key is reported as "cannot trace its pattern", never silently skipped.
-PATTERN_EXAMPLES: dict[str, tuple[Any, ...]] = {
-    "rmsnorm": (_T((2, 3, _D)), _T((_D,)), SCALAR),
-    "add_rmsnorm": (_T((2, 3, _D)), _T((2, 3, _D)), _T((_D,)), SCALAR),
-    "layernorm": (_T((2, 3, _D)), _T((_D,)), _T((_D,)), SCALAR),
-    "add_layernorm": (_T((2, 3, _D)), _T((2, 3, _D)), _T((_D,)), _T((_D,)), SCALAR),
-    "swiglu": (_T((_N, _I)), _T((_N, _I))),
-    "geglu": (_T((_N, _I)), _T((_N, _I))),
-    "bias_gelu": (_T((_N, _I)), _T((_I,))),
-    "cross_entropy": (_T((_N, _V)), _T((_N,), torch.int64)),
-    "linear_cross_entropy": (_T((2, 3, _D)), _T((_V, _D)), _T((_N,), torch.int64)),
-    "softmax": (_T((2, _H, _S, _S)),),
-    "masked_softmax": (_T((2, _H, _S, _S)), _T((2, 1, _S, _S)), SCALAR),
-    "rope": (_T((2, _H, _S, _HD)), _T((2, _H, _S, _HD)), _T((2, _S, _HD)), _T((2, _S, _HD))),
-    "gemm_epilogue": (_T((_N, _D)), _T((_I, _D)), _T((_I,))),
-    "linear": (_T((_N, _D)), _T((_I, _D)), _T((_I,))),
-    "linear_nobias": (_T((_N, _D)), _T((_I, _D))),
-}
-
-
 def pattern_examples(entry: Any) -> tuple[Any, ...] | None:
-    """The example arguments of ``entry.pattern``: :data:`PATTERN_EXAMPLES` under the kernel's name, else under
-    the chain pattern it replaces; ``None`` when neither is there."""
-    return PATTERN_EXAMPLES.get(entry.name, PATTERN_EXAMPLES.get(entry.replaces))
+    """The example arguments of ``entry.pattern`` (``KernelEntry.example_args``: a shape tuple for a tensor of the
+    traced float dtype, ``(shape, dtype)`` for a typed tensor, ``"scalar"`` for a scalar parameter) as
+    :class:`_T` / :data:`SCALAR`; ``None`` when the kernel declares none.
+
+    Raises:
+        ValueError: an example argument of another form (the message names the kernel and the argument).
+    """
+    args = getattr(entry, "example_args", ())
+    if not args:
+        return None
+    out: list[Any] = []
+    for i, a in enumerate(args):
+        if a == "scalar":
+            out.append(SCALAR)
+        elif isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], tuple) and isinstance(a[1], torch.dtype):
+            out.append(_T(tuple(a[0]), a[1]))
+        elif isinstance(a, tuple) and all(isinstance(d, int) for d in a):
+            out.append(_T(tuple(a)))
+        else:
+            raise ValueError(f"kernel {entry.name!r}: example_args[{i}] = {a!r} is not a shape, (shape, dtype) or "
+                             "'scalar'")
+    return tuple(out)
 
 
 # --- patterns -----------------------------------------------------------------------------------------------
@@ -153,9 +147,14 @@ class PatternLibrary:
             if entry.pattern is None or entry.replacement is None:
                 self.problems[name] = "the kernel registers no pattern/replacement, so apply cannot swap it in"
                 continue
-            if pattern_examples(entry) is None:
-                self.problems[name] = (f"no example arguments for pattern '{entry.replaces}' in "
-                                       f"fusion_advisor.apply.patterns.PATTERN_EXAMPLES: its pattern cannot be traced")
+            try:
+                examples = pattern_examples(entry)
+            except ValueError as e:
+                self.problems[name] = f"{e}: its pattern cannot be traced"
+                continue
+            if examples is None:
+                self.problems[name] = ("the kernel declares no example_args (KernelEntry.example_args): its pattern "
+                                       "cannot be traced")
                 continue
             variants: list[Pattern] = []
             seen: set[str] = set()
