@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import platform
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
+from fusion_advisor.stages import Stage, no_progress, stage_timer
 from fusion_advisor.analyze.capture import Capture, capture
 from fusion_advisor.analyze.chains import build_chains
 from fusion_advisor.devices import DeviceSpec, load_spec
@@ -80,12 +80,7 @@ def versions() -> dict[str, str]:
     return out
 
 
-Stage = Callable[[str], contextlib.AbstractContextManager]
-
-
-@contextlib.contextmanager
-def _no_progress(_: str) -> Iterator[None]:
-    yield
+_no_progress = no_progress
 
 
 def analyze(
@@ -120,13 +115,7 @@ def analyze(
         UserError: subclasses name the file, line, rule or op at fault (see :mod:`fusion_advisor.errors`).
     """
     timings: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def timed(name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        with stage(name):
-            yield
-        timings[name] = time.perf_counter() - start
+    timed = stage_timer(stage, timings)
 
     # Cheap checks first, so a bad option fails before a long capture.
     auto_device = device is None

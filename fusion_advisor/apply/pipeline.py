@@ -17,16 +17,16 @@ only matches, near-misses and regions are found and reported.
 from __future__ import annotations
 
 import contextlib
-import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
 from torch.fx import Node
 
+from fusion_advisor.stages import Stage, no_progress, stage_timer
 from fusion_advisor.apply.backend import RewriteBackend
 from fusion_advisor.apply.canonical import tensors_of
 from fusion_advisor.apply.match import Match
@@ -44,12 +44,7 @@ from fusion_advisor.analyze.capture import first_line, quiet_torch_logs, source_
 from fusion_advisor.analyze.graph import module_path_of
 from fusion_advisor.analyze.records import SourceLoc
 
-Stage = Callable[[str], contextlib.AbstractContextManager]
-
-
-@contextlib.contextmanager
-def _no_progress(_: str) -> Iterator[None]:
-    yield
+_no_progress = no_progress
 
 
 def apply(model_path: str | Path | None, options: ApplyOptions | None = None, device: str | None = None,
@@ -119,13 +114,7 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     rules = load_rules(list(options.rules_files))
     backward = bool(options.backward) if options.backward is not None else bool(loaded.model.training)
     timings: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def timed(name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        with stage(name):
-            yield
-        timings[name] = time.perf_counter() - start
+    timed = stage_timer(stage, timings)
 
     with timed("capture"):
         backend = _capture(loaded, kernels, backward)
