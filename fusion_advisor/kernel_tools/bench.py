@@ -44,11 +44,11 @@ from fusion_advisor.kernel_tools.verify import KernelContract, VerifyResult, fre
 DEFAULT_WARMUP_MS = 25.0
 DEFAULT_REP_MS = 100.0
 
-#: Calls used to estimate one call's time on CPU before choosing the iteration counts (as do_bench does).
-CPU_ESTIMATE_CALLS = 5
-
 #: Fewest timed calls on CPU: a median of fewer says little (do_bench allows 1 on GPU, where calls are steadier).
 CPU_MIN_TIMED_CALLS = 3
+
+#: Most timed calls on CPU (a call of a few us would otherwise be timed tens of thousands of times).
+CPU_MAX_TIMED_CALLS = 20000
 
 TIMER_CUDA = "triton.testing.do_bench median (cuda events, L2 flushed before each call)"
 TIMER_CPU = "cpu-wallclock-median"
@@ -65,7 +65,7 @@ class Timing:
 
     Attributes:
         median_ms: median time of one call, in ms.
-        warmup_iters: calls made and not timed (first call, runtime estimate, warm-up loop).
+        warmup_iters: calls made and not timed (first call, warm-up loop).
         benchmark_iters: calls timed; ``median_ms`` is their median. ``None`` when the timer cannot tell.
     """
 
@@ -184,27 +184,29 @@ def device_time_ms(fn: Callable[[], Any], iters: int = 10) -> float:
 
 
 def time_cpu(fn: Callable[[], Any], warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS) -> Timing:
-    """Median wall-clock time of ``fn`` on CPU, iteration counts chosen like do_bench's.
+    """Median wall-clock time of ``fn`` on CPU (ms), do_bench's budgets spent by the clock.
 
-    One first call, :data:`CPU_ESTIMATE_CALLS` calls to estimate the time of one, ``max(1, warmup_ms / estimate)``
-    warm-up calls, then ``max(CPU_MIN_TIMED_CALLS, rep_ms / estimate)`` calls each timed with
-    ``time.perf_counter``.
+    One first call, warm-up calls for ``warmup_ms`` (at least one), then timed calls (``time.perf_counter``) until
+    there are ``rep_ms`` worth of them at their running median (at least :data:`CPU_MIN_TIMED_CALLS`, at most
+    :data:`CPU_MAX_TIMED_CALLS`). The count follows the median of the calls so far rather than an estimate from
+    the first ones: on a busy machine a few early calls descheduled for milliseconds once made the estimate 1000x
+    too long and left three timed calls, whose median was the stall, not the call.
     """
     fn()
-    t0 = time.perf_counter()
-    for _ in range(CPU_ESTIMATE_CALLS):
+    n_warmup = 0
+    deadline = time.perf_counter() + warmup_ms / 1e3
+    while n_warmup < 1 or time.perf_counter() < deadline:
         fn()
-    estimate_ms = max((time.perf_counter() - t0) * 1e3 / CPU_ESTIMATE_CALLS, 1e-6)
-    n_warmup = max(1, int(warmup_ms / estimate_ms))
-    n_rep = max(CPU_MIN_TIMED_CALLS, int(rep_ms / estimate_ms))
-    for _ in range(n_warmup):
-        fn()
-    times = []
-    for _ in range(n_rep):
+        n_warmup += 1
+    times: list[float] = []
+    wanted = CPU_MIN_TIMED_CALLS
+    while len(times) < min(wanted, CPU_MAX_TIMED_CALLS):
         start = time.perf_counter()
         fn()
         times.append((time.perf_counter() - start) * 1e3)
-    return Timing(statistics.median(times), 1 + CPU_ESTIMATE_CALLS + n_warmup, n_rep)
+        if len(times) == wanted or len(times) % 64 == 0:
+            wanted = max(CPU_MIN_TIMED_CALLS, int(rep_ms / max(statistics.median(times), 1e-6)))
+    return Timing(statistics.median(times), 1 + n_warmup, len(times))
 
 
 @dataclass
