@@ -100,6 +100,19 @@ def hard_inputs() -> list:
             ("cancelling sums", [cancel_x.requires_grad_(True), cancel_w.requires_grad_(True), b])]
 
 
+def _without_bias(args: list) -> list:
+    return [args[0], args[1], None]
+
+
+def contract_for(name: str) -> dict | None:
+    """``fusion-advisor verify``'s contract of the registry entry ``name`` where it is not this module's main one:
+    ``linear_nobias`` runs every input set (``get_inputs``, its sizes, the hard values) with ``bias=None``."""
+    if name != "linear_nobias":
+        return None
+    return {"get_inputs": lambda size=None: _without_bias(get_inputs(size)),
+            "hard_inputs": lambda: [(label, _without_bias(args)) for label, args in hard_inputs()]}
+
+
 #: GPU benchmark shapes: KernelBench level 2's GEMM widths in fp32, one without bias, and one small GEMM (fewer
 #: output tiles than SMs: cuBLAS wins there; the rule keeps such GEMMs on cuBLAS).
 BENCH_SHAPES: list[dict] = [

@@ -221,6 +221,10 @@ def load_contract(spec: str | os.PathLike[str]) -> KernelContract:
     module = _import_module_name(text)
     contract = KernelContract.from_module(module, name=module.__name__.rsplit(".", 1)[-1], origin=text)
     if "." not in text and contract.name != text:  # a registry name living in another kernel's module
+        overrides = module.contract_for(text) if callable(getattr(module, "contract_for", None)) else None
+        if overrides:  # the module says how this entry differs (e.g. linear_nobias: every input without bias)
+            return dataclasses.replace(contract, name=text, **overrides, note=(
+                f"'{text}' is registered in {module.__name__}: checked with that module's contract_for('{text}')"))
         contract = dataclasses.replace(contract, note=(
             f"'{text}' is registered in {module.__name__}, which has one contract: this checks its kernel_fn "
             f"({contract.name}) against its reference_fn, not '{text}' on its own"))

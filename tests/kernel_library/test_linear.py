@@ -155,3 +155,13 @@ def test_rule_routes_large_fp32_gemms_to_the_kernel_and_leaves_the_rest_to_cubla
     assert small.route == "skip" and small.rule_id == "skip-matmul"
     bf16 = _gemm_route(tmp_path, 1024, 8192, "bfloat16")
     assert bf16.route == "skip" and bf16.rule_id == "skip-matmul"
+
+
+def test_verify_checks_linear_nobias_without_a_bias():
+    from fusion_advisor.kernel_tools.verify import load_contract, verify_kernel
+
+    contract = load_contract("linear_nobias")
+    assert contract.name == "linear_nobias" and contract.get_inputs()[2] is None
+    assert all(args[2] is None for _, args in contract.hard_inputs())
+    result = verify_kernel(contract)
+    assert result.correct, result.failure
