@@ -184,6 +184,13 @@ def test_reports_without_a_profile_or_of_two_specs_are_refused(profiled, tmp_pat
         fit_from_profiles([tmp_path / "empty"])
     with pytest.raises(UserError, match="no measured times"):
         fit_from_profiles([tmp_path])  # a folder of report folders: 'plain' is found and refused
+    # beside a profiled report, one analysed without --profile is skipped and named
+    _write(_with_law(profiled), tmp_path / "mixed" / "profiled")
+    _write(dataclasses.replace(profiled, profile=None), tmp_path / "mixed" / "plain")
+    _write(_with_law(profiled), tmp_path / "mixed" / "profiled2")
+    _write(_with_law(profiled), tmp_path / "mixed" / "profiled3")
+    result = fit_from_profiles([tmp_path / "mixed"])
+    assert any("skipped" in n and "plain" in n for n in result.notes)
     other = dict(profiled.device_spec, name="other")
     _write(dataclasses.replace(_with_law(profiled), device_spec=other), tmp_path / "a" / "x")
     _write(_with_law(profiled), tmp_path / "a" / "y")

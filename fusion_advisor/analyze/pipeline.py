@@ -217,7 +217,11 @@ def _on_cpu_instead(model_path: str | Path | None, dtype: str, meta: LoadedModel
 
 
 def _first_words(e: BaseException, limit: int = 160) -> str:
+    """The value read that sent the model to the CPU, in a few words: the error's text without the "fails on its
+    own inputs" framing and the meta-device hint (the model does not fail: meta tensors hold no values)."""
     text = " ".join(str(e).split())
+    text = text.replace("the model fails on its own inputs: ", "")
+    text = text.split(" (on --device meta", 1)[0]
     return text if len(text) <= limit else text[: limit - 3].rsplit(" ", 1)[0] + "..."
 
 

@@ -380,6 +380,27 @@ def split_reports(reports: list[ProfiledReport], test: list[ProfiledReport] | No
     return fit, held, f"every third report in name order held out: {len(held)} of {len(ordered)}"
 
 
+def _read_profiled(paths: list[Path], skipped: list[str]) -> list[ProfiledReport]:
+    """The profiled reports among ``paths``; a report analysed without ``--profile`` is named in ``skipped``
+    while another one is profiled.
+
+    Raises:
+        UserError: none of ``paths`` holds a profiled report (the first one's reason).
+    """
+    out, first_error = [], None
+    for p in paths:
+        try:
+            out.append(read_report(p))
+        except UserError as e:
+            if "no measured times" not in str(e):
+                raise
+            first_error = first_error or e
+            skipped.append(str(p))
+    if not out and first_error is not None:
+        raise first_error
+    return out
+
+
 def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | None = None,
                       base: DeviceSpec | None = None, min_samples: int = MIN_SAMPLES) -> FitResult:
     """Fit op-class curves on the reports under ``fit_paths`` and judge them there and on ``test_paths``.
@@ -394,8 +415,9 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
         UserError: no report, a report without a profile, reports of different specs (without ``base``), or
             no op measured at all.
     """
-    reports = [read_report(p) for p in report_folders(fit_paths)]
-    tests = [read_report(p) for p in report_folders(test_paths)] if test_paths else None
+    skipped: list[str] = []
+    reports = _read_profiled(report_folders(fit_paths), skipped)
+    tests = _read_profiled(report_folders(test_paths), skipped) if test_paths else None
     every = reports + (tests or [])
     names = sorted({r.spec.name for r in every})
     if base is None:
@@ -409,6 +431,9 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
     if not samples:
         raise UserError("no op in the fit set has a measured time above zero: nothing to fit")
     classes = fit_op_times(samples, min_samples)
+    if not classes:
+        raise UserError(f"no op class has {min_samples} or more measured ops in the fit set ({len(samples)} op(s) "
+                        f"measured in all): nothing to fit; profile more or larger models")
     # the fits hold for the dtypes they were measured on: an fp32-only fit set leaves bf16 ops on the roofline
     dtypes = tuple(sorted({s.keys[0].rsplit("/", 1)[-1] for s in samples}))
     fitted = replace(base, op_time_fits={c.key: c.fit for c in classes}, op_time_fit_dtypes=dtypes)
@@ -419,8 +444,9 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
             rows, model = residuals(r, split, base, fitted)
             chains.extend(rows)
             models.append(model)
-    notes = [how, f"{len(samples)} measured op(s) fitted into {len(classes)} class curve(s) "
-                  f"(classes with fewer than {min_samples} ops keep the roofline or a coarser class's curve)"]
+    notes = [how] + ([f"skipped (analysed without --profile): {', '.join(skipped)}"] if skipped else []) + [
+        f"{len(samples)} measured op(s) fitted into {len(classes)} class curve(s) "
+        f"(classes with fewer than {min_samples} ops keep the roofline or a coarser class's curve)"]
     if any(k > 1 for r in every for k in r.graph_calls.values()):
         notes.append("graphs run several times per model call: their ops' measured times divided by the calls")
     return FitResult(spec=fitted, base=base, classes=classes, fit_reports=tuple(r.name for r in fit_set),

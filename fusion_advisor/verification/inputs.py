@@ -222,8 +222,9 @@ ODD_WIDTHS = (3, 37)
 FEW_ROWS = 5
 
 #: Why the shape over 65,535 rows is left out under Triton's interpreter by default.
-INTERPRETER_SKIP = ("not run under Triton's CPU interpreter by default: a row-wise kernel runs one program per row "
-                    "there, ~1.5 ms each, minutes for 65537 rows (run it with --shapes all, or on a GPU)")
+INTERPRETER_SKIP = ("not run under Triton's CPU interpreter by default: the interpreter runs each program instance "
+                    "in Python (~1.5 ms each for a row-wise kernel's one per row), minutes for 65537 rows (run it "
+                    "with --shapes all, or on a GPU)")
 
 
 @dataclass(frozen=True)
