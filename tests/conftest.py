@@ -13,10 +13,13 @@ if not torch.cuda.is_available():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip tests marked ``gpu`` on machines without CUDA."""
+    """Skip tests marked ``gpu`` on machines without CUDA, with the marker's own reason when it gives one
+    (``@pytest.mark.gpu("why")``)."""
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="GPU-only: needs CUDA (torch.compile of a triton_op cannot run under TRITON_INTERPRET)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        marker = item.get_closest_marker("gpu")
+        if marker is not None:
+            why = marker.args[0] if marker.args else ("a CUDA GPU: GPU timings, cuBLAS/cuDNN/SDPA paths, or Triton "
+                                                      "kernels compiled rather than interpreted")
+            item.add_marker(pytest.mark.skip(reason=f"GPU-only: needs {why}"))
