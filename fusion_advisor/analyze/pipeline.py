@@ -80,7 +80,6 @@ def versions() -> dict[str, str]:
     return out
 
 
-_no_progress = no_progress
 
 
 def analyze(
@@ -89,7 +88,7 @@ def analyze(
     dtype: str = "",
     gpu: str | None = None,
     rules_files: list[str | Path] | None = None,
-    stage: Stage = _no_progress,
+    stage: Stage = no_progress,
     on_capture: Callable[[Capture], None] | None = None,
     profile: bool = False,
     trace: str | Path | None = None,
@@ -256,7 +255,7 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
         timed: context-manager factory called with each stage's name (progress and stage times).
         notes: extra warnings for the report (e.g. about the device spec).
     """
-    timed = timed or _no_progress
+    timed = timed or no_progress
     with timed("graph"):
         og = build_op_graph(cap)
     with timed("chains"):

@@ -44,11 +44,10 @@ from fusion_advisor.analyze.capture import first_line, quiet_torch_logs, source_
 from fusion_advisor.analyze.graph import module_path_of
 from fusion_advisor.analyze.records import SourceLoc
 
-_no_progress = no_progress
 
 
 def apply(model_path: str | Path | None, options: ApplyOptions | None = None, device: str | None = None,
-          dtype: str = "", stage: Stage = _no_progress) -> ApplyResult:
+          dtype: str = "", stage: Stage = no_progress) -> ApplyResult:
     """Run ``apply`` on a model file (``None``: the built-in default model); see :func:`apply_module`.
 
     Args:
@@ -97,7 +96,7 @@ def _library_for(options: ApplyOptions) -> dict[str, Any]:
     return {k: every[k] for k in options.kernels}
 
 
-def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage = _no_progress) -> ApplyResult:
+def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage = no_progress) -> ApplyResult:
     """Run the passes of the module docstring on ``loaded`` (a :class:`~fusion_advisor.analyze.load.LoadedModel`).
 
     Raises:
@@ -398,7 +397,7 @@ def _values_for(backend: RewriteBackend, m: Match) -> tuple[list[Any] | None, li
 
 def _verify_and_time(s: SwapSite, m: Match, entry: Any, args: list[Any], outs: list[Any], rg: list[bool],
                      first: tuple[str, Any] | None, options: ApplyOptions, backward: bool,
-                     timing_cache: dict[str, Any], stage: Stage = _no_progress, where: str = "") -> Any:
+                     timing_cache: dict[str, Any], stage: Stage = no_progress, where: str = "") -> Any:
     """Verify one candidate swap (only on its captured inputs when ``first``, an earlier site of the same signature,
     passed the fresh and hard-value cases), time it when verified, and decide; returns its ``SwapOutcome``.
 
@@ -439,7 +438,7 @@ def _verify_and_time(s: SwapSite, m: Match, entry: Any, args: list[Any], outs: l
 
 def _verify_all(sites: list[SwapSite], matches: dict[str, Match], backend: RewriteBackend,
                 kernels: dict[str, Any], options: ApplyOptions, backward: bool,
-                stage: Callable[[str], contextlib.AbstractContextManager] = _no_progress) -> dict[str, Any]:
+                stage: Callable[[str], contextlib.AbstractContextManager] = no_progress) -> dict[str, Any]:
     outcomes: dict[str, Any] = {}
     timing_cache: dict[str, Any] = {}
     by_signature: dict[str, tuple[str, Any]] = {}  # signature -> (first site id, its verification)

@@ -22,7 +22,6 @@ the chosen model is never slower than the best baseline beyond the noise the rou
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import time
 import warnings
@@ -31,6 +30,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from fusion_advisor.stages import Stage, no_progress
 from fusion_advisor.apply.executors import CudagraphSkips, reset_compiled_state
 from fusion_advisor.apply.measure import ModelHarness, summarize_rounds
 from fusion_advisor.apply.records import (
@@ -59,14 +59,6 @@ MAX_REGION_TRIALS = 8
 
 #: max-autotune is tried when GEMMs, convolutions and attention hold at least this share of the predicted time.
 AUTOTUNE_HEAVY_SHARE = 0.3
-
-Progress = Callable[[str], contextlib.AbstractContextManager]
-
-
-@contextlib.contextmanager
-def _no_progress(_: str) -> Iterator[None]:
-    yield
-
 
 @dataclass
 class SearchInputs:
@@ -97,7 +89,7 @@ class SearchInputs:
     time_rounds: int = 3
     use_regions: bool = True
     keep_unmeasured: bool = False
-    progress: Progress = _no_progress
+    progress: Stage = no_progress
     only: tuple[str, ...] | None = None
     swap_notes: dict[str, str] = field(default_factory=dict)
 
