@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import json
 import math
 import time
@@ -72,7 +71,7 @@ from fusion_advisor.kernel_tools.bench import (
     time_cuda,
 )
 from fusion_advisor.errors import ContractError, UserError
-from fusion_advisor.kernel_tools.verify import KernelContract, fresh_inputs, verify_kernel
+from fusion_advisor.kernel_tools.verify import KernelContract, fresh_inputs, takes_argument, verify_kernel
 
 #: Label of every time measured under the Triton interpreter.
 CPU_LABEL = "CPU interpreter, not a GPU measurement"
@@ -186,14 +185,6 @@ def _autotuners(module: ModuleType) -> list[tuple[str, Any]]:
     return [(n, v) for n, v in vars(module).items() if isinstance(v, Autotuner)]
 
 
-def _takes_argument(fn: Callable[..., Any]) -> bool:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
-
-
 def _library_hooks(name: str) -> Any:
     """The :mod:`kernel_library.sweeps` entry for library kernel ``name``, or ``None``."""
     try:
@@ -247,7 +238,7 @@ def load_hooks(contract: KernelContract) -> SweepHooks:
         sizes = get(sizes_attr)
         if not isinstance(sizes, (list, tuple)) or not sizes:
             raise ContractError(f"{where}: {sizes_attr} must be a non-empty list of sizes (ints or shape tuples)")
-        if not _takes_argument(get_inputs):
+        if not takes_argument(get_inputs):
             raise ContractError(f"{where}: {sizes_attr} is given but get_inputs() takes no argument; "
                                 f"define get_inputs(size)")
         sizes = [tuple(s) if isinstance(s, list) else s for s in sizes]

@@ -135,7 +135,7 @@ class KernelContract:
         if not_callable:
             what = ", ".join(f"{n} is a {type(getattr(module, n)).__name__}" for n in not_callable)
             raise ContractError(f"{origin}: {what}, not a function; {CONTRACT_HELP}")
-        sized = _takes_argument(module.get_inputs)
+        sized = takes_argument(module.get_inputs)
         sizes_attr = next((getattr(module, n) for n in ("SIZES", "SHAPES") if getattr(module, n, None) is not None),
                           None)
         explicit = getattr(module, "VERIFY_SIZES", None)
@@ -168,7 +168,7 @@ def _as_size(s: Any) -> Any:
     return tuple(s) if isinstance(s, list) else s
 
 
-def _takes_argument(fn: Callable[..., Any]) -> bool:
+def takes_argument(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` takes a positional argument (``get_inputs(size)``)."""
     try:
         params = inspect.signature(fn).parameters.values()
