@@ -51,47 +51,34 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP32_DOT_PRECISION = "tf32x3"
 
 
-def _configs() -> list[triton.Config]:
-    """Autotune candidates. On a GPU: the H100-class configs of Triton's matmul tutorial for 16-bit operands
-    (128x256 / 256x128 tiles with 8 warps for large bf16 GEMMs, 128x128 and 64x256 with 4 warps, 64x64 for small M
-    such as decode), and for fp32 operands (4 bytes each: BLOCK_K 32 keeps 3-4 pipeline stages inside the 227 KiB
-    of shared memory) 128x256 / 256x128 / 128x128 tiles; :func:`_prune_configs` keeps the set of the operands'
-    dtype. Under TRITON_INTERPRET: one small config, so the CPU interpreter never benchmarks candidates."""
+def _configs() -> tuple[list[triton.Config], list[triton.Config]]:
+    """Autotune candidates, ``(16-bit operands, fp32 operands)``. On a GPU: the H100-class configs of Triton's
+    matmul tutorial for 16-bit operands (128x256 / 256x128 tiles with 8 warps for large bf16 GEMMs, 128x128 and
+    64x256 with 4 warps, 64x64 for small M such as decode), and for fp32 operands (4 bytes each: BLOCK_K 32 keeps
+    3-4 pipeline stages inside the 227 KiB of shared memory) 128x256 / 256x128 / 128x128 tiles;
+    :func:`_prune_configs` keeps the set of the operands' dtype. Under TRITON_INTERPRET: one small config, so the
+    CPU interpreter never benchmarks candidates."""
     if _device.interpreted():
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4,
+                              num_stages=1)], []
 
-    def cfg(bm, bn, bk, warps, stages, fp32=False):
+    def cfg(bm, bn, bk, warps, stages):
         return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=warps,
-                             num_stages=stages), fp32
+                             num_stages=stages)
 
-    configs = [
-        cfg(128, 256, 64, 8, 3),
-        cfg(256, 128, 64, 8, 3),
-        cfg(128, 128, 64, 8, 4),
-        cfg(128, 128, 64, 4, 4),
-        cfg(64, 256, 32, 4, 4),
-        cfg(128, 64, 32, 4, 4),
-        cfg(64, 64, 64, 4, 4),
-        cfg(64, 128, 32, 4, 5),
-        cfg(128, 256, 32, 8, 3, fp32=True),
-        cfg(256, 128, 32, 8, 3, fp32=True),
-        cfg(128, 128, 32, 8, 4, fp32=True),
-        cfg(128, 128, 32, 4, 3, fp32=True),
-        cfg(64, 128, 32, 4, 4, fp32=True),
-        cfg(64, 64, 32, 4, 4, fp32=True),
-    ]
-    _FP32_CONFIGS.update(id(c) for c, fp32 in configs if fp32)
-    return [c for c, _ in configs]
+    sixteen_bit = [cfg(128, 256, 64, 8, 3), cfg(256, 128, 64, 8, 3), cfg(128, 128, 64, 8, 4), cfg(128, 128, 64, 4, 4),
+                   cfg(64, 256, 32, 4, 4), cfg(128, 64, 32, 4, 4), cfg(64, 64, 64, 4, 4), cfg(64, 128, 32, 4, 5)]
+    fp32 = [cfg(128, 256, 32, 8, 3), cfg(256, 128, 32, 8, 3), cfg(128, 128, 32, 8, 4), cfg(128, 128, 32, 4, 3),
+            cfg(64, 128, 32, 4, 4), cfg(64, 64, 32, 4, 4)]
+    return sixteen_bit, fp32
 
 
-#: ``id()`` of the fp32 configs of :func:`_configs` (the autotuner keeps the same Config objects for its life).
-_FP32_CONFIGS: set[int] = set()
+_CONFIGS_16BIT, _CONFIGS_FP32 = _configs()
 
 
 def _prune_configs(configs: list[triton.Config], named_args: dict, **_: object) -> list[triton.Config]:
-    """The configs of the operands' dtype (:func:`_configs`); all of them when none is of that dtype."""
-    fp32 = named_args["x_ptr"].dtype == torch.float32
-    return [c for c in configs if (id(c) in _FP32_CONFIGS) == fp32] or configs
+    """The configs of the operands' dtype (:func:`_configs`); all of them when that set is empty."""
+    return (_CONFIGS_FP32 if named_args["x_ptr"].dtype == torch.float32 else _CONFIGS_16BIT) or configs
 
 
 # --- kernel ---------------------------------------------------------------------------------------------------
@@ -149,7 +136,8 @@ def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 
 # M (the token count: 1 when decoding) is not specialised: loads vectorise along K and stores along N, so its
 # divisibility buys nothing and would compile a variant per token-count class.
-@triton.autotune(configs=_configs(), key=["M", "N", "K"], prune_configs_by={"early_config_prune": _prune_configs})
+@triton.autotune(configs=_CONFIGS_16BIT + _CONFIGS_FP32, key=["M", "N", "K"],
+                 prune_configs_by={"early_config_prune": _prune_configs})
 @triton.jit(do_not_specialize=["M"])
 def _gemm_epilogue_kernel(
     x_ptr,  # x [M, K]

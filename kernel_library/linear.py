@@ -23,8 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from kernel_library import _device
-from kernel_library.gemm_epilogue import flops as _gemm_flops
+from kernel_library.gemm_epilogue import bytes_moved as gemm_bytes_moved
+from kernel_library.gemm_epilogue import flops as gemm_flops
 from kernel_library.gemm_epilogue import gemm_epilogue
+from kernel_library.gemm_epilogue import make_inputs as gemm_make_inputs
 from kernel_library.registry import KernelEntry, register_kernel
 
 # --- public function ------------------------------------------------------------------------------------------
@@ -63,12 +65,9 @@ def reference_fn(x, w, bias=None):
 
 def make_inputs(M: int, N: int, K: int, dtype: torch.dtype = torch.float32, bias: bool = True,
                 requires_grad: bool = True, scale: float = 1.0) -> list:
-    """[x [M, K], w [N, K], bias [N] or None]; w ~ N(0, 1/K) (nn.Linear-like), outputs ~ ``scale``."""
-    device = _device.default_device()
-    x = (scale * torch.randn(M, K, device=device)).to(dtype).requires_grad_(requires_grad)
-    w = (torch.randn(N, K, device=device) / max(K, 1) ** 0.5).to(dtype).requires_grad_(requires_grad)
-    b = (scale * 0.1 * torch.randn(N, device=device)).to(dtype).requires_grad_(requires_grad) if bias else None
-    return [x, w, b]
+    """[x [M, K], w [N, K], bias [N] or None]: :func:`kernel_library.gemm_epilogue.make_inputs` without the
+    activation."""
+    return gemm_make_inputs(M, N, K, dtype, bias, "none", requires_grad, scale)[:3]
 
 
 #: ``get_inputs(size)`` sizes, ``(M, N, K)``: KernelBench level 2's GEMM (1024 x 8192 -> 8192) on a GPU.
@@ -131,14 +130,13 @@ def bench_entry(shape: dict) -> str:
 
 
 def bytes_moved(x, w, bias=None) -> int:
-    """x, w, bias read once, y written once (compute-bound at these sizes: see :func:`flops`)."""
-    b = 0 if bias is None else bias.numel() * bias.element_size()
-    return (x.numel() + w.numel() + x.numel() // x.shape[-1] * w.shape[0]) * x.element_size() + b
+    """x, w, bias read once, y written once (:func:`kernel_library.gemm_epilogue.bytes_moved`)."""
+    return gemm_bytes_moved(x, w, bias)
 
 
 def flops(x, w, bias=None) -> int:
     """2 M N K."""
-    return _gemm_flops(x, w)
+    return gemm_flops(x, w)
 
 
 # --- registration ---------------------------------------------------------------------------------------------
