@@ -173,10 +173,11 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True) -> dict[str, A
     specs only), and ``best``: the route predicted fastest, where a route counts as faster than a simpler one only
     beyond :data:`ROUTE_MARGIN`. Returns ``{"eager": us, "torch.compile": us, "reduce-overhead": us or NaN,
     "best": name}``."""
-    times = {"eager": _sum(frame, "est_eager_us"), "torch.compile": predicted_compile_us(frame)}
+    compiled = predicted_compile_series(frame) if len(frame) else pd.Series(dtype=float)
+    times = {"eager": _sum(frame, "est_eager_us"), "torch.compile": float(compiled.sum(skipna=True))}
     graphed = frame["est_cudagraphs_us"] if "est_cudagraphs_us" in frame else None
-    times["reduce-overhead"] = (float(pd.concat([graphed.astype(float), predicted_compile_series(frame)], axis=1)
-                                      .min(axis=1).sum(skipna=True)) if gpu and graphed is not None and len(frame)
+    times["reduce-overhead"] = (float(pd.concat([graphed.astype(float), compiled], axis=1).min(axis=1)
+                                      .sum(skipna=True)) if gpu and graphed is not None and len(frame)
                                 else float("nan"))
     best = "eager"
     for route in MODEL_ROUTES[1:]:
@@ -275,11 +276,10 @@ def advice(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]], plan: dict[str, Any] | None,
             out_dir: Path | None) -> dict[str, Any]:
     """The first screen (see the module docstring). Times in us; speed-ups as ratios (old / new time)."""
-    eager = _sum(frame, "est_eager_us")
-    advised = _sum(frame, "est_after_route_us")
-    compiled = predicted_compile_us(frame)
-    routed = frame[frame["route"].isin([r for r in ROUTES if r != "skip"])]
     model_routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu")
+    eager, compiled = model_routes["eager"], model_routes["torch.compile"]
+    advised = _sum(frame, "est_after_route_us")
+    routed = frame[frame["route"].isin([r for r in ROUTES if r != "skip"])]
     out: dict[str, Any] = {
         "model_routes": model_routes,
         "command": apply_command(analysis, out_dir),
