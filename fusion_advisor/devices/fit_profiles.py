@@ -203,17 +203,21 @@ def _graph_calls(analysis: Analysis, spec: DeviceSpec) -> dict[int, float]:
     return {g: float(max(1, round(statistics.median(r)))) for g, r in ratios.items()}
 
 
+class UnprofiledReportError(UserError):
+    """A report folder analysed without ``--profile``: nothing measured to fit or to test on."""
+
+
 def read_report(path: Path) -> ProfiledReport:
     """Read one ``analyze --profile`` report folder.
 
     Raises:
-        UserError: no report there, or one analysed without ``--profile``.
+        UserError: no report there; :class:`UnprofiledReportError`: one analysed without ``--profile``.
     """
     from fusion_advisor.report.write import load_report
 
     analysis = load_report(path)
     if analysis.profile is None or not analysis.profile.nodes:
-        raise UserError(f"{path}: the report has no measured times (analyze it with --profile)")
+        raise UnprofiledReportError(f"{path}: the report has no measured times (analyze it with --profile)")
     spec = without_fits(parse_spec(spec_fields(analysis.device_spec), f"{path}/report.json: device_spec"))
     return ProfiledReport(name=path.name, path=path, analysis=analysis, spec=spec,
                           graph_calls=_graph_calls(analysis, spec))
@@ -391,9 +395,7 @@ def _read_profiled(paths: list[Path], skipped: list[str]) -> list[ProfiledReport
     for p in paths:
         try:
             out.append(read_report(p))
-        except UserError as e:
-            if "no measured times" not in str(e):
-                raise
+        except UnprofiledReportError as e:
             first_error = first_error or e
             skipped.append(str(p))
     if not out and first_error is not None:
