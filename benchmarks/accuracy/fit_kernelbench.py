@@ -90,6 +90,7 @@ def profile_all(files: list[Path], work: Path, args: argparse.Namespace, start: 
                                   "--kernelbench", str(args.kernelbench), "--out", str(args.out)], cwd=ROOT)
         seen, last = 0, time.perf_counter()
         while True:
+            exited = child.poll() is not None  # before reading: the lines a finished worker wrote are all there
             lines = [json.loads(x) for x in progress.read_text().splitlines() if x.strip()]
             for rec in lines[seen:]:
                 f = Path(rec["file"])
@@ -101,8 +102,8 @@ def profile_all(files: list[Path], work: Path, args: argparse.Namespace, start: 
                 left.pop(0)
                 last = time.perf_counter()
             seen = len(lines)
-            if child.poll() is not None and seen == len(lines):
-                if left and child.returncode != 0 and not lines[seen:]:
+            if exited:
+                if left and child.returncode != 0:
                     f = left.pop(0)  # the worker died inside this file
                     runs.append({"file": f"{f.parent.name}/{f.name}", "status": f"worker exit {child.returncode}"})
                 break
