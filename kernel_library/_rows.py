@@ -228,9 +228,6 @@ def as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
 def rows_view(t: torch.Tensor) -> torch.Tensor:
     """``t`` [..., n_cols] as [n_rows, n_cols]: a view when the leading dims collapse (contiguous tensors, column
     slices ``x[:, 3:]``, transposed 2-D tensors), else a copy (e.g. a 3-D tensor with permuted leading dims)."""
-    if t.dim() == 2:
-        return t
-    try:
-        return t.view(-1, t.shape[-1])
-    except RuntimeError:
-        return t.reshape(-1, t.shape[-1])
+    # reshape is a view wherever one exists; a try of view() instead would need to catch RuntimeError on real tensors
+    # but ValueError on fake ones (Inductor's trace of a permuted input raised it past such a try)
+    return t if t.dim() == 2 else t.reshape(-1, t.shape[-1])

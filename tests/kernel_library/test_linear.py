@@ -74,6 +74,22 @@ def test_transposed_weight_offset_views_and_3d_input():
     _check(x, w, b)
 
 
+def test_permuted_leading_dims_are_copied_into_rows_also_on_fake_tensors():
+    # nn.MultiheadAttention hands its in-projection a [seq, batch, E] permute of a [batch, seq, E] tensor; Inductor
+    # traces the op on fake tensors, where a failed view() raises ValueError (not RuntimeError): the swap ran
+    # eagerly on an H200 until the rows were taken with reshape
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kernel_library._rows import rows_view
+
+    with FakeTensorMode():
+        x = torch.empty(2, 16, 8).permute(1, 0, 2)  # [16, 2, 8], strides (8, 128, 1)
+        assert rows_view(x).shape == (32, 8)
+    base = torch.randn(2, 16, 40, device=DEVICE)
+    _check(base.permute(1, 0, 2).requires_grad_(), torch.randn(24, 40, device=DEVICE).requires_grad_(),
+           torch.randn(24, device=DEVICE).requires_grad_())
+
+
 def test_hard_values_match_float64():
     for label, (x, w, b) in mod.hard_inputs():
         y = mod.kernel_fn(x, w, b)
