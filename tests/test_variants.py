@@ -288,3 +288,18 @@ def test_gpu_search_tries_cuda_graphs_and_the_plan_rebuilds_the_choice(tmp_path)
     planned = fusion_advisor.load_plan(loaded.module, paths["plan"])
     with torch.no_grad():
         torch.testing.assert_close(planned(*loaded.inputs), loaded.module(*loaded.inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_swapped_rests_try_cuda_graphs_first_when_the_fastest_baseline_replays_them():
+    def outcome(name, rest, ms):
+        return R.VariantOutcome(VariantSpec(name, rest), R.CORRECT, baseline=True, check=R.VariantCheck(passed=True),
+                                timing=R.VariantTiming(ms=ms))
+
+    eager = outcome("eager", R.AS_WRITTEN, 4.3)
+    compiled = outcome("torch.compile", "inductor", 2.9)
+    graphed = outcome("torch.compile reduce-overhead", "inductor+cudagraphs", 2.7)
+    # 29_SwinMLP on the H200: reduce-overhead fastest; the budget ran out before the swaps met CUDA graphs
+    assert search_mod._swap_rests([eager, compiled, graphed])[0] == "inductor+cudagraphs"
+    slow_graphs = outcome("torch.compile reduce-overhead", "inductor+cudagraphs", 3.1)
+    assert search_mod._swap_rests([eager, compiled, slow_graphs]) == ["inductor", "inductor+cudagraphs",
+                                                                     "eager+cudagraphs"]

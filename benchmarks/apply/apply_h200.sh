@@ -4,7 +4,8 @@
 # ../shared/kernelbench) and any extra model files. Everything lands in $OUT (results.json / results.md).
 #   bash benchmarks/apply/apply_h200.sh L2 L3 SEED SLICE TESTS DEADLINE_S [extra model files...]
 # e.g. bash benchmarks/apply/apply_h200.sh 8 6 0 0:7 1 300  (the seed-0 subset of 8 + 6 files, its first 7, with the
-# tests, no new file started after 300 s)
+# tests, no new file started after 300 s); APPLY_TIMEOUT=S (default 400) stops one file's apply after S s;
+# BUDGET_S=S is apply's --budget-s (default 45; the CLI's own default is 120)
 set -u
 L2=${1:-4} L3=${2:-2} SEED=${3:-0} SLICE=${4:-} TESTS=${5:-1} DEADLINE=${6:-400}
 shift 6 2>/dev/null || shift $#
@@ -17,6 +18,6 @@ if [ "$TESTS" = 1 ]; then
   echo "gpu tests: exit $?"; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -12
 fi
 python benchmarks/apply/apply_models.py --kernelbench .kb --level2 "$L2" --level3 "$L3" --seed "$SEED" \
-  --slice "$SLICE" --deadline-s "$DEADLINE" --files "$@" --out "$OUT/models" > "$OUT/models.log" 2>&1
+  --slice "$SLICE" --deadline-s "$DEADLINE" --apply-timeout "${APPLY_TIMEOUT:-400}" --budget-s "${BUDGET_S:-45}" --files "$@" --out "$OUT/models" > "$OUT/models.log" 2>&1
 tail -40 "$OUT/models.log"
 tar czf "$OUT/models.tgz" -C "$OUT" models

@@ -232,7 +232,7 @@ def candidates(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[Va
     surviving = yield from _swap_set(inp, outcomes)
     if surviving:
         kernels = ", ".join(sorted({s.key.kernel for s in surviving}))
-        rests = ["inductor", "inductor+cudagraphs", "eager+cudagraphs"] if cuda else []
+        rests = _swap_rests(outcomes) if cuda else []
         for rest in rests:
             spec = VariantSpec(f"swaps+{rest}", rest, swaps=tuple(surviving),
                                why=f"the library kernels that won alone ({kernels}); the rest of each graph: {rest}")
@@ -268,6 +268,16 @@ def candidates(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[Va
                                f"and fuses epilogues into them (max-autotune)")
             if fresh(spec):
                 yield spec
+
+
+def _swap_rests(outcomes: list[VariantOutcome]) -> list[str]:
+    """The executors for the rest of a swapped model, in the order tried: Inductor's with CUDA graphs first when the
+    fastest baseline so far replays CUDA graphs (a launch-bound model keeps wanting them with the swaps in, and a
+    budget that runs out should run out on the less likely rest), else Inductor's plain code first."""
+    best = _best(outcomes, lambda o: o.baseline)
+    if best is not None and best.spec.cudagraphs:
+        return ["inductor+cudagraphs", "inductor", "eager+cudagraphs"]
+    return ["inductor", "inductor+cudagraphs", "eager+cudagraphs"]
 
 
 def _swap_set(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[VariantSpec]:
