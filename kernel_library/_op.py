@@ -38,6 +38,11 @@ _state = threading.local()
 #: ``triton_op`` would (benchmarks/host/host_overhead.py times both).
 DIRECT_EAGER = True
 
+_is_compiling = torch.compiler.is_compiling
+_is_tracing = torch._C._is_tracing
+_functorch_active = torch._C._are_functorch_transforms_active
+_Tensor = torch.Tensor
+
 #: Tensor types a direct call accepts; subclasses (FakeTensor, FunctionalTensor, DTensor...) go through the op.
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
@@ -55,14 +60,14 @@ def direct_call_ok(args: Iterable[Any]) -> bool:
     """True when an op call with ``args`` can skip the dispatcher: :data:`DIRECT_EAGER` set, eager (not traced by
     Dynamo or ``torch.jit.trace``), no ``TorchDispatchMode`` or functorch transform active, and every tensor in
     ``args`` a plain ``torch.Tensor`` or ``nn.Parameter`` not on the ``meta`` device."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or not DIRECT_EAGER:
+    # every eager library call runs this: the checks are bound to module names (_is_compiling...) and ordered
+    # cheapest first
+    if not DIRECT_EAGER or _is_compiling() or _is_tracing() or getattr(_state, "registered_only", False):
         return False
-    if getattr(_state, "registered_only", False):
-        return False
-    if _get_current_dispatch_mode() is not None or torch._C._are_functorch_transforms_active():
+    if _get_current_dispatch_mode() is not None or _functorch_active():
         return False
     for a in args:
-        if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN_TENSOR_TYPES or a.is_meta):
+        if isinstance(a, _Tensor) and (type(a) not in _PLAIN_TENSOR_TYPES or a.is_meta):
             return False
     return True
 

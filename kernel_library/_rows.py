@@ -177,7 +177,10 @@ class RowConfig:
             raise ValueError(f"programs_per_sm must be >= 1 or None; got {self.programs_per_sm}")
 
     @classmethod
+    @functools.lru_cache(maxsize=4096)
     def _build(cls, n_cols: int, max_fused_block: int, table: tuple[tuple[int, int], ...]) -> "RowConfig":
+        # cached per width (the config is frozen): every eager call asks for it, and building it costs host time
+        # comparable to the rest of the launcher's Python
         block = triton.next_power_of_2(max(n_cols, 1))
         if block <= max_fused_block:
             return cls(block_size=block, num_warps=_warps_for(block, table), looped=False)
@@ -209,7 +212,7 @@ def bwd_programs(
     """Programs of a backward grid: ``programs_per_sm`` (default ``BWD_PROGRAMS_PER_SM``) per SM, never more
     than there are blocks of ``rows_per_iter`` rows."""
     per_sm = BWD_PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
-    return max(1, min(triton.cdiv(n_rows, rows_per_iter), _sm_count(device) * per_sm))
+    return max(1, min(-(-n_rows // rows_per_iter), _sm_count(device) * per_sm))  # ceil without triton.cdiv's wrapper
 
 
 def as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:

@@ -27,6 +27,7 @@ dweight is accumulated per program in fp32 partial sums ``[n_programs, n_cols]``
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -447,6 +448,7 @@ class BwdTuning:
     programs_per_sm: int | None = None
     num_warps: int | None = None
 
+    @functools.lru_cache(maxsize=4096)  # both frozen: the tuned config of a width is built once (host time)
     def apply(self, cfg: RowConfig) -> RowConfig:
         """``cfg`` with these overrides, or ``cfg`` unchanged when it is looped (rows wider than a block)."""
         if cfg.looped:

@@ -26,6 +26,7 @@ Semantics (``reference_fn`` implements exactly these):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -266,6 +267,7 @@ class SoftmaxConfig:
     single_block: bool
 
     @classmethod
+    @functools.lru_cache(maxsize=4096)  # frozen: one per width, not rebuilt on every eager call (host time)
     def for_row(cls, n_cols: int, max_single_block: int = MAX_SINGLE_BLOCK) -> "SoftmaxConfig":
         """Single block when ``next_power_of_2(n_cols) <= max_single_block`` (:func:`warps_for` warps), else
         :data:`LOOP_BLOCK` chunks over :data:`LOOP_WARPS` warps (the H200 sweep's choices, see the constants)."""
