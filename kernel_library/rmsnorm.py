@@ -448,18 +448,22 @@ class BwdTuning:
     programs_per_sm: int | None = None
     num_warps: int | None = None
 
-    @functools.lru_cache(maxsize=4096)  # both frozen: the tuned config of a width is built once (host time)
     def apply(self, cfg: RowConfig) -> RowConfig:
         """``cfg`` with these overrides, or ``cfg`` unchanged when it is looped (rows wider than a block)."""
-        if cfg.looped:
-            return cfg
-        return dataclasses.replace(
-            cfg,
-            num_stages=self.num_stages,
-            rows_per_iter=self.rows_per_iter,
-            programs_per_sm=self.programs_per_sm,
-            num_warps=self.num_warps if self.num_warps is not None else cfg.num_warps,
-        )
+        return _tuned(self, cfg)
+
+
+@functools.lru_cache(maxsize=4096)  # both frozen: the tuned config of a width is built once (host time per call)
+def _tuned(tuning: BwdTuning, cfg: RowConfig) -> RowConfig:
+    if cfg.looped:
+        return cfg
+    return dataclasses.replace(
+        cfg,
+        num_stages=tuning.num_stages,
+        rows_per_iter=tuning.rows_per_iter,
+        programs_per_sm=tuning.programs_per_sm,
+        num_warps=tuning.num_warps if tuning.num_warps is not None else cfg.num_warps,
+    )
 
 
 #: The plain RMSNorm backward's tuning: the row loop's :data:`BWD_NUM_STAGES` (H200 sweep, see there).
