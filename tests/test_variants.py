@@ -303,3 +303,23 @@ def test_swapped_rests_try_cuda_graphs_first_when_the_fastest_baseline_replays_t
     slow_graphs = outcome("torch.compile reduce-overhead", "inductor+cudagraphs", 3.1)
     assert search_mod._swap_rests([eager, compiled, slow_graphs]) == ["inductor", "inductor+cudagraphs",
                                                                      "eager+cudagraphs"]
+
+
+def test_channels_last_variant_runs_a_converted_copy_and_returns_contiguous_outputs():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GELU(),
+                                torch.nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(2, 3, 9, 7)
+    with torch.no_grad():
+        want = model(x)
+        for rest in (R.AS_WRITTEN, "inductor"):
+            spec = VariantSpec(f"cl-{rest}", rest, channels_last=True)
+            got = PlannedModel(model, spec)(x)
+            assert got.is_contiguous() and torch.allclose(got, want, atol=1e-5, rtol=1e-5), rest
+    # the user's weights keep their layout; the spec survives plan.yaml's round trip
+    assert all(p.is_contiguous() for p in model.parameters())
+    again = VariantSpec.from_dict(VariantSpec("cl", "inductor", channels_last=True).to_dict())
+    assert again.channels_last and "channels-last" in again.describe()
+    with pytest.raises(ValueError, match="stock variants only"):
+        PlannedModel(model, VariantSpec("cl+regions", "inductor", channels_last=True,
+                                        regions=(("g0:0#0", "eager"),)))

@@ -383,6 +383,9 @@ class VariantSpec:
         inductor_options: Inductor config patches (``("max_autotune", True)``, ``("freezing", True)``).
         cudnn_benchmark: run the model with ``torch.backends.cudnn.benchmark`` on (cuDNN times its convolution
             algorithms on the first call of each shape and keeps the fastest).
+        channels_last: forward only: run a copy of the model whose 4-D / 5-D weights are in channels-last memory
+            format (NHWC / NDHWC), 4-D / 5-D float inputs converted to it on entry and outputs returned contiguous
+            (:mod:`fusion_advisor.apply.variants`): cuDNN's tensor-core convolutions read NHWC without transposes.
         swaps: library kernels swapped in.
         regions: ``(str(RegionKey), executor)`` overrides.
         region_depths: ``(graph index, depth)``: where each graph with overrides is cut into regions.
@@ -393,6 +396,7 @@ class VariantSpec:
     rest: str = AS_WRITTEN
     inductor_options: tuple[tuple[str, Any], ...] = ()
     cudnn_benchmark: bool = False
+    channels_last: bool = False
     swaps: tuple[PlannedSwap, ...] = ()
     regions: tuple[tuple[str, str], ...] = ()
     region_depths: tuple[tuple[int, int], ...] = ()
@@ -426,11 +430,13 @@ class VariantSpec:
             parts.append("regions " + ", ".join(f"{k} -> {e}" for k, e in self.regions))
         if self.cudnn_benchmark:
             parts.append("torch.backends.cudnn.benchmark = True")
+        if self.channels_last:
+            parts.append("weights and inputs in channels-last memory format (a copy of the weights)")
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "rest": self.rest, "inductor_options": dict(self.inductor_options),
-                "cudnn_benchmark": self.cudnn_benchmark,
+                "cudnn_benchmark": self.cudnn_benchmark, "channels_last": self.channels_last,
                 "swaps": [{"key": s.key.to_dict(), "signature": s.signature, "id": s.swap_id} for s in self.swaps],
                 "regions": {k: e for k, e in self.regions},
                 "region_depths": {g: d for g, d in self.region_depths}, "why": self.why,
@@ -452,7 +458,8 @@ class VariantSpec:
                       for s in (d.get("swaps") or []))
         return cls(name=str(d.get("name", "")), rest=rest,
                    inductor_options=tuple(sorted((str(k), v) for k, v in (d.get("inductor_options") or {}).items())),
-                   cudnn_benchmark=bool(d.get("cudnn_benchmark", False)), swaps=swaps, regions=regions,
+                   cudnn_benchmark=bool(d.get("cudnn_benchmark", False)),
+                   channels_last=bool(d.get("channels_last", False)), swaps=swaps, regions=regions,
                    region_depths=tuple(sorted((int(g), int(v)) for g, v in (d.get("region_depths") or {}).items())),
                    why=str(d.get("why", "")))
 

@@ -5,8 +5,9 @@
 2. **Candidates**, in order of what the analysis predicts they buy, while ``--budget-s`` lasts:
    the model's own ops in CUDA graphs (``backend="cudagraphs"``: launch-bound models whose Inductor code is
    slower than cuDNN's); the library swaps that won alone, with an eager rest, an Inductor rest and an Inductor
-   rest in CUDA graphs; the analysis' routing carried out region by region; ``cudnn.benchmark`` for models with
-   convolutions; Inductor's freezing (forward only: weights folded as constants, conv + batch norm folded);
+   rest in CUDA graphs; the analysis' routing carried out region by region; ``cudnn.benchmark`` and channels-last
+   weights and inputs (forward only) for models with convolutions; Inductor's freezing (forward only: weights
+   folded as constants, conv + batch norm folded);
    max-autotune for GEMM- and convolution-heavy models.
 3. **Regions** (``--regions``): from the fastest variant so far, one region at a time switched to the other
    executor (Inductor <-> eager), in order of predicted gain; a change is kept only when the whole model gets
@@ -248,6 +249,16 @@ def candidates(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[Va
                                "the fastest (cudnn.benchmark)")
             if fresh(spec):
                 yield spec
+    if feats["has_conv"] and not h.backward:
+        for base in _top(outcomes, 2):
+            if not base.spec.stock or base.spec.channels_last:
+                continue
+            spec = replace(base.spec, name=f"{base.spec.name} +channels-last", channels_last=True,
+                           why="the model runs convolutions: weights and inputs in channels-last memory format "
+                               "(NHWC), which cuDNN's tensor-core convolutions read without transposing (forward "
+                               "only: a copy of the weights)")
+            if fresh(spec):
+                yield spec
     if not h.backward and any(True for _ in h.model.parameters()):
         base = _best(outcomes, lambda o: _family(o.spec) == "inductor" and not o.spec.swaps)
         if base is not None and "freezing" not in dict(base.spec.inductor_options):
@@ -445,7 +456,7 @@ def compile_cost(spec: VariantSpec) -> float:
 def _search_regions(inp: SearchInputs, outcomes: list[VariantOutcome], refusal: Callable[[VariantSpec], str]
                     ) -> None:
     best = _best(outcomes, lambda o: not o.spec.swaps and not o.spec.cudnn_benchmark
-                 and not o.spec.inductor_options)
+                 and not o.spec.inductor_options and not o.spec.channels_last)
     if best is None:
         return
     base = best

@@ -9,7 +9,10 @@
 - otherwise the model is compiled with :class:`~fusion_advisor.apply.backend.RewriteBackend`, which swaps the
   spec's library kernels in and runs each graph, and each region of it, with its executor.
 
-``cudnn_benchmark`` turns ``torch.backends.cudnn.benchmark`` on around each call (restored after). Compilation
+``cudnn_benchmark`` turns ``torch.backends.cudnn.benchmark`` on around each call (restored after).
+``channels_last`` (stock specs only, forward only) runs :class:`ChannelsLast` around a copy of the model whose 4-D /
+5-D weights are channels-last: the user's parameters are not touched (nor updated by it), as with Inductor's
+freezing. Compilation
 and CUDA-graph capture happen on the first call (dynamo's rules: a new input shape or grad mode recompiles).
 Inside an outer ``torch.compile`` the planned model runs outside the outer graph (a graph break), so the outer
 compile cannot inline the model and silently drop the plan.
@@ -17,6 +20,7 @@ compile cannot inline the model and silently drop the plan.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import Any
 
@@ -25,6 +29,40 @@ from torch import nn
 
 from fusion_advisor.apply.backend import RewriteBackend
 from fusion_advisor.apply.records import AS_WRITTEN, MatchKey, VariantSpec
+
+
+def channels_last(t: Any) -> Any:
+    """A float tensor of 4 / 5 dims in channels-last memory format (NHWC / NDHWC), anything else as it is."""
+    if isinstance(t, torch.Tensor) and t.is_floating_point():
+        if t.dim() == 4:
+            return t.contiguous(memory_format=torch.channels_last)
+        if t.dim() == 5:
+            return t.contiguous(memory_format=torch.channels_last_3d)
+    return t
+
+
+def _contiguous(t: Any) -> Any:
+    return t.contiguous() if isinstance(t, torch.Tensor) and t.dim() >= 4 else t
+
+
+class ChannelsLast(nn.Module):
+    """``module`` (a copy of the user's model, converted in place: every 4-D / 5-D float parameter and buffer in
+    channels-last memory format) called with its 4-D / 5-D float inputs converted to channels-last and its 4-D /
+    5-D outputs returned contiguous, as the model as written returns them. Inside ``torch.compile`` the
+    conversions are part of the graph (Inductor writes the first kernel's input and the last one's output in the
+    layouts asked)."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        with torch.no_grad():
+            for p in list(module.parameters()) + list(module.buffers()):
+                p.data = channels_last(p.data)
+        self.module = module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        args = torch.utils._pytree.tree_map(channels_last, args)
+        kwargs = torch.utils._pytree.tree_map(channels_last, kwargs)
+        return torch.utils._pytree.tree_map(_contiguous, self.module(*args, **kwargs))
 
 
 def stock_compile(model: nn.Module, executor: str, options: dict[str, Any] | None = None) -> Any:
@@ -54,6 +92,9 @@ class PlannedModel(nn.Module):
         model: the user's model (not modified; the wrapper holds it as ``.model``).
         spec: the variant.
         kernels: ``{name: KernelEntry}`` to match for the spec's swaps; default the library's kernels they name.
+
+    Raises:
+        ValueError: ``spec.channels_last`` on a spec with swaps or regions; an executor with no stock form.
     """
 
     def __init__(self, model: nn.Module, spec: VariantSpec, kernels: dict[str, Any] | None = None):
@@ -63,10 +104,14 @@ class PlannedModel(nn.Module):
         self.__dict__["spec"] = spec
         self.__dict__["backend"] = None
         keys = {s.key for s in spec.swaps}
+        if spec.channels_last and not spec.stock:
+            raise ValueError(f"variant {spec.name!r}: channels_last is for stock variants only (swaps and regions "
+                             f"are keyed by the model's own module paths)")
+        target = ChannelsLast(copy.deepcopy(model)) if spec.channels_last else model
         if spec.rest == AS_WRITTEN and spec.stock:
-            fn: Any = model
+            fn: Any = target
         elif spec.stock:
-            fn = stock_compile(model, spec.rest, dict(spec.inductor_options))
+            fn = stock_compile(target, spec.rest, dict(spec.inductor_options))
         else:
             if spec.swaps and kernels is None:
                 from kernel_library.registry import load_all
