@@ -417,6 +417,9 @@ def apply_cmd(
                                  "eager and torch.compile by this fraction."),
     budget_s: float = typer.Option(120.0, "--budget-s", help="Seconds the variant search may spend after the "
                                    "baselines (each variant compiles, is checked and timed)."),
+    time_limit_s: float = typer.Option(240.0, "--time-limit-s", help="Wall seconds from the capture on after which "
+                                       "apply starts no new work (swap checks stop at half of it); the baselines "
+                                       "always run and the plan is written from what was measured. 0: no limit."),
     regions: bool = typer.Option(True, "--regions/--no-regions", help="Also try a different executor per region "
                                  "(one module's ops in a captured graph), kept only when the whole model gets "
                                  "faster."),
@@ -451,7 +454,8 @@ def apply_cmd(
             _check_apply_out(out)  # before the (long) apply run
         options = ApplyOptions(verify=verify_swaps, backward=backward or None, candidates=candidates, margin=margin,
                                keep_unmeasured=keep_unmeasured, seeds=seeds, kernels=tuple(kernel) or None, gpu=gpu,
-                               rules_files=tuple(str(r) for r in rules), budget_s=budget_s, regions=regions,
+                               rules_files=tuple(str(r) for r in rules), budget_s=budget_s,
+                               time_limit_s=time_limit_s, regions=regions,
                                time_rounds=time_rounds, variants=tuple(variants) or None)
         options.check()
         result = apply(model, options, device=device, dtype=dtype, stage=_progress)

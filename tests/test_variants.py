@@ -262,6 +262,51 @@ def test_the_budget_stops_the_candidates_but_not_the_baselines(monkeypatch, tmp_
     assert all(v.status == R.SKIPPED and "--budget-s" in v.reason for v in result.variants[2:])
 
 
+def test_the_time_limit_stops_the_candidates_but_not_the_baselines(monkeypatch):
+    import math
+
+    calls = []
+
+    def fake_evaluate(spec, inp, baseline=False):
+        calls.append(spec.name)
+        return _fake_outcome(spec.name, 5.0, baseline)
+
+    monkeypatch.setattr(search_mod, "evaluate", fake_evaluate)
+    loaded = load_model(REGIONS_MODEL, device="cpu")
+    inp = search_mod.SearchInputs(harness=ModelHarness(loaded, backward=False), kernels={}, regions=[], swaps=[],
+                                  analysis=apply(REGIONS_MODEL, ApplyOptions(), device="cpu").analysis,
+                                  budget_s=math.inf, deadline=0.0, time_limit_s=30)
+    result = search_mod.search(inp)
+    assert calls == ["eager", "torch.compile"]
+    assert result.variants[2:] and all(v.status == R.SKIPPED and "--time-limit-s of 30 s" in v.reason
+                                       for v in result.variants[2:])
+
+
+def test_swap_checks_stop_at_half_the_time_limit(tmp_path):
+    # a limit already spent: every candidate site is reported, none verified; the baselines still give a plan
+    model = tmp_path / "softmaxes.py"
+    model.write_text(textwrap.dedent("""
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return torch.softmax(torch.softmax(x, dim=-1) * 3.0, dim=-1)
+
+        def get_model():
+            return Model()
+
+        def get_inputs():
+            return [torch.randn(4, 16, generator=torch.Generator().manual_seed(0))]
+    """))
+    result = apply(model, ApplyOptions(verify=True, candidates="all", time_limit_s=1e-9, time_rounds=1),
+                   device="cpu")
+    tried = [result.outcomes[s.id] for s in result.sites if s.candidate]
+    assert tried and all(o.decision == R.NOT_TRIED and "--time-limit-s" in o.reason for o in tried)
+    assert result.chosen is not None and result.chosen.baseline
+    with pytest.raises(fusion_advisor.errors.UserError, match="time-limit-s"):
+        ApplyOptions(time_limit_s=-1).check()
+
+
 def test_planned_model_keeps_the_user_model_untouched_and_survives_an_outer_compile():
     loaded = load_model(REGIONS_MODEL, device="cpu")
     before = {k: v.clone() for k, v in loaded.module.state_dict().items()}

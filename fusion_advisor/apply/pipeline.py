@@ -17,6 +17,8 @@ only matches, near-misses and regions are found and reported.
 from __future__ import annotations
 
 import contextlib
+import math
+import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -114,6 +116,8 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     backward = bool(options.backward) if options.backward is not None else bool(loaded.model.training)
     timings: dict[str, float] = {}
     timed = stage_timer(stage, timings)
+    start = time.perf_counter()
+    deadline = start + options.time_limit_s if options.time_limit_s > 0 else math.inf
 
     with timed("capture"):
         backend = _capture(loaded, kernels, backward)
@@ -124,7 +128,8 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
         regions = _regions(backend, analysis, links)
     matches = {m.site.id: m for g in backend.graphs for m in g.matches}
     with timed("swaps"):
-        outcomes = _verify_all(sites, matches, backend, kernels, options, backward, stage)
+        outcomes = _verify_all(sites, matches, backend, kernels, options, backward, stage,
+                               swaps_until=start + options.time_limit_s / 2 if options.time_limit_s > 0 else math.inf)
     result = ApplyResult(
         model_name=loaded.name, model_file=loaded.file, convention=loaded.convention, device=loaded.device,
         dtype=loaded.dtype, options=options, backward=backward, sites=sites, outcomes=outcomes, near_misses=near,
@@ -141,7 +146,7 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
             harness=harness, kernels=kernels, analysis=analysis, regions=regions,
             swaps=[s for s in sites if outcomes[s.id].kept], budget_s=options.budget_s,
             time_rounds=options.time_rounds, use_regions=options.regions, keep_unmeasured=options.keep_unmeasured,
-            progress=stage, only=options.variants))
+            progress=stage, only=options.variants, deadline=deadline, time_limit_s=options.time_limit_s))
     result.variants, result.chosen, result.chosen_reason = found.variants, found.chosen, found.reason
     result.baseline, result.planned = found.baseline, found.planned
     if result.planned is None and result.chosen is not None:  # built lazily: compiles on its first call
@@ -438,7 +443,10 @@ def _verify_and_time(s: SwapSite, m: Match, entry: Any, args: list[Any], outs: l
 
 def _verify_all(sites: list[SwapSite], matches: dict[str, Match], backend: RewriteBackend,
                 kernels: dict[str, Any], options: ApplyOptions, backward: bool,
-                stage: Callable[[str], contextlib.AbstractContextManager] = no_progress) -> dict[str, Any]:
+                stage: Callable[[str], contextlib.AbstractContextManager] = no_progress,
+                swaps_until: float = math.inf) -> dict[str, Any]:
+    """Verify (and on a GPU time) each candidate site, then drop overlaps; sites reached after ``swaps_until``
+    (``time.perf_counter()`` seconds: half of ``--time-limit-s``) are not tried."""
     outcomes: dict[str, Any] = {}
     timing_cache: dict[str, Any] = {}
     by_signature: dict[str, tuple[str, Any]] = {}  # signature -> (first site id, its verification)
@@ -454,6 +462,10 @@ def _verify_all(sites: list[SwapSite], matches: dict[str, Match], backend: Rewri
             continue
         if not options.verify:
             outcomes[s.id] = SwapOutcome(s.id, NOT_VERIFIED, "not verified: dry run (add --verify)")
+            continue
+        if time.perf_counter() > swaps_until:
+            outcomes[s.id] = SwapOutcome(s.id, NOT_TRIED, f"not tried: swap checks stop at half of apply's "
+                                                           f"--time-limit-s of {options.time_limit_s:g} s")
             continue
         n_seen += 1
         m = matches[s.id]

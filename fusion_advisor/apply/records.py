@@ -601,6 +601,10 @@ class ApplyOptions:
         gpu: device spec for the analysis (``h200``, ...); default the present GPU's, else h200.
         rules_files: user rules files, matched before the shipped rules.
         budget_s: seconds the variant search may spend beyond the baselines (compile, capture, check, time).
+        time_limit_s: wall seconds, from the start of the capture, after which apply starts no new work: swap
+            checks stop at half of it (the sites left are not tried), and a candidate variant whose estimated cost
+            would end past it is not tried; the baselines and the final confirmation always run, so a plan is
+            written from what was measured. 0: no limit.
         regions: also try per-region executors (a region = one module's run of ops in a captured graph).
         time_rounds: timing rounds per variant (their spread is the noise a win must exceed).
         variants: only try variants whose name matches one of these ``fnmatch`` patterns (``eager``,
@@ -617,6 +621,7 @@ class ApplyOptions:
     gpu: str | None = None
     rules_files: tuple[str, ...] = ()
     budget_s: float = 120.0
+    time_limit_s: float = 240.0
     regions: bool = True
     time_rounds: int = 3
     variants: tuple[str, ...] | None = None
@@ -633,6 +638,8 @@ class ApplyOptions:
             raise UserError(f"--seeds {self.seeds}: must be 0 or more")
         if not (self.budget_s >= 0) or math.isinf(self.budget_s):
             raise UserError(f"--budget-s {self.budget_s}: must be a number of seconds, 0 or more")
+        if not (self.time_limit_s >= 0) or math.isinf(self.time_limit_s):
+            raise UserError(f"--time-limit-s {self.time_limit_s}: must be a number of seconds, 0 (no limit) or more")
         if self.time_rounds < 1:
             raise UserError(f"--time-rounds {self.time_rounds}: must be 1 or more")
 
@@ -641,7 +648,7 @@ class ApplyOptions:
                 "margin": self.margin, "keep_unmeasured": self.keep_unmeasured, "seeds": self.seeds,
                 "kernels": list(self.kernels) if self.kernels else None, "gpu": self.gpu,
                 "rules_files": [str(r) for r in self.rules_files], "budget_s": self.budget_s,
-                "regions": self.regions, "time_rounds": self.time_rounds,
+                "time_limit_s": self.time_limit_s, "regions": self.regions, "time_rounds": self.time_rounds,
                 "variants": list(self.variants) if self.variants else None}
 
 

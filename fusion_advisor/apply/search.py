@@ -24,6 +24,7 @@ the chosen model is never slower than the best baseline beyond the noise the rou
 from __future__ import annotations
 
 import fnmatch
+import math
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -79,6 +80,9 @@ class SearchInputs:
         progress: ``progress(text)`` context manager shown while a step runs.
         only: ``--variants`` patterns (see :meth:`wanted`).
         swap_notes: filled by the search: why a swap was left out of the swap variants.
+        deadline: ``time.perf_counter()`` seconds after which no candidate is started whose estimated cost would
+            end past it (apply's ``--time-limit-s``; ``time_limit_s`` names it in the reasons); the baselines and
+            the final confirmation still run.
     """
 
     harness: ModelHarness
@@ -93,6 +97,8 @@ class SearchInputs:
     progress: Stage = no_progress
     only: tuple[str, ...] | None = None
     swap_notes: dict[str, str] = field(default_factory=dict)
+    deadline: float = math.inf
+    time_limit_s: float = 0.0
 
     def wanted(self, spec: VariantSpec) -> bool:
         """Whether ``spec`` passes the ``--variants`` filter (``fnmatch`` patterns on its name)."""
@@ -416,12 +422,16 @@ def search(inp: SearchInputs) -> SearchResult:
 
     def refusal(spec: VariantSpec) -> str:
         """Why ``spec`` is not tried now ("" when it is): a budget it would overrun."""
-        left = inp.budget_s - (time.perf_counter() - start)
+        now = time.perf_counter()
+        left = inp.budget_s - (now - start)
         estimate = check_s + compile_cost(spec) * compile_s
+        cost = (f"would take about {estimate:.0f} s ({compile_cost(spec):g}x torch.compile's first call of "
+                f"{compile_s:.1f} s, plus checking and timing)")
         if estimate > left:
-            return (f"not tried: would take about {estimate:.0f} s ({compile_cost(spec):g}x torch.compile's first "
-                    f"call of {compile_s:.1f} s, plus checking and timing), {max(left, 0):.0f} s of the --budget-s "
-                    f"of {inp.budget_s:g} s left")
+            return f"not tried: {cost}, {max(left, 0):.0f} s of the --budget-s of {inp.budget_s:g} s left"
+        if now + estimate > inp.deadline:
+            return (f"not tried: {cost}, {max(inp.deadline - now, 0):.0f} s of apply's --time-limit-s of "
+                    f"{inp.time_limit_s:g} s left")
         return ""
 
     for spec in candidates(inp, outcomes):
