@@ -5,7 +5,8 @@
 #   bash benchmarks/apply/apply_h200.sh L2 L3 SEED SLICE TESTS DEADLINE_S [extra model files...]
 # e.g. bash benchmarks/apply/apply_h200.sh 8 6 0 0:7 1 300  (the seed-0 subset of 8 + 6 files, its first 7, with the
 # tests, no new file started after 300 s); APPLY_TIMEOUT=S (default 400) stops one file's apply after S s;
-# BUDGET_S=S is apply's --budget-s (default 45; the CLI's own default is 120)
+# BUDGET_S=S is apply's --budget-s (default 45; the CLI's own default is 120). apply's --time-limit-s (240 s by
+# default) bounds its own run: keep APPLY_TIMEOUT above it plus the model's load.
 set -u
 L2=${1:-4} L3=${2:-2} SEED=${3:-0} SLICE=${4:-} TESTS=${5:-1} DEADLINE=${6:-400}
 shift 6 2>/dev/null || shift $#
