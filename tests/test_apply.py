@@ -222,11 +222,28 @@ def test_canonicalize_drops_noop_casts_and_moves_casts_after_reshape():
 
     gm = make_fx(f, pre_dispatch=True)(torch.randn(2, 2, 4, dtype=torch.bfloat16))
     counts = canonicalize(gm)
-    assert counts == {"noop_casts": 1, "casts_after_reshape": 1, "redundant_dtype_args": 0}
+    assert counts == {"noop_casts": 1, "casts_after_reshape": 1, "redundant_dtype_args": 0, "negative_dims": 0}
     targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
     assert targets == ["aten.reshape.default", "aten.to.dtype", "aten.sum.default"]
     x = torch.randn(2, 2, 4, dtype=torch.bfloat16)
     assert torch.equal(gm(x), f(x))
+
+
+def test_softmax_over_dim_1_of_a_2d_tensor_is_the_patterns_dim_minus_1():
+    # a new user's KernelBench file: softmax(x, dim=1) on [64, 1024] was a near miss ("'dim' is 1 in the model,
+    # -1 in the pattern") although it is the same axis
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    lib = PatternLibrary.for_kernels({"softmax": load_all()["softmax"]})
+    def softmax_over(dim):
+        return lambda x: torch.softmax(x * 2.0, dim=dim)
+
+    for dim in (1, -1):
+        gm = make_fx(softmax_over(dim), pre_dispatch=True)(torch.randn(4, 32))
+        counts = canonicalize(gm)
+        matches, near = find_matches(gm, lib, 0)
+        assert [m.site.kernel for m in matches] == ["softmax"] and not near, (dim, [n.reason for n in near])
+        assert counts["negative_dims"] == (dim < 0)
 
 
 def test_near_misses_are_recorded_with_reasons(tmp_path):

@@ -24,6 +24,14 @@ _RESHAPE_OPS = frozenset({torch.ops.aten.view.default, torch.ops.aten.reshape.de
                           torch.ops.aten._unsafe_view.default})
 #: Ops with a ``dtype`` argument that changes nothing when it equals the input's dtype.
 _DTYPE_ARG_OPS = frozenset({torch.ops.aten.softmax.int, torch.ops.aten.log_softmax.int})
+#: Ops whose ``dim`` (an int or a list) counts the input's axes: a negative one is written as ``dim % rank``, so that
+#: ``softmax(x, 1)`` of a 2-D ``x`` and the pattern's ``softmax(x, -1)`` are the same graph.
+_DIM_OPS = frozenset({
+    torch.ops.aten.softmax.int, torch.ops.aten.log_softmax.int, torch.ops.aten._softmax.default,
+    torch.ops.aten._log_softmax.default, torch.ops.aten.sum.dim_IntList, torch.ops.aten.mean.dim,
+    torch.ops.aten.amax.default, torch.ops.aten.amin.default, torch.ops.aten.logsumexp.default,
+    torch.ops.aten.var.correction, torch.ops.aten.var_mean.correction, torch.ops.aten.cumsum.default,
+})
 
 
 def node_value(n: Any) -> Any:
@@ -68,12 +76,16 @@ def canonicalize(gm: torch.fx.GraphModule) -> dict[str, int]:
     - ``noop_casts``: ``aten.to`` nodes that return their input itself are removed (uses point at the input);
     - ``casts_after_reshape``: ``view(cast(x, d), s)`` with the cast used only there becomes
       ``cast(reshape(x, s), d)`` — the same values (a cast is elementwise), and the cast moves fewer bytes;
-    - ``redundant_dtype_args``: ``softmax(x, dim, dtype=x.dtype)`` becomes ``softmax(x, dim)`` (also log_softmax).
+    - ``redundant_dtype_args``: ``softmax(x, dim, dtype=x.dtype)`` becomes ``softmax(x, dim)`` (also log_softmax);
+    - ``negative_dims``: a negative ``dim`` of a softmax or a reduction becomes ``dim % x.dim()``.
 
     Ends with ``graph.lint()`` and ``recompile()``.
     """
-    counts = {"noop_casts": 0, "casts_after_reshape": 0, "redundant_dtype_args": 0}
+    counts = {"noop_casts": 0, "casts_after_reshape": 0, "redundant_dtype_args": 0, "negative_dims": 0}
     graph = gm.graph
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in _DIM_OPS and _nonnegative_dims(node):
+            counts["negative_dims"] += 1
     for node in graph.nodes:
         if node.op == "call_function" and node.target in _DTYPE_ARG_OPS:
             norm = normalized_args(node)
@@ -121,6 +133,32 @@ def canonicalize(gm: torch.fx.GraphModule) -> dict[str, int]:
     graph.lint()
     gm.recompile()
     return counts
+
+
+def _nonnegative_dims(node: Node) -> bool:
+    """Rewrite ``node``'s negative ``dim`` (int or list) as ``dim % rank`` of its input; whether it changed."""
+    target = node.target
+    names = [a.name for a in target._schema.arguments]
+    if "dim" not in names or not node.args:
+        return False
+    src = node_value(node.args[0])
+    if not isinstance(src, torch.Tensor) or src.dim() == 0:
+        return False
+    i = names.index("dim")
+    in_args = i < len(node.args)
+    dim = node.args[i] if in_args else node.kwargs.get("dim")
+    rank = src.dim()
+    if isinstance(dim, int) and not isinstance(dim, bool) and dim < 0:
+        new: Any = dim % rank
+    elif isinstance(dim, (list, tuple)) and dim and all(isinstance(d, int) for d in dim) and any(d < 0 for d in dim):
+        new = type(dim)(d % rank for d in dim)
+    else:
+        return False
+    if in_args:
+        node.args = node.args[:i] + (new,) + node.args[i + 1:]
+    else:
+        node.kwargs = {**node.kwargs, "dim": new}
+    return True
 
 
 def _fake_mode_of(val: Any) -> contextlib.AbstractContextManager:
