@@ -426,7 +426,8 @@ def apply_cmd(
     time_rounds: int = typer.Option(3, "--time-rounds", help="Timing rounds per variant (their spread is the noise "
                                     "a win must beat)."),
     variants: List[str] = typer.Option([], "--variants", help="Only try variants whose name matches these patterns "
-                                       "(repeatable; fnmatch: 'eager', 'swaps+*'). Default: every variant."),
+                                       "(repeatable; fnmatch: 'eager', 'swaps+*'); the model as written always runs. "
+                                       "Default: every variant."),
     keep_unmeasured: bool = typer.Option(False, "--keep-unmeasured", help="Allow a verified variant that could not "
                                          "be timed (library kernels under the CPU interpreter) to be chosen."),
     seeds: int = typer.Option(2, help="Fresh random input draws per swap verification."),

@@ -282,8 +282,7 @@ def test_the_time_limit_stops_the_candidates_but_not_the_baselines(monkeypatch):
                                        for v in result.variants[2:])
 
 
-def test_swap_checks_stop_at_half_the_time_limit(tmp_path):
-    # a limit already spent: every candidate site is reported, none verified; the baselines still give a plan
+def _softmaxes_model(tmp_path):
     model = tmp_path / "softmaxes.py"
     model.write_text(textwrap.dedent("""
         import torch
@@ -298,13 +297,26 @@ def test_swap_checks_stop_at_half_the_time_limit(tmp_path):
         def get_inputs():
             return [torch.randn(4, 16, generator=torch.Generator().manual_seed(0))]
     """))
-    result = apply(model, ApplyOptions(verify=True, candidates="all", time_limit_s=1e-9, time_rounds=1),
-                   device="cpu")
+    return model
+
+
+def test_swap_checks_stop_at_half_the_time_limit(tmp_path):
+    # a limit already spent: every candidate site is reported, none verified; the baselines still give a plan
+    result = apply(_softmaxes_model(tmp_path), ApplyOptions(verify=True, candidates="all", time_limit_s=1e-9,
+                                                            time_rounds=1), device="cpu")
     tried = [result.outcomes[s.id] for s in result.sites if s.candidate]
     assert tried and all(o.decision == R.NOT_TRIED and "--time-limit-s" in o.reason for o in tried)
     assert result.chosen is not None and result.chosen.baseline
     with pytest.raises(fusion_advisor.errors.UserError, match="time-limit-s"):
         ApplyOptions(time_limit_s=-1).check()
+
+
+def test_variants_patterns_naming_no_baseline_still_run_the_model_as_written(tmp_path):
+    # a new user's --variants '*freezing*' tried nothing and was told "dry run ... add --verify"
+    result = apply(_softmaxes_model(tmp_path), ApplyOptions(verify=True, variants=("*freezing*",), time_rounds=1),
+                   device="cpu")
+    assert [v.spec.name for v in result.variants][:1] == ["eager"]
+    assert result.chosen is not None and result.chosen.spec.name == "eager"
 
 
 def test_planned_model_keeps_the_user_model_untouched_and_survives_an_outer_compile():
