@@ -380,3 +380,26 @@ def test_channels_last_variant_runs_a_converted_copy_and_returns_contiguous_outp
     with pytest.raises(ValueError, match="stock variants only"):
         PlannedModel(model, VariantSpec("cl+regions", "inductor", channels_last=True,
                                         regions=(("g0:0#0", "eager"),)))
+
+
+def test_a_model_changing_its_input_in_place_is_checked_on_fresh_copies_and_said_so(tmp_path):
+    # a new user's model did x.mul_(2) then softmax: the model as written came out "wrong" against itself
+    model = tmp_path / "mutates.py"
+    model.write_text(textwrap.dedent("""
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                x.mul_(2)
+                return torch.softmax(x, dim=-1)
+
+        def get_model():
+            return Model()
+
+        def get_inputs():
+            return [torch.randn(8, 16, generator=torch.Generator().manual_seed(0))]
+    """))
+    result = apply(model, ApplyOptions(verify=True, variants=("eager", "torch.compile"), time_rounds=1),
+                   device="cpu")
+    assert all(v.correct for v in result.variants), [(v.spec.name, v.reason) for v in result.variants]
+    assert any("in place" in w for w in result.warnings), result.warnings

@@ -147,6 +147,7 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
             swaps=[s for s in sites if outcomes[s.id].kept], budget_s=options.budget_s,
             time_rounds=options.time_rounds, use_regions=options.regions, keep_unmeasured=options.keep_unmeasured,
             progress=stage, only=options.variants, deadline=deadline, time_limit_s=options.time_limit_s))
+    result.warnings += [n for n in harness.notes() if n not in result.warnings]
     result.variants, result.chosen, result.chosen_reason = found.variants, found.chosen, found.reason
     result.baseline, result.planned = found.baseline, found.planned
     if result.planned is None and result.chosen is not None:  # built lazily: compiles on its first call
