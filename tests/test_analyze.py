@@ -120,6 +120,23 @@ def test_default_model(runs):
     assert not any(c.pattern in ("softmax", "masked_softmax") for c in a.chains)
 
 
+def test_a_capture_holding_a_small_share_of_the_forward_says_the_analysis_is_partial():
+    # a new user's 35_LSTM: after "step_unsupported" dynamo ran the rest eagerly; 2 captured ops were advised
+    # "leave this model as it is" with no warning
+    import torch
+
+    from fusion_advisor.analyze.capture import Capture, capture, coverage_note
+    from fusion_advisor.analyze.load import load_model
+    from fusion_advisor.analyze.records import PARTIAL_COVERAGE
+
+    loaded = load_model(Path(__file__).parent / "data" / "models" / "graph_break.py", device="meta")
+    full = capture(loaded)
+    assert full.breaks and not any(w.startswith(PARTIAL_COVERAGE) for w in full.warnings)  # both halves captured
+    no_aten = torch.fx.symbolic_trace(lambda x: x + 1)  # a graph without aten ops: nothing of the forward
+    note = coverage_note(loaded, Capture(graphs=[no_aten], method="dynamo", breaks=full.breaks))
+    assert note.startswith(PARTIAL_COVERAGE) and "graph_break.py:15" in note, note
+
+
 def test_graph_break_is_reported_with_source_line(runs):
     a = runs("graph_break")
     assert len(a.graph_breaks) == 1

@@ -28,7 +28,7 @@ import torch.fx
 
 from fusion_advisor.errors import CaptureError, ModelRunError
 from fusion_advisor.analyze.load import LoadedModel
-from fusion_advisor.analyze.records import GraphBreak, SourceLoc
+from fusion_advisor.analyze.records import PARTIAL_COVERAGE, GraphBreak, SourceLoc
 
 METHODS = ("dynamo", "export", "symbolic_trace")
 
@@ -297,8 +297,47 @@ def capture(loaded: LoadedModel, methods: tuple[str, ...] = METHODS) -> Capture:
                 run_eagerly(loaded)  # a model that fails on its own inputs gets that message, not a capture one
             continue
         result.warnings = [f"capture by {f}" for f in failures] + result.warnings
+        if result.breaks:
+            note = coverage_note(loaded, result)
+            if note:
+                result.warnings.insert(0, note)
         return result
     raise CaptureError(f"{loaded.file}: no method could capture the model:\n  " + "\n  ".join(failures))
+
+
+#: Below this share of the forward's aten calls in the captured graphs, the report says the analysis is partial.
+MIN_COVERAGE = 0.5
+
+
+def coverage_note(loaded: LoadedModel, cap: Capture) -> str:
+    """A warning when the captured graphs hold fewer than :data:`MIN_COVERAGE` of the aten calls one eager forward
+    makes (a graph break after which dynamo ran the rest of the frame eagerly: a new user's 35_LSTM was analysed as
+    its two ``torch.randn`` calls and advised to be left alone); ``""`` otherwise, or when the eager count fails."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            _Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    try:
+        with torch.no_grad(), _Count(), warnings.catch_warnings(), quiet_torch_logs():
+            warnings.simplefilter("ignore")
+            loaded.module(*loaded.inputs)
+    except Exception:  # no count, no claim
+        return ""
+    captured = sum(1 for g in cap.graphs for n in g.graph.nodes
+                   if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload))
+    if _Count.n == 0 or captured >= MIN_COVERAGE * _Count.n:
+        return ""
+    first = cap.breaks[0]
+    where = f" at {Path(first.source.file).name}:{first.source.line}" if first.source.file else ""
+    return (f"{PARTIAL_COVERAGE}: the captured graphs hold {captured} aten ops where one "
+            f"eager forward makes {_Count.n} aten calls; after the graph break{where} ({first.reason}) the rest "
+            f"ran outside any graph, unanalysed, so the advice and predictions below are about the captured part "
+            f"only")
 
 
 @contextlib.contextmanager

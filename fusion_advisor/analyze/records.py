@@ -230,6 +230,10 @@ class Estimate:
 #: Inductor, swap in a library Triton kernel, or replay it from a CUDA graph (launch-bound work).
 ROUTES = ("skip", "torch.compile", "triton", "cudagraphs")
 
+#: How the capture's warning begins when its graphs hold under half of the forward's aten calls
+#: (:func:`fusion_advisor.analyze.capture.coverage_note`); the report's first screen repeats that warning.
+PARTIAL_COVERAGE = "the analysis covers only part of the model"
+
 #: Bound classes of the roofline.
 BOUNDS = ("compute", "memory", "launch")
 

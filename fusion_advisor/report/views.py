@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from fusion_advisor.analyze.records import ROUTES, Analysis
+from fusion_advisor.analyze.records import PARTIAL_COVERAGE, ROUTES, Analysis
 from fusion_advisor.units import fmt_speedup, fmt_us, is_num
 
 #: Chains shown as the first screen's opportunities.
@@ -288,6 +288,7 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
         "pred_vs_compile": compiled / advised if advised > 0 else float("nan"),
         "pred_saved_us": eager - advised, "pred_saved_vs_compile_us": compiled - advised,
         "n_routed": int(len(routed)), "n_chains": int(len(frame)),
+        "partial": next((w for w in analysis.warnings if w.startswith(PARTIAL_COVERAGE)), ""),
         "opportunities": opportunities(groups),
         "advice": advice(groups),
         "left_alone": left_alone(groups),
