@@ -75,6 +75,10 @@ def test_cuda_graph_route_drops_the_launch_floor():
     assert a.decisions[chain.id].route == "cudagraphs"
     assert est.cudagraphs_us < est.compile_us <= est.eager_us  # the fused kernel's launch is gone in a graph
     assert est.route_us("cudagraphs") == est.cudagraphs_us and est.route_us("skip") == est.eager_us
+    # but not its fixed device time: a tiny chain was once 0.1 us in a graph (a 337x "speed-up" over eager)
+    from fusion_advisor.analyze.roofline import GRAPH_KERNEL_FLOOR_US
+
+    assert est.cudagraphs_us >= GRAPH_KERNEL_FLOOR_US
 
 
 def test_a_model_routed_all_skip_is_flagged_when_compile_is_predicted_to_gain(tmp_path):

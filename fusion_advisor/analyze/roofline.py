@@ -187,6 +187,13 @@ def _launches(op: OpInfo) -> bool:
     return not op.outputs or any(o.numel > 0 for o in op.outputs)
 
 
+#: Fixed device time of one kernel replayed from a CUDA graph, us, where the spec measures none
+#: (``elementwise_overhead_us``): what ``calibrate`` measured per eager elementwise kernel on the H200
+#: (benchmarks/results/h200/accuracy/calibrated_spec.yaml: 2.332 us). Without a floor a tiny chain's graph time was
+#: its bytes at copy bandwidth (0.1 us), and the report predicted 337x over eager for one softmax.
+GRAPH_KERNEL_FLOOR_US = 2.3
+
+
 def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate:
     """Roofline :class:`Estimate` of ``chain`` on ``spec``; ``ops`` maps op ids to :class:`OpInfo`. Times in us."""
     tensor = bool(set(chain.categories) & _TENSOR_CORE_CATEGORIES)
@@ -224,7 +231,11 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
         # op's compute roofline, which may pass 1 when it uses units the roofline's peak does not count
         triton_us = max(compute_us / float(heavy_rate), memory_fused_us + overhead, launch)
     busy_us = sum(t if runs else 0.0 for t, runs, _ in busy)
-    cudagraphs_us = at(spec.efficiency("torch.compile", chain.pattern), 0.0) if fusible else busy_us
+    # replayed from a CUDA graph a kernel costs no launch, but still its fixed device time
+    floor = spec.elementwise_overhead_us or GRAPH_KERNEL_FLOOR_US
+    kernels = sum(n for _, runs, n in busy if runs)
+    cudagraphs_us = (at(spec.efficiency("torch.compile", chain.pattern), floor) if fusible
+                     else max(busy_us, kernels * floor))
     ridge = peak_tflops * 1e12 / (spec.memory_bandwidth_gbps * 1e9)
     if idle_us > sum(t for t, _, _ in busy):
         bound = "launch"
