@@ -111,7 +111,8 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     options = options or ApplyOptions()
     options.check()
     kernels = _library_for(options)
-    spec = load_spec(options.gpu or default_spec_name())
+    # apply measures on the device it runs on: on a CPU its times are a CPU's, so the analysis beside them is too
+    spec = load_spec(options.gpu or ("cpu" if loaded.device == "cpu" else default_spec_name()))
     rules = load_rules(list(options.rules_files))
     backward = bool(options.backward) if options.backward is not None else bool(loaded.model.training)
     timings: dict[str, float] = {}
