@@ -17,6 +17,7 @@ import signal
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import triton
@@ -773,6 +774,12 @@ def test_outputs_written_with_every_decision(default_run, tmp_path):
     for c in linked:  # every swap's chain is a link to its row in the same report
         assert f'href="#chain-{c}"' in section and f'id="chain-{c}"' in html
     assert model.read_text() == DEFAULT_MODEL  # the user's file is never touched
+    # variants.csv and swaps.csv are documented in the report's glossary, and their errors are numbers
+    columns = html[html.index('<section id="columns"'):]
+    assert "<code>variants.csv</code>" in columns and "<code>swaps.csv</code>" in columns
+    assert "<code>eager_error_vs_fp64</code>" in columns
+    frame = pd.read_csv(paths["variants_csv"])
+    assert frame["error_vs_fp64"].dtype.kind == "f" and frame["eager_error_vs_fp64"].dtype.kind == "f"
 
 
 def test_apply_keeps_the_folders_analysis_when_it_is_the_same(default_run, tmp_path):

@@ -28,13 +28,15 @@ VARIANT_COLUMNS: dict[str, str] = {
     "status": "chosen / correct (checked and timed) / wrong (failed the float64 check) / failed (raised) / "
               "skipped (budget) / not timed.",
     "ms": "Steady-state time of one step (forward, or forward+backward), ms: median of the timing rounds.",
-    "spread": "(max - min) / median of the rounds: the measurement's noise.",
+    "spread": "(max - min) / median of the rounds, a fraction (0.02 = 2%): the measurement's noise.",
     "vs_eager": "Speed-up over the model as written, same run.",
     "vs_compile": "Speed-up over torch.compile(model), same run.",
     "first_call_s": "First step, s: compilation and CUDA-graph capture included.",
     "peak_mb": "Peak allocated GPU memory over three steps, MiB.",
     "device_ms": "Summed GPU kernel time of one step, ms (torch.profiler).",
-    "error_vs_fp64": "Worst tensor's norm-wise error against the float64 reference (eager's own in brackets).",
+    "error_vs_fp64": "Worst tensor's norm-wise relative error against the float64 reference.",
+    "eager_error_vs_fp64": "The model as written's norm-wise relative error on that tensor (the scale the policy "
+                           "judges error_vs_fp64 against).",
     "how": "What the variant runs (the torch.compile call where it is stock code).",
     "reason": "Why it is a candidate, and what happened.",
     "timer": "How it was timed.",
@@ -49,9 +51,6 @@ def variant_rows(result: ApplyResult) -> list[dict[str, Any]]:
     for v in result.variants:
         t, c = v.timing, v.check
         ms = t.ms if t is not None else None
-        err = ""
-        if c is not None and c.norm_err is not None:
-            err = f"{c.norm_err:.3g}" + (f" ({c.eager_norm_err:.3g})" if c.eager_norm_err is not None else "")
         rows.append({
             "variant": v.spec.name, "status": v.status, "ms": _num(ms),
             "spread": _num(t.spread) if t is not None else "",
@@ -60,7 +59,9 @@ def variant_rows(result: ApplyResult) -> list[dict[str, Any]]:
             "first_call_s": _num(t.first_call_s) if t is not None else "",
             "peak_mb": _num(t.peak_mb) if t is not None else "",
             "device_ms": _num(t.device_ms) if t is not None else "",
-            "error_vs_fp64": err, "how": v.spec.describe(),
+            "error_vs_fp64": _num(c.norm_err) if c is not None and c.norm_err is not None else "",
+            "eager_error_vs_fp64": _num(c.eager_norm_err) if c is not None and c.eager_norm_err is not None else "",
+            "how": v.spec.describe(),
             "reason": "; ".join([x for x in (v.spec.why, v.reason) if x] + v.problems[:3]),
             "timer": t.timer if t is not None else "",
         })
@@ -234,6 +235,7 @@ def plan_document(result: ApplyResult) -> dict[str, Any]:
                          for b in result.graph_breaks],
         "warnings": list(result.warnings),
         "timings_s": dict(result.timings_s),
+        "columns": {"variants.csv": dict(VARIANT_COLUMNS), "swaps.csv": dict(SWAP_COLUMNS)},  # the report's glossary
     }
     return _plain(jsonable(doc))
 

@@ -541,6 +541,7 @@ def render_html(analysis: Analysis, generated_at: str, plan: dict[str, Any] | No
         report_notes=report_notes,
         chain_columns=CHAIN_COLUMNS,
         op_columns=OP_COLUMNS,
+        apply_columns=dict((plan or {}).get("columns") or {}),  # variants.csv, swaps.csv: what apply documents
         how_computed=HOW_COMPUTED,
         file_names={**FILE_NAMES, **APPLY_FILE_NAMES},
         n_graphs=len({op.graph_index for op in analysis.ops} | {c.graph_index for c in analysis.chains}),
