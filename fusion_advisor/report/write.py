@@ -98,13 +98,15 @@ CHAIN_COLUMNS: dict[str, str] = {
     "est_fused_us": "Estimated time as one fused kernel: max(flops / peak, fused_bytes / bandwidth, launch "
     "overhead) (us). An estimate, not a measurement.",
     "est_saving_us": "est_eager_us - est_fused_us as the cost model reports it (0 for heavy and single-kernel "
-    "items) (us).",
+    "items) (us): what one fused kernel at the roofline would save. The totals and 'The advice' count the saving "
+    "of the chosen route instead, est_eager_us - est_after_route_us, so their sums differ from this column's.",
     "est_compile_us": "Estimated time under torch.compile: the fused kernel at the share of the roofline Inductor's "
     "code reaches on this kind of chain (the device spec's measured route_efficiency) (us); est_eager_us when "
     "there is nothing to fuse.",
     "est_triton_us": "The same for the library kernel's measured share (us); meaningful for chains a kernel replaces.",
     "est_cudagraphs_us": "Estimated time replayed from a CUDA graph with Inductor's code: est_compile_us without the "
-    "launch floor (us).",
+    "launch floor, each kernel still at least its fixed device time (the spec's elementwise_overhead_us, else "
+    "2.3 us) (us).",
     "est_after_route_us": "Estimated time after routing (us): the fused kernel at the share of the roofline the "
     "route's code reaches on this kind of chain (the device spec's measured route_efficiency; the roofline "
     "where unmeasured) for 'torch.compile' and 'triton', the same without the launch floor for 'cudagraphs', "
