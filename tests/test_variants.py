@@ -247,7 +247,11 @@ def test_unmeasured_swaps_are_chosen_only_when_asked():
     assert search_mod._choose(inp, list(outcomes)).chosen.spec.name == "swaps+eager"
 
 
-def test_the_budget_stops_the_candidates_but_not_the_baselines(monkeypatch, tmp_path):
+@pytest.mark.parametrize("limits, said", [
+    ({"budget_s": 0}, "--budget-s"),
+    ({"budget_s": float("inf"), "deadline": 0.0, "time_limit_s": 30}, "--time-limit-s of 30 s"),
+])
+def test_the_budget_and_the_time_limit_stop_the_candidates_but_not_the_baselines(monkeypatch, limits, said):
     calls = []
 
     def fake_evaluate(spec, inp, baseline=False):
@@ -257,30 +261,10 @@ def test_the_budget_stops_the_candidates_but_not_the_baselines(monkeypatch, tmp_
     monkeypatch.setattr(search_mod, "evaluate", fake_evaluate)
     loaded = load_model(REGIONS_MODEL, device="cpu")
     inp = search_mod.SearchInputs(harness=ModelHarness(loaded, backward=False), kernels={}, regions=[], swaps=[],
-                                  analysis=apply(REGIONS_MODEL, ApplyOptions(), device="cpu").analysis, budget_s=0)
+                                  analysis=apply(REGIONS_MODEL, ApplyOptions(), device="cpu").analysis, **limits)
     result = search_mod.search(inp)
     assert calls == ["eager", "torch.compile"]
-    assert all(v.status == R.SKIPPED and "--budget-s" in v.reason for v in result.variants[2:])
-
-
-def test_the_time_limit_stops_the_candidates_but_not_the_baselines(monkeypatch):
-    import math
-
-    calls = []
-
-    def fake_evaluate(spec, inp, baseline=False):
-        calls.append(spec.name)
-        return _fake_outcome(spec.name, 5.0, baseline)
-
-    monkeypatch.setattr(search_mod, "evaluate", fake_evaluate)
-    loaded = load_model(REGIONS_MODEL, device="cpu")
-    inp = search_mod.SearchInputs(harness=ModelHarness(loaded, backward=False), kernels={}, regions=[], swaps=[],
-                                  analysis=apply(REGIONS_MODEL, ApplyOptions(), device="cpu").analysis,
-                                  budget_s=math.inf, deadline=0.0, time_limit_s=30)
-    result = search_mod.search(inp)
-    assert calls == ["eager", "torch.compile"]
-    assert result.variants[2:] and all(v.status == R.SKIPPED and "--time-limit-s of 30 s" in v.reason
-                                       for v in result.variants[2:])
+    assert result.variants[2:] and all(v.status == R.SKIPPED and said in v.reason for v in result.variants[2:])
 
 
 def _softmaxes_model(tmp_path):
