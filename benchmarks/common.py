@@ -1,4 +1,5 @@
-"""Helpers the GPU benchmarks share: the copy-bandwidth ceiling, a shape's label, the outputs a backward starts from.
+"""Helpers the GPU benchmarks share: the copy-bandwidth ceiling, a shape's label, the outputs a backward starts from,
+host time per call.
 
 Each entry point (``benchmarks/<purpose>/<name>.py``) puts the repository root on ``sys.path`` and imports these as
 ``benchmarks.common``; the package itself never imports ``benchmarks``.
@@ -6,13 +7,15 @@ Each entry point (``benchmarks/<purpose>/<name>.py``) puts the repository root o
 
 from __future__ import annotations
 
-from typing import Any
+import statistics
+import time
+from typing import Any, Callable
 
 import torch
 
 from fusion_advisor.verification.trees import tensor_leaves
 
-__all__ = ["copy_bandwidth_gbps", "float_outputs", "shape_label", "tensor_leaves"]
+__all__ = ["copy_bandwidth_gbps", "float_outputs", "per_call_us", "shape_label", "tensor_leaves"]
 
 
 def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
@@ -40,3 +43,26 @@ def float_outputs(out: Any) -> list[torch.Tensor]:
 def shape_label(shape: dict) -> str:
     """A ``BENCH_SHAPES`` dict as one label, ``n_rows=8192,n_cols=4096,dtype=bfloat16`` (``torch.`` dropped)."""
     return ",".join(f"{k}={str(v).replace('torch.', '')}" for k, v in shape.items())
+
+
+def per_call_us(fn: Callable[[], Any], calls: int, repeats: int, warmup: int = 20, count_drain: bool = True) -> float:
+    """Host time per call, us: the median over ``repeats`` loops of ``calls`` back-to-back calls of ``fn`` (after
+    ``warmup`` calls). Where CUDA is present the GPU is synchronised before the first loop and after each one; with
+    ``count_drain`` the loop's time includes that final synchronisation (the GPU's backlog drained), without it the
+    loop is timed before it (the host's issue time alone)."""
+    cuda = torch.cuda.is_available()
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    loops = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if count_drain and cuda:
+            torch.cuda.synchronize()
+        loops.append((time.perf_counter() - t0) / calls * 1e6)
+        if cuda:
+            torch.cuda.synchronize()
+    return statistics.median(loops)

@@ -24,9 +24,7 @@ import io
 import json
 import platform
 import pstats
-import statistics
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -35,7 +33,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.common import float_outputs, shape_label, tensor_leaves  # noqa: E402
+from benchmarks.common import float_outputs, per_call_us, shape_label, tensor_leaves  # noqa: E402
 from kernel_library import _op  # noqa: E402
 from kernel_library.registry import entry_shapes, load_all  # noqa: E402
 
@@ -46,22 +44,6 @@ TINY = {"n_rows": 8, "n_tokens": 8, "batch": 1, "seq": 8, "M": 64, "N": 256, "K"
 def tiny_shape(shape: dict) -> dict:
     """``shape`` with its row-count and matmul sizes shrunk to :data:`TINY` (widths kept: they pick the kernel)."""
     return {k: TINY.get(k, v) for k, v in shape.items()}
-
-
-def per_call_us(fn, calls: int, repeats: int) -> float:
-    """Median over ``repeats`` loops of ``calls`` back-to-back calls of the wall time per call, us (synchronised
-    before and after each loop)."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    loops = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        loops.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(loops)
 
 
 def profile_top(fn, calls: int, n: int = 14, sort: str = "tottime") -> str:

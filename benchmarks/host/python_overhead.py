@@ -17,9 +17,7 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -29,6 +27,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.common import per_call_us  # noqa: E402
 import kernel_library._rows as rows  # noqa: E402
 import kernel_library.layernorm as layernorm  # noqa: E402
 import kernel_library.rmsnorm as rmsnorm  # noqa: E402
@@ -44,18 +43,6 @@ def stub_launches() -> None:
     """Every launch of the measured modules does nothing (their ``launcher`` names are rebound)."""
     for module in (softmax, rmsnorm, layernorm, rows):
         module.launcher = lambda kernel: _NoLaunch()
-
-
-def us_per_call(fn, calls: int, repeats: int) -> float:
-    for _ in range(200):
-        fn()
-    loops = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        loops.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(loops)
 
 
 def cases() -> dict:
@@ -86,7 +73,7 @@ def main() -> None:
     rows_us = {}
     for name, (grad, fn) in cases().items():
         with torch.set_grad_enabled(grad):
-            rows_us[name] = us_per_call(fn, args.calls, args.repeats)
+            rows_us[name] = per_call_us(fn, args.calls, args.repeats, warmup=200)
         print(f"{name:32s} {rows_us[name]:8.2f} us", flush=True)
     doc = {"meta": {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
                     "python": platform.python_version(), "machine": platform.processor() or platform.machine(),

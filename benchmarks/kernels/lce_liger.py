@@ -106,7 +106,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.common import copy_bandwidth_gbps, float_outputs, tensor_leaves  # noqa: E402
+from benchmarks.common import copy_bandwidth_gbps, float_outputs, per_call_us, tensor_leaves  # noqa: E402
 from fusion_advisor.verification.policy import judge  # noqa: E402
 from kernel_library import _device  # noqa: E402
 
@@ -260,21 +260,6 @@ def peak_extra_bytes(call: Callable[[], Any]) -> int | None:
     peak = torch.cuda.max_memory_allocated() - base
     del out
     return peak
-
-
-def host_us(call: Callable[[], Any], calls: int, repeats: int, warmup: int) -> float:
-    """Median over ``repeats`` loops of ``calls`` back-to-back unsynchronised calls of the wall time per call, us."""
-    for _ in range(warmup):
-        call()
-    sync()
-    loops = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            call()
-        loops.append((time.perf_counter() - t0) / calls * 1e6)
-        sync()
-    return statistics.median(loops)
 
 
 def fmt(v: Any, spec: str = ".4f") -> str:
@@ -613,7 +598,7 @@ def bench_host(ctx: Ctx, rows: list) -> None:
                 try:
                     fn = provider_fn(op, provider, ctx.liger, ctx.backend)
                     call = timed_call(fn, fresh(args), mode == "fwd+bwd", upstream)
-                    row[f"{provider}_us"] = host_us(call, calls, repeats, warmup)
+                    row[f"{provider}_us"] = per_call_us(call, calls, repeats, warmup, count_drain=False)
                 except Exception as e:  # noqa: BLE001
                     row[f"{provider}_error"] = error_text(e)
             if row.get("ours_us") and row.get("liger_us"):
