@@ -319,23 +319,24 @@ def coverage_note(loaded: LoadedModel, cap: Capture) -> str:
         n = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            _Count.n += 1
+            self.n += 1
             return func(*args, **(kwargs or {}))
 
+    count = _Count()
     try:
-        with torch.no_grad(), _Count(), warnings.catch_warnings(), quiet_torch_logs():
+        with torch.no_grad(), count, warnings.catch_warnings(), quiet_torch_logs():
             warnings.simplefilter("ignore")
             loaded.module(*loaded.inputs)
     except Exception:  # no count, no claim
         return ""
     captured = sum(1 for g in cap.graphs for n in g.graph.nodes
                    if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload))
-    if _Count.n == 0 or captured >= MIN_COVERAGE * _Count.n:
+    if count.n == 0 or captured >= MIN_COVERAGE * count.n:
         return ""
     first = cap.breaks[0]
     where = f" at {Path(first.source.file).name}:{first.source.line}" if first.source.file else ""
     return (f"{PARTIAL_COVERAGE}: the captured graphs hold {captured} aten ops where one "
-            f"eager forward makes {_Count.n} aten calls; after the graph break{where} ({first.reason}) the rest "
+            f"eager forward makes {count.n} aten calls; after the graph break{where} ({first.reason}) the rest "
             f"ran outside any graph, unanalysed, so the advice and predictions below are about the captured part "
             f"only")
 

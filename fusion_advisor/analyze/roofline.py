@@ -223,7 +223,8 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
             return eager_us
         return max(compute_us, memory_fused_us / efficiency + overhead, floor) if any_work else 0.0
 
-    compile_us = at(spec.efficiency("torch.compile", chain.pattern), launch)
+    compile_eff = spec.efficiency("torch.compile", chain.pattern)
+    compile_us = at(compile_eff, launch)
     triton_us = at(spec.efficiency("triton", chain.pattern), launch)
     heavy_rate = None if fusible else (spec.route_efficiency.get("triton") or {}).get(chain.pattern)
     if heavy_rate and any_work:
@@ -234,8 +235,7 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     # replayed from a CUDA graph a kernel costs no launch, but still its fixed device time
     floor = spec.elementwise_overhead_us or GRAPH_KERNEL_FLOOR_US
     kernels = sum(n for _, runs, n in busy if runs)
-    cudagraphs_us = (at(spec.efficiency("torch.compile", chain.pattern), floor) if fusible
-                     else max(busy_us, kernels * floor))
+    cudagraphs_us = at(compile_eff, floor) if fusible else max(busy_us, kernels * floor)
     ridge = peak_tflops * 1e12 / (spec.memory_bandwidth_gbps * 1e9)
     if idle_us > sum(t for t, _, _ in busy):
         bound = "launch"

@@ -86,7 +86,6 @@ def canonicalize(gm: torch.fx.GraphModule) -> dict[str, int]:
     for node in graph.nodes:
         if node.op == "call_function" and node.target in _DIM_OPS and _nonnegative_dims(node):
             counts["negative_dims"] += 1
-    for node in graph.nodes:
         if node.op == "call_function" and node.target in _DTYPE_ARG_OPS:
             norm = normalized_args(node)
             src = node_value(norm.get("self"))

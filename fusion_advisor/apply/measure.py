@@ -141,7 +141,7 @@ class ModelHarness:
         names = self.param_names if names is None else names
         # every call gets its own copy of the inputs: a model that changes an input in place (x.mul_(2)) must not
         # hand the next variant different inputs (a new user's model made the model as written look "wrong")
-        ins = [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in xs]
+        ins = _own_copy(xs)
         torch.manual_seed(CALL_SEED)
         with torch.set_grad_enabled(self.backward):
             out = fn(*ins)
@@ -278,8 +278,7 @@ class ModelHarness:
         as drawn."""
         xs = list(self.loaded.inputs) if xs is None else list(xs)
         if any(r.mutated_inputs for r in self.eager().values()):
-            xs = [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
-                  for x in xs]
+            xs = _own_copy(xs)
         if not self.backward:
             def fwd() -> Any:
                 with torch.no_grad():
@@ -357,6 +356,11 @@ class ModelHarness:
         for name, ms in by_kernel.items():
             cls = kernel_class(name)
             timing.device_ms_by_class[cls] = timing.device_ms_by_class.get(cls, 0.0) + ms
+
+
+def _own_copy(xs: Sequence[Any]) -> list[Any]:
+    """``xs`` with every tensor cloned (``requires_grad`` kept): inputs a call may change in place."""
+    return [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in xs]
 
 
 def _changed(before: torch.Tensor, after: torch.Tensor) -> bool:

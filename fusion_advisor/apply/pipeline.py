@@ -130,7 +130,7 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     matches = {m.site.id: m for g in backend.graphs for m in g.matches}
     with timed("swaps"):
         outcomes = _verify_all(sites, matches, backend, kernels, options, backward, stage,
-                               swaps_until=start + options.time_limit_s / 2 if options.time_limit_s > 0 else math.inf)
+                               swaps_until=start + (deadline - start) / 2)
     result = ApplyResult(
         model_name=loaded.name, model_file=loaded.file, convention=loaded.convention, device=loaded.device,
         dtype=loaded.dtype, options=options, backward=backward, sites=sites, outcomes=outcomes, near_misses=near,

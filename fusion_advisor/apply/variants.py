@@ -12,8 +12,8 @@
 ``cudnn_benchmark`` turns ``torch.backends.cudnn.benchmark`` on around each call (restored after).
 ``channels_last`` (stock specs only, forward only) runs :class:`ChannelsLast` around a copy of the model whose 4-D /
 5-D weights are channels-last: the user's parameters are not touched (nor updated by it), as with Inductor's
-freezing. Compilation
-and CUDA-graph capture happen on the first call (dynamo's rules: a new input shape or grad mode recompiles).
+freezing. Compilation and CUDA-graph capture happen on the first call (dynamo's rules: a new input shape or grad
+mode recompiles).
 Inside an outer ``torch.compile`` the planned model runs outside the outer graph (a graph break), so the outer
 compile cannot inline the model and silently drop the plan.
 """
