@@ -72,6 +72,7 @@ from fusion_advisor.kernel_tools.bench import (
 )
 from fusion_advisor.errors import ContractError, UserError
 from fusion_advisor.kernel_tools.verify import KernelContract, fresh_inputs, takes_argument, verify_kernel
+from fusion_advisor.verification.trees import tree_map
 
 #: Label of every time measured under the Triton interpreter.
 CPU_LABEL = "CPU interpreter, not a GPU measurement"
@@ -391,20 +392,12 @@ def config_label(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items()) or "(defaults)"
 
 
-def _detached(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.detach()
-    if isinstance(x, (list, tuple)):
-        return type(x)(_detached(v) for v in x)
-    return x
+def _detach(x: Any) -> Any:
+    return x.detach() if isinstance(x, torch.Tensor) else x
 
 
-def _cloned(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.clone()
-    if isinstance(x, (list, tuple)):
-        return type(x)(_cloned(v) for v in x)
-    return x
+def _clone(x: Any) -> Any:
+    return x.clone() if isinstance(x, torch.Tensor) else x
 
 
 def _first_line(exc: BaseException) -> str:
@@ -467,7 +460,7 @@ def run_sweep(hooks: SweepHooks, *, spec_name: str | None = None, warmup_ms: flo
 
         def make_inputs(size: Any = size) -> list[Any]:
             args = hooks.get_inputs() if size is None else hooks.get_inputs(size)
-            return [_detached(a) for a in args] if isinstance(args, (list, tuple)) else args
+            return [tree_map(_detach, a) for a in args] if isinstance(args, (list, tuple)) else args
 
         probe = KernelContract(name=hooks.name, path=hooks.path, kernel_fn=hooks.kernel_fn,
                                reference_fn=hooks.reference_fn, get_inputs=make_inputs)
@@ -476,7 +469,7 @@ def run_sweep(hooks: SweepHooks, *, spec_name: str | None = None, warmup_ms: flo
         args = fresh_inputs(probe, seed=0)
 
         def get_inputs(args: list[Any] = args) -> list[Any]:
-            return [_cloned(a) for a in args]
+            return [tree_map(_clone, a) for a in args]
         device = device_of(args)
         on_cuda = device.type == "cuda"
         device_label = describe_device(device)
