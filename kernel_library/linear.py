@@ -159,7 +159,7 @@ def _replacement_nobias(x, w):
 
 
 _COMMON = dict(module=__name__, replaces="matmul", op="fusion_advisor::gemm_epilogue", dtypes=(torch.float32,),
-               match_dtypes=(torch.float32,), has_backward=True)
+               match_dtypes=(torch.float32,), has_backward=True, heavy_targets=("addmm", "mm"))
 
 ENTRY = register_kernel(KernelEntry(
     name="linear", description="fp32 F.linear(x, w, bias) as 3xTF32 tensor-core products (fp32 accuracy)",

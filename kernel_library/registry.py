@@ -57,6 +57,9 @@ class KernelEntry:
         match_dtypes: the float dtypes ``apply`` matches the pattern in at all, or ``None`` for any: a site in
             another dtype is not this kernel's (no near-miss), e.g. an fp32-only GEMM meeting a bf16 ``F.linear``,
             which is cuBLAS's tensor-core GEMM already.
+        heavy_targets: for a kernel that replaces a heavy op, the aten ops of the analysis' item it is meant for
+            (``("addmm", "mm")`` for ``F.linear``, ``("bmm",)`` for batched products): where several kernels
+            replace the same pattern, the router takes the one whose targets the item has first.
     """
 
     name: str
@@ -72,6 +75,7 @@ class KernelEntry:
     example_args: tuple = field(default=(), compare=False)
     extra_check: Callable[..., bool] | None = field(default=None, compare=False)
     match_dtypes: tuple[torch.dtype, ...] | None = None
+    heavy_targets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.replaces not in KNOWN_PATTERNS:
