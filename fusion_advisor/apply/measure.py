@@ -54,6 +54,12 @@ REFERENCE_SANITY = 0.05
 ROUND_WARMUP_MS = 10.0
 ROUND_REP_MS = 60.0
 
+#: Timed calls per round at least: do_bench times ``rep / estimate`` calls, one for a model slower than the budget,
+#: and the median of one call is noise (on the H200 a 50 ms GRU's single-call rounds spread 30%:
+#: benchmarks/results/h200/apply_models/README.md). A round's budget grows to this many calls of the untimed
+#: round's median.
+MIN_TIMED_CALLS = 5
+
 
 def scalarize(out: Any, cache: dict[Any, torch.Tensor]) -> torch.Tensor:
     """A scalar to differentiate: a fixed random projection of every float output that requires grad.
@@ -314,8 +320,8 @@ class ModelHarness:
         return time_cpu(step, warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms
 
     def time(self, fn: Callable[..., Any], rounds: int, timing: VariantTiming | None = None) -> VariantTiming:
-        """One untimed round, then ``rounds`` timing rounds of ``fn`` (after its first call), then peak memory and
-        GPU kernel time. The untimed round absorbs what a first round after the first call still pays (lazy
+        """One untimed round, then ``rounds`` timing rounds of ``fn`` (after its first call; each at least
+        :data:`MIN_TIMED_CALLS` calls of the untimed round's median), then peak memory and GPU kernel time. The untimed round absorbs what a first round after the first call still pays (lazy
         initialisation, a recompile for the timing loop's grad mode): on a CPU a new user saw rounds of
         [43.96, 0.273, 0.273] ms, a spread of 15972% that rejected every region change after it."""
         from fusion_advisor.kernel_tools.recompile import RecompileWatch
@@ -323,10 +329,11 @@ class ModelHarness:
         timing = timing or VariantTiming(timer=self.timer)
         timing.timer = self.timer
         try:
-            self.time_round(fn)
+            estimate_ms = self.time_round(fn)
+            rep_ms = max(ROUND_REP_MS, MIN_TIMED_CALLS * estimate_ms)
             with RecompileWatch() as watch:
                 for _ in range(rounds):
-                    timing.rounds_ms.append(self.time_round(fn))
+                    timing.rounds_ms.append(self.time_round(fn, rep_ms=rep_ms))
             timing.steady_state_recompiles = watch.report.to_dict()
             summarize_rounds(timing)
             if self.device == "cuda":
