@@ -388,3 +388,51 @@ def test_a_model_changing_its_input_in_place_is_checked_on_fresh_copies_and_said
                    device="cpu")
     assert all(v.correct for v in result.variants), [(v.spec.name, v.reason) for v in result.variants]
     assert any("in place" in w for w in result.warnings), result.warnings
+
+
+def test_whole_model_graph_runs_eagerly_where_it_cannot_capture_and_says_why():
+    from fusion_advisor.apply.variants import WholeModelGraph
+
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh()).eval()
+    x = torch.randn(3, 6)
+    planned = PlannedModel(model, VariantSpec("cuda-graph", R.AS_WRITTEN, graphed=True))
+    assert isinstance(planned._fn, WholeModelGraph)
+    with torch.no_grad():
+        torch.testing.assert_close(planned(x), model(x), rtol=0, atol=0)
+    assert planned.problems() == ["inputs not all CUDA tensors: ran eagerly"]
+    spec = VariantSpec.from_dict(VariantSpec("cuda-graph", R.AS_WRITTEN, graphed=True).to_dict())
+    assert spec.graphed and spec.cudagraphs and "torch.cuda.graph" in spec.describe()
+    with pytest.raises(ValueError, match="graphed captures the model as written"):
+        PlannedModel(model, VariantSpec("bad", "inductor", graphed=True))
+
+
+@pytest.mark.gpu
+def test_whole_model_graph_replays_copies_inputs_clones_outputs_and_guards_its_signature():
+    from fusion_advisor.apply.variants import WholeModelGraph
+
+    class LSTMState(torch.nn.Module):  # KernelBench's LSTM files: an attribute reassigned in forward
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(8, 16, num_layers=2, batch_first=True)
+            self.h0 = torch.zeros(2, 4, 16)
+            self.c0 = torch.zeros(2, 4, 16)
+
+        def forward(self, x):
+            self.h0 = self.h0.to(x.device)
+            self.c0 = self.c0.to(x.device)
+            return self.lstm(x, (self.h0, self.c0))[1][1]
+
+    model = LSTMState().cuda().eval()
+    graphed = WholeModelGraph(model)
+    a, b = torch.randn(4, 30, 8, device="cuda"), torch.randn(4, 30, 8, device="cuda")
+    with torch.no_grad():
+        out_a = graphed(a)
+        out_b = graphed(b)
+        torch.testing.assert_close(out_a, model(a))
+        torch.testing.assert_close(out_b, model(b))  # the second call's inputs were copied in
+        torch.testing.assert_close(out_a, model(a))  # and the first call's output was a clone, not overwritten
+        assert graphed.graph is not None and not graphed.notes
+        assert graphed(torch.randn(4, 7, 8, device="cuda")).shape == (2, 4, 16)
+    assert graphed.notes == ["a call with other input shapes than the captured ones: ran eagerly"]
+    graphed(a)  # grad mode, parameters that require grad: eagerly
+    assert any("no autograd" in n for n in graphed.notes)

@@ -386,6 +386,9 @@ class VariantSpec:
         channels_last: forward only: run a copy of the model whose 4-D / 5-D weights are in channels-last memory
             format (NHWC / NDHWC), 4-D / 5-D float inputs converted to it on entry and outputs returned contiguous
             (:mod:`fusion_advisor.apply.variants`): cuDNN's tensor-core convolutions read NHWC without transposes.
+        graphed: forward only, with the model as written (``rest`` :data:`AS_WRITTEN`, no swaps or regions): the
+            whole model captured in one CUDA graph with ``torch.cuda.graph`` and replayed
+            (:class:`fusion_advisor.apply.variants.WholeModelGraph`), for models dynamo's backends cannot graph.
         swaps: library kernels swapped in.
         regions: ``(str(RegionKey), executor)`` overrides.
         region_depths: ``(graph index, depth)``: where each graph with overrides is cut into regions.
@@ -397,6 +400,7 @@ class VariantSpec:
     inductor_options: tuple[tuple[str, Any], ...] = ()
     cudnn_benchmark: bool = False
     channels_last: bool = False
+    graphed: bool = False
     swaps: tuple[PlannedSwap, ...] = ()
     regions: tuple[tuple[str, str], ...] = ()
     region_depths: tuple[tuple[int, int], ...] = ()
@@ -409,13 +413,16 @@ class VariantSpec:
 
     @property
     def cudagraphs(self) -> bool:
-        return uses_cudagraphs(self.rest) or any(uses_cudagraphs(e) for _, e in self.regions)
+        return self.graphed or uses_cudagraphs(self.rest) or any(uses_cudagraphs(e) for _, e in self.regions)
 
     def describe(self) -> str:
         """The variant in words, as code where it is stock code."""
         parts = []
         opts = dict(self.inductor_options)
-        if self.rest == AS_WRITTEN:
+        if self.rest == AS_WRITTEN and self.graphed:
+            parts.append("the model as written, captured whole in one CUDA graph (torch.cuda.graph) and replayed: "
+                         "inputs copied into the graph's buffers, outputs cloned")
+        elif self.rest == AS_WRITTEN:
             parts.append("the model as written")
         elif self.stock:
             parts.append(_stock_call(self.rest, opts))
@@ -436,7 +443,7 @@ class VariantSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "rest": self.rest, "inductor_options": dict(self.inductor_options),
-                "cudnn_benchmark": self.cudnn_benchmark, "channels_last": self.channels_last,
+                "cudnn_benchmark": self.cudnn_benchmark, "channels_last": self.channels_last, "graphed": self.graphed,
                 "swaps": [{"key": s.key.to_dict(), "signature": s.signature, "id": s.swap_id} for s in self.swaps],
                 "regions": {k: e for k, e in self.regions},
                 "region_depths": {g: d for g, d in self.region_depths}, "why": self.why,
@@ -459,7 +466,8 @@ class VariantSpec:
         return cls(name=str(d.get("name", "")), rest=rest,
                    inductor_options=tuple(sorted((str(k), v) for k, v in (d.get("inductor_options") or {}).items())),
                    cudnn_benchmark=bool(d.get("cudnn_benchmark", False)),
-                   channels_last=bool(d.get("channels_last", False)), swaps=swaps, regions=regions,
+                   channels_last=bool(d.get("channels_last", False)), graphed=bool(d.get("graphed", False)),
+                   swaps=swaps, regions=regions,
                    region_depths=tuple(sorted((int(g), int(v)) for g, v in (d.get("region_depths") or {}).items())),
                    why=str(d.get("why", "")))
 

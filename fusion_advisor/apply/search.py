@@ -236,6 +236,13 @@ def candidates(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[Va
                                "overhead, no Inductor code")
         if fresh(spec):
             yield spec
+        if not h.backward and not any(r.mutated_inputs for r in h.eager().values()):
+            spec = VariantSpec("cuda-graph", AS_WRITTEN, graphed=True,
+                               why="the model as written captured whole in one CUDA graph (torch.cuda.graph): no "
+                                   "launch overhead, also where dynamo's backends run the model without graphs "
+                                   "(forward only; inputs copied into the graph's buffers, outputs cloned)")
+            if fresh(spec):
+                yield spec
     surviving = yield from _swap_set(inp, outcomes)
     if surviving:
         kernels = ", ".join(sorted({s.key.kernel for s in surviving}))
@@ -459,7 +466,7 @@ def compile_cost(spec: VariantSpec) -> float:
     if opts.get("max_autotune"):
         return 10.0
     if spec.rest == AS_WRITTEN and spec.stock:
-        return 0.0
+        return 0.1 if spec.graphed else 0.0
     if spec.rest in ("eager", "eager+cudagraphs") and not any(e.startswith("inductor") for _, e in spec.regions):
         return 0.3
     return 1.0
@@ -468,7 +475,7 @@ def compile_cost(spec: VariantSpec) -> float:
 def _search_regions(inp: SearchInputs, outcomes: list[VariantOutcome], refusal: Callable[[VariantSpec], str]
                     ) -> None:
     best = _best(outcomes, lambda o: not o.spec.swaps and not o.spec.cudnn_benchmark
-                 and not o.spec.inductor_options and not o.spec.channels_last)
+                 and not o.spec.inductor_options and not o.spec.channels_last and not o.spec.graphed)
     if best is None:
         return
     base = best

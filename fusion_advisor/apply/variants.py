@@ -9,6 +9,7 @@
 - otherwise the model is compiled with :class:`~fusion_advisor.apply.backend.RewriteBackend`, which swaps the
   spec's library kernels in and runs each graph, and each region of it, with its executor.
 
+``graphed`` runs the model as written captured whole in one CUDA graph (:class:`WholeModelGraph`, forward only).
 ``cudnn_benchmark`` turns ``torch.backends.cudnn.benchmark`` on around each call (restored after).
 ``channels_last`` (stock specs only, forward only) runs :class:`ChannelsLast` around a copy of the model whose 4-D /
 5-D weights are channels-last: the user's parameters are not touched (nor updated by it), as with Inductor's
@@ -65,6 +66,103 @@ class ChannelsLast(nn.Module):
         return torch.utils._pytree.tree_map(_contiguous, self.module(*args, **kwargs))
 
 
+class WholeModelGraph:
+    """``model`` (forward only) captured whole in one CUDA graph and replayed: ``torch.cuda.graph`` as PyTorch's
+    "whole network capture" recipe (docs, CUDA semantics: CUDA Graphs) writes it, for models that dynamo's CUDA-graph
+    backends run without graphs (a module attribute reassigned in ``forward``, an op dynamo cannot trace) and whose
+    time is host launches: a 6-layer cuDNN LSTM over 512 steps launches thousands of small kernels per call.
+
+    The first call with a new input signature (tensor shapes, strides, dtypes and devices; other arguments by value)
+    runs the model three times on a side stream (warm-up: cuDNN / cuBLAS workspaces, lazy state), then captures one
+    call on static copies of the inputs. Every later call with that signature copies its tensors into those buffers,
+    replays the graph and returns clones of its outputs (a graph's outputs are overwritten by the next replay).
+    Calls run eagerly instead, with the reason in :attr:`notes`: another signature than the captured one, grad mode
+    with anything that requires grad (a graph has no autograd), CPU tensors, or a capture that failed (host
+    synchronisation, a CPU tensor inside, an op not permitted while capturing; its error in :attr:`notes`).
+
+    Args:
+        model: the user's model (not modified); called with the arguments of each call.
+        warmup: eager calls on a side stream before the capture.
+    """
+
+    def __init__(self, model: Any, warmup: int = 3):
+        self.model = model
+        self.warmup = warmup
+        self.graph: Any = None
+        self.signature: Any = None
+        self.static_args: Any = None
+        self.static_out: Any = None
+        self.notes: list[str] = []
+        self._failed: set[Any] = set()
+
+    @staticmethod
+    def _signature(args: tuple, kwargs: dict) -> Any:
+        def sig(a: Any) -> Any:
+            if isinstance(a, torch.Tensor):
+                return ("t", tuple(a.shape), a.stride(), a.dtype, str(a.device))
+            return ("v", type(a).__name__, repr(a))
+
+        return tuple(sig(a) for a in torch.utils._pytree.tree_leaves((args, kwargs)))
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def _graphable(self, args: tuple, kwargs: dict) -> bool:
+        leaves = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        if not leaves or any(not t.is_cuda for t in leaves):
+            self._note("inputs not all CUDA tensors: ran eagerly")
+            return False
+        if torch.is_grad_enabled() and (any(t.requires_grad for t in leaves)
+                                        or any(p.requires_grad for p in _parameters(self.model))):
+            self._note("grad mode with tensors that require grad (a CUDA graph has no autograd): ran eagerly")
+            return False
+        return True
+
+    def _capture(self, args: tuple, kwargs: dict, signature: Any) -> None:
+        static = torch.utils._pytree.tree_map(
+            lambda a: a.detach().clone() if isinstance(a, torch.Tensor) else a, (args, kwargs))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                self.model(*static[0], **static[1])
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self.model(*static[0], **static[1])
+        self.graph, self.signature, self.static_args, self.static_out = graph, signature, static, out
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._graphable(args, kwargs):
+            return self.model(*args, **kwargs)
+        signature = self._signature(args, kwargs)
+        if signature != self.signature:
+            if signature in self._failed or self.graph is not None:
+                if self.graph is not None:
+                    self._note("a call with other input shapes than the captured ones: ran eagerly")
+                return self.model(*args, **kwargs)
+            try:
+                self._capture(args, kwargs, signature)
+            except Exception as e:  # capture refused: the model runs as written, and says why
+                self._failed.add(signature)
+                why = str(e).splitlines()[0][:200] if str(e) else ""
+                self._note(f"CUDA graph capture failed ({type(e).__name__}: {why}): ran eagerly")
+                torch.cuda.synchronize()
+                return self.model(*args, **kwargs)
+        for dst, src in zip(torch.utils._pytree.tree_leaves(self.static_args),
+                            torch.utils._pytree.tree_leaves((args, kwargs))):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+        self.graph.replay()
+        return torch.utils._pytree.tree_map(
+            lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.static_out)
+
+
+def _parameters(model: Any) -> list[torch.Tensor]:
+    return list(model.parameters()) if isinstance(model, nn.Module) else []
+
+
 def stock_compile(model: nn.Module, executor: str, options: dict[str, Any] | None = None) -> Any:
     """``model`` compiled as a user writes it for ``executor`` (see the module docstring).
 
@@ -94,7 +192,8 @@ class PlannedModel(nn.Module):
         kernels: ``{name: KernelEntry}`` to match for the spec's swaps; default the library's kernels they name.
 
     Raises:
-        ValueError: ``spec.channels_last`` on a spec with swaps or regions; an executor with no stock form.
+        ValueError: ``spec.channels_last`` on a spec with swaps or regions, ``spec.graphed`` on one with an
+            executor, swaps or regions; an executor with no stock form.
     """
 
     def __init__(self, model: nn.Module, spec: VariantSpec, kernels: dict[str, Any] | None = None):
@@ -107,9 +206,14 @@ class PlannedModel(nn.Module):
         if spec.channels_last and not spec.stock:
             raise ValueError(f"variant {spec.name!r}: channels_last is for stock variants only (swaps and regions "
                              f"are keyed by the model's own module paths)")
+        if spec.graphed and not (spec.stock and spec.rest == AS_WRITTEN):
+            raise ValueError(f"variant {spec.name!r}: graphed captures the model as written (no executor, swaps or "
+                             f"regions)")
         target = ChannelsLast(copy.deepcopy(model)) if spec.channels_last else model
-        if spec.rest == AS_WRITTEN and spec.stock:
-            fn: Any = target
+        if spec.graphed:
+            fn: Any = WholeModelGraph(target)
+        elif spec.rest == AS_WRITTEN and spec.stock:
+            fn = target
         elif spec.stock:
             fn = stock_compile(target, spec.rest, dict(spec.inductor_options))
         else:
@@ -173,7 +277,9 @@ class PlannedModel(nn.Module):
 
     def problems(self) -> list[str]:
         """Graphs that ran unrewritten or without their executor, swaps that could not be rewritten, region
-        overrides not found: each with its reason."""
+        overrides not found, calls of a whole-model CUDA graph that ran eagerly: each with its reason."""
+        if isinstance(self._fn, WholeModelGraph):
+            return list(self._fn.notes)
         if self.backend is None:
             return []
         out = []
