@@ -55,6 +55,15 @@ MAX_BATCH_PER_LAUNCH = 65535
 
 _CONFIGS_16BIT, _CONFIGS_FP32 = _configs()
 
+#: Narrow-N tiles for fp32, added to gemm_epilogue's set for attention's ``att @ v`` (N = head dim: 96 in
+#: KernelBench's MinGPT, 32 in its VisionAttention), where a 128- or 256-wide tile computes 25-67% padding and the
+#: library kernel lost to cuBLAS (0.98x at N 96, benchmarks/results/h200/kernels/matmul.md). Not yet timed on a GPU:
+#: autotuning picks among all configs by measurement, so they can only be chosen where they are faster.
+if _CONFIGS_FP32:
+    _CONFIGS_FP32 = _CONFIGS_FP32 + [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=w, num_stages=st)
+        for bm, bn, w, st in ((128, 32, 4, 4), (256, 32, 8, 3), (256, 64, 8, 3))]
+
 
 def _prune_configs(configs: list[triton.Config], named_args: dict, **_: object) -> list[triton.Config]:
     """The configs of the operands' dtype (``gemm_epilogue._configs``); all of them when that set is empty."""
