@@ -34,3 +34,24 @@ def check_device(t: torch.Tensor, name: str) -> None:
     """Raise ValueError unless ``t`` is where Triton can run it: CUDA, or any device under TRITON_INTERPRET."""
     if not interpreted() and t.device.type != "cuda":
         raise ValueError(f"{name} must be a CUDA tensor (got {t.device}); CPU tensors need TRITON_INTERPRET=1")
+
+
+def check_operands(x: torch.Tensor, x_name: str, *others: tuple[str, torch.Tensor | None]) -> None:
+    """Raise unless ``x`` (argument ``x_name``) has a supported dtype and sits where Triton can run it, and each
+    ``(name, t)`` of ``others`` (``t`` None: skipped) has ``x``'s dtype and device; checked in that order.
+
+    Raises:
+        TypeError: ``x``'s dtype not in :data:`SUPPORTED_DTYPES`, or another operand's dtype not ``x``'s.
+        ValueError: another operand on another device than ``x``; ``x`` where Triton cannot run it
+            (:func:`check_device`).
+    """
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{x_name} must be one of {SUPPORTED_DTYPES}, got {x.dtype}")
+    for name, t in others:
+        if t is None:
+            continue
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name} must have {x_name}'s dtype {x.dtype}, got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name} must be on {x_name}'s device {x.device}, got {t.device}")
+    check_device(x, x_name)

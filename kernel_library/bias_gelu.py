@@ -10,9 +10,9 @@ the seed instead of storing it. :func:`dropout_mask` draws that same mask with a
 :func:`reference_fn` (plain PyTorch otherwise) applies exactly the kernel's mask: ``verify`` compares like with
 like. (torch's own ``F.dropout`` uses a different generator, so no reference built on it could match.)
 
-This module also holds the fp32 GELU device helpers (:func:`gelu_erf`, :func:`gelu_tanh` and their
-derivatives) and two launcher helpers (:func:`rows_view`, :func:`check_device`) that ``kernel_library.swiglu`` /
-``geglu``, ``rope`` and ``gemm_epilogue`` reuse.
+The fp32 GELU device helpers it calls (``gelu_erf``, ``gelu_tanh`` and their derivatives) live in
+:mod:`kernel_library._activations`, the launcher helpers in :mod:`kernel_library._rows` and
+:mod:`kernel_library._checks`, shared with the other kernels.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import triton.language as tl
 
 from kernel_library import _device
 from kernel_library._activations import gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad
-from kernel_library._checks import check_device
+from kernel_library._checks import check_operands
 from kernel_library._op import launcher, library_op
 from kernel_library._rows import rows_view
 from kernel_library.registry import KernelEntry, register_kernel
@@ -245,13 +245,7 @@ def _check_args(x: torch.Tensor, bias: torch.Tensor, approximate: str, dropout_p
         raise ValueError(f"x must have at least 1 dimension [..., n_cols], got shape {tuple(x.shape)}")
     if bias.dim() != 1 or bias.shape[0] != x.shape[-1]:
         raise ValueError(f"bias must have shape [{x.shape[-1]}] (x's last dim), got {tuple(bias.shape)}")
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"x must be one of {SUPPORTED_DTYPES}, got {x.dtype}")
-    if bias.dtype != x.dtype:
-        raise TypeError(f"bias must have x's dtype {x.dtype}, got {bias.dtype}")
-    if bias.device != x.device:
-        raise ValueError(f"bias must be on x's device {x.device}, got {bias.device}")
-    check_device(x, "x")
+    check_operands(x, "x", ("bias", bias))
     if approximate not in APPROXIMATIONS:
         raise ValueError(f"approximate must be one of {APPROXIMATIONS}, got {approximate!r}")
     if not 0.0 <= dropout_p <= 1.0:

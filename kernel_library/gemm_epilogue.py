@@ -33,7 +33,7 @@ import triton.language as tl
 
 from kernel_library import _device
 from kernel_library._activations import gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, silu, silu_grad
-from kernel_library._checks import check_device
+from kernel_library._checks import check_operands
 from kernel_library._op import launcher, library_op
 from kernel_library._rows import rows_view
 from kernel_library.registry import KernelEntry, register_kernel
@@ -212,14 +212,7 @@ def _check_args(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, act
         raise ValueError(f"w must be [N, {x.shape[-1]}] (nn.Linear weight, K = x's last dim), got {tuple(w.shape)}")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != w.shape[0]):
         raise ValueError(f"bias must be [{w.shape[0]}] (w's rows), got {tuple(bias.shape)}")
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"x must be one of {SUPPORTED_DTYPES}, got {x.dtype}")
-    for name, t in (("w", w), ("bias", bias)):
-        if t is not None and t.dtype != x.dtype:
-            raise TypeError(f"{name} must have x's dtype {x.dtype}, got {t.dtype}")
-        if t is not None and t.device != x.device:
-            raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
-    check_device(x, "x")
+    check_operands(x, "x", ("w", w), ("bias", bias))
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from kernel_library import _device
-from kernel_library._checks import check_device
+from kernel_library._checks import check_operands
 from kernel_library._op import launcher, library_op
 from kernel_library._rows import rows_view
 from kernel_library.gemm_epilogue import FP32_DOT_PRECISION, _configs, _grouped_tile
@@ -148,13 +148,7 @@ def _check_args(a: torch.Tensor, b: torch.Tensor) -> None:
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"a's last dim ({a.shape[-1]}) must equal b's second-to-last ({b.shape[-2]}): shapes "
                          f"{tuple(a.shape)} and {tuple(b.shape)}")
-    if a.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"a must be one of {SUPPORTED_DTYPES}, got {a.dtype}")
-    if b.dtype != a.dtype:
-        raise TypeError(f"b must have a's dtype {a.dtype}, got {b.dtype}")
-    if b.device != a.device:
-        raise ValueError(f"b must be on a's device {a.device}, got {b.device}")
-    check_device(a, "a")
+    check_operands(a, "a", ("b", b))
 
 
 def _as_two_batch_axes(t: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from kernel_library import _device
 from kernel_library._activations import gelu_tanh, gelu_tanh_grad, silu, silu_grad
-from kernel_library._checks import check_device
+from kernel_library._checks import check_operands
 from kernel_library._op import launcher, library_op
 from kernel_library._rows import rows_view
 from kernel_library.registry import KernelEntry, register_kernel
@@ -160,13 +160,7 @@ def _check_pair(a: torch.Tensor, b: torch.Tensor, name_a: str = "a", name_b: str
         raise ValueError(f"{name_a} must have at least 1 dimension [..., n_cols], got shape {tuple(a.shape)}")
     if b.shape != a.shape:
         raise ValueError(f"{name_b} must have {name_a}'s shape {tuple(a.shape)}, got {tuple(b.shape)}")
-    if a.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name_a} must be one of {SUPPORTED_DTYPES}, got {a.dtype}")
-    if b.dtype != a.dtype:
-        raise TypeError(f"{name_b} must have {name_a}'s dtype {a.dtype}, got {b.dtype}")
-    if b.device != a.device:
-        raise ValueError(f"{name_b} must be on {name_a}'s device {a.device}, got {b.device}")
-    check_device(a, name_a)
+    check_operands(a, name_a, (name_b, b))
 
 
 def _as_rows(*tensors: torch.Tensor) -> list[torch.Tensor]:
