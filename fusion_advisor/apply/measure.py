@@ -163,9 +163,8 @@ class ModelHarness:
         """What the model as written does that limits its check: it changes an input in place, returns no
         floating-point tensor, or returns only NaN / inf on its example inputs (each one line, for the report)."""
         out = []
-        runs = self.eager()
-        example = runs.get("example")
-        mutated = sorted({i for r in runs.values() for i in r.mutated_inputs})
+        example = self.eager().get("example")
+        mutated = self.mutated_inputs()
         if mutated:
             out.append(f"the model changes its input(s) {', '.join(str(i) for i in mutated)} in place: every check "
                        f"and timing call gets a fresh copy of the inputs, and a plan runs on whatever it is given")
@@ -178,6 +177,10 @@ class ModelHarness:
                 out.append("every output of the model as written is NaN or inf on its example inputs: the check "
                            "cannot tell a right variant from a wrong one")
         return out
+
+    def mutated_inputs(self) -> list[int]:
+        """Positions of the inputs the model as written changes in place, on any input set (sorted)."""
+        return sorted({i for r in self.eager().values() for i in r.mutated_inputs})
 
     def eager(self) -> dict[str, _Run]:
         """The model as written on every input set (computed once)."""
@@ -283,7 +286,7 @@ class ModelHarness:
         that changes an input in place times on a private copy of the inputs, so the sets the checks run on stay
         as drawn."""
         xs = list(self.loaded.inputs) if xs is None else list(xs)
-        if any(r.mutated_inputs for r in self.eager().values()):
+        if self.mutated_inputs():
             xs = _own_copy(xs)
         if not self.backward:
             def fwd() -> Any:
@@ -321,9 +324,10 @@ class ModelHarness:
 
     def time(self, fn: Callable[..., Any], rounds: int, timing: VariantTiming | None = None) -> VariantTiming:
         """One untimed round, then ``rounds`` timing rounds of ``fn`` (after its first call; each at least
-        :data:`MIN_TIMED_CALLS` calls of the untimed round's median), then peak memory and GPU kernel time. The untimed round absorbs what a first round after the first call still pays (lazy
-        initialisation, a recompile for the timing loop's grad mode): on a CPU a new user saw rounds of
-        [43.96, 0.273, 0.273] ms, a spread of 15972% that rejected every region change after it."""
+        :data:`MIN_TIMED_CALLS` calls of the untimed round's median), then peak memory and GPU kernel time. The
+        untimed round absorbs what a first round after the first call still pays (lazy initialisation, a recompile
+        for the timing loop's grad mode): on a CPU a new user saw rounds of [43.96, 0.273, 0.273] ms, a spread of
+        15972% that rejected every region change after it."""
         from fusion_advisor.kernel_tools.recompile import RecompileWatch
 
         timing = timing or VariantTiming(timer=self.timer)

@@ -236,7 +236,7 @@ def candidates(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[Va
                                "overhead, no Inductor code")
         if fresh(spec):
             yield spec
-        if not h.backward and not any(r.mutated_inputs for r in h.eager().values()):
+        if not h.backward and not h.mutated_inputs():
             spec = VariantSpec("cuda-graph", AS_WRITTEN, graphed=True,
                                why="the model as written captured whole in one CUDA graph (torch.cuda.graph): no "
                                    "launch overhead, also where dynamo's backends run the model without graphs "

@@ -90,57 +90,56 @@ class WholeModelGraph:
         self.warmup = warmup
         self.graph: Any = None
         self.signature: Any = None
-        self.static_args: Any = None
+        self.static_leaves: list[Any] = []  # the captured call's arguments, flattened: the graph's input buffers
         self.static_out: Any = None
         self.notes: list[str] = []
         self._failed: set[Any] = set()
 
     @staticmethod
-    def _signature(args: tuple, kwargs: dict) -> Any:
-        def sig(a: Any) -> Any:
-            if isinstance(a, torch.Tensor):
-                return ("t", tuple(a.shape), a.stride(), a.dtype, str(a.device))
-            return ("v", type(a).__name__, repr(a))
-
-        return tuple(sig(a) for a in torch.utils._pytree.tree_leaves((args, kwargs)))
+    def _signature(leaves: list[Any]) -> Any:
+        return tuple(("t", tuple(a.shape), a.stride(), a.dtype, str(a.device)) if isinstance(a, torch.Tensor)
+                     else ("v", type(a).__name__, repr(a)) for a in leaves)
 
     def _note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
 
-    def _graphable(self, args: tuple, kwargs: dict) -> bool:
-        leaves = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-        if not leaves or any(not t.is_cuda for t in leaves):
+    def _graphable(self, leaves: list[Any]) -> bool:
+        tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
+        if not tensors or any(not t.is_cuda for t in tensors):
             self._note("inputs not all CUDA tensors: ran eagerly")
             return False
-        if torch.is_grad_enabled() and (any(t.requires_grad for t in leaves)
+        if torch.is_grad_enabled() and (any(t.requires_grad for t in tensors)
                                         or any(p.requires_grad for p in _parameters(self.model))):
             self._note("grad mode with tensors that require grad (a CUDA graph has no autograd): ran eagerly")
             return False
         return True
 
     def _capture(self, args: tuple, kwargs: dict, signature: Any) -> None:
-        static = torch.utils._pytree.tree_map(
+        static_args, static_kwargs = torch.utils._pytree.tree_map(
             lambda a: a.detach().clone() if isinstance(a, torch.Tensor) else a, (args, kwargs))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(self.warmup):
-                self.model(*static[0], **static[1])
+                self.model(*static_args, **static_kwargs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = self.model(*static[0], **static[1])
-        self.graph, self.signature, self.static_args, self.static_out = graph, signature, static, out
+            out = self.model(*static_args, **static_kwargs)
+        self.graph, self.signature, self.static_out = graph, signature, out
+        self.static_leaves = torch.utils._pytree.tree_leaves((static_args, static_kwargs))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not self._graphable(args, kwargs):
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))  # once per call: guard, signature and copy
+        if not self._graphable(leaves):
             return self.model(*args, **kwargs)
-        signature = self._signature(args, kwargs)
+        signature = self._signature(leaves)
         if signature != self.signature:
-            if signature in self._failed or self.graph is not None:
-                if self.graph is not None:
-                    self._note("a call with other input shapes than the captured ones: ran eagerly")
+            if self.graph is not None:
+                self._note("a call with other input shapes than the captured ones: ran eagerly")
+                return self.model(*args, **kwargs)
+            if signature in self._failed:
                 return self.model(*args, **kwargs)
             try:
                 self._capture(args, kwargs, signature)
@@ -150,8 +149,7 @@ class WholeModelGraph:
                 self._note(f"CUDA graph capture failed ({type(e).__name__}: {why}): ran eagerly")
                 torch.cuda.synchronize()
                 return self.model(*args, **kwargs)
-        for dst, src in zip(torch.utils._pytree.tree_leaves(self.static_args),
-                            torch.utils._pytree.tree_leaves((args, kwargs))):
+        for dst, src in zip(self.static_leaves, leaves):
             if isinstance(dst, torch.Tensor):
                 dst.copy_(src)
         self.graph.replay()
