@@ -80,8 +80,6 @@ def versions() -> dict[str, str]:
     return out
 
 
-
-
 def analyze(
     model_path: str | Path | None,
     device: str | None = None,

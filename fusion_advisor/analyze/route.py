@@ -43,7 +43,7 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
         )
         # several kernels for one heavy op (linear for mm / addmm, matmul for bmm): the one meant for the item's op
         ops = {t.split(".")[1] if t.startswith("aten.") else t for t in chain.targets}  # "aten.bmm.default" -> bmm
-        candidates.sort(key=lambda k: not set(getattr(k, "heavy_targets", ())) & ops)
+        candidates.sort(key=lambda k: not set(k.heavy_targets) & ops)
         wanted = chain.pattern if rule.kernel == "auto" else rule.kernel
         if not candidates:
             route = "torch.compile"

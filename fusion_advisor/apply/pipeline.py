@@ -47,7 +47,6 @@ from fusion_advisor.analyze.graph import module_path_of
 from fusion_advisor.analyze.records import SourceLoc
 
 
-
 def apply(model_path: str | Path | None, options: ApplyOptions | None = None, device: str | None = None,
           dtype: str = "", stage: Stage = no_progress) -> ApplyResult:
     """Run ``apply`` on a model file (``None``: the built-in default model); see :func:`apply_module`.
