@@ -164,10 +164,10 @@ def _as_two_batch_axes(t: torch.Tensor) -> torch.Tensor:
 def _launch(a4: torch.Tensor, b4: torch.Tensor, c4: torch.Tensor) -> None:
     B0, B1, M, K = a4.shape
     N = b4.shape[-1]
-    # whole outer-batch entries per launch, so that one launch's grid axis 1 stays within CUDA's limit
-    step = max(1, MAX_BATCH_PER_LAUNCH // max(B1, 1))
     if B1 > MAX_BATCH_PER_LAUNCH:
         raise ValueError(f"inner batch axis of {B1} exceeds {MAX_BATCH_PER_LAUNCH} products per launch")
+    # whole outer-batch entries per launch, so that one launch's grid axis 1 stays within CUDA's limit
+    step = MAX_BATCH_PER_LAUNCH // max(B1, 1)
     for start in range(0, B0, step):
         a_s, b_s, c_s = a4[start:start + step], b4[start:start + step], c4[start:start + step]
         batches = a_s.shape[0] * B1

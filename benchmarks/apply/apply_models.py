@@ -5,8 +5,9 @@ subprocess, its wall time recorded); then, in a fresh process per file, the mode
 ``torch.compile(model, mode="reduce-overhead")`` and the model ``load_plan`` rebuilds from apply's plan.yaml are
 each run once (first-call time apart), checked against the model as written on fresh inputs at KernelBench's
 ``atol = rtol = 1e-2``, and timed in interleaved rounds after an untimed one (``triton.testing.do_bench`` median per
-round, L2 flushed, at least 100 ms and 5 calls per round; the median of the rounds is reported with their spread). Forward under ``torch.no_grad()`` (the model in eval mode,
-as apply loads it), or forward+backward with ``--backward``.
+round, L2 flushed, at least 100 ms and apply's ``MIN_TIMED_CALLS`` calls per round; the median of the rounds is
+reported with their spread). Forward under ``torch.no_grad()`` (the model in eval mode, as apply loads it), or
+forward+backward with ``--backward``.
 
 Files: ``--kernelbench DIR`` with ``--level2 N --level3 M --seed S`` draws a fixed, seeded subset of each level
 (sorted file names, ``random.Random(seed).sample``); ``--files`` adds any model files. The results name every file.
@@ -33,9 +34,8 @@ from pathlib import Path
 from typing import Any
 
 KB_ATOL = KB_RTOL = 1e-2
-#: Timed calls per round at least (apply's own rule, fusion_advisor.apply.measure.MIN_TIMED_CALLS).
-MIN_TIMED_CALLS = 5
-VARIANTS = ("eager", "torch.compile", "reduce-overhead", "plan")
+BASELINES = ("eager", "torch.compile", "reduce-overhead")
+VARIANTS = (*BASELINES, "plan")
 
 
 # --- one file, in its own process ---------------------------------------------------------------------------
@@ -46,7 +46,7 @@ def evaluate(model_file: str, plan: str, backward: bool, rounds: int, device: st
     import torch
 
     import fusion_advisor
-    from fusion_advisor.apply.measure import ModelHarness, tensor_leaves
+    from fusion_advisor.apply.measure import MIN_TIMED_CALLS, ModelHarness, tensor_leaves
     from fusion_advisor.analyze.load import load_model
 
     loaded = load_model(None if model_file == "builtin" else model_file, device=device)
@@ -176,6 +176,12 @@ def run_file(path: str, out_dir: Path, args: argparse.Namespace) -> dict[str, An
     return rec
 
 
+def _best_baseline(variants: dict[str, Any]) -> dict[str, Any] | None:
+    """The fastest correct baseline's record of one file's evaluation, or ``None``."""
+    correct = [variants[n] for n in BASELINES if variants.get(n, {}).get("ms") and variants[n].get("correct_at_1e-2")]
+    return min(correct, key=lambda x: x["ms"]) if correct else None
+
+
 def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per level: geomeans over files of each variant's speed-up over eager, and of the plan over the best correct
     baseline; wrong plans; plans slower than that baseline by more than 3%, apart where the difference is within the
@@ -193,16 +199,13 @@ def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
                 ms = v.get(name, {}).get("ms")
                 if eager and ms and v[name].get("correct_at_1e-2"):
                     vs_eager[name].append(eager / ms)
-            base = [v[n]["ms"] for n in ("eager", "torch.compile", "reduce-overhead")
-                    if v.get(n, {}).get("ms") and v[n].get("correct_at_1e-2")]
+            best = _best_baseline(v)
             plan = v.get("plan", {})
             if plan.get("correct_at_1e-2") is False:
                 wrong += 1
-            if base and plan.get("ms"):
-                ratio = min(base) / plan["ms"]
+            if best and plan.get("ms"):
+                ratio = best["ms"] / plan["ms"]
                 vs_best.append(ratio)
-                best = min((v[n] for n in ("eager", "torch.compile", "reduce-overhead") if v.get(n, {}).get("ms")
-                            and v[n].get("correct_at_1e-2")), key=lambda x: x["ms"])
                 noise = max(plan.get("spread", 0.0), best.get("spread", 0.0))
                 if ratio < 1 / 1.03:
                     (slower if 1 / ratio - 1 > noise else within_noise).append(r["name"])
@@ -231,10 +234,9 @@ def markdown(recs: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str
             flag = "" if x.get("correct_at_1e-2") else " WRONG"
             return f"{x['ms']:.4g}{flag}"
 
-        base = [v[n]["ms"] for n in ("eager", "torch.compile", "reduce-overhead")
-                if v.get(n, {}).get("ms") and v[n].get("correct_at_1e-2")]
+        best = _best_baseline(v)
         plan = v.get("plan", {})
-        ratio = f"{min(base) / plan['ms']:.3f}x" if base and plan.get("ms") else "-"
+        ratio = f"{best['ms'] / plan['ms']:.3f}x" if best and plan.get("ms") else "-"
         lines.append(f"| {r['name']} | {cell('eager')} | {cell('torch.compile')} | {cell('reduce-overhead')} | "
                      f"{cell('plan')} ({plan.get('plan_variant', r.get('apply_chosen', '-'))}) | {ratio} | "
                      f"{r.get('apply_s', 0):.0f} |")
