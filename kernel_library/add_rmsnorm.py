@@ -18,7 +18,7 @@ import torch
 from kernel_library._device import default_device, on_gpu
 from kernel_library._op import library_op
 from kernel_library.registry import KernelEntry, register_kernel
-from kernel_library._checks import SUPPORTED_DTYPES, check_tensor
+from kernel_library._checks import check_tensor
 from kernel_library._rows import as_rows
 from kernel_library.rmsnorm import (
     BENCH_SHAPES as rms_bench_shapes,
@@ -239,19 +239,9 @@ def _hf_add_rmsnorm_replacement(
     return kernel_fn(hidden_states, residual, weight, eps)
 
 
-ENTRY = register_kernel(
-    KernelEntry(
-        name="add_rmsnorm",
-        example_args=((2, 3, 16), (2, 3, 16), (16,), "scalar"),
-        module=__name__,
-        replaces="add_rmsnorm",
-        op="fusion_advisor::add_rms_norm",
-        description="residual add + RMSNorm, fwd+bwd; returns (LlamaRMSNorm(residual + x), residual + x) as "
-        "transformers' LlamaDecoderLayer computes them",
-        dtypes=SUPPORTED_DTYPES,
-        max_row_elems=None,
-        has_backward=True,
-        pattern=_hf_add_rmsnorm,
-        replacement=_hf_add_rmsnorm_replacement,
-    )
-)
+ENTRY = register_kernel(KernelEntry(
+    name="add_rmsnorm", module=__name__, op="fusion_advisor::add_rms_norm", has_backward=True,
+    description="residual add + RMSNorm, fwd+bwd; returns (LlamaRMSNorm(residual + x), residual + x) as "
+                "transformers' LlamaDecoderLayer computes them",
+    pattern=_hf_add_rmsnorm, replacement=_hf_add_rmsnorm_replacement,
+    example_args=((2, 3, 16), (2, 3, 16), (16,), "scalar")))

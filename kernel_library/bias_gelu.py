@@ -54,8 +54,6 @@ BWD_ROWS_PER_PROGRAM = 64
 #: ``approximate=`` values of ``F.gelu``.
 APPROXIMATIONS = ("none", "tanh")
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
 
 @triton.jit
 def _gelu(x, APPROXIMATE: tl.constexpr):
@@ -473,18 +471,7 @@ def _replacement(x, bias):
     return kernel_fn(x, bias)
 
 
-ENTRY = register_kernel(
-    KernelEntry(
-        name="bias_gelu",
-        example_args=((6, 24), (24,)),
-        module=__name__,
-        replaces="bias_gelu",
-        op="fusion_advisor::bias_gelu",
-        description="dropout(gelu(x + bias)) (erf or tanh GELU, seeded dropout); matches F.gelu(x + bias)",
-        dtypes=SUPPORTED_DTYPES,
-        max_row_elems=None,
-        has_backward=True,
-        pattern=_pattern,
-        replacement=_replacement,
-    )
-)
+ENTRY = register_kernel(KernelEntry(
+    name="bias_gelu", module=__name__, op="fusion_advisor::bias_gelu", has_backward=True,
+    description="dropout(gelu(x + bias)) (erf or tanh GELU, seeded dropout); matches F.gelu(x + bias)",
+    pattern=_pattern, replacement=_replacement, example_args=((6, 24), (24,))))

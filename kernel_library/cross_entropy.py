@@ -628,15 +628,8 @@ def _cross_entropy_replacement(logits: torch.Tensor, labels: torch.Tensor) -> to
 
 
 ENTRY = register_kernel(KernelEntry(
-    name="cross_entropy",
-    example_args=((6, 40), ((6,), torch.int64)),
-    module=__name__,
-    replaces="cross_entropy",
-    op="fusion_advisor::cross_entropy",
+    name="cross_entropy", module=__name__, op="fusion_advisor::cross_entropy", has_backward=True,
     description="cross-entropy with class-index targets, ignore_index, label smoothing and mean/sum/none "
                 "(matches torch.nn.functional.cross_entropy); gradient written in the forward to its own buffer",
-    max_row_elems=None,
-    has_backward=True,
-    pattern=_cross_entropy_pattern,
-    replacement=_cross_entropy_replacement,
-))
+    pattern=_cross_entropy_pattern, replacement=_cross_entropy_replacement,
+    example_args=((6, 40), ((6,), torch.int64))))

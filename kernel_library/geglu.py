@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from kernel_library import _device
 from kernel_library._op import library_op
 from kernel_library.registry import KernelEntry, register_kernel
-from kernel_library.swiglu import SUPPORTED_DTYPES, bytes_moved, bytes_moved_backward, glu_backward, glu_forward
+from kernel_library.swiglu import bytes_moved, bytes_moved_backward, glu_backward, glu_forward  # noqa: F401 (the bytes_moved pair: this module's contract, as for swiglu)
 from kernel_library.swiglu import make_inputs as _glu_inputs
 
 # --- constants ------------------------------------------------------------------------------------------------
@@ -131,18 +131,7 @@ def _replacement(gate, up):
     return kernel_fn(gate, up)
 
 
-ENTRY = register_kernel(
-    KernelEntry(
-        name="geglu",
-        example_args=((6, 24), (6, 24)),
-        module=__name__,
-        replaces="geglu",
-        op="fusion_advisor::geglu",
-        description="gelu_tanh(a) * b (GeGLU gate of Gemma MLPs); matches F.gelu(a, approximate='tanh') * b",
-        dtypes=SUPPORTED_DTYPES,
-        max_row_elems=None,
-        has_backward=True,
-        pattern=_pattern,
-        replacement=_replacement,
-    )
-)
+ENTRY = register_kernel(KernelEntry(
+    name="geglu", module=__name__, op="fusion_advisor::geglu", has_backward=True,
+    description="gelu_tanh(a) * b (GeGLU gate of Gemma MLPs); matches F.gelu(a, approximate='tanh') * b",
+    pattern=_pattern, replacement=_replacement, example_args=((6, 24), (6, 24))))

@@ -43,8 +43,6 @@ from kernel_library.registry import KernelEntry, register_kernel
 #: Epilogue activations, named as the chain patterns name them ("gelu" is erf GELU, F.gelu's default).
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
 #: ``tl.dot`` precision of fp32 operands: three TF32 products per product (see the module docstring), fp32's
 #: accuracy on tensor cores. "tf32" would be ~3x faster again but ~1000x less accurate than the fp32 model it
 #: replaces; apply's check (never further from float64 than eager) would reject it.
@@ -436,18 +434,7 @@ def _replacement(x, w, bias):
     return kernel_fn(x, w, bias, "gelu")
 
 
-ENTRY = register_kernel(
-    KernelEntry(
-        name="gemm_epilogue",
-        example_args=((6, 16), (24, 16), (24,)),
-        module=__name__,
-        replaces="gemm_epilogue",
-        op="fusion_advisor::gemm_epilogue",
-        description="act(x @ w.T + bias) with bias and none/relu/gelu/gelu_tanh/silu fused; matches act(F.linear)",
-        dtypes=SUPPORTED_DTYPES,
-        max_row_elems=None,
-        has_backward=True,
-        pattern=_pattern,
-        replacement=_replacement,
-    )
-)
+ENTRY = register_kernel(KernelEntry(
+    name="gemm_epilogue", module=__name__, op="fusion_advisor::gemm_epilogue", has_backward=True,
+    description="act(x @ w.T + bias) with bias and none/relu/gelu/gelu_tanh/silu fused; matches act(F.linear)",
+    pattern=_pattern, replacement=_replacement, example_args=((6, 16), (24, 16), (24,))))

@@ -34,7 +34,7 @@ import triton.language as tl
 from kernel_library._device import default_device, on_gpu
 from kernel_library._op import launcher, library_op
 from kernel_library.registry import KernelEntry, register_kernel
-from kernel_library._checks import SUPPORTED_DTYPES, check_tensor
+from kernel_library._checks import check_tensor
 from kernel_library._rows import RowConfig, as_rows, bwd_programs, row_start, sum_partials
 from kernel_library.rmsnorm import BwdTuning
 
@@ -859,36 +859,15 @@ def _hf_add_layer_norm_replacement(
     return kernel_fn(hidden_states, weight, bias, eps, residual=residual)
 
 
-ENTRY = register_kernel(
-    KernelEntry(
-        name="layernorm",
-        example_args=((2, 3, 16), (16,), (16,), "scalar"),
-        module=__name__,
-        replaces="layernorm",
-        op="fusion_advisor::layer_norm",
-        description="LayerNorm over the last dim with optional weight/bias, fwd+bwd; matches F.layer_norm",
-        dtypes=SUPPORTED_DTYPES,
-        max_row_elems=None,
-        has_backward=True,
-        pattern=_hf_layer_norm,
-        replacement=_hf_layer_norm_replacement,
-    )
-)
+ENTRY = register_kernel(KernelEntry(
+    name="layernorm", module=__name__, op="fusion_advisor::layer_norm", has_backward=True,
+    description="LayerNorm over the last dim with optional weight/bias, fwd+bwd; matches F.layer_norm",
+    pattern=_hf_layer_norm, replacement=_hf_layer_norm_replacement, example_args=((2, 3, 16), (16,), (16,), "scalar")))
 
 #: The fused residual add shares this module's contract: ``kernel_fn(..., residual=r)`` / ``reference_fn`` /
 #: ``make_inputs(..., residual=True)``; ``get_inputs()`` covers the plain entry only.
-ADD_ENTRY = register_kernel(
-    KernelEntry(
-        name="add_layernorm",
-        example_args=((2, 3, 16), (2, 3, 16), (16,), (16,), "scalar"),
-        module=__name__,
-        replaces="add_layernorm",
-        op="fusion_advisor::add_layer_norm",
-        description="residual add + LayerNorm, fwd+bwd; returns (F.layer_norm(residual + x), residual + x)",
-        dtypes=SUPPORTED_DTYPES,
-        max_row_elems=None,
-        has_backward=True,
-        pattern=_hf_add_layer_norm,
-        replacement=_hf_add_layer_norm_replacement,
-    )
-)
+ADD_ENTRY = register_kernel(KernelEntry(
+    name="add_layernorm", module=__name__, op="fusion_advisor::add_layer_norm", has_backward=True,
+    description="residual add + LayerNorm, fwd+bwd; returns (F.layer_norm(residual + x), residual + x)",
+    pattern=_hf_add_layer_norm, replacement=_hf_add_layer_norm_replacement,
+    example_args=((2, 3, 16), (2, 3, 16), (16,), (16,), "scalar")))

@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 
 from kernel_library import _device
+from kernel_library._checks import SUPPORTED_DTYPES
 from kernel_library._op import library_op
 from kernel_library.cross_entropy import REDUCTIONS, count_valid, cross_entropy_rows, reduce_rows
 from kernel_library.registry import KernelEntry, register_kernel
@@ -44,8 +45,6 @@ CHUNK_BYTES = 256 << 20
 
 #: Rows per chunk are rounded down to a multiple of this (tensor-core tiles of the chunk's GEMMs), when above it.
 ROW_ALIGN = 64
-
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def chunk_rows(n_rows: int, vocab: int, itemsize: int, chunk_bytes: int | None = None) -> int:
@@ -420,15 +419,8 @@ def _linear_cross_entropy_replacement(hidden: torch.Tensor, weight: torch.Tensor
 
 
 ENTRY = register_kernel(KernelEntry(
-    name="linear_cross_entropy",
-    example_args=((2, 3, 16), (40, 16), ((6,), torch.int64)),
-    module=__name__,
-    replaces="linear_cross_entropy",
-    op="fusion_advisor::linear_cross_entropy",
+    name="linear_cross_entropy", module=__name__, op="fusion_advisor::linear_cross_entropy", has_backward=True,
     description="LM-head linear + cross-entropy chunked over tokens (the logits never materialised whole); "
                 "mean/sum/none, ignore_index, label smoothing, soft-capping; dx, dW, db in the forward",
-    max_row_elems=None,
-    has_backward=True,
-    pattern=_linear_cross_entropy_pattern,
-    replacement=_linear_cross_entropy_replacement,
-))
+    pattern=_linear_cross_entropy_pattern, replacement=_linear_cross_entropy_replacement,
+    example_args=((2, 3, 16), (40, 16), ((6,), torch.int64))))

@@ -41,8 +41,6 @@ from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ------------------------------------------------------------------------------------------------
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
 #: Smallest product (batch x M x N output elements) the registry entries match: 2**18, two 128 x 128 output tiles
 #: per SM of the H200's 132. Below it a 2-D fp32 GEMM lost to SGEMM on the H200 (128 x 1000 x 4096: 0.94x;
 #: benchmarks/results/h200/kernels/fp32_gemm.md), and apply reports the site as a near-miss instead of spending

@@ -40,7 +40,7 @@ class KernelEntry:
     Attributes:
         name: short unique name, also the module name in ``kernel_library`` (``"rmsnorm"``).
         module: dotted module path that holds the contract (``kernel_fn``, ``reference_fn``, ``get_inputs``).
-        replaces: the chain pattern this kernel implements (one of :data:`KNOWN_PATTERNS`).
+        replaces: the chain pattern this kernel implements (one of :data:`KNOWN_PATTERNS`); default ``name``.
         op: the ``torch.library`` op name (``"fusion_advisor::rms_norm"``), or ``""`` if none.
         description: one line saying what the kernel computes and which reference op it matches.
         dtypes: floating dtypes the kernel supports.
@@ -64,7 +64,7 @@ class KernelEntry:
 
     name: str
     module: str
-    replaces: str
+    replaces: str = ""
     op: str = ""
     description: str = ""
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
@@ -78,6 +78,8 @@ class KernelEntry:
     heavy_targets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if not self.replaces:
+            object.__setattr__(self, "replaces", self.name)
         if self.replaces not in KNOWN_PATTERNS:
             raise ValueError(
                 f"kernel {self.name!r}: replaces={self.replaces!r} is not a known chain pattern; "

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from kernel_library._device import default_device, on_gpu
 from kernel_library._op import launcher, library_op
-from kernel_library._checks import SUPPORTED_DTYPES, check_tensor
+from kernel_library._checks import check_tensor
 from kernel_library._rows import RowConfig, as_rows, bwd_programs, row_start, sum_partials
 from kernel_library.registry import KernelEntry, register_kernel
 
@@ -712,19 +712,8 @@ def _hf_llama_rmsnorm_replacement(hidden_states: torch.Tensor, weight: torch.Ten
     return kernel_fn(hidden_states, weight, eps)
 
 
-ENTRY = register_kernel(
-    KernelEntry(
-        name="rmsnorm",
-        example_args=((2, 3, 16), (16,), "scalar"),
-        module=__name__,
-        replaces="rmsnorm",
-        op="fusion_advisor::rms_norm",
-        description="RMSNorm over the last dim, fwd+bwd; matches transformers LlamaRMSNorm (offset=0) and "
-        "GemmaRMSNorm (offset=1)",
-        dtypes=SUPPORTED_DTYPES,
-        max_row_elems=None,
-        has_backward=True,
-        pattern=_hf_llama_rmsnorm,
-        replacement=_hf_llama_rmsnorm_replacement,
-    )
-)
+ENTRY = register_kernel(KernelEntry(
+    name="rmsnorm", module=__name__, op="fusion_advisor::rms_norm", has_backward=True,
+    description="RMSNorm over the last dim, fwd+bwd; matches transformers LlamaRMSNorm (offset=0) and "
+                "GemmaRMSNorm (offset=1)",
+    pattern=_hf_llama_rmsnorm, replacement=_hf_llama_rmsnorm_replacement, example_args=((2, 3, 16), (16,), "scalar")))

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kernel_library import _device
-from kernel_library._checks import check_device
+from kernel_library._checks import SUPPORTED_DTYPES, check_device
 from kernel_library._op import launcher, library_op
 from kernel_library.registry import KernelEntry, register_kernel
 
@@ -50,8 +50,6 @@ ELEMS_PER_THREAD = 8
 MAX_NUM_WARPS = 8
 #: Widest head_dim: half of one head must fit a half-tile (HF models use 64-256).
 MAX_HEAD_DIM = 2 * MAX_HALF_TILE
-
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 # --- kernels --------------------------------------------------------------------------------------------------
@@ -351,18 +349,7 @@ def _replacement(q, k, cos, sin):
     return kernel_fn(q, k, cos, sin)
 
 
-ENTRY = register_kernel(
-    KernelEntry(
-        name="rope",
-        example_args=((2, 2, 8, 8), (2, 2, 8, 8), (2, 8, 8), (2, 8, 8)),
-        module=__name__,
-        replaces="rope",
-        op="fusion_advisor::rope",
-        description="HF rotate_half RoPE of q and k in one launch; matches apply_rotary_pos_emb (unsqueeze_dim=1)",
-        dtypes=SUPPORTED_DTYPES,
-        max_row_elems=MAX_HEAD_DIM,
-        has_backward=True,
-        pattern=_pattern,
-        replacement=_replacement,
-    )
-)
+ENTRY = register_kernel(KernelEntry(
+    name="rope", module=__name__, op="fusion_advisor::rope", has_backward=True, max_row_elems=MAX_HEAD_DIM,
+    description="HF rotate_half RoPE of q and k in one launch; matches apply_rotary_pos_emb (unsqueeze_dim=1)",
+    pattern=_pattern, replacement=_replacement, example_args=((2, 2, 8, 8), (2, 2, 8, 8), (2, 8, 8), (2, 8, 8))))

@@ -608,28 +608,13 @@ def _masked_softmax_replacement(x: torch.Tensor, mask: torch.Tensor, scale: floa
 
 
 ENTRY = register_kernel(KernelEntry(
-    name="softmax",
-    example_args=((2, 2, 8, 8),),
-    module=__name__,
-    replaces="softmax",
-    op="fusion_advisor::softmax",
+    name="softmax", module=__name__, op="fusion_advisor::softmax", has_backward=True,
     description="softmax over the last axis in fp32 (matches torch.softmax; rows of any width, online beyond 4096)",
-    max_row_elems=None,
-    has_backward=True,
-    pattern=_softmax_pattern,
-    replacement=_softmax_replacement,
-))
+    pattern=_softmax_pattern, replacement=_softmax_replacement, example_args=((2, 2, 8, 8),)))
 
 MASKED_ENTRY = register_kernel(KernelEntry(
-    name="masked_softmax",
-    example_args=((2, 2, 8, 8), (2, 1, 8, 8), "scalar"),
-    module=__name__,
-    replaces="masked_softmax",
-    op="fusion_advisor::softmax",
-    description="softmax(scale * x + mask) over the last axis in fp32, additive or bool mask broadcast with stride 0; "
-                "fully -inf rows give 0 where torch gives NaN",
-    max_row_elems=None,
-    has_backward=True,
-    pattern=_masked_softmax_pattern,
-    replacement=_masked_softmax_replacement,
-))
+    name="masked_softmax", module=__name__, op="fusion_advisor::softmax", has_backward=True,
+    description="softmax(scale * x + mask) over the last axis in fp32, additive or bool mask broadcast with "
+                "stride 0; fully -inf rows give 0 where torch gives NaN",
+    pattern=_masked_softmax_pattern, replacement=_masked_softmax_replacement,
+    example_args=((2, 2, 8, 8), (2, 1, 8, 8), "scalar")))

@@ -45,8 +45,6 @@ MAX_NUM_WARPS = 8
 #: Gate activations of the generic gated-unit kernels.
 ACTIVATIONS = ("silu", "gelu_tanh")
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
 
 @triton.jit
 def _gate(x, ACTIVATION: tl.constexpr):
@@ -329,18 +327,7 @@ def _replacement(gate, up):
     return kernel_fn(gate, up)
 
 
-ENTRY = register_kernel(
-    KernelEntry(
-        name="swiglu",
-        example_args=((6, 24), (6, 24)),
-        module=__name__,
-        replaces="swiglu",
-        op="fusion_advisor::swiglu",
-        description="silu(a) * b (SwiGLU gate of Llama MLPs); matches F.silu(a) * b",
-        dtypes=SUPPORTED_DTYPES,
-        max_row_elems=None,
-        has_backward=True,
-        pattern=_pattern,
-        replacement=_replacement,
-    )
-)
+ENTRY = register_kernel(KernelEntry(
+    name="swiglu", module=__name__, op="fusion_advisor::swiglu", has_backward=True,
+    description="silu(a) * b (SwiGLU gate of Llama MLPs); matches F.silu(a) * b",
+    pattern=_pattern, replacement=_replacement, example_args=((6, 24), (6, 24))))

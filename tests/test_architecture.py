@@ -84,3 +84,25 @@ def test_no_module_over_max_lines():
     sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / "fusion_advisor").rglob("*.py")}
     over = {p: n for p, n in sorted(sizes.items()) if n > MAX_LINES}
     assert not over, f"modules over {MAX_LINES} lines (split each by what it does): {over}"
+
+
+def test_one_dynamo_backend_records_graph_breaks():
+    """Graph breaks are read from dynamo (``compile_subgraph_reason``) and graphs lowered by AOTAutograd in one
+    module only, :mod:`fusion_advisor.analyze.capture`: analyze, profile and apply hook into its backend."""
+    readers = {str(p.relative_to(ROOT)) for p in (ROOT / "fusion_advisor").rglob("*.py")
+               if "compile_subgraph_reason" in p.read_text() or "aot_autograd(" in p.read_text()}
+    assert readers == {"fusion_advisor/analyze/capture.py"}
+
+
+def test_analyze_and_apply_see_the_same_graph_break():
+    from fusion_advisor.analyze.capture import capture
+    from fusion_advisor.analyze.load import load_model
+    from fusion_advisor.apply.backend import RewriteBackend
+
+    loaded = load_model(ROOT / "tests" / "data" / "models" / "graph_break.py")
+    seen = capture(loaded, methods=("dynamo",))
+    backend = RewriteBackend({}, match=False)
+    backend.compile(loaded.module)(*loaded.inputs)
+    assert [(b.graph_index, b.source.line) for b in backend.breaks] == \
+        [(b.graph_index, b.source.line) for b in seen.breaks] == [(0, 15)]  # the graph that ended at the break
+    assert backend.graph_count == len(seen.graphs) == 2

@@ -21,7 +21,7 @@ import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -196,39 +196,80 @@ def user_loc(stack: list[traceback.FrameSummary] | None) -> SourceLoc:
     return SourceLoc(file=f.filename, line=f.lineno or 0, code=(f.line or "").strip())
 
 
-def _capture_dynamo(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Capture:
+#: What a :class:`DynamoBackend` hands each dynamo graph to: ``(graph, example_inputs, graph_index) -> callable``.
+GraphHook = Callable[[torch.fx.GraphModule, list[Any], int], Callable[..., Any]]
+
+
+class DynamoBackend:
+    """The tool's one ``torch.compile`` backend: numbers the graphs dynamo hands it, records each graph break with
+    dynamo's reason and the user's line, and hands every graph to a hook that decides what runs.
+
+    analyze (:func:`capture`) and ``--profile`` hook :func:`aten_hook` in (the graph lowered to aten ops by
+    AOTAutograd, attention kept one op); apply's ``RewriteBackend`` hooks in its matcher, rewriter and executors.
+    So the three stages number graphs and graph breaks the same way, and a chain named by graph index in one is
+    the same graph in the others.
+
+    Args:
+        on_graph: the hook, called once per dynamo graph with its index in call order (0, 1, ...).
+
+    Attributes:
+        breaks: the graph breaks seen so far; ``graph_index`` is the index of the graph that ended at the break.
+        graph_count: how many graphs dynamo has handed over.
+    """
+
+    def __init__(self, on_graph: GraphHook):
+        self.on_graph = on_graph
+        self.breaks: list[GraphBreak] = []
+        self.graph_count = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        index = self.graph_count
+        self.graph_count += 1
+        reason = getattr(gm, "compile_subgraph_reason", None)
+        if reason is not None and getattr(reason, "graph_break", False):
+            self.breaks.append(GraphBreak(reason=first_line(reason.reason),
+                                          source=user_loc(getattr(reason, "user_stack", None)), graph_index=index))
+        return self.on_graph(gm, example_inputs, index)
+
+    def compile(self, model: torch.nn.Module) -> Callable[..., Any]:
+        """``model`` compiled with this backend (static shapes, graph breaks allowed), after a dynamo reset so that
+        no earlier compilation's cache answers for it."""
+        torch._dynamo.reset()
+        return torch.compile(model, backend=self, dynamic=False, fullgraph=False)
+
+
+def aten_hook(on_aten: GraphHook) -> GraphHook:
+    """A :class:`DynamoBackend` hook that keeps attention one op (:func:`keep_attention_opaque`), lowers the graph
+    to aten ops with AOTAutograd and calls ``on_aten(aten_graph, example_inputs, graph_index)`` for the forward
+    (and, in grad mode, the backward) graph, which runs what ``on_aten`` returns."""
     from torch._dynamo.backends.common import aot_autograd
 
-    graphs: list[torch.fx.GraphModule] = []
-    breaks: list[GraphBreak] = []
+    def hook(gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable[..., Any]:
+        keep_attention_opaque(gm)
 
-    def collect(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        def lowered(aten: torch.fx.GraphModule, aten_inputs: list[Any]) -> Callable[..., Any]:
+            return on_aten(aten, aten_inputs, index)
+
+        return aot_autograd(fw_compiler=lowered, bw_compiler=lowered)(gm, example_inputs)
+
+    return hook
+
+
+def _capture_dynamo(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Capture:
+    graphs: list[torch.fx.GraphModule] = []
+
+    def collect(gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable[..., Any]:
         graphs.append(gm)
         return gm.forward
 
-    aot_backend = aot_autograd(fw_compiler=collect, bw_compiler=collect)
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        reason = getattr(gm, "compile_subgraph_reason", None)
-        if reason is not None and getattr(reason, "graph_break", False):
-            breaks.append(
-                GraphBreak(
-                    reason=first_line(reason.reason),
-                    source=user_loc(getattr(reason, "user_stack", None)),
-                    graph_index=len(graphs),
-                )
-            )
-        keep_attention_opaque(gm)
-        return aot_backend(gm, example_inputs)
-
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend=backend, dynamic=False, fullgraph=False)
+    backend = DynamoBackend(aten_hook(collect))
+    compiled = backend.compile(model)
     with torch.no_grad():
         compiled(*inputs)
     torch._dynamo.reset()
     if not graphs:
         raise CaptureError("dynamo captured no graph (the whole forward ran eagerly)")
-    return Capture(graphs=graphs, method="dynamo", breaks=breaks)
+    return Capture(graphs=graphs, method="dynamo", breaks=backend.breaks)
 
 
 def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Capture:

@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 import torch
 
 from fusion_advisor.kernel_tools.bench import sync_device
-from fusion_advisor.analyze.capture import Capture, keep_attention_opaque
+from fusion_advisor.analyze.capture import Capture, DynamoBackend, aten_hook
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.errors import ProfileError
 from fusion_advisor.analyze.load import LoadedModel
@@ -297,24 +297,14 @@ def _instrument(loaded: LoadedModel, cap: Capture, op_ids: set[str]) -> _Instrum
     schedules: dict[int, list[tuple[str | None, str]]] = {}
     stamps = HostStamps()
     if cap.method == "dynamo":
-        from torch._dynamo.backends.common import aot_autograd
-
-        def fw(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-            i = state["graphs"]
+        def fw(gm: torch.fx.GraphModule, example_inputs: list[Any], i: int) -> Any:
             schedules[i] = aten_schedule(gm, i, op_ids)
             state["tagged"] += sum(1 for op_id, _ in schedules[i] if op_id is not None)
             state["graphs"] += 1
             insert_stamps(gm, i, stamps)
             return _in_graph_range(gm.forward, i, stamps)
 
-        aot_backend = aot_autograd(fw_compiler=fw, bw_compiler=fw)
-
-        def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-            keep_attention_opaque(gm)  # as capture does, so node names match
-            return aot_backend(gm, example_inputs)
-
-        torch._dynamo.reset()
-        compiled = torch.compile(loaded.module, backend=backend, dynamic=False, fullgraph=False)
+        compiled = DynamoBackend(aten_hook(fw)).compile(loaded.module)  # the backend capture used: same graphs
         return _Instrumented(lambda: compiled(*loaded.inputs), lambda: state["graphs"], lambda: state["tagged"],
                              schedules, stamps)
     if cap.method == "symbolic_trace":

@@ -38,15 +38,15 @@ from fusion_advisor.apply.patterns import PatternLibrary
 from fusion_advisor.apply.records import GraphRecord, MatchKey, RegionKey, SwapSite
 from fusion_advisor.apply.regions import choose_depth, compile_regions
 from fusion_advisor.apply.rewrite import rewrite
-from fusion_advisor.analyze.capture import first_line, quiet_torch_logs, user_loc
-from fusion_advisor.analyze.records import GraphBreak
+from fusion_advisor.analyze.capture import DynamoBackend, first_line, quiet_torch_logs
 
 Selector = Callable[[SwapSite], bool]
 
 
-class RewriteBackend:
+class RewriteBackend(DynamoBackend):
     """The ``torch.compile`` backend of apply: swaps library kernels into every graph dynamo hands it, then runs
-    the graph (or each of its regions) with an executor.
+    the graph (or each of its regions) with an executor. It is the :class:`DynamoBackend` analyze and profile use,
+    with apply's hook, so graph indices and graph breaks mean the same in all three.
 
     Per graph: dynamo graph -> pre-dispatch aten graph (``make_fx``) -> :func:`canonicalize` ->
     :func:`find_matches` -> :func:`rewrite` of the matches ``select`` accepts -> the executor
@@ -74,6 +74,7 @@ class RewriteBackend:
                  regions: dict[str, str] | None = None, region_depths: dict[int, int] | None = None,
                  record_values: bool = False, analyze: bool = False, keep_graphs: bool = False,
                  library: PatternLibrary | None = None, match: bool = True):
+        super().__init__(self._on_graph)
         if library is None and match:
             from kernel_library.registry import load_all
 
@@ -89,17 +90,11 @@ class RewriteBackend:
         self.keep_graphs = keep_graphs
         self.match = match
         self.graphs: list[GraphRecord] = []
-        self.breaks: list[GraphBreak] = []
         self.values: dict[int, dict[str, Any]] = {}  # graph index -> node name -> recorded value
         self._sites = itertools.count()
 
-    # dynamo calls this
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        index = len(self.graphs)
-        reason = getattr(gm, "compile_subgraph_reason", None)
-        if reason is not None and getattr(reason, "graph_break", False):
-            self.breaks.append(GraphBreak(reason=first_line(reason.reason),
-                                          source=user_loc(getattr(reason, "user_stack", None)), graph_index=index))
+    def _on_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable[..., Any]:
+        """The :class:`DynamoBackend` hook: one dynamo graph matched, rewritten and handed to its executor."""
         record = GraphRecord(index=index)
         self.graphs.append(record)
         record.grad_enabled = torch.is_grad_enabled()

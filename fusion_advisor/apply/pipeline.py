@@ -208,9 +208,8 @@ def _capture(loaded: Any, kernels: dict[str, Any], backward: bool) -> RewriteBac
 
     # the analysis runs on analyze's own capture (_analyze), so the backend traces no analysis graph of its own
     backend = RewriteBackend(kernels, record_values=True, analyze=False, keep_graphs=True)
-    torch._dynamo.reset()
     try:
-        compiled = torch.compile(loaded.module, backend=backend, dynamic=False)
+        compiled = backend.compile(loaded.module)
         with torch.set_grad_enabled(backward), warnings.catch_warnings(), quiet_torch_logs():
             warnings.simplefilter("ignore")
             compiled(*loaded.inputs)
