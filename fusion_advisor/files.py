@@ -8,10 +8,12 @@ and diff's files; :func:`fusion_advisor.report.write.check_files` says which of 
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import secrets
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 from fusion_advisor.errors import UserError
 
@@ -93,3 +95,13 @@ def check_folder(out_dir: Path, names: tuple[str, ...], is_ours: Callable[[str],
     if foreign:
         raise UserError(f"{flag} {out_dir}: holds {', '.join(foreign)} that fusion-advisor did not write; choose "
                         "another directory (the tool never overwrites your files)")
+
+
+def csv_text(rows: Iterable[dict[str, Any]], columns: Iterable[str]) -> str:
+    """``rows`` as CSV text with a header of ``columns`` in that order (``\n`` line ends; keys outside
+    ``columns`` are left out): the tables pandas reads (``pd.read_csv``)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()

@@ -37,16 +37,21 @@ def fmt_float(value: Any, digits: int = 2) -> str:
     return f"{value:,.{digits}f}"
 
 
+def _prefixed(n: float, unit: str, prefixes: tuple[str, ...], base: float) -> str:
+    """``n`` in ``unit`` with the largest of ``prefixes`` (each ``base`` times the last) that keeps it at least 1:
+    a whole number under ``base`` (``"512 B"``), else one decimal (``"1.5 KiB"``)."""
+    if abs(n) < base:
+        return f"{int(n):,} {unit}"
+    for prefix in prefixes:
+        n /= base
+        if abs(n) < base or prefix == prefixes[-1]:
+            break
+    return f"{n:,.1f} {prefix}{unit}"
+
+
 def fmt_bytes(value: Any) -> str:
     """Bytes in binary units: ``"512 B"``, ``"1.5 KiB"``, ``"32.0 MiB"``, ``"1.25 GiB"``."""
-    if not is_num(value):
-        return MISSING
-    n = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n):,} B" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024.0
-    return f"{n:,.1f} TiB"  # pragma: no cover (loop always returns)
+    return _prefixed(float(value), "B", ("Ki", "Mi", "Gi", "Ti"), 1024.0) if is_num(value) else MISSING
 
 
 def mib(value: Any) -> float:
@@ -71,13 +76,7 @@ def fmt_us(value: Any) -> str:
 
 def fmt_flops(value: Any) -> str:
     """A FLOP count with a decimal prefix: ``"512 FLOP"``, ``"3.4 MFLOP"``, ``"68.7 GFLOP"``, ``"1.1 TFLOP"``."""
-    if not is_num(value):
-        return MISSING
-    n = float(value)
-    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{int(n):,} FLOP"
+    return _prefixed(float(value), "FLOP", ("k", "M", "G", "T"), 1e3) if is_num(value) else MISSING
 
 
 def fmt_speedup(value: Any) -> str:

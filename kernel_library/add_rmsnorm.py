@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import torch
 
-from kernel_library._device import default_device, on_gpu
+from kernel_library._device import default_device
 from kernel_library._op import library_op
 from kernel_library.registry import KernelEntry, register_kernel
 from kernel_library._checks import check_tensor
 from kernel_library._rows import as_rows
 from kernel_library.rmsnorm import (
     BENCH_SHAPES as rms_bench_shapes,
+    SIZES,
     BwdTuning,
     rms_norm_bwd_launch,
     rms_norm_fwd_launch,
@@ -181,15 +182,10 @@ def make_inputs(
     return [t.requires_grad_(requires_grad) for t in (x, residual, weight)] + [eps]
 
 
-#: ``get_inputs(size)`` sizes, ``(n_rows, n_cols)``; ``verify`` derives its edge shapes from the first.
-SIZES = [(8192, 4096)] if on_gpu() else [(16, 1000)]
-
-
 def get_inputs(size: tuple[int, int] | None = None) -> list:
-    """``size`` = ``(n_rows, n_cols)``, default ``SIZES[0]``: Llama-7B shapes on a GPU (8192 tokens x 4096
-    hidden), 16 x 1000 on the CPU interpreter; bf16; drawn from the seed ``verify`` set (``torch.initial_seed()``)."""
-    n_rows, n_cols = size or SIZES[0]
-    return make_inputs(n_rows, n_cols, torch.bfloat16, seed=torch.initial_seed())
+    """``rmsnorm.get_inputs`` with a residual: ``size`` = ``(n_rows, n_cols)``, default ``SIZES[0]`` (rmsnorm's
+    sizes: Llama-7B shapes on a GPU, 16 x 1000 on the CPU interpreter); bf16; from the seed ``verify`` set."""
+    return make_inputs(*(size or SIZES[0]), torch.bfloat16, seed=torch.initial_seed())
 
 
 def hard_inputs() -> list:

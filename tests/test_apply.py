@@ -34,47 +34,11 @@ from fusion_advisor.cli import app
 from kernel_library.registry import KERNELS, KernelEntry, load_all
 
 DATA = Path(__file__).parent / "data"
+#: The built-in Llama at toy sizes, as a user's model file (each test writes its own copy).
+DEFAULT_MODEL = (DATA / "models" / "tiny_llama.py").read_text()
+HF_LLAMA = DATA / "models" / "hf_llama_tiny_loss.py"
+QWEN2 = DATA / "models" / "hf_qwen2_tiny_loss.py"
 runner = CliRunner()
-
-DEFAULT_MODEL = textwrap.dedent("""
-    import torch
-    from fusion_advisor.models.llama import LlamaConfig, get_model as _get_model, get_inputs as _get_inputs
-
-    CFG = LlamaConfig(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, vocab_size=256,
-                      seq_len=16, dtype=torch.float32)
-
-    def get_model():
-        torch.manual_seed(0)
-        return _get_model(CFG)
-
-    def get_inputs():
-        torch.manual_seed(1)
-        return _get_inputs(CFG)
-""")
-
-HF_LLAMA = textwrap.dedent("""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    class WithLoss(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, input_ids, labels):
-            return self.m(input_ids=input_ids, labels=labels).loss
-
-    def get_model():
-        torch.manual_seed(0)
-        cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-                          num_key_value_heads=2, vocab_size=256, max_position_embeddings=64, use_cache=False)
-        cfg._attn_implementation = "sdpa"
-        return WithLoss(LlamaForCausalLM(cfg))
-
-    def get_inputs():
-        g = torch.Generator().manual_seed(1)
-        return [torch.randint(0, 256, (2, 8), generator=g), torch.randint(0, 256, (2, 8), generator=g)]
-""")
 
 GPT2 = textwrap.dedent("""
     import torch
@@ -615,40 +579,10 @@ def test_qwen2_rmsnorm_swap_is_kept_when_one_element_misses_the_element_wise_tab
     assert any(d.startswith("captured: passed; closest to its limits") for d in ver.details)
 
 
-QWEN2 = textwrap.dedent("""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    class WithLoss(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, input_ids, labels):
-            return self.m(input_ids=input_ids, labels=labels).loss
-
-    def get_model():
-        torch.manual_seed(0)
-        cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, vocab_size=256, max_position_embeddings=64, use_cache=False)
-        cfg._attn_implementation = "sdpa"
-        model = Qwen2ForCausalLM(cfg)
-        with torch.no_grad():  # trained norms are not ones: spread the weights as Qwen2's are
-            for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.copy_(1 + 3 * torch.randn_like(p))
-        return WithLoss(model)
-
-    def get_inputs():
-        g = torch.Generator().manual_seed(1)
-        return [torch.randint(0, 256, (2, 8), generator=g), torch.randint(0, 256, (2, 8), generator=g)]
-""")
-
-
 def test_qwen2_rmsnorm_swaps_are_kept_and_the_patched_model_passes_with_backward(tmp_path):
     """Every RMSNorm of a (tiny) transformers Qwen2 swapped, checked with gradients, kept; the patched model passes
     the whole-model check (no further from float64 than the model as written), forward and backward."""
-    result = apply(_write(tmp_path, "qwen2", QWEN2),
+    result = apply(QWEN2,
                    ApplyOptions(verify=True, backward=True, candidates="all", keep_unmeasured=True, seeds=1,
                                 kernels=("rmsnorm",), variants=SWAP_VARIANTS), device="cpu")
     sites = _by_kernel(result, "rmsnorm")
@@ -665,7 +599,7 @@ def test_qwen2_rmsnorm_swaps_are_kept_and_the_patched_model_passes_with_backward
 
 
 def test_hf_llama_swaps_verified_and_patched_model_matches(tmp_path):
-    model = _write(tmp_path, "hf_llama", HF_LLAMA)
+    model = HF_LLAMA
     options = ApplyOptions(verify=True, candidates="all", keep_unmeasured=True, seeds=0,
                            kernels=("add_rmsnorm", "rmsnorm", "swiglu", "cross_entropy"), variants=SWAP_VARIANTS)
     result = apply(model, options, device="cpu")
@@ -700,7 +634,7 @@ def test_swaps_name_the_chains_and_lines_analyze_reports(tmp_path):
     # RMSNorm: apply now analyses with analyze's capture, and a swap's source is its chain's
     from fusion_advisor.analyze.pipeline import analyze
 
-    model = _write(tmp_path, "hf_llama", HF_LLAMA)
+    model = HF_LLAMA
     result = apply(model, ApplyOptions(candidates="all", kernels=("add_rmsnorm", "rmsnorm", "swiglu")), device="cpu")
     alone = analyze(model, device="meta")
     assert [(c.id, c.pattern, c.source) for c in result.analysis.chains] == \

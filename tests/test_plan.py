@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,21 +15,7 @@ from fusion_advisor.apply import (
 )
 from fusion_advisor.analyze.load import load_model
 
-MODEL = textwrap.dedent("""
-    import torch
-    from fusion_advisor.models.llama import LlamaConfig, get_model as _get_model, get_inputs as _get_inputs
-
-    CFG = LlamaConfig(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, vocab_size=256,
-                      seq_len=16, dtype=torch.float32)
-
-    def get_model():
-        torch.manual_seed(0)
-        return _get_model(CFG)
-
-    def get_inputs():
-        torch.manual_seed(1)
-        return _get_inputs(CFG)
-""")
+MODEL = (Path(__file__).parent / "data" / "models" / "tiny_llama.py").read_text()
 
 KERNELS = ("add_rmsnorm", "rmsnorm", "cross_entropy")
 

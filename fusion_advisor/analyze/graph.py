@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import networkx as nx
 import torch
@@ -139,15 +139,9 @@ def categorize(target: Any) -> str:
     return "other"
 
 
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from _tensors(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _tensors(x)
+def tensors_of(obj: Any) -> list[torch.Tensor]:
+    """The tensors in ``obj`` (a tensor, or nested lists, tuples and dicts of values), in order."""
+    return [x for x in torch.utils._pytree.tree_leaves(obj) if isinstance(x, torch.Tensor)]
 
 
 def _val(node: Any) -> Any:
@@ -401,7 +395,7 @@ def build_op_graph(capture: Capture) -> OpGraph:
             for arg in _flat_nodes((node.args, node.kwargs)):
                 if arg in ids:
                     val = _val(arg)
-                    metas = [tensor_meta(t) for t in _tensors(val)]
+                    metas = [tensor_meta(t) for t in tensors_of(val)]
                     if metas:
                         g.add_edge(ids[arg], nid, meta=metas[0])
     return OpGraph(g=g, ops=ops, notes=list(notes.values()))
@@ -425,8 +419,8 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     target = node.target
     category = categorize(target) if node.op == "call_function" else "other"
     out_val = _val(node)
-    outputs = tuple(tensor_meta(t) for t in _tensors(out_val))
-    inputs = tuple(tensor_meta(t) for a in _flat_nodes((node.args, node.kwargs)) for t in _tensors(_val(a)))
+    outputs = tuple(tensor_meta(t) for t in tensors_of(out_val))
+    inputs = tuple(tensor_meta(t) for a in _flat_nodes((node.args, node.kwargs)) for t in tensors_of(_val(a)))
     if not outputs and not inputs:  # arithmetic on sizes (sym_size, comparisons, _assert_scalar): host-side only
         category = "view"
     row, last = _reduction_geometry(node, _op_name(target), category, inputs, outputs)

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.fx
@@ -186,12 +186,3 @@ def normalized_args(node: Node) -> dict[str, Any]:
     out = {f"arg{i}": a for i, a in enumerate(node.args)}
     out.update(node.kwargs)
     return out
-
-
-def tensors_of(obj: Any) -> Iterator[torch.Tensor]:
-    """The tensors in ``obj`` (a tensor, or nested lists/tuples of values), in order."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for x in obj:
-            yield from tensors_of(x)

@@ -24,11 +24,11 @@ import torch
 import torch.fx
 from torch.fx import Node
 
-from fusion_advisor.apply.canonical import node_value, normalized_args, tensors_of
+from fusion_advisor.apply.canonical import node_value, normalized_args
 from fusion_advisor.apply.patterns import Pattern, PatternLibrary
 from fusion_advisor.apply.records import MatchKey, NearMiss, SwapSite
 from fusion_advisor.analyze.capture import first_line, source_of
-from fusion_advisor.analyze.graph import module_path_of, tensor_meta
+from fusion_advisor.analyze.graph import module_path_of, tensor_meta, tensors_of
 from fusion_advisor.analyze.records import SourceLoc
 
 #: A loose-pass failure is reported as a near-miss when at least this share of the pattern's ops matched.

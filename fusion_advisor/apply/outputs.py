@@ -14,13 +14,13 @@ leaves either the previous files or the new ones, never a half-written set.
 from __future__ import annotations
 
 import contextlib
-import io
 import math
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from fusion_advisor.apply.plan import PLAN_VERSION, now_iso, render_plan
 from fusion_advisor.apply.records import ApplyResult, NearMiss, SwapOutcome, SwapSite
+from fusion_advisor.files import csv_text
 
 #: variants.csv columns and what each holds.
 VARIANT_COLUMNS: dict[str, str] = {
@@ -67,16 +67,6 @@ def variant_rows(result: ApplyResult) -> list[dict[str, Any]]:
         })
     return rows
 
-
-def render_variants_csv(rows: list[dict[str, Any]]) -> str:
-    import csv
-
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(VARIANT_COLUMNS), lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow(r)
-    return buf.getvalue()
 
 
 #: swaps.csv columns and what each holds.
@@ -144,16 +134,6 @@ def swaps_rows(sites: Sequence[Any], outcomes: dict[str, SwapOutcome]) -> list[d
 def _num(x: float | None) -> float | str:
     return "" if x is None or not math.isfinite(x) else float(x)
 
-
-def render_swaps_csv(rows: list[dict[str, Any]]) -> str:
-    import csv
-
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(SWAP_COLUMNS), lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow(r)
-    return buf.getvalue()
 
 
 def plan_document(result: ApplyResult) -> dict[str, Any]:
@@ -326,8 +306,8 @@ def write_outputs(result: ApplyResult, out_dir: str | Path) -> dict[str, Path]:
         result.warnings.append(f"report.html could not be rendered ({type(e).__name__}: {e}); plan.yaml, "
                                "variants.csv and swaps.csv were written")
     contents = {
-        "swaps_csv": render_swaps_csv(rows).encode("utf-8"),
-        "variants_csv": render_variants_csv(vrows).encode("utf-8"),
+        "swaps_csv": csv_text(rows, SWAP_COLUMNS).encode("utf-8"),
+        "variants_csv": csv_text(vrows, VARIANT_COLUMNS).encode("utf-8"),
         "plan": render_plan(doc).encode("utf-8"),
         **report_files,
     }

@@ -30,7 +30,6 @@ from torch.fx import Node
 
 from fusion_advisor.stages import Stage, no_progress, stage_timer
 from fusion_advisor.apply.backend import RewriteBackend
-from fusion_advisor.apply.canonical import tensors_of
 from fusion_advisor.apply.match import Match
 from fusion_advisor.apply.measure import ModelHarness
 from fusion_advisor.apply.records import (
@@ -43,7 +42,7 @@ from fusion_advisor.apply.search import SearchInputs, search
 from fusion_advisor.apply.swaps import bench_swap, decide, verify_swap
 from fusion_advisor.apply.variants import PlannedModel
 from fusion_advisor.analyze.capture import first_line, quiet_torch_logs, source_of
-from fusion_advisor.analyze.graph import module_path_of
+from fusion_advisor.analyze.graph import module_path_of, tensors_of
 from fusion_advisor.analyze.records import SourceLoc
 
 

@@ -16,9 +16,10 @@ import torch
 import torch.fx
 from torch.fx import Node
 
-from fusion_advisor.apply.canonical import node_value, tensors_of
+from fusion_advisor.apply.canonical import node_value
 from fusion_advisor.apply.match import Match
 from fusion_advisor.analyze.capture import first_line, quiet_torch_logs
+from fusion_advisor.analyze.graph import tensors_of
 
 #: Namespaces of PyTorch's own ops: a traced replacement must call at least one op from another (its kernel's).
 _ATEN_NAMESPACES = frozenset({"aten", "prims"})

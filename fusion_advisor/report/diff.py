@@ -20,8 +20,6 @@ time (estimated eager, estimated after routing, measured with --profile) differs
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 
+from fusion_advisor.files import csv_text
 from fusion_advisor.report.views import layer_index, layer_pattern
 from fusion_advisor.units import fmt_us, is_num
 
@@ -248,12 +247,8 @@ def _grouped(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def render_csv(d: Diff) -> str:
     """diff.csv: every row (changed and same), columns :data:`DIFF_COLUMNS`."""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(DIFF_COLUMNS), lineterminator="\n", extrasaction="ignore")
-    w.writeheader()
-    for r in d.rows:
-        w.writerow({k: ("" if isinstance(v, float) and v != v else v) for k, v in r.items()})
-    return buf.getvalue()
+    return csv_text(({k: ("" if isinstance(v, float) and v != v else v) for k, v in r.items()} for r in d.rows),
+                    DIFF_COLUMNS)
 
 
 def render_html(d: Diff, generated_at: str | None = None) -> str:

@@ -15,10 +15,8 @@ from kernel_library import _device
 from kernel_library import add_rmsnorm as arms
 from kernel_library import rmsnorm as rms
 from kernel_library.registry import get_kernel
-from norm_asserts import assert_close, assert_row_sum_grad_close
+from kernel_asserts import DEVICE, DTYPES, assert_close, assert_row_sum_grad_close
 
-DEVICE = _device.default_device()
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SHAPES = ((1, 17), (3, 1000), (2, 4097), (2, 3, 64))
 EPS = 1e-6
 #: rows for the looped-kernel tests: more than the backward grid has programs, so that some programs accumulate

@@ -16,22 +16,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fusion_advisor.tolerances import TOLERANCES
 from kernel_library import _device
 from kernel_library import bias_gelu as mod
 
-DEVICE = _device.default_device()
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
-
-
-def _assert_close(actual, expected, dtype, equal_nan=False):
-    atol, rtol = TOLERANCES[dtype]
-    torch.testing.assert_close(actual.double(), expected.double(), atol=atol, rtol=rtol, equal_nan=equal_nan)
+from kernel_asserts import DEVICE, DTYPES, assert_matches, check_empty
 
 
 def _check(x, bias, approximate="none", dropout_p=0.0, seed=None, equal_nan=False):
@@ -42,12 +30,12 @@ def _check(x, bias, approximate="none", dropout_p=0.0, seed=None, equal_nan=Fals
     assert y.dtype == dtype and y.shape == x.shape
     x64, b64 = (t.detach().double().requires_grad_() for t in (x, bias))
     ref = mod.reference_fn(x64, b64, approximate, dropout_p, seed)
-    _assert_close(y, ref, dtype, equal_nan)
+    assert_matches(y, ref, dtype, equal_nan)
     grad = torch.randn_like(y)
     grad_x, grad_b = torch.autograd.grad(y, (x, bias), grad)
     ref_x, ref_b = torch.autograd.grad(ref, (x64, b64), grad.double())
-    _assert_close(grad_x, ref_x, dtype, equal_nan)
-    _assert_close(grad_b, ref_b, dtype, equal_nan)  # summed in fp32 from unrounded dz: one final rounding
+    assert_matches(grad_x, ref_x, dtype, equal_nan)
+    assert_matches(grad_b, ref_b, dtype, equal_nan)  # summed in fp32 from unrounded dz: one final rounding
     for t, t0 in zip((x, bias), before):
         torch.testing.assert_close(t.detach(), t0, atol=0, rtol=0, equal_nan=True)
     return y
@@ -158,12 +146,8 @@ def test_dropout_extremes_and_seed_from_torch_generator():
 
 
 def test_empty():
-    for shape in [(0, 7), (4, 0)]:
-        x, bias = _inputs(*shape)
-        y = mod.kernel_fn(x, bias)
-        assert y.shape == shape
-        grad_x, grad_b = torch.autograd.grad(y, (x, bias), torch.ones_like(y))
-        assert grad_x.shape == shape and not grad_b.any()
+    for (x, _), (grad_x, grad_b) in check_empty(mod.kernel_fn, _inputs):
+        assert grad_x.shape == x.shape and not grad_b.any()
 
 
 def test_bad_inputs_name_the_argument():
@@ -204,7 +188,7 @@ def test_contract_and_registry():
     assert all(t.requires_grad for t in args) and args[0].device.type == DEVICE.type
     assert args[0].numel() < 100_000 or _device.on_gpu()  # get_inputs() gives GPT-MLP shapes (bf16) on a GPU
     ref = mod.reference_fn(*(t.detach().double() for t in args))
-    _assert_close(mod.kernel_fn(*args), ref, args[0].dtype)
+    assert_matches(mod.kernel_fn(*args), ref, args[0].dtype)
     x, bias = (t.detach() for t in args)
     assert mod.bytes_moved(x, bias) == 2 * x.numel() * x.element_size() + bias.numel() * bias.element_size()
     x2, b2, approximate, p, seed = mod.make_inputs(4, 32, torch.float32, dropout_p=0.2)

@@ -11,30 +11,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fusion_advisor.tolerances import TOLERANCES
 from kernel_library import _device
 from kernel_library import cross_entropy as ce
 from kernel_library.registry import get_kernel
 
-DEVICE = _device.default_device()
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from kernel_asserts import DEVICE, DTYPES, assert_close
+
 REDUCTIONS = ("mean", "sum", "none")
 #: A chunked config with a tiny block, so that a few hundred classes take several online log-sum-exp chunks.
 CHUNKED = ce.CrossEntropyConfig(block_size=64, num_warps=2, single_block=False)
-
-
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str = "loss") -> None:
-    """Every element within TOLERANCES[dtype]; NaN never passes; the report names the worst element."""
-    atol, rtol = TOLERANCES[dtype]
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
-    assert not torch.isnan(a).any(), f"{what}: {int(torch.isnan(a).sum())} NaN in the kernel output"
-    err = (a - e).abs()
-    bad = err > atol + rtol * e.abs()
-    if bad.any():
-        idx = tuple(int(i) for i in torch.nonzero(err == err.max())[0])
-        raise AssertionError(f"{what} ({dtype}): {int(bad.sum())}/{bad.numel()} elements off; worst at {idx}: "
-                             f"got {a[idx].item():.8g}, expected {e[idx].item():.8g} (atol {atol}, rtol {rtol})")
 
 
 def make(n_tokens, vocab, dtype=torch.float32, std=2.0, seed=0, ignore_rows=(1,), ignore_index=-100):
@@ -300,14 +285,12 @@ def test_errors():
         ce.kernel_fn(logits[:, :0], target)
 
 
-def test_config_heuristic():
-    # the H200 sweep's choices (see cross_entropy.py's constants): vocabularies wider than 4096 are chunked, 4096
-    # columns per chunk over 8 warps
-    assert ce.CrossEntropyConfig.for_vocab(32000) == ce.CrossEntropyConfig(4096, 8, False)
-    assert ce.CrossEntropyConfig.for_vocab(128256) == ce.CrossEntropyConfig(4096, 8, False)
-    assert ce.CrossEntropyConfig.for_vocab(4097) == ce.CrossEntropyConfig(4096, 8, False)
-    assert ce.CrossEntropyConfig.for_vocab(4096) == ce.CrossEntropyConfig(4096, 8, True)
-    assert ce.CrossEntropyConfig.for_vocab(1) == ce.CrossEntropyConfig(1, 1, True)
+# the H200 sweep's choices (see cross_entropy.py's constants): vocabularies wider than 4096 are chunked, 4096
+# columns per chunk over 8 warps
+@pytest.mark.parametrize("vocab, config", [(32000, (4096, 8, False)), (128256, (4096, 8, False)),
+                                           (4097, (4096, 8, False)), (4096, (4096, 8, True)), (1, (1, 1, True))])
+def test_config_heuristic(vocab, config):
+    assert ce.CrossEntropyConfig.for_vocab(vocab) == ce.CrossEntropyConfig(*config)
 
 
 def test_contract_and_registry():

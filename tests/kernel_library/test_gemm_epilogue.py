@@ -28,13 +28,7 @@ from fusion_advisor.tolerances import tolerance_for
 from kernel_library import _device
 from kernel_library import gemm_epilogue as mod
 
-DEVICE = _device.default_device()
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
+from kernel_asserts import DEVICE, DTYPES
 
 
 #: Unit roundoff of the dtype that dL/dz is stored in between the epilogue and the two backward GEMMs.

@@ -17,10 +17,8 @@ import torch.nn.functional as F
 from kernel_library import _device
 from kernel_library import layernorm as ln
 from kernel_library.registry import get_kernel
-from norm_asserts import assert_close, assert_row_sum_grad_close
+from kernel_asserts import DEVICE, DTYPES, assert_close, assert_row_sum_grad_close
 
-DEVICE = _device.default_device()
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SHAPES = ((1, 17), (3, 1000), (2, 4097), (2, 3, 64))
 EPS = 1e-5
 #: rows for the looped-kernel tests: more than the backward grid has programs, so that some programs accumulate

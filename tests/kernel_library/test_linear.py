@@ -12,21 +12,15 @@ GPU spec and leaves small and bf16 GEMMs to cuBLAS.
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from fusion_advisor.tolerances import tolerance_for
-from kernel_library import _device
 from kernel_library import linear as mod
 from kernel_library.registry import load_all
 
-DEVICE = _device.default_device()
+from kernel_asserts import DEVICE
+
 #: Relative error of one 3xTF32 product on a GPU (see test_gemm_epilogue.py's TF32_PRODUCT_ERROR), 0 on the CPU.
 PRODUCT_ERROR = 2.0**-20 if DEVICE.type == "cuda" else 0.0
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
 
 
 def _gemm_slack(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

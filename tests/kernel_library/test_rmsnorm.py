@@ -19,10 +19,8 @@ from kernel_library import _device
 from kernel_library import _rows as rows
 from kernel_library import rmsnorm as rms
 from kernel_library.registry import get_kernel
-from norm_asserts import assert_close, assert_row_sum_grad_close
+from kernel_asserts import DEVICE, DTYPES, assert_close, assert_row_sum_grad_close
 
-DEVICE = _device.default_device()
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 OFFSETS = (0.0, 1.0)
 #: (shape of x) single row, ragged widths, one past a power of two, a 3-D [batch, seq, hidden] input
 SHAPES = ((1, 17), (3, 1000), (2, 1536), (2, 4097), (2, 3, 64))

@@ -16,22 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
-from fusion_advisor.tolerances import TOLERANCES
 from kernel_library import _device
 from kernel_library import rope as mod
 
-DEVICE = _device.default_device()
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
-
-
-def _assert_close(actual, expected, dtype, equal_nan=False):
-    atol, rtol = TOLERANCES[dtype]
-    torch.testing.assert_close(actual.double(), expected.double(), atol=atol, rtol=rtol, equal_nan=equal_nan)
+from kernel_asserts import DEVICE, DTYPES, assert_matches
 
 
 def _check(q, k, cos, sin, equal_nan=False):
@@ -42,14 +30,14 @@ def _check(q, k, cos, sin, equal_nan=False):
     assert q_out.dtype == out_dtype and q_out.shape == q.shape and k_out.shape == k.shape
     q64, k64 = (t.detach().double().requires_grad_() for t in (q, k))
     ref_q, ref_k = mod.reference_fn(q64, k64, cos.double(), sin.double())
-    _assert_close(q_out, ref_q, out_dtype, equal_nan)
-    _assert_close(k_out, ref_k, out_dtype, equal_nan)
+    assert_matches(q_out, ref_q, out_dtype, equal_nan)
+    assert_matches(k_out, ref_k, out_dtype, equal_nan)
     grad_q_out, grad_k_out = torch.randn_like(q_out), torch.randn_like(k_out)
     grad_q, grad_k = torch.autograd.grad((q_out, k_out), (q, k), (grad_q_out, grad_k_out))
     ref_gq, ref_gk = torch.autograd.grad((ref_q, ref_k), (q64, k64), (grad_q_out.double(), grad_k_out.double()))
     assert grad_q.dtype == q.dtype
-    _assert_close(grad_q, ref_gq, q.dtype, equal_nan)
-    _assert_close(grad_k, ref_gk, q.dtype, equal_nan)
+    assert_matches(grad_q, ref_gq, q.dtype, equal_nan)
+    assert_matches(grad_k, ref_gk, q.dtype, equal_nan)
     for t, t0 in zip((q, k, cos, sin), before):
         torch.testing.assert_close(t.detach(), t0, atol=0, rtol=0, equal_nan=True)
     return q_out, k_out
@@ -188,7 +176,7 @@ def test_contract_and_registry():
     out = mod.kernel_fn(q, k, cos, sin)
     ref = mod.reference_fn(*(t.detach().double() for t in (q, k, cos, sin)))
     for o, r in zip(out, ref):
-        _assert_close(o, r, q.dtype)
+        assert_matches(o, r, q.dtype)
     assert mod.bytes_moved(q, k, cos, sin) == (2 * (q.numel() + k.numel()) + 2 * cos.numel()) * q.element_size()
     entry = mod.ENTRY
     assert entry.replaces == "rope" and entry.op == "fusion_advisor::rope" and entry.has_backward
@@ -196,7 +184,7 @@ def test_contract_and_registry():
     # rounds after each of its ops and cancels in q * cos + rotate_half(q) * sin, the kernel rounds once.
     pattern64 = entry.pattern(*(t.detach().double() for t in (q, k, cos, sin)))
     for r, p64 in zip(entry.replacement(q, k, cos, sin), pattern64):
-        _assert_close(r, p64, q.dtype)
+        assert_matches(r, p64, q.dtype)
 
 
 def test_opcheck():

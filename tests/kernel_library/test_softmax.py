@@ -10,30 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fusion_advisor.tolerances import TOLERANCES
 from kernel_library import _device
 from kernel_library import softmax as sm
 from kernel_library.registry import get_kernel
 
-DEVICE = _device.default_device()
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from kernel_asserts import DEVICE, DTYPES, assert_close
+
 #: A looped config with a tiny block, so that rows of a few hundred columns take several online-softmax chunks.
 LOOPED = sm.SoftmaxConfig(block_size=64, num_warps=2, single_block=False)
 NEG_INF = float("-inf")
-
-
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str = "y") -> None:
-    """Every element within TOLERANCES[dtype]; NaN never passes; the report names the worst element."""
-    atol, rtol = TOLERANCES[dtype]
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
-    assert not torch.isnan(a).any(), f"{what}: {int(torch.isnan(a).sum())} NaN in the kernel output"
-    err = (a - e).abs()
-    bad = err > atol + rtol * e.abs()
-    if bad.any():
-        idx = tuple(int(i) for i in torch.nonzero(err == err.max())[0])
-        raise AssertionError(f"{what} ({dtype}): {int(bad.sum())}/{bad.numel()} elements off; worst at {idx}: "
-                             f"got {a[idx].item():.8g}, expected {e[idx].item():.8g} (atol {atol}, rtol {rtol})")
 
 
 def rand(shape, dtype=torch.float32, std=3.0, seed=0) -> torch.Tensor:
@@ -287,13 +272,14 @@ def test_errors():
         sm.kernel_fn(torch.ones(3, 4, device=DEVICE), 1.0, torch.ones(3, 4, dtype=torch.int32, device=DEVICE))
 
 
-def test_config_heuristic():
-    # the H200 sweep's choices (see softmax.py's constants): rows wider than 4096 loop in 4096-wide chunks, 16 warps
-    assert sm.SoftmaxConfig.for_row(32000) == sm.SoftmaxConfig(4096, 16, False)
-    assert sm.SoftmaxConfig.for_row(128256) == sm.SoftmaxConfig(4096, 16, False)
-    assert sm.SoftmaxConfig.for_row(4097) == sm.SoftmaxConfig(4096, 16, False)
-    assert sm.SoftmaxConfig.for_row(4096) == sm.SoftmaxConfig(4096, 8, True)
-    assert sm.SoftmaxConfig.for_row(17) == sm.SoftmaxConfig(32, 1, True)
+# the H200 sweep's choices (see softmax.py's constants): rows wider than 4096 loop in 4096-wide chunks, 16 warps
+@pytest.mark.parametrize("width, config", [(32000, (4096, 16, False)), (128256, (4096, 16, False)),
+                                           (4097, (4096, 16, False)), (4096, (4096, 8, True)), (17, (32, 1, True))])
+def test_config_heuristic(width, config):
+    assert sm.SoftmaxConfig.for_row(width) == sm.SoftmaxConfig(*config)
+
+
+def test_backward_config_heuristic():
     # the backward's own single-block limit (not swept)
     assert sm.SoftmaxConfig.for_row(16384, sm.MAX_SINGLE_BLOCK_BWD) == sm.SoftmaxConfig(16384, 32, True)
     assert not sm.SoftmaxConfig.for_row(32000, sm.MAX_SINGLE_BLOCK_BWD).single_block

@@ -6,7 +6,8 @@ inputs, with the tolerance of the kernel's dtype; gradients with float64 autogra
 Grid: all three dtypes x widths 1 (degenerate row), 17 (under one block, odd), 1000 (not a power of two) and 4097
 (one past a power of two: the masked tail of a second block); 3 rows, plus one single-row case. Layouts cover
 both kernel paths: the flat contiguous one and the [rows, cols] strided one (gate_up chunks, offset views,
-a transpose, a broadcast, and a permuted 3-D tensor that must be copied).
+a transpose, a broadcast, and a permuted 3-D tensor that must be copied). The grid, layout, empty and bad-input
+tests run GeGLU too (``GATED``): it is the same kernels with the tanh-GELU gate.
 """
 
 import pytest
@@ -15,62 +16,41 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fusion_advisor.tolerances import TOLERANCES
 from kernel_library import _device
+from kernel_library import geglu, swiglu
 from kernel_library import swiglu as mod
 
-DEVICE = _device.default_device()
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+from kernel_asserts import DEVICE, DTYPES, assert_matches, check_empty, check_fwd_bwd, pair
 
 
-def _assert_close(actual, expected, dtype, equal_nan=False):
-    atol, rtol = TOLERANCES[dtype]
-    torch.testing.assert_close(actual.double(), expected.double(), atol=atol, rtol=rtol, equal_nan=equal_nan)
+#: The layout tests run both gated units: GeGLU (kernel_library/geglu.py) is these kernels with the tanh-GELU gate.
+GATED = pytest.mark.parametrize("unit", [swiglu, geglu], ids=["swiglu", "geglu"])
 
 
-def _check(a, b, equal_nan=False):
+def _check(a, b, equal_nan=False, unit=mod):
     """Forward and backward of the kernel on (a, b) against float64 autograd of the reference; inputs unchanged."""
-    dtype = a.dtype
-    before = [a.detach().clone(), b.detach().clone()]
-    out = mod.kernel_fn(a, b)
-    assert out.dtype == dtype and out.shape == a.shape
-    a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
-    ref = mod.reference_fn(a64, b64)
-    _assert_close(out, ref, dtype, equal_nan)
-    grad = torch.randn_like(out)
-    grad_a, grad_b = torch.autograd.grad(out, (a, b), grad)
-    ref_a, ref_b = torch.autograd.grad(ref, (a64, b64), grad.double())
-    _assert_close(grad_a, ref_a, dtype, equal_nan)
-    _assert_close(grad_b, ref_b, dtype, equal_nan)
-    for t, t0 in zip((a, b), before):
-        torch.testing.assert_close(t.detach(), t0, atol=0, rtol=0, equal_nan=True)
-
-
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
-
-
-def _pair(*shape, dtype=torch.float32):
-    return [torch.randn(*shape, dtype=dtype, device=DEVICE).requires_grad_() for _ in range(2)]
+    return check_fwd_bwd(unit.kernel_fn, unit.reference_fn, [a, b], equal_nan)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n_cols", [1, 17, 1000, 4097])
-def test_dtypes_and_widths(dtype, n_cols):
-    _check(*_pair(3, n_cols, dtype=dtype))
+@GATED
+def test_dtypes_and_widths(dtype, n_cols, unit):
+    _check(*pair(3, n_cols, dtype=dtype), unit=unit)
 
 
-def test_single_row_and_1d():
-    _check(*_pair(1, 1536))
-    _check(*_pair(300))
+@GATED
+def test_single_row_and_1d(unit):
+    _check(*pair(1, 1536), unit=unit)
+    _check(*pair(300), unit=unit)
 
 
-def test_fused_gate_up_chunks():
+@GATED
+def test_fused_gate_up_chunks(unit):
     # a = x[:, :I], b = x[:, I:] of one gate_up projection: row stride 2I, no copy; gradients reach x.
-    a, b = mod.make_inputs(5, 1000, torch.bfloat16, fused=True)
+    a, b = unit.make_inputs(5, 1000, torch.bfloat16, fused=True)
     assert not a.is_contiguous() and a.stride(0) == 2000
-    _check(a, b)
+    _check(a, b, unit=unit)
 
 
 @pytest.mark.parametrize(
@@ -84,18 +64,20 @@ def test_fused_gate_up_chunks():
     ],
     ids=["offset_rows", "offset_cols", "transposed", "mixed", "expanded"],
 )
-def test_strided_views(make):
+@GATED
+def test_strided_views(make, unit):
     # Separate sources for a and b: gradients are compared per input, so a and b must not alias.
     x = torch.randn(6, 40, device=DEVICE, requires_grad=True)
     y = torch.randn(6, 40, device=DEVICE, requires_grad=True)
-    _check(*make(x, y))
+    _check(*make(x, y), unit=unit)
 
 
-def test_3d_contiguous_and_permuted():
-    _check(*_pair(2, 3, 50))
+@GATED
+def test_3d_contiguous_and_permuted(unit):
+    _check(*pair(2, 3, 50), unit=unit)
     # Leading dims that cannot be flattened into one row stride are copied first; results still match.
     x = torch.randn(3, 2, 50, device=DEVICE, requires_grad=True)
-    _check(x.transpose(0, 1), x.transpose(0, 1) * 2)
+    _check(x.transpose(0, 1), x.transpose(0, 1) * 2, unit=unit)
 
 
 def test_hard_values():
@@ -111,25 +93,23 @@ def test_hard_values():
         _check(a.detach().to(dtype).requires_grad_(), b.detach().to(dtype).requires_grad_(), equal_nan=True)
 
 
-def test_empty():
-    for shape in [(0, 7), (4, 0)]:
-        a, b = _pair(*shape)
-        out = mod.kernel_fn(a, b)
-        assert out.shape == shape
-        grad_a, grad_b = torch.autograd.grad(out, (a, b), torch.ones_like(out))
-        assert grad_a.shape == shape and grad_b.shape == shape
+@GATED
+def test_empty(unit):
+    for inputs, grads in check_empty(unit.kernel_fn, pair):
+        assert [g.shape for g in grads] == [t.shape for t in inputs]
 
 
-def test_bad_inputs_name_the_argument():
+@GATED
+def test_bad_inputs_name_the_argument(unit):
     a = torch.randn(4, 8, device=DEVICE)
     with pytest.raises(ValueError, match="b must have a's shape"):
-        mod.kernel_fn(a, torch.randn(4, 9, device=DEVICE))
+        unit.kernel_fn(a, torch.randn(4, 9, device=DEVICE))
     with pytest.raises(TypeError, match="b must have a's dtype"):
-        mod.kernel_fn(a, a.half())
+        unit.kernel_fn(a, a.half())
     with pytest.raises(TypeError, match="a must be one of"):
-        mod.kernel_fn(a.long(), a.long())
+        unit.kernel_fn(a.long(), a.long())
     with pytest.raises(ValueError, match="at least 1 dimension"):
-        mod.kernel_fn(torch.tensor(1.0, device=DEVICE), torch.tensor(2.0, device=DEVICE))
+        unit.kernel_fn(torch.tensor(1.0, device=DEVICE), torch.tensor(2.0, device=DEVICE))
 
 
 @triton.jit
@@ -166,7 +146,7 @@ def test_contract_and_registry():
     assert all(t.requires_grad for t in args) and args[0].device.type == DEVICE.type
     assert args[0].numel() < 100_000 or _device.on_gpu()  # get_inputs() gives Llama-7B shapes on a GPU
     ref = mod.reference_fn(*(t.detach().double() for t in args))
-    _assert_close(mod.kernel_fn(*args), ref, args[0].dtype)
+    assert_matches(mod.kernel_fn(*args), ref, args[0].dtype)
     assert mod.bytes_moved(*args) == 3 * args[0].numel() * args[0].element_size()
     entry = mod.ENTRY
     assert entry.replaces == "swiglu" and entry.op == "fusion_advisor::swiglu" and entry.has_backward

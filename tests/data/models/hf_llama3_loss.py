@@ -3,18 +3,10 @@ over 2 key/value heads), a vocabulary over 65536 (one softmax row wider than a 6
 tiny otherwise. Built from the default config (cache left on); forward+backward through apply --backward."""
 
 import torch
+from hf_loss import WithLoss, token_pair
 from transformers import LlamaConfig, LlamaForCausalLM
 
 VOCAB = 70000
-
-
-class WithLoss(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, labels):
-        return self.model(input_ids=input_ids, labels=labels).loss
 
 
 def get_model():
@@ -25,5 +17,4 @@ def get_model():
 
 
 def get_inputs():
-    g = torch.Generator().manual_seed(1)
-    return [torch.randint(0, VOCAB, (1, 8), generator=g), torch.randint(0, VOCAB, (1, 8), generator=g)]
+    return token_pair(VOCAB, (1, 8))
