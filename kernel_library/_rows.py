@@ -74,6 +74,29 @@ def row_start(row, stride):
     return tl.cast(row, tl.int64) * stride
 
 
+@triton.jit
+def load_f32(ptr, row, stride_row, cols, stride_col, mask):
+    """``ptr[row, cols]`` in fp32, 0 where ``mask`` is off: one row (``row`` a scalar, ``cols`` [BLOCK]) or a block
+    of rows (``row`` [R, 1], ``cols`` [1, BLOCK]); strides in elements."""
+    return tl.load(ptr + row_start(row, stride_row) + cols * stride_col, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_rows(ptr, row, stride_row, cols, stride_col, value, mask):
+    """``ptr[row, cols] = value`` rounded to ``ptr``'s dtype where ``mask`` is on (shapes as in :func:`load_f32`)."""
+    tl.store(ptr + row_start(row, stride_row) + cols * stride_col, value.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def add_residual(x, r_ptr, s_ptr, row, stride_r_row, stride_r_col, stride_s_row, stride_s_col, cols, mask):
+    """The residual add of a pre-norm block: ``s = x + residual`` rounded to ``s``'s dtype (HF adds in the input
+    dtype), stored to ``s_ptr[row, cols]``; returns ``s`` in fp32, the row the norm then normalises."""
+    r = tl.load(r_ptr + row_start(row, stride_r_row) + cols * stride_r_col, mask=mask, other=0.0)
+    s = (x + r.to(tl.float32)).to(s_ptr.dtype.element_ty)
+    tl.store(s_ptr + row_start(row, stride_s_row) + cols * stride_s_col, s, mask=mask)
+    return s.to(tl.float32)
+
+
 @triton.jit(do_not_specialize=["n_parts"])
 def _sum_partials_kernel(
     a_ptr,  # in: fp32 partial sums [n_parts, n_cols], contiguous

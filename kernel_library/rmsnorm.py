@@ -37,7 +37,16 @@ import triton.language as tl
 from kernel_library._device import default_device, on_gpu
 from kernel_library._op import launcher, library_op
 from kernel_library._checks import check_tensor
-from kernel_library._rows import RowConfig, as_rows, bwd_programs, row_start, sum_partials
+from kernel_library._rows import (
+    RowConfig,
+    add_residual,
+    as_rows,
+    bwd_programs,
+    load_f32,
+    row_start,
+    store_rows,
+    sum_partials,
+)
 from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ----------------------------------------------------------------------------------------------
@@ -99,12 +108,9 @@ def _rms_norm_fwd_kernel(
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_SIZE)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row_start(row, stride_x_row) + cols * stride_x_col, mask=mask, other=0.0).to(tl.float32)
+    x = load_f32(x_ptr, row, stride_x_row, cols, stride_x_col, mask)
     if HAS_RESIDUAL:
-        r = tl.load(r_ptr + row_start(row, stride_r_row) + cols * stride_r_col, mask=mask, other=0.0)
-        s = (x + r.to(tl.float32)).to(s_ptr.dtype.element_ty)  # HF: residual + hidden_states, in the input dtype
-        tl.store(s_ptr + row_start(row, stride_s_row) + cols * stride_s_col, s, mask=mask)
-        x = s.to(tl.float32)
+        x = add_residual(x, r_ptr, s_ptr, row, stride_r_row, stride_r_col, stride_s_row, stride_s_col, cols, mask)
     mean_sq = tl.sum(x * x, axis=0) / n_cols
     rstd = tl.rsqrt(mean_sq + eps)
     w = tl.load(w_ptr + cols * stride_w, mask=mask, other=0.0).to(tl.float32)
@@ -114,7 +120,7 @@ def _rms_norm_fwd_kernel(
     else:
         # HF Llama: the normalised row is cast to the input dtype, then multiplied by the weight
         y = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32) * w
-    tl.store(y_ptr + row_start(row, stride_y_row) + cols * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
+    store_rows(y_ptr, row, stride_y_row, cols, stride_y_col, y, mask)
 
 
 @triton.jit
@@ -225,22 +231,15 @@ def _rms_norm_bwd_kernel(
     dw_acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
     if ROWS_PER_ITER == 1:
         for row in tl.range(pid, n_rows, n_programs, num_stages=NUM_STAGES):
-            x = tl.load(x_ptr + row_start(row, stride_x_row) + cols * stride_x_col, mask=mask, other=0.0)
-            x = x.to(tl.float32)
-            dy = tl.load(dy_ptr + row_start(row, stride_dy_row) + cols * stride_dy_col, mask=mask, other=0.0)
-            dy = dy.to(tl.float32)
+            x = load_f32(x_ptr, row, stride_x_row, cols, stride_x_col, mask)
+            dy = load_f32(dy_ptr, row, stride_dy_row, cols, stride_dy_col, mask)
             rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
             x_hat = x * rstd
             g = dy * w
             dx = rstd * (g - x_hat * (tl.sum(g * x_hat, axis=0) / n_cols))
             if HAS_RESIDUAL:
-                ds = tl.load(ds_ptr + row_start(row, stride_ds_row) + cols * stride_ds_col, mask=mask, other=0.0)
-                dx += ds.to(tl.float32)
-            tl.store(
-                dx_ptr + row_start(row, stride_dx_row) + cols * stride_dx_col,
-                dx.to(dx_ptr.dtype.element_ty),
-                mask=mask,
-            )
+                dx += load_f32(ds_ptr, row, stride_ds_row, cols, stride_ds_col, mask)
+            store_rows(dx_ptr, row, stride_dx_row, cols, stride_dx_col, dx, mask)
             if GEMMA:
                 dw_acc += dy * x_hat
             else:
@@ -252,28 +251,15 @@ def _rms_norm_bwd_kernel(
         for first in tl.range(pid * ROWS_PER_ITER, n_rows, n_programs * ROWS_PER_ITER, num_stages=NUM_STAGES):
             rows = first + row_offs  # [ROWS_PER_ITER]
             mask_2d = (rows < n_rows)[:, None] & mask[None, :]  # [ROWS_PER_ITER, BLOCK_SIZE]
-            x = tl.load(
-                x_ptr + row_start(rows, stride_x_row)[:, None] + cols_2d * stride_x_col, mask=mask_2d, other=0.0
-            ).to(tl.float32)
-            dy = tl.load(
-                dy_ptr + row_start(rows, stride_dy_row)[:, None] + cols_2d * stride_dy_col, mask=mask_2d, other=0.0
-            ).to(tl.float32)
+            x = load_f32(x_ptr, rows[:, None], stride_x_row, cols_2d, stride_x_col, mask_2d)
+            dy = load_f32(dy_ptr, rows[:, None], stride_dy_row, cols_2d, stride_dy_col, mask_2d)
             rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)[:, None]  # [ROWS_PER_ITER, 1]
             x_hat = x * rstd
             g = dy * w_2d
             dx = rstd * (g - x_hat * (tl.sum(g * x_hat, axis=1) / n_cols)[:, None])
             if HAS_RESIDUAL:
-                ds = tl.load(
-                    ds_ptr + row_start(rows, stride_ds_row)[:, None] + cols_2d * stride_ds_col,
-                    mask=mask_2d,
-                    other=0.0,
-                )
-                dx += ds.to(tl.float32)
-            tl.store(
-                dx_ptr + row_start(rows, stride_dx_row)[:, None] + cols_2d * stride_dx_col,
-                dx.to(dx_ptr.dtype.element_ty),
-                mask=mask_2d,
-            )
+                dx += load_f32(ds_ptr, rows[:, None], stride_ds_row, cols_2d, stride_ds_col, mask_2d)
+            store_rows(dx_ptr, rows[:, None], stride_dx_row, cols_2d, stride_dx_col, dx, mask_2d)
             if GEMMA:
                 dw_acc += tl.sum(dy * x_hat, axis=0)
             else:
@@ -343,20 +329,13 @@ def _rms_norm_bwd_looped_kernel(
         for row in tl.range(pid, n_rows, n_programs):
             rstd = tl.load(stats_ptr + row)
             c = tl.load(stats_ptr + n_rows + row)
-            x = tl.load(x_ptr + row_start(row, stride_x_row) + cols * stride_x_col, mask=mask, other=0.0)
-            x = x.to(tl.float32)
-            dy = tl.load(dy_ptr + row_start(row, stride_dy_row) + cols * stride_dy_col, mask=mask, other=0.0)
-            dy = dy.to(tl.float32)
+            x = load_f32(x_ptr, row, stride_x_row, cols, stride_x_col, mask)
+            dy = load_f32(dy_ptr, row, stride_dy_row, cols, stride_dy_col, mask)
             x_hat = x * rstd
             dx = rstd * (dy * w - x_hat * c)
             if HAS_RESIDUAL:
-                ds = tl.load(ds_ptr + row_start(row, stride_ds_row) + cols * stride_ds_col, mask=mask, other=0.0)
-                dx += ds.to(tl.float32)
-            tl.store(
-                dx_ptr + row_start(row, stride_dx_row) + cols * stride_dx_col,
-                dx.to(dx_ptr.dtype.element_ty),
-                mask=mask,
-            )
+                dx += load_f32(ds_ptr, row, stride_ds_row, cols, stride_ds_col, mask)
+            store_rows(dx_ptr, row, stride_dx_row, cols, stride_dx_col, dx, mask)
             if GEMMA:
                 dw_acc += dy * x_hat
             else:
@@ -513,14 +492,10 @@ def rms_norm_bwd_launch(
     kernel = _rms_norm_bwd_looped_kernel if cfg.looped else _rms_norm_bwd_kernel
     launcher(kernel)[(n_programs,)](
         *ptrs,
-        dx.stride(0),
-        dx.stride(1),
-        dy.stride(0),
-        dy.stride(1),
-        ds_arg.stride(0),
-        ds_arg.stride(1),
-        x.stride(0),
-        x.stride(1),
+        *dx.stride(),  # every operand is 2-D [n_rows, n_cols]: (row stride, column stride)
+        *dy.stride(),
+        *ds_arg.stride(),
+        *x.stride(),
         weight.stride(0),
         n_rows,
         n_cols,

@@ -128,6 +128,23 @@ def online_lse_combine(m_lane, s_lane):
     return m, s
 
 
+@triton.jit
+def _split_row(row, size1, size2):
+    """Flat row index -> ``(i0, i1, i2)`` of the 4-D view ``[size0, size1, size2, n_cols]``; all non-negative, so C
+    division is safe."""
+    i2 = row % size2
+    i01 = row // size2
+    i1 = i01 % size1
+    i0 = i01 // size1
+    return i0, i1, i2
+
+
+@triton.jit
+def _row_start(ptr, i0, i1, i2, stride0, stride1, stride2):
+    """``ptr`` advanced to row ``(i0, i1, i2)`` of a 4-D view with those strides (elements), in int64."""
+    return ptr + i0.to(tl.int64) * stride0 + i1.to(tl.int64) * stride1 + i2.to(tl.int64) * stride2
+
+
 # Specialisation: n_cols stays specialised. Triton then knows when it is a multiple of 16, so the masked loads and
 # stores along the row compile to 16-byte vector accesses; marked do_not_specialize, every access was a scalar 2-byte
 # one (H200, 8192 x 32000 bf16: 41% of copy bandwidth). The row-splitting sizes buy nothing from specialisation.
@@ -150,13 +167,9 @@ def _softmax_fwd_kernel(
 ):
     scale = tl.cast(scale, tl.float32)  # see 'Float arguments' above
     row = tl.program_id(0)
-    # Split the flat row index into (i0, i1, i2) of the 4-D view; all non-negative, so C division is safe.
-    i2 = row % size2
-    i01 = row // size2
-    i1 = i01 % size1
-    i0 = i01 // size1
-    x_row = x_ptr + i0.to(tl.int64) * x_stride0 + i1.to(tl.int64) * x_stride1 + i2.to(tl.int64) * x_stride2
-    m_row = m_ptr + i0.to(tl.int64) * m_stride0 + i1.to(tl.int64) * m_stride1 + i2.to(tl.int64) * m_stride2
+    i0, i1, i2 = _split_row(row, size1, size2)
+    x_row = _row_start(x_ptr, i0, i1, i2, x_stride0, x_stride1, x_stride2)
+    m_row = _row_start(m_ptr, i0, i1, i2, m_stride0, m_stride1, m_stride2)
     y_row = y_ptr + row.to(tl.int64) * y_stride_row
     # Columns past the causal limit are never loaded: they are -inf scores whose output is 0.
     n_live = n_cols
@@ -213,11 +226,8 @@ def _softmax_bwd_kernel(
 ):
     scale = tl.cast(scale, tl.float32)  # see 'Float arguments' above
     row = tl.program_id(0)
-    i2 = row % size2
-    i01 = row // size2
-    i1 = i01 % size1
-    i0 = i01 // size1
-    dy_row = dy_ptr + i0.to(tl.int64) * dy_stride0 + i1.to(tl.int64) * dy_stride1 + i2.to(tl.int64) * dy_stride2
+    i0, i1, i2 = _split_row(row, size1, size2)
+    dy_row = _row_start(dy_ptr, i0, i1, i2, dy_stride0, dy_stride1, dy_stride2)
     y_row = y_ptr + row.to(tl.int64) * y_stride_row
     dx_row = dx_ptr + row.to(tl.int64) * y_stride_row
     offs = tl.arange(0, BLOCK)

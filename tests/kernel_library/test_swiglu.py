@@ -141,38 +141,44 @@ def test_config_heuristic():
     assert mod.GluConfig.from_cols(17) == mod.GluConfig(32, 1)
 
 
-def test_contract_and_registry():
-    args = mod.get_inputs()
+@pytest.mark.parametrize("unit, gate", [(swiglu, F.silu), (geglu, lambda a: F.gelu(a, approximate="tanh"))],
+                         ids=["swiglu", "geglu"])
+def test_contract_and_registry(unit, gate):
+    args = unit.get_inputs()
     assert all(t.requires_grad for t in args) and args[0].device.type == DEVICE.type
     assert args[0].numel() < 100_000 or _device.on_gpu()  # get_inputs() gives Llama-7B shapes on a GPU
-    ref = mod.reference_fn(*(t.detach().double() for t in args))
-    assert_matches(mod.kernel_fn(*args), ref, args[0].dtype)
-    assert mod.bytes_moved(*args) == 3 * args[0].numel() * args[0].element_size()
-    entry = mod.ENTRY
-    assert entry.replaces == "swiglu" and entry.op == "fusion_advisor::swiglu" and entry.has_backward
+    ref = unit.reference_fn(*(t.detach().double() for t in args))
+    assert_matches(unit.kernel_fn(*args), ref, args[0].dtype)
+    assert unit.bytes_moved(*args) == 3 * args[0].numel() * args[0].element_size()
+    entry = unit.ENTRY
+    name = entry.name
+    assert entry.replaces == name and entry.op == f"fusion_advisor::{name}" and entry.has_backward
     a, b = (t.detach() for t in args)
-    torch.testing.assert_close(entry.pattern(a, b), F.silu(a) * b)
-    torch.testing.assert_close(entry.replacement(a, b), mod.kernel_fn(a, b))
+    torch.testing.assert_close(entry.pattern(a, b), gate(a) * b)
+    torch.testing.assert_close(entry.replacement(a, b), unit.kernel_fn(a, b))
 
 
-def test_opcheck():
+@GATED
+def test_opcheck(unit):
     # Schema and autograd registration here; the fake-tensor and AOT-dispatch checks run the op on fake tensors,
     # which only works with compiled (GPU) Triton, not under TRITON_INTERPRET.
     utils = ("test_schema", "test_autograd_registration")
     if DEVICE.type == "cuda":
         utils += ("test_faketensor", "test_aot_dispatch_dynamic")
-    torch.library.opcheck(torch.ops.fusion_advisor.swiglu.default, tuple(mod.make_inputs(4, 40, torch.float32, fused=True)), test_utils=utils)
+    op = getattr(torch.ops.fusion_advisor, unit.ENTRY.name).default
+    torch.library.opcheck(op, tuple(unit.make_inputs(4, 40, torch.float32, fused=True)), test_utils=utils)
 
 
 @pytest.mark.gpu("CUDA: torch.compile of a triton_op cannot run under TRITON_INTERPRET")
 @pytest.mark.parametrize("fused", [False, True])
-def test_torch_compile_fullgraph(fused):
-    a, b = mod.make_inputs(64, 1000, torch.bfloat16, fused=fused)
-    compiled = torch.compile(mod.kernel_fn, fullgraph=True)
+@GATED
+def test_torch_compile_fullgraph(fused, unit):
+    a, b = unit.make_inputs(64, 1000, torch.bfloat16, fused=fused)
+    compiled = torch.compile(unit.kernel_fn, fullgraph=True)
     out = compiled(a, b)
     grad = torch.randn_like(out)
     grads = torch.autograd.grad(out, (a, b), grad)
-    eager = mod.kernel_fn(a, b)
+    eager = unit.kernel_fn(a, b)
     eager_grads = torch.autograd.grad(eager, (a, b), grad)
     torch.testing.assert_close(out, eager, atol=0, rtol=0)
     for g, e in zip(grads, eager_grads):
