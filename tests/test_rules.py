@@ -189,3 +189,15 @@ def test_bias_gelu_goes_to_the_library_kernel_only_where_it_measured_faster(dtyp
     chain = _chain(pattern="bias_gelu", categories=("elementwise",), dtype=dtype, row_elems=11008)
     d = route_chain(chain, _est(), load_rules([]), kernels=load_all())
     assert (d.rule_id, d.route) == (rule, route)
+
+
+def test_gpu_only_routes_fall_back_to_torch_compile_on_a_cpu_spec(tmp_path):
+    user = _write(tmp_path, "version: 1\nrules:\n  - id: graphs\n    match: {pattern: softmax}\n    route: cudagraphs\n"
+                            "    reason: 'launch-bound'\n")
+    rules = load_rules([user])
+    on_gpu = route_chain(_chain(), _est(), rules, kernels={})
+    on_cpu = route_chain(_chain(), _est(), rules, kernels={}, device_kind="cpu")
+    assert (on_gpu.route, on_gpu.note) == ("cudagraphs", "")
+    assert on_cpu.route == "torch.compile" and on_cpu.rule_id == "graphs" and "CUDA graphs" in on_cpu.note
+    triton_on_cpu = route_chain(_chain(), _est(), load_rules([]), kernels={}, device_kind="cpu")
+    assert triton_on_cpu.rule_id == "triton-softmax" and triton_on_cpu.route == "torch.compile"

@@ -26,7 +26,8 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
                 device_kind: str = "gpu", measured: ChainMeasurement | None = None) -> Decision:
     """The :class:`Decision` for one chain: the first matching rule, with the library fallback applied.
 
-    ``device_kind`` is the device spec's kind: on a ``"cpu"`` spec a triton route falls back to torch.compile.
+    ``device_kind`` is the device spec's kind: on a ``"cpu"`` spec a triton or cudagraphs route falls back to
+    torch.compile (both need a CUDA GPU), with a note saying so.
     ``measured`` is the chain's profiled measurement, when there is one (rules may match its bound class).
     """
     rule, features = rules.first_match(chain, est, measured)
@@ -36,6 +37,10 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
     if route == "triton" and device_kind != "gpu":
         route = "torch.compile"
         note = "library Triton kernels target GPUs; on a CPU device spec the chain goes to torch.compile instead"
+    elif route == "cudagraphs" and device_kind != "gpu":
+        route = "torch.compile"
+        note = ("CUDA graphs replay CUDA kernels; on a CPU device spec the chain goes to torch.compile instead "
+                "(Inductor's CPU code runs the chain's ops as one loop, without a dispatch each)")
     if route == "triton":
         candidates = (
             [k for k in kernels.values() if k.replaces == chain.pattern] if rule.kernel == "auto"
