@@ -27,6 +27,7 @@ from fusion_advisor.dtypes import dtype_name
 from fusion_advisor.analyze.load import KEYWORD_WRAPPER_ATTR
 from fusion_advisor.analyze.records import OpInfo, SourceLoc, TensorMeta
 from fusion_advisor.analyze.sdpa import BACKEND_OF_TARGET, choose_backend, fused_kernels, math_kernels
+from fusion_advisor.verification.trees import tensor_leaves
 
 CATEGORIES = (
     "pointwise",
@@ -137,11 +138,6 @@ def categorize(target: Any) -> str:
         if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
             return "view"
     return "other"
-
-
-def tensors_of(obj: Any) -> list[torch.Tensor]:
-    """The tensors in ``obj`` (a tensor, or nested lists, tuples and dicts of values), in order."""
-    return [x for x in torch.utils._pytree.tree_leaves(obj) if isinstance(x, torch.Tensor)]
 
 
 def _val(node: Any) -> Any:
@@ -395,7 +391,7 @@ def build_op_graph(capture: Capture) -> OpGraph:
             for arg in _flat_nodes((node.args, node.kwargs)):
                 if arg in ids:
                     val = _val(arg)
-                    metas = [tensor_meta(t) for t in tensors_of(val)]
+                    metas = [tensor_meta(t) for t in tensor_leaves(val)]
                     if metas:
                         g.add_edge(ids[arg], nid, meta=metas[0])
     return OpGraph(g=g, ops=ops, notes=list(notes.values()))
@@ -419,8 +415,8 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     target = node.target
     category = categorize(target) if node.op == "call_function" else "other"
     out_val = _val(node)
-    outputs = tuple(tensor_meta(t) for t in tensors_of(out_val))
-    inputs = tuple(tensor_meta(t) for a in _flat_nodes((node.args, node.kwargs)) for t in tensors_of(_val(a)))
+    outputs = tuple(tensor_meta(t) for t in tensor_leaves(out_val))
+    inputs = tuple(tensor_meta(t) for a in _flat_nodes((node.args, node.kwargs)) for t in tensor_leaves(_val(a)))
     if not outputs and not inputs:  # arithmetic on sizes (sym_size, comparisons, _assert_scalar): host-side only
         category = "view"
     row, last = _reduction_geometry(node, _op_name(target), category, inputs, outputs)

@@ -28,8 +28,9 @@ from fusion_advisor.apply.canonical import node_value, normalized_args
 from fusion_advisor.apply.patterns import Pattern, PatternLibrary
 from fusion_advisor.apply.records import MatchKey, NearMiss, SwapSite
 from fusion_advisor.analyze.capture import first_line, source_of
-from fusion_advisor.analyze.graph import module_path_of, tensor_meta, tensors_of
+from fusion_advisor.analyze.graph import module_path_of, tensor_meta
 from fusion_advisor.analyze.records import SourceLoc
+from fusion_advisor.verification.trees import tensor_leaves
 
 #: A loose-pass failure is reported as a near-miss when at least this share of the pattern's ops matched.
 NEAR_MISS_MIN_SHARE = 0.6
@@ -394,7 +395,7 @@ def _confirm(gm: torch.fx.GraphModule, library: PatternLibrary, entry: Any, loos
         key=MatchKey(entry.name, mod, f"{Path(src.file).name}:{src.line}" if src.file else ""),
         op_ids=op_ids, chain_ids=(), source=src, module_path=mod, inputs=inputs,
         scalars={k: float(v) for k, v in st.scalars.items()},
-        outputs=tuple(tensor_meta(t) for o in out_nodes for t in tensors_of(node_value(o))), n_ops=len(exact.ops),
+        outputs=tuple(tensor_meta(t) for o in out_nodes for t in tensor_leaves(node_value(o))), n_ops=len(exact.ops),
     )
     return Match(site, exact, dict(st2.nmap), binds, args_template, out_nodes, gm), None
 

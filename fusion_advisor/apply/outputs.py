@@ -68,7 +68,6 @@ def variant_rows(result: ApplyResult) -> list[dict[str, Any]]:
     return rows
 
 
-
 #: swaps.csv columns and what each holds.
 SWAP_COLUMNS: dict[str, str] = {
     "swap": "Swap id 's<index>' (in the order matches were found).",
@@ -133,7 +132,6 @@ def swaps_rows(sites: Sequence[Any], outcomes: dict[str, SwapOutcome]) -> list[d
 
 def _num(x: float | None) -> float | str:
     return "" if x is None or not math.isfinite(x) else float(x)
-
 
 
 def plan_document(result: ApplyResult) -> dict[str, Any]:

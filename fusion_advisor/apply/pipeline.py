@@ -42,8 +42,9 @@ from fusion_advisor.apply.search import SearchInputs, search
 from fusion_advisor.apply.swaps import bench_swap, decide, verify_swap
 from fusion_advisor.apply.variants import PlannedModel
 from fusion_advisor.analyze.capture import first_line, quiet_torch_logs, source_of
-from fusion_advisor.analyze.graph import module_path_of, tensors_of
+from fusion_advisor.analyze.graph import module_path_of
 from fusion_advisor.analyze.records import SourceLoc
+from fusion_advisor.verification.trees import tensor_leaves
 
 
 def apply(model_path: str | Path | None, options: ApplyOptions | None = None, device: str | None = None,
@@ -395,7 +396,7 @@ def _values_for(backend: RewriteBackend, m: Match) -> tuple[list[Any] | None, li
     for o in m.out_nodes:
         if o.name not in vals:
             return args, None
-        outs.extend(t for t in tensors_of(vals[o.name]))
+        outs.extend(t for t in tensor_leaves(vals[o.name]))
     return args, outs
 
 

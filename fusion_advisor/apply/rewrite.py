@@ -19,7 +19,7 @@ from torch.fx import Node
 from fusion_advisor.apply.canonical import node_value
 from fusion_advisor.apply.match import Match
 from fusion_advisor.analyze.capture import first_line, quiet_torch_logs
-from fusion_advisor.analyze.graph import tensors_of
+from fusion_advisor.verification.trees import tensor_leaves
 
 #: Namespaces of PyTorch's own ops: a traced replacement must call at least one op from another (its kernel's).
 _ATEN_NAMESPACES = frozenset({"aten", "prims"})
@@ -55,7 +55,7 @@ def grad_flags(gm: torch.fx.GraphModule, input_requires_grad: Sequence[bool],
         ins: list[Node] = []
         torch.fx.node.map_arg((n.args, n.kwargs), lambda a: ins.append(a) or a)
         val = node_value(n)
-        floating = any(t.is_floating_point() or t.is_complex() for t in tensors_of(val))
+        floating = any(t.is_floating_point() or t.is_complex() for t in tensor_leaves(val))
         rg[n] = floating and any(rg.get(a, False) for a in ins)
     return rg, mode
 
