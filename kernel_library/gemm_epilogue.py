@@ -6,7 +6,8 @@ accumulator tile before the one store, instead of two more passes over the [M, N
 
 Kernel: Triton's matmul tutorial structure (``python/tutorials/03-matrix-multiplication.py``): [BLOCK_M, BLOCK_N]
 output tiles, grouped program ordering (GROUP_M row tiles share each column tile of ``w`` while it is in L2),
-fp32 accumulation, ``@triton.autotune`` over a handful of configs keyed on (M, N, K).
+fp32 accumulation, ``@triton.autotune`` over a handful of configs keyed on (M, N, K); the configs, the ordering
+and the K loop live in :mod:`kernel_library._gemm`, shared with :mod:`kernel_library.matmul`.
 
 fp32 inputs run on tensor cores at fp32's accuracy: ``tl.dot(..., input_precision="tf32x3")`` splits each operand
 into a TF32 high part and a TF32 residual and sums three TF32 products (hi*hi + hi*lo + lo*hi; the split of
@@ -34,6 +35,7 @@ import triton.language as tl
 from kernel_library import _device
 from kernel_library._activations import gelu_erf, gelu_erf_grad, gelu_tanh, gelu_tanh_grad, silu, silu_grad
 from kernel_library._checks import check_operands
+from kernel_library._gemm import dot_args, grouped_tile, prune_by_dtype, tile_configs, tile_product
 from kernel_library._op import launcher, library_op
 from kernel_library._rows import rows_view
 from kernel_library.registry import KernelEntry, register_kernel
@@ -43,40 +45,7 @@ from kernel_library.registry import KernelEntry, register_kernel
 #: Epilogue activations, named as the chain patterns name them ("gelu" is erf GELU, F.gelu's default).
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
 
-#: ``tl.dot`` precision of fp32 operands: three TF32 products per product (see the module docstring), fp32's
-#: accuracy on tensor cores. "tf32" would be ~3x faster again but ~1000x less accurate than the fp32 model it
-#: replaces; apply's check (never further from float64 than eager) would reject it.
-FP32_DOT_PRECISION = "tf32x3"
-
-
-def _configs() -> tuple[list[triton.Config], list[triton.Config]]:
-    """Autotune candidates, ``(16-bit operands, fp32 operands)``. On a GPU: the H100-class configs of Triton's
-    matmul tutorial for 16-bit operands (128x256 / 256x128 tiles with 8 warps for large bf16 GEMMs, 128x128 and
-    64x256 with 4 warps, 64x64 for small M such as decode), and for fp32 operands (4 bytes each: BLOCK_K 32 keeps
-    3-4 pipeline stages inside the 227 KiB of shared memory) 128x256 / 256x128 / 128x128 tiles;
-    :func:`_prune_configs` keeps the set of the operands' dtype. Under TRITON_INTERPRET: one small config, so the
-    CPU interpreter never benchmarks candidates."""
-    if _device.interpreted():
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4,
-                              num_stages=1)], []
-
-    def cfg(bm, bn, bk, warps, stages):
-        return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=warps,
-                             num_stages=stages)
-
-    sixteen_bit = [cfg(128, 256, 64, 8, 3), cfg(256, 128, 64, 8, 3), cfg(128, 128, 64, 8, 4), cfg(128, 128, 64, 4, 4),
-                   cfg(64, 256, 32, 4, 4), cfg(128, 64, 32, 4, 4), cfg(64, 64, 64, 4, 4), cfg(64, 128, 32, 4, 5)]
-    fp32 = [cfg(128, 256, 32, 8, 3), cfg(256, 128, 32, 8, 3), cfg(128, 128, 32, 8, 4), cfg(128, 128, 32, 4, 3),
-            cfg(64, 128, 32, 4, 4), cfg(64, 64, 32, 4, 4)]
-    return sixteen_bit, fp32
-
-
-_CONFIGS_16BIT, _CONFIGS_FP32 = _configs()
-
-
-def _prune_configs(configs: list[triton.Config], named_args: dict, **_: object) -> list[triton.Config]:
-    """The configs of the operands' dtype (:func:`_configs`); all of them when that set is empty."""
-    return (_CONFIGS_FP32 if named_args["x_ptr"].dtype == torch.float32 else _CONFIGS_16BIT) or configs
+_CONFIGS_16BIT, _CONFIGS_FP32 = tile_configs()
 
 
 # --- kernel ---------------------------------------------------------------------------------------------------
@@ -114,28 +83,10 @@ def _act_grad(z, ACTIVATION: tl.constexpr):
     return g
 
 
-@triton.jit
-def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Output rows [BLOCK_M] and columns [BLOCK_N] (int64, so ``row * stride`` cannot overflow) of program
-    ``pid`` in grouped ordering (Triton tutorial 03): consecutive programs walk GROUP_M row tiles down one
-    column tile, which keeps that column tile of ``w`` in L2."""
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
-    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    return offs_m, offs_n
-
-
 # M (the token count: 1 when decoding) is not specialised: loads vectorise along K and stores along N, so its
 # divisibility buys nothing and would compile a variant per token-count class.
 @triton.autotune(configs=_CONFIGS_16BIT + _CONFIGS_FP32, key=["M", "N", "K"],
-                 prune_configs_by={"early_config_prune": _prune_configs})
+                 prune_configs_by={"early_config_prune": prune_by_dtype("x_ptr", _CONFIGS_16BIT, _CONFIGS_FP32)})
 @triton.jit(do_not_specialize=["M"])
 def _gemm_epilogue_kernel(
     x_ptr,  # x [M, K]
@@ -158,36 +109,17 @@ def _gemm_epilogue_kernel(
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,  # one of ACTIVATIONS
     ACT_GRAD: tl.constexpr,  # epilogue writes dL/dz instead of act(z)
-    DOT_IN_FP32: tl.constexpr,  # interpreter workaround for bf16, see _launch; False on GPUs
-    DOT_PRECISION: tl.constexpr,  # tl.dot input_precision: FP32_DOT_PRECISION for fp32 operands, else "tf32"
+    DOT_IN_FP32: tl.constexpr,  # interpreter workaround for bf16 (_gemm.dot_args); False on GPUs
+    DOT_PRECISION: tl.constexpr,  # tl.dot input_precision: _gemm.FP32_DOT_PRECISION for fp32 operands, else "tf32"
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,  # row tiles per group of the L2-friendly ordering
 ):
-    offs_m, offs_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    # Rows / columns past the edge wrap onto valid ones, so operand loads need no M/N mask; the store masks them.
-    rm = offs_m % M
+    offs_m, offs_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = tile_product(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_xk, stride_wk, stride_wn,
+                       DOT_IN_FP32, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)  # w [N, K] read as w.T [K, N]
     rn = offs_n % N
-    x_ptrs = x_ptr + rm[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    w_ptrs = w_ptr + offs_k[:, None] * stride_wk + rn[None, :] * stride_wn
-    # int64 pointer steps: a transposed operand's K stride times BLOCK_K may pass 2**31.
-    x_step = tl.cast(BLOCK_K, tl.int64) * stride_xk
-    w_step = tl.cast(BLOCK_K, tl.int64) * stride_wk
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_mask = offs_k < K - k * BLOCK_K
-        a = tl.load(x_ptrs, mask=k_mask[None, :], other=0.0)
-        b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
-        if DOT_IN_FP32:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        x_ptrs += x_step
-        w_ptrs += w_step
-
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn * stride_bias).to(tl.float32)[None, :]
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
@@ -228,13 +160,7 @@ def _launch(x2, w, bias, grad, y, activation: str, act_grad: bool) -> None:
         x2, w, bias_arg, grad, y, M, N, K,
         x2.stride(0), x2.stride(1), w.stride(0), w.stride(1), 0 if bias is None else bias.stride(0),
         grad.stride(0), grad.stride(1), y.stride(0), y.stride(1),
-        HAS_BIAS=bias is not None, ACTIVATION=activation, ACT_GRAD=act_grad,
-        # TRITON_INTERPRET's tl.dot multiplies bf16 operands as their raw uint16 bits (triton 3.9,
-        # interpreter.py create_dot); bf16 -> fp32 is exact and the interpreter's fp32 dot is exact, so the
-        # upcast gives the products a GPU's bf16 tensor cores give, accumulated in fp32 as there.
-        DOT_IN_FP32=_device.interpreted() and x2.dtype == torch.bfloat16,
-        # fp16/bf16 operands ignore input_precision; "tf32" is tl.dot's default.
-        DOT_PRECISION=FP32_DOT_PRECISION if x2.dtype == torch.float32 else "tf32",
+        HAS_BIAS=bias is not None, ACTIVATION=activation, ACT_GRAD=act_grad, **dot_args(x2.dtype),
     )
 
 

@@ -35,16 +35,8 @@ from kernel_library._device import default_device, on_gpu
 from kernel_library._op import launcher, library_op
 from kernel_library.registry import KernelEntry, register_kernel
 from kernel_library._checks import check_tensor
-from kernel_library._rows import (
-    RowConfig,
-    add_residual,
-    as_rows,
-    bwd_programs,
-    load_f32,
-    row_start,
-    store_rows,
-    sum_partials,
-)
+from kernel_library._rows import (RowConfig, add_residual, as_rows, bwd_programs, load_f32, row_start, store_rows,
+                                  sum_partials)
 from kernel_library.rmsnorm import BwdTuning
 
 # --- constants ----------------------------------------------------------------------------------------------

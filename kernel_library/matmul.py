@@ -3,7 +3,8 @@
 The GEMMs of an fp32 model that are not ``nn.Linear``: attention's ``q @ k.transpose(-2, -1)`` and ``att @ v``
 (``torch.matmul`` on [B, H, T, D] tensors, or ``torch.bmm`` on [B*H, T, D] inside ``F.multi_head_attention_forward``),
 and ``x @ w`` with a plain weight tensor. PyTorch runs them as cuBLAS SGEMM on CUDA cores (TF32 is off by default:
-``torch.backends.cuda.matmul.allow_tf32``). This kernel is :mod:`kernel_library.gemm_epilogue`'s with a batch axis:
+``torch.backends.cuda.matmul.allow_tf32``). This kernel is :mod:`kernel_library.gemm_epilogue`'s with a batch axis
+(the tile configs, grouped ordering and K loop of :mod:`kernel_library._gemm` they share):
 fp32 operands split into a TF32 high part and a TF32 residual and multiplied as hi*hi + hi*lo + lo*hi
 (``tl.dot(input_precision="tf32x3")``; Henry, Tang & Heinecke, ARITH 2019; CUTLASS's 3xTF32 GEMMs), which is as
 close to float64 as SGEMM is, at tensor-core speed (the 2-D kernel: 1.51-1.56x SGEMM on the H200,
@@ -34,9 +35,9 @@ import triton.language as tl
 
 from kernel_library import _device
 from kernel_library._checks import check_operands
+from kernel_library._gemm import dot_args, grouped_tile, prune_by_dtype, tile_configs, tile_product
 from kernel_library._op import launcher, library_op
 from kernel_library._rows import rows_view
-from kernel_library.gemm_epilogue import FP32_DOT_PRECISION, _configs, _grouped_tile
 from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ------------------------------------------------------------------------------------------------
@@ -51,7 +52,7 @@ MIN_OUTPUT_ELEMENTS = 1 << 18
 #: Batch slices per launch: CUDA's limit on grid axis 1.
 MAX_BATCH_PER_LAUNCH = 65535
 
-_CONFIGS_16BIT, _CONFIGS_FP32 = _configs()
+_CONFIGS_16BIT, _CONFIGS_FP32 = tile_configs()
 
 #: Narrow-N tiles for fp32, added to gemm_epilogue's set for attention's ``att @ v`` (N = head dim: 96 in
 #: KernelBench's MinGPT, 32 in its VisionAttention), where a 128- or 256-wide tile computes 25-67% padding and the
@@ -63,16 +64,11 @@ if _CONFIGS_FP32:
         for bm, bn, w, st in ((128, 32, 4, 4), (256, 32, 8, 3), (256, 64, 8, 3))]
 
 
-def _prune_configs(configs: list[triton.Config], named_args: dict, **_: object) -> list[triton.Config]:
-    """The configs of the operands' dtype (``gemm_epilogue._configs``); all of them when that set is empty."""
-    return (_CONFIGS_FP32 if named_args["a_ptr"].dtype == torch.float32 else _CONFIGS_16BIT) or configs
-
-
 # --- kernel ---------------------------------------------------------------------------------------------------
 
 
 @triton.autotune(configs=_CONFIGS_16BIT + _CONFIGS_FP32, key=["M", "N", "K"],
-                 prune_configs_by={"early_config_prune": _prune_configs})
+                 prune_configs_by={"early_config_prune": prune_by_dtype("a_ptr", _CONFIGS_16BIT, _CONFIGS_FP32)})
 @triton.jit
 def _bmm_kernel(
     a_ptr,  # a [B0, B1, M, K]
@@ -94,8 +90,8 @@ def _bmm_kernel(
     stride_c1,  # c: elements between inner batch entries
     stride_cm,  # c: elements between rows
     stride_cn,  # c: elements between columns
-    DOT_IN_FP32: tl.constexpr,  # interpreter workaround for bf16 (see gemm_epilogue._launch); False on GPUs
-    DOT_PRECISION: tl.constexpr,  # tl.dot input_precision: FP32_DOT_PRECISION for fp32 operands, else "tf32"
+    DOT_IN_FP32: tl.constexpr,  # interpreter workaround for bf16 (_gemm.dot_args); False on GPUs
+    DOT_PRECISION: tl.constexpr,  # tl.dot input_precision: _gemm.FP32_DOT_PRECISION for fp32 operands, else "tf32"
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -108,29 +104,9 @@ def _bmm_kernel(
     b_ptr += i0 * stride_b0 + i1 * stride_b1
     c_ptr += i0 * stride_c0 + i1 * stride_c1
 
-    offs_m, offs_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    # Rows / columns past the edge wrap onto valid ones, so operand loads need no M/N mask; the store masks them.
-    rm = offs_m % M
-    rn = offs_n % N
-    a_ptrs = a_ptr + rm[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + rn[None, :] * stride_bn
-    # int64 pointer steps: a transposed operand's K stride times BLOCK_K may pass 2**31.
-    a_step = tl.cast(BLOCK_K, tl.int64) * stride_ak
-    b_step = tl.cast(BLOCK_K, tl.int64) * stride_bk
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_mask = offs_k < K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=k_mask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
-        if DOT_IN_FP32:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        a_ptrs += a_step
-        b_ptrs += b_step
-
+    offs_m, offs_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = tile_product(a_ptr, b_ptr, offs_m, offs_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       DOT_IN_FP32, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
@@ -178,8 +154,7 @@ def _launch(a4: torch.Tensor, b4: torch.Tensor, c4: torch.Tensor) -> None:
             a_s.stride(0), a_s.stride(1), a_s.stride(2), a_s.stride(3),
             b_s.stride(0), b_s.stride(1), b_s.stride(2), b_s.stride(3),
             c_s.stride(0), c_s.stride(1), c_s.stride(2), c_s.stride(3),
-            DOT_IN_FP32=_device.interpreted() and a4.dtype == torch.bfloat16,
-            DOT_PRECISION=FP32_DOT_PRECISION if a4.dtype == torch.float32 else "tf32",
+            **dot_args(a4.dtype),
         )
 
 

@@ -37,16 +37,8 @@ import triton.language as tl
 from kernel_library._device import default_device, on_gpu
 from kernel_library._op import launcher, library_op
 from kernel_library._checks import check_tensor
-from kernel_library._rows import (
-    RowConfig,
-    add_residual,
-    as_rows,
-    bwd_programs,
-    load_f32,
-    row_start,
-    store_rows,
-    sum_partials,
-)
+from kernel_library._rows import (RowConfig, add_residual, as_rows, bwd_programs, load_f32, row_start, store_rows,
+                                  sum_partials)
 from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ----------------------------------------------------------------------------------------------

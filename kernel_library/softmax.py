@@ -140,7 +140,7 @@ def _split_row(row, size1, size2):
 
 
 @triton.jit
-def _row_start(ptr, i0, i1, i2, stride0, stride1, stride2):
+def _row_ptr(ptr, i0, i1, i2, stride0, stride1, stride2):
     """``ptr`` advanced to row ``(i0, i1, i2)`` of a 4-D view with those strides (elements), in int64."""
     return ptr + i0.to(tl.int64) * stride0 + i1.to(tl.int64) * stride1 + i2.to(tl.int64) * stride2
 
@@ -168,8 +168,8 @@ def _softmax_fwd_kernel(
     scale = tl.cast(scale, tl.float32)  # see 'Float arguments' above
     row = tl.program_id(0)
     i0, i1, i2 = _split_row(row, size1, size2)
-    x_row = _row_start(x_ptr, i0, i1, i2, x_stride0, x_stride1, x_stride2)
-    m_row = _row_start(m_ptr, i0, i1, i2, m_stride0, m_stride1, m_stride2)
+    x_row = _row_ptr(x_ptr, i0, i1, i2, x_stride0, x_stride1, x_stride2)
+    m_row = _row_ptr(m_ptr, i0, i1, i2, m_stride0, m_stride1, m_stride2)
     y_row = y_ptr + row.to(tl.int64) * y_stride_row
     # Columns past the causal limit are never loaded: they are -inf scores whose output is 0.
     n_live = n_cols
@@ -227,7 +227,7 @@ def _softmax_bwd_kernel(
     scale = tl.cast(scale, tl.float32)  # see 'Float arguments' above
     row = tl.program_id(0)
     i0, i1, i2 = _split_row(row, size1, size2)
-    dy_row = _row_start(dy_ptr, i0, i1, i2, dy_stride0, dy_stride1, dy_stride2)
+    dy_row = _row_ptr(dy_ptr, i0, i1, i2, dy_stride0, dy_stride1, dy_stride2)
     y_row = y_ptr + row.to(tl.int64) * y_stride_row
     dx_row = dx_ptr + row.to(tl.int64) * y_stride_row
     offs = tl.arange(0, BLOCK)

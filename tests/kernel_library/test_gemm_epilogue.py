@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from fusion_advisor.tolerances import tolerance_for
-from kernel_library import _device
+from kernel_library import _device, _gemm
 from kernel_library import gemm_epilogue as mod
 
 from kernel_asserts import DEVICE, DTYPES
@@ -202,7 +202,7 @@ def test_single_config_under_interpreter():
 @triton.jit
 def _tile_probe(m_ptr, n_ptr, pid, M, N, stride_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 GROUP_M: tl.constexpr):
-    offs_m, offs_n = mod._grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m, offs_n = _gemm.grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     tl.store(m_ptr + tl.arange(0, BLOCK_M), offs_m * stride_m)
     tl.store(n_ptr + tl.arange(0, BLOCK_N), offs_n)
 
