@@ -70,7 +70,8 @@ def evaluate(model_file: str, plan: str, backward: bool, rounds: int, device: st
     built: dict[str, Any] = {}
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for name, make in makers.items():
-        if make is None:
+        if make is None:  # CUDA graphs: nothing to replay on a CPU
+            out["variants"][name] = {"skipped": "CUDA graphs need a CUDA device"}
             continue
         rec: dict[str, Any] = {}
         out["variants"][name] = rec
@@ -229,6 +230,8 @@ def markdown(recs: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str
 
         def cell(n: str) -> str:
             x = v.get(n, {})
+            if "skipped" in x:
+                return "n/a"
             if "ms" not in x:
                 return f"error: {x.get('error', r.get('eval_error', r.get('error', '?')))[:60]}"
             flag = "" if x.get("correct_at_1e-2") else " WRONG"
