@@ -269,6 +269,42 @@ def _meta(args: argparse.Namespace) -> dict[str, Any]:
             "what": "forward+backward" if args.backward else "forward under torch.no_grad()"}
 
 
+def combine(sources: list[str], out: Path) -> None:
+    """Merge the ``results.json`` of several runs into one (``--combine LABEL=PATH ...``): for each model file the
+    record of the last source that ran it, tagged with its source's label as ``device_call`` (a record that already
+    carries one keeps it); the records it replaces, and those its sources had replaced, are kept under
+    ``superseded``. Writes ``results.json`` and ``results.md`` into ``out``.
+
+    Raises:
+        SystemExit: a source that is not ``LABEL=PATH`` of an existing file.
+    """
+    by_file: dict[str, dict[str, Any]] = {}
+    superseded: list[dict[str, Any]] = []
+    metas: dict[str, Any] = {}
+    for source in sources:
+        label, sep, path = source.partition("=")
+        if not sep or not Path(path).is_file():
+            raise SystemExit(f"--combine takes LABEL=PATH of an existing results.json, not {source!r}")
+        doc = json.loads(Path(path).read_text())
+        metas[label] = doc["meta"]
+        superseded += doc.get("superseded", [])
+        for rec in doc["results"]:
+            rec = {**rec, "device_call": rec.get("device_call", label)}
+            if rec["file"] in by_file:
+                superseded.append(by_file[rec["file"]])
+            by_file[rec["file"]] = rec
+    recs = sorted(by_file.values(), key=lambda r: (r["level"], r["name"]))
+    summary = summarize(recs)
+    meta = {**metas[next(reversed(metas))], "combined_from": metas,
+            "budget_s": " / ".join(sorted({f"{m['budget_s']:g}" for m in metas.values()}))}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "files": [r["file"] for r in recs],
+                                                  "summary": summary, "results": recs, "superseded": superseded},
+                                                 indent=1, default=str))
+    (out / "results.md").write_text(markdown(recs, summary, meta))
+    print((out / "results.md").read_text())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernelbench", type=Path, help="KernelBench folder with level2/ and level3/")
@@ -286,10 +322,15 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=0.0, help="start no new file after this many seconds")
     ap.add_argument("--apply-timeout", type=float, default=400.0)
     ap.add_argument("--eval-timeout", type=float, default=300.0)
+    ap.add_argument("--combine", nargs="+", metavar="LABEL=PATH",
+                    help="merge runs' results.json (the last run of a file wins) into --out; runs nothing")
     ap.add_argument("--evaluate", help=argparse.SUPPRESS)
     ap.add_argument("--plan", help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.combine:
+        combine(args.combine, args.out)
+        return
     if args.evaluate:
         result = evaluate(args.evaluate, args.plan, args.backward, args.rounds, args.device)
         args.json.write_text(json.dumps(result, indent=1))
