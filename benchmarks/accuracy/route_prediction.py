@@ -9,7 +9,7 @@ measured times. A prediction counts as right when the predicted route's measured
 choice costs nothing.
 
 Usage (CPU is enough): ``python benchmarks/accuracy/route_prediction.py --kernelbench .kb --results
-benchmarks/results/h200/apply_models/kernelbench_run3.json ... --out DIR``; writes ``route_prediction.{json,md}``.
+benchmarks/results/h200/apply_models/kernelbench_seed0.json --out DIR``; writes ``route_prediction.{json,md}``.
 ``builtin`` in a results file is the built-in default model.
 """
 
