@@ -6,8 +6,8 @@ inputs, with the tolerance of the kernel's dtype; gradients with float64 autogra
 Grid: all three dtypes x widths 1 (degenerate row), 17 (under one block, odd), 1000 (not a power of two) and 4097
 (one past a power of two: the masked tail of a second block); 3 rows, plus one single-row case. Layouts cover
 both kernel paths: the flat contiguous one and the [rows, cols] strided one (gate_up chunks, offset views,
-a transpose, a broadcast, and a permuted 3-D tensor that must be copied). The grid, layout, empty and bad-input
-tests run GeGLU too (``GATED``): it is the same kernels with the tanh-GELU gate.
+a transpose, a broadcast, and a permuted 3-D tensor that must be copied). The grid, layout, hard-value, empty and
+bad-input tests run GeGLU too (``GATED``): it is the same kernels with the tanh-GELU gate.
 """
 
 import pytest
@@ -80,17 +80,18 @@ def test_3d_contiguous_and_permuted(unit):
     _check(x.transpose(0, 1), x.transpose(0, 1) * 2, unit=unit)
 
 
-def test_hard_values():
-    # silu(-inf) is NaN in torch (-inf * sigmoid(-inf) = -inf * 0) and here; 1e4 saturates sigmoid to 0 / 1.
+@GATED
+def test_hard_values(unit):
+    # silu(-inf) and gelu_tanh(-inf) are NaN in torch (-inf * 0) and here; +-1e4 saturate both gates.
     # Products stay inside fp16's range (65504) so that fp16 can be checked against the float64 reference.
     a = torch.tensor([[1e4, -1e4, 0.0, -float("inf"), float("inf"), 5.0, -80.0, 1.0]], device=DEVICE).requires_grad_()
     b = torch.tensor([[2.0, 3.0, 1e4, 1.0, 1.0, -1e4, 1e4, -1.0]], device=DEVICE).requires_grad_()
-    out = mod.kernel_fn(a, b)
-    assert torch.isnan(out[0, 3]) and torch.isnan(mod.reference_fn(a, b)[0, 3])
+    out = unit.kernel_fn(a, b)
+    assert torch.isnan(out[0, 3]) and torch.isnan(unit.reference_fn(a, b)[0, 3])
     assert torch.isfinite(out[0, [0, 1, 2, 5, 6, 7]]).all()
-    _check(a, b, equal_nan=True)
-    for dtype in (torch.float16, torch.bfloat16):
-        _check(a.detach().to(dtype).requires_grad_(), b.detach().to(dtype).requires_grad_(), equal_nan=True)
+    for dtype in DTYPES:
+        _check(a.detach().to(dtype).requires_grad_(), b.detach().to(dtype).requires_grad_(), equal_nan=True,
+               unit=unit)
 
 
 @GATED
