@@ -319,31 +319,13 @@ def _cross_entropy_fwd_launch(logits: torch.Tensor, target: torch.Tensor, ignore
         loss_rows = torch.empty(n_rows, dtype=out_dtype, device=device)
     else:
         loss_rows = torch.empty(n_rows, dtype=torch.float32, device=device)
-    n_valid = torch.empty((), dtype=torch.int64, device=device) if reduction == "mean" else target
-    if reduction == "mean":  # on the device: the gradient's 1 / n_valid without a host sync
-        launcher(_count_valid_kernel)[(1,)](
-            target, target.stride(0), n_valid, n_rows, int(ignore_index), BLOCK=REDUCE_BLOCK, num_warps=REDUCE_WARPS,
-        )
-    cfg = config or CrossEntropyConfig.for_vocab(n_cols)
-    launcher(_cross_entropy_fwd_kernel)[(n_rows,)](
-        logits, logits.stride(0), logits.stride(1),
-        target, target.stride(0),
-        dlogits if compute_grad else logits,
-        loss_rows,
-        n_valid,
-        n_cols, int(ignore_index), float(label_smoothing),
-        HAS_SMOOTHING=label_smoothing > 0.0, REDUCE_MEAN=reduction == "mean", COMPUTE_GRAD=bool(compute_grad),
-        SINGLE_BLOCK=cfg.single_block, BLOCK=cfg.block_size,
-        COLS_I64=force_int64_cols or needs_int64_cols(n_cols, logits.stride(1)) or needs_int64_cols(n_cols, 1),
-        num_warps=cfg.num_warps,
-    )
+    # "mean": the gradient's 1 / n_valid counted on the device, without a host sync; otherwise a placeholder.
+    n_valid = count_valid(target, ignore_index) if reduction == "mean" else target
+    cross_entropy_rows(logits, target, loss_rows, n_valid, ignore_index, label_smoothing, reduction == "mean",
+                       dlogits if compute_grad else None, config=config, force_int64_cols=force_int64_cols)
     if reduction == "none":
         return loss_rows, dlogits
-    loss = torch.empty((), dtype=out_dtype, device=device)
-    launcher(_reduce_loss_kernel)[(1,)](
-        loss_rows, n_valid, loss, n_rows, MEAN=reduction == "mean", BLOCK=REDUCE_BLOCK, num_warps=REDUCE_WARPS,
-    )
-    return loss, dlogits
+    return reduce_rows(loss_rows, n_valid, reduction == "mean", out_dtype), dlogits
 
 
 def count_valid(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
@@ -359,8 +341,10 @@ def count_valid(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
 
 def cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, loss_rows: torch.Tensor, n_valid: torch.Tensor,
                        ignore_index: int, label_smoothing: float, reduce_mean: bool,
-                       dlogits: torch.Tensor | None = None) -> None:
-    """The row kernel on its own, for callers that tile the tokens (the fused linear cross-entropy).
+                       dlogits: torch.Tensor | None = None, config: CrossEntropyConfig | None = None,
+                       force_int64_cols: bool = False) -> None:
+    """The row kernel on its own, for callers that tile the tokens (the fused linear cross-entropy) and for the
+    forward of :func:`cross_entropy`.
 
     Args:
         logits: ``[n_rows, vocab]`` fp32/fp16/bf16, any strides.
@@ -370,11 +354,12 @@ def cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, loss_rows: to
             batch scale alike).
         dlogits: where the gradient per unit upstream gradient goes, contiguous ``[n_rows, vocab]`` of the logits'
             dtype; it may be ``logits`` itself (each element is read before it is written); ``None``: no gradient.
+        config, force_int64_cols: the block configuration and 64-bit column offsets, for tests.
     """
     n_rows, n_cols = logits.shape
     if n_rows == 0:
         return
-    cfg = CrossEntropyConfig.for_vocab(n_cols)
+    cfg = config or CrossEntropyConfig.for_vocab(n_cols)
     grad = dlogits is not None
     launcher(_cross_entropy_fwd_kernel)[(n_rows,)](
         logits, logits.stride(0), logits.stride(1),
@@ -385,7 +370,7 @@ def cross_entropy_rows(logits: torch.Tensor, target: torch.Tensor, loss_rows: to
         n_cols, int(ignore_index), float(label_smoothing),
         HAS_SMOOTHING=label_smoothing > 0.0, REDUCE_MEAN=bool(reduce_mean), COMPUTE_GRAD=grad,
         SINGLE_BLOCK=cfg.single_block, BLOCK=cfg.block_size,
-        COLS_I64=needs_int64_cols(n_cols, logits.stride(1)) or needs_int64_cols(n_cols, 1),
+        COLS_I64=force_int64_cols or needs_int64_cols(n_cols, logits.stride(1)) or needs_int64_cols(n_cols, 1),
         num_warps=cfg.num_warps,
     )
 
