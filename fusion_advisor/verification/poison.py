@@ -17,7 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fusion_advisor.verification.trees import describe, unravel
+from fusion_advisor.verification.trees import describe, first_true, unravel
 
 #: Namespaces of PyTorch's own ops; any other ``torch.ops`` namespace is a custom op whose Python implementation
 #: :class:`PoisonAllocations` enters, so its allocations are poisoned too.
@@ -250,11 +250,10 @@ def modified_inputs(current: list[tuple[str, Any]], before: list[tuple[str, Any]
         same = now == was
         if now.is_floating_point() or now.is_complex():
             same |= torch.isnan(now) & torch.isnan(was)
-        changed = ~same.reshape(-1)
-        if bool(changed.any()):
-            first = int(changed.nonzero()[0, 0])
+        n_changed, first = first_true(~same)
+        if n_changed:
             lines.append(
-                f"{lab} was modified in place {when}: {int(changed.sum())} of {now.numel()} elements changed "
+                f"{lab} was modified in place {when}: {n_changed} of {now.numel()} elements changed "
                 f"(first at index {unravel(first, now.shape)}: {was.reshape(-1)[first].item()} -> "
                 f"{now.reshape(-1)[first].item()}); kernels must not mutate their inputs"
             )

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from fusion_advisor.verification.poison import poison_value
-from fusion_advisor.verification.trees import describe, dtype_text, leaves, unravel
+from fusion_advisor.verification.trees import describe, dtype_text, first_true, leaves, unravel
 
 # --- element-wise tolerances (explicit --atol/--rtol, no float64 reference, the kernels' own tests) -----------
 
@@ -463,18 +463,17 @@ def _compare_leaf(a: Any, e: Any, atol: float | None, rtol: float | None,
     shape = ta.shape
     details = [f"{label}: MISMATCH in {n_special + n_finite} of {n} elements ({describe(a)}; {tol_text})"]
     nan_in_kernel = a_nan & ~e_nan
-    if bool(nan_in_kernel.any()):
-        first = int(nan_in_kernel.nonzero()[0, 0])
+    n_nan, first = first_true(nan_in_kernel)
+    if n_nan:
         details.append(
-            f"{label}: {int(nan_in_kernel.sum())} elements are NaN where the reference is not (first at index "
+            f"{label}: {n_nan} elements are NaN where the reference is not (first at index "
             f"{unravel(first, shape)}, reference {_fmt(float(e64[first]))}): unwritten elements? verify fills "
             f"torch.empty allocations with NaN"
         )
-    other = bad_special & ~nan_in_kernel
-    if bool(other.any()):
-        first = int(other.nonzero()[0, 0])
+    n_other, first = first_true(bad_special & ~nan_in_kernel)
+    if n_other:
         details.append(
-            f"{label}: {int(other.sum())} elements differ in NaN/inf (first at index {unravel(first, shape)}: "
+            f"{label}: {n_other} elements differ in NaN/inf (first at index {unravel(first, shape)}: "
             f"kernel {_fmt(float(a64[first]))}, reference {_fmt(float(e64[first]))})"
         )
     if n_finite:

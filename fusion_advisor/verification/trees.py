@@ -74,6 +74,13 @@ def describe(x: Any) -> str:
     return type(x).__name__
 
 
+def first_true(mask: torch.Tensor) -> tuple[int, int]:
+    """``(count, flat index of the first)`` of a boolean tensor's True elements, ``(0, -1)`` when there are none."""
+    flat = mask.reshape(-1)
+    n = int(flat.sum())
+    return n, (int(flat.nonzero()[0, 0]) if n else -1)
+
+
 def unravel(flat: int, shape: torch.Size | tuple[int, ...]) -> tuple[int, ...]:
     """The index in ``shape`` of flat (row-major) position ``flat``."""
     idx = []
