@@ -1,5 +1,5 @@
-"""The house: no import circle between the modules of fusion_advisor and kernel_library, and no module of
-fusion_advisor over :data:`MAX_LINES` lines.
+"""The house: no import circle between the modules of fusion_advisor and kernel_library, no module of
+fusion_advisor over :data:`MAX_LINES` lines, and no test that imports benchmarks/
 
 The import graph is read from the source (AST), function-local imports included: a circle hidden by importing
 inside a function still ties the two modules together. ``from package import name`` counts as an import of the
@@ -106,3 +106,20 @@ def test_analyze_and_apply_see_the_same_graph_break():
     assert [(b.graph_index, b.source.line) for b in backend.breaks] == \
         [(b.graph_index, b.source.line) for b in seen.breaks] == [(0, 15)]  # the graph that ended at the break
     assert backend.graph_count == len(seen.graphs) == 2
+
+
+def test_tests_never_import_benchmarks():
+    # benchmarks/ are run on a GPU machine by hand and change with each measurement; a test that imports one ties
+    # the suite to a script's internals (tests/data/models holds the models both share)
+    found = []
+    for f in sorted((ROOT / "tests").rglob("*.py")):
+        try:
+            tree = ast.parse(f.read_text(), str(f))
+        except SyntaxError:  # tests/data/bad holds files that are invalid on purpose
+            continue
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{f.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
+                      if n == "benchmarks" or n.startswith("benchmarks.")]
+    assert not found, found
