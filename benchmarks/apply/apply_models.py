@@ -4,9 +4,9 @@ For each model file: ``fusion-advisor apply FILE --verify --device cuda`` runs a
 subprocess, its wall time recorded); then, in a fresh process per file, the model as written, ``torch.compile(model)``,
 ``torch.compile(model, mode="reduce-overhead")`` and the model ``load_plan`` rebuilds from apply's plan.yaml are
 each run once (first-call time apart), checked against the model as written on fresh inputs at KernelBench's
-``atol = rtol = 1e-2``, and timed in interleaved rounds after an untimed one (``triton.testing.do_bench`` median per
-round, L2 flushed, at least 100 ms and apply's ``MIN_TIMED_CALLS`` calls per round; the median of the rounds is
-reported with their spread). Forward under ``torch.no_grad()`` (the model in eval mode, as apply loads it), or
+``atol = rtol = 1e-2`` (the outputs, and with ``--backward`` every parameter's gradient), and timed in interleaved
+rounds after an untimed one (``triton.testing.do_bench`` median per round, L2 flushed, at least 100 ms and apply's
+``MIN_TIMED_CALLS`` calls per round; the median of the rounds is reported with their spread). Forward under ``torch.no_grad()`` (the model in eval mode, as apply loads it), or
 forward+backward with ``--backward``.
 
 Files: ``--kernelbench DIR`` with ``--level2 N --level3 M --seed S`` draws a fixed, seeded subset of each level
@@ -46,7 +46,7 @@ def evaluate(model_file: str, plan: str, backward: bool, rounds: int, device: st
     import torch
 
     import fusion_advisor
-    from fusion_advisor.apply.measure import MIN_TIMED_CALLS, ModelHarness, tensor_leaves
+    from fusion_advisor.apply.measure import MIN_TIMED_CALLS, ModelHarness
     from fusion_advisor.analyze.load import load_model
 
     loaded = load_model(None if model_file == "builtin" else model_file, device=device)
@@ -62,9 +62,8 @@ def evaluate(model_file: str, plan: str, backward: bool, rounds: int, device: st
     out: dict[str, Any] = {"variants": {}}
 
     def outputs(fn: Any) -> list[torch.Tensor]:
-        torch.manual_seed(0)
-        with torch.no_grad():
-            return [t.detach().clone() for t in tensor_leaves(fn(*fresh))]
+        """The outputs of one call on the fresh inputs (seeded), and with ``backward`` every parameter gradient."""
+        return [t for _, t in harness.run(fn, fresh).tensors]
 
     reference = outputs(model)
     built: dict[str, Any] = {}
@@ -222,7 +221,8 @@ def markdown(recs: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str
              f"{meta['date']})", "",
              f"{meta['what']}; times are medians of {meta['rounds']} interleaved do_bench rounds (ms), measured in "
              f"a fresh process per file, after apply (`--budget-s {meta['budget_s']}`) wrote its plan; correct = "
-             f"allclose to the model as written at atol = rtol = 1e-2 on fresh inputs.", "",
+             f"allclose to the model as written at atol = rtol = 1e-2 on fresh inputs"
+             f"{' (outputs and every parameter gradient)' if 'backward' in meta['what'] else ''}.", "",
              "| file | eager | torch.compile | reduce-overhead | plan (variant) | plan vs best baseline | apply s |",
              "|---|---|---|---|---|---|---|"]
     for r in recs:
