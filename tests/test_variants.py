@@ -234,8 +234,49 @@ def test_a_faster_variant_must_win_the_interleaved_confirmation(monkeypatch, con
     assert result.chosen.spec.name == ("regions" if confirmed else "torch.compile")
     assert ("confirmed in interleaved rounds" in result.reason) is confirmed
     if not confirmed:
-        assert "not in the interleaved confirmation" in result.reason
+        assert "did not confirm in interleaved rounds" in result.reason
         assert "did not confirm against torch.compile" in outcomes[2].reason
+
+
+class _RoundsHarness:
+    """A harness whose rounds are given: ``time_round`` returns the next time of the model's list (ms)."""
+
+    def __init__(self, rounds: dict[str, list[float]]):
+        self.rounds = {k: list(v) for k, v in rounds.items()}
+
+    def first_call(self, model):
+        return 0.0
+
+    def time_round(self, model):
+        return self.rounds[model].pop(0)
+
+
+@pytest.mark.parametrize("challenger, says", [
+    ([8.0, 8.0, 8.0, 8.0], "a win under the"),  # 1.25x faster, but inside the baseline's 40% spread
+    ([10.5, 10.5, 10.5, 10.5], "no faster"),
+])
+def test_a_confirmation_that_is_lost_says_whether_the_challenger_was_faster(monkeypatch, challenger, says):
+    # the user saw "faster in the search but not in the confirmation (... 1.229x)": it was faster, by less than
+    # the noise; the line must say so, and a challenger that was slower must not read as a narrow win
+    monkeypatch.setattr(search_mod, "PlannedModel", lambda model, spec, kernels: spec.name)
+    inp = search_mod.SearchInputs(harness=_RoundsHarness({"a": challenger, "b": [10.0, 14.0, 10.0, 10.0]}),
+                                  kernels={}, analysis=None, regions=[], swaps=[])
+    inp.harness.model = None
+    won, line, _ = search_mod._confirm(inp, _fake_outcome("a", 8.0), _fake_outcome("b", 10.0, True))
+    assert not won and says in line
+
+
+def test_noisy_rounds_make_apply_warn_that_its_speedups_are_unreliable():
+    # a new user on a busy machine was told "116.73x vs eager" from rounds of 0.43, 0.45 and 64 ms
+    from fusion_advisor.apply.pipeline import NOISY_SPREAD, noise_warning
+
+    quiet = [_fake_outcome("eager", 10.0, True), _fake_outcome("torch.compile", 8.0, True)]
+    assert noise_warning(quiet) == ""
+    noisy = _fake_outcome("torch.compile +freezing", 0.45)
+    noisy.timing.spread = 141.7
+    line = noise_warning(quiet + [noisy, _fake_outcome("not timed", None)])
+    assert "1 of 3 timed variants" in line and "torch.compile +freezing, 14170%" in line
+    assert f"{NOISY_SPREAD:.0%}" in line and "re-run apply on an idle machine" in line
 
 
 def test_unmeasured_swaps_are_chosen_only_when_asked():

@@ -546,7 +546,7 @@ def _choose(inp: SearchInputs, outcomes: list[VariantOutcome]) -> SearchResult:
     else:
         best.reason += f"; not chosen: it did not confirm against {best_base.spec.name}: {line}"
         reason = (f"{best_base.spec.name}: the best baseline; {best.spec.name} was faster in the search "
-                  f"({best.ms:.4g} vs {best_base.ms:.4g} ms) but not in the interleaved confirmation ({line})")
+                  f"({best.ms:.4g} vs {best_base.ms:.4g} ms) but did not confirm in interleaved rounds ({line})")
     return SearchResult(outcomes, pick, reason, baseline, planned if won else None)
 
 
@@ -570,7 +570,11 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> tuple[b
     ra, rb = VariantTiming(rounds_ms=ta), VariantTiming(rounds_ms=tb)
     summarize_rounds(ra)
     summarize_rounds(rb)
-    won = ra.ms < rb.ms * (1.0 - max(MIN_WIN, ra.spread or 0.0, rb.spread or 0.0))
+    need = max(MIN_WIN, ra.spread or 0.0, rb.spread or 0.0)
+    won = ra.ms < rb.ms * (1.0 - need)
     line = (f"{ra.ms:.4g} ms (spread {ra.spread:.1%}) vs {rb.ms:.4g} ms (spread {rb.spread:.1%}), "
             f"{rb.ms / ra.ms:.3f}x")
+    if not won:  # a challenger that was faster, but by less than the noise, is said to be so
+        line += (f", a win under the {need:.1%} it needed (the larger of {MIN_WIN:.0%} and the rounds' spreads)"
+                 if ra.ms < rb.ms else ", no faster")
     return won, line, ma if won else None
