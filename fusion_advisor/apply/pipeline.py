@@ -150,10 +150,32 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     result.warnings += [n for n in harness.notes() if n not in result.warnings]
     result.variants, result.chosen, result.chosen_reason = found.variants, found.chosen, found.reason
     result.baseline, result.planned = found.baseline, found.planned
+    noisy = noise_warning(found.variants)
+    if noisy:
+        result.warnings.append(noisy)
     if result.planned is None and result.chosen is not None:  # built lazily: compiles on its first call
         result.planned = PlannedModel(loaded.module, result.chosen.spec, kernels)
     _mark_swaps(result, found.swap_notes)
     return result
+
+
+#: A timed variant whose rounds spread more than this (max - min over the median) makes apply warn that its
+#: speed-ups are not to be trusted: on an idle GPU the rounds agree within a few percent (benchmarks/results/h200).
+NOISY_SPREAD = 0.25
+
+
+def noise_warning(variants: list[Any]) -> str:
+    """A warning when some timed variant's rounds spread more than :data:`NOISY_SPREAD` (the machine busy, or its
+    clocks changing), naming the worst; ``""`` when the timings agree."""
+    spread = [(v.timing.spread, v.spec.name) for v in variants
+              if v.timing is not None and v.timing.spread is not None and v.timing.ms]
+    if not spread or max(spread)[0] <= NOISY_SPREAD:
+        return ""
+    worst, name = max(spread)
+    n = sum(1 for s, _ in spread if s > NOISY_SPREAD)
+    return (f"timings are noisy: {n} of {len(spread)} timed variants' rounds spread more than {NOISY_SPREAD:.0%} "
+            f"(worst {name}, {worst:.0%}); the machine is busy or its clocks vary, so the speed-ups below and the "
+            f"choice between close variants are not reliable; re-run apply on an idle machine")
 
 
 def tf32_allowed(analysis: Any, device: str) -> bool:
