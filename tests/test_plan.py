@@ -97,6 +97,24 @@ def test_load_plan_rebuilds_the_chosen_model(planned):
     assert set(patched.state_dict()) == {f"model.{k}" for k in model.state_dict()}
 
 
+def test_load_plan_warns_when_the_model_is_not_the_one_the_plan_was_made_for(planned):
+    # a new user rebuilt one model from another model's plan.yaml and was told nothing
+    import warnings
+
+    path, model_file, _ = planned
+    assert yaml.safe_load(path.read_text())["model"]["signature"]["class"] == "LlamaForCausalLM"
+    model, _ = _fresh(model_file)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        fusion_advisor.load_plan(model, path)  # the same model, other weights would do too: no warning
+    with pytest.warns(RuntimeWarning, match=r"made for a LlamaForCausalLM with \d+ parameters and buffers, this is a Linear "
+                                            r"with 2: the plan's swaps and regions may not fit"):
+        fusion_advisor.load_plan(torch.nn.Linear(4, 4), path)
+    model.float().to(torch.float64)
+    with pytest.warns(RuntimeWarning, match="whose names, shapes or dtypes differ"):
+        fusion_advisor.load_plan(model, path)
+
+
 def test_patched_model_under_an_outer_torch_compile_keeps_the_swaps(planned):
     path, model_file, _ = planned
     model, inputs = _fresh(model_file)

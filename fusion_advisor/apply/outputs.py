@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from fusion_advisor.apply.plan import PLAN_VERSION, now_iso, render_plan
+from fusion_advisor.apply.plan import PLAN_VERSION, model_signature, now_iso, render_plan
 from fusion_advisor.apply.records import ApplyResult, NearMiss, SwapOutcome, SwapSite
 from fusion_advisor.files import csv_text
 
@@ -179,7 +179,8 @@ def plan_document(result: ApplyResult) -> dict[str, Any]:
         "tool_version": fusion_advisor.__version__,
         "created_at": now_iso(),
         "model": {"name": result.model_name, "file": result.model_file, "convention": result.convention,
-                  "device": result.device, "dtype": result.dtype},
+                  "device": result.device, "dtype": result.dtype,
+                  **({"signature": model_signature(result.loaded.module)} if result.loaded is not None else {})},
         "options": {**result.options.to_dict(), "backward": result.backward},
         "versions": dict(result.versions),
         "device_spec": result.analysis.device_spec.get("name", ""),

@@ -19,6 +19,7 @@ than the plan's is reported with a warning, since the measured choice may not ho
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -130,18 +131,47 @@ def version_differences(plan_versions: dict[str, Any]) -> list[str]:
     return out
 
 
+def model_signature(model: nn.Module) -> dict[str, Any]:
+    """What identifies the model a plan was made for, whatever its weights: its class, how many parameters and
+    buffers it holds, and a digest of their names, shapes and dtypes (SHA-1 prefix). Recorded in plan.yaml's
+    ``model.signature``; :func:`load_plan` warns when the model it is given differs."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    text = "\n".join(f"{n}:{tuple(t.shape)}:{t.dtype}" for n, t in sorted(tensors, key=lambda x: x[0]))
+    return {"class": type(model).__qualname__, "tensors": len(tensors),
+            "digest": hashlib.sha1(text.encode()).hexdigest()[:16]}
+
+
+def signature_difference(recorded: Any, model: nn.Module) -> str:
+    """How ``model`` differs from the signature a plan recorded (:func:`model_signature`), ``""`` when it does not
+    or the plan recorded none (plans written before the signature existed)."""
+    if not isinstance(recorded, dict) or not recorded.get("digest"):
+        return ""
+    now = model_signature(model)
+    if now["digest"] == recorded.get("digest"):
+        return ""
+    return (f"the plan was made for a {recorded.get('class', '?')} with {recorded.get('tensors', '?')} parameters "
+            f"and buffers, this is a {now['class']} with {now['tensors']}"
+            + ("" if now["class"] != recorded.get("class") or now["tensors"] != recorded.get("tensors")
+               else " whose names, shapes or dtypes differ"))
+
+
 def load_plan(model: nn.Module, plan: str | Path) -> PlannedModel:
     """Rebuild the chosen variant of ``plan`` (a plan.yaml path) around ``model``, without re-verifying or
     re-timing; compilation and capture happen on its first call.
 
     Args:
-        model: the model the plan was made for (same code; weights may differ).
+        model: the model the plan was made for (same code; weights may differ; a warning when its class,
+            parameter names, shapes or dtypes differ from the plan's ``model.signature``).
         plan: path of plan.yaml.
 
     Raises:
         PlanError: see :func:`read_plan`.
     """
     p = read_plan(plan)
+    other = signature_difference(p.model.get("signature"), model)
+    if other:
+        warnings.warn(f"{plan}: {other}: the plan's swaps and regions may not fit "
+                      f"this model; run apply on this model for a plan of its own", RuntimeWarning, stacklevel=2)
     diffs = version_differences(p.versions)
     if diffs:
         warnings.warn(f"{plan}: the plan was measured with another stack ({'; '.join(diffs)}); its choice "
