@@ -236,7 +236,7 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
         t.add_row(*cells)
     out.print(t)
     from fusion_advisor.report.write import chains_frame, read_plan
-    from fusion_advisor.report.views import apply_command, predicted_compile_us
+    from fusion_advisor.report.views import apply_command, plan_mismatches, predicted_compile_us
 
     frame = chains_frame(analysis)
     eager, advised = float(frame["est_eager_us"].sum()), float(frame["est_after_route_us"].sum())
@@ -247,6 +247,10 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
     plan, _ = read_plan(out_dir)
     if plan is None:
         out.print("next: " + _escape(apply_command(analysis, out_dir)), highlight=False)
+    else:
+        for note in plan_mismatches(plan, analysis, spec=False):
+            out.print(f"[yellow]warning:[/] the report joins {out_dir}/plan.yaml: {_escape(note)}; run apply again "
+                      f"or analyze into another --out", highlight=False)
     out.print(f"report: {paths.get('html')}  (also chains.csv, ops.csv, report.json in {out_dir}"
               + ("; with apply's results from plan.yaml" if plan is not None else "") + ")")
 
@@ -518,8 +522,10 @@ def _print_apply_summary(result, paths: dict) -> None:
                   + f": {_escape(result.chosen_reason)}")
     else:
         out.print("dry run: no variant verified or timed (add --verify to choose one)")
+    rebuild = (f"rebuild with fusion_advisor.load_plan(model, '{paths['plan']}')" if result.chosen is not None else
+               "no variant was chosen, so load_plan would run the model as written")
     out.print(f"report: {paths['html']} (analysis and apply's results; also plan.yaml, variants.csv, swaps.csv in "
-              f"{Path(paths['plan']).parent}); rebuild with fusion_advisor.load_plan(model, '{paths['plan']}')")
+              f"{Path(paths['plan']).parent}); {rebuild}")
 
 
 # --- diff ---------------------------------------------------------------------------------------------------

@@ -164,3 +164,19 @@ def test_apply_never_overwrites_foreign_files(tmp_path):
     r = runner.invoke(app, ["apply", str(DATA / "models" / "tiny_pointwise.py"), "--out", str(out)])
     assert r.exit_code == 2 and "did not write" in " ".join(r.output.split()), r.output
     assert (out / "plan.yaml").read_text() == "my deployment plan\n"
+
+
+def test_analyze_says_when_the_folder_holds_another_models_plan(tmp_path):
+    # a new user analysed a.py, applied another mlp.py into the same default folder, analysed a.py again, and the
+    # terminal said only "with apply's results from plan.yaml": the report joined two models
+    out = tmp_path / "rep"
+    other = tmp_path / "other" / "tiny_pointwise.py"
+    other.parent.mkdir()
+    other.write_text((DATA / "models" / "tiny_pointwise.py").read_text())
+    r = runner.invoke(app, ["apply", str(other), "--out", str(out)])  # a dry run writes plan.yaml
+    assert r.exit_code == 0 and (out / "plan.yaml").is_file(), r.output
+    r = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(out))
+    assert r.exit_code == 0, r.output
+    assert "warning:" in r.output and f"plan.yaml was made for {other}" in " ".join(r.output.split())
+    r = _run(str(other), "--out", str(out))  # the plan's own model: nothing to warn about
+    assert r.exit_code == 0 and "warning:" not in r.output, r.output

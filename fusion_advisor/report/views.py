@@ -351,6 +351,24 @@ def _ratio(a: Any, b: Any) -> float:
     return a / b if is_num(a) and is_num(b) and b > 0 else float("nan")
 
 
+def plan_mismatches(doc: dict[str, Any], analysis: Analysis | None, spec: bool = True) -> list[str]:
+    """Why apply's plan document and this analysis may not describe the same thing (one line each): the plan was
+    made for another model file, or (with ``spec``) with another device spec. The report shows both; analyze
+    prints the first (apply on a CPU machine analyses with the CPU's spec, analyze with a GPU's, as a rule)."""
+    if analysis is None:
+        return []
+    out = []
+    model = _dict(doc.get("model"))
+    if model.get("file") and str(model.get("file")) != analysis.model_file:
+        out.append(f"plan.yaml was made for {model.get('file')}, this analysis for {analysis.model_file}: the two "
+                   "may not describe the same model")
+    spec_name = (analysis.device_spec or {}).get("name")
+    if spec and doc.get("device_spec") and doc.get("device_spec") != spec_name:
+        out.append(f"apply analysed with the device spec {doc.get('device_spec')}, this report with {spec_name}: "
+                   "chain routes may differ")
+    return out
+
+
 def apply_view(doc: dict[str, Any], analysis: Analysis | None) -> dict[str, Any]:
     """apply's results from a plan document (plan.yaml, or :func:`fusion_advisor.apply.outputs.plan_document`):
     variant rows with speed-ups over the run's own eager and torch.compile timings, swap rows linked to the
@@ -414,14 +432,7 @@ def apply_view(doc: dict[str, Any], analysis: Analysis | None) -> dict[str, Any]
                                                   if _dict(s.get("route")).get("kernel") else "",
                                                   rule=_dict(s.get("route")).get("rule", "")),
         })
-    notes = []
-    if analysis is not None and model.get("file") and str(model.get("file")) != analysis.model_file:
-        notes.append(f"plan.yaml was made for {model.get('file')}, this analysis for {analysis.model_file}: the two "
-                     "may not describe the same model")
-    spec_name = (analysis.device_spec or {}).get("name") if analysis is not None else None
-    if analysis is not None and doc.get("device_spec") and doc.get("device_spec") != spec_name:
-        notes.append(f"apply analysed with the device spec {doc.get('device_spec')}, this report with "
-                     f"{(analysis.device_spec or {}).get('name')}: chain routes may differ")
+    notes = plan_mismatches(doc, analysis)
     if analysis is not None and swaps and not any(s["linked"] for s in swaps) and chain_ids:
         notes.append("no swap links to a chain of this analysis (another model, or an analysis made before chain "
                      "ids were shared between analyze and apply): run analyze again")
