@@ -232,3 +232,16 @@ def test_reasons_quote_no_raw_byte_counts(runs, name):
 
     for d in runs(name).decisions.values():
         assert not re.search(r"\d{7,}|\d bytes\b", d.reason), (d.chain_id, d.reason)
+
+
+def test_a_product_of_mixed_dtypes_is_flagged_on_meta(tmp_path):
+    # meta tensors run addmm(fp32 bias, int64 x, fp32 weight) where eager raises: a new user got a clean report of a
+    # model that cannot run
+    model = tmp_path / "wrong_dtype.py"
+    model.write_text("import torch\n\n\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                     "        self.fc = torch.nn.Linear(8, 4)\n\n    def forward(self, x):\n        return self.fc(x)\n\n\n"
+                     "def get_inputs():\n    return [torch.randint(0, 5, (2, 8))]\n\n\ndef get_init_inputs():\n    return []\n")
+    flagged = [w for w in analyze(str(model)).warnings if "mixed dtypes" in w]
+    assert len(flagged) == 1 and flagged[0].startswith(f"{model}:10: addmm gets operands of fp32 and int64")
+    for name in ("kernelbench_conv_gelu", "tiny_pointwise"):  # a convolution with bias, a pointwise model
+        assert not [w for w in analyze(str(MODELS / f"{name}.py")).warnings if "mixed dtypes" in w]
