@@ -488,6 +488,8 @@ def _print_apply_summary(result, paths: dict) -> None:
     from rich.table import Table
 
     out = Console(width=None if sys.stdout.isatty() else 160)
+    for b in result.graph_breaks:  # as analyze prints them: apply captures the same graphs
+        out.print(f"[yellow]graph break[/] at {_escape(str(b.source))}: {_escape(b.reason)}")
     for w in result.warnings:
         out.print(f"[yellow]warning:[/] {_escape(w)}")
     for name, why in result.library_problems.items():

@@ -786,6 +786,12 @@ def test_cli_apply_dry_run_writes_reports(tmp_path):
     assert (other / "report.html").read_text() == "<html>mine</html>"
 
 
+def test_cli_apply_prints_the_graph_breaks_analyze_prints(tmp_path):
+    r = runner.invoke(app, ["apply", str(DATA / "models" / "graph_break.py"), "--out", str(tmp_path / "rep")])
+    assert r.exit_code == 0, r.output
+    assert "graph break at " in r.output and "graph_break.py:15" in r.output
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [
