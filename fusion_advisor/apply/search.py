@@ -486,7 +486,8 @@ def _search_regions(inp: SearchInputs, outcomes: list[VariantOutcome], refusal: 
             regions.pop(str(region.key), None)
         else:
             regions[str(region.key)] = executor
-        changes = ", ".join(f"{k}={e}" for k, e in sorted(regions.items()))
+        # the overrides after this change; none left (the region went back to the rest's executor): the change
+        changes = ", ".join(f"{k}={e}" for k, e in sorted(regions.items())) or f"{region.key}={executor}"
         spec = replace(base.spec, name=f"{_root_name(base.spec)} [{changes}]",
                        rest=default, regions=tuple(sorted(regions.items())), region_depths=_depths(inp.regions),
                        why=f"from {base.spec.name}: region {region.key} ({region.n_ops} ops, predicted fusion gain "
