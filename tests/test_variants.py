@@ -101,6 +101,34 @@ def test_harness_rejects_a_variant_off_by_a_little_and_accepts_a_reordered_one()
     assert not nan.passed and "non-finite" in nan.details[0]
 
 
+def test_an_output_that_moves_from_the_model_as_written_fails_however_close_to_float64(tmp_path):
+    """Mamba2-like: outputs spanning 1e6 and 1e-3 at once. A variant that moves the small elements by 0.05 is as
+    close to float64 as eager norm-wise and max-wise (the policy passes it) but is not the model the user wrote:
+    KernelBench's 1e-2 check fails torch.compile on such files, and so must apply's."""
+    path = _write(tmp_path, "wide_range", """
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return torch.cat([x * 1e6, x * 1e-3])
+
+        def get_inputs():
+            return [torch.rand(64) + 1]
+
+        def get_init_inputs():
+            return []
+    """)
+    loaded = load_model(path, device="cpu")
+    h = ModelHarness(loaded, backward=False)
+    assert h.check(loaded.module).passed
+    shift = torch.cat([torch.zeros(64), torch.full((64,), 0.05)])
+    moved = h.check(lambda x: loaded.module(x) + shift)
+    assert not moved.passed and moved.reference == "float64 copy of the model"
+    assert "64 of 128 elements differ from the model as written by more than atol 0.01 + rtol 0.01" in \
+        moved.details[0]
+    assert h.check(lambda x: loaded.module(x) + shift / 10).passed  # 0.005: inside the agreement
+
+
 def test_a_model_that_draws_random_numbers_is_judged_against_itself(tmp_path):
     """Seeded identically before every call, the model as written agrees with itself; a compiled variant draws
     other random numbers, and its float64 reference is untrusted: the check falls back to the dtype tolerance."""
