@@ -316,7 +316,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--budget-s", type=float, default=45.0)
     ap.add_argument("--time-rounds", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per variant (the median is reported)")
     ap.add_argument("--backward", action="store_true")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test this script")
     ap.add_argument("--deadline-s", type=float, default=0.0, help="start no new file after this many seconds")
