@@ -192,3 +192,35 @@ def test_attention_items_carry_their_sdpa_backend():
     att = [c for c in chains if c.pattern == "attention"]
     assert len(att) == 1 and att[0].attention_backend in ("flash", "efficient", "cudnn")
     assert all(c.attention_backend == "" for c in chains if c.pattern != "attention")
+
+
+class ConvReluPool(nn.Module):
+    """relu feeds max_pool2d alone (Inductor reads the pool's input through it); the tanh's output is also returned,
+    so it feeds more than the pool."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = F.max_pool2d(torch.relu(self.conv(x)), 2)
+        z = torch.tanh(y)
+        return F.avg_pool2d(z, 2), z
+
+
+def test_a_pointwise_chain_read_only_by_a_pool_is_its_prologue():
+    from fusion_advisor.analyze.roofline import estimate
+    from fusion_advisor.devices import load_spec
+
+    og, chains = _chains(ConvReluPool(), torch.randn(2, 4, 32, 32))
+    by_pattern = {}
+    for c in chains:
+        by_pattern.setdefault(c.pattern, []).append(c)
+    relu, tanh = by_pattern["pointwise"]
+    pool = next(c for c in chains if c.id == relu.prologue_of)
+    assert "max_pool2d_with_indices" in pool.pattern and relu.epilogue_of  # the conv's epilogue and the pool's prologue
+    assert tanh.prologue_of == ""  # z is returned too: the pool is not its only reader
+    ops = {o.id: o for o in og.ops}
+    e_relu, e_tanh = (estimate(c, ops, load_spec("h200")) for c in (relu, tanh))
+    assert e_relu.compile_us == e_relu.compute_us < e_relu.eager_us  # its memory pass goes into the pool's kernel
+    assert e_tanh.compile_us == e_tanh.eager_us  # a single kernel of its own, as under eager

@@ -292,7 +292,8 @@ def build_chains(og: OpGraph) -> list[Chain]:
 
 
 def _mark_epilogues(og: OpGraph, chains: list[Chain], chain_of: dict[str, str]) -> list[Chain]:
-    """Set ``epilogue_of`` on pointwise chains that alone consume a matmul's or conv's output, and on a
+    """Set ``prologue_of`` on pointwise chains whose output only a pooling op reads (:func:`_sole_pool_consumer`),
+    ``epilogue_of`` on pointwise chains that alone consume a matmul's or conv's output, and on a
     cross-entropy chain that alone consumes a matmul's (the LM head), whose pattern becomes
     ``linear_cross_entropy``: one kernel can take the GEMM and the loss together, chunked, so the logits never
     exist whole."""
@@ -306,6 +307,9 @@ def _mark_epilogues(og: OpGraph, chains: list[Chain], chain_of: dict[str, str]) 
             if head is not None:
                 c = replace(c, pattern="linear_cross_entropy", epilogue_of=chain_of[head])
         if c.kind == "fusible" and set(c.categories) <= {"pointwise", "copy"}:
+            pool = _sole_pool_consumer(og, c)
+            if pool is not None:
+                c = replace(c, prologue_of=chain_of[pool])
             members = set(c.op_ids)
             for m in c.op_ids:
                 for u, _ in og.data_preds(m):
@@ -321,6 +325,29 @@ def _mark_epilogues(og: OpGraph, chains: list[Chain], chain_of: dict[str, str]) 
         out.append(c)
     assert len(out) == len(by_id)
     return out
+
+
+#: Pooling ops Inductor lowers to a kernel of its own (``torch/_inductor/lowering.py``), reading their input through
+#: the pointwise ops that produce it; ``adaptive_*_pool3d`` and the backward ops fall back to ATen.
+INDUCTOR_POOLS = frozenset({"avg_pool2d", "avg_pool3d", "max_pool2d_with_indices", "max_pool3d_with_indices",
+                            "_adaptive_avg_pool2d", "adaptive_max_pool2d", "_low_memory_max_pool_with_offsets"})
+
+
+def _sole_pool_consumer(og: OpGraph, chain: Chain) -> str | None:
+    """The pooling op (:data:`INDUCTOR_POOLS`) that alone consumes what ``chain`` computes (no member is a graph
+    output, every use outside the chain is that op), or ``None``."""
+    members = set(chain.op_ids)
+    outside: set[str] = set()
+    for m in chain.op_ids:
+        if og.is_graph_output(m):
+            return None
+        outside |= set(og.data_succs(m)) - members
+    if len(outside) != 1:
+        return None
+    (u,) = outside
+    op = og.g.nodes[u]["op"]
+    name = op.target.split(".")[1] if op is not None and op.target.startswith("aten.") else ""
+    return u if name in INDUCTOR_POOLS else None
 
 
 def _sole_matmul_producer(og: OpGraph, chain: Chain) -> str | None:

@@ -145,6 +145,9 @@ class Chain:
         source: source line of the first op that launches a kernel.
         module_path: module of that op.
         epilogue_of: id of the heavy chain whose output this chain alone consumes (an epilogue candidate), or ``""``.
+        prologue_of: id of the pooling item that alone consumes this pointwise chain's output, or ``""``: Inductor
+            lowers pooling to its own kernel and reads the pool's input through the chain's ops, so under
+            torch.compile the chain makes no memory pass of its own.
         graph_index: captured graph the chain lives in.
         attention_backend: for an attention item, the SDPA backend its op runs (``OpInfo.variant``: ``"flash"``,
             ``"efficient"``, ``"cudnn"``, ``"math"``), else ``""``.
@@ -167,6 +170,7 @@ class Chain:
     module_path: str
     epilogue_of: str = ""
     graph_index: int = 0
+    prologue_of: str = ""
     attention_backend: str = ""
 
     @property

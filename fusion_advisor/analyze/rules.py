@@ -91,6 +91,7 @@ def _features(chain: Chain, est: Estimate, measured: ChainMeasurement | None = N
         "peak_tflops": est.peak_tflops,
         "epilogue": bool(chain.epilogue_of),
         "epilogue_of": chain.epilogue_of,
+        "prologue_of": chain.prologue_of,
         "module_path": chain.module_path,
         "attention_backend": chain.attention_backend,
         # the same numbers in the units a reader expects (a reason never quotes a raw byte count)
@@ -113,7 +114,8 @@ def _features(chain: Chain, est: Estimate, measured: ChainMeasurement | None = N
 TEMPLATE_FIELDS = (
     "id", "kind", "pattern", "dtype", "bound", "eager_kernels", "numel", "row_elems", "flops", "eager_bytes",
     "fused_bytes", "bytes_saved", "arithmetic_intensity", "ridge_point", "eager_us", "fused_us", "saving_us",
-    "compute_us", "memory_fused_us", "launch_eager_us", "peak_tflops", "epilogue", "epilogue_of", "module_path",
+    "compute_us", "memory_fused_us", "launch_eager_us", "peak_tflops", "epilogue", "epilogue_of", "prologue_of",
+    "module_path",
     "compile_us", "triton_us", "cudagraphs_us",
     "kernel", "route", "measured_bound", "measured_us", "attention_backend", "eager_size", "fused_size",
     "saved_size", "eager_mib", "fused_mib", "saved_mib", "gflop",
@@ -243,8 +245,8 @@ def _check_template(template: str, where: str) -> None:
         raise RulesError(
             f"{where}: field 'reason': unknown placeholder(s) {', '.join(unknown)}; known: {', '.join(TEMPLATE_FIELDS)}"
         )
-    text_fields = {"id", "kind", "pattern", "dtype", "bound", "epilogue_of", "module_path", "kernel", "route",
-                   "measured_bound", "attention_backend", "eager_size", "fused_size", "saved_size"}
+    text_fields = {"id", "kind", "pattern", "dtype", "bound", "epilogue_of", "prologue_of", "module_path", "kernel",
+                   "route", "measured_bound", "attention_backend", "eager_size", "fused_size", "saved_size"}
     int_fields = {"eager_kernels", "numel", "row_elems", "flops", "eager_bytes", "fused_bytes", "bytes_saved"}
     sample = {k: ("x" if k in text_fields else False if k == "epilogue" else 1 if k in int_fields else 1.5)
               for k in TEMPLATE_FIELDS}

@@ -122,6 +122,8 @@ CHAIN_COLUMNS: dict[str, str] = {
     "code": "The Python code on that source line.",
     "module_path": "Dotted path of the nn.Module that issued that op, empty at top level.",
     "epilogue_of": "Id of the heavy chain whose output this chain alone consumes (an epilogue candidate), else empty.",
+    "prologue_of": "Id of the pooling item that alone reads this pointwise chain's output, else empty: Inductor "
+    "reads the pool's input through the chain, so under torch.compile it costs no memory pass of its own.",
     "op_ids": "Ids of the member ops ('g<graph>:<node>'), space separated, topological order.",
     "graph_index": "Index of the captured graph the chain lives in.",
     "inductor_code": "With analyze --inductor-code: the file (relative to the report folder) holding the code "
@@ -337,6 +339,7 @@ def _chain_row(chain: Chain, est: Estimate | None, dec: Decision | None, inducto
         "code": chain.source.code,
         "module_path": chain.module_path,
         "epilogue_of": chain.epilogue_of,
+        "prologue_of": chain.prologue_of,
         "op_ids": " ".join(chain.op_ids),
         "graph_index": chain.graph_index,
         "inductor_code": _inductor_cell(inductor),
