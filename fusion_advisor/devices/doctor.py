@@ -313,8 +313,8 @@ def check_gpu() -> Check:
 
     if not torch.cuda.is_available():
         return Check("gpu", INFO, "no GPU found: analyze runs statically (meta device), Triton kernels run in "
-                     "the CPU interpreter (verified, not timed), apply times eager and Inductor's CPU code", matters=False,
-                     details={"gpu": None})
+                     "the CPU interpreter (verified, not timed), apply times eager and Inductor's CPU code",
+                     matters=False, details={"gpu": None})
     index = torch.cuda.current_device()
     p = torch.cuda.get_device_properties(index)
     l2 = int(getattr(p, "L2_cache_size", 0) or 0)
