@@ -148,7 +148,7 @@ class _Chainer:
 def _pattern(og: OpGraph, member_ids: list[str]) -> str:
     """Name the pattern a fusible chain implements (``"rmsnorm"``, ``"swiglu"``, ...), or a generic name."""
     ops = [og.op(m) for m in member_ids]
-    names = Counter(o.target.split(".")[1] if o.target.startswith("aten.") else o.target for o in ops)
+    names = Counter(o.name for o in ops)
     cats = {o.category for o in ops}
     has = names.__contains__
     member_set = set(member_ids)
@@ -273,7 +273,7 @@ def build_chains(og: OpGraph) -> list[Chain]:
                 op_ids=tuple(members),
                 targets=tuple(o.target for o in ops),
                 pattern=_pattern(og, members) if kind == "fusible" else ops[0].category if kind == "heavy"
-                else ops[0].target.split(".")[1] if ops[0].target.startswith("aten.") else ops[0].target,
+                else ops[0].name,
                 categories=tuple(sorted({o.category for o in ops})),
                 dtype=io_dtype or _dominant_dtype(ops),
                 eager_kernels=sum(o.eager_kernels for o in ops),
@@ -346,8 +346,7 @@ def _sole_pool_consumer(og: OpGraph, chain: Chain) -> str | None:
         return None
     (u,) = outside
     op = og.g.nodes[u]["op"]
-    name = op.target.split(".")[1] if op is not None and op.target.startswith("aten.") else ""
-    return u if name in INDUCTOR_POOLS else None
+    return u if op is not None and op.name in INDUCTOR_POOLS else None
 
 
 def _sole_matmul_producer(og: OpGraph, chain: Chain) -> str | None:

@@ -64,6 +64,11 @@ class GraphBreak:
     graph_index: int
 
 
+def aten_name(target: str) -> str:
+    """An op target's base name: ``"aten.mm.default"`` -> ``"mm"``; other targets as they are."""
+    return target.split(".")[1] if target.startswith("aten.") else target
+
+
 @dataclass(frozen=True)
 class OpInfo:
     """One node of the op graph: an aten op with its cost facts.
@@ -104,6 +109,11 @@ class OpInfo:
     reduces_last_dim: bool = True
     variant: str = ""
     eager_kernels: int = 1
+
+    @property
+    def name(self) -> str:
+        """The target's base name (:func:`aten_name`): ``"mm"`` for ``"aten.mm.default"``."""
+        return aten_name(self.target)
 
     @property
     def reads_permuted(self) -> bool:

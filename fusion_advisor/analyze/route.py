@@ -7,7 +7,7 @@ torch.compile and the decision's note says why.
 
 from __future__ import annotations
 
-from fusion_advisor.analyze.records import Chain, ChainMeasurement, Decision, Estimate
+from fusion_advisor.analyze.records import Chain, ChainMeasurement, Decision, Estimate, aten_name
 from fusion_advisor.analyze.rules import RuleSet, render_reason
 from fusion_advisor.dtypes import float_dtype
 
@@ -47,7 +47,7 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
             else [kernels[rule.kernel]] if rule.kernel in kernels else []
         )
         # several kernels for one heavy op (linear for mm / addmm, matmul for bmm): the one meant for the item's op
-        ops = {t.split(".")[1] if t.startswith("aten.") else t for t in chain.targets}  # "aten.bmm.default" -> bmm
+        ops = {aten_name(t) for t in chain.targets}
         candidates.sort(key=lambda k: not set(k.heavy_targets) & ops)
         wanted = chain.pattern if rule.kernel == "auto" else rule.kernel
         if not candidates:
