@@ -241,22 +241,21 @@ def _all_skip_check(chains: list, estimates: dict, decisions: dict) -> list[str]
             f"may be sending them to skip), or run apply, which measures torch.compile(model) whatever the routes"]
 
 
-#: Products whose tensor operands PyTorch requires in one dtype (``_scaled_mm`` and ``_int_mm`` take mixed ones).
-SAME_DTYPE_PRODUCTS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "mv", "addmv", "dot", "convolution",
-                                 "_convolution"})
+#: The products (matmul and conv ops) whose operands may differ in dtype: ``_scaled_mm`` (fp8 operands, fp32
+#: scales) and ``_int_mm`` (int8 operands, int32 result).
+MIXED_DTYPE_PRODUCTS = frozenset({"_scaled_mm", "_int_mm"})
 
 
 def _mixed_dtype_products(ops: list) -> list[str]:
-    """A warning per product (matmul, convolution) whose tensor operands have different dtypes: eager PyTorch
-    raises on them (``mat1 and mat2 must have the same dtype``), meta tensors do not, so an analysis on
-    ``--device meta`` would describe a model that cannot run."""
+    """A warning per product (a matmul or conv op, :data:`MIXED_DTYPE_PRODUCTS` apart) whose tensor operands have
+    different dtypes: eager PyTorch raises on them (``mat1 and mat2 must have the same dtype``), meta tensors do
+    not, so an analysis on ``--device meta`` would describe a model that cannot run."""
     out = []
     for op in ops:
-        name = op.target.split(".")[1] if op.target.startswith("aten.") else op.target
         dtypes = sorted({t.dtype for t in op.inputs if t.dtype})
-        if name in SAME_DTYPE_PRODUCTS and len(dtypes) > 1:
+        if op.category in ("matmul", "conv") and op.name not in MIXED_DTYPE_PRODUCTS and len(dtypes) > 1:
             where = f"{op.source.file}:{op.source.line}" if op.source.file else op.id
-            out.append(f"{where}: {name} gets operands of {' and '.join(dtypes)}: PyTorch refuses mixed dtypes "
+            out.append(f"{where}: {op.name} gets operands of {' and '.join(dtypes)}: PyTorch refuses mixed dtypes "
                        f"here, so the model fails when run (meta tensors do not check this); cast the inputs, or "
                        f"analyze with --device cpu to see the error")
     return out
