@@ -225,8 +225,6 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
 
     compile_eff = spec.efficiency("torch.compile", chain.pattern)
     compile_us = at(compile_eff, launch)
-    if chain.prologue_of and any_work:  # Inductor reads the pool's input through this chain: no pass of its own
-        compile_us = compute_us
     triton_us = at(spec.efficiency("triton", chain.pattern), launch)
     heavy_rate = None if fusible else (spec.route_efficiency.get("triton") or {}).get(chain.pattern)
     if heavy_rate and any_work:
@@ -238,8 +236,8 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     floor = spec.elementwise_overhead_us or GRAPH_KERNEL_FLOOR_US
     kernels = sum(n for _, runs, n in busy if runs)
     cudagraphs_us = at(compile_eff, floor) if fusible else max(busy_us, kernels * floor)
-    if chain.prologue_of and any_work:
-        cudagraphs_us = compile_us
+    if chain.prologue_of and any_work:  # Inductor reads the pool's input through this chain: no pass of its own
+        compile_us = cudagraphs_us = compute_us
     ridge = peak_tflops * 1e12 / (spec.memory_bandwidth_gbps * 1e9)
     if idle_us > sum(t for t, _, _ in busy):
         bound = "launch"
