@@ -41,7 +41,7 @@ from fusion_advisor.analyze.capture import first_line
 from fusion_advisor.verification.inputs import upcast
 from fusion_advisor.verification.kernel import KeepFloat64
 from fusion_advisor.verification.policy import compare_outputs, judge
-from fusion_advisor.verification.trees import first_true, tensor_leaves, unravel
+from fusion_advisor.verification.trees import tensor_leaves
 
 __all__ = ["CALL_SEED", "REFERENCE_SANITY", "ModelHarness", "scalarize", "summarize_rounds", "tensor_leaves"]
 
@@ -416,23 +416,19 @@ def _sync(device: str) -> None:
 def agrees_with_eager(g: torch.Tensor, e: torch.Tensor, label: str) -> tuple[bool, str]:
     """Whether a full-precision output ``g`` stays within :data:`AGREEMENT_TOLERANCE` of the model as written's
     ``e`` element by element (NaN where it is NaN); ``(True, "")`` for other dtypes. The line names how many
-    elements do not and the worst one."""
+    elements do not and, from :func:`~fusion_advisor.verification.policy.compare_outputs`, the worst one."""
     if not (g.is_floating_point() and g.dtype in (torch.float32, torch.float64)) or g.shape != e.shape:
         return True, ""
     atol, rtol = AGREEMENT_TOLERANCE
-    off = ~torch.isclose(g, e, atol=atol, rtol=rtol, equal_nan=True)  # in the outputs' dtype: no float64 copies
-    n_off, _ = first_true(off)
+    n_off = int((~torch.isclose(g, e, atol=atol, rtol=rtol, equal_nan=True)).sum())  # the outputs' dtype: no copies
     if not n_off:
         return True, ""
-    at = off.reshape(-1).nonzero().squeeze(1)  # the elements outside only (few, as a rule)
-    gf, ef = g.reshape(-1)[at].double(), e.reshape(-1)[at].double()
-    excess = torch.nan_to_num((gf - ef).abs() / (atol + rtol * ef.abs()), nan=float("inf"))
-    worst = int(at[int(excess.argmax())])
+    worst = compare_outputs(g, e, atol=atol, rtol=rtol, label=label)[3][1:]  # after its MISMATCH line
     return False, (f"{label}: as close to float64 as the model as written, but {n_off} of {g.numel()} elements "
-                   f"differ from the model as written by more than atol {atol:g} + rtol {rtol:g} (worst at index "
-                   f"{unravel(worst, g.shape)}: {g.reshape(-1)[worst].item():.6g} where the model as written gives "
-                   f"{e.reshape(-1)[worst].item():.6g}): an ill-conditioned output, which this variant computes "
-                   f"in another order; not chosen, so the plan returns what the model as written returns")
+                   f"differ from the model as written by more than atol {atol:g} + rtol {rtol:g} "
+                   f"({'; '.join(worst)}; the reference is the model as written): an ill-conditioned output, which "
+                   f"this variant computes in another order; not chosen, so the plan returns what the model as "
+                   f"written returns")
 
 
 def _close_to_eager(g: torch.Tensor, e: torch.Tensor, label: str) -> tuple[bool, str]:
