@@ -6,8 +6,8 @@ subprocess, its wall time recorded); then, in a fresh process per file, the mode
 each run once (first-call time apart), checked against the model as written on fresh inputs at KernelBench's
 ``atol = rtol = 1e-2`` (the outputs, and with ``--backward`` every parameter's gradient), and timed in interleaved
 rounds after an untimed one (``triton.testing.do_bench`` median per round, L2 flushed, at least 100 ms and apply's
-``MIN_TIMED_CALLS`` calls per round; the median of the rounds is reported with their spread). Forward under ``torch.no_grad()`` (the model in eval mode, as apply loads it), or
-forward+backward with ``--backward``.
+``MIN_TIMED_CALLS`` calls per round; the median of the rounds is reported with their spread). Forward under
+``torch.no_grad()`` (the model in eval mode, as apply loads it), or forward+backward with ``--backward``.
 
 Files: ``--kernelbench DIR`` with ``--level2 N --level3 M --seed S`` draws a fixed, seeded subset of each level
 (sorted file names, ``random.Random(seed).sample``); ``--files`` adds any model files. The results name every file.
@@ -269,6 +269,24 @@ def _meta(args: argparse.Namespace) -> dict[str, Any]:
             "what": "forward+backward" if args.backward else "forward under torch.no_grad()"}
 
 
+def write_results(out: Path, meta: dict[str, Any], files: list[str], recs: list[dict[str, Any]],
+                  **extra: Any) -> None:
+    """``results.json`` (meta, files, summary, records and ``extra``) and ``results.md`` into ``out``."""
+    summary = summarize(recs)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "files": files, "summary": summary, "results": recs,
+                                                  **extra}, indent=1, default=str))
+    (out / "results.md").write_text(markdown(recs, summary, meta))
+
+
+def _budgets(metas: Any) -> set[str]:
+    """The ``--budget-s`` values of runs' metas, as text; a combined run's (``"120 / 45"``) counts each of its own."""
+    out: set[str] = set()
+    for m in metas:
+        b = m["budget_s"]
+        out |= set(b.split(" / ")) if isinstance(b, str) else {f"{b:g}"}
+    return out
+
+
 def combine(sources: list[str], out: Path) -> None:
     """Merge the ``results.json`` of several runs into one (``--combine LABEL=PATH ...``): for each model file the
     record of the last source that ran it, tagged with its source's label as ``device_call`` (a record that already
@@ -294,14 +312,10 @@ def combine(sources: list[str], out: Path) -> None:
                 superseded.append(by_file[rec["file"]])
             by_file[rec["file"]] = rec
     recs = sorted(by_file.values(), key=lambda r: (r["level"], r["name"]))
-    summary = summarize(recs)
     meta = {**metas[next(reversed(metas))], "combined_from": metas,
-            "budget_s": " / ".join(sorted({f"{m['budget_s']:g}" for m in metas.values()}))}
+            "budget_s": " / ".join(sorted(_budgets(metas.values())))}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"meta": meta, "files": [r["file"] for r in recs],
-                                                  "summary": summary, "results": recs, "superseded": superseded},
-                                                 indent=1, default=str))
-    (out / "results.md").write_text(markdown(recs, summary, meta))
+    write_results(out, meta, [r["file"] for r in recs], recs, superseded=superseded)
     print((out / "results.md").read_text())
 
 
@@ -316,7 +330,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--budget-s", type=float, default=45.0)
     ap.add_argument("--time-rounds", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per variant (the median is reported)")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="interleaved timing rounds per variant (the median is reported)")
     ap.add_argument("--backward", action="store_true")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test this script")
     ap.add_argument("--deadline-s", type=float, default=0.0, help="start no new file after this many seconds")
@@ -356,11 +371,7 @@ def main() -> None:
         v = (r.get("eval") or {}).get("variants", {})
         print("   apply %.0f s, chosen %s; " % (r.get("apply_s", 0), r.get("apply_chosen"))
               + ", ".join(f"{n} {v[n].get('ms', float('nan')):.4g}" for n in VARIANTS if n in v), flush=True)
-        summary = summarize(recs)
-        meta = _meta(args)
-        (args.out / "results.json").write_text(json.dumps({"meta": meta, "files": files, "summary": summary,
-                                                           "results": recs}, indent=1, default=str))
-        (args.out / "results.md").write_text(markdown(recs, summary, meta))
+        write_results(args.out, _meta(args), files, recs)
     print((args.out / "results.md").read_text())
 
 
