@@ -214,12 +214,12 @@ class RowConfig:
     @classmethod
     def forward(cls, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK_FWD) -> "RowConfig":
         """Forward kernels: one block per row up to ``max_fused_block`` columns, chunks beyond."""
-        return cls._build(n_cols, max_fused_block, FWD_WARPS)
+        return cls._build(int(n_cols), max_fused_block, FWD_WARPS)  # a SymInt width: specialised (constexpr)
 
     @classmethod
     def backward(cls, n_cols: int, max_fused_block: int = MAX_FUSED_BLOCK_BWD) -> "RowConfig":
         """Backward kernels: one block per row up to ``max_fused_block`` columns, chunks beyond."""
-        return cls._build(n_cols, max_fused_block, BWD_WARPS)
+        return cls._build(int(n_cols), max_fused_block, BWD_WARPS)  # a SymInt width: specialised (constexpr)
 
 
 @functools.lru_cache(maxsize=None)

@@ -277,10 +277,15 @@ class SoftmaxConfig:
     single_block: bool
 
     @classmethod
-    @functools.lru_cache(maxsize=4096)  # frozen: one per width, not rebuilt on every eager call (host time)
     def for_row(cls, n_cols: int, max_single_block: int = MAX_SINGLE_BLOCK) -> "SoftmaxConfig":
         """Single block when ``next_power_of_2(n_cols) <= max_single_block`` (:func:`warps_for` warps), else
-        :data:`LOOP_BLOCK` chunks over :data:`LOOP_WARPS` warps (the H200 sweep's choices, see the constants)."""
+        :data:`LOOP_BLOCK` chunks over :data:`LOOP_WARPS` warps (the H200 sweep's choices, see the constants).
+        A symbolic width (torch.compile with dynamic shapes) is specialised: the block is a constexpr."""
+        return cls._for_row(int(n_cols), max_single_block)
+
+    @classmethod
+    @functools.lru_cache(maxsize=4096)  # frozen: one per width, not rebuilt on every eager call (host time)
+    def _for_row(cls, n_cols: int, max_single_block: int) -> "SoftmaxConfig":
         block = triton.next_power_of_2(max(n_cols, 1))
         if block <= max_single_block:
             return cls(block, warps_for(block), True)
