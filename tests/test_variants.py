@@ -286,7 +286,7 @@ class _RoundsHarness:
 def test_a_confirmation_that_is_lost_says_whether_the_challenger_was_faster(monkeypatch, challenger, says):
     # the user saw "faster in the search but not in the confirmation (... 1.229x)": it was faster, by less than
     # the noise; the line must say so, and a challenger that was slower must not read as a narrow win
-    monkeypatch.setattr(search_mod, "PlannedModel", lambda model, spec, kernels: spec.name)
+    monkeypatch.setattr(search_mod, "PlannedModel", lambda model, spec, kernels, **_: spec.name)
     inp = search_mod.SearchInputs(harness=_RoundsHarness({"a": challenger, "b": [10.0, 14.0, 10.0, 10.0]}),
                                   kernels={}, analysis=None, regions=[], swaps=[])
     inp.harness.model = None
@@ -382,6 +382,37 @@ def test_planned_model_keeps_the_user_model_untouched_and_survives_an_outer_comp
         torch.testing.assert_close(out, loaded.module(*loaded.inputs), rtol=1e-5, atol=1e-5)
     assert all(torch.equal(before[k], v) for k, v in loaded.module.state_dict().items())
     assert set(planned.state_dict()) == {f"model.{k}" for k in loaded.module.state_dict()}
+
+
+def test_cudnn_benchmark_variants_run_in_their_own_thread_for_apply_and_in_the_callers_for_a_plan():
+    # cuDNN's plan cache is per thread and ignores the benchmark flag: apply keeps what cudnn.benchmark finds out of
+    # the thread that times every other variant; a plan the user rebuilds runs where it is called
+    import threading
+
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append((threading.current_thread().name, torch.is_grad_enabled(), torch.backends.cudnn.benchmark))
+            return x * 2
+
+    spec = VariantSpec("eager +cudnn.benchmark", R.AS_WRITTEN, cudnn_benchmark=True)
+    flag = torch.backends.cudnn.benchmark
+    x = torch.ones(3, requires_grad=True)
+    for cudnn_thread in (True, False):
+        planned = PlannedModel(Probe(), spec, cudnn_thread=cudnn_thread)
+        with torch.no_grad():
+            assert torch.equal(planned(x), x.detach() * 2)
+        y = planned(x)
+        y.sum().backward()  # the graph recorded in the worker thread backpropagates from the caller's
+        assert torch.equal(x.grad, torch.full((3,), 2.0))
+        x.grad = None
+    here = threading.current_thread().name
+    (t1, g1, b1), (t2, g2, b2), (t3, g3, b3), (t4, g4, b4) = seen
+    assert t1 == t2 != here and t1.startswith("fusion-advisor-cudnn-benchmark") and (t3, t4) == (here, here)
+    assert (g1, g2, g3, g4) == (False, True, False, True)  # the caller's grad mode, in either thread
+    assert b1 and b2 and b3 and b4 and torch.backends.cudnn.benchmark == flag  # on inside each call only
+    assert not PlannedModel(Probe(), VariantSpec("eager", R.AS_WRITTEN), cudnn_thread=True).cudnn_thread
 
 
 @pytest.mark.gpu

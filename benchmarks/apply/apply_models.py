@@ -7,7 +7,9 @@ each run once (first-call time apart), checked on fresh inputs (the outputs, and
 parameter's gradient) and timed in interleaved
 rounds after an untimed one (``triton.testing.do_bench`` median per round, L2 flushed, at least 100 ms and apply's
 ``MIN_TIMED_CALLS`` calls per round; the median of the rounds is reported with their spread). Forward under
-``torch.no_grad()`` (the model in eval mode, as apply loads it), or forward+backward with ``--backward``.
+``torch.no_grad()`` (the model in eval mode, as apply loads it), or forward+backward with ``--backward``. A plan
+with ``cudnn.benchmark`` runs it in this process's thread, as a user's would: the baselines timed after it may take
+the algorithms it found (cuDNN's plan cache is per thread and ignores the flag), which can only make them faster.
 
 The check (:func:`correct`): an fp32/fp64 tensor must be allclose to the model as written at KernelBench's ``atol =
 rtol = 1e-2``. An fp16/bf16 tensor is judged as Inductor's own benchmark suites judge a compiled model

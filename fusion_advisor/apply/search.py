@@ -142,7 +142,7 @@ def evaluate(spec: VariantSpec, inp: SearchInputs, baseline: bool = False) -> Va
         warnings.simplefilter("ignore")
         try:
             with inp.progress(f"variant {spec.name}: building and running once (compile / capture)"):
-                model = PlannedModel(h.model, spec, inp.kernels)
+                model = PlannedModel(h.model, spec, inp.kernels, cudnn_thread=True)
                 timing.first_call_s = h.first_call(model)
         except Exception as e:  # a compiler or capture failure is this variant's, not the run's
             if isinstance(e, torch.cuda.OutOfMemoryError):
@@ -558,8 +558,8 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> tuple[b
     with warnings.catch_warnings(), quiet_torch_logs():
         warnings.simplefilter("ignore")
         try:
-            ma = PlannedModel(h.model, a.spec, inp.kernels)
-            mb = PlannedModel(h.model, b.spec, inp.kernels)
+            ma = PlannedModel(h.model, a.spec, inp.kernels, cudnn_thread=True)
+            mb = PlannedModel(h.model, b.spec, inp.kernels, cudnn_thread=True)
             h.first_call(ma)
             h.first_call(mb)
             ta, tb = [], []

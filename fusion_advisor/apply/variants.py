@@ -10,7 +10,9 @@
   spec's library kernels in and runs each graph, and each region of it, with its executor.
 
 ``graphed`` runs the model as written captured whole in one CUDA graph (:class:`WholeModelGraph`, forward only).
-``cudnn_benchmark`` turns ``torch.backends.cudnn.benchmark`` on around each call (restored after).
+``cudnn_benchmark`` turns ``torch.backends.cudnn.benchmark`` on around each call (restored after); apply measures
+such variants in a thread of their own (``cudnn_thread``, :func:`in_cudnn_thread`), since cuDNN's plan cache would
+otherwise hand the algorithms it found to every later variant.
 ``channels_last`` (stock specs only, forward only) runs :class:`ChannelsLast` around a copy of the model whose 4-D /
 5-D weights are channels-last: the user's parameters are not touched (nor updated by it), as with Inductor's
 freezing. Compilation and CUDA-graph capture happen on the first call (dynamo's rules: a new input shape or grad
@@ -21,9 +23,11 @@ compile cannot inline the model and silently drop the plan.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import copy
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -44,6 +48,40 @@ def channels_last(t: Any) -> Any:
 
 def _contiguous(t: Any) -> Any:
     return t.contiguous() if isinstance(t, torch.Tensor) and t.dim() >= 4 else t
+
+
+_CUDNN_THREAD: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def in_cudnn_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` run in one worker thread kept for the process (the caller waits), with the caller's
+    grad mode, inference mode, CUDA device and current stream.
+
+    Why: cuDNN's execution-plan cache (v8 API) is thread-local and its key leaves ``benchmark`` out, so a plan
+    found with ``cudnn.benchmark`` on is taken by every later call of that thread with the same convolution, shapes
+    and layout, benchmark or not (``run_single_conv`` in aten/src/ATen/native/cudnn/Conv_v8.cpp looks the cache
+    up before it reads the flag). Timed in one thread after a ``cudnn.benchmark`` variant, a channels-last variant
+    of 78_ConvTranspose3d_Max_Max_Sum ran at 2.03 ms; rebuilt from the plan in a fresh process, at 41.5 ms (H200,
+    benchmarks/results/h200/apply_models). Apply runs its ``cudnn.benchmark`` variants here, so the algorithms
+    they find stay in this thread: every other variant meets cuDNN as a fresh process does.
+    """
+    global _CUDNN_THREAD
+    if _CUDNN_THREAD is None:
+        _CUDNN_THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fusion-advisor-cudnn-benchmark")
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    stream = torch.cuda.current_stream() if cuda else None
+
+    def run() -> Any:
+        with contextlib.ExitStack() as stack:
+            if stream is not None:
+                stack.enter_context(torch.cuda.device(stream.device))
+                stack.enter_context(torch.cuda.stream(stream))
+            stack.enter_context(torch.inference_mode(inference))
+            stack.enter_context(torch.set_grad_enabled(grad))
+            return fn(*args, **kwargs)
+
+    return _CUDNN_THREAD.submit(run).result()
 
 
 class ChannelsLast(nn.Module):
@@ -188,15 +226,20 @@ class PlannedModel(nn.Module):
         model: the user's model (not modified; the wrapper holds it as ``.model``).
         spec: the variant.
         kernels: ``{name: KernelEntry}`` to match for the spec's swaps; default the library's kernels they name.
+        cudnn_thread: with ``spec.cudnn_benchmark``, every call runs in :func:`in_cudnn_thread` (apply's
+            measurements; a thread hop per call, some tens of us). Off, as :func:`~fusion_advisor.load_plan`
+            builds it: the caller's thread.
 
     Raises:
         ValueError: ``spec.channels_last`` on a spec with swaps or regions, ``spec.graphed`` on one with an
             executor, swaps or regions; an executor with no stock form.
     """
 
-    def __init__(self, model: nn.Module, spec: VariantSpec, kernels: dict[str, Any] | None = None):
+    def __init__(self, model: nn.Module, spec: VariantSpec, kernels: dict[str, Any] | None = None,
+                 cudnn_thread: bool = False):
         super().__init__()
         self.model = model
+        self.__dict__["cudnn_thread"] = cudnn_thread and spec.cudnn_benchmark
         # not attributes nn.Module registers: the compiled module would duplicate the parameters
         self.__dict__["spec"] = spec
         self.__dict__["backend"] = None
@@ -233,12 +276,8 @@ class PlannedModel(nn.Module):
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
         if self.spec.cudnn_benchmark:
-            previous = torch.backends.cudnn.benchmark
-            torch.backends.cudnn.benchmark = True
-            try:
-                out = self._fn(*args, **kwargs)
-            finally:
-                torch.backends.cudnn.benchmark = previous
+            out = in_cudnn_thread(self._benchmarked, *args, **kwargs) if self.cudnn_thread else \
+                self._benchmarked(*args, **kwargs)
         else:
             out = self._fn(*args, **kwargs)
         if self.spec.swaps and not self.__dict__.get("_checked"):
@@ -252,6 +291,14 @@ class PlannedModel(nn.Module):
                     stacklevel=3,
                 )
         return out
+
+    def _benchmarked(self, *args: Any, **kwargs: Any) -> Any:
+        previous = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = True
+        try:
+            return self._fn(*args, **kwargs)
+        finally:
+            torch.backends.cudnn.benchmark = previous
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Bypasses nn.Module.__call__'s hook machinery: a planned model has no hooks of its own, and on a
