@@ -74,7 +74,7 @@ def evaluate(model_file: str, plan: str, backward: bool, rounds: int, device: st
         return [t for _, t in harness.run(fn, fresh).tensors]
 
     reference = outputs(model)
-    fp64 = fp64_outputs(model, harness, fresh) if any(r.dtype in (torch.float16, torch.bfloat16)
+    fp64 = fp64_outputs(harness, fresh) if any(r.dtype in (torch.float16, torch.bfloat16)
                                                     for r in reference) else None
     if fp64 is not None and isinstance(fp64, str):
         out["fp64_note"], fp64 = fp64, None
@@ -126,24 +126,15 @@ def evaluate(model_file: str, plan: str, backward: bool, rounds: int, device: st
     return out
 
 
-def fp64_outputs(model: Any, harness: Any, xs: list[Any]) -> list[Any] | str:
-    """The tensors of :meth:`ModelHarness.run` (outputs, then gradients) from a float64 copy of ``model`` on
-    float64 copies of ``xs``, or a line saying why there are none."""
-    import copy
-
-    import torch
-
-    from fusion_advisor.verification.inputs import upcast
-    from fusion_advisor.verification.kernel import KeepFloat64
-
-    try:
-        model64 = copy.deepcopy(model).to(torch.float64)
-        named = [(n, p) for n, p in model64.named_parameters() if p.requires_grad] if harness.backward else []
-        with KeepFloat64():
-            run = harness.run(model64, [upcast(x) for x in xs], [p for _, p in named], [n for n, _ in named])
-        return [t for _, t in run.tensors]
-    except Exception as e:  # an op without float64, out of memory: half-precision tensors fall back to allclose
-        return f"no float64 reference ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"[:300]
+def fp64_outputs(harness: Any, xs: list[Any]) -> list[Any] | str:
+    """The tensors of :meth:`ModelHarness.run` (outputs, then gradients) from the float64 copy of the model on
+    float64 copies of ``xs``, as apply's own check builds it (float64 throughout, else as written where the model's
+    casts need it), or the line saying why there are none."""
+    harness.sets = [("fresh", list(xs))]
+    ref = harness.reference()
+    if ref is None:
+        return harness.reference_note or "no float64 reference"
+    return [t for _, t in ref["fresh"].tensors]
 
 
 def correct(got: Any, ref: Any, ref64: Any = None) -> bool:
