@@ -26,4 +26,5 @@ fi
 python benchmarks/apply/apply_models.py --kernelbench .kb --level2 "$L2" --level3 "$L3" --seed "$SEED" \
   --slice "$SLICE" --deadline-s "$DEADLINE" --apply-timeout "${APPLY_TIMEOUT:-400}" --budget-s "${BUDGET_S:-45}" ${BACKWARD:+--backward} --files "$@" --out "$OUT/$RUN" > "$OUT/$RUN.log" 2>&1
 tail -40 "$OUT/$RUN.log"
-tar czf "$OUT/$RUN.tgz" -C "$OUT" "$RUN"
+# the tarball alone comes back: the device returns at most 8 files, and the folder holds 10 per model
+tar czf "$OUT/$RUN.tgz" -C "$OUT" "$RUN" && rm -rf "${OUT:?}/$RUN"
