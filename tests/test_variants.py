@@ -152,6 +152,33 @@ def test_a_model_that_draws_random_numbers_is_judged_against_itself(tmp_path):
     assert not h.check(lambda x: x + torch.rand_like(x) * 0.5).passed
 
 
+def test_what_does_not_fit_in_memory_is_left_out_with_a_note_or_refused(monkeypatch):
+    """A new user's apply on a KernelBench file with 6.4 GiB of fp32 inputs was killed by the OOM killer mid-run,
+    with no message: the fresh input set and the float64 copy are left out when they would not fit, and inputs
+    whose per-call copy cannot fit are refused with the sizes."""
+    from fusion_advisor.apply import measure
+    from fusion_advisor.errors import ModelRunError
+
+    loaded = load_model(REGIONS_MODEL, device="cpu")
+    inputs = measure.tensor_bytes(loaded.inputs)
+    weights = measure.tensor_bytes([*loaded.module.parameters(), *loaded.module.buffers()])
+    free = {"bytes": 3 * inputs}  # a fresh set and the per-call copy (2 x inputs) pass half of it
+    monkeypatch.setattr(measure, "available_bytes", lambda device: free["bytes"])
+    h = ModelHarness(loaded, backward=False)
+    assert [n for n, _ in h.sets] == ["example"]
+    assert any(n.startswith("no fresh input set: the inputs take") for n in h.notes())
+    free["bytes"] = h.float64_bytes()  # the float64 copy would take all of it
+    check = h.check(loaded.module)
+    assert check.passed and "no float64 copy of the model: it and its inputs and outputs would take about" in \
+        check.reference
+    assert h.float64_bytes() >= 8 * (weights // 4) and weights > 0
+    free["bytes"] = inputs  # not even the per-call copy fits beside what is there
+    with pytest.raises(ModelRunError, match=r"the model's inputs take .* GiB .* make get_inputs\(\) smaller"):
+        ModelHarness(loaded, backward=False)
+    free["bytes"] = 1 << 40
+    assert [n for n, _ in ModelHarness(loaded, backward=False).sets] == ["example", "fresh-0"]
+
+
 # --- executors and regions ------------------------------------------------------------------------------------
 
 

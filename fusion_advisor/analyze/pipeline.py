@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+from fusion_advisor.memory import available_bytes
 from fusion_advisor.stages import Stage, no_progress, stage_timer
 from fusion_advisor.analyze.capture import Capture, capture
 from fusion_advisor.analyze.chains import build_chains
@@ -171,17 +172,6 @@ def reads_values(e: BaseException) -> bool:
     return any(k.lower() in text for k in _VALUE_READS)
 
 
-def _available_bytes() -> int:
-    """MemAvailable of this machine, bytes (a large number when it cannot be read)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62
-
-
 def _load(model_path: str | Path | None, device: str, dtype: str, auto_device: bool) -> LoadedModel:
     """load_model on ``device``; on the default meta device a model whose ``__init__`` reads tensor values (a
     ``.item()`` of a ``linspace`` for drop-path rates) is built on the CPU instead, and the report says so."""
@@ -202,7 +192,7 @@ def _on_cpu_instead(model_path: str | Path | None, dtype: str, meta: LoadedModel
     """The model again on the CPU, after its run on meta read a tensor's value (a branch on ``h.mean() > 0``, a
     ``nonzero``): only when its parameters fit in memory (:data:`CPU_FALLBACK_MEMORY_SHARE`), else the error."""
     need = sum(t.numel() * t.element_size() for t in list(meta.module.parameters()) + list(meta.module.buffers()))
-    have = _available_bytes()
+    have = available_bytes("cpu")
     if need > CPU_FALLBACK_MEMORY_SHARE * have:
         raise type(e)(f"{e} — it cannot be analysed on the meta device, and its {need / 2**30:.1f} GiB of weights do "
                       f"not fit in this machine's memory ({have / 2**30:.1f} GiB available) to run it on the CPU: "

@@ -37,6 +37,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from fusion_advisor.apply.records import TIMER_CPU, TIMER_GPU, VariantCheck, VariantTiming
+from fusion_advisor.errors import ModelRunError
+from fusion_advisor.memory import available_bytes, gib, tensor_bytes
 from fusion_advisor.analyze.capture import first_line
 from fusion_advisor.verification.inputs import upcast
 from fusion_advisor.verification.kernel import KeepFloat64
@@ -60,6 +62,12 @@ REFERENCE_SANITY = 0.05
 #: fails this). Half-precision outputs are left to the float64 policy: an element of a fused bf16 computation may
 #: move a few of bf16's 2**-8 ulps from eager's without being any less accurate.
 AGREEMENT_TOLERANCE = (1e-2, 1e-2)
+
+#: The share of the device's free memory that apply's own copies may take: a fresh input set, the float64 copy of
+#: the model and its inputs. What does not fit is left out with a note (the checks run on the example inputs; the
+#: variants are judged against the model as written), so a model with large inputs is not killed mid-run by the
+#: OOM killer, which prints nothing (a new user's KernelBench level-1 file with 6.4 GiB of fp32 inputs).
+MEMORY_SHARE = 0.5
 
 #: Default per-round do_bench budget (ms of warm-up, ms of timed calls).
 ROUND_WARMUP_MS = 10.0
@@ -130,7 +138,24 @@ class ModelHarness:
         self.param_names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.sets: list[tuple[str, list[Any]]] = [("example", list(loaded.inputs))]
+        self.memory_notes: list[str] = []
+        self.input_bytes = tensor_bytes(loaded.inputs)
+        self.model_bytes = tensor_bytes([*self.model.parameters(), *self.model.buffers()])
+        free = available_bytes(self.device)  # the model and its example inputs already hold theirs
+        # the copy of the inputs each call gets must fit beside them, or the first eager call is killed
+        if self.input_bytes > 0.9 * free:
+            raise ModelRunError(
+                f"{loaded.file}: the model's inputs take {gib(self.input_bytes)} (beside {gib(self.model_bytes)} of "
+                f"weights), and every call gets a copy of them (so that a model changing an input in place cannot "
+                f"change the next call's), but only {gib(free)} is free on {self.device}: make get_inputs() "
+                f"smaller, or apply on a machine with more memory")
         for s in range(fresh_sets):
+            if self.input_bytes * (s + 2) > MEMORY_SHARE * free:  # the new set(s) and the per-call copy
+                self.memory_notes.append(
+                    f"no fresh input set: the inputs take {gib(self.input_bytes)}, and another set would pass "
+                    f"{MEMORY_SHARE:.0%} of the {gib(free)} free on {self.device}; variants are checked on the "
+                    f"example inputs only")
+                break
             fresh = self._fresh(s)
             if fresh is not None:
                 self.sets.append((f"fresh-{s}", fresh))
@@ -173,7 +198,7 @@ class ModelHarness:
     def notes(self) -> list[str]:
         """What the model as written does that limits its check: it changes an input in place, returns no
         floating-point tensor, or returns only NaN / inf on its example inputs (each one line, for the report)."""
-        out = []
+        out = list(self.memory_notes)
         example = self.eager().get("example")
         mutated = self.mutated_inputs()
         if mutated:
@@ -204,6 +229,12 @@ class ModelHarness:
         :attr:`reference_note` saying why there is none."""
         if self._reference is not None or self.reference_note:
             return self._reference
+        need = self.float64_bytes()
+        free = available_bytes(self.device)
+        if need > MEMORY_SHARE * free:
+            self.reference_note = (f"no float64 copy of the model: it and its inputs and outputs would take about "
+                                   f"{gib(need)}, over {MEMORY_SHARE:.0%} of the {gib(free)} free on {self.device}")
+            return None
         try:
             model64 = copy.deepcopy(self.model).to(torch.float64)
         except Exception as e:  # a model that cannot be copied or cast
@@ -240,6 +271,15 @@ class ModelHarness:
                     return None
         self._reference = ref
         return ref
+
+    def float64_bytes(self) -> int:
+        """Bytes the float64 reference holds at its peak, roughly: the model's weights, one input set upcast and
+        the copy its call gets, and the outputs (and gradients) of every set, all in float64. Activations are not
+        counted: the share :data:`MEMORY_SHARE` leaves them the rest."""
+        weights = tensor_bytes([*self.model.parameters(), *self.model.buffers()], itemsize=8)
+        inputs = max((tensor_bytes(xs, itemsize=8) for _, xs in self.sets), default=0)
+        outputs = sum(tensor_bytes([t for _, t in run.tensors], itemsize=8) for run in self.eager().values())
+        return weights + 2 * inputs + outputs
 
     # --- checking ---------------------------------------------------------------------------------------------
 

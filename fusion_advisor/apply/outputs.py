@@ -180,7 +180,7 @@ def plan_document(result: ApplyResult) -> dict[str, Any]:
         "created_at": now_iso(),
         "model": {"name": result.model_name, "file": result.model_file, "convention": result.convention,
                   "device": result.device, "dtype": result.dtype,
-                  **({"signature": model_signature(result.loaded.module)} if result.loaded is not None else {})},
+                  **({"signature": model_signature(result.loaded.model)} if result.loaded is not None else {})},
         "options": {**result.options.to_dict(), "backward": result.backward},
         "versions": dict(result.versions),
         "device_spec": result.analysis.device_spec.get("name", ""),
