@@ -87,12 +87,36 @@ def _progress(name: str) -> Iterator[None]:
         "variants": "whole-model variants: each built, checked against float64, then timed",
     }
     label = labels.get(name, name)
-    if not console.is_terminal:  # a pipe or a CI log: no live spinner, so one line as each stage starts
-        console.print(f"{_escape(label)} ...", highlight=False)
+    if _OUTER:  # a step inside a stage (apply's "variant eager: timing"): it runs where torch's noise is held back
+        outer_console, status, outer_label = _OUTER[-1]
+        if status is None:  # a pipe or a CI log: one indented line per step, to the stage's own stderr
+            outer_console.print(f"  {_escape(label)} ...", highlight=False)
+        else:
+            # the stage's short name only: a spinner line wider than the terminal is cut before the step
+            status.update(f"{_escape(outer_label.split(':')[0])}: {_escape(label)} ...")
         yield
         return
-    with console.status(label + " ..."):
-        yield
+    # the console of this stage is bound to the stderr of now: steps inside it run while quiet_torch_logs has
+    # redirected sys.stderr (apply's variants), where a lazily bound console would print into nothing
+    here = Console(file=sys.stderr, soft_wrap=True)
+    if not here.is_terminal:  # a pipe or a CI log: no live spinner, so one line as each stage starts
+        here.print(f"{_escape(label)} ...", highlight=False)
+        _OUTER.append((here, None, label))
+        try:
+            yield
+        finally:
+            _OUTER.pop()
+        return
+    with here.status(label + " ...") as status:
+        _OUTER.append((here, status, label))
+        try:
+            yield
+        finally:
+            _OUTER.pop()
+
+
+#: The stages in progress, outermost first: (console, its spinner or None in a pipe, label).
+_OUTER: list[tuple[Any, Any, str]] = []
 
 
 @contextlib.contextmanager

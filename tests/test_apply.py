@@ -871,3 +871,17 @@ def test_swap_timing_counts_steady_state_recompiles(monkeypatch):
     assert "size mismatch at index 0. expected 4, actual 6" in report.events[0].cause
     timing = R.SwapTiming(timer=R.TIMER_GPU, steady_state_recompiles=summarize(recompiles))
     assert timing.steady_state_recompiles["dynamo_recompiles"] == 1
+
+
+def test_cli_apply_shows_each_variants_steps_in_a_log(tmp_path):
+    # a new user's apply sat silent for minutes after "whole-model variants ...": the steps inside the stage ran
+    # while torch's noise on stderr was held back, and the console printed into that buffer
+    out = tmp_path / "rep"
+    r = runner.invoke(app, ["apply", str(DATA / "models" / "tiny_pointwise.py"), "--verify", "--budget-s", "5",
+                            "--variants", "eager", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    at = lines.index("whole-model variants: each built, checked against float64, then timed ...")
+    assert lines[at + 1:at + 4] == ["  variant eager: building and running once (compile / capture) ...",
+                                    "  variant eager: checking against the float64 reference ...",
+                                    "  variant eager: timing (3 rounds) ..."], lines[at:at + 5]

@@ -152,6 +152,27 @@ def test_a_model_that_draws_random_numbers_is_judged_against_itself(tmp_path):
     assert not h.check(lambda x: x + torch.rand_like(x) * 0.5).passed
 
 
+def test_a_step_of_a_second_or_more_is_timed_one_call_per_round(monkeypatch):
+    # a new user's 13_DenseNet121TransitionLayer takes 8-14 s per call on the CPU: rounds of five calls or more
+    # made apply run 5x past its --time-limit-s
+    from fusion_advisor.apply import measure
+
+    loaded = load_model(REGIONS_MODEL, device="cpu")
+    h = ModelHarness(loaded, backward=False)
+    calls = []
+
+    def counted(*xs):
+        calls.append(1)
+        return loaded.module(*xs)
+
+    short = h.time(counted, rounds=2)
+    assert len(calls) > 10 and len(short.rounds_ms) == 2  # the usual rounds: many calls each
+    calls.clear()
+    monkeypatch.setattr(measure, "LONG_CALL_MS", 0.0)  # every step counts as long
+    long = h.time(counted, rounds=2)
+    assert len(calls) == 3 and len(long.rounds_ms) == 2 and long.ms > 0  # one untimed call, one call per round
+
+
 def test_what_does_not_fit_in_memory_is_left_out_with_a_note_or_refused(monkeypatch):
     """A new user's apply on a KernelBench file with 6.4 GiB of fp32 inputs was killed by the OOM killer mid-run,
     with no message: the fresh input set and the float64 copy are left out when they would not fit, and inputs

@@ -69,6 +69,12 @@ AGREEMENT_TOLERANCE = (1e-2, 1e-2)
 #: OOM killer, which prints nothing (a new user's KernelBench level-1 file with 6.4 GiB of fp32 inputs).
 MEMORY_SHARE = 0.5
 
+#: A step this long (ms) or longer is timed one call per round: its own length dwarfs the timer's and the
+#: scheduler's noise (microseconds to milliseconds), while the usual rounds (a do_bench-style round of at least
+#: :data:`MIN_TIMED_CALLS` calls, after an untimed one) cost minutes. A new user's
+#: 13_DenseNet121TransitionLayer takes 8-14 s per call on a 2-core CPU: eager alone took about 150 s of timing.
+LONG_CALL_MS = 1000.0
+
 #: Default per-round do_bench budget (ms of warm-up, ms of timed calls).
 ROUND_WARMUP_MS = 10.0
 ROUND_REP_MS = 60.0
@@ -376,9 +382,20 @@ class ModelHarness:
             return time_cuda(step, warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms
         return time_cpu(step, warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms
 
+    def one_call_ms(self, fn: Callable[..., Any]) -> float:
+        """Wall time of one step of ``fn`` (ms), the device synchronised before and after."""
+        step = self.step(fn)
+        _sync(self.device)
+        start = time.perf_counter()
+        step()
+        _sync(self.device)
+        return (time.perf_counter() - start) * 1e3
+
     def time(self, fn: Callable[..., Any], rounds: int, timing: VariantTiming | None = None) -> VariantTiming:
         """One untimed round, then ``rounds`` timing rounds of ``fn`` (after its first call; each at least
-        :data:`MIN_TIMED_CALLS` calls of the untimed round's median), then peak memory and GPU kernel time. The
+        :data:`MIN_TIMED_CALLS` calls of the untimed round's median), then peak memory and GPU kernel time. A step
+        of :data:`LONG_CALL_MS` or more is timed one call per round instead (its wall time, the device
+        synchronised), after one untimed call. The
         untimed round absorbs what a first round after the first call still pays (lazy initialisation, a recompile
         for the timing loop's grad mode): on a CPU a new user saw rounds of [43.96, 0.273, 0.273] ms, a spread of
         15972% that rejected every region change after it."""
@@ -387,11 +404,15 @@ class ModelHarness:
         timing = timing or VariantTiming(timer=self.timer)
         timing.timer = self.timer
         try:
-            estimate_ms = self.time_round(fn)
-            rep_ms = max(ROUND_REP_MS, MIN_TIMED_CALLS * estimate_ms)
+            one_ms = self.one_call_ms(fn)
+            long_calls = one_ms >= LONG_CALL_MS
+            if not long_calls:
+                estimate_ms = self.time_round(fn)
+                rep_ms = max(ROUND_REP_MS, MIN_TIMED_CALLS * estimate_ms)
             with RecompileWatch() as watch:
                 for _ in range(rounds):
-                    timing.rounds_ms.append(self.time_round(fn, rep_ms=rep_ms))
+                    timing.rounds_ms.append(self.one_call_ms(fn) if long_calls else
+                                            self.time_round(fn, rep_ms=rep_ms))
             timing.steady_state_recompiles = watch.report.to_dict()
             summarize_rounds(timing)
             if self.device == "cuda":

@@ -294,8 +294,10 @@ def _link(backend: RewriteBackend, analysis: Any, options: ApplyOptions,
             routed = next((d for d in decs if d.route == "triton" and _same_family(backend, d.kernel, s.kernel)),
                           None)
             main = routed or next((d for d in decs if d.route == "triton"), decs[0] if decs else None)
+            # the rule's own route may have fallen back (a triton rule on a CPU spec): the note says why
             route_text = (f"chain {main.chain_id} -> {main.route}{'/' + main.kernel if main.kernel else ''} "
-                          f"(rule {main.rule_id})") if main else "no analysis chain linked to these ops"
+                          f"(rule {main.rule_id}{': ' + main.note if main.note else ''})") if main else \
+                "no analysis chain linked to these ops"
             if options.candidates == "all":
                 candidate, why = True, f"tried (--candidates all); analysis: {route_text}"
             elif routed is not None:
