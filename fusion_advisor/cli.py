@@ -99,15 +99,12 @@ def _progress(name: str) -> Iterator[None]:
     # the console of this stage is bound to the stderr of now: steps inside it run while quiet_torch_logs has
     # redirected sys.stderr (apply's variants), where a lazily bound console would print into nothing
     here = Console(file=sys.stderr, soft_wrap=True)
-    if not here.is_terminal:  # a pipe or a CI log: no live spinner, so one line as each stage starts
+    if here.is_terminal:
+        shown: contextlib.AbstractContextManager = here.status(label + " ...")
+    else:  # a pipe or a CI log: no live spinner, so one line as each stage starts
         here.print(f"{_escape(label)} ...", highlight=False)
-        _OUTER.append((here, None, label))
-        try:
-            yield
-        finally:
-            _OUTER.pop()
-        return
-    with here.status(label + " ...") as status:
+        shown = contextlib.nullcontext(None)
+    with shown as status:
         _OUTER.append((here, status, label))
         try:
             yield

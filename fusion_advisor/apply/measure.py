@@ -365,12 +365,7 @@ class ModelHarness:
 
     def first_call(self, fn: Callable[..., Any]) -> float:
         """Seconds of ``fn``'s first step (compilation and capture included)."""
-        step = self.step(fn)
-        _sync(self.device)
-        start = time.perf_counter()
-        step()
-        _sync(self.device)
-        return time.perf_counter() - start
+        return self.one_call_ms(fn) / 1e3
 
     def time_round(self, fn: Callable[..., Any], warmup_ms: float = ROUND_WARMUP_MS,
                    rep_ms: float = ROUND_REP_MS) -> float:
