@@ -33,13 +33,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the worker imports fusion_advisor from this tree, installed or not
 
 
-def choose(kernelbench: Path, counts: dict[str, int], seed: int) -> list[Path]:
-    """``counts[level]`` files of each ``kernelbench/<level>`` (sorted, then ``random.Random(seed).sample``), in the
-    order sampled, levels interleaved so that a budget cut leaves every level represented."""
+def choose(kernelbench: Path, counts: dict[str, int], seed: int, exclude: frozenset[str] = frozenset()
+           ) -> list[Path]:
+    """``counts[level]`` files of each ``kernelbench/<level>`` (sorted, less the ``level/name.py`` in ``exclude``,
+    then ``random.Random(seed).sample``), in the order sampled, levels interleaved so that a budget cut leaves every
+    level represented."""
     rng = random.Random(seed)
     per_level = []
     for level, n in counts.items():
-        files = sorted((kernelbench / level).glob("*.py"))
+        files = [f for f in sorted((kernelbench / level).glob("*.py")) if f"{level}/{f.name}" not in exclude]
         per_level.append(rng.sample(files, min(n, len(files))))
     out = []
     for i in range(max((len(f) for f in per_level), default=0)):
@@ -47,12 +49,18 @@ def choose(kernelbench: Path, counts: dict[str, int], seed: int) -> list[Path]:
     return out
 
 
-def worker(listing: Path, progress: Path, work: Path, device: str, gpu: str) -> None:
+def worker(listing: Path, progress: Path, work: Path, device: str, gpu: str, baselines: int = 0,
+           skip_profile: bool = False) -> None:
     """Analyse and profile each file of ``listing`` (one path per line) in this process, writing its report to
     ``work/<level>_<stem>/`` and appending ``{"file", "status", "wall_s"}`` to ``progress`` (JSON lines) after each:
-    one torch import and CUDA start for all files (a process per file spent ~8 of its ~13 s on them)."""
+    one torch import and CUDA start for all files (a process per file spent ~8 of its ~13 s on them). With
+    ``baselines`` (rounds), also time the model as written, ``torch.compile(model)`` and its reduce-overhead mode
+    (``benchmarks/apply/apply_models.py``'s ``evaluate``, no plan) into ``baselines.json`` beside the report: the
+    measured best whole-model route that ``route_prediction.py`` compares the predicted one with (``skip_profile``:
+    that alone)."""
     import torch
 
+    from benchmarks.apply.apply_models import evaluate
     from fusion_advisor.analyze.pipeline import analyze
     from fusion_advisor.report.write import write_report
 
@@ -60,9 +68,15 @@ def worker(listing: Path, progress: Path, work: Path, device: str, gpu: str) -> 
         f = Path(line)
         t0 = time.perf_counter()
         try:
-            a = analyze(f, device=device, gpu=gpu, profile=True)
-            write_report(a, work / f"{f.parent.name}_{f.stem}")
+            folder = work / f"{f.parent.name}_{f.stem}"
+            if not skip_profile:
+                write_report(analyze(f, device=device, gpu=gpu, profile=True), folder)
             status = "ok"
+            if baselines:
+                folder.mkdir(parents=True, exist_ok=True)
+                torch._dynamo.reset()
+                ev = evaluate(str(f), "", False, baselines, device)
+                (folder / "baselines.json").write_text(json.dumps(ev))
         except BaseException as e:  # noqa: BLE001 - one file's failure is a result; the next file still runs
             status = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         torch._dynamo.reset()
@@ -87,6 +101,8 @@ def profile_all(files: list[Path], work: Path, args: argparse.Namespace, start: 
         progress.write_text("")
         child = subprocess.Popen([sys.executable, __file__, "--worker", str(listing), "--progress", str(progress),
                                   "--work", str(work), "--device", args.device, "--gpu", args.gpu,
+                                  "--baselines", str(args.baselines), *(["--baselines-only"] if args.baselines_only
+                                                                        else []),
                                   "--kernelbench", str(args.kernelbench), "--out", str(args.out)], cwd=ROOT)
         seen, last = 0, time.perf_counter()
         while True:
@@ -95,7 +111,7 @@ def profile_all(files: list[Path], work: Path, args: argparse.Namespace, start: 
             for rec in lines[seen:]:
                 f = Path(rec["file"])
                 name = f"{f.parent.name}_{f.stem}"
-                ok = (work / name / "report.json").is_file()
+                ok = (work / name / ("baselines.json" if args.baselines_only else "report.json")).is_file()
                 runs.append({"file": f"{f.parent.name}/{f.name}", "report": name if ok else None,
                              "status": rec["status"], "wall_s": rec["wall_s"]})
                 print(f"{name}: {rec['status']}, {rec['wall_s']} s", flush=True)
@@ -132,11 +148,20 @@ def main() -> int:
                     "folder; only report.json of each is kept, in reports.tar.gz).")
     ap.add_argument("--timeout-s", type=float, default=90)
     ap.add_argument("--budget-s", type=float, default=420)
+    ap.add_argument("--exclude", type=Path, nargs="*", default=[], help="result.json files of earlier runs: their "
+                    "files are left out before sampling (a fresh set the fit never saw).")
+    ap.add_argument("--skip", type=Path, nargs="*", default=[], help="result.json files of earlier runs of this "
+                    "set: their files with status ok are not run again (a second call continuing the first).")
+    ap.add_argument("--baselines", type=int, default=0, help="Also time eager / torch.compile / reduce-overhead per "
+                    "file in this many interleaved rounds (0: not); written as baselines.json (apply_models format).")
+    ap.add_argument("--baselines-only", action="store_true", help="Time the baselines, no profile (with "
+                    "--baselines; a second pass over files profiled before).")
+    ap.add_argument("--no-fit", action="store_true", help="Profile only (fit elsewhere with calibrate --from-profile).")
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--progress", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.worker, args.progress, args.work, args.device, args.gpu)
+        worker(args.worker, args.progress, args.work, args.device, args.gpu, args.baselines, args.baselines_only)
         return 0
 
     import torch
@@ -147,13 +172,16 @@ def main() -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="fit_kernelbench_"))
     work.mkdir(parents=True, exist_ok=True)
     counts = {"level1": args.level1, "level2": args.level2, "level3": args.level3}
-    files = choose(args.kernelbench, counts, args.seed)
+    exclude = frozenset(r["file"] for p in args.exclude for r in json.loads(p.read_text())["runs"])
+    files = choose(args.kernelbench, counts, args.seed, exclude)
+    done_before = {r["file"] for p in args.skip for r in json.loads(p.read_text())["runs"] if r["status"] == "ok"}
+    files = [f for f in files if f"{f.parent.name}/{f.name}" not in done_before]
     runs = profile_all(files, work, args, start)
     done = [r["report"] for r in runs if r.get("report")]
     test = done[2::3]
     fit = [d for d in done if d not in test]
     cal = {}
-    if fit and test:
+    if fit and test and not args.no_fit:
         cmd = [sys.executable, "-m", "fusion_advisor.cli", "calibrate",
                *sum((["--from-profile", str(work / d)] for d in fit), []),
                *sum((["--test", str(work / d)] for d in test), []),
@@ -163,10 +191,22 @@ def main() -> int:
         print(cal["output"])
     with tarfile.open(args.out / "reports.tar.gz", "w:gz") as tar:
         for d in done:
-            tar.add(work / d / "report.json", arcname=f"{d}/report.json")
+            if (work / d / "report.json").is_file():
+                tar.add(work / d / "report.json", arcname=f"{d}/report.json")
+    timed = [d for d in done if (work / d / "baselines.json").is_file()]
+    if timed:  # the apply_models results format, for route_prediction.py --results
+        level = {d: d.split("_", 1)[0] for d in timed}
+        recs = [{"file": f"{level[d]}/{d.split('_', 1)[1]}.py", "name": d.split("_", 1)[1], "level": level[d],
+                 "eval": json.loads((work / d / "baselines.json").read_text())} for d in timed]
+        (args.out / "baselines.json").write_text(json.dumps(
+            {"meta": {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                      "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+                      "rounds": args.baselines, "what": "forward under torch.no_grad(), baselines only"},
+             "results": recs}, indent=1))
     result = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
               "torch": torch.__version__, "triton": triton.__version__, "date": datetime.date.today().isoformat(),
-              "seed": args.seed, "counts": counts, "spec": args.gpu, "runs": runs, "fit_set": fit, "test_set": test,
+              "seed": args.seed, "counts": counts, "excluded": sorted(exclude), "spec": args.gpu, "runs": runs,
+              "fit_set": fit, "test_set": test,
               "calibrate": cal, "wall_s": round(time.perf_counter() - start, 1)}
     (args.out / "result.json").write_text(json.dumps(result, indent=1))
     return 0

@@ -38,11 +38,23 @@ Where the spec has **fitted op-class curves** (``op_time_fits``, fitted from ``a
 class's curve applied to the roofline time above (:func:`op_class_keys`: the most specific class the spec has);
 :func:`roofline_op_us` and :func:`roofline_busy_us` stay the plain roofline (the floor a measured run approaches).
 Fused times are not fitted: they price code that has not run yet.
+
+Where the spec has **measured convolution rates** (``conv_rates``, measured by ``calibrate`` over a seeded sample of
+geometries, :mod:`fusion_advisor.devices.op_rates`), a convolution's eager time is its FLOPs over the rate of its
+nearest measured neighbours of the same class and dtype (:func:`measured_conv_us`) instead of its tensor-core
+roofline; a fitted curve then corrects that (:func:`base_op_us`).
+
+Inside a model (:func:`in_model_times`) the host also spends the spec's measured ``view_overhead_us`` per view op
+and ``module_call_us`` per ``nn.Module`` call entered, before the next launch; the bound class a chain gets from
+:func:`estimate_all` is the one it has there.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fusion_advisor.devices import DeviceSpec
+from fusion_advisor.devices.op_rates import ConvGeometry, interpolated_tflops
 from fusion_advisor.analyze.records import Chain, Estimate, OpInfo
 from fusion_advisor.analyze.sdpa import math_score_bytes
 
@@ -130,10 +142,31 @@ def roofline_op_us(op: OpInfo, spec: DeviceSpec) -> float:
     return max(compute, memory)
 
 
+def measured_conv_us(op: OpInfo, spec: DeviceSpec) -> float | None:
+    """Eager device time of a convolution from the spec's measured ``conv_rates`` (us): its FLOPs over the rate
+    interpolated from the nearest measured convolutions of its class and dtype
+    (:func:`fusion_advisor.devices.op_rates.interpolated_tflops`); None for other ops, or when the spec measured no
+    convolution of that class."""
+    if op.category != "conv" or not spec.conv_rates or len(op.inputs) < 2 or not op.outputs:
+        return None
+    geom = ConvGeometry.from_shapes(op.inputs[0].shape, op.inputs[1].shape, op.outputs[0].shape)
+    if geom is None:
+        return None
+    tflops = interpolated_tflops(spec.conv_rates, geom, op.dtype)
+    return None if tflops is None else geom.flops / (tflops * 1e12) * 1e6
+
+
+def base_op_us(op: OpInfo, spec: DeviceSpec) -> float:
+    """Eager device time of one op before any profile fit (us): the measured convolution rate where the spec has
+    one (:func:`measured_conv_us`), else the roofline (:func:`roofline_op_us`)."""
+    conv = measured_conv_us(op, spec)
+    return roofline_op_us(op, spec) if conv is None else conv
+
+
 def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
-    """Predicted eager device time of one op (us): :func:`roofline_op_us`, through its class's fitted curve when
-    the spec has one (:meth:`DeviceSpec.op_time_fit` of :func:`op_class_keys`)."""
-    t = roofline_op_us(op, spec)
+    """Predicted eager device time of one op (us): :func:`base_op_us`, through its class's fitted curve when the
+    spec has one (:meth:`DeviceSpec.op_time_fit` of :func:`op_class_keys`)."""
+    t = base_op_us(op, spec)
     if not spec.op_time_fits:
         return t
     fit = spec.op_time_fit(op_class_keys(op), op.dtype)
@@ -147,26 +180,14 @@ def _short_target(target: str) -> str:
 
 
 def conv_detail(op: OpInfo) -> str:
-    """Geometry class of a convolution op: ``conv<d>d``, ``_transpose`` when its output has more spatial
-    positions than its input (a transposed convolution), ``_depthwise`` when each group holds one input channel,
-    ``_grouped`` when groups > 1 otherwise (groups = input channels / the weight's second dim). ``"conv"`` when
-    the op has no input/weight shapes."""
-    if len(op.inputs) < 2 or len(op.inputs[0].shape) < 3 or len(op.inputs[1].shape) != len(op.inputs[0].shape):
+    """Geometry class of a convolution op (:attr:`fusion_advisor.devices.op_rates.ConvGeometry.detail`):
+    ``conv<d>d``, ``_transpose`` when its output has more spatial positions than its input (a transposed
+    convolution), ``_depthwise`` when each group holds one input channel, ``_grouped`` when groups > 1 otherwise.
+    ``"conv"`` when the op has no input/weight/output shapes."""
+    if len(op.inputs) < 2 or not op.outputs:
         return "conv"
-    x, w = op.inputs[0].shape, op.inputs[1].shape
-    spatial = len(x) - 2
-    out_spatial = 1
-    if op.outputs and len(op.outputs[0].shape) == len(x):
-        for d in op.outputs[0].shape[2:]:
-            out_spatial *= d
-    in_spatial = 1
-    for d in x[2:]:
-        in_spatial *= d
-    transposed = out_spatial > in_spatial
-    detail = f"conv{spatial}d" + ("_transpose" if transposed else "")
-    if not transposed and w[1] > 0 and x[1] % w[1] == 0 and x[1] // w[1] > 1:
-        detail += "_depthwise" if w[1] == 1 else "_grouped"
-    return detail
+    geom = ConvGeometry.from_shapes(op.inputs[0].shape, op.inputs[1].shape, op.outputs[0].shape)
+    return "conv" if geom is None else geom.detail
 
 
 def op_class_keys(op: OpInfo) -> tuple[str, ...]:
@@ -213,6 +234,7 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     busy = [(_op_time_us(ops[i], spec), _launches(ops[i]), max(ops[i].eager_kernels, 1)) for i in chain.op_ids]
     eager_us = sum(max(t, n * launch) if runs else 0.0 for t, runs, n in busy)
     idle_us = sum(max(0.0, n * launch - t) if runs else 0.0 for t, runs, n in busy)
+    busy_us = sum(t if runs else 0.0 for t, runs, _ in busy)
     fusible = chain.kind == "fusible" and chain.eager_kernels > 1
     any_work = any(runs for _, runs, _ in busy)
     overhead = max((op_overhead_us(ops[i], spec) for i in chain.op_ids), default=0.0)  # the fused kernel's, once
@@ -231,7 +253,6 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
         # a library kernel that replaces a heavy op itself (the fp32 GEMM as 3xTF32): its measured share of the
         # op's compute roofline, which may pass 1 when it uses units the roofline's peak does not count
         triton_us = max(compute_us / float(heavy_rate), memory_fused_us + overhead, launch)
-    busy_us = sum(t if runs else 0.0 for t, runs, _ in busy)
     # replayed from a CUDA graph a kernel costs no launch, but still its fixed device time
     floor = spec.elementwise_overhead_us or GRAPH_KERNEL_FLOOR_US
     kernels = sum(n for _, runs, n in busy if runs)
@@ -239,12 +260,7 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     if chain.prologue_of and any_work:  # Inductor reads the pool's input through this chain: no pass of its own
         compile_us = cudagraphs_us = compute_us
     ridge = peak_tflops * 1e12 / (spec.memory_bandwidth_gbps * 1e9)
-    if idle_us > sum(t for t, _, _ in busy):
-        bound = "launch"
-    elif chain.arithmetic_intensity > ridge:
-        bound = "compute"
-    else:
-        bound = "memory"
+    bound = _bound(idle_us, busy_us, chain.arithmetic_intensity, ridge)
     return Estimate(
         compute_us=compute_us,
         memory_eager_us=memory_eager_us,
@@ -268,14 +284,53 @@ def roofline_busy_us(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> 
     return sum(roofline_op_us(ops[i], spec) for i in chain.op_ids)
 
 
+def _module_calls(prev: str, path: str) -> int:
+    """nn.Module calls entered between an op issued in module ``prev`` and one issued in ``path`` (dotted paths,
+    ``""`` the top level): the components of ``path`` below its common prefix with ``prev``. Returning to a parent
+    enters none; ``"a.b"`` -> ``"a.c.d"`` enters two (``a.c`` and ``a.c.d``)."""
+    if path == prev or not path:
+        return 0
+    new, old = path.split("."), prev.split(".") if prev else []
+    common = 0
+    for x, y in zip(new, old):
+        if x != y:
+            break
+        common += 1
+    return len(new) - common
+
+
+def _bound(idle_us: float, busy_us: float, arithmetic_intensity: float, ridge: float) -> str:
+    """Launch-bound when the GPU idles longer than it is busy, else compute- or memory-bound by the ridge point."""
+    if idle_us > busy_us:
+        return "launch"
+    return "compute" if arithmetic_intensity > ridge else "memory"
+
+
 def estimate_all(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> dict[str, Estimate]:
-    """:func:`estimate` for every chain, keyed by chain id."""
+    """:func:`estimate` for every chain of one model, keyed by chain id, with each chain's bound class as it runs
+    inside the model (:func:`in_model_times`): launch-bound only when the GPU waits for the host longer than it
+    computes there. Alone (:func:`estimate`) every short chain waits for its own launches; inside a model the host
+    often runs ahead of the GPU (while a long GEMM or convolution runs it issues the next ops), and a profile of
+    the model (:func:`fusion_advisor.analyze.profile.measured_bound`) sees those chains busy, not idle."""
     by_id = {o.id: o for o in ops}
-    return {c.id: estimate(c, by_id, spec) for c in chains}
+    in_model = in_model_times(chains, ops, spec)
+    out = {}
+    for c in chains:
+        est = estimate(c, by_id, spec)
+        busy, idle = in_model[c.id]
+        bound = _bound(idle, busy, c.arithmetic_intensity, est.ridge_point) if busy + idle > 0 else est.bound
+        out[c.id] = est if bound == est.bound else replace(est, bound=bound)
+    return out
 
 
 def eager_in_model_us(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> dict[str, float]:
-    """Roofline eager time of every chain as it runs inside the whole model, keyed by chain id (us).
+    """Roofline eager time of every chain as it runs inside the whole model, keyed by chain id (us): its device
+    time plus the GPU's idle time waiting for its launches (:func:`in_model_times`)."""
+    return {cid: busy + idle for cid, (busy, idle) in in_model_times(chains, ops, spec).items()}
+
+
+def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> dict[str, tuple[float, float]]:
+    """``(device us, idle us)`` of every chain as it runs inside the whole model, keyed by chain id.
 
     :func:`estimate` prices a chain alone: each op ``max(t, launch)``. Inside a model the host may run ahead of the
     GPU: while a long GEMM runs, the host issues the next ops, so short kernels after it wait for no launch. This
@@ -293,14 +348,23 @@ def eager_in_model_us(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) 
     device: dict[str, float] = {}
     # steady state of repeated runs: the first op is issued while the previous run's kernels still run
     host, gpu_free = 0.0, max(ops[0].eager_kernels, 1) * launch if ops else 0.0
+    prev_path, pending = "", 0.0  # host time of views and module calls not yet followed by a launch
     for op in ops:
-        if op.is_view or not _launches(op):
+        calls = _module_calls(prev_path, op.module_path)
+        prev_path = op.module_path
+        pending += calls * spec.module_call_us
+        if op.is_view:
+            pending += spec.view_overhead_us
             continue
-        issue = max(op.eager_kernels, 1) * launch  # SDPA's math backend launches a dozen kernels
+        if not _launches(op):
+            continue
+        issue = max(op.eager_kernels, 1) * launch + pending  # SDPA's math backend launches a dozen kernels
+        pending = 0.0
         host += issue
         if host > gpu_free:
             idle[op.id] = min(host - gpu_free, issue)
         device[op.id] = _op_time_us(op, spec)
         gpu_free = max(host, gpu_free) + device[op.id]
     # ops that launch nothing cost nothing (views are in no chain; an op on empty tensors has no time)
-    return {c.id: sum(device.get(i, 0.0) + idle.get(i, 0.0) for i in c.op_ids) for c in chains}
+    return {c.id: (sum(device.get(i, 0.0) for i in c.op_ids), sum(idle.get(i, 0.0) for i in c.op_ids))
+            for c in chains}

@@ -6,17 +6,18 @@ the path of a YAML file with the same fields. Every number carries its source.
 Beside the specs, the tools that measure a device: :mod:`~fusion_advisor.devices.doctor` (stack checks, with
 :mod:`~fusion_advisor.devices.copy_kernel`'s Triton copy kernel), :mod:`~fusion_advisor.devices.calibrate` (a measured
 spec YAML) and :mod:`~fusion_advisor.devices.fit_profiles` (per-op-class eager-time curves, ``calibrate
---from-profile``).
+--from-profile``) and :mod:`~fusion_advisor.devices.op_rates` (measured convolution rates by geometry).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from fusion_advisor.devices.op_rates import ConvRate
 from fusion_advisor.errors import DeviceSpecError
 
 SPEC_DIR = Path(__file__).parent
@@ -157,6 +158,14 @@ class DeviceSpec:
             code reaches, by route (``torch.compile``, ``triton``) and chain pattern (``rmsnorm``; ``default``
             for any other pattern): ``{"torch.compile": {"softmax": 0.43, ...}}``. A route without an entry is
             priced at the roofline (1.0), as before these were measured.
+        conv_rates: optional, measured convolutions (:class:`fusion_advisor.devices.op_rates.ConvRate`: class,
+            dtype, geometry, achieved TFLOP/s; ``calibrate``): a convolution's eager time is its FLOPs over the rate
+            interpolated from its nearest measured neighbours of the same class and dtype
+            (:func:`fusion_advisor.devices.op_rates.interpolated_tflops`). Empty: the tensor-core roofline.
+        view_overhead_us: optional, measured host time (us) of one eager view op (``x.view``, ``transpose``,
+            slicing), which launches no kernel; 0: not measured (views cost the host nothing in the replay).
+        module_call_us: optional, measured host time (us) of entering one ``nn.Module`` call beyond the ops it
+            runs; 0: not measured.
         launch_overhead_us: time per eager kernel launch (dispatch plus launch), microseconds.
         l2_bytes: L2 cache size in bytes (0 if unknown).
         kind: ``"gpu"`` or ``"cpu"``; library Triton kernels are routed to on GPU specs only.
@@ -182,6 +191,9 @@ class DeviceSpec:
     route_efficiency: dict[str, dict[str, float]] = field(default_factory=dict)
     op_time_fits: dict[str, OpTimeFit] = field(default_factory=dict)
     op_time_fit_dtypes: tuple[str, ...] = ()
+    conv_rates: tuple[ConvRate, ...] = ()
+    view_overhead_us: float = 0.0
+    module_call_us: float = 0.0
 
     def op_time_fit(self, keys: tuple[str, ...], dtype: str = "") -> OpTimeFit | None:
         """The fitted curve of the first of ``keys`` (most specific first) :attr:`op_time_fits` has, else None;
@@ -305,7 +317,28 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         route_efficiency=efficiency,
         op_time_fits=fits,
         op_time_fit_dtypes=tuple(fit_dtypes),
+        conv_rates=_parse_conv_rates(data.get("conv_rates"), origin),
+        view_overhead_us=_number(data.get("view_overhead_us", 0.0), f"{origin}: view_overhead_us", "us",
+                                 positive=False),
+        module_call_us=_number(data.get("module_call_us", 0.0), f"{origin}: module_call_us", "us", positive=False),
     )
+
+
+def _parse_conv_rates(raw: Any, origin: str) -> tuple[ConvRate, ...]:
+    """Validate the optional ``conv_rates`` list (mappings of :class:`ConvRate`'s fields)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise DeviceSpecError(f"{origin}: field 'conv_rates' must be a list of measured convolutions (mappings with "
+                              f"keys {', '.join(f.name for f in fields(ConvRate))})")
+    out = []
+    for i, entry in enumerate(raw):
+        try:
+            out.append(ConvRate.from_dict(entry))
+        except (KeyError, ValueError, TypeError) as e:
+            raise DeviceSpecError(f"{origin}: conv_rates[{i}] is not a measured convolution ({type(e).__name__}: "
+                                  f"{e}); keys {', '.join(f.name for f in fields(ConvRate))}") from e
+    return tuple(out)
 
 
 _FIT_KEYS = ("scale", "exponent", "min_us", "max_us", "samples")
@@ -354,11 +387,14 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
     sources = data.pop("sources", None) or {}
     for key in ("attention_tflops", "attention_rates", "unaligned_tensor_tflops", "route_efficiency",
-                "op_time_fits", "op_time_fit_dtypes", "strided_bandwidth_gbps", "elementwise_overhead_us"):
+                "op_time_fits", "op_time_fit_dtypes", "strided_bandwidth_gbps", "elementwise_overhead_us",
+                "conv_rates", "view_overhead_us", "module_call_us"):
         if not data.get(key):
             data.pop(key, None)
     if data.get("op_time_fit_dtypes"):
         data["op_time_fit_dtypes"] = list(data["op_time_fit_dtypes"])
+    if data.get("conv_rates"):
+        data["conv_rates"] = [dict(r) for r in data["conv_rates"]]
     fits = {k: dict(v) for k, v in (data.get("op_time_fits") or {}).items()}
     for fit in fits.values():
         if fit.get("max_us") == float("inf"):

@@ -47,7 +47,8 @@ import torch
 import yaml
 
 from fusion_advisor.kernel_tools.bench import Timing, sync_device, time_cpu, time_cuda
-from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, parse_spec
+from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, op_rates, parse_spec
+from fusion_advisor.devices.op_rates import ConvRate
 from fusion_advisor.dtypes import TORCH_DTYPES
 from fusion_advisor.errors import CalibrationError
 from fusion_advisor import files
@@ -136,6 +137,9 @@ class Calibration:
             bandwidth (:func:`measure_elementwise_overhead_us`), None when not measured.
         strided_gbps: bandwidth of a copy reading a permuted view (GB/s, read + written), None when not measured.
         not_measured: spec fields or grid points not measured, with the reason (e.g. GPU only).
+        view_us: host time of one eager view op (us, :func:`measure_view_us`).
+        module_call_us: host time of entering one ``nn.Module`` call (us, :func:`measure_module_call_us`).
+        conv_rates: measured convolutions by geometry (:func:`measure_convolutions`).
         launch_us: wall time per tiny eager op in a long loop (us).
         kernel_floor_us: GPU only: device time per back-to-back tiny kernel from a CUDA-graph replay (us), else None.
         l2_bytes: L2 cache size (GPU), 0 when unknown.
@@ -163,6 +167,9 @@ class Calibration:
     unaligned_tflops: dict[str, float] = field(default_factory=dict)
     elementwise_overhead_us: float | None = None
     not_measured: dict[str, str] = field(default_factory=dict)
+    view_us: float | None = None
+    module_call_us: float | None = None
+    conv_rates: list[ConvRate] = field(default_factory=list)
 
 
 def _versions() -> dict[str, str]:
@@ -386,6 +393,72 @@ def measure_launch_us(device: str, sizes: Sizes, repeats: int = 5) -> float:
     return float(statistics.median(times))
 
 
+def _per_op_us(device: str, body: Callable[[], Any], ops: int, repeats: int) -> float:
+    """Median wall time per call of ``body`` (us) over ``repeats`` loops of ``ops`` calls after one warm-up loop,
+    synchronised once per loop."""
+    import statistics
+    import time
+
+    times = []
+    for i in range(repeats + 1):
+        sync_device(device)
+        start = time.perf_counter()
+        for _ in range(ops):
+            body()
+        sync_device(device)
+        if i:
+            times.append((time.perf_counter() - start) / ops * 1e6)
+    return float(statistics.median(times))
+
+
+class _AddOne(torch.nn.Module):
+    """The module whose call :func:`measure_module_call_us` times: one ``x + 1``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.add(x, 1.0)
+
+
+def measure_view_us(device: str, sizes: Sizes, repeats: int = 5) -> float:
+    """Host time of one eager view op (us): ``x.view(-1)`` of a tiny tensor, ``launch_ops`` calls in a loop (a view
+    launches no kernel; this is the dispatcher's cost of making the alias)."""
+    x = torch.ones(sizes.launch_numel, device=device)
+    return _per_op_us(device, lambda: x.view(-1), sizes.launch_ops, repeats)
+
+
+def measure_module_call_us(device: str, sizes: Sizes, repeats: int = 5) -> float:
+    """Host time of entering one ``nn.Module`` call (us): a module whose forward is one ``x + 1``, called
+    ``launch_ops`` times in a loop, less the same loop of the bare ``torch.add`` (0 when not above it)."""
+    x = torch.ones(sizes.launch_numel, device=device)
+    module = _AddOne().to(device)
+    called = _per_op_us(device, lambda: module(x), sizes.launch_ops, repeats)
+    bare = _per_op_us(device, lambda: torch.add(x, 1.0), sizes.launch_ops, repeats)
+    return max(called - bare, 0.0)
+
+
+#: Convolutions sampled per class of :data:`fusion_advisor.devices.op_rates.CONV_CLASSES` and dtype, and the time
+#: budget (s) of the whole sample: GPU (full), GPU with ``quick``, CPU. fp32 carries KernelBench and most CNNs.
+CONV_SAMPLES = {"cuda": ({"fp32": 24, "bf16": 8}, 24.0), "quick": ({"fp32": 6}, 6.0), "cpu": ({"fp32": 4}, 10.0)}
+#: FLOPs per sampled convolution on a CPU (log-uniform between): a CPU runs them at well under a TFLOP/s.
+CPU_CONV_FLOP_RANGE = (1e7, 1e9)
+
+
+def measure_convolutions(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Timing]
+                         ) -> tuple[list[ConvRate], dict[str, str]]:
+    """The spec's ``conv_rates``: :data:`CONV_SAMPLES` convolutions of :func:`op_rates.sample_plan` timed by
+    :func:`op_rates.measure_conv_rates`, with PyTorch's default cuDNN settings (TF32 on for convolutions,
+    ``cudnn.benchmark`` off) set for the measurement and restored after it."""
+    per_class, budget = CONV_SAMPLES["quick" if quick and device == "cuda" else device]
+    plan = (op_rates.sample_plan(per_class) if device == "cuda"
+            else op_rates.sample_plan(per_class, max_elems=4 << 20, flop_range=CPU_CONV_FLOP_RANGE))
+    cudnn = torch.backends.cudnn
+    saved = (cudnn.allow_tf32, cudnn.benchmark)
+    cudnn.allow_tf32, cudnn.benchmark = True, False
+    try:
+        return op_rates.measure_conv_rates(device, plan, timer, budget, _DTYPES)
+    finally:
+        cudnn.allow_tf32, cudnn.benchmark = saved
+
+
 def _graph_replay_ms(body: Callable[[], Any], sizes: Sizes) -> float:
     """Median ms per replay of a CUDA graph capturing ``body()`` (run once first on a side stream, as capture needs),
     timed with ``time_cuda``: the device time of ``body``'s kernels with no host cost between them.
@@ -485,7 +558,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
     timer = _timer(device, sizes)
     matmul_dtypes = ("fp32", "tf32", "bf16", "fp16") if device == "cuda" else ("fp32", "bf16", "fp16")
     steps = 1 + len(matmul_dtypes) + (2 if device == "cuda" else 0) + (3 if device == "cuda" and not quick else 0) \
-        + 2 + (2 if device == "cuda" else 0)
+        + 2 + (2 if device == "cuda" else 0) + 2
     done = [0]
 
     def step(what: str) -> None:
@@ -546,6 +619,12 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
             not_measured["strided_bandwidth_gbps"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         step("launch overhead per eager op")
         launch = measure_launch_us(device, sizes)
+        step("host time per view op and per nn.Module call")
+        view_us = measure_view_us(device, sizes)
+        module_us = measure_module_call_us(device, sizes)
+        step("convolutions by geometry")
+        conv_rates, conv_skipped = measure_convolutions(device, quick, timer)
+        not_measured.update(conv_skipped)
         floor = elementwise = None
         if device == "cuda":
             step("kernel floor (CUDA-graph replay)")
@@ -562,7 +641,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         copy_gbps=copy, matmul_tflops=tflops, matmul_notes=notes, launch_us=launch, kernel_floor_us=floor,
         l2_bytes=l2, sizes=sizes, attention_tflops=attention, attention_rates=rates, strided_gbps=strided,
         unaligned_tflops=unaligned, elementwise_overhead_us=elementwise,
-        not_measured=not_measured,
+        not_measured=not_measured, view_us=view_us, module_call_us=module_us, conv_rates=conv_rates,
         timer="triton.testing.do_bench median (L2 flushed before each call)" if device == "cuda"
         else "wall-clock median (time.perf_counter)")
 
@@ -681,6 +760,19 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
            if cal.strided_gbps else {}),
         "launch_overhead_us": round(cal.launch_us, 3),
         "launch_overhead_source": launch_src,
+        **({"view_overhead_us": round(cal.view_us, 3),
+            "view_overhead_source": f"{by}: wall time per x.view(-1) of a tiny tensor, {s.launch_ops} in a loop, "
+                                    "median of 5 loops"} if cal.view_us is not None else {}),
+        **({"module_call_us": round(cal.module_call_us, 3),
+            "module_call_source": (f"{by}: wall time per call of an nn.Module whose forward is one x + 1, less the "
+                                   f"bare op's, {s.launch_ops} in a loop, median of 5 loops")}
+           if cal.module_call_us is not None else {}),
+        **({"conv_rates": [asdict(r.rounded()) for r in cal.conv_rates],
+            "conv_rates_source": (f"{by}: {len(cal.conv_rates)} seeded random convolutions "
+                                  "(fusion_advisor.devices.op_rates.sample_plan: every class of CONV_CLASSES, "
+                                  "F.conv*d / F.conv_transpose*d, cudnn.allow_tf32 on, cudnn.benchmark off), "
+                                  f"torch.utils.flop_counter FLOPs over the {cal.timer}")}
+           if cal.conv_rates else {}),
         "l2_bytes": int(cal.l2_bytes or base.l2_bytes),
         "l2_bytes_source": (f"{by}: torch.cuda.get_device_properties().L2_cache_size" if cal.l2_bytes
                             else f"copied from the shipped spec {base.name}"),

@@ -39,7 +39,7 @@ from typing import Iterable
 from fusion_advisor.devices import DeviceSpec, OpTimeFit, parse_spec, spec_fields, spec_mapping
 from fusion_advisor.errors import CalibrationError, UserError
 from fusion_advisor.analyze.records import Analysis
-from fusion_advisor.analyze.roofline import eager_in_model_us, estimate_all, op_class_keys, roofline_op_us
+from fusion_advisor.analyze.roofline import base_op_us, eager_in_model_us, estimate_all, op_class_keys
 
 #: Fewest measured ops a class needs before it gets a curve.
 MIN_SAMPLES = 3
@@ -240,7 +240,7 @@ def op_samples(rep: ProfiledReport, spec: DeviceSpec) -> list[OpSample]:
         m = nodes.get(op.id)
         if m is None or op.is_view or m.busy_us <= 0:
             continue
-        r = roofline_op_us(op, spec)
+        r = base_op_us(op, spec)
         if r <= 0:
             continue
         k = rep.graph_calls.get(op.graph_index, 1.0)

@@ -1,0 +1,288 @@
+"""Measured convolution rates as a function of geometry: what ``calibrate`` samples and how the roofline reads them.
+
+One peak per dtype prices cuDNN convolutions badly: on an H200 in fp32 (TF32 on, PyTorch's default) KernelBench's
+convolutions ran at 1.1x to 75x their tensor-core roofline time (``analyze --profile`` of 38 files,
+benchmarks/results/h200/accuracy/fit_kernelbench). The rate depends on the implicit GEMM's shape: few input or
+output channels per group leave tensor-core tiles empty (cuDNN then picks CUDA-core kernels), large kernels and
+strides change the algorithm, transposed convolutions run as data-gradient kernels, small problems do not fill the
+GPU. So ``calibrate`` measures a seeded sample of convolutions of every geometry class (:func:`sample_plan`) and
+the spec keeps each one's achieved TFLOP/s (:class:`ConvRate`); an op's rate is the inverse-distance weighted
+geometric mean of its :data:`NEIGHBOURS` nearest measured convolutions of the same class and dtype in the feature
+space of :meth:`ConvGeometry.features` (log2 of input and output channels per group, kernel volume, stride and
+FLOPs). FLOPs are ``torch.utils.flop_counter``'s convolution count, as the op graph counts them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+#: Geometry classes (``conv_detail``) calibrate samples.
+CONV_CLASSES = ("conv1d", "conv2d", "conv3d", "conv2d_transpose", "conv3d_transpose", "conv2d_grouped",
+                "conv2d_depthwise")
+#: Measured convolutions an op's rate is interpolated from.
+NEIGHBOURS = 3
+#: Weight of each feature in the distance (log2 units): channels, kernel volume and stride decide the algorithm;
+#: size mostly decides occupancy, which levels off above a few GFLOP.
+FEATURE_WEIGHTS = (1.0, 1.0, 1.0, 1.0, 0.5)
+#: dtypes whose table stands in for another's (fp16 runs on the same tensor cores as bf16).
+DTYPE_FALLBACK = {"fp16": "bf16"}
+
+
+def _prod(xs: Iterable[int]) -> int:
+    out = 1
+    for x in xs:
+        out *= int(x)
+    return out
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """Shape facts of one convolution, from its input ``[N, C_in, *spatial]``, weight and output shapes.
+
+    Attributes:
+        detail: ``conv<d>d`` plus ``_transpose`` (more output than input positions), ``_depthwise`` (one input
+            channel per group) or ``_grouped`` (groups > 1 otherwise).
+        c_in_per_group, c_out_per_group: channels per group.
+        kernel_volume: product of the kernel's spatial extents.
+        stride: input positions per output position (transposed: output per input), >= 1 in effect.
+        flops: ``torch.utils.flop_counter``'s count (a multiply-add counts 2).
+    """
+
+    detail: str
+    c_in_per_group: int
+    c_out_per_group: int
+    kernel_volume: int
+    stride: float
+    flops: int
+
+    @classmethod
+    def from_shapes(cls, x: Sequence[int], w: Sequence[int], y: Sequence[int]) -> "ConvGeometry | None":
+        """The geometry of a convolution with input ``x``, weight ``w`` and output ``y`` shapes; None when the
+        shapes are not those of one (ranks differ, fewer than 3 dims, empty)."""
+        if len(x) < 3 or len(w) != len(x) or len(y) != len(x) or min(list(x) + list(w) + list(y)) <= 0:
+            return None
+        from torch.utils.flop_counter import conv_flop_count
+
+        in_sp, out_sp = _prod(x[2:]), _prod(y[2:])
+        transposed = out_sp > in_sp
+        d = len(x) - 2
+        if transposed:  # weight [C_in, C_out / groups, *k]
+            groups = max(int(y[1]) // max(int(w[1]), 1), 1)
+            c_in_g, c_out_g = int(x[1]) // groups, int(w[1])
+        else:  # weight [C_out, C_in / groups, *k]
+            groups = max(int(x[1]) // max(int(w[1]), 1), 1)
+            c_in_g, c_out_g = int(w[1]), int(w[0]) // groups
+        detail = f"conv{d}d" + ("_transpose" if transposed else "")
+        if not transposed and groups > 1:
+            detail += "_depthwise" if c_in_g == 1 else "_grouped"
+        stride = (out_sp / in_sp) if transposed else (in_sp / out_sp)
+        flops = int(conv_flop_count(list(x), list(w), list(y), transposed=transposed))
+        return cls(detail, c_in_g, c_out_g, _prod(w[2:]), max(stride, 1.0), flops)
+
+    def features(self) -> tuple[float, float, float, float, float]:
+        """log2 of (input channels per group, output channels per group, kernel volume, stride, GFLOP)."""
+        return (math.log2(max(self.c_in_per_group, 1)), math.log2(max(self.c_out_per_group, 1)),
+                math.log2(max(self.kernel_volume, 1)), math.log2(max(self.stride, 1.0)),
+                math.log2(max(self.flops, 1) / 1e9))
+
+
+@dataclass(frozen=True)
+class ConvRate:
+    """One measured convolution: its class, dtype, geometry features and achieved TFLOP/s.
+
+    Attributes:
+        detail: :attr:`ConvGeometry.detail`.
+        dtype: ``fp32``, ``bf16`` or ``fp16`` (fp32 measured with PyTorch's default TF32 settings: cuDNN's on).
+        c_in, c_out: channels per group; kernel: kernel volume; stride: as :attr:`ConvGeometry.stride`.
+        gflop: FLOPs of the call / 1e9.
+        tflops: FLOPs over the median device time (TFLOP/s).
+    """
+
+    detail: str
+    dtype: str
+    c_in: int
+    c_out: int
+    kernel: int
+    stride: float
+    gflop: float
+    tflops: float
+
+    def features(self) -> tuple[float, float, float, float, float]:
+        return (math.log2(max(self.c_in, 1)), math.log2(max(self.c_out, 1)), math.log2(max(self.kernel, 1)),
+                math.log2(max(self.stride, 1.0)), math.log2(max(self.gflop, 1e-9)))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ConvRate":
+        """An entry of a spec's ``conv_rates`` (this class's fields as keys).
+
+        Raises:
+            KeyError, ValueError, TypeError: a missing or malformed field, or a rate or size not above zero (the
+                spec loader names the file and the entry).
+        """
+        rate = cls(str(d["detail"]), str(d["dtype"]), int(d["c_in"]), int(d["c_out"]), int(d["kernel"]),
+                   float(d["stride"]), float(d["gflop"]), float(d["tflops"]))
+        if rate.tflops <= 0 or rate.gflop <= 0:
+            raise ValueError("tflops and gflop must be positive")
+        return rate
+
+    def rounded(self) -> "ConvRate":
+        """This entry with its floats rounded for a spec file."""
+        return ConvRate(self.detail, self.dtype, self.c_in, self.c_out, self.kernel, round(self.stride, 3),
+                        round(self.gflop, 4), round(self.tflops, 3))
+
+
+def interpolated_tflops(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str) -> float | None:
+    """The TFLOP/s ``geom`` is predicted to run at: the inverse-distance weighted geometric mean of the
+    :data:`NEIGHBOURS` nearest ``rates`` of its class and dtype (:data:`DTYPE_FALLBACK` when that dtype has none)
+    in :data:`FEATURE_WEIGHTS`-scaled feature space; None when the table has no convolution of that class."""
+    pool = [r for r in rates if r.detail == geom.detail and r.dtype == dtype]
+    if not pool and dtype in DTYPE_FALLBACK:
+        pool = [r for r in rates if r.detail == geom.detail and r.dtype == DTYPE_FALLBACK[dtype]]
+    if not pool:
+        return None
+    f = geom.features()
+    scored = []
+    for r in pool:
+        g = r.features()
+        dist = math.sqrt(sum((w * (a - b)) ** 2 for w, a, b in zip(FEATURE_WEIGHTS, f, g)))
+        scored.append((dist, r.tflops))
+    scored.sort()
+    near = scored[:NEIGHBOURS]
+    weights = [1.0 / (d + 0.25) for d, _ in near]
+    return math.exp(sum(w * math.log(t) for w, (_, t) in zip(weights, near)) / sum(weights))
+
+
+# --- what calibrate measures -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """One convolution calibrate times: ``[batch, c_in, *spatial]`` through a ``kernel`` with ``stride``,
+    ``padding`` and ``groups``, transposed or not, in ``dtype``."""
+
+    detail: str
+    dtype: str
+    batch: int
+    c_in: int
+    c_out: int
+    spatial: tuple[int, ...]
+    kernel: tuple[int, ...]
+    stride: int
+    padding: tuple[int, ...]
+    groups: int
+    transposed: bool
+
+
+def _problem(rng: random.Random, detail: str, dtype: str, max_elems: int,
+             flop_range: tuple[float, float]) -> ConvProblem:
+    d = int(detail[4])
+    transposed = "transpose" in detail
+    if detail.endswith("depthwise"):
+        c_in = c_out = groups = rng.choice((32, 64, 128, 256, 512))
+        kernel = tuple(rng.choice((3, 3, 5, 7)) for _ in range(d))
+    else:
+        groups = rng.choice((2, 3, 4, 8)) if detail.endswith("grouped") else 1
+        per_in = rng.choice((2, 4, 8, 16, 32, 64, 128)) if groups > 1 else rng.choice((3, 4, 8, 16, 32, 64, 128,
+                                                                                          256, 512))
+        per_out = rng.choice((4, 8, 16, 32, 64, 128)) if groups > 1 else rng.choice((8, 16, 32, 64, 128, 256, 512))
+        c_in, c_out = per_in * groups, per_out * groups
+        sizes = (2, 3, 3, 4, 5) if transposed else ((1, 3, 3, 5) if d == 3 else (1, 3, 3, 3, 5, 7))
+        if rng.random() < 0.3:  # a square kernel
+            kernel = (rng.choice(sizes),) * d
+        else:
+            kernel = tuple(rng.choice(sizes) for _ in range(d))
+    stride = rng.choice((1, 1, 1, 2))
+    # "same" padding or none; a transposed convolution keeps none (with padding its output can be smaller than
+    # its input, and the op graph tells a transposed convolution by its larger output)
+    padding = tuple(k // 2 for k in kernel) if not transposed and rng.random() < 0.5 else (0,) * d
+    # spatial size: a target FLOP count, log-uniform over flop_range, capped in memory
+    target = math.exp(rng.uniform(math.log(flop_range[0]), math.log(flop_range[1])))
+    batch = rng.choice((1, 4, 8, 16, 32, 64, 128))
+    # FLOPs per input position (transposed) or per output position: 2 x C_in/g x C_out x kernel volume
+    per_position = 2 * (c_in // groups) * c_out * _prod(kernel)
+    positions = max(target / (batch * per_position), 1.0)
+    side = int(round(positions ** (1.0 / d) * (1 if transposed else stride)))
+    side = min(max(side, max(kernel) + 1), {1: 1 << 16, 2: 1024, 3: 192}[d])
+
+    def elems(batch: int, side: int) -> int:  # the larger of input and output
+        out_side = side * stride if transposed else side // stride
+        return batch * max(c_in * side ** d, c_out * out_side ** d)
+
+    while batch > 1 and elems(batch, side) > max_elems:
+        batch //= 2
+    while side > max(kernel) + 1 and elems(batch, side) > max_elems:
+        side = max(side * 3 // 4, max(kernel) + 1)
+    return ConvProblem(detail, dtype, batch, c_in, c_out, (side,) * d, kernel, stride, padding, groups, transposed)
+
+
+#: FLOPs per sampled convolution on a GPU (log-uniform between): KernelBench's run 0.1 to 400 GFLOP.
+GPU_FLOP_RANGE = (5e8, 1e11)
+
+
+def sample_plan(per_class: dict[str, int], seed: int = 0, max_elems: int = 64 << 20,
+                flop_range: tuple[float, float] = GPU_FLOP_RANGE) -> list[ConvProblem]:
+    """The convolutions calibrate measures: ``per_class[dtype]`` seeded random problems of every class of
+    :data:`CONV_CLASSES` per dtype, interleaved (class by class, then dtype) so that a time budget cut anywhere
+    leaves every class sampled. Each has a FLOP count drawn log-uniformly from ``flop_range``; input and output
+    tensors stay within ``max_elems`` elements each."""
+    rng = random.Random(seed)
+    by: list[list[ConvProblem]] = []
+    for dtype, n in per_class.items():
+        for detail in CONV_CLASSES:
+            by.append([_problem(rng, detail, dtype, max_elems, flop_range) for _ in range(n)])
+    out = []
+    for i in range(max((len(b) for b in by), default=0)):
+        out.extend(b[i] for b in by if i < len(b))
+    return out
+
+
+def measure_conv_rates(device: str, problems: Sequence[ConvProblem], timer: Callable[[Callable[[], Any]], Any],
+                       budget_s: float, dtypes: dict[str, Any]) -> tuple[list[ConvRate], dict[str, str]]:
+    """Time each of ``problems`` (``torch.nn.functional.conv{d}d`` or ``conv_transpose{d}d`` with PyTorch's default
+    cuDNN settings: TF32 on for fp32, ``cudnn.benchmark`` as the caller has it) with ``timer`` until ``budget_s``
+    seconds have passed; returns the measured rates and, per problem that failed or was left out, why."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    rates: list[ConvRate] = []
+    skipped: dict[str, str] = {}
+    failed: list[str] = []
+    start = time.perf_counter()
+    for i, p in enumerate(problems):
+        if time.perf_counter() - start > budget_s:
+            skipped["conv_rates"] = f"{len(problems) - i} of {len(problems)} convolutions left out: the {budget_s:g} s budget"
+            break
+        d = len(p.spatial)
+        dt = dtypes[p.dtype]
+        try:
+            x = torch.randn(p.batch, p.c_in, *p.spatial, device=device, dtype=dt)
+            if p.transposed:
+                w = torch.randn(p.c_in, p.c_out // p.groups, *p.kernel, device=device, dtype=dt)
+                fn = getattr(F, f"conv_transpose{d}d")
+                call = lambda x=x, w=w, fn=fn, p=p: fn(x, w, stride=p.stride, padding=p.padding, groups=p.groups)
+            else:
+                w = torch.randn(p.c_out, p.c_in // p.groups, *p.kernel, device=device, dtype=dt)
+                fn = getattr(F, f"conv{d}d")
+                call = lambda x=x, w=w, fn=fn, p=p: fn(x, w, stride=p.stride, padding=p.padding, groups=p.groups)
+            y = call()
+            geom = ConvGeometry.from_shapes(tuple(x.shape), tuple(w.shape), tuple(y.shape))
+            if geom is None or geom.detail != p.detail:
+                failed.append(f"{p.detail} measured as {geom.detail if geom else 'nothing'}")
+                continue
+            del y
+            ms = timer(call).median_ms
+        except (RuntimeError, ValueError) as e:  # an unsupported geometry, out of memory
+            failed.append(f"{p.detail} {p.dtype}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+            continue
+        finally:
+            x = w = None  # noqa: F841 (free before the next problem)
+        rates.append(ConvRate(p.detail, p.dtype, geom.c_in_per_group, geom.c_out_per_group, geom.kernel_volume,
+                              geom.stride, geom.flops / 1e9, geom.flops / (ms * 1e-3) / 1e12))
+    if failed:
+        skipped["conv_rates failed"] = f"{len(failed)} convolution(s) not measured, e.g. {failed[0]}"
+    return rates, skipped
