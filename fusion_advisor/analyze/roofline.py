@@ -39,10 +39,11 @@ class's curve applied to the roofline time above (:func:`op_class_keys`: the mos
 :func:`roofline_op_us` and :func:`roofline_busy_us` stay the plain roofline (the floor a measured run approaches).
 Fused times are not fitted: they price code that has not run yet.
 
-Where the spec has **measured convolution rates** (``conv_rates``, measured by ``calibrate`` over a seeded sample of
-geometries, :mod:`fusion_advisor.devices.op_rates`), a convolution's eager time is its FLOPs over the rate of its
-nearest measured neighbours of the same class and dtype (:func:`measured_conv_us`) instead of its tensor-core
-roofline; a fitted curve then corrects that (:func:`base_op_us`).
+Where the spec has **measured convolution or matmul rates** (``conv_rates`` / ``matmul_rates``, measured by
+``calibrate`` over a seeded sample of shapes, :mod:`fusion_advisor.devices.op_rates`), a convolution's or matmul's
+eager time is its FLOPs over the rate of its nearest measured neighbours of the same class and dtype
+(:func:`measured_conv_us`, :func:`measured_matmul_us`) instead of its tensor-core roofline; a fitted curve then
+corrects that (:func:`base_op_us`).
 
 Inside a model (:func:`in_model_times`) the host also spends the spec's measured ``view_overhead_us`` per view op
 and ``module_call_us`` per ``nn.Module`` call entered, before the next launch; the bound class a chain gets from
@@ -54,7 +55,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fusion_advisor.devices import DeviceSpec
-from fusion_advisor.devices.op_rates import ConvGeometry, interpolated_tflops
+from fusion_advisor.devices.op_rates import ConvGeometry, interpolated_tflops, matmul_tflops
 from fusion_advisor.analyze.records import Chain, Estimate, OpInfo
 from fusion_advisor.analyze.sdpa import math_score_bytes
 
@@ -156,11 +157,39 @@ def measured_conv_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     return None if tflops is None else geom.flops / (tflops * 1e12) * 1e6
 
 
+#: aten matmuls priced from the spec's ``matmul_rates``: op name -> (measured class, index of the first operand).
+_MATMUL_OPERANDS = {"mm": ("mm", 0), "addmm": ("mm", 1), "bmm": ("bmm", 0), "baddbmm": ("bmm", 1)}
+
+
+def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
+    """Eager device time of an ``mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` from the spec's measured
+    ``matmul_rates`` (us): ``2 B M N K`` over the rate of its nearest measured neighbours
+    (:func:`fusion_advisor.devices.op_rates.matmul_tflops`); None for other ops, or without a measured matmul of
+    its class and dtype."""
+    if op.category != "matmul" or not spec.matmul_rates:
+        return None
+    how = _MATMUL_OPERANDS.get(_short_target(op.target))
+    if how is None or len(op.inputs) < how[1] + 2:
+        return None
+    a, b = op.inputs[how[1]].shape, op.inputs[how[1] + 1].shape
+    if len(a) != len(b) or len(a) not in (2, 3) or a[-1] != b[-2]:
+        return None
+    batch = a[0] if len(a) == 3 else 1
+    m, k, n = a[-2], a[-1], b[-1]
+    if min(batch, m, n, k) <= 0:
+        return None
+    tflops = matmul_tflops(spec.matmul_rates, how[0], m, n, k, batch, op.dtype)
+    return None if tflops is None else 2 * batch * m * n * k / (tflops * 1e12) * 1e6
+
+
 def base_op_us(op: OpInfo, spec: DeviceSpec) -> float:
-    """Eager device time of one op before any profile fit (us): the measured convolution rate where the spec has
-    one (:func:`measured_conv_us`), else the roofline (:func:`roofline_op_us`)."""
-    conv = measured_conv_us(op, spec)
-    return roofline_op_us(op, spec) if conv is None else conv
+    """Eager device time of one op before any profile fit (us): the measured convolution or matmul rate where the
+    spec has one (:func:`measured_conv_us`, :func:`measured_matmul_us`), else the roofline
+    (:func:`roofline_op_us`)."""
+    measured = measured_conv_us(op, spec)
+    if measured is None:
+        measured = measured_matmul_us(op, spec)
+    return roofline_op_us(op, spec) if measured is None else measured
 
 
 def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from fusion_advisor.devices.op_rates import ConvRate
+from fusion_advisor.devices.op_rates import ConvRate, MatmulRate
 from fusion_advisor.errors import DeviceSpecError
 
 SPEC_DIR = Path(__file__).parent
@@ -162,6 +162,9 @@ class DeviceSpec:
             dtype, geometry, achieved TFLOP/s; ``calibrate``): a convolution's eager time is its FLOPs over the rate
             interpolated from its nearest measured neighbours of the same class and dtype
             (:func:`fusion_advisor.devices.op_rates.interpolated_tflops`). Empty: the tensor-core roofline.
+        matmul_rates: optional, measured matmuls (:class:`fusion_advisor.devices.op_rates.MatmulRate`; ``calibrate``):
+            ``mm`` / ``addmm`` / ``bmm`` ops take the rate of their nearest measured neighbours in M, N, K, batch
+            and alignment. Empty: the tensor-core roofline.
         view_overhead_us: optional, measured host time (us) of one eager view op (``x.view``, ``transpose``,
             slicing), which launches no kernel; 0: not measured (views cost the host nothing in the replay).
         module_call_us: optional, measured host time (us) of entering one ``nn.Module`` call beyond the ops it
@@ -192,6 +195,7 @@ class DeviceSpec:
     op_time_fits: dict[str, OpTimeFit] = field(default_factory=dict)
     op_time_fit_dtypes: tuple[str, ...] = ()
     conv_rates: tuple[ConvRate, ...] = ()
+    matmul_rates: tuple[MatmulRate, ...] = ()
     view_overhead_us: float = 0.0
     module_call_us: float = 0.0
 
@@ -317,27 +321,30 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         route_efficiency=efficiency,
         op_time_fits=fits,
         op_time_fit_dtypes=tuple(fit_dtypes),
-        conv_rates=_parse_conv_rates(data.get("conv_rates"), origin),
+        conv_rates=_parse_rate_list(data.get("conv_rates"), "conv_rates", ConvRate, origin),
+        matmul_rates=_parse_rate_list(data.get("matmul_rates"), "matmul_rates", MatmulRate, origin),
         view_overhead_us=_number(data.get("view_overhead_us", 0.0), f"{origin}: view_overhead_us", "us",
                                  positive=False),
         module_call_us=_number(data.get("module_call_us", 0.0), f"{origin}: module_call_us", "us", positive=False),
     )
 
 
-def _parse_conv_rates(raw: Any, origin: str) -> tuple[ConvRate, ...]:
-    """Validate the optional ``conv_rates`` list (mappings of :class:`ConvRate`'s fields)."""
+def _parse_rate_list(raw: Any, name: str, kind: type, origin: str) -> tuple:
+    """Validate an optional list of measured rates (``conv_rates`` / ``matmul_rates``: mappings of ``kind``'s
+    fields, read by its ``from_dict``)."""
     if raw is None:
         return ()
+    keys = ", ".join(f.name for f in fields(kind))
     if not isinstance(raw, list):
-        raise DeviceSpecError(f"{origin}: field 'conv_rates' must be a list of measured convolutions (mappings with "
-                              f"keys {', '.join(f.name for f in fields(ConvRate))})")
+        raise DeviceSpecError(f"{origin}: field {name!r} must be a list of measured entries (mappings with keys "
+                              f"{keys})")
     out = []
     for i, entry in enumerate(raw):
         try:
-            out.append(ConvRate.from_dict(entry))
-        except (KeyError, ValueError, TypeError) as e:
-            raise DeviceSpecError(f"{origin}: conv_rates[{i}] is not a measured convolution ({type(e).__name__}: "
-                                  f"{e}); keys {', '.join(f.name for f in fields(ConvRate))}") from e
+            out.append(kind.from_dict(entry))
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise DeviceSpecError(f"{origin}: {name}[{i}] is not a measured entry ({type(e).__name__}: {e}); keys "
+                                  f"{keys}") from e
     return tuple(out)
 
 
@@ -388,13 +395,14 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
     sources = data.pop("sources", None) or {}
     for key in ("attention_tflops", "attention_rates", "unaligned_tensor_tflops", "route_efficiency",
                 "op_time_fits", "op_time_fit_dtypes", "strided_bandwidth_gbps", "elementwise_overhead_us",
-                "conv_rates", "view_overhead_us", "module_call_us"):
+                "conv_rates", "matmul_rates", "view_overhead_us", "module_call_us"):
         if not data.get(key):
             data.pop(key, None)
     if data.get("op_time_fit_dtypes"):
         data["op_time_fit_dtypes"] = list(data["op_time_fit_dtypes"])
-    if data.get("conv_rates"):
-        data["conv_rates"] = [dict(r) for r in data["conv_rates"]]
+    for key in ("conv_rates", "matmul_rates"):
+        if data.get(key):
+            data[key] = [dict(r) for r in data[key]]
     fits = {k: dict(v) for k, v in (data.get("op_time_fits") or {}).items()}
     for fit in fits.values():
         if fit.get("max_us") == float("inf"):

@@ -48,7 +48,7 @@ import yaml
 
 from fusion_advisor.kernel_tools.bench import Timing, sync_device, time_cpu, time_cuda
 from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, op_rates, parse_spec
-from fusion_advisor.devices.op_rates import ConvRate
+from fusion_advisor.devices.op_rates import ConvRate, MatmulRate
 from fusion_advisor.dtypes import TORCH_DTYPES
 from fusion_advisor.errors import CalibrationError
 from fusion_advisor import files
@@ -140,6 +140,7 @@ class Calibration:
         view_us: host time of one eager view op (us, :func:`measure_view_us`).
         module_call_us: host time of entering one ``nn.Module`` call (us, :func:`measure_module_call_us`).
         conv_rates: measured convolutions by geometry (:func:`measure_convolutions`).
+        matmul_rates: measured matmuls by shape (:func:`measure_matmuls`).
         launch_us: wall time per tiny eager op in a long loop (us).
         kernel_floor_us: GPU only: device time per back-to-back tiny kernel from a CUDA-graph replay (us), else None.
         l2_bytes: L2 cache size (GPU), 0 when unknown.
@@ -170,6 +171,7 @@ class Calibration:
     view_us: float | None = None
     module_call_us: float | None = None
     conv_rates: list[ConvRate] = field(default_factory=list)
+    matmul_rates: list[MatmulRate] = field(default_factory=list)
 
 
 def _versions() -> dict[str, str]:
@@ -459,6 +461,21 @@ def measure_convolutions(device: str, quick: bool, timer: Callable[[Callable[[],
         cudnn.allow_tf32, cudnn.benchmark = saved
 
 
+#: Matmuls sampled per class of :data:`fusion_advisor.devices.op_rates.MATMUL_CLASSES` and dtype, and the time
+#: budget (s): GPU, GPU with ``quick``, CPU.
+MATMUL_SAMPLES = {"cuda": ({"fp32": 20, "bf16": 8}, 8.0), "quick": ({"fp32": 6}, 3.0), "cpu": ({"fp32": 4}, 5.0)}
+
+
+def measure_matmuls(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Timing]
+                    ) -> tuple[list[MatmulRate], dict[str, str]]:
+    """The spec's ``matmul_rates``: :data:`MATMUL_SAMPLES` matmuls of :func:`op_rates.matmul_plan` timed by
+    :func:`op_rates.measure_matmul_rates` (fp32 with TF32 off, PyTorch's default)."""
+    per_class, budget = MATMUL_SAMPLES["quick" if quick and device == "cuda" else device]
+    plan = (op_rates.matmul_plan(per_class) if device == "cuda"
+            else op_rates.matmul_plan(per_class, max_elems=4 << 20, flop_range=(1e7, 2e9)))
+    return op_rates.measure_matmul_rates(device, plan, timer, budget, _DTYPES)
+
+
 def _graph_replay_ms(body: Callable[[], Any], sizes: Sizes) -> float:
     """Median ms per replay of a CUDA graph capturing ``body()`` (run once first on a side stream, as capture needs),
     timed with ``time_cuda``: the device time of ``body``'s kernels with no host cost between them.
@@ -622,9 +639,11 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         step("host time per view op and per nn.Module call")
         view_us = measure_view_us(device, sizes)
         module_us = measure_module_call_us(device, sizes)
-        step("convolutions by geometry")
+        step("convolutions and matmuls by shape")
         conv_rates, conv_skipped = measure_convolutions(device, quick, timer)
         not_measured.update(conv_skipped)
+        matmul_rates, matmul_skipped = measure_matmuls(device, quick, timer)
+        not_measured.update(matmul_skipped)
         floor = elementwise = None
         if device == "cuda":
             step("kernel floor (CUDA-graph replay)")
@@ -642,6 +661,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         l2_bytes=l2, sizes=sizes, attention_tflops=attention, attention_rates=rates, strided_gbps=strided,
         unaligned_tflops=unaligned, elementwise_overhead_us=elementwise,
         not_measured=not_measured, view_us=view_us, module_call_us=module_us, conv_rates=conv_rates,
+        matmul_rates=matmul_rates,
         timer="triton.testing.do_bench median (L2 flushed before each call)" if device == "cuda"
         else "wall-clock median (time.perf_counter)")
 
@@ -773,6 +793,12 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                   "F.conv*d / F.conv_transpose*d, cudnn.allow_tf32 on, cudnn.benchmark off), "
                                   f"torch.utils.flop_counter FLOPs over the {cal.timer}")}
            if cal.conv_rates else {}),
+        **({"matmul_rates": [asdict(r.rounded()) for r in cal.matmul_rates],
+            "matmul_rates_source": (f"{by}: {len(cal.matmul_rates)} seeded matmuls (fusion_advisor.devices.op_rates."
+                                    "matmul_plan: torch.mm and torch.bmm, sizes log-uniform over 16-16384, half of "
+                                    "them multiples of 64 or powers of two; fp32 with TF32 off), 2 B M N K FLOPs "
+                                    f"over the {cal.timer}")}
+           if cal.matmul_rates else {}),
         "l2_bytes": int(cal.l2_bytes or base.l2_bytes),
         "l2_bytes_source": (f"{by}: torch.cuda.get_device_properties().L2_cache_size" if cal.l2_bytes
                             else f"copied from the shipped spec {base.name}"),

@@ -1,4 +1,4 @@
-"""Measured convolution rates as a function of geometry: what ``calibrate`` samples and how the roofline reads them.
+"""Measured convolution and matmul rates as a function of shape: what ``calibrate`` samples, how the roofline reads them.
 
 One peak per dtype prices cuDNN convolutions badly: on an H200 in fp32 (TF32 on, PyTorch's default) KernelBench's
 convolutions ran at 1.1x to 75x their tensor-core roofline time (``analyze --profile`` of 38 files,
@@ -10,6 +10,10 @@ the spec keeps each one's achieved TFLOP/s (:class:`ConvRate`); an op's rate is 
 geometric mean of its :data:`NEIGHBOURS` nearest measured convolutions of the same class and dtype in the feature
 space of :meth:`ConvGeometry.features` (log2 of input and output channels per group, kernel volume, stride and
 FLOPs). FLOPs are ``torch.utils.flop_counter``'s convolution count, as the op graph counts them.
+
+Matmuls the same way (:class:`MatmulRate`: ``torch.mm`` / ``torch.bmm`` at seeded sizes, features log2 M, N, K,
+batch and whether K and N are 16-byte aligned): cuBLAS's fp32 SGEMM (TF32 off, PyTorch's default) ran KernelBench's
+matmuls at 1.3x to 14.8x their roofline time (median 1.9x, 61 ops of the same 38 files), by shape.
 """
 
 from __future__ import annotations
@@ -134,25 +138,164 @@ class ConvRate:
                         round(self.gflop, 4), round(self.tflops, 3))
 
 
+def _nearest_tflops(pool: Sequence[Any], features: Sequence[float], weights: Sequence[float]) -> float:
+    """Inverse-distance weighted geometric mean of the ``tflops`` of the :data:`NEIGHBOURS` entries of ``pool``
+    nearest ``features`` (each entry's ``features()``, distances scaled by ``weights``)."""
+    scored = []
+    for r in pool:
+        dist = math.sqrt(sum((w * (a - b)) ** 2 for w, a, b in zip(weights, features, r.features())))
+        scored.append((dist, r.tflops))
+    scored.sort()
+    near = scored[:NEIGHBOURS]
+    inv = [1.0 / (d + 0.25) for d, _ in near]
+    return math.exp(sum(w * math.log(t) for w, (_, t) in zip(inv, near)) / sum(inv))
+
+
+def _pool(rates: Sequence[Any], detail: str, dtype: str) -> list[Any]:
+    """The entries of ``rates`` of class ``detail`` and ``dtype`` (:data:`DTYPE_FALLBACK`'s when it has none)."""
+    pool = [r for r in rates if r.detail == detail and r.dtype == dtype]
+    if not pool and dtype in DTYPE_FALLBACK:
+        pool = [r for r in rates if r.detail == detail and r.dtype == DTYPE_FALLBACK[dtype]]
+    return pool
+
+
 def interpolated_tflops(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str) -> float | None:
     """The TFLOP/s ``geom`` is predicted to run at: the inverse-distance weighted geometric mean of the
     :data:`NEIGHBOURS` nearest ``rates`` of its class and dtype (:data:`DTYPE_FALLBACK` when that dtype has none)
     in :data:`FEATURE_WEIGHTS`-scaled feature space; None when the table has no convolution of that class."""
-    pool = [r for r in rates if r.detail == geom.detail and r.dtype == dtype]
-    if not pool and dtype in DTYPE_FALLBACK:
-        pool = [r for r in rates if r.detail == geom.detail and r.dtype == DTYPE_FALLBACK[dtype]]
-    if not pool:
-        return None
-    f = geom.features()
-    scored = []
-    for r in pool:
-        g = r.features()
-        dist = math.sqrt(sum((w * (a - b)) ** 2 for w, a, b in zip(FEATURE_WEIGHTS, f, g)))
-        scored.append((dist, r.tflops))
-    scored.sort()
-    near = scored[:NEIGHBOURS]
-    weights = [1.0 / (d + 0.25) for d, _ in near]
-    return math.exp(sum(w * math.log(t) for w, (_, t) in zip(weights, near)) / sum(weights))
+    pool = _pool(rates, geom.detail, dtype)
+    return _nearest_tflops(pool, geom.features(), FEATURE_WEIGHTS) if pool else None
+
+
+# --- matmuls -----------------------------------------------------------------------------------------------------
+
+#: Matmul classes calibrate samples: ``mm`` (also prices ``addmm``: cuBLAS adds the bias in its epilogue) and
+#: ``bmm``.
+MATMUL_CLASSES = ("mm", "bmm")
+#: Distance weights of :meth:`MatmulRate.features`: M, N, K, batch, alignment (an unaligned leading dimension
+#: sends cuBLAS to its align1 kernels: a different regime, kept apart).
+MATMUL_WEIGHTS = (1.0, 1.0, 1.0, 0.5, 3.0)
+_ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8}
+
+
+def matmul_aligned(n: int, k: int, dtype: str) -> bool:
+    """Whether K and N are multiples of 16 bytes (cuBLAS's vectorised kernels need it)."""
+    per = 16 // _ITEMSIZE.get(dtype, 4)
+    return n % per == 0 and k % per == 0
+
+
+@dataclass(frozen=True)
+class MatmulRate:
+    """One measured matmul ``[batch, M, K] x [batch, K, N]``: class, dtype, sizes, achieved TFLOP/s (fp32 with
+    TF32 off, PyTorch's default for matmuls)."""
+
+    detail: str
+    dtype: str
+    m: int
+    n: int
+    k: int
+    batch: int
+    tflops: float
+
+    def features(self) -> tuple[float, float, float, float, float]:
+        return matmul_features(self.m, self.n, self.k, self.batch, self.dtype)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "MatmulRate":
+        """An entry of a spec's ``matmul_rates``. Raises KeyError / ValueError / TypeError when malformed."""
+        rate = cls(str(d["detail"]), str(d["dtype"]), int(d["m"]), int(d["n"]), int(d["k"]), int(d["batch"]),
+                   float(d["tflops"]))
+        if rate.tflops <= 0 or min(rate.m, rate.n, rate.k, rate.batch) <= 0:
+            raise ValueError("sizes and tflops must be positive")
+        return rate
+
+    def rounded(self) -> "MatmulRate":
+        return MatmulRate(self.detail, self.dtype, self.m, self.n, self.k, self.batch, round(self.tflops, 3))
+
+
+def matmul_features(m: int, n: int, k: int, batch: int, dtype: str) -> tuple[float, float, float, float, float]:
+    """log2 of M, N, K and batch, and 1 when K and N are 16-byte aligned (:func:`matmul_aligned`) else 0."""
+    return (math.log2(max(m, 1)), math.log2(max(n, 1)), math.log2(max(k, 1)), math.log2(max(batch, 1)),
+            1.0 if matmul_aligned(n, k, dtype) else 0.0)
+
+
+def matmul_tflops(rates: Sequence[MatmulRate], detail: str, m: int, n: int, k: int, batch: int, dtype: str
+                  ) -> float | None:
+    """The TFLOP/s a ``detail`` (``mm`` / ``bmm``) matmul of these sizes is predicted to run at (nearest measured
+    neighbours, as :func:`interpolated_tflops`); None without a measured matmul of that class and dtype."""
+    pool = _pool(rates, detail, dtype)
+    return _nearest_tflops(pool, matmul_features(m, n, k, batch, dtype), MATMUL_WEIGHTS) if pool else None
+
+
+def _dim(rng: random.Random, lo: int, hi: int) -> int:
+    """A matmul dimension: half the time a multiple of 64 or a power of two (what models use), else any integer,
+    log-uniform over [lo, hi]."""
+    x = math.exp(rng.uniform(math.log(lo), math.log(hi)))
+    if rng.random() < 0.5:
+        return max(lo, int(round(x / 64)) * 64) if x >= 64 else 1 << max(int(round(math.log2(x))), 0)
+    return max(lo, int(round(x)))
+
+
+def matmul_plan(per_class: dict[str, int], seed: int = 0, max_elems: int = 64 << 20,
+                flop_range: tuple[float, float] = (1e8, 2e11)) -> list[tuple[str, str, int, int, int, int]]:
+    """``per_class[dtype]`` seeded matmuls ``(detail, dtype, batch, M, N, K)`` per class of :data:`MATMUL_CLASSES`:
+    sizes log-uniform (:func:`_dim`), each operand within ``max_elems`` elements, FLOPs within ``flop_range``."""
+    rng = random.Random(seed + 1)
+    out = []
+    for dtype, n in per_class.items():
+        for detail in MATMUL_CLASSES:
+            got = 0
+            while got < n:
+                batch = 1 if detail == "mm" else rng.choice((2, 4, 8, 16, 32, 64, 128, 256))
+                m, nn, k = _dim(rng, 16, 16384), _dim(rng, 16, 16384), _dim(rng, 16, 16384)
+                flops = 2 * batch * m * nn * k
+                if max(m * k, k * nn, m * nn) * batch > max_elems or not flop_range[0] <= flops <= flop_range[1]:
+                    continue
+                out.append((detail, dtype, batch, m, nn, k))
+                got += 1
+    return out
+
+
+def measure_matmul_rates(device: str, plan: Sequence[tuple[str, str, int, int, int, int]],
+                         timer: Callable[[Callable[[], Any]], Any], budget_s: float, dtypes: dict[str, Any]
+                         ) -> tuple[list[MatmulRate], dict[str, str]]:
+    """Time each matmul of ``plan`` (``torch.mm`` / ``torch.bmm``) with ``timer`` until ``budget_s`` seconds
+    have passed, with PyTorch's default matmul precision (fp32 TF32 off) set for the measurement and restored."""
+    import time
+
+    import torch
+
+    rates: list[MatmulRate] = []
+    failed: list[str] = []
+    skipped: dict[str, str] = {}
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    start = time.perf_counter()
+    try:
+        for i, (detail, dtype, batch, m, n, k) in enumerate(plan):
+            if time.perf_counter() - start > budget_s:
+                skipped["matmul_rates"] = f"{len(plan) - i} of {len(plan)} matmuls left out: the {budget_s:g} s budget"
+                break
+            dt = dtypes[dtype]
+            try:
+                if detail == "mm":
+                    a, b = torch.randn(m, k, device=device, dtype=dt), torch.randn(k, n, device=device, dtype=dt)
+                    ms = timer(lambda a=a, b=b: torch.mm(a, b)).median_ms
+                else:
+                    a = torch.randn(batch, m, k, device=device, dtype=dt)
+                    b = torch.randn(batch, k, n, device=device, dtype=dt)
+                    ms = timer(lambda a=a, b=b: torch.bmm(a, b)).median_ms
+            except (RuntimeError, ValueError) as e:
+                failed.append(f"{detail} {dtype} {batch}x{m}x{n}x{k}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+                continue
+            finally:
+                a = b = None  # noqa: F841
+            rates.append(MatmulRate(detail, dtype, m, n, k, batch, 2 * batch * m * n * k / (ms * 1e-3) / 1e12))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    if failed:
+        skipped["matmul_rates failed"] = f"{len(failed)} matmul(s) not measured, e.g. {failed[0]}"
+    return rates, skipped
 
 
 # --- what calibrate measures -----------------------------------------------------------------------------------
