@@ -811,7 +811,8 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
                    total_us=att.total_us, attributed_us=att.attributed_us, unattributed_us=att.unattributed_us,
                    wall_us=att.wall_us, eager_wall_us=eager_wall, setup=setup, compared=COMPARED,
                    trace_file=str(trace_path) if trace_path is not None else "", nodes=att.nodes, chains=chain_ms,
-                   notes=notes, dispatch_us=dispatch, instrumented_dispatch_us=instrumented)
+                   notes=notes, dispatch_us=dispatch, instrumented_dispatch_us=instrumented,
+                   graph_calls={str(i): float(k) for i, k in sorted(att.graph_calls.items())})
 
 
 def _export_trace(prof: Any, trace_path: Path | None) -> dict[str, Any]:

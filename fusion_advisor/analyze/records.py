@@ -401,6 +401,9 @@ class Profile:
         notes: caveats found on the way (graph mismatch, recompiles, kernels not attributed).
         dispatch_us: host time per tiny eager op, plain (the probe; comparable to the spec's launch overhead) (us).
         instrumented_dispatch_us: the same op wrapped and tagged as the graphs' ops, under the profiler (us).
+        graph_calls: calls per run of each captured graph, keyed by its index as a string (JSON keys): more than
+            1 where dynamo reuses a graph (a graph break inside a loop over layers); empty in reports written
+            before it was recorded.
     """
 
     device: str
@@ -420,6 +423,7 @@ class Profile:
     notes: list[str] = field(default_factory=list)
     dispatch_us: float = 0.0
     instrumented_dispatch_us: float = 0.0
+    graph_calls: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -45,7 +45,9 @@ eager time is its FLOPs over the rate of its nearest measured neighbours of the 
 (:func:`measured_conv_us`, :func:`measured_matmul_us`) instead of its tensor-core roofline; a fitted curve then
 corrects that (:func:`base_op_us`).
 
-Inside a model (:func:`in_model_times`) the host also spends the spec's measured ``view_overhead_us`` per view op
+Host time per kernel is the spec's ``launch_overhead_us``, or its measured ``launch_overhead_by_class`` entry for the
+op's class (:func:`op_launch_us`). Inside a model (:func:`in_model_times`) the host also spends the spec's measured
+``view_overhead_us`` per view op
 and ``module_call_us`` per ``nn.Module`` call entered, before the next launch; the bound class a chain gets from
 :func:`estimate_all` is the one it has there.
 """
@@ -232,6 +234,17 @@ def op_class_keys(op: OpInfo) -> tuple[str, ...]:
     return (f"{op.category}/{detail}/{op.dtype}", f"{op.category}/{detail}", op.category)
 
 
+def op_launch_us(op: OpInfo, spec: DeviceSpec) -> float:
+    """Host time (us) of issuing one eager kernel of ``op``: the spec's measured ``launch_overhead_by_class`` entry
+    of the op's most specific class that has one (:func:`op_class_keys`: cuDNN convolutions and cuBLAS matmuls
+    spend far more host time per call than an elementwise add), else ``launch_overhead_us``."""
+    if spec.launch_overhead_by_class:
+        for key in op_class_keys(op):
+            if key in spec.launch_overhead_by_class:
+                return spec.launch_overhead_by_class[key]
+    return spec.launch_overhead_us
+
+
 def _launches(op: OpInfo) -> bool:
     """Whether ``op`` launches a kernel when run eagerly: not when every output is empty (0 elements)."""
     return not op.outputs or any(o.numel > 0 for o in op.outputs)
@@ -255,14 +268,16 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     compute_us = chain.flops / (peak_tflops * 1e12) * 1e6
     memory_eager_us = chain.eager_bytes / bw * 1e6
     memory_fused_us = chain.fused_bytes / bw * 1e6
-    launch_eager_us = chain.eager_kernels * spec.launch_overhead_us
+    launch_eager_us = sum(max(ops[i].eager_kernels, 1) * op_launch_us(ops[i], spec) for i in chain.op_ids
+                          if not ops[i].is_view and _launches(ops[i]))
     launch = spec.launch_overhead_us
     # an op on empty tensors launches no kernel (PyTorch returns before launching one)
     # an op launching n kernels (SDPA's math backend, or any backend converting a boolean mask) costs at least n
     # launches
-    busy = [(_op_time_us(ops[i], spec), _launches(ops[i]), max(ops[i].eager_kernels, 1)) for i in chain.op_ids]
-    eager_us = sum(max(t, n * launch) if runs else 0.0 for t, runs, n in busy)
-    idle_us = sum(max(0.0, n * launch - t) if runs else 0.0 for t, runs, n in busy)
+    busy = [(_op_time_us(ops[i], spec), _launches(ops[i]), max(ops[i].eager_kernels, 1) * op_launch_us(ops[i], spec))
+            for i in chain.op_ids]
+    eager_us = sum(max(t, host) if runs else 0.0 for t, runs, host in busy)
+    idle_us = sum(max(0.0, host - t) if runs else 0.0 for t, runs, host in busy)
     busy_us = sum(t if runs else 0.0 for t, runs, _ in busy)
     fusible = chain.kind == "fusible" and chain.eager_kernels > 1
     any_work = any(runs for _, runs, _ in busy)
@@ -284,7 +299,7 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
         triton_us = max(compute_us / float(heavy_rate), memory_fused_us + overhead, launch)
     # replayed from a CUDA graph a kernel costs no launch, but still its fixed device time
     floor = spec.elementwise_overhead_us or GRAPH_KERNEL_FLOOR_US
-    kernels = sum(n for _, runs, n in busy if runs)
+    kernels = sum(max(ops[i].eager_kernels, 1) for i in chain.op_ids if _launches(ops[i]))
     cudagraphs_us = at(compile_eff, floor) if fusible else max(busy_us, kernels * floor)
     if chain.prologue_of and any_work:  # Inductor reads the pool's input through this chain: no pass of its own
         compile_us = cudagraphs_us = compute_us
@@ -376,7 +391,7 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> 
     idle: dict[str, float] = {}
     device: dict[str, float] = {}
     # steady state of repeated runs: the first op is issued while the previous run's kernels still run
-    host, gpu_free = 0.0, max(ops[0].eager_kernels, 1) * launch if ops else 0.0
+    host, gpu_free = 0.0, max(ops[0].eager_kernels, 1) * op_launch_us(ops[0], spec) if ops else 0.0
     prev_path, pending = "", 0.0  # host time of views and module calls not yet followed by a launch
     for op in ops:
         calls = _module_calls(prev_path, op.module_path)
@@ -387,7 +402,7 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> 
             continue
         if not _launches(op):
             continue
-        issue = max(op.eager_kernels, 1) * launch + pending  # SDPA's math backend launches a dozen kernels
+        issue = max(op.eager_kernels, 1) * op_launch_us(op, spec) + pending  # SDPA's math: a dozen kernels
         pending = 0.0
         host += issue
         if host > gpu_free:

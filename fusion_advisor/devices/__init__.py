@@ -170,6 +170,10 @@ class DeviceSpec:
         module_call_us: optional, measured host time (us) of entering one ``nn.Module`` call beyond the ops it
             runs; 0: not measured.
         launch_overhead_us: time per eager kernel launch (dispatch plus launch), microseconds.
+        launch_overhead_by_class: optional, measured host time per eager call (us) by op class key (``conv``,
+            ``matmul``, ``normalization/native_group_norm``, ...: :func:`fusion_advisor.analyze.roofline.op_class_keys`),
+            for classes whose calls cost the host more than an elementwise op's (cuDNN and cuBLAS set up their
+            calls); other ops take ``launch_overhead_us``.
         l2_bytes: L2 cache size in bytes (0 if unknown).
         kind: ``"gpu"`` or ``"cpu"``; library Triton kernels are routed to on GPU specs only.
         source: where the numbers come from; per-field sources in ``sources``.
@@ -198,6 +202,7 @@ class DeviceSpec:
     matmul_rates: tuple[MatmulRate, ...] = ()
     view_overhead_us: float = 0.0
     module_call_us: float = 0.0
+    launch_overhead_by_class: dict[str, float] = field(default_factory=dict)
 
     def op_time_fit(self, keys: tuple[str, ...], dtype: str = "") -> OpTimeFit | None:
         """The fitted curve of the first of ``keys`` (most specific first) :attr:`op_time_fits` has, else None;
@@ -326,7 +331,18 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         view_overhead_us=_number(data.get("view_overhead_us", 0.0), f"{origin}: view_overhead_us", "us",
                                  positive=False),
         module_call_us=_number(data.get("module_call_us", 0.0), f"{origin}: module_call_us", "us", positive=False),
+        launch_overhead_by_class=_parse_launch_by_class(data.get("launch_overhead_by_class"), origin),
     )
+
+
+def _parse_launch_by_class(raw: Any, origin: str) -> dict[str, float]:
+    """Validate the optional ``launch_overhead_by_class`` mapping (op class key -> us, >= 0)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise DeviceSpecError(f"{origin}: field 'launch_overhead_by_class' must map an op class (conv, matmul, "
+                              f"normalization/native_layer_norm) to microseconds, got {type(raw).__name__}")
+    return {str(k): _number(v, f"{origin}: launch_overhead_by_class.{k}", "us", positive=False) for k, v in raw.items()}
 
 
 def _parse_rate_list(raw: Any, name: str, kind: type, origin: str) -> tuple:
@@ -395,7 +411,7 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
     sources = data.pop("sources", None) or {}
     for key in ("attention_tflops", "attention_rates", "unaligned_tensor_tflops", "route_efficiency",
                 "op_time_fits", "op_time_fit_dtypes", "strided_bandwidth_gbps", "elementwise_overhead_us",
-                "conv_rates", "matmul_rates", "view_overhead_us", "module_call_us"):
+                "conv_rates", "matmul_rates", "view_overhead_us", "module_call_us", "launch_overhead_by_class"):
         if not data.get(key):
             data.pop(key, None)
     if data.get("op_time_fit_dtypes"):

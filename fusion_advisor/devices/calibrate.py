@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import platform
 import re
+import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,9 +47,11 @@ from typing import Any, Callable
 import torch
 import yaml
 
-from fusion_advisor.kernel_tools.bench import Timing, sync_device, time_cpu, time_cuda
-from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, op_rates, parse_spec
-from fusion_advisor.devices.op_rates import ConvRate, MatmulRate
+from fusion_advisor.kernel_tools.bench import Timing, time_cpu, time_cuda
+from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, parse_spec
+from fusion_advisor.devices.host_costs import (measure_launch_by_class, measure_module_call_us, measure_view_us,
+                                               per_op_us)
+from fusion_advisor.devices.op_rates import ConvRate, MatmulRate, measure_convolutions, measure_matmuls
 from fusion_advisor.dtypes import TORCH_DTYPES
 from fusion_advisor.errors import CalibrationError
 from fusion_advisor import files
@@ -141,6 +144,8 @@ class Calibration:
         module_call_us: host time of entering one ``nn.Module`` call (us, :func:`measure_module_call_us`).
         conv_rates: measured convolutions by geometry (:func:`measure_convolutions`).
         matmul_rates: measured matmuls by shape (:func:`measure_matmuls`).
+        launch_by_class: host time per eager call by op class (us, :func:`measure_launch_by_class`).
+        step_seconds: wall seconds of each measurement step, by its progress line.
         launch_us: wall time per tiny eager op in a long loop (us).
         kernel_floor_us: GPU only: device time per back-to-back tiny kernel from a CUDA-graph replay (us), else None.
         l2_bytes: L2 cache size (GPU), 0 when unknown.
@@ -172,6 +177,8 @@ class Calibration:
     module_call_us: float | None = None
     conv_rates: list[ConvRate] = field(default_factory=list)
     matmul_rates: list[MatmulRate] = field(default_factory=list)
+    launch_by_class: dict[str, float] = field(default_factory=dict)
+    step_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def _versions() -> dict[str, str]:
@@ -379,101 +386,8 @@ def measure_attention_rates(timer: Callable[[Callable[[], Any]], Timing] | None 
 def measure_launch_us(device: str, sizes: Sizes, repeats: int = 5) -> float:
     """Wall time per tiny eager op (``y = x + 1`` on ``launch_numel`` fp32 elements), us: ``launch_ops`` ops issued
     in a loop, synchronised once at the end; the median of ``repeats`` loops after one warm-up loop."""
-    import statistics
-    import time
-
     x = torch.ones(sizes.launch_numel, device=device)
-    times = []
-    for i in range(repeats + 1):
-        sync_device(device)
-        start = time.perf_counter()
-        for _ in range(sizes.launch_ops):
-            torch.add(x, 1.0)  # the op is what is timed
-        sync_device(device)
-        if i:
-            times.append((time.perf_counter() - start) / sizes.launch_ops * 1e6)
-    return float(statistics.median(times))
-
-
-def _per_op_us(device: str, body: Callable[[], Any], ops: int, repeats: int) -> float:
-    """Median wall time per call of ``body`` (us) over ``repeats`` loops of ``ops`` calls after one warm-up loop,
-    synchronised once per loop."""
-    import statistics
-    import time
-
-    times = []
-    for i in range(repeats + 1):
-        sync_device(device)
-        start = time.perf_counter()
-        for _ in range(ops):
-            body()
-        sync_device(device)
-        if i:
-            times.append((time.perf_counter() - start) / ops * 1e6)
-    return float(statistics.median(times))
-
-
-class _AddOne(torch.nn.Module):
-    """The module whose call :func:`measure_module_call_us` times: one ``x + 1``."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.add(x, 1.0)
-
-
-def measure_view_us(device: str, sizes: Sizes, repeats: int = 5) -> float:
-    """Host time of one eager view op (us): ``x.view(-1)`` of a tiny tensor, ``launch_ops`` calls in a loop (a view
-    launches no kernel; this is the dispatcher's cost of making the alias)."""
-    x = torch.ones(sizes.launch_numel, device=device)
-    return _per_op_us(device, lambda: x.view(-1), sizes.launch_ops, repeats)
-
-
-def measure_module_call_us(device: str, sizes: Sizes, repeats: int = 5) -> float:
-    """Host time of entering one ``nn.Module`` call (us): a module whose forward is one ``x + 1``, called
-    ``launch_ops`` times in a loop, less the same loop of the bare ``torch.add`` (0 when not above it)."""
-    x = torch.ones(sizes.launch_numel, device=device)
-    module = _AddOne().to(device)
-    called = _per_op_us(device, lambda: module(x), sizes.launch_ops, repeats)
-    bare = _per_op_us(device, lambda: torch.add(x, 1.0), sizes.launch_ops, repeats)
-    return max(called - bare, 0.0)
-
-
-#: Convolutions sampled per class of :data:`fusion_advisor.devices.op_rates.CONV_CLASSES` and dtype, and the time
-#: budget (s) of the whole sample: GPU (full), GPU with ``quick``, CPU. fp32 carries KernelBench and most CNNs.
-CONV_SAMPLES = {"cuda": ({"fp32": 24, "bf16": 8}, 24.0), "quick": ({"fp32": 6}, 6.0), "cpu": ({"fp32": 4}, 10.0)}
-#: FLOPs per sampled convolution on a CPU (log-uniform between): a CPU runs them at well under a TFLOP/s.
-CPU_CONV_FLOP_RANGE = (1e7, 1e9)
-
-
-def measure_convolutions(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Timing]
-                         ) -> tuple[list[ConvRate], dict[str, str]]:
-    """The spec's ``conv_rates``: :data:`CONV_SAMPLES` convolutions of :func:`op_rates.sample_plan` timed by
-    :func:`op_rates.measure_conv_rates`, with PyTorch's default cuDNN settings (TF32 on for convolutions,
-    ``cudnn.benchmark`` off) set for the measurement and restored after it."""
-    per_class, budget = CONV_SAMPLES["quick" if quick and device == "cuda" else device]
-    plan = (op_rates.sample_plan(per_class) if device == "cuda"
-            else op_rates.sample_plan(per_class, max_elems=4 << 20, flop_range=CPU_CONV_FLOP_RANGE))
-    cudnn = torch.backends.cudnn
-    saved = (cudnn.allow_tf32, cudnn.benchmark)
-    cudnn.allow_tf32, cudnn.benchmark = True, False
-    try:
-        return op_rates.measure_conv_rates(device, plan, timer, budget, _DTYPES)
-    finally:
-        cudnn.allow_tf32, cudnn.benchmark = saved
-
-
-#: Matmuls sampled per class of :data:`fusion_advisor.devices.op_rates.MATMUL_CLASSES` and dtype, and the time
-#: budget (s): GPU, GPU with ``quick``, CPU.
-MATMUL_SAMPLES = {"cuda": ({"fp32": 20, "bf16": 8}, 8.0), "quick": ({"fp32": 6}, 3.0), "cpu": ({"fp32": 4}, 5.0)}
-
-
-def measure_matmuls(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Timing]
-                    ) -> tuple[list[MatmulRate], dict[str, str]]:
-    """The spec's ``matmul_rates``: :data:`MATMUL_SAMPLES` matmuls of :func:`op_rates.matmul_plan` timed by
-    :func:`op_rates.measure_matmul_rates` (fp32 with TF32 off, PyTorch's default)."""
-    per_class, budget = MATMUL_SAMPLES["quick" if quick and device == "cuda" else device]
-    plan = (op_rates.matmul_plan(per_class) if device == "cuda"
-            else op_rates.matmul_plan(per_class, max_elems=4 << 20, flop_range=(1e7, 2e9)))
-    return op_rates.measure_matmul_rates(device, plan, timer, budget, _DTYPES)
+    return per_op_us(device, lambda: torch.add(x, 1.0), sizes.launch_ops, repeats)
 
 
 def _graph_replay_ms(body: Callable[[], Any], sizes: Sizes) -> float:
@@ -578,7 +492,14 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         + 2 + (2 if device == "cuda" else 0) + 2
     done = [0]
 
+    seconds: dict[str, float] = {}
+    clock = [time.perf_counter(), ""]
+
     def step(what: str) -> None:
+        now = time.perf_counter()
+        if clock[1]:
+            seconds[clock[1]] = round(now - clock[0], 2)
+        clock[0], clock[1] = now, what
         done[0] += 1
         if progress is not None:
             progress(f"{what} ({done[0]} of {steps})")
@@ -636,13 +557,14 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
             not_measured["strided_bandwidth_gbps"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         step("launch overhead per eager op")
         launch = measure_launch_us(device, sizes)
-        step("host time per view op and per nn.Module call")
-        view_us = measure_view_us(device, sizes)
-        module_us = measure_module_call_us(device, sizes)
+        step("host time per view op, per nn.Module call and per call of each op class")
+        view_us = measure_view_us(device, sizes.launch_ops, sizes.launch_numel)
+        module_us = measure_module_call_us(device, sizes.launch_ops, sizes.launch_numel)
+        launch_by_class = measure_launch_by_class(device)
         step("convolutions and matmuls by shape")
-        conv_rates, conv_skipped = measure_convolutions(device, quick, timer)
+        conv_rates, conv_skipped = measure_convolutions(device, quick, timer, _DTYPES)
         not_measured.update(conv_skipped)
-        matmul_rates, matmul_skipped = measure_matmuls(device, quick, timer)
+        matmul_rates, matmul_skipped = measure_matmuls(device, quick, timer, _DTYPES)
         not_measured.update(matmul_skipped)
         floor = elementwise = None
         if device == "cuda":
@@ -653,6 +575,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         if elementwise is None:
             not_measured["elementwise_overhead_us"] = ("GPU only (CUDA-graph replay of eager adds)" if device != "cuda"
                                                        else "CUDA graphs unavailable")
+    seconds[clock[1]] = round(time.perf_counter() - clock[0], 2)
     if device == "cuda":
         torch.cuda.empty_cache()
     return Calibration(
@@ -661,6 +584,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         l2_bytes=l2, sizes=sizes, attention_tflops=attention, attention_rates=rates, strided_gbps=strided,
         unaligned_tflops=unaligned, elementwise_overhead_us=elementwise,
         not_measured=not_measured, view_us=view_us, module_call_us=module_us, conv_rates=conv_rates,
+        launch_by_class=launch_by_class, step_seconds=seconds,
         matmul_rates=matmul_rates,
         timer="triton.testing.do_bench median (L2 flushed before each call)" if device == "cuda"
         else "wall-clock median (time.perf_counter)")
@@ -780,6 +704,11 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
            if cal.strided_gbps else {}),
         "launch_overhead_us": round(cal.launch_us, 3),
         "launch_overhead_source": launch_src,
+        **({"launch_overhead_by_class": dict(cal.launch_by_class),
+            "launch_overhead_by_class_source": (f"{by}: wall time per tiny call of each class's aten overload "
+                                                "(fusion_advisor.devices.calibrate._host_probes), 500 in a loop, "
+                                                "synchronised once, median of 3 loops")}
+           if cal.launch_by_class else {}),
         **({"view_overhead_us": round(cal.view_us, 3),
             "view_overhead_source": f"{by}: wall time per x.view(-1) of a tiny tensor, {s.launch_ops} in a loop, "
                                     "median of 5 loops"} if cal.view_us is not None else {}),
@@ -813,6 +742,7 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
             "kernel_floor_us": round(cal.kernel_floor_us, 3) if cal.kernel_floor_us is not None else None,
             "base_spec": base.name,
             "not_measured": dict(cal.not_measured),
+            "step_seconds": dict(cal.step_seconds),
         },
     }
     warnings = sanity_warnings(cal, base) if cal.device == "cuda" else []

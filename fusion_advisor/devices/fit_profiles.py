@@ -39,7 +39,8 @@ from typing import Iterable
 from fusion_advisor.devices import DeviceSpec, OpTimeFit, parse_spec, spec_fields, spec_mapping
 from fusion_advisor.errors import CalibrationError, UserError
 from fusion_advisor.analyze.records import Analysis
-from fusion_advisor.analyze.roofline import base_op_us, eager_in_model_us, estimate_all, op_class_keys
+from fusion_advisor.analyze.roofline import (base_op_us, eager_in_model_us, estimate_all, measured_conv_us,
+                                             measured_matmul_us, op_class_keys)
 
 #: Fewest measured ops a class needs before it gets a curve.
 MIN_SAMPLES = 3
@@ -78,13 +79,15 @@ class ProfiledReport:
 
 @dataclass(frozen=True)
 class OpSample:
-    """One measured op: its classes, roofline time and measured busy time per call (us)."""
+    """One measured op: its classes, its time before the fit (``roofline_us``: the roofline, or the spec's measured
+    convolution / matmul rate when ``measured_rate``) and its measured busy time per call (us)."""
 
     report: str
     op_id: str
     keys: tuple[str, ...]
     roofline_us: float
     measured_us: float
+    measured_rate: bool = False
 
 
 @dataclass(frozen=True)
@@ -192,8 +195,12 @@ def report_folders(paths: Iterable[Path]) -> list[Path]:
 
 
 def _graph_calls(analysis: Analysis, spec: DeviceSpec) -> dict[int, float]:
-    """Calls per run of each graph: the chains' stored in-model prediction over one call's (rounded, >= 1)."""
+    """Calls per run of each graph: as the profile recorded them, else (reports written before it did) the chains'
+    stored in-model prediction over one call's on ``spec``, the spec the report was analysed with, fits included
+    (rounded, >= 1). Without its fits the ratio would be the fits' factor, not the calls."""
     assert analysis.profile is not None
+    if analysis.profile.graph_calls:
+        return {int(g): max(1.0, float(k)) for g, k in analysis.profile.graph_calls.items()}
     one_call = eager_in_model_us(analysis.chains, analysis.ops, spec)
     ratios: dict[int, list[float]] = {}
     for c in analysis.chains:
@@ -218,9 +225,9 @@ def read_report(path: Path) -> ProfiledReport:
     analysis = load_report(path)
     if analysis.profile is None or not analysis.profile.nodes:
         raise UnprofiledReportError(f"{path}: the report has no measured times (analyze it with --profile)")
-    spec = without_fits(parse_spec(spec_fields(analysis.device_spec), f"{path}/report.json: device_spec"))
-    return ProfiledReport(name=path.name, path=path, analysis=analysis, spec=spec,
-                          graph_calls=_graph_calls(analysis, spec))
+    stored = parse_spec(spec_fields(analysis.device_spec), f"{path}/report.json: device_spec")
+    return ProfiledReport(name=path.name, path=path, analysis=analysis, spec=without_fits(stored),
+                          graph_calls=_graph_calls(analysis, stored))
 
 
 def without_fits(spec: DeviceSpec) -> DeviceSpec:
@@ -244,7 +251,8 @@ def op_samples(rep: ProfiledReport, spec: DeviceSpec) -> list[OpSample]:
         if r <= 0:
             continue
         k = rep.graph_calls.get(op.graph_index, 1.0)
-        out.append(OpSample(rep.name, op.id, op_class_keys(op), r, m.busy_us / k))
+        rated = measured_conv_us(op, spec) is not None or measured_matmul_us(op, spec) is not None
+        out.append(OpSample(rep.name, op.id, op_class_keys(op), r, m.busy_us / k, rated))
     return out
 
 
@@ -259,7 +267,7 @@ def _weighted_median(values: list[float], weights: list[float]) -> float:
     return pairs[-1][0]
 
 
-def fit_curve(roofline_us: list[float], measured_us: list[float]) -> OpTimeFit:
+def fit_curve(roofline_us: list[float], measured_us: list[float], slope: bool = True) -> OpTimeFit:
     """The :class:`OpTimeFit` of measured against roofline times (both us, same length, all > 0; module
     docstring: the exponent only when the sizes span enough and it helps, the intercept a median).
 
@@ -271,7 +279,7 @@ def fit_curve(roofline_us: list[float], measured_us: list[float]) -> OpTimeFit:
     y = [math.log(t) for t in measured_us]
     w = [t ** WEIGHT_POWER for t in measured_us]
     b = 1.0
-    if len(x) >= SLOPE_MIN_SAMPLES and max(roofline_us) >= SLOPE_MIN_SPAN * min(roofline_us):
+    if slope and len(x) >= SLOPE_MIN_SAMPLES and max(roofline_us) >= SLOPE_MIN_SPAN * min(roofline_us):
         sw = sum(w)
         mx, my = sum(wi * xi for wi, xi in zip(w, x)) / sw, sum(wi * yi for wi, yi in zip(w, y)) / sw
         var = sum(wi * (xi - mx) ** 2 for wi, xi in zip(w, x))
@@ -297,7 +305,10 @@ def fit_op_times(samples: list[OpSample], min_samples: int = MIN_SAMPLES) -> tup
     for key, ss in by_key.items():
         if len(ss) < min_samples:
             continue
-        fit = fit_curve([s.roofline_us for s in ss], [s.measured_us for s in ss])
+        # ops priced from a measured rate table already carry their size dependence: one factor, no slope (a
+        # slope fitted over a few large KernelBench convolutions inflated every small ResNet one 6x)
+        fit = fit_curve([s.roofline_us for s in ss], [s.measured_us for s in ss],
+                        slope=not all(s.measured_rate for s in ss))
         out.append(ClassFit(key, fit, statistics.median(s.measured_us / s.roofline_us for s in ss)))
     return tuple(sorted(out, key=lambda c: (-c.fit.samples, c.key)))
 

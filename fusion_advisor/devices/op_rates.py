@@ -429,3 +429,46 @@ def measure_conv_rates(device: str, problems: Sequence[ConvProblem], timer: Call
     if failed:
         skipped["conv_rates failed"] = f"{len(failed)} convolution(s) not measured, e.g. {failed[0]}"
     return rates, skipped
+
+
+# --- calibrate's sample sizes -------------------------------------------------------------------------------
+
+#: Convolutions sampled per class of :data:`fusion_advisor.devices.op_rates.CONV_CLASSES` and dtype, and the time
+#: budget (s) of the whole sample: GPU (full), GPU with ``quick``, CPU. fp32 carries KernelBench and most CNNs.
+CONV_SAMPLES = {"cuda": ({"fp32": 24, "bf16": 8}, 18.0), "quick": ({"fp32": 6}, 6.0), "cpu": ({"fp32": 4}, 10.0)}
+#: FLOPs per sampled convolution on a CPU (log-uniform between): a CPU runs them at well under a TFLOP/s.
+CPU_CONV_FLOP_RANGE = (1e7, 1e9)
+
+
+def measure_convolutions(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Any],
+                         dtypes: dict[str, Any]) -> tuple[list[ConvRate], dict[str, str]]:
+    """The spec's ``conv_rates``: :data:`CONV_SAMPLES` convolutions of :func:`sample_plan` timed by
+    :func:`measure_conv_rates`, with PyTorch's default cuDNN settings (TF32 on for convolutions,
+    ``cudnn.benchmark`` off) set for the measurement and restored after it."""
+    per_class, budget = CONV_SAMPLES["quick" if quick and device == "cuda" else device]
+    plan = (sample_plan(per_class) if device == "cuda"
+            else sample_plan(per_class, max_elems=4 << 20, flop_range=CPU_CONV_FLOP_RANGE))
+    import torch
+
+    cudnn = torch.backends.cudnn
+    saved = (cudnn.allow_tf32, cudnn.benchmark)
+    cudnn.allow_tf32, cudnn.benchmark = True, False
+    try:
+        return measure_conv_rates(device, plan, timer, budget, dtypes)
+    finally:
+        cudnn.allow_tf32, cudnn.benchmark = saved
+
+
+#: Matmuls sampled per class of :data:`fusion_advisor.devices.op_rates.MATMUL_CLASSES` and dtype, and the time
+#: budget (s): GPU, GPU with ``quick``, CPU.
+MATMUL_SAMPLES = {"cuda": ({"fp32": 20, "bf16": 8}, 6.0), "quick": ({"fp32": 6}, 3.0), "cpu": ({"fp32": 4}, 5.0)}
+
+
+def measure_matmuls(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Any],
+                    dtypes: dict[str, Any]) -> tuple[list[MatmulRate], dict[str, str]]:
+    """The spec's ``matmul_rates``: :data:`MATMUL_SAMPLES` matmuls of :func:`matmul_plan` timed by
+    :func:`measure_matmul_rates` (fp32 with TF32 off, PyTorch's default)."""
+    per_class, budget = MATMUL_SAMPLES["quick" if quick and device == "cuda" else device]
+    plan = (matmul_plan(per_class) if device == "cuda"
+            else matmul_plan(per_class, max_elems=4 << 20, flop_range=(1e7, 2e9)))
+    return measure_matmul_rates(device, plan, timer, budget, dtypes)
