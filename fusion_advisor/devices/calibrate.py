@@ -39,7 +39,7 @@ from __future__ import annotations
 import platform
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -51,7 +51,8 @@ from fusion_advisor.kernel_tools.bench import Timing, time_cpu, time_cuda
 from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, parse_spec
 from fusion_advisor.devices.host_costs import (measure_launch_by_class, measure_module_call_us, measure_view_us,
                                                per_op_us)
-from fusion_advisor.devices.op_rates import ConvRate, MatmulRate, measure_convolutions, measure_matmuls
+from fusion_advisor.devices.op_rates import (TABLE_REP_MS, TABLE_WARMUP_MS, ConvRate, MatmulRate, measure_convolutions,
+                                            measure_matmuls)
 from fusion_advisor.dtypes import TORCH_DTYPES
 from fusion_advisor.errors import CalibrationError
 from fusion_advisor import files
@@ -562,9 +563,10 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         module_us = measure_module_call_us(device, sizes.launch_ops, sizes.launch_numel)
         launch_by_class = measure_launch_by_class(device)
         step("convolutions and matmuls by shape")
-        conv_rates, conv_skipped = measure_convolutions(device, quick, timer, _DTYPES)
+        table_timer = _timer(device, replace(sizes, warmup_ms=TABLE_WARMUP_MS, rep_ms=TABLE_REP_MS))
+        conv_rates, conv_skipped = measure_convolutions(device, quick, table_timer, _DTYPES)
         not_measured.update(conv_skipped)
-        matmul_rates, matmul_skipped = measure_matmuls(device, quick, timer, _DTYPES)
+        matmul_rates, matmul_skipped = measure_matmuls(device, quick, table_timer, _DTYPES)
         not_measured.update(matmul_skipped)
         floor = elementwise = None
         if device == "cuda":
@@ -720,13 +722,15 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
             "conv_rates_source": (f"{by}: {len(cal.conv_rates)} seeded random convolutions "
                                   "(fusion_advisor.devices.op_rates.sample_plan: every class of CONV_CLASSES, "
                                   "F.conv*d / F.conv_transpose*d, cudnn.allow_tf32 on, cudnn.benchmark off), "
-                                  f"torch.utils.flop_counter FLOPs over the {cal.timer}")}
+                                  f"torch.utils.flop_counter FLOPs over the {cal.timer}, {TABLE_WARMUP_MS:g} ms "
+                                  f"warm-up and {TABLE_REP_MS:g} ms timed per convolution")}
            if cal.conv_rates else {}),
         **({"matmul_rates": [asdict(r.rounded()) for r in cal.matmul_rates],
             "matmul_rates_source": (f"{by}: {len(cal.matmul_rates)} seeded matmuls (fusion_advisor.devices.op_rates."
                                     "matmul_plan: torch.mm and torch.bmm, sizes log-uniform over 16-16384, half of "
                                     "them multiples of 64 or powers of two; fp32 with TF32 off), 2 B M N K FLOPs "
-                                    f"over the {cal.timer}")}
+                                    f"over the {cal.timer}, {TABLE_WARMUP_MS:g} ms warm-up and {TABLE_REP_MS:g} ms "
+                                    "timed per matmul")}
            if cal.matmul_rates else {}),
         "l2_bytes": int(cal.l2_bytes or base.l2_bytes),
         "l2_bytes_source": (f"{by}: torch.cuda.get_device_properties().L2_cache_size" if cal.l2_bytes

@@ -361,21 +361,28 @@ def _problem(rng: random.Random, detail: str, dtype: str, max_elems: int,
     return ConvProblem(detail, dtype, batch, c_in, c_out, (side,) * d, kernel, stride, padding, groups, transposed)
 
 
-#: FLOPs per sampled convolution on a GPU (log-uniform between): KernelBench's run 0.1 to 400 GFLOP.
-GPU_FLOP_RANGE = (5e8, 1e11)
+#: FLOPs per sampled convolution on a GPU (log-uniform between): KernelBench's run 0.1 to 400 GFLOP, and a
+#: convolution's rate changes little with size above a few GFLOP (the size feature weighs half).
+GPU_FLOP_RANGE = (3e8, 3e10)
+
+
+#: Share of :func:`sample_plan`'s per-dtype count each class gets: the common 2-D convolution the most.
+CLASS_SHARE = {"conv1d": 0.25, "conv2d": 1.0, "conv3d": 0.5, "conv2d_transpose": 0.5, "conv3d_transpose": 0.5,
+               "conv2d_grouped": 0.375, "conv2d_depthwise": 0.25}
 
 
 def sample_plan(per_class: dict[str, int], seed: int = 0, max_elems: int = 64 << 20,
                 flop_range: tuple[float, float] = GPU_FLOP_RANGE) -> list[ConvProblem]:
-    """The convolutions calibrate measures: ``per_class[dtype]`` seeded random problems of every class of
-    :data:`CONV_CLASSES` per dtype, interleaved (class by class, then dtype) so that a time budget cut anywhere
-    leaves every class sampled. Each has a FLOP count drawn log-uniformly from ``flop_range``; input and output
-    tensors stay within ``max_elems`` elements each."""
+    """The convolutions calibrate measures: seeded random problems of every class of :data:`CONV_CLASSES` per
+    dtype, ``per_class[dtype]`` times the class's :data:`CLASS_SHARE` (at least 2), interleaved (class by class,
+    then dtype) so that a time budget cut anywhere leaves every class sampled. Each has a FLOP count drawn
+    log-uniformly from ``flop_range``; input and output tensors stay within ``max_elems`` elements each."""
     rng = random.Random(seed)
     by: list[list[ConvProblem]] = []
     for dtype, n in per_class.items():
         for detail in CONV_CLASSES:
-            by.append([_problem(rng, detail, dtype, max_elems, flop_range) for _ in range(n)])
+            count = max(2, round(n * CLASS_SHARE[detail]))
+            by.append([_problem(rng, detail, dtype, max_elems, flop_range) for _ in range(count)])
     out = []
     for i in range(max((len(b) for b in by), default=0)):
         out.extend(b[i] for b in by if i < len(b))
@@ -435,7 +442,10 @@ def measure_conv_rates(device: str, problems: Sequence[ConvProblem], timer: Call
 
 #: Convolutions sampled per class of :data:`fusion_advisor.devices.op_rates.CONV_CLASSES` and dtype, and the time
 #: budget (s) of the whole sample: GPU (full), GPU with ``quick``, CPU. fp32 carries KernelBench and most CNNs.
-CONV_SAMPLES = {"cuda": ({"fp32": 24, "bf16": 8}, 18.0), "quick": ({"fp32": 6}, 6.0), "cpu": ({"fp32": 4}, 10.0)}
+CONV_SAMPLES = {"cuda": ({"fp32": 64, "bf16": 20}, 18.0), "quick": ({"fp32": 12}, 6.0), "cpu": ({"fp32": 8}, 10.0)}
+#: do_bench budgets of one sampled convolution or matmul (ms): hundreds are timed within the budget, each a median
+#: of a few calls (its L2 flushed between calls).
+TABLE_WARMUP_MS, TABLE_REP_MS = 2.0, 8.0
 #: FLOPs per sampled convolution on a CPU (log-uniform between): a CPU runs them at well under a TFLOP/s.
 CPU_CONV_FLOP_RANGE = (1e7, 1e9)
 
