@@ -214,3 +214,36 @@ def test_cli_prints_the_table_and_never_overwrites_a_file_not_ours(reports, tmp_
     assert mine.read_text() == "name: mine\n"
     res = runner.invoke(app, ["calibrate", "--test", str(root / "test")])
     assert res.exit_code == 2 and "--from-profile" in res.output
+
+
+def test_graph_calls_come_from_the_profile_and_a_fitted_spec_is_not_mistaken_for_repeats(profiled, tmp_path):
+    from fusion_advisor.devices.fit_profiles import _graph_calls
+
+    lawful = _with_law(profiled)
+    assert lawful.profile.graph_calls == {"0": 1.0}  # recorded by analyze --profile
+    assert _graph_calls(lawful, parse_spec(spec_fields(lawful.device_spec), "t")) == {0: 1.0}
+    twice = dataclasses.replace(lawful, profile=dataclasses.replace(lawful.profile, graph_calls={"0": 2.0}))
+    assert _graph_calls(twice, parse_spec(spec_fields(twice.device_spec), "t")) == {0: 2.0}
+    # a report of before the field, analysed with a spec holding fits (all ops 3x): inferred with the fits, the
+    # stored prediction is one call's; without them (the bug) it read as 3 calls per run
+    spec = parse_spec(spec_fields(lawful.device_spec), "t")
+    fitted = dataclasses.replace(spec, op_time_fits={k: OpTimeFit(scale=3.0) for k in
+                                                     ("matmul", "pointwise", "copy", "normalization", "other")})
+    stored = eager_in_model_us(lawful.chains, lawful.ops, fitted)
+    chains = {cid: dataclasses.replace(m, predicted_us=stored[cid]) for cid, m in lawful.profile.chains.items()}
+    old = dataclasses.replace(lawful, device_spec=fitted.to_dict(),
+                              profile=dataclasses.replace(lawful.profile, chains=chains, graph_calls={}))
+    folder = _write(old, tmp_path / "old")
+    assert read_report(folder).graph_calls == {0: 1.0}
+
+
+def test_classes_priced_from_a_measured_table_keep_one_factor():
+    from fusion_advisor.devices.fit_profiles import OpSample, fit_op_times
+
+    r = [1.0, 3.0, 10.0, 30.0, 100.0, 300.0]
+    ts = [10.0 * x ** 0.6 for x in r]  # a curve a slope would follow
+    free = fit_op_times([OpSample("m", f"o{i}", ("conv/conv2d/fp32", "conv/conv2d", "conv"), x, t)
+                         for i, (x, t) in enumerate(zip(r, ts))])
+    rated = fit_op_times([OpSample("m", f"o{i}", ("conv/conv2d/fp32", "conv/conv2d", "conv"), x, t, True)
+                          for i, (x, t) in enumerate(zip(r, ts))])
+    assert free[0].fit.exponent < 1.0 and all(c.fit.exponent == 1.0 for c in rated)

@@ -23,6 +23,7 @@ from fusion_advisor.analyze.graph import build_op_graph
 from fusion_advisor.analyze.load import LoadedModel, load_model
 from fusion_advisor.analyze.records import Analysis
 from fusion_advisor.analyze.roofline import estimate_all
+from fusion_advisor.verification.trees import tensor_leaves
 from fusion_advisor.analyze.route import route_all
 from fusion_advisor.analyze.rules import load_rules
 
@@ -295,4 +296,5 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
         decisions=decisions,
         versions=versions(),
         profile=measured,
+        input_bytes=sum(x.numel() * x.element_size() for x in tensor_leaves(loaded.inputs)),
     )

@@ -792,7 +792,9 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
                      "inside a loop): " + ", ".join(f"graph {i} x{k:g}" for i, k in repeated.items())
                      + "; their chains' measured times sum all calls, and est_in_model_us, achieved GB/s, TFLOP/s and % "
                      "of roofline count all calls too, while the other estimate columns count one call")
-    chain_ms = measure_chains(chains, ops, estimates, spec, att.nodes, att.graph_calls)
+    # the in-model prediction at this host's measured speed (the spec's host costs scaled to the probe)
+    host_spec = spec.at_host_speed(dispatch) if device == "cuda" else spec
+    chain_ms = measure_chains(chains, ops, estimates, host_spec, att.nodes, att.graph_calls)
     unmeasured = [c.id for c in chains if chain_ms[c.id].time_us <= 0 and c.eager_kernels > 0]
     if unmeasured:
         notes.append(f"{len(unmeasured)} chain(s) launched no measured kernel: {' '.join(unmeasured[:12])}"

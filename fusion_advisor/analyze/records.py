@@ -449,6 +449,9 @@ class Analysis:
         versions: library versions.
         inductor_code: Inductor's code per chain id, when asked for (``analyze --inductor-code``), else empty.
         profile: measured times when run with ``--profile``, else ``None``.
+        input_bytes: bytes of the model's tensor inputs (the example inputs), which CUDA-graph replay through
+            ``torch.compile(mode="reduce-overhead")`` copies into its static input buffers on every call; 0 in
+            reports written before it was recorded.
     """
 
     model_name: str
@@ -469,6 +472,7 @@ class Analysis:
     versions: dict[str, str] = field(default_factory=dict)
     inductor_code: dict[str, InductorCode] = field(default_factory=dict)
     profile: Profile | None = None
+    input_bytes: int = 0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Analysis":

@@ -194,13 +194,24 @@ def base_op_us(op: OpInfo, spec: DeviceSpec) -> float:
     return roofline_op_us(op, spec) if measured is None else measured
 
 
+def fit_keys(op: OpInfo, spec: DeviceSpec) -> tuple[str, ...]:
+    """The classes whose fitted curve may reprice ``op`` (most specific first): :func:`op_class_keys`, less the
+    category-wide one where it pools unlike ops: for an op priced from a measured table (its class's own rates;
+    a curve fitted over every convolution class inflated depthwise ones 6x) and for ``other`` (pooling, scans and
+    activations alike)."""
+    keys = op_class_keys(op)
+    if op.category == "other" or measured_conv_us(op, spec) is not None or measured_matmul_us(op, spec) is not None:
+        return keys[:-1]
+    return keys
+
+
 def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
     """Predicted eager device time of one op (us): :func:`base_op_us`, through its class's fitted curve when the
-    spec has one (:meth:`DeviceSpec.op_time_fit` of :func:`op_class_keys`)."""
+    spec has one (:meth:`DeviceSpec.op_time_fit` of :func:`fit_keys`)."""
     t = base_op_us(op, spec)
     if not spec.op_time_fits:
         return t
-    fit = spec.op_time_fit(op_class_keys(op), op.dtype)
+    fit = spec.op_time_fit(fit_keys(op, spec), op.dtype)
     return fit(t) if fit is not None else t
 
 

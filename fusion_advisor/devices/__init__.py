@@ -11,7 +11,7 @@ spec YAML) and :mod:`~fusion_advisor.devices.fit_profiles` (per-op-class eager-t
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +213,19 @@ class DeviceSpec:
             if key in self.op_time_fits:
                 return self.op_time_fits[key]
         return None
+
+    def at_host_speed(self, dispatch_us: float) -> "DeviceSpec":
+        """This spec with its host costs (``launch_overhead_us``, ``launch_overhead_by_class``,
+        ``view_overhead_us``, ``module_call_us``) scaled to a host measured at ``dispatch_us`` per tiny eager op
+        (the probe ``analyze --profile`` runs beside the model). Host speed differs between machines with the same
+        GPU far more than device rates do: three calibrations on H200 machines measured 7.9, 9.3 and 11.5 us per
+        eager add, and 25 and 44 us per cuDNN convolution call. Unchanged when either time is not above 0."""
+        if dispatch_us <= 0 or self.launch_overhead_us <= 0:
+            return self
+        k = dispatch_us / self.launch_overhead_us
+        return replace(self, launch_overhead_us=dispatch_us, view_overhead_us=self.view_overhead_us * k,
+                       module_call_us=self.module_call_us * k,
+                       launch_overhead_by_class={c: us * k for c, us in self.launch_overhead_by_class.items()})
 
     def efficiency(self, route: str, pattern: str) -> float:
         """Share of the fused roofline ``route``'s code reaches on a chain of ``pattern`` (:attr:`route_efficiency`:

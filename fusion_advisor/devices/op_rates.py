@@ -361,9 +361,9 @@ def _problem(rng: random.Random, detail: str, dtype: str, max_elems: int,
     return ConvProblem(detail, dtype, batch, c_in, c_out, (side,) * d, kernel, stride, padding, groups, transposed)
 
 
-#: FLOPs per sampled convolution on a GPU (log-uniform between): KernelBench's run 0.1 to 400 GFLOP, and a
-#: convolution's rate changes little with size above a few GFLOP (the size feature weighs half).
-GPU_FLOP_RANGE = (3e8, 3e10)
+#: FLOPs per sampled convolution on a GPU (log-uniform between): KernelBench's run 0.1 to 400 GFLOP; a table
+#: sampled at 0.3-30 GFLOP put the large level-1 convolutions at a third of their measured rate.
+GPU_FLOP_RANGE = (3e8, 2e11)
 
 
 #: Share of :func:`sample_plan`'s per-dtype count each class gets: the common 2-D convolution the most.
@@ -446,6 +446,10 @@ CONV_SAMPLES = {"cuda": ({"fp32": 64, "bf16": 20}, 18.0), "quick": ({"fp32": 12}
 #: do_bench budgets of one sampled convolution or matmul (ms): hundreds are timed within the budget, each a median
 #: of a few calls (its L2 flushed between calls).
 TABLE_WARMUP_MS, TABLE_REP_MS = 2.0, 8.0
+#: Elements of the larger of a sampled convolution's input and output on a GPU (512 MiB in fp32): KernelBench's
+#: level-1 convolutions write outputs of over 100 M elements, and the largest run at several times the rate of
+#: small ones.
+GPU_MAX_ELEMS = 128 << 20
 #: FLOPs per sampled convolution on a CPU (log-uniform between): a CPU runs them at well under a TFLOP/s.
 CPU_CONV_FLOP_RANGE = (1e7, 1e9)
 
@@ -456,7 +460,7 @@ def measure_convolutions(device: str, quick: bool, timer: Callable[[Callable[[],
     :func:`measure_conv_rates`, with PyTorch's default cuDNN settings (TF32 on for convolutions,
     ``cudnn.benchmark`` off) set for the measurement and restored after it."""
     per_class, budget = CONV_SAMPLES["quick" if quick and device == "cuda" else device]
-    plan = (sample_plan(per_class) if device == "cuda"
+    plan = (sample_plan(per_class, max_elems=GPU_MAX_ELEMS) if device == "cuda"
             else sample_plan(per_class, max_elems=4 << 20, flop_range=CPU_CONV_FLOP_RANGE))
     import torch
 

@@ -166,19 +166,30 @@ ROUTE_MARGIN = 0.03
 MODEL_ROUTES = ("eager", "torch.compile", "reduce-overhead")
 
 
-def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True) -> dict[str, Any]:
+def input_copy_us(analysis: Analysis) -> float:
+    """Time (us) CUDA-graph replay through ``mode="reduce-overhead"`` spends copying the model's inputs into its
+    static buffers each call (cudagraph trees copy every input that is not a parameter or buffer): the inputs'
+    bytes read and written at the spec's copy bandwidth. Measured on the H200: six single-op KernelBench files
+    with large inputs ran 1.4-2.2x slower under reduce-overhead than under torch.compile
+    (benchmarks/results/h200/accuracy/cost_model/seed1_baselines.json). 0 without a spec bandwidth."""
+    bw = float((analysis.device_spec or {}).get("memory_bandwidth_gbps") or 0.0)
+    return 2.0 * analysis.input_bytes / (bw * 1e9) * 1e6 if bw > 0 else 0.0
+
+
+def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_copy_us: float = 0.0
+                           ) -> dict[str, Any]:
     """The predicted time (us) of the whole model as written (``eager``: sum of ``est_eager_us``), under
     ``torch.compile(model)`` (:func:`predicted_compile_us`) and under ``torch.compile(model, mode="reduce-overhead")``
-    (Inductor's code replayed from CUDA graphs: every chain at ``est_cudagraphs_us``, the launch floor gone; GPU
-    specs only), and ``best``: the route predicted fastest, where a route counts as faster than a simpler one only
-    beyond :data:`ROUTE_MARGIN`. Returns ``{"eager": us, "torch.compile": us, "reduce-overhead": us or NaN,
-    "best": name}``."""
+    (Inductor's code replayed from CUDA graphs: every chain at ``est_cudagraphs_us``, the launch floor gone, plus
+    ``graph_input_copy_us``, :func:`input_copy_us`; GPU specs only), and ``best``: the route predicted fastest,
+    where a route counts as faster than a simpler one only beyond :data:`ROUTE_MARGIN`. Returns ``{"eager": us,
+    "torch.compile": us, "reduce-overhead": us or NaN, "best": name}``."""
     compiled = predicted_compile_series(frame) if len(frame) else pd.Series(dtype=float)
     times = {"eager": _sum(frame, "est_eager_us"), "torch.compile": float(compiled.sum(skipna=True))}
     graphed = frame["est_cudagraphs_us"] if "est_cudagraphs_us" in frame else None
     times["reduce-overhead"] = (float(pd.concat([graphed.astype(float), compiled], axis=1).min(axis=1)
-                                      .sum(skipna=True)) if gpu and graphed is not None and len(frame)
-                                else float("nan"))
+                                      .sum(skipna=True)) + graph_input_copy_us
+                                if gpu and graphed is not None and len(frame) else float("nan"))
     best = "eager"
     for route in MODEL_ROUTES[1:]:
         t = times[route]
@@ -276,7 +287,8 @@ def advice(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]], plan: dict[str, Any] | None,
             out_dir: Path | None) -> dict[str, Any]:
     """The first screen (see the module docstring). Times in us; speed-ups as ratios (old / new time)."""
-    model_routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu")
+    model_routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu",
+                                          graph_input_copy_us=input_copy_us(analysis))
     eager, compiled = model_routes["eager"], model_routes["torch.compile"]
     advised = _sum(frame, "est_after_route_us")
     routed = frame[frame["route"].isin([r for r in ROUTES if r != "skip"])]
