@@ -186,7 +186,10 @@ def test_measuring_the_tables_on_a_cpu_with_a_stub_timer():
         return _Timing()
 
     rates, skipped = measure_conv_rates("cpu", plan, timer, budget_s=60.0, dtypes={"fp32": torch.float32})
-    assert len(rates) == len(plan) and not skipped and all(r.tflops > 0 for r in rates)
+    layouts = sum(2 if len(p.spatial) in (2, 3) else 1 for p in plan)  # 2-D and 3-D also channels-last
+    assert len(rates) == layouts and not skipped and all(r.tflops > 0 for r in rates)
+    assert {r.layout for r in rates if r.detail == "conv1d"} == {"nchw"}
+    assert {r.layout for r in rates if r.detail == "conv2d"} == {"nchw", "nhwc"}
     assert rates[0].tflops == pytest.approx(rates[0].gflop * 1e9 / 0.5e-3 / 1e12)
     mm = matmul_plan({"fp32": 2}, max_elems=1 << 12, flop_range=(1e3, 1e7))
     mrates, _ = measure_matmul_rates("cpu", mm, timer, budget_s=60.0, dtypes={"fp32": torch.float32})
@@ -240,3 +243,28 @@ def test_a_short_chain_behind_a_long_kernel_is_not_launch_bound_in_the_model():
     ops = [big, *small]
     assert estimate(chains[1], {o.id: o for o in ops}, SPEC).bound == "launch"
     assert estimate_all(chains, ops, SPEC)["c1"].bound == "memory"
+
+
+def test_inductor_runs_an_inference_graphs_convolutions_channels_last_by_its_heuristic():
+    from fusion_advisor.analyze.roofline import inductor_channels_last
+
+    big = _conv_op((8, 128, 32, 32), (256, 128, 3, 3), (8, 256, 30, 30))  # "default": 0.823
+    grouped = _conv_op((8, 128, 32, 32), (256, 32, 3, 3), (8, 256, 30, 30))  # groups 4: 1.358
+    assert inductor_channels_last([big]) and not inductor_channels_last([grouped])
+    assert not inductor_channels_last([])
+    adds = [_op("aten.add.Tensor", "pointwise", [_t((4,))], [_t((4,))], i=i) for i in range(300)]
+    assert not inductor_channels_last([big, *adds])  # 300 nodes or more per convolution: left alone
+
+
+def test_compiled_convolutions_are_priced_at_the_channels_last_rate():
+    conv = _conv_op((8, 128, 32, 32), (256, 128, 3, 3), (8, 256, 30, 30))
+    g = conv.flops / 1e9
+    rates = (ConvRate("conv2d", "fp32", 128, 256, 9, 1.0, g, 20.0, "nchw"),
+             ConvRate("conv2d", "fp32", 128, 256, 9, 1.0, g, 80.0, "nhwc"))
+    spec = dataclasses.replace(SPEC, conv_rates=rates, tensor_tflops={**SPEC.tensor_tflops, "tf32": 1000.0})
+    est = estimate_all([_chain("c0", [conv], "conv")], [conv], spec)["c0"]
+    eager = conv.flops / 20e12 * 1e6
+    assert est.eager_us == pytest.approx(eager)
+    assert est.compile_us == pytest.approx(eager / 4) and est.cudagraphs_us == pytest.approx(eager / 4)
+    nchw_only = dataclasses.replace(spec, conv_rates=rates[:1])
+    assert estimate_all([_chain("c0", [conv], "conv")], [conv], nchw_only)["c0"].compile_us == pytest.approx(eager)

@@ -31,6 +31,8 @@ NEIGHBOURS = 3
 #: Weight of each feature in the distance (log2 units): channels, kernel volume and stride decide the algorithm;
 #: size mostly decides occupancy, which levels off above a few GFLOP.
 FEATURE_WEIGHTS = (1.0, 1.0, 1.0, 1.0, 0.5)
+#: Memory layouts of the measured convolutions: contiguous, and channels-last (2-D and 3-D classes only).
+LAYOUTS = ("nchw", "nhwc")
 #: dtypes whose table stands in for another's (fp16 runs on the same tensor cores as bf16).
 DTYPE_FALLBACK = {"fp16": "bf16"}
 
@@ -103,6 +105,8 @@ class ConvRate:
         c_in, c_out: channels per group; kernel: kernel volume; stride: as :attr:`ConvGeometry.stride`.
         gflop: FLOPs of the call / 1e9.
         tflops: FLOPs over the median device time (TFLOP/s).
+        layout: ``"nchw"`` (contiguous, how eager PyTorch runs a model as written) or ``"nhwc"`` (input and
+            weight channels-last, what Inductor's layout optimisation gives the convolutions of a compiled graph).
     """
 
     detail: str
@@ -113,6 +117,7 @@ class ConvRate:
     stride: float
     gflop: float
     tflops: float
+    layout: str = "nchw"
 
     def features(self) -> tuple[float, float, float, float, float]:
         return (math.log2(max(self.c_in, 1)), math.log2(max(self.c_out, 1)), math.log2(max(self.kernel, 1)),
@@ -127,15 +132,17 @@ class ConvRate:
                 spec loader names the file and the entry).
         """
         rate = cls(str(d["detail"]), str(d["dtype"]), int(d["c_in"]), int(d["c_out"]), int(d["kernel"]),
-                   float(d["stride"]), float(d["gflop"]), float(d["tflops"]))
+                   float(d["stride"]), float(d["gflop"]), float(d["tflops"]), str(d.get("layout", "nchw")))
         if rate.tflops <= 0 or rate.gflop <= 0:
             raise ValueError("tflops and gflop must be positive")
+        if rate.layout not in LAYOUTS:
+            raise ValueError(f"layout {rate.layout!r} is not one of {', '.join(LAYOUTS)}")
         return rate
 
     def rounded(self) -> "ConvRate":
         """This entry with its floats rounded for a spec file."""
         return ConvRate(self.detail, self.dtype, self.c_in, self.c_out, self.kernel, round(self.stride, 3),
-                        round(self.gflop, 4), round(self.tflops, 3))
+                        round(self.gflop, 4), round(self.tflops, 3), self.layout)
 
 
 def _nearest_tflops(pool: Sequence[Any], features: Sequence[float], weights: Sequence[float]) -> float:
@@ -151,19 +158,24 @@ def _nearest_tflops(pool: Sequence[Any], features: Sequence[float], weights: Seq
     return math.exp(sum(w * math.log(t) for w, (_, t) in zip(inv, near)) / sum(inv))
 
 
-def _pool(rates: Sequence[Any], detail: str, dtype: str) -> list[Any]:
-    """The entries of ``rates`` of class ``detail`` and ``dtype`` (:data:`DTYPE_FALLBACK`'s when it has none)."""
-    pool = [r for r in rates if r.detail == detail and r.dtype == dtype]
+def _pool(rates: Sequence[Any], detail: str, dtype: str, layout: str = "") -> list[Any]:
+    """The entries of ``rates`` of class ``detail`` and ``dtype`` (:data:`DTYPE_FALLBACK`'s when it has none), of
+    ``layout`` when given."""
+    def of(dt: str) -> list[Any]:
+        return [r for r in rates if r.detail == detail and r.dtype == dt and (not layout or r.layout == layout)]
+
+    pool = of(dtype)
     if not pool and dtype in DTYPE_FALLBACK:
-        pool = [r for r in rates if r.detail == detail and r.dtype == DTYPE_FALLBACK[dtype]]
+        pool = of(DTYPE_FALLBACK[dtype])
     return pool
 
 
-def interpolated_tflops(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str) -> float | None:
-    """The TFLOP/s ``geom`` is predicted to run at: the inverse-distance weighted geometric mean of the
-    :data:`NEIGHBOURS` nearest ``rates`` of its class and dtype (:data:`DTYPE_FALLBACK` when that dtype has none)
-    in :data:`FEATURE_WEIGHTS`-scaled feature space; None when the table has no convolution of that class."""
-    pool = _pool(rates, geom.detail, dtype)
+def interpolated_tflops(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layout: str = "nchw"
+                        ) -> float | None:
+    """The TFLOP/s ``geom`` is predicted to run at in ``layout``: the inverse-distance weighted geometric mean of
+    the :data:`NEIGHBOURS` nearest ``rates`` of its class, dtype (:data:`DTYPE_FALLBACK` when that dtype has none)
+    and layout in :data:`FEATURE_WEIGHTS`-scaled feature space; None when the table has no such convolution."""
+    pool = _pool(rates, geom.detail, dtype, layout)
     return _nearest_tflops(pool, geom.features(), FEATURE_WEIGHTS) if pool else None
 
 
@@ -393,7 +405,8 @@ def measure_conv_rates(device: str, problems: Sequence[ConvProblem], timer: Call
                        budget_s: float, dtypes: dict[str, Any]) -> tuple[list[ConvRate], dict[str, str]]:
     """Time each of ``problems`` (``torch.nn.functional.conv{d}d`` or ``conv_transpose{d}d`` with PyTorch's default
     cuDNN settings: TF32 on for fp32, ``cudnn.benchmark`` as the caller has it) with ``timer`` until ``budget_s``
-    seconds have passed; returns the measured rates and, per problem that failed or was left out, why."""
+    seconds have passed, contiguous and (2-D and 3-D) channels-last; returns the measured rates and, per problem
+    that failed or was left out, why."""
     import time
 
     import torch
@@ -425,14 +438,20 @@ def measure_conv_rates(device: str, problems: Sequence[ConvProblem], timer: Call
                 failed.append(f"{p.detail} measured as {geom.detail if geom else 'nothing'}")
                 continue
             del y
-            ms = timer(call).median_ms
+            times = {"nchw": timer(call).median_ms}
+            if d in (2, 3):  # the same convolution channels-last, as Inductor's layout optimisation runs it
+                fmt = torch.channels_last if d == 2 else torch.channels_last_3d
+                x, w = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
+                times["nhwc"] = timer(lambda x=x, w=w, fn=fn, p=p: fn(x, w, stride=p.stride, padding=p.padding,
+                                                                      groups=p.groups)).median_ms
         except (RuntimeError, ValueError) as e:  # an unsupported geometry, out of memory
             failed.append(f"{p.detail} {p.dtype}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
             continue
         finally:
             x = w = None  # noqa: F841 (free before the next problem)
-        rates.append(ConvRate(p.detail, p.dtype, geom.c_in_per_group, geom.c_out_per_group, geom.kernel_volume,
-                              geom.stride, geom.flops / 1e9, geom.flops / (ms * 1e-3) / 1e12))
+        for layout, ms in times.items():
+            rates.append(ConvRate(p.detail, p.dtype, geom.c_in_per_group, geom.c_out_per_group, geom.kernel_volume,
+                                  geom.stride, geom.flops / 1e9, geom.flops / (ms * 1e-3) / 1e12, layout))
     if failed:
         skipped["conv_rates failed"] = f"{len(failed)} convolution(s) not measured, e.g. {failed[0]}"
     return rates, skipped
