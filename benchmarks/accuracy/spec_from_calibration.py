@@ -1,0 +1,124 @@
+"""Ship a calibration's measured tables in a device spec, refit its op-class curves, and judge them on a test set.
+
+1. The base: the shipped spec (``--spec``, its fits removed) plus, from a ``fusion-advisor calibrate`` YAML
+   (``--calibrated``), the convolution and matmul tables (``conv_rates``, ``matmul_rates``), the elementwise
+   overhead, and the host costs (``launch_overhead_by_class``, ``view_overhead_us``, ``module_call_us``) scaled
+   from the calibrating machine's ``launch_overhead_us`` to the spec's (``DeviceSpec.at_host_speed``: host speed
+   differs between machines with the same GPU; ``analyze --profile`` scales them again to the host it runs on).
+2. ``fusion-advisor calibrate --from-profile FIT --test TEST --base BASE``: the op-class curves fitted on the fit
+   reports over that base, with the accuracy before and after on both sets (its CSVs beside ``--out``).
+3. ``--write``: the spec file rewritten: everything up to its ``op_time_fits`` kept as it is, then the measured
+   fields above with their sources, then the fitted curves (one line each).
+
+Usage (CPU): ``python benchmarks/accuracy/spec_from_calibration.py --calibrated CAL.yaml --fit DIR --test DIR
+--out OUTDIR [--write]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from fusion_advisor.devices import SPEC_DIR, load_spec, spec_mapping  # noqa: E402
+from fusion_advisor.devices.fit_profiles import without_fits  # noqa: E402
+
+
+def base_spec(spec_name: str, calibrated: Path):
+    """The shipped spec without its fits, with the calibration's tables, elementwise overhead and host costs."""
+    spec = without_fits(load_spec(spec_name))
+    cal = load_spec(str(calibrated)).at_host_speed(spec.launch_overhead_us)
+    return dataclasses.replace(spec, conv_rates=cal.conv_rates, matmul_rates=cal.matmul_rates,
+                               elementwise_overhead_us=cal.elementwise_overhead_us,
+                               launch_overhead_by_class=cal.launch_overhead_by_class,
+                               view_overhead_us=cal.view_overhead_us, module_call_us=cal.module_call_us), cal
+
+
+def _flow(d) -> str:
+    return yaml.safe_dump(d, default_flow_style=True, width=1000).strip()
+
+
+def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted: dict, fit_note: str) -> str:
+    """The spec file: its text up to ``op_time_fits``, then the measured fields and the fitted curves."""
+    lines = (SPEC_DIR / f"{spec_name}.yaml").read_text().splitlines()
+    cut = next((i for i, line in enumerate(lines) if line.startswith(("op_time_fits:", "elementwise_overhead_us:"))),
+               len(lines))
+    data = spec_mapping(base)
+    by = f"measured by fusion-advisor calibrate ({cal_path})"
+    out = lines[:cut]
+    out.append(f"elementwise_overhead_us: {round(base.elementwise_overhead_us, 3)}   # device time per eager "
+               "elementwise/reduction kernel beyond its bytes")
+    out.append(f'elementwise_overhead_source: "{by}: CUDA-graph replay of eager adds"')
+    out.append(f"# host time beyond launch_overhead_us, {by} on a machine at {cal_launch_us:.3f} us per eager add,")
+    out.append(f"# scaled to this spec's {base.launch_overhead_us:g} us; analyze --profile scales them to its host")
+    out.append(f"view_overhead_us: {round(base.view_overhead_us, 3)}")
+    out.append(f"module_call_us: {round(base.module_call_us, 3)}")
+    out.append("launch_overhead_by_class:")
+    out += [f"  {k}: {round(v, 2)}" for k, v in base.launch_overhead_by_class.items()]
+    out.append(f'launch_overhead_by_class_source: "{by}: wall time per tiny call of each class\'s aten overload '
+               '(fusion_advisor/devices/host_costs.py), scaled as said above; view_overhead_us and module_call_us '
+               'the same way"')
+    out.append("# measured convolutions and matmuls: an op takes the rate of its nearest measured neighbours "
+               "(fusion_advisor/devices/op_rates.py)")
+    out.append("conv_rates:")
+    out += [f"  - {_flow(r)}" for r in data["conv_rates"]]
+    out.append(f'conv_rates_source: "{by}: seeded random convolutions of every class, contiguous and channels-last, '
+               'cudnn.allow_tf32 on and cudnn.benchmark off (PyTorch\'s defaults), do_bench median"')
+    out.append("matmul_rates:")
+    out += [f"  - {_flow(r)}" for r in data["matmul_rates"]]
+    out.append(f'matmul_rates_source: "{by}: seeded torch.mm / torch.bmm, fp32 with TF32 off (PyTorch\'s default), '
+               'do_bench median"')
+    out.append("op_time_fits:                    # eager time per op class over the measured rates above, fitted "
+               "from analyze --profile runs (see op_time_fits_source)")
+    out += [f"  {k}: {_flow(f)}" for k, f in fitted["op_time_fits"].items()]
+    out.append(f"op_time_fit_dtypes: {_flow(fitted['op_time_fit_dtypes'])}   # measured on these dtypes only: "
+               "other ops keep the roofline and its measured rates")
+    out.append(f'op_time_fits_source: "{fit_note}"')
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", default="h200")
+    ap.add_argument("--calibrated", type=Path, required=True)
+    ap.add_argument("--fit", type=Path, nargs="+", required=True, help="analyze --profile report folders to fit on")
+    ap.add_argument("--test", type=Path, nargs="+", required=True, help="report folders the fit never sees")
+    ap.add_argument("--out", type=Path, required=True, help="folder for base.yaml, fitted.yaml and the CSVs")
+    ap.add_argument("--note", default="", help="op_time_fits_source text (the fit and test sets, the accuracy)")
+    ap.add_argument("--write", action="store_true", help="rewrite fusion_advisor/devices/<spec>.yaml")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    base, cal = base_spec(args.spec, args.calibrated)
+    base_path = args.out / "base.yaml"
+    base_path.write_text(yaml.safe_dump(spec_mapping(base), sort_keys=False))
+    cmd = [sys.executable, "-m", "fusion_advisor.cli", "calibrate", *sum((["--from-profile", str(p)]
+                                                                           for p in args.fit), []),
+           *sum((["--test", str(p)] for p in args.test), []), "--base", str(base_path),
+           "--out", str(args.out / "fitted.yaml")]
+    fitted_path = args.out / "fitted.yaml"
+    if fitted_path.exists():
+        fitted_path.unlink()  # calibrate never overwrites; this script owns the folder
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    (args.out / "calibrate_from_profile.txt").write_text(p.stdout + p.stderr)
+    print(p.stdout[-3000:] + p.stderr[-2000:])
+    if p.returncode != 0:
+        return p.returncode
+    if args.write:
+        fitted = yaml.safe_load(fitted_path.read_text())
+        text = spec_text(args.spec, base, args.calibrated, load_spec(str(args.calibrated)).launch_overhead_us,
+                         fitted, args.note)
+        (SPEC_DIR / f"{args.spec}.yaml").write_text(text)
+        load_spec(args.spec)  # it must load
+        print(f"wrote {SPEC_DIR / f'{args.spec}.yaml'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
