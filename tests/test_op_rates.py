@@ -105,6 +105,9 @@ def test_interpolation_leans_to_the_nearest_measured_convolutions():
     bf16 = [_rate(4, 16, 50.0, dtype="bf16")]
     assert interpolated_tflops(bf16, few, "fp16") == pytest.approx(50.0)  # fp16 reads bf16's table
     assert interpolated_tflops(bf16, few, "fp32") is None
+    nhwc = [dataclasses.replace(r, layout="nhwc", tflops=2 * r.tflops) for r in rates]
+    assert interpolated_tflops(rates + nhwc, many, "fp32", "nhwc") == pytest.approx(
+        2 * interpolated_tflops(rates + nhwc, many, "fp32"))  # each layout reads its own entries
 
 
 def test_a_convolution_is_priced_from_the_table_not_the_roofline():
@@ -244,27 +247,3 @@ def test_a_short_chain_behind_a_long_kernel_is_not_launch_bound_in_the_model():
     assert estimate(chains[1], {o.id: o for o in ops}, SPEC).bound == "launch"
     assert estimate_all(chains, ops, SPEC)["c1"].bound == "memory"
 
-
-def test_inductor_runs_an_inference_graphs_convolutions_channels_last_by_its_heuristic():
-    from fusion_advisor.analyze.roofline import inductor_channels_last
-
-    big = _conv_op((8, 128, 32, 32), (256, 128, 3, 3), (8, 256, 30, 30))  # "default": 0.823
-    grouped = _conv_op((8, 128, 32, 32), (256, 32, 3, 3), (8, 256, 30, 30))  # groups 4: 1.358
-    assert inductor_channels_last([big]) and not inductor_channels_last([grouped])
-    assert not inductor_channels_last([])
-    adds = [_op("aten.add.Tensor", "pointwise", [_t((4,))], [_t((4,))], i=i) for i in range(300)]
-    assert not inductor_channels_last([big, *adds])  # 300 nodes or more per convolution: left alone
-
-
-def test_compiled_convolutions_are_priced_at_the_channels_last_rate():
-    conv = _conv_op((8, 128, 32, 32), (256, 128, 3, 3), (8, 256, 30, 30))
-    g = conv.flops / 1e9
-    rates = (ConvRate("conv2d", "fp32", 128, 256, 9, 1.0, g, 20.0, "nchw"),
-             ConvRate("conv2d", "fp32", 128, 256, 9, 1.0, g, 80.0, "nhwc"))
-    spec = dataclasses.replace(SPEC, conv_rates=rates, tensor_tflops={**SPEC.tensor_tflops, "tf32": 1000.0})
-    est = estimate_all([_chain("c0", [conv], "conv")], [conv], spec)["c0"]
-    eager = conv.flops / 20e12 * 1e6
-    assert est.eager_us == pytest.approx(eager)
-    assert est.compile_us == pytest.approx(eager / 4) and est.cudagraphs_us == pytest.approx(eager / 4)
-    nchw_only = dataclasses.replace(spec, conv_rates=rates[:1])
-    assert estimate_all([_chain("c0", [conv], "conv")], [conv], nchw_only)["c0"].compile_us == pytest.approx(eager)

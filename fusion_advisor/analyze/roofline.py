@@ -50,15 +50,10 @@ op's class (:func:`op_launch_us`). Inside a model (:func:`in_model_times`) the h
 ``view_overhead_us`` per view op
 and ``module_call_us`` per ``nn.Module`` call entered, before the next launch; the bound class a chain gets from
 :func:`estimate_all` is the one it has there.
-
-``torch.compile`` runs an inference graph's convolutions channels-last when Inductor's layout heuristic says so
-(:func:`inductor_channels_last`); where the spec measured channels-last rates, :func:`estimate_all` prices the
-compiled and CUDA-graph routes of a convolution chain at them.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from fusion_advisor.devices import DeviceSpec
@@ -366,53 +361,6 @@ def _bound(idle_us: float, busy_us: float, arithmetic_intensity: float, ridge: f
     return "compute" if arithmetic_intensity > ridge else "memory"
 
 
-#: Inductor's measured channels-last time over contiguous time per kind of convolution, which its layout
-#: optimisation weighs by FLOPs for an inference graph (``GraphLowering.decide_layout_opt``,
-#: torch/_inductor/graph.py, torch 2.11-2.13): channels-last when the weighted FLOPs do not exceed the total.
-INDUCTOR_LAYOUT_MULTIPLIERS = {"grouped": 1.358, "small": 0.783, "in_out": 0.725, "default": 0.823}
-
-
-def _inductor_conv_kind(op: OpInfo) -> str:
-    """Kind of a convolution for Inductor's layout heuristic, from its raw weight shape ``w`` (as Inductor reads
-    ``node.args[1]``): ``grouped`` (groups > 1 and ``w[1] > 1``), ``small`` (``w[0] <= 64`` and ``w[1] <= 64``),
-    ``in_out`` (``2 w[0] <= w[1]`` and a spatial kernel), else ``default``."""
-    x, w, y = op.inputs[0].shape, op.inputs[1].shape, op.outputs[0].shape
-    transposed = math.prod(y[2:]) > math.prod(x[2:])
-    groups = (y[1] if transposed else x[1]) // max(w[1], 1)
-    if groups > 1 and w[1] > 1:
-        return "grouped"
-    if w[0] <= 64 and w[1] <= 64:
-        return "small"
-    if w[0] * 2 <= w[1] and len(w) > 2 and w[2] > 1:
-        return "in_out"
-    return "default"
-
-
-def inductor_channels_last(graph_ops: list[OpInfo]) -> bool:
-    """Whether Inductor's layout optimisation runs the convolutions of one inference graph channels-last: the
-    graph has convolutions, fewer than 300 nodes per convolution, and FLOPs weighted by
-    :data:`INDUCTOR_LAYOUT_MULTIPLIERS` no larger than unweighted (mirrors ``decide_layout_opt`` for inference)."""
-    convs = [o for o in graph_ops if o.category == "conv" and len(o.inputs) >= 2 and o.outputs
-             and len(o.inputs[1].shape) >= 3]
-    if not convs or len(graph_ops) >= 300 * len(convs):
-        return False
-    total = sum(float(o.flops) for o in convs)
-    weighted = sum(float(o.flops) * INDUCTOR_LAYOUT_MULTIPLIERS[_inductor_conv_kind(o)] for o in convs)
-    return weighted <= total
-
-
-def _channels_last_saving_us(chain: Chain, by_id: dict[str, OpInfo], spec: DeviceSpec) -> float:
-    """Device time a chain's convolutions save run channels-last (us; negative when slower): each one's predicted
-    eager time times ``1 - nhwc / nchw`` of its measured rates; 0 without channels-last rates."""
-    saving = 0.0
-    for i in chain.op_ids:
-        op = by_id[i]
-        nchw, nhwc = measured_conv_us(op, spec), measured_conv_us(op, spec, "nhwc")
-        if nchw and nhwc:
-            saving += _op_time_us(op, spec) * (1.0 - nhwc / nchw)
-    return saving
-
-
 def estimate_all(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> dict[str, Estimate]:
     """:func:`estimate` for every chain of one model, keyed by chain id, with each chain's bound class as it runs
     inside the model (:func:`in_model_times`): launch-bound only when the GPU waits for the host longer than it
@@ -421,20 +369,12 @@ def estimate_all(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> di
     the model (:func:`fusion_advisor.analyze.profile.measured_bound`) sees those chains busy, not idle."""
     by_id = {o.id: o for o in ops}
     in_model = in_model_times(chains, ops, spec)
-    graphs = sorted({o.graph_index for o in ops})
-    channels_last = {g: inductor_channels_last([o for o in ops if o.graph_index == g]) for g in graphs} \
-        if any(r.layout == "nhwc" for r in spec.conv_rates) else {}
     out = {}
     for c in chains:
         est = estimate(c, by_id, spec)
         busy, idle = in_model[c.id]
         bound = _bound(idle, busy, c.arithmetic_intensity, est.ridge_point) if busy + idle > 0 else est.bound
-        est = est if bound == est.bound else replace(est, bound=bound)
-        if channels_last.get(c.graph_index) and "conv" in c.categories:
-            saving = _channels_last_saving_us(c, by_id, spec)
-            est = replace(est, compile_us=max(est.compile_us - saving, 0.0),
-                          cudagraphs_us=max(est.cudagraphs_us - saving, 0.0))
-        out[c.id] = est
+        out[c.id] = est if bound == est.bound else replace(est, bound=bound)
     return out
 
 
@@ -451,14 +391,15 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> 
     GPU: while a long GEMM runs, the host issues the next ops, so short kernels after it wait for no launch. This
     replays the model's ops in execution order (``ops`` order) on two clocks, as
     :func:`fusion_advisor.analyze.profile.replay_idle` replays measured kernels: the host issues one op per
-    ``spec.launch_overhead_us`` per kernel it launches (ops on empty tensors launch nothing and cost no host time here); an op's kernel
+    the op's host time per kernel it launches (ops on empty tensors launch nothing and cost no host time here); an op's kernel
     starts when it is issued or when the GPU finished the previous kernel, whichever is later; the GPU's wait for
     an op (capped by the host time issuing it) is that op's idle time. As in a loop over the model (what
     ``analyze --profile`` measures), the first op is issued while the previous run's kernels still run. A chain's time is its ops' roofline device
     time (:func:`roofline_busy_us`) plus their idle times. This is what ``analyze --profile`` compares with the
-    measured chain time; routing keeps :func:`estimate`'s per-chain numbers.
+    measured chain time; routing keeps :func:`estimate`'s per-chain numbers. Host time per kernel is
+    :func:`op_launch_us`; views add ``view_overhead_us`` and each ``nn.Module`` call entered ``module_call_us`` to
+    the host time before the next launch (:func:`_module_calls`).
     """
-    launch = spec.launch_overhead_us
     idle: dict[str, float] = {}
     device: dict[str, float] = {}
     # steady state of repeated runs: the first op is issued while the previous run's kernels still run

@@ -105,8 +105,11 @@ class ConvRate:
         c_in, c_out: channels per group; kernel: kernel volume; stride: as :attr:`ConvGeometry.stride`.
         gflop: FLOPs of the call / 1e9.
         tflops: FLOPs over the median device time (TFLOP/s).
-        layout: ``"nchw"`` (contiguous, how eager PyTorch runs a model as written) or ``"nhwc"`` (input and
-            weight channels-last, what Inductor's layout optimisation gives the convolutions of a compiled graph).
+        layout: ``"nchw"`` (contiguous, how eager PyTorch runs a model as written: what the roofline prices) or
+            ``"nhwc"`` (input and weight channels-last, as Inductor's layout optimisation or apply's
+            ``+channels-last`` variants run them; measured beside the first, priced by nothing yet: pricing
+            compiled convolutions at these rates mispredicted the faster whole-model route on most level-2
+            convolution files of the seed-1 set, since the layout conversions and Inductor's choices are not in it).
     """
 
     detail: str
