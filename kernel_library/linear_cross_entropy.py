@@ -92,10 +92,12 @@ def _accumulate_mm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     ``acc`` (``addmm`` with ``out_dtype=float32`` and ``out=acc``), so no fp32 product of ``acc``'s size is made and
     ``acc`` is read and written once per chunk; elsewhere ``addmm_`` on fp32 operands.
 
-    Why: the H200 run of ``benchmarks/kernels/lce_liger.py`` (``benchmarks/results/h200/kernels/lce_liger.md``,
-    4096 x 4096 x 128256 bf16) measured 4291 MiB of peak memory for this op against torch.compile's 2036 and
-    27.8 ms against its 19.2: the former ``dw += torch.mm(..., out_dtype=float32)`` allocated a second fp32 dW
-    (2.1 GB at that vocabulary) per chunk and moved it through memory three more times. Not yet re-timed."""
+    Why: the first H200 run of ``benchmarks/kernels/lce_liger.py`` (4096 x 4096 x 128256 bf16, 2026-12-01)
+    measured 4291 MiB of peak memory for this op against torch.compile's 2036 and 27.8 ms against its 19.2: the
+    former ``dw += torch.mm(..., out_dtype=float32)`` allocated a second fp32 dW (2.1 GB at that vocabulary) per
+    chunk and moved it through memory three more times. Re-timed with this (2026-12-02,
+    ``benchmarks/results/h200/kernels/lce_liger.md``): 3289 MiB and 25.1 ms against torch.compile's 2036 MiB and
+    20.5 ms in the same run."""
     if a.dtype != torch.float32 and a.is_cuda:
         try:
             torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
