@@ -348,13 +348,20 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
     )
 
 
-def _parse_launch_by_class(raw: Any, origin: str) -> dict[str, float]:
-    """Validate the optional ``launch_overhead_by_class`` mapping (op class key -> us, >= 0)."""
+def _optional_mapping(raw: Any, name: str, what: str, origin: str) -> dict:
+    """An optional mapping field: ``{}`` when absent, else ``raw``; :class:`DeviceSpecError` (``what`` it must map)
+    when it is not a mapping."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise DeviceSpecError(f"{origin}: field 'launch_overhead_by_class' must map an op class (conv, matmul, "
-                              f"normalization/native_layer_norm) to microseconds, got {type(raw).__name__}")
+        raise DeviceSpecError(f"{origin}: field {name!r} must map {what}, got {type(raw).__name__}")
+    return raw
+
+
+def _parse_launch_by_class(raw: Any, origin: str) -> dict[str, float]:
+    """Validate the optional ``launch_overhead_by_class`` mapping (op class key -> us, >= 0)."""
+    raw = _optional_mapping(raw, "launch_overhead_by_class",
+                            "an op class (conv, matmul, normalization/native_layer_norm) to microseconds", origin)
     return {str(k): _number(v, f"{origin}: launch_overhead_by_class.{k}", "us", positive=False) for k, v in raw.items()}
 
 
@@ -382,11 +389,8 @@ _FIT_KEYS = ("scale", "exponent", "min_us", "max_us", "samples")
 
 def _parse_fits(raw: Any, origin: str) -> dict[str, OpTimeFit]:
     """Validate the optional ``op_time_fits`` mapping (op class key -> :class:`OpTimeFit` fields)."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise DeviceSpecError(f"{origin}: field 'op_time_fits' must map an op class (conv/conv2d/fp32) to a mapping "
-                              f"with keys {', '.join(_FIT_KEYS)}")
+    raw = _optional_mapping(raw, "op_time_fits", f"an op class (conv/conv2d/fp32) to a mapping with keys "
+                            f"{', '.join(_FIT_KEYS)}", origin)
     out: dict[str, OpTimeFit] = {}
     for key, entry in raw.items():
         where = f"{origin}: op_time_fits.{key}"
