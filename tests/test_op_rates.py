@@ -247,3 +247,34 @@ def test_a_short_chain_behind_a_long_kernel_is_not_launch_bound_in_the_model():
     assert estimate(chains[1], {o.id: o for o in ops}, SPEC).bound == "launch"
     assert estimate_all(chains, ops, SPEC)["c1"].bound == "memory"
 
+
+
+@pytest.mark.parametrize("key, value", [("tflops", float("nan")), ("tflops", float("inf")), ("tflops", True),
+                                        ("tflops", "0.5"), ("c_in", 3.7), ("c_in", -4), ("stride", 0.0),
+                                        ("detail", "conv9d"), ("dtype", "float32"), ("tflopz", 1.0)])
+def test_a_malformed_table_entry_is_refused_with_its_index(key, value):
+    data = spec_mapping(dataclasses.replace(SPEC, conv_rates=(_rate(4, 16, 2.0),)))
+    data["conv_rates"][0][key] = value
+    with pytest.raises(DeviceSpecError, match=r"bad.yaml: conv_rates\[0\]"):
+        parse_spec(data, "bad.yaml")
+
+
+def test_slow_rates_keep_their_significant_figures_in_a_spec_file():
+    slow = _rate(4, 16, 0.00042, gflop=0.00731).rounded()
+    assert slow.tflops == 0.00042 and slow.gflop == 0.00731
+    parse_spec(spec_mapping(dataclasses.replace(SPEC, conv_rates=(slow,))), "cpu calibration")
+
+
+def test_a_non_numeric_l2_size_is_a_spec_error():
+    data = spec_mapping(SPEC)
+    data["l2_bytes"] = "big"
+    with pytest.raises(DeviceSpecError, match="l2_bytes"):
+        parse_spec(data, "bad.yaml")
+
+
+def test_the_cpu_sample_stays_near_its_flop_range():
+    from fusion_advisor.devices.op_rates import CPU_CONV_FLOP_RANGE, problem_geometry
+
+    plan = sample_plan({"fp32": 8}, max_elems=4 << 20, flop_range=CPU_CONV_FLOP_RANGE)
+    assert {p.detail for p in plan} == set(CONV_CLASSES)
+    assert max(problem_geometry(p).flops for p in plan) <= 4 * CPU_CONV_FLOP_RANGE[1]

@@ -327,7 +327,7 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         tensor_tflops=tensor,
         vector_tflops=vector,
         launch_overhead_us=launch,
-        l2_bytes=int(data.get("l2_bytes", 0)),
+        l2_bytes=int(_number(data.get("l2_bytes", 0), f"{origin}: l2_bytes", "bytes", positive=False)),
         kind=str(data.get("kind", "gpu")),
         source=str(data.get("source", "")),
         sources=sources,

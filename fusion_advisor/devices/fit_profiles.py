@@ -408,8 +408,11 @@ def split_reports(reports: list[ProfiledReport], test: list[ProfiledReport] | No
     only), else every third report in name order held out (3 or more reports), else no test set."""
     if test is not None:
         names = {r.path.resolve() for r in reports}
+        both = [r.name for r in test if r.path.resolve() in names]
         test = [r for r in test if r.path.resolve() not in names]
-        return reports, test, f"test set given: {len(test)} report(s)"
+        return reports, test, f"test set given: {len(test)} report(s)" + (
+            f"; {len(both)} given with --test too ({', '.join(both[:4])}{' ...' if len(both) > 4 else ''}) "
+            "were fitted on, so they are not in the test set" if both else "")
     ordered = sorted(reports, key=lambda r: r.name)
     if len(ordered) < 3:
         return ordered, [], "fewer than 3 reports: no test set (give --test DIR to test on reports the fit never saw)"

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterable, Sequence
 
 #: Geometry classes (``conv_detail``) calibrate samples.
@@ -35,6 +36,39 @@ FEATURE_WEIGHTS = (1.0, 1.0, 1.0, 1.0, 0.5)
 LAYOUTS = ("nchw", "nhwc")
 #: dtypes whose table stands in for another's (fp16 runs on the same tensor cores as bf16).
 DTYPE_FALLBACK = {"fp16": "bf16"}
+
+
+#: dtypes a table entry may name (the op graph's names, :mod:`fusion_advisor.dtypes`).
+RATE_DTYPES = ("fp32", "bf16", "fp16", "fp64")
+_CONV_DETAIL = re.compile(r"conv[123]d(_transpose|_grouped|_depthwise)?")
+
+
+def _sig(x: float, digits: int = 4) -> float:
+    """``x`` to ``digits`` significant figures (a slow CPU convolution at 0.0004 TFLOP/s must not round to 0)."""
+    return float(f"{x:.{digits}g}")
+
+
+def _field(d: dict[str, Any], key: str, kind: type, positive: bool = True) -> Any:
+    """``d[key]`` as a finite number of ``kind`` (``int``: no fraction), above 0 when ``positive``; booleans and
+    strings refused. Raises KeyError (missing) or ValueError (anything else)."""
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{key} must be a finite number, got {v!r}")
+    if kind is int and v != int(v):
+        raise ValueError(f"{key} must be a whole number, got {v!r}")
+    if positive and v <= 0:
+        raise ValueError(f"{key} must be positive, got {v!r}")
+    return kind(v)
+
+
+def _entry(d: Any, cls: type) -> dict[str, Any]:
+    """``d`` as a mapping with no key ``cls`` does not have; ValueError otherwise."""
+    if not isinstance(d, dict):
+        raise ValueError(f"an entry is a mapping, got {type(d).__name__}")
+    unknown = sorted(set(map(str, d)) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(unknown)}")
+    return d
 
 
 def _prod(xs: Iterable[int]) -> int:
@@ -134,18 +168,24 @@ class ConvRate:
             KeyError, ValueError, TypeError: a missing or malformed field, or a rate or size not above zero (the
                 spec loader names the file and the entry).
         """
-        rate = cls(str(d["detail"]), str(d["dtype"]), int(d["c_in"]), int(d["c_out"]), int(d["kernel"]),
-                   float(d["stride"]), float(d["gflop"]), float(d["tflops"]), str(d.get("layout", "nchw")))
-        if rate.tflops <= 0 or rate.gflop <= 0:
-            raise ValueError("tflops and gflop must be positive")
+        d = _entry(d, cls)
+        rate = cls(str(d["detail"]), str(d["dtype"]), _field(d, "c_in", int), _field(d, "c_out", int),
+                   _field(d, "kernel", int), _field(d, "stride", float), _field(d, "gflop", float),
+                   _field(d, "tflops", float), str(d.get("layout", "nchw")))
+        if not _CONV_DETAIL.fullmatch(rate.detail):
+            raise ValueError(f"detail {rate.detail!r} is not a convolution class (conv2d, conv3d_transpose, ...)")
+        if rate.dtype not in RATE_DTYPES:
+            raise ValueError(f"dtype {rate.dtype!r} is not one of {', '.join(RATE_DTYPES)}")
         if rate.layout not in LAYOUTS:
             raise ValueError(f"layout {rate.layout!r} is not one of {', '.join(LAYOUTS)}")
+        if rate.stride < 1:
+            raise ValueError(f"stride must be at least 1, got {rate.stride!r}")
         return rate
 
     def rounded(self) -> "ConvRate":
-        """This entry with its floats rounded for a spec file."""
-        return ConvRate(self.detail, self.dtype, self.c_in, self.c_out, self.kernel, round(self.stride, 3),
-                        round(self.gflop, 4), round(self.tflops, 3), self.layout)
+        """This entry with its floats to 4 significant figures for a spec file."""
+        return ConvRate(self.detail, self.dtype, self.c_in, self.c_out, self.kernel, _sig(self.stride),
+                        _sig(self.gflop), _sig(self.tflops), self.layout)
 
 
 def _nearest_tflops(pool: Sequence[Any], features: Sequence[float], weights: Sequence[float]) -> float:
@@ -217,15 +257,23 @@ class MatmulRate:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "MatmulRate":
-        """An entry of a spec's ``matmul_rates``. Raises KeyError / ValueError / TypeError when malformed."""
-        rate = cls(str(d["detail"]), str(d["dtype"]), int(d["m"]), int(d["n"]), int(d["k"]), int(d["batch"]),
-                   float(d["tflops"]))
-        if rate.tflops <= 0 or min(rate.m, rate.n, rate.k, rate.batch) <= 0:
-            raise ValueError("sizes and tflops must be positive")
+        """An entry of a spec's ``matmul_rates``.
+
+        Raises:
+            KeyError, ValueError: a missing, unknown or malformed field (the spec loader names the file and entry).
+        """
+        d = _entry(d, cls)
+        rate = cls(str(d["detail"]), str(d["dtype"]), _field(d, "m", int), _field(d, "n", int), _field(d, "k", int),
+                   _field(d, "batch", int), _field(d, "tflops", float))
+        if rate.detail not in MATMUL_CLASSES:
+            raise ValueError(f"detail {rate.detail!r} is not one of {', '.join(MATMUL_CLASSES)}")
+        if rate.dtype not in RATE_DTYPES:
+            raise ValueError(f"dtype {rate.dtype!r} is not one of {', '.join(RATE_DTYPES)}")
         return rate
 
     def rounded(self) -> "MatmulRate":
-        return MatmulRate(self.detail, self.dtype, self.m, self.n, self.k, self.batch, round(self.tflops, 3))
+        """This entry with its rate to 4 significant figures for a spec file."""
+        return MatmulRate(self.detail, self.dtype, self.m, self.n, self.k, self.batch, _sig(self.tflops))
 
 
 def matmul_features(m: int, n: int, k: int, batch: int, dtype: str) -> tuple[float, float, float, float, float]:
@@ -386,6 +434,19 @@ CLASS_SHARE = {"conv1d": 0.25, "conv2d": 1.0, "conv3d": 0.5, "conv2d_transpose":
                "conv2d_grouped": 0.375, "conv2d_depthwise": 0.25}
 
 
+def problem_geometry(p: ConvProblem) -> ConvGeometry:
+    """The :class:`ConvGeometry` of a problem from its shapes (output sizes by PyTorch's formulas, no tensors)."""
+    if p.transposed:
+        out = [(s - 1) * p.stride + k for s, k in zip(p.spatial, p.kernel)]
+        w = (p.c_in, p.c_out // p.groups, *p.kernel)
+    else:
+        out = [(s + 2 * q - k) // p.stride + 1 for s, k, q in zip(p.spatial, p.kernel, p.padding)]
+        w = (p.c_out, p.c_in // p.groups, *p.kernel)
+    geom = ConvGeometry.from_shapes((p.batch, p.c_in, *p.spatial), w, (p.batch, p.c_out, *out))
+    assert geom is not None, p
+    return geom
+
+
 def sample_plan(per_class: dict[str, int], seed: int = 0, max_elems: int = 64 << 20,
                 flop_range: tuple[float, float] = GPU_FLOP_RANGE) -> list[ConvProblem]:
     """The convolutions calibrate measures: seeded random problems of every class of :data:`CONV_CLASSES` per
@@ -397,7 +458,14 @@ def sample_plan(per_class: dict[str, int], seed: int = 0, max_elems: int = 64 <<
     for dtype, n in per_class.items():
         for detail in CONV_CLASSES:
             count = max(2, round(n * CLASS_SHARE[detail]))
-            by.append([_problem(rng, detail, dtype, max_elems, flop_range) for _ in range(count)])
+            drawn: list[ConvProblem] = []
+            for _ in range(20 * count):  # redraw the few whose smallest size still overshoots the range 4x
+                if len(drawn) == count:
+                    break
+                p = _problem(rng, detail, dtype, max_elems, flop_range)
+                if problem_geometry(p).flops <= 4 * flop_range[1]:
+                    drawn.append(p)
+            by.append(drawn)
     out = []
     for i in range(max((len(b) for b in by), default=0)):
         out.extend(b[i] for b in by if i < len(b))
@@ -463,8 +531,10 @@ def measure_conv_rates(device: str, problems: Sequence[ConvProblem], timer: Call
 # --- calibrate's sample sizes -------------------------------------------------------------------------------
 
 #: Convolutions sampled per class of :data:`fusion_advisor.devices.op_rates.CONV_CLASSES` and dtype, and the time
-#: budget (s) of the whole sample: GPU (full), GPU with ``quick``, CPU. fp32 carries KernelBench and most CNNs.
-CONV_SAMPLES = {"cuda": ({"fp32": 64, "bf16": 20}, 18.0), "quick": ({"fp32": 12}, 6.0), "cpu": ({"fp32": 8}, 10.0)}
+#: budget (s) of the whole sample (checked between convolutions), by device and ``quick``. fp32 carries KernelBench
+#: and most CNNs.
+CONV_SAMPLES = {"cuda": ({"fp32": 64, "bf16": 20}, 18.0), "cuda-quick": ({"fp32": 12}, 6.0),
+                "cpu": ({"fp32": 8}, 10.0), "cpu-quick": ({"fp32": 4}, 3.0)}
 #: do_bench budgets of one sampled convolution or matmul (ms): hundreds are timed within the budget, each a median
 #: of a few calls (its L2 flushed between calls).
 TABLE_WARMUP_MS, TABLE_REP_MS = 2.0, 8.0
@@ -481,7 +551,7 @@ def measure_convolutions(device: str, quick: bool, timer: Callable[[Callable[[],
     """The spec's ``conv_rates``: :data:`CONV_SAMPLES` convolutions of :func:`sample_plan` timed by
     :func:`measure_conv_rates`, with PyTorch's default cuDNN settings (TF32 on for convolutions,
     ``cudnn.benchmark`` off) set for the measurement and restored after it."""
-    per_class, budget = CONV_SAMPLES["quick" if quick and device == "cuda" else device]
+    per_class, budget = CONV_SAMPLES[device + ("-quick" if quick else "")]
     plan = (sample_plan(per_class, max_elems=GPU_MAX_ELEMS) if device == "cuda"
             else sample_plan(per_class, max_elems=4 << 20, flop_range=CPU_CONV_FLOP_RANGE))
     import torch
@@ -496,15 +566,16 @@ def measure_convolutions(device: str, quick: bool, timer: Callable[[Callable[[],
 
 
 #: Matmuls sampled per class of :data:`fusion_advisor.devices.op_rates.MATMUL_CLASSES` and dtype, and the time
-#: budget (s): GPU, GPU with ``quick``, CPU.
-MATMUL_SAMPLES = {"cuda": ({"fp32": 20, "bf16": 8}, 6.0), "quick": ({"fp32": 6}, 3.0), "cpu": ({"fp32": 4}, 5.0)}
+#: budget (s), by device and ``quick``.
+MATMUL_SAMPLES = {"cuda": ({"fp32": 20, "bf16": 8}, 6.0), "cuda-quick": ({"fp32": 6}, 3.0),
+                  "cpu": ({"fp32": 4}, 5.0), "cpu-quick": ({"fp32": 2}, 2.0)}
 
 
 def measure_matmuls(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Any],
                     dtypes: dict[str, Any]) -> tuple[list[MatmulRate], dict[str, str]]:
     """The spec's ``matmul_rates``: :data:`MATMUL_SAMPLES` matmuls of :func:`matmul_plan` timed by
     :func:`measure_matmul_rates` (fp32 with TF32 off, PyTorch's default)."""
-    per_class, budget = MATMUL_SAMPLES["quick" if quick and device == "cuda" else device]
+    per_class, budget = MATMUL_SAMPLES[device + ("-quick" if quick else "")]
     plan = (matmul_plan(per_class) if device == "cuda"
             else matmul_plan(per_class, max_elems=4 << 20, flop_range=(1e7, 2e9)))
     return measure_matmul_rates(device, plan, timer, budget, dtypes)

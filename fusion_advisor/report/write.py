@@ -93,8 +93,12 @@ CHAIN_COLUMNS: dict[str, str] = {
     "arithmetic_intensity_flop_per_byte": "flops / fused_bytes, 0 when the chain moves no bytes (FLOP/byte).",
     "ridge_point_flop_per_byte": "Arithmetic intensity where the device's compute and memory ceilings meet for "
     "the chain's dtype and unit: peak FLOP/s / bandwidth (FLOP/byte).",
-    "est_eager_us": "Estimated eager time: per op max(compute, memory, launch overhead) summed (us). An "
-    "estimate, not a measurement.",
+    "est_eager_us": "Estimated eager time: per op max(device time, host time per call) summed (us). Device "
+    "time: max(compute, memory) on the roofline, or for convolutions and matmuls FLOPs over the spec's measured "
+    "rate of their nearest measured neighbours (conv_rates, matmul_rates), then the spec's fitted curve of the "
+    "op's class (op_time_fits) where it has one; host time: the spec's launch overhead, or its measured cost per "
+    "call of the op's class (launch_overhead_by_class). So it can exceed compute_us, memory_fused_us and "
+    "launch_eager_us. An estimate, not a measurement.",
     "est_fused_us": "Estimated time as one fused kernel: max(flops / peak, fused_bytes / bandwidth, launch "
     "overhead) (us). An estimate, not a measurement.",
     "est_saving_us": "est_eager_us - est_fused_us as the cost model reports it (0 for heavy and single-kernel "
@@ -113,7 +117,8 @@ CHAIN_COLUMNS: dict[str, str] = {
     "est_eager_us for 'skip'.",
     "compute_us": "flops / the peak FLOP/s that serves the chain (tensor cores for matmuls, else vector units) (us).",
     "memory_fused_us": "fused_bytes / peak memory bandwidth (us).",
-    "launch_eager_us": "eager_kernels x per-kernel launch overhead (us).",
+    "launch_eager_us": "host time of issuing the chain's kernels eagerly: per kernel the spec's launch overhead, or "
+    "its measured cost per call of the op's class (launch_overhead_by_class) (us).",
     "numel": "Elements of the chain's largest tensor (count).",
     "row_elems": "Row width of the chain's reductions, 0 when it has none (elements).",
     "dtype": "Dominant dtype of the chain's data.",
