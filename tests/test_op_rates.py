@@ -278,3 +278,20 @@ def test_the_cpu_sample_stays_near_its_flop_range():
     plan = sample_plan({"fp32": 8}, max_elems=4 << 20, flop_range=CPU_CONV_FLOP_RANGE)
     assert {p.detail for p in plan} == set(CONV_CLASSES)
     assert max(problem_geometry(p).flops for p in plan) <= 4 * CPU_CONV_FLOP_RANGE[1]
+
+
+def test_a_class_with_enough_measurements_is_priced_from_a_fitted_surface():
+    from fusion_advisor.devices.op_rates import REGRESSION_MIN_SAMPLES
+
+    # rates that grow with output channels, as tensor-core tiles fill: a surface follows the trend between samples
+    rates = [_rate(16, c, 2.0 * c ** 0.5, gflop=10.0) for c in (4, 8, 16, 32, 64, 128, 256, 512)] * 3
+    assert len(rates) >= REGRESSION_MIN_SAMPLES
+    mid = ConvGeometry("conv2d", 16, 90, 9, 1.0, int(10e9))
+    got = interpolated_tflops(rates, mid, "fp32")
+    assert 2.0 * 64 ** 0.5 < got < 2.0 * 128 ** 0.5  # between its neighbours 64 and 128
+    beyond = ConvGeometry("conv2d", 16, 1 << 14, 9, 1.0, int(10e9))
+    assert interpolated_tflops(rates, beyond, "fp32") == pytest.approx(max(r.tflops for r in rates))  # capped
+    few = rates[:REGRESSION_MIN_SAMPLES - 1]
+    from fusion_advisor.devices.op_rates import FEATURE_WEIGHTS, _nearest_tflops
+
+    assert interpolated_tflops(few, mid, "fp32") == pytest.approx(_nearest_tflops(few, mid.features(), FEATURE_WEIGHTS))

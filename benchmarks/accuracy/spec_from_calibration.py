@@ -65,7 +65,7 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
     out.append(f'launch_overhead_by_class_source: "{by}: wall time per tiny call of each class\'s aten overload '
                '(fusion_advisor/devices/host_costs.py), scaled as said above; view_overhead_us and module_call_us '
                'the same way"')
-    out.append("# measured convolutions and matmuls: an op takes the rate of its nearest measured neighbours "
+    out.append("# measured convolutions and matmuls: an op's rate is interpolated from them "
                "(fusion_advisor/devices/op_rates.py)")
     out.append("conv_rates:")
     out += [f"  - {_flow(r)}" for r in data["conv_rates"]]

@@ -41,7 +41,7 @@ Fused times are not fitted: they price code that has not run yet.
 
 Where the spec has **measured convolution or matmul rates** (``conv_rates`` / ``matmul_rates``, measured by
 ``calibrate`` over a seeded sample of shapes, :mod:`fusion_advisor.devices.op_rates`), a convolution's or matmul's
-eager time is its FLOPs over the rate of its nearest measured neighbours of the same class and dtype
+eager time is its FLOPs over the rate interpolated from the measured ones of the same class and dtype
 (:func:`measured_conv_us`, :func:`measured_matmul_us`) instead of its tensor-core roofline; a fitted curve then
 corrects that (:func:`base_op_us`).
 
@@ -147,7 +147,7 @@ def roofline_op_us(op: OpInfo, spec: DeviceSpec) -> float:
 
 def measured_conv_us(op: OpInfo, spec: DeviceSpec, layout: str = "nchw") -> float | None:
     """Device time of a convolution in ``layout`` from the spec's measured ``conv_rates`` (us): its FLOPs over the
-    rate interpolated from the nearest measured convolutions of its class, dtype and layout
+    rate interpolated from the measured convolutions of its class, dtype and layout
     (:func:`fusion_advisor.devices.op_rates.interpolated_tflops`); None for other ops, or when the spec measured no
     convolution of that class and layout. ``"nchw"``: eager, as written; ``"nhwc"``: channels-last."""
     if op.category != "conv" or not spec.conv_rates or len(op.inputs) < 2 or not op.outputs:

@@ -160,7 +160,7 @@ class DeviceSpec:
             priced at the roofline (1.0), as before these were measured.
         conv_rates: optional, measured convolutions (:class:`fusion_advisor.devices.op_rates.ConvRate`: class,
             dtype, geometry, achieved TFLOP/s; ``calibrate``): a convolution's eager time is its FLOPs over the rate
-            interpolated from its nearest measured neighbours of the same class and dtype
+            interpolated from the measured convolutions of the same class, dtype and layout
             (:func:`fusion_advisor.devices.op_rates.interpolated_tflops`). Empty: the tensor-core roofline.
         matmul_rates: optional, measured matmuls (:class:`fusion_advisor.devices.op_rates.MatmulRate`; ``calibrate``):
             ``mm`` / ``addmm`` / ``bmm`` ops take the rate of their nearest measured neighbours in M, N, K, batch

@@ -6,10 +6,10 @@ benchmarks/results/h200/accuracy/fit_kernelbench). The rate depends on the impli
 output channels per group leave tensor-core tiles empty (cuDNN then picks CUDA-core kernels), large kernels and
 strides change the algorithm, transposed convolutions run as data-gradient kernels, small problems do not fill the
 GPU. So ``calibrate`` measures a seeded sample of convolutions of every geometry class (:func:`sample_plan`) and
-the spec keeps each one's achieved TFLOP/s (:class:`ConvRate`); an op's rate is the inverse-distance weighted
-geometric mean of its :data:`NEIGHBOURS` nearest measured convolutions of the same class and dtype in the feature
-space of :meth:`ConvGeometry.features` (log2 of input and output channels per group, kernel volume, stride and
-FLOPs). FLOPs are ``torch.utils.flop_counter``'s convolution count, as the op graph counts them.
+the spec keeps each one's achieved TFLOP/s (:class:`ConvRate`); an op's rate comes from the measured
+convolutions of its class, dtype and layout (:func:`interpolated_tflops`): a ridge-regression surface of log
+TFLOP/s over the features of :meth:`ConvGeometry.features` (log2 of input and output channels per group, kernel
+volume, stride and FLOPs) where the class has enough of them, else its :data:`NEIGHBOURS` nearest. FLOPs are ``torch.utils.flop_counter``'s convolution count, as the op graph counts them.
 
 Matmuls the same way (:class:`MatmulRate`: ``torch.mm`` / ``torch.bmm`` at seeded sizes, features log2 M, N, K,
 batch and whether K and N are 16-byte aligned): cuBLAS's fp32 SGEMM (TF32 off, PyTorch's default) ran KernelBench's
@@ -18,6 +18,7 @@ matmuls at 1.3x to 14.8x their roofline time (median 1.9x, 61 ops of the same 38
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import re
@@ -213,13 +214,47 @@ def _pool(rates: Sequence[Any], detail: str, dtype: str, layout: str = "") -> li
     return pool
 
 
+#: Fewest measured convolutions of one class, dtype and layout before its rate is a fitted surface rather than
+#: the nearest neighbours' (the surface has 10 coefficients).
+REGRESSION_MIN_SAMPLES = 20
+#: Ridge penalty of the surface (log units).
+RIDGE = 0.1
+
+
+def _regressors(f: Sequence[float]) -> list[float]:
+    """The surface's terms of a feature vector (:meth:`ConvGeometry.features`): 1, the five features, the two
+    channel counts' product and squares, and the kernel volume times the (capped) input channels."""
+    return [1.0, *f, f[0] * f[1], f[0] ** 2, f[1] ** 2, min(f[0], 5.0) * f[2]]
+
+
+@functools.lru_cache(maxsize=64)
+def _surface(pool: tuple[ConvRate, ...]) -> tuple[float, ...]:
+    """Ridge-regression coefficients of log TFLOP/s on :func:`_regressors` over ``pool``."""
+    import numpy as np
+
+    a = np.array([_regressors(r.features()) for r in pool])
+    y = np.array([math.log(r.tflops) for r in pool])
+    return tuple(np.linalg.solve(a.T @ a + RIDGE * np.eye(a.shape[1]), a.T @ y))
+
+
 def interpolated_tflops(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layout: str = "nchw"
                         ) -> float | None:
-    """The TFLOP/s ``geom`` is predicted to run at in ``layout``: the inverse-distance weighted geometric mean of
-    the :data:`NEIGHBOURS` nearest ``rates`` of its class, dtype (:data:`DTYPE_FALLBACK` when that dtype has none)
-    and layout in :data:`FEATURE_WEIGHTS`-scaled feature space; None when the table has no such convolution."""
+    """The TFLOP/s ``geom`` is predicted to run at in ``layout``, from the measured ``rates`` of its class, dtype
+    (:data:`DTYPE_FALLBACK` when that dtype has none) and layout: a ridge-regression surface of log TFLOP/s over
+    the features (:func:`_regressors`) where the table holds :data:`REGRESSION_MIN_SAMPLES` or more of them, else
+    the inverse-distance weighted geometric mean of the :data:`NEIGHBOURS` nearest in
+    :data:`FEATURE_WEIGHTS`-scaled feature space; None when the table has no such convolution. Leave-one-out on
+    the shipped H200 table's 284 contiguous convolutions: median |log2 error| 0.47 for the surface, 0.63 for the
+    neighbours. The surface's prediction is kept within the pool's measured range."""
     pool = _pool(rates, geom.detail, dtype, layout)
-    return _nearest_tflops(pool, geom.features(), FEATURE_WEIGHTS) if pool else None
+    if not pool:
+        return None
+    if len(pool) < REGRESSION_MIN_SAMPLES:
+        return _nearest_tflops(pool, geom.features(), FEATURE_WEIGHTS)
+    coef = _surface(tuple(pool))
+    log_t = sum(c * x for c, x in zip(coef, _regressors(geom.features())))
+    lo, hi = min(r.tflops for r in pool), max(r.tflops for r in pool)
+    return min(max(math.exp(log_t), lo), hi)
 
 
 # --- matmuls -----------------------------------------------------------------------------------------------------
