@@ -184,34 +184,37 @@ def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     return None if tflops is None else 2 * batch * m * n * k / (tflops * 1e12) * 1e6
 
 
-def base_op_us(op: OpInfo, spec: DeviceSpec) -> float:
-    """Eager device time of one op before any profile fit (us): the measured convolution or matmul rate where the
-    spec has one (:func:`measured_conv_us`, :func:`measured_matmul_us`), else the roofline
-    (:func:`roofline_op_us`)."""
+def measured_op_us(op: OpInfo, spec: DeviceSpec) -> float | None:
+    """Eager device time of one op from the spec's measured rate tables (us): :func:`measured_conv_us` for a
+    convolution, :func:`measured_matmul_us` for a matmul; None when neither table prices it."""
     measured = measured_conv_us(op, spec)
-    if measured is None:
-        measured = measured_matmul_us(op, spec)
+    return measured_matmul_us(op, spec) if measured is None else measured
+
+
+def base_op_us(op: OpInfo, spec: DeviceSpec) -> float:
+    """Eager device time of one op before any profile fit (us): its measured rate where the spec has one
+    (:func:`measured_op_us`), else the roofline (:func:`roofline_op_us`)."""
+    measured = measured_op_us(op, spec)
     return roofline_op_us(op, spec) if measured is None else measured
 
 
-def fit_keys(op: OpInfo, spec: DeviceSpec) -> tuple[str, ...]:
+def fit_keys(op: OpInfo, rated: bool) -> tuple[str, ...]:
     """The classes whose fitted curve may reprice ``op`` (most specific first): :func:`op_class_keys`, less the
-    category-wide one where it pools unlike ops: for an op priced from a measured table (its class's own rates;
-    a curve fitted over every convolution class inflated depthwise ones 6x) and for ``other`` (pooling, scans and
-    activations alike)."""
+    category-wide one where it pools unlike ops: for an op priced from a measured table (``rated``: its class's own
+    rates; a curve fitted over every convolution class inflated depthwise ones 6x) and for ``other`` (pooling,
+    scans and activations alike)."""
     keys = op_class_keys(op)
-    if op.category == "other" or measured_conv_us(op, spec) is not None or measured_matmul_us(op, spec) is not None:
-        return keys[:-1]
-    return keys
+    return keys[:-1] if rated or op.category == "other" else keys
 
 
 def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
     """Predicted eager device time of one op (us): :func:`base_op_us`, through its class's fitted curve when the
     spec has one (:meth:`DeviceSpec.op_time_fit` of :func:`fit_keys`)."""
-    t = base_op_us(op, spec)
+    measured = measured_op_us(op, spec)
+    t = roofline_op_us(op, spec) if measured is None else measured
     if not spec.op_time_fits:
         return t
-    fit = spec.op_time_fit(fit_keys(op, spec), op.dtype)
+    fit = spec.op_time_fit(fit_keys(op, rated=measured is not None), op.dtype)
     return fit(t) if fit is not None else t
 
 
@@ -390,12 +393,12 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> 
     :func:`estimate` prices a chain alone: each op ``max(t, launch)``. Inside a model the host may run ahead of the
     GPU: while a long GEMM runs, the host issues the next ops, so short kernels after it wait for no launch. This
     replays the model's ops in execution order (``ops`` order) on two clocks, as
-    :func:`fusion_advisor.analyze.profile.replay_idle` replays measured kernels: the host issues one op per
-    the op's host time per kernel it launches (ops on empty tensors launch nothing and cost no host time here); an op's kernel
-    starts when it is issued or when the GPU finished the previous kernel, whichever is later; the GPU's wait for
-    an op (capped by the host time issuing it) is that op's idle time. As in a loop over the model (what
-    ``analyze --profile`` measures), the first op is issued while the previous run's kernels still run. A chain's time is its ops' roofline device
-    time (:func:`roofline_busy_us`) plus their idle times. This is what ``analyze --profile`` compares with the
+    :func:`fusion_advisor.analyze.profile.replay_idle` replays measured kernels: issuing an op costs the host its
+    host time per kernel it launches (ops on empty tensors launch nothing and cost no host time here); an op's
+    kernel starts when it is issued or when the GPU finished the previous kernel, whichever is later; the GPU's
+    wait for an op (capped by the host time issuing it) is that op's idle time. As in a loop over the model (what
+    ``analyze --profile`` measures), the first op is issued while the previous run's kernels still run. A chain's
+    time is its ops' predicted device time (:func:`_op_time_us`) plus their idle times. This is what ``analyze --profile`` compares with the
     measured chain time; routing keeps :func:`estimate`'s per-chain numbers. Host time per kernel is
     :func:`op_launch_us`; views add ``view_overhead_us`` and each ``nn.Module`` call entered ``module_call_us`` to
     the host time before the next launch (:func:`_module_calls`).

@@ -39,8 +39,8 @@ from typing import Iterable
 from fusion_advisor.devices import DeviceSpec, OpTimeFit, parse_spec, spec_fields, spec_mapping
 from fusion_advisor.errors import CalibrationError, UserError
 from fusion_advisor.analyze.records import Analysis
-from fusion_advisor.analyze.roofline import (base_op_us, eager_in_model_us, estimate_all, fit_keys, measured_conv_us,
-                                             measured_matmul_us)
+from fusion_advisor.analyze.roofline import (eager_in_model_us, estimate_all, fit_keys, measured_op_us,
+                                             roofline_op_us)
 
 #: Fewest measured ops a class needs before it gets a curve.
 MIN_SAMPLES = 3
@@ -251,12 +251,13 @@ def op_samples(rep: ProfiledReport, spec: DeviceSpec) -> list[OpSample]:
         m = nodes.get(op.id)
         if m is None or op.is_view or m.busy_us <= 0:
             continue
-        r = base_op_us(op, spec)
+        measured = measured_op_us(op, spec)
+        r = roofline_op_us(op, spec) if measured is None else measured
         if r <= 0:
             continue
         k = rep.graph_calls.get(op.graph_index, 1.0)
-        rated = measured_conv_us(op, spec) is not None or measured_matmul_us(op, spec) is not None
-        out.append(OpSample(rep.name, op.id, fit_keys(op, spec), r, m.busy_us / k, rated))
+        rated = measured is not None
+        out.append(OpSample(rep.name, op.id, fit_keys(op, rated), r, m.busy_us / k, rated))
     return out
 
 
