@@ -154,3 +154,74 @@ def test_profiler_noise_on_native_stderr_is_held_back(capfd):
     err = capfd.readouterr().err
     assert "USDT" not in err and "profiler_start" not in err
     assert "a real native error" in err
+
+
+# --- cuDNN recurrent layers -------------------------------------------------------------------------------------
+
+_RNN_MODEL = (
+    "import torch, torch.nn as nn\n"
+    "class Model(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.lstm = nn.LSTM(16, 32, 2, batch_first=True)\n"
+    "        self.gru = nn.GRU(32, 24, 1, bidirectional=True)\n"
+    "        self.fc = nn.Linear(48, 4)\n"
+    "    def forward(self, x):\n"
+    "        out, (h, c) = self.lstm(x)\n"
+    "        out2, h2 = self.gru(out.transpose(0, 1))\n"
+    "        return self.fc(out2[-1]) + h.sum() + h2.sum()\n"
+    "def get_inputs(): return [torch.randn(3, 10, 16)]\n"
+    "def get_init_inputs(): return []\n"
+)
+
+
+def test_recurrent_layers_are_one_op_each_with_their_steps_and_flops(tmp_path):
+    from fusion_advisor.analyze.pipeline import analyze
+
+    model = tmp_path / "rnn.py"
+    model.write_text(_RNN_MODEL)
+    a = analyze(model)
+    rec = [o for o in a.ops if o.category == "recurrent"]
+    assert [(o.variant, o.sequential_steps) for o in rec] == [("lstm", 2 * 10), ("gru", 2 * 10)]
+    # LSTM: 4 gates of 32 over inputs 16 (layer 0) and 32 (layer 1) and the hidden 32; 30 tokens, 2 FLOPs per MAC
+    assert rec[0].flops == 2 * 30 * 128 * (16 + 32 + 32 + 32)
+    assert rec[1].flops == 2 * 30 * 72 * (32 + 24) * 2  # two directions of 3 gates of 24
+    assert [tuple(m.shape) for m in rec[0].outputs] == [(3, 10, 32), (2, 3, 32), (2, 3, 32)]
+    assert not any(o.category == "matmul" and "lstm" in o.module_path for o in a.ops)  # not unrolled into matmuls
+    assert {a.decisions[c.id].route for c in a.chains if c.pattern == "recurrent"} == {"skip"}
+
+
+def test_the_opaque_recurrent_op_computes_what_torch_does():
+    from fusion_advisor.analyze.capture import _recurrent_call
+
+    torch.manual_seed(0)
+    lstm, gru = nn.LSTM(8, 16, 2, bidirectional=True), nn.GRU(8, 16, 1, batch_first=True)
+    x = torch.randn(5, 3, 8)
+    h0, c0 = torch.randn(4, 3, 16), torch.randn(4, 3, 16)
+    with torch.no_grad():
+        want, (h, c) = lstm(x, (h0, c0))
+        got = _recurrent_call("lstm")(x, (h0, c0), lstm._flat_weights, True, 2, 0.0, False, True, False)
+        torch.testing.assert_close(got[0], want)
+        torch.testing.assert_close(got[2], c)
+        want_g, hg = gru(x.transpose(0, 1))
+        got_g = _recurrent_call("gru")(x.transpose(0, 1), torch.zeros(1, 3, 16), gru._flat_weights, True, 1, 0.0,
+                                       False, False, True)
+        torch.testing.assert_close(got_g[0], want_g)
+        torch.testing.assert_close(got_g[1], hg)
+
+
+def test_apply_captures_recurrent_layers_as_torch_compile_does(tmp_path):
+    from fusion_advisor.analyze.capture import capture
+    from fusion_advisor.analyze.load import load_model
+
+    model = tmp_path / "rnn.py"
+    model.write_text(_RNN_MODEL)
+    loaded = load_model(model)
+    kept = capture(loaded)
+    broken = capture(loaded, recurrent=False)  # apply's numbering: dynamo leaves the RNNs out, as for torch.compile
+
+    def recurrent_nodes(cap):
+        return sum("recurrent" in str(n.target) for g in cap.graphs for n in g.graph.nodes)
+
+    assert kept.method == "dynamo" and recurrent_nodes(kept) == 2
+    assert recurrent_nodes(broken) == 0

@@ -121,3 +121,29 @@ def test_an_op_on_empty_tensors_pays_no_kernel_overhead():
     chain = _chain("c0", [op])
     assert op_overhead_us(op, spec) == 0.0  # launches no kernel
     assert roofline_busy_us(chain, {op.id: op}, spec) == 0.0 and eager_in_model_us([chain], [op], spec)["c0"] == 0.0
+
+
+def test_a_recurrent_layer_takes_the_longer_of_its_steps_issue_and_device_time():
+    from fusion_advisor.analyze.roofline import RECURRENT_STEP_LAUNCHES, in_model_times
+
+    spec = dataclasses.replace(SPEC, recurrent_step_us={"lstm": 5.0}, op_time_fits={}, op_time_fit_dtypes=())
+    rnn = dataclasses.replace(_op(0, 1.0), id="g0:rnn", target="fusion_advisor_capture.recurrent.default",
+                              category="recurrent", variant="lstm", sequential_steps=100, flops=1)
+    chain = _chain("c0", [rnn])
+    busy, idle = in_model_times([chain], [rnn], spec)["c0"]
+    issue = 100 * RECURRENT_STEP_LAUNCHES * 10.0  # the host issues each step's kernels: 1500 us
+    assert busy == pytest.approx(500.0)  # 100 steps of 5 us
+    assert busy + idle == pytest.approx(issue)  # host-bound: the steps are issued no faster
+    fast_host = dataclasses.replace(spec, launch_overhead_us=1.0)
+    busy, idle = in_model_times([chain], [rnn], fast_host)["c0"]
+    assert (busy, idle) == (pytest.approx(500.0), pytest.approx(0.0))  # the GPU's steps take longer than issuing
+
+
+def test_cuda_graphs_leave_a_recurrent_layer_as_eager_runs_it():
+    spec = dataclasses.replace(SPEC, recurrent_step_us={"lstm": 5.0}, op_time_fits={}, op_time_fit_dtypes=())
+    rnn = dataclasses.replace(_op(0, 1.0), id="g0:rnn", target="fusion_advisor_capture.recurrent.default",
+                              category="recurrent", variant="lstm", sequential_steps=100, flops=1)
+    chain = dataclasses.replace(_chain("c0", [rnn]), kind="heavy", pattern="recurrent", categories=("recurrent",))
+    est = estimate(chain, {rnn.id: rnn}, spec)
+    assert est.eager_us == pytest.approx(1500.0)  # host-bound: 100 steps of 1.5 launches of 10 us
+    assert est.cudagraphs_us == est.eager_us  # torch.compile breaks the graph at an RNN module: no replay

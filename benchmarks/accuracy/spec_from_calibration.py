@@ -11,7 +11,7 @@
    fields above with their sources, then the fitted curves (one line each).
 
 Usage (CPU): ``python benchmarks/accuracy/spec_from_calibration.py --calibrated CAL.yaml --fit DIR --test DIR
---out OUTDIR [--write]``.
+--out OUTDIR [--conv-rates-from CAL2.yaml] [--write]``.
 """
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ from fusion_advisor.devices import SPEC_DIR, load_spec, spec_mapping  # noqa: E4
 from fusion_advisor.devices.fit_profiles import without_fits  # noqa: E402
 
 
-def base_spec(spec_name: str, calibrated: Path):
-    """The shipped spec without its fits, with the calibration's tables, elementwise overhead and host costs."""
+def base_spec(spec_name: str, calibrated: Path, conv_from: Path | None = None):
+    """The shipped spec without its fits, with the calibration's tables, elementwise overhead and host costs
+    (``conv_rates`` from ``conv_from``'s calibration when given)."""
     spec = without_fits(load_spec(spec_name))
     cal = load_spec(str(calibrated)).at_host_speed(spec.launch_overhead_us)
-    return dataclasses.replace(spec, conv_rates=cal.conv_rates, matmul_rates=cal.matmul_rates,
+    conv = load_spec(str(conv_from)).conv_rates if conv_from is not None else cal.conv_rates
+    return dataclasses.replace(spec, conv_rates=conv, matmul_rates=cal.matmul_rates,
                                elementwise_overhead_us=cal.elementwise_overhead_us,
                                launch_overhead_by_class=cal.launch_overhead_by_class,
                                view_overhead_us=cal.view_overhead_us, module_call_us=cal.module_call_us), cal
@@ -45,7 +47,8 @@ def _flow(d) -> str:
     return yaml.safe_dump(d, default_flow_style=True, width=1000).strip()
 
 
-def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted: dict, fit_note: str) -> str:
+def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted: dict, fit_note: str,
+              conv_path: Path | None = None) -> str:
     """The spec file: its text up to ``op_time_fits``, then the measured fields and the fitted curves."""
     lines = (SPEC_DIR / f"{spec_name}.yaml").read_text().splitlines()
     cut = next((i for i, line in enumerate(lines) if line.startswith(("op_time_fits:", "elementwise_overhead_us:"))),
@@ -65,12 +68,14 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
     out.append(f'launch_overhead_by_class_source: "{by}: wall time per tiny call of each class\'s aten overload '
                '(fusion_advisor/devices/host_costs.py), scaled as said above; view_overhead_us and module_call_us '
                'the same way"')
-    out.append("# measured convolutions and matmuls: an op's rate is interpolated from them "
-               "(fusion_advisor/devices/op_rates.py)")
+    out.append("# measured convolutions and matmuls: a convolution's time is a roofline fitted through its class's "
+               "(op_rates.ConvTimeModel), a matmul's rate its nearest neighbours' (fusion_advisor/devices/op_rates.py)")
     out.append("conv_rates:")
     out += [f"  - {_flow(r)}" for r in data["conv_rates"]]
-    out.append(f'conv_rates_source: "{by}: seeded random convolutions of every class, contiguous and channels-last, '
-               'cudnn.allow_tf32 on and cudnn.benchmark off (PyTorch\'s defaults), do_bench median"')
+    conv_by = f"measured by fusion-advisor calibrate ({conv_path or cal_path})"
+    out.append(f'conv_rates_source: "{conv_by}: seeded random convolutions of every class (half of them drawn as a '
+               'network layer), contiguous, no bias, cudnn.allow_tf32 on and cudnn.benchmark off (PyTorch\'s defaults), '
+               'summed kernel durations of 3 profiled calls (L2 warm)"')
     out.append("matmul_rates:")
     out += [f"  - {_flow(r)}" for r in data["matmul_rates"]]
     out.append(f'matmul_rates_source: "{by}: seeded torch.mm / torch.bmm, fp32 with TF32 off (PyTorch\'s default), '
@@ -91,11 +96,14 @@ def main() -> int:
     ap.add_argument("--fit", type=Path, nargs="+", required=True, help="analyze --profile report folders to fit on")
     ap.add_argument("--test", type=Path, nargs="+", required=True, help="report folders the fit never sees")
     ap.add_argument("--out", type=Path, required=True, help="folder for base.yaml, fitted.yaml and the CSVs")
+    ap.add_argument("--conv-rates-from", type=Path, default=None,
+                    help="another calibrate YAML whose conv_rates to ship instead (a newer table measured on a host "
+                         "whose host costs are not the ones the fit and test reports were profiled with)")
     ap.add_argument("--note", default="", help="op_time_fits_source text (the fit and test sets, the accuracy)")
     ap.add_argument("--write", action="store_true", help="rewrite fusion_advisor/devices/<spec>.yaml")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    base, cal = base_spec(args.spec, args.calibrated)
+    base, cal = base_spec(args.spec, args.calibrated, args.conv_rates_from)
     base_path = args.out / "base.yaml"
     base_path.write_text(yaml.safe_dump(spec_mapping(base), sort_keys=False))
     cmd = [sys.executable, "-m", "fusion_advisor.cli", "calibrate", *sum((["--from-profile", str(p)]
@@ -113,7 +121,7 @@ def main() -> int:
     if args.write:
         fitted = yaml.safe_load(fitted_path.read_text())
         text = spec_text(args.spec, base, args.calibrated, load_spec(str(args.calibrated)).launch_overhead_us,
-                         fitted, args.note)
+                         fitted, args.note, args.conv_rates_from)
         (SPEC_DIR / f"{args.spec}.yaml").write_text(text)
         load_spec(args.spec)  # it must load
         print(f"wrote {SPEC_DIR / f'{args.spec}.yaml'}")

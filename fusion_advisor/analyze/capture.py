@@ -4,7 +4,8 @@ Methods, tried in order:
 
 1. ``dynamo``: ``torch.compile`` with a recording backend; AOTAutograd lowers each dynamo graph to aten ops with
    fake-tensor values in ``node.meta["val"]``. Graph breaks are recorded with dynamo's reason and the user's line,
-   and capture continues past them (the code between graphs runs eagerly and is not analysed).
+   and capture continues past them (the code between graphs runs eagerly and is not analysed). Attention and
+   cuDNN recurrent layers (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``) are kept one opaque op each, as they run on a GPU.
 2. ``export``: ``torch.export.export(strict=False)`` (one graph, no breaks allowed).
 3. ``symbolic_trace``: ``torch.fx.symbolic_trace`` then ``make_fx`` to aten ops.
 
@@ -143,9 +144,62 @@ def _mha_as_sdpa(query, key, value, embed_dim_to_check, num_heads, in_proj_weigh
     return F.linear(out, out_proj_weight, out_proj_bias).view(tgt_len, bsz, embed_dim), None
 
 
+#: Recurrent cells dynamo records as one call (``torch.lstm(input, (h0, c0), params, has_biases, num_layers,
+#: dropout, train, bidirectional, batch_first)`` and the same with one ``hx`` for the others) when it traces
+#: ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` (``torch._dynamo.config.allow_rnn``).
+RECURRENT_CELLS = {torch.lstm: "lstm", torch.gru: "gru", torch.rnn_tanh: "rnn_tanh", torch.rnn_relu: "rnn_relu"}
+_CELL_FN = {cell: fn for fn, cell in RECURRENT_CELLS.items()}
+
+
+@torch.library.custom_op("fusion_advisor_capture::recurrent", mutates_args=())
+def _recurrent(cell: str, x: torch.Tensor, hx: list[torch.Tensor], params: list[torch.Tensor], has_biases: bool,
+               num_layers: int, dropout: float, train: bool, bidirectional: bool, batch_first: bool
+               ) -> list[torch.Tensor]:
+    """A cuDNN recurrent layer stack (``cell``: ``lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``) kept as one opaque op
+    while lowering to aten: without it AOTAutograd unrolls it into per-step matmuls on meta and CPU tensors,
+    although on a GPU it runs as cuDNN's RNN kernels. ``x`` ``[seq, batch, input]`` (``batch_first``: ``[batch,
+    seq, input]``), ``hx`` ``[h0]`` (LSTM ``[h0, c0]``) ``[layers * directions, batch, hidden]``; returns
+    ``[output, h_n]`` (LSTM ``[output, h_n, c_n]``)."""
+    h = tuple(hx) if cell == "lstm" else hx[0]
+    out = _CELL_FN[cell](x, h, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
+    return [t.clone() for t in out]  # a custom op's outputs may not alias its inputs
+
+
+@_recurrent.register_fake
+def _recurrent_fake(cell, x, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+    hidden = hx[0].shape[-1]
+    dirs = 2 if bidirectional else 1
+    out = x.new_empty((*x.shape[:-1], dirs * hidden))
+    return [out, *(h.new_empty(h.shape) for h in hx)]
+
+
+def _recurrent_call(cell: str) -> Callable[..., Any]:
+    """The replacement of a ``torch.<cell>`` node: the same arguments and results, through the opaque op."""
+    def call(x, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+        hx = list(hx) if isinstance(hx, (tuple, list)) else [hx]
+        return tuple(torch.ops.fusion_advisor_capture.recurrent(
+            cell, x, hx, list(params), has_biases, num_layers, dropout, train, bidirectional, batch_first))
+
+    call.__name__ = f"{cell}_as_one_op"
+    return call
+
+
+def _is_sequence_call(node: torch.fx.Node) -> bool:
+    """A ``torch.<cell>`` node with a padded input (9 arguments, ``hx`` a tuple or a 3-D tensor), not the
+    packed-sequence overload (its second argument the 1-D ``batch_sizes``)."""
+    if len(node.args) != 9 or node.kwargs:
+        return False
+    hx = node.args[1]
+    if isinstance(hx, (tuple, list)):
+        return True
+    val = hx.meta.get("example_value") if isinstance(hx, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dim() == 3
+
+
 def keep_attention_opaque(gm: torch.fx.GraphModule) -> int:
-    """Rewrite SDPA (and ``nn.MultiheadAttention``'s functional) calls in a dynamo graph so attention stays one
-    opaque op through AOTAutograd; return how many were rewritten."""
+    """Rewrite SDPA (and ``nn.MultiheadAttention``'s functional) calls, and the recurrent layers of
+    :data:`RECURRENT_CELLS`, in a dynamo graph so that each stays one opaque op through AOTAutograd; return how
+    many were rewritten."""
     count = 0
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _SDPA_TARGETS:
@@ -153,6 +207,9 @@ def keep_attention_opaque(gm: torch.fx.GraphModule) -> int:
             count += 1
         elif node.op == "call_function" and node.target is torch.nn.functional.multi_head_attention_forward:
             node.target = _mha_as_sdpa
+            count += 1
+        elif node.op == "call_function" and node.target in RECURRENT_CELLS and _is_sequence_call(node):
+            node.target = _recurrent_call(RECURRENT_CELLS[node.target])
             count += 1
     if count:
         gm.graph.lint()
@@ -231,11 +288,21 @@ class DynamoBackend:
                                           source=user_loc(getattr(reason, "user_stack", None)), graph_index=index))
         return self.on_graph(gm, example_inputs, index)
 
-    def compile(self, model: torch.nn.Module) -> Callable[..., Any]:
+    def compile(self, model: torch.nn.Module, recurrent: bool = False) -> Callable[..., Any]:
         """``model`` compiled with this backend (static shapes, graph breaks allowed), after a dynamo reset so that
-        no earlier compilation's cache answers for it."""
+        no earlier compilation's cache answers for it. ``recurrent``: dynamo traces ``nn.LSTM`` / ``nn.GRU`` /
+        ``nn.RNN`` into the graph (``torch._dynamo.config.allow_rnn``, set at every call: a recompile traces
+        again) instead of breaking the graph around them."""
         torch._dynamo.reset()
-        return torch.compile(model, backend=self, dynamic=False, fullgraph=False)
+        compiled = torch.compile(model, backend=self, dynamic=False, fullgraph=False)
+        if not recurrent:
+            return compiled
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with torch._dynamo.config.patch(allow_rnn=True):
+                return compiled(*args, **kwargs)
+
+        return run
 
 
 def aten_hook(on_aten: GraphHook) -> GraphHook:
@@ -255,7 +322,7 @@ def aten_hook(on_aten: GraphHook) -> GraphHook:
     return hook
 
 
-def _capture_dynamo(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Capture:
+def _capture_dynamo(model: torch.nn.Module, inputs: tuple[Any, ...], recurrent: bool = True) -> Capture:
     graphs: list[torch.fx.GraphModule] = []
 
     def collect(gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable[..., Any]:
@@ -263,7 +330,7 @@ def _capture_dynamo(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Capture:
         return gm.forward
 
     backend = DynamoBackend(aten_hook(collect))
-    compiled = backend.compile(model)
+    compiled = backend.compile(model, recurrent=recurrent)
     with torch.no_grad():
         compiled(*inputs)
     torch._dynamo.reset()
@@ -319,8 +386,12 @@ def run_eagerly(loaded: LoadedModel) -> None:
         ) from e
 
 
-def capture(loaded: LoadedModel, methods: tuple[str, ...] = METHODS) -> Capture:
+def capture(loaded: LoadedModel, methods: tuple[str, ...] = METHODS, recurrent: bool = True) -> Capture:
     """Capture ``loaded.module`` on ``loaded.inputs`` as aten graphs, trying ``methods`` in order.
+
+    ``recurrent``: dynamo keeps each ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` in the graph as one opaque op
+    (:func:`_recurrent`); False breaks the graph around them, as ``torch.compile(model)`` and apply's own
+    backend do (apply captures that way, so that its graphs and the analysis's are numbered alike).
 
     Raises:
         ModelRunError: the model fails when run eagerly on its own inputs.
@@ -331,7 +402,8 @@ def capture(loaded: LoadedModel, methods: tuple[str, ...] = METHODS) -> Capture:
         try:
             with warnings.catch_warnings(), quiet_torch_logs():
                 warnings.simplefilter("ignore")
-                result = _CAPTURERS[method](loaded.module, loaded.inputs)
+                result = (_capture_dynamo(loaded.module, loaded.inputs, recurrent) if method == "dynamo"
+                          else _CAPTURERS[method](loaded.module, loaded.inputs))
         except Exception as e:  # each capture method fails in its own ways; try the next
             failures.append(f"{method}: {type(e).__name__}: {first_line(str(e))}")
             if method == methods[0]:

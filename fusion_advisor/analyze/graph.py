@@ -40,13 +40,14 @@ CATEGORIES = (
     "view",
     "copy",
     "embedding",
+    "recurrent",
     "other",
 )
 
 #: Categories one fused kernel (Inductor's or a handwritten Triton one) can take into a chain.
 FUSIBLE = frozenset({"pointwise", "reduction", "normalization", "softmax", "copy"})
 #: Categories served by a vendor library (cuBLAS, cuDNN, flash attention) or a gather: routing items of their own.
-HEAVY = frozenset({"matmul", "conv", "attention", "embedding"})
+HEAVY = frozenset({"matmul", "conv", "attention", "embedding", "recurrent"})
 
 _BY_NAME: dict[str, set[str]] = {
     # element-wise ops that torch does not tag pointwise (the rest are found by torch.Tag.pointwise)
@@ -59,6 +60,8 @@ _BY_NAME: dict[str, set[str]] = {
                   "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
                   "_flash_attention_forward", "_efficient_attention_forward", "scaled_dot_product_attention"},
     "embedding": {"embedding", "embedding_bag", "_embedding_bag"},
+    # cuDNN's recurrent layer stacks: our opaque op (capture.py) and the aten ops a GPU trace names
+    "recurrent": {"recurrent", "_cudnn_rnn", "lstm", "gru", "rnn_tanh", "rnn_relu"},
     "softmax": {"_softmax", "_safe_softmax", "_log_softmax", "softmax", "log_softmax"},
     "normalization": {"native_layer_norm", "native_group_norm", "native_batch_norm", "_native_batch_norm_legit",
                       "_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional",
@@ -167,6 +170,38 @@ def _matmul_like_flops(target: Any, node: torch.fx.Node, out: Any) -> int:
         return int(fn(*_materialize(node.args), **_materialize(node.kwargs), out_val=out))
     except Exception:  # a formula that does not accept this overload's arguments: count as unknown
         return 0
+
+
+def _recurrent_args(node: torch.fx.Node) -> tuple[str, Any, list[Any], int, bool, bool] | None:
+    """``(cell, x, params, num_layers, bidirectional, batch_first)`` of our opaque recurrent op's node
+    (:func:`fusion_advisor.analyze.capture._recurrent`), tensors as fake values; None for other nodes."""
+    if _op_name(node.target) != "recurrent" or len(node.args) < 10:
+        return None
+    cell, x, _, params, _, layers, _, _, bidir, batch_first = node.args[:10]
+    return str(cell), _val(x), [_val(p) for p in params], int(layers), bool(bidir), bool(batch_first)
+
+
+def recurrent_geometry(node: torch.fx.Node) -> tuple[str, int]:
+    """``(cell, steps)`` of a recurrent op: the cell (``lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``) and the cell
+    steps that run one after another, ``layers * directions * sequence length``; ``("", 0)`` when unreadable."""
+    args = _recurrent_args(node)
+    if args is None or not isinstance(args[1], torch.Tensor) or args[1].dim() != 3:
+        return "", 0
+    cell, x, _, layers, bidir, batch_first = args
+    seq = x.shape[1] if batch_first else x.shape[0]
+    return cell, int(layers * (2 if bidir else 1) * seq)
+
+
+def recurrent_flops(node: torch.fx.Node) -> int:
+    """FLOPs of a recurrent op: every weight matrix (``w_ih [gates * hidden, in]``, ``w_hh [gates * hidden,
+    hidden]`` per layer and direction) multiplies one vector per token, 2 FLOPs per multiply-add:
+    ``2 * batch * seq * sum(w.numel())``; the gates' elementwise work is not counted. 0 when unreadable."""
+    args = _recurrent_args(node)
+    if args is None or not isinstance(args[1], torch.Tensor) or args[1].dim() != 3:
+        return 0
+    _, x, params, _, _, _ = args
+    tokens = x.shape[0] * x.shape[1]
+    return int(2 * tokens * sum(p.numel() for p in params if isinstance(p, torch.Tensor) and p.dim() == 2))
 
 
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -422,12 +457,17 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     row, last = _reduction_geometry(node, _op_name(target), category, inputs, outputs)
     variant, kernels = (attention_variant(node, _op_name(target)) if category == "attention"
                         else ("", MULTI_KERNEL_OPS.get(_op_name(target), 1)))
+    steps = 0
+    if category == "recurrent":
+        variant, steps = recurrent_geometry(node)
     if category == "view":
         flops, read, written = 0, 0, 0
     else:
         read = sum(m.nbytes for m in inputs)
         written = sum(m.nbytes for m in outputs)
-        if category in HEAVY:
+        if category == "recurrent":
+            flops = recurrent_flops(node)
+        elif category in HEAVY:
             flops = _matmul_like_flops(target, node, out_val) if category != "embedding" else 0
             if category == "embedding" and len(inputs) >= 2 and outputs:
                 read = inputs[1].nbytes + outputs[0].nbytes  # a gather reads only the selected rows
@@ -456,4 +496,5 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
         reduces_last_dim=last,
         variant=variant,
         eager_kernels=kernels,
+        sequential_steps=steps,
     )

@@ -304,7 +304,8 @@ def _instrument(loaded: LoadedModel, cap: Capture, op_ids: set[str]) -> _Instrum
             insert_stamps(gm, i, stamps)
             return _in_graph_range(gm.forward, i, stamps)
 
-        compiled = DynamoBackend(aten_hook(fw)).compile(loaded.module)  # the backend capture used: same graphs
+        # the backend capture used, recurrent layers in the graph as there: the same graphs
+        compiled = DynamoBackend(aten_hook(fw)).compile(loaded.module, recurrent=True)
         return _Instrumented(lambda: compiled(*loaded.inputs), lambda: state["graphs"], lambda: state["tagged"],
                              schedules, stamps)
     if cap.method == "symbolic_trace":

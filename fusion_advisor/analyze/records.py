@@ -88,10 +88,13 @@ class OpInfo:
         reduction_elems: for reductions/normalizations/softmax, elements reduced per output (the row width), else 0.
         reduces_last_dim: False when a reduction runs over another dim than the last (e.g. softmax over channels).
         variant: for attention ops, the ``F.scaled_dot_product_attention`` backend torch runs on a GPU (``"flash"``,
-            ``"efficient"``, ``"cudnn"``, ``"math"``; :mod:`fusion_advisor.analyze.sdpa`); ``""`` for other ops or unknown.
+            ``"efficient"``, ``"cudnn"``, ``"math"``; :mod:`fusion_advisor.analyze.sdpa`); for recurrent ops the cell
+            (``"lstm"``, ``"gru"``, ``"rnn_tanh"``, ``"rnn_relu"``); ``""`` for other ops or unknown.
         eager_kernels: kernels the op launches when run eagerly: 1, except composite paths (SDPA's math backend:
             :func:`fusion_advisor.analyze.sdpa.math_kernels`) and ops on empty tensors (still 1 here; the roofline skips
             them).
+        sequential_steps: recurrent ops: the cell steps that run one after another (layers x directions x sequence
+            length: :func:`fusion_advisor.analyze.graph.recurrent_geometry`); 0 for other ops.
     """
 
     id: str
@@ -109,6 +112,7 @@ class OpInfo:
     reduces_last_dim: bool = True
     variant: str = ""
     eager_kernels: int = 1
+    sequential_steps: int = 0
 
     @property
     def name(self) -> str:

@@ -40,10 +40,11 @@ class's curve applied to the roofline time above (:func:`op_class_keys`: the mos
 Fused times are not fitted: they price code that has not run yet.
 
 Where the spec has **measured convolution or matmul rates** (``conv_rates`` / ``matmul_rates``, measured by
-``calibrate`` over a seeded sample of shapes, :mod:`fusion_advisor.devices.op_rates`), a convolution's or matmul's
-eager time is its FLOPs over the rate interpolated from the measured ones of the same class and dtype
-(:func:`measured_conv_us`, :func:`measured_matmul_us`) instead of its tensor-core roofline; a fitted curve then
-corrects that (:func:`base_op_us`).
+``calibrate`` over a seeded sample of shapes, :mod:`fusion_advisor.devices.op_rates`), a convolution's eager time
+is the roofline fitted through the measured ones of its class and dtype, plus its bias pass
+(:func:`measured_conv_us`), and a matmul's its FLOPs over its nearest measured neighbours' rate
+(:func:`measured_matmul_us`), instead of the tensor-core roofline; a fitted curve then corrects that
+(:func:`base_op_us`).
 
 Host time per kernel is the spec's ``launch_overhead_us``, or its measured ``launch_overhead_by_class`` entry for the
 op's class (:func:`op_launch_us`). Inside a model (:func:`in_model_times`) the host also spends the spec's measured
@@ -57,13 +58,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fusion_advisor.devices import DeviceSpec
-from fusion_advisor.devices.op_rates import ConvGeometry, interpolated_tflops, matmul_tflops
+from fusion_advisor.devices.op_rates import ConvGeometry, conv_time_us, matmul_tflops
 from fusion_advisor.analyze.records import Chain, Estimate, OpInfo
 from fusion_advisor.analyze.sdpa import math_score_bytes
 
-_TENSOR_CORE_CATEGORIES = frozenset({"matmul", "conv", "attention"})
+_TENSOR_CORE_CATEGORIES = frozenset({"matmul", "conv", "attention", "recurrent"})
 #: Library ops whose memory ceiling is not the elementwise one (their kernels tile permuted operands themselves).
-_LIBRARY_CATEGORIES = frozenset({"matmul", "conv", "attention", "embedding"})
+_LIBRARY_CATEGORIES = frozenset({"matmul", "conv", "attention", "embedding", "recurrent"})
 _ITEMSIZE = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -119,8 +120,9 @@ def op_bytes(op: OpInfo) -> int:
 
 
 def _compute_dtype(dtype: str, categories: set[str] | frozenset[str]) -> str:
-    """The dtype whose peak applies: fp32 convolutions run on TF32 tensor cores (cuDNN's default in PyTorch)."""
-    return "tf32" if dtype == "fp32" and "conv" in categories else dtype
+    """The dtype whose peak applies: fp32 convolutions and recurrent layers run on TF32 tensor cores (cuDNN's
+    default in PyTorch)."""
+    return "tf32" if dtype == "fp32" and ("conv" in categories or "recurrent" in categories) else dtype
 
 
 def memcpy_like(op: OpInfo) -> bool:
@@ -145,18 +147,30 @@ def roofline_op_us(op: OpInfo, spec: DeviceSpec) -> float:
     return max(compute, memory)
 
 
+#: Output-sized transfers at copy bandwidth a convolution's bias costs: eager PyTorch adds it in a separate
+#: broadcast kernel after cuDNN's. Measured on the H200 (2026-12-02, benchmarks/accuracy/conv_rate_probe.py
+#: --kernels, 391 convolutions whose bias pass took over 20 us): the pass took a median 1.49x of a read and a write
+#: of the output at 90% of copy bandwidth, i.e. 3.3 transfers at copy bandwidth.
+CONV_BIAS_TRANSFERS = 3.3
+
+
 def measured_conv_us(op: OpInfo, spec: DeviceSpec, layout: str = "nchw") -> float | None:
-    """Device time of a convolution in ``layout`` from the spec's measured ``conv_rates`` (us): its FLOPs over the
-    rate interpolated from the measured convolutions of its class, dtype and layout
-    (:func:`fusion_advisor.devices.op_rates.interpolated_tflops`); None for other ops, or when the spec measured no
-    convolution of that class and layout. ``"nchw"``: eager, as written; ``"nhwc"``: channels-last."""
+    """Device time of a convolution in ``layout`` from the spec's measured ``conv_rates`` (us): the time fitted
+    through the measured convolutions of its class, dtype and layout
+    (:func:`fusion_advisor.devices.op_rates.conv_time_us`), plus its bias pass (:data:`CONV_BIAS_TRANSFERS`) when
+    it has a bias; None for other ops, or when the spec measured no convolution of that class and layout.
+    ``"nchw"``: eager, as written; ``"nhwc"``: channels-last."""
     if op.category != "conv" or not spec.conv_rates or len(op.inputs) < 2 or not op.outputs:
         return None
     geom = ConvGeometry.from_shapes(op.inputs[0].shape, op.inputs[1].shape, op.outputs[0].shape)
     if geom is None:
         return None
-    tflops = interpolated_tflops(spec.conv_rates, geom, op.dtype, layout)
-    return None if tflops is None else geom.flops / (tflops * 1e12) * 1e6
+    t = conv_time_us(spec.conv_rates, geom, op.dtype, layout)
+    if t is None:
+        return None
+    if len(op.inputs) > 2 and op.inputs[2].numel > 0:
+        t += CONV_BIAS_TRANSFERS * op.outputs[0].nbytes / (spec.memory_bandwidth_gbps * 1e9) * 1e6
+    return t
 
 
 #: aten matmuls priced from the spec's ``matmul_rates``: op name -> (measured class, index of the first operand).
@@ -184,9 +198,31 @@ def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     return None if tflops is None else 2 * batch * m * n * k / (tflops * 1e12) * 1e6
 
 
+#: Host time of one cell step of a cuDNN recurrent layer, in eager-op launches (``launch_overhead_us``): cuDNN
+#: launches 2 kernels per step (a GEMM and the cell's elementwise kernel) from its own loop. Measured on the H200
+#: (2026-12-02, benchmarks/results/h200/accuracy/recurrent/): the six KernelBench cuDNN LSTM/GRU files ran
+#: host-bound, 4.98-5.68 us of kernels per step in 11.7-22.1 us per step; per step over each profile's dispatch
+#: probe: 1.17-2.62, median 1.5.
+RECURRENT_STEP_LAUNCHES = 1.5
+
+
+def recurrent_op_us(op: OpInfo, spec: DeviceSpec) -> float | None:
+    """Eager device time of a cuDNN recurrent op (us): its :attr:`OpInfo.sequential_steps` times the spec's
+    measured ``recurrent_step_us`` of its cell (each step waits for the one before: a latency-bound chain of small
+    GEMMs), or its FLOPs at the tensor-core peak when that is longer; None for other ops, or when the spec
+    measured no step time for the cell."""
+    if op.category != "recurrent" or op.sequential_steps <= 0 or op.variant not in spec.recurrent_step_us:
+        return None
+    floor = op.flops / (op_peak_tflops(op, spec) * 1e12) * 1e6 if op.flops else 0.0
+    return max(op.sequential_steps * spec.recurrent_step_us[op.variant], floor)
+
+
 def measured_op_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     """Eager device time of one op from the spec's measured rate tables (us): :func:`measured_conv_us` for a
-    convolution, :func:`measured_matmul_us` for a matmul; None when neither table prices it."""
+    convolution, :func:`measured_matmul_us` for a matmul, :func:`recurrent_op_us` for a recurrent layer stack;
+    None when no table prices it."""
+    if op.category == "recurrent":
+        return recurrent_op_us(op, spec)
     measured = measured_conv_us(op, spec)
     return measured_matmul_us(op, spec) if measured is None else measured
 
@@ -238,11 +274,11 @@ def conv_detail(op: OpInfo) -> str:
 def op_class_keys(op: OpInfo) -> tuple[str, ...]:
     """The classes an op's fitted eager time may come from, most specific first: ``category/detail/dtype``,
     ``category/detail``, ``category`` (detail: :func:`conv_detail` for convolutions, the SDPA backend for
-    attention, else the aten op's name: ``normalization/native_group_norm/fp32``)."""
+    attention, the cell for a recurrent op, else the aten op's name: ``normalization/native_group_norm/fp32``)."""
     if op.category == "conv":
         detail = conv_detail(op)
-    elif op.category == "attention":
-        detail = op.variant or "attention"
+    elif op.category in ("attention", "recurrent"):
+        detail = op.variant or op.category
     else:
         detail = _short_target(op.target)
     return (f"{op.category}/{detail}/{op.dtype}", f"{op.category}/{detail}", op.category)
@@ -257,6 +293,14 @@ def op_launch_us(op: OpInfo, spec: DeviceSpec) -> float:
             if key in spec.launch_overhead_by_class:
                 return spec.launch_overhead_by_class[key]
     return spec.launch_overhead_us
+
+
+def op_host_us(op: OpInfo, spec: DeviceSpec) -> float:
+    """Host time (us) of issuing ``op`` eagerly: :func:`op_launch_us` per kernel it launches, and for a cuDNN
+    recurrent op :data:`RECURRENT_STEP_LAUNCHES` launches per cell step (cuDNN issues each step from its host)."""
+    if op.category == "recurrent" and op.sequential_steps > 0:
+        return op.sequential_steps * RECURRENT_STEP_LAUNCHES * spec.launch_overhead_us
+    return max(op.eager_kernels, 1) * op_launch_us(op, spec)
 
 
 def _launches(op: OpInfo) -> bool:
@@ -282,13 +326,12 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     compute_us = chain.flops / (peak_tflops * 1e12) * 1e6
     memory_eager_us = chain.eager_bytes / bw * 1e6
     memory_fused_us = chain.fused_bytes / bw * 1e6
-    launch_eager_us = sum(max(ops[i].eager_kernels, 1) * op_launch_us(ops[i], spec) for i in chain.op_ids
-                          if not ops[i].is_view and _launches(ops[i]))
+    launch_eager_us = sum(op_host_us(ops[i], spec) for i in chain.op_ids if not ops[i].is_view and _launches(ops[i]))
     launch = spec.launch_overhead_us
     # an op on empty tensors launches no kernel (PyTorch returns before launching one)
     # an op launching n kernels (SDPA's math backend, or any backend converting a boolean mask) costs at least n
     # launches
-    busy = [(_op_time_us(ops[i], spec), _launches(ops[i]), max(ops[i].eager_kernels, 1) * op_launch_us(ops[i], spec))
+    busy = [(_op_time_us(ops[i], spec), _launches(ops[i]), op_host_us(ops[i], spec))
             for i in chain.op_ids]
     eager_us = sum(max(t, host) if runs else 0.0 for t, runs, host in busy)
     idle_us = sum(max(0.0, host - t) if runs else 0.0 for t, runs, host in busy)
@@ -315,6 +358,11 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     floor = spec.elementwise_overhead_us or GRAPH_KERNEL_FLOOR_US
     kernels = sum(max(ops[i].eager_kernels, 1) for i in chain.op_ids if _launches(ops[i]))
     cudagraphs_us = at(compile_eff, floor) if fusible else max(busy_us, kernels * floor)
+    if any(ops[i].category == "recurrent" for i in chain.op_ids):
+        # torch.compile (reduce-overhead too) breaks the graph at nn.LSTM / nn.GRU / nn.RNN (dynamo's allow_rnn is
+        # off by default): the layer runs eagerly, its host-bound steps included (measured on the H200: 37_LSTMCn
+        # 45.9 ms eager, 46.0 under reduce-overhead)
+        cudagraphs_us = eager_us
     if chain.prologue_of and any_work:  # Inductor reads the pool's input through this chain: no pass of its own
         compile_us = cudagraphs_us = compute_us
     ridge = peak_tflops * 1e12 / (spec.memory_bandwidth_gbps * 1e9)
@@ -401,7 +449,9 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> 
     time is its ops' predicted device time (:func:`_op_time_us`) plus their idle times. This is what ``analyze --profile`` compares with the
     measured chain time; routing keeps :func:`estimate`'s per-chain numbers. Host time per kernel is
     :func:`op_launch_us`; views add ``view_overhead_us`` and each ``nn.Module`` call entered ``module_call_us`` to
-    the host time before the next launch (:func:`_module_calls`).
+    the host time before the next launch (:func:`_module_calls`). A recurrent op issues its steps while the GPU
+    runs them (:data:`RECURRENT_STEP_LAUNCHES` launches of host time per step): it takes the longer of its issue
+    and its device time.
     """
     idle: dict[str, float] = {}
     device: dict[str, float] = {}
@@ -417,12 +467,21 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> 
             continue
         if not _launches(op):
             continue
+        device[op.id] = _op_time_us(op, spec)
+        if op.category == "recurrent" and op.sequential_steps > 0:
+            # cuDNN issues each cell step's kernels from its own host loop while the GPU runs the steps before:
+            # the GPU waits for the host's excess over its own time, not for the whole issue
+            start = host + pending
+            issue = op_host_us(op, spec)
+            span = max(device[op.id], issue)
+            idle[op.id] = max(0.0, start - gpu_free) + span - device[op.id]
+            host, gpu_free, pending = start + issue, max(start, gpu_free) + span, 0.0
+            continue
         issue = max(op.eager_kernels, 1) * op_launch_us(op, spec) + pending  # SDPA's math: a dozen kernels
         pending = 0.0
         host += issue
         if host > gpu_free:
             idle[op.id] = min(host - gpu_free, issue)
-        device[op.id] = _op_time_us(op, spec)
         gpu_free = max(host, gpu_free) + device[op.id]
     # ops that launch nothing cost nothing (views are in no chain; an op on empty tensors has no time)
     return {c.id: (sum(device.get(i, 0.0) for i in c.op_ids), sum(idle.get(i, 0.0) for i in c.op_ids))

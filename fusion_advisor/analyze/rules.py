@@ -157,7 +157,7 @@ def _known_patterns() -> frozenset[str]:
     from kernel_library.registry import KNOWN_PATTERNS
 
     generic = {"pointwise", "reduction", "normalization", "softmax", "copy", "gelu", "softmax_not_last_dim",
-               "matmul", "conv", "attention", "embedding"}
+               "matmul", "conv", "attention", "embedding", "recurrent"}
     return frozenset(KNOWN_PATTERNS) | generic
 
 
@@ -180,9 +180,9 @@ _ALLOWED_VALUES: dict[str, frozenset[str]] = {
     "kind": frozenset({"fusible", "heavy", "other"}),
     "dtype": frozenset(FLOAT_NAMES),
     "categories_any": frozenset({"pointwise", "reduction", "normalization", "softmax", "matmul", "conv", "attention",
-                                 "view", "copy", "embedding", "other"}),
+                                 "view", "copy", "embedding", "recurrent", "other"}),
     "categories_all": frozenset({"pointwise", "reduction", "normalization", "softmax", "matmul", "conv",
-                                 "attention", "view", "copy", "embedding", "other"}),
+                                 "attention", "view", "copy", "embedding", "recurrent", "other"}),
     "pattern": _known_patterns(),
     "attention_backend": frozenset(SDPA_BACKENDS),
 }

@@ -248,7 +248,8 @@ def _analyze(loaded: Any, backend: RewriteBackend, spec: Any, rules: Any) -> Any
     """The analysis of the model exactly as ``fusion-advisor analyze`` makes it: analyze's own capture
     (:func:`fusion_advisor.analyze.capture.capture`) and stages (:func:`fusion_advisor.analyze.pipeline.analyze_capture`), so the
     chain ids, patterns and source lines apply reports are the ones of ``analyze`` on the same model and device
-    (one report per model folder reads both). A model analyze cannot capture is analysed as having no chains;
+    (one report per model folder reads both), but with the graph broken around cuDNN RNN layers as apply's backend
+    breaks it (analyze keeps them one op each). A model analyze cannot capture is analysed as having no chains;
     the whole-model variants are still tried."""
     from fusion_advisor.analyze.pipeline import analyze_capture
     from fusion_advisor.analyze.capture import Capture, capture
@@ -261,7 +262,7 @@ def _analyze(loaded: Any, backend: RewriteBackend, spec: Any, rules: Any) -> Any
     try:
         with warnings.catch_warnings(), quiet_torch_logs():
             warnings.simplefilter("ignore")
-            cap = capture(loaded)
+            cap = capture(loaded, recurrent=False)  # apply's backend breaks graphs at RNNs too: same numbering
     except CaptureError as e:
         warns.append(f"the analysis could not capture the model ({first_line(str(e))}): no chains to analyse")
         cap = Capture(graphs=[], method="dynamo", breaks=list(backend.breaks))

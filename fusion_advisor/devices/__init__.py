@@ -159,9 +159,9 @@ class DeviceSpec:
             for any other pattern): ``{"torch.compile": {"softmax": 0.43, ...}}``. A route without an entry is
             priced at the roofline (1.0), as before these were measured.
         conv_rates: optional, measured convolutions (:class:`fusion_advisor.devices.op_rates.ConvRate`: class,
-            dtype, geometry, achieved TFLOP/s; ``calibrate``): a convolution's eager time is its FLOPs over the rate
-            interpolated from the measured convolutions of the same class, dtype and layout
-            (:func:`fusion_advisor.devices.op_rates.interpolated_tflops`). Empty: the tensor-core roofline.
+            dtype, geometry, achieved TFLOP/s, bytes; ``calibrate``): a convolution's eager time is the roofline
+            fitted through the measured convolutions of the same class, dtype and layout
+            (:func:`fusion_advisor.devices.op_rates.conv_time_us`). Empty: the tensor-core roofline.
         matmul_rates: optional, measured matmuls (:class:`fusion_advisor.devices.op_rates.MatmulRate`; ``calibrate``):
             ``mm`` / ``addmm`` / ``bmm`` ops take the rate of their nearest measured neighbours in M, N, K, batch
             and alignment. Empty: the tensor-core roofline.
@@ -174,6 +174,10 @@ class DeviceSpec:
             ``matmul``, ``normalization/native_group_norm``, ...: :func:`fusion_advisor.analyze.roofline.op_class_keys`),
             for classes whose calls cost the host more than an elementwise op's (cuDNN and cuBLAS set up their
             calls); other ops take ``launch_overhead_us``.
+        recurrent_step_us: optional, measured device time (us) of one cell step of a cuDNN recurrent layer by cell
+            (``lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``; ``calibrate``, at a small hidden size where each step
+            is latency-bound): a recurrent op costs its steps times this, or its FLOPs at the tensor-core peak
+            when that is longer. Empty: the FLOPs alone (a recurrence priced as one large GEMM, far too fast).
         l2_bytes: L2 cache size in bytes (0 if unknown).
         kind: ``"gpu"`` or ``"cpu"``; library Triton kernels are routed to on GPU specs only.
         source: where the numbers come from; per-field sources in ``sources``.
@@ -203,6 +207,7 @@ class DeviceSpec:
     view_overhead_us: float = 0.0
     module_call_us: float = 0.0
     launch_overhead_by_class: dict[str, float] = field(default_factory=dict)
+    recurrent_step_us: dict[str, float] = field(default_factory=dict)
 
     def op_time_fit(self, keys: tuple[str, ...], dtype: str = "") -> OpTimeFit | None:
         """The fitted curve of the first of ``keys`` (most specific first) :attr:`op_time_fits` has, else None;
@@ -345,6 +350,7 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
                                  positive=False),
         module_call_us=_number(data.get("module_call_us", 0.0), f"{origin}: module_call_us", "us", positive=False),
         launch_overhead_by_class=_parse_launch_by_class(data.get("launch_overhead_by_class"), origin),
+        recurrent_step_us=_parse_recurrent_steps(data.get("recurrent_step_us"), origin),
     )
 
 
@@ -363,6 +369,21 @@ def _parse_launch_by_class(raw: Any, origin: str) -> dict[str, float]:
     raw = _optional_mapping(raw, "launch_overhead_by_class",
                             "an op class (conv, matmul, normalization/native_layer_norm) to microseconds", origin)
     return {str(k): _number(v, f"{origin}: launch_overhead_by_class.{k}", "us", positive=False) for k, v in raw.items()}
+
+
+#: Cells a spec's ``recurrent_step_us`` may name (:data:`fusion_advisor.analyze.capture.RECURRENT_CELLS`).
+RECURRENT_CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+
+
+def _parse_recurrent_steps(raw: Any, origin: str) -> dict[str, float]:
+    """Validate the optional ``recurrent_step_us`` mapping (cell -> us per step, > 0)."""
+    raw = _optional_mapping(raw, "recurrent_step_us", f"a recurrent cell ({', '.join(RECURRENT_CELLS)}) to "
+                            "microseconds per step", origin)
+    unknown = sorted(str(k) for k in raw if k not in RECURRENT_CELLS)
+    if unknown:
+        raise DeviceSpecError(f"{origin}: recurrent_step_us names unknown cell(s) {', '.join(unknown)}; known: "
+                              f"{', '.join(RECURRENT_CELLS)}")
+    return {str(k): _number(v, f"{origin}: recurrent_step_us.{k}", "us") for k, v in raw.items()}
 
 
 def _parse_rate_list(raw: Any, name: str, kind: type, origin: str) -> tuple:
@@ -428,7 +449,8 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
     sources = data.pop("sources", None) or {}
     for key in ("attention_tflops", "attention_rates", "unaligned_tensor_tflops", "route_efficiency",
                 "op_time_fits", "op_time_fit_dtypes", "strided_bandwidth_gbps", "elementwise_overhead_us",
-                "conv_rates", "matmul_rates", "view_overhead_us", "module_call_us", "launch_overhead_by_class"):
+                "conv_rates", "matmul_rates", "view_overhead_us", "module_call_us", "launch_overhead_by_class",
+                "recurrent_step_us"):
         if not data.get(key):
             data.pop(key, None)
     if data.get("op_time_fit_dtypes"):

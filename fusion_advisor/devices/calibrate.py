@@ -51,8 +51,9 @@ from fusion_advisor.kernel_tools.bench import Timing, time_cpu, time_cuda
 from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, parse_spec
 from fusion_advisor.devices.host_costs import (measure_launch_by_class, measure_module_call_us, measure_view_us,
                                                per_op_us)
-from fusion_advisor.devices.op_rates import (TABLE_REP_MS, TABLE_WARMUP_MS, ConvRate, MatmulRate, measure_convolutions,
-                                            measure_matmuls)
+from fusion_advisor.devices.op_rates import (RECURRENT_PROBE, TABLE_KERNEL_CALLS, TABLE_REP_MS, TABLE_WARMUP_MS,
+                                            ConvRate, MatmulRate, measure_convolutions, measure_matmuls,
+                                            measure_recurrent_steps)
 from fusion_advisor.dtypes import TORCH_DTYPES
 from fusion_advisor.errors import CalibrationError
 from fusion_advisor import files
@@ -145,6 +146,8 @@ class Calibration:
         module_call_us: host time of entering one ``nn.Module`` call (us, :func:`measure_module_call_us`).
         conv_rates: measured convolutions by geometry (:func:`measure_convolutions`).
         matmul_rates: measured matmuls by shape (:func:`measure_matmuls`).
+        recurrent_step_us: device time per cell step of cuDNN recurrent layers by cell (us,
+            :func:`measure_recurrent_steps`).
         launch_by_class: host time per eager call by op class (us, :func:`measure_launch_by_class`).
         step_seconds: wall seconds of each measurement step, by its progress line.
         launch_us: wall time per tiny eager op in a long loop (us).
@@ -180,6 +183,7 @@ class Calibration:
     matmul_rates: list[MatmulRate] = field(default_factory=list)
     launch_by_class: dict[str, float] = field(default_factory=dict)
     step_seconds: dict[str, float] = field(default_factory=dict)
+    recurrent_step_us: dict[str, float] = field(default_factory=dict)
 
 
 def _versions() -> dict[str, str]:
@@ -492,7 +496,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
     timer = _timer(device, sizes)
     matmul_dtypes = ("fp32", "tf32", "bf16", "fp16") if device == "cuda" else ("fp32", "bf16", "fp16")
     steps = 1 + len(matmul_dtypes) + (2 if device == "cuda" else 0) + (3 if device == "cuda" and not quick else 0) \
-        + 2 + (2 if device == "cuda" else 0) + 2
+        + 2 + (2 if device == "cuda" else 0) + 3
     done = [0]
 
     seconds: dict[str, float] = {}
@@ -570,6 +574,9 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         not_measured.update(conv_skipped)
         matmul_rates, matmul_skipped = measure_matmuls(device, quick, table_timer, _DTYPES)
         not_measured.update(matmul_skipped)
+        step("recurrent layers (time per cell step)")
+        recurrent, recurrent_failed = measure_recurrent_steps(device, quick, table_timer)
+        not_measured.update(recurrent_failed)
         floor = elementwise = None
         if device == "cuda":
             step("kernel floor (CUDA-graph replay)")
@@ -589,7 +596,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         unaligned_tflops=unaligned, elementwise_overhead_us=elementwise,
         not_measured=not_measured, view_us=view_us, module_call_us=module_us, conv_rates=conv_rates,
         launch_by_class=launch_by_class, step_seconds=seconds,
-        matmul_rates=matmul_rates,
+        matmul_rates=matmul_rates, recurrent_step_us=recurrent,
         timer="triton.testing.do_bench median (L2 flushed before each call)" if device == "cuda"
         else "wall-clock median (time.perf_counter)")
 
@@ -722,10 +729,13 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
            if cal.module_call_us is not None else {}),
         **({"conv_rates": [asdict(r.rounded()) for r in cal.conv_rates],
             "conv_rates_source": (f"{by}: {len(cal.conv_rates)} seeded random convolutions "
-                                  "(fusion_advisor.devices.op_rates.sample_plan: every class of CONV_CLASSES, "
-                                  "F.conv*d / F.conv_transpose*d, cudnn.allow_tf32 on, cudnn.benchmark off), "
-                                  f"torch.utils.flop_counter FLOPs over the {cal.timer}, {TABLE_WARMUP_MS:g} ms "
-                                  f"warm-up and {TABLE_REP_MS:g} ms timed per convolution")}
+                                  "(fusion_advisor.devices.op_rates.sample_plan: every class of CONV_CLASSES, half "
+                                  "drawn as a network layer, F.conv*d / F.conv_transpose*d without bias, "
+                                  "cudnn.allow_tf32 on, cudnn.benchmark off), torch.utils.flop_counter FLOPs over "
+                                  + (f"the summed kernel durations of {TABLE_KERNEL_CALLS} profiled calls (L2 warm)"
+                                     if cal.device == "cuda" else
+                                     f"the {cal.timer}, {TABLE_WARMUP_MS:g} ms warm-up and {TABLE_REP_MS:g} ms timed")
+                                  + " per convolution")}
            if cal.conv_rates else {}),
         **({"matmul_rates": [asdict(r.rounded()) for r in cal.matmul_rates],
             "matmul_rates_source": (f"{by}: {len(cal.matmul_rates)} seeded matmuls (fusion_advisor.devices.op_rates."
@@ -734,6 +744,13 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                     f"over the {cal.timer}, {TABLE_WARMUP_MS:g} ms warm-up and {TABLE_REP_MS:g} ms "
                                     "timed per matmul")}
            if cal.matmul_rates else {}),
+        **({"recurrent_step_us": dict(cal.recurrent_step_us),
+            "recurrent_step_us_source": (
+                f"{by}: nn.LSTM / nn.GRU / nn.RNN (input, hidden, layers, sequence, batch) = {RECURRENT_PROBE} "
+                "(sequence shortened under --quick and on a CPU), fp32, forward without grad, the call's "
+                + ("summed kernel durations" if cal.device == "cuda" else cal.timer)
+                + " over its layers x sequence steps")}
+           if cal.recurrent_step_us else {}),
         "l2_bytes": int(cal.l2_bytes or base.l2_bytes),
         "l2_bytes_source": (f"{by}: torch.cuda.get_device_properties().L2_cache_size" if cal.l2_bytes
                             else f"copied from the shipped spec {base.name}"),

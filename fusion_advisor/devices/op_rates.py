@@ -6,10 +6,11 @@ benchmarks/results/h200/accuracy/fit_kernelbench). The rate depends on the impli
 output channels per group leave tensor-core tiles empty (cuDNN then picks CUDA-core kernels), large kernels and
 strides change the algorithm, transposed convolutions run as data-gradient kernels, small problems do not fill the
 GPU. So ``calibrate`` measures a seeded sample of convolutions of every geometry class (:func:`sample_plan`) and
-the spec keeps each one's achieved TFLOP/s (:class:`ConvRate`); an op's rate comes from the measured
-convolutions of its class, dtype and layout (:func:`interpolated_tflops`): a ridge-regression surface of log
-TFLOP/s over the features of :meth:`ConvGeometry.features` (log2 of input and output channels per group, kernel
-volume, stride and FLOPs) where the class has enough of them, else its :data:`NEIGHBOURS` nearest. FLOPs are ``torch.utils.flop_counter``'s convolution count, as the op graph counts them.
+the spec keeps each one's achieved TFLOP/s and bytes moved (:class:`ConvRate`). An op's time comes from the
+measured convolutions of its class, dtype and layout (:func:`conv_time_us`): a roofline fitted through them
+(:class:`ConvTimeModel`: a peak derated by how full the implicit GEMM's tiles are in N, K and M x N, a bandwidth
+term and a fixed cost per call) where the class has :data:`MODEL_MIN_SAMPLES` or more, else the rate of its
+:data:`NEIGHBOURS` nearest. FLOPs are ``torch.utils.flop_counter``'s convolution count, as the op graph counts them.
 
 Matmuls the same way (:class:`MatmulRate`: ``torch.mm`` / ``torch.bmm`` at seeded sizes, features log2 M, N, K,
 batch and whether K and N are 16-byte aligned): cuBLAS's fp32 SGEMM (TF32 off, PyTorch's default) ran KernelBench's
@@ -42,6 +43,7 @@ DTYPE_FALLBACK = {"fp16": "bf16"}
 #: dtypes a table entry may name (the op graph's names, :mod:`fusion_advisor.dtypes`).
 RATE_DTYPES = ("fp32", "bf16", "fp16", "fp64")
 _CONV_DETAIL = re.compile(r"conv[123]d(_transpose|_grouped|_depthwise)?")
+_ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8}
 
 
 def _sig(x: float, digits: int = 4) -> float:
@@ -90,6 +92,7 @@ class ConvGeometry:
         kernel_volume: product of the kernel's spatial extents.
         stride: input positions per output position (transposed: output per input), >= 1 in effect.
         flops: ``torch.utils.flop_counter``'s count (a multiply-add counts 2).
+        elements: elements of input, weight and output together (the bytes moved over the dtype's item size).
     """
 
     detail: str
@@ -98,6 +101,7 @@ class ConvGeometry:
     kernel_volume: int
     stride: float
     flops: int
+    elements: int = 0
 
     @classmethod
     def from_shapes(cls, x: Sequence[int], w: Sequence[int], y: Sequence[int]) -> "ConvGeometry | None":
@@ -121,7 +125,7 @@ class ConvGeometry:
             detail += "_depthwise" if c_in_g == 1 else "_grouped"
         stride = (out_sp / in_sp) if transposed else (in_sp / out_sp)
         flops = int(conv_flop_count(list(x), list(w), list(y), transposed=transposed))
-        return cls(detail, c_in_g, c_out_g, _prod(w[2:]), max(stride, 1.0), flops)
+        return cls(detail, c_in_g, c_out_g, _prod(w[2:]), max(stride, 1.0), flops, _prod(x) + _prod(w) + _prod(y))
 
     def features(self) -> tuple[float, float, float, float, float]:
         """log2 of (input channels per group, output channels per group, kernel volume, stride, GFLOP)."""
@@ -132,19 +136,18 @@ class ConvGeometry:
 
 @dataclass(frozen=True)
 class ConvRate:
-    """One measured convolution: its class, dtype, geometry features and achieved TFLOP/s.
+    """One measured convolution: its class, dtype, geometry features, achieved TFLOP/s and bytes moved.
 
     Attributes:
         detail: :attr:`ConvGeometry.detail`.
         dtype: ``fp32``, ``bf16`` or ``fp16`` (fp32 measured with PyTorch's default TF32 settings: cuDNN's on).
         c_in, c_out: channels per group; kernel: kernel volume; stride: as :attr:`ConvGeometry.stride`.
         gflop: FLOPs of the call / 1e9.
-        tflops: FLOPs over the median device time (TFLOP/s).
+        tflops: FLOPs over the measured device time (TFLOP/s).
         layout: ``"nchw"`` (contiguous, how eager PyTorch runs a model as written: what the roofline prices) or
-            ``"nhwc"`` (input and weight channels-last, as Inductor's layout optimisation or apply's
-            ``+channels-last`` variants run them; measured beside the first, priced by nothing yet: pricing
-            compiled convolutions at these rates mispredicted the faster whole-model route on most level-2
-            convolution files of the seed-1 set, since the layout conversions and Inductor's choices are not in it).
+            ``"nhwc"`` (input and weight channels-last; tables of 2026-11 measured both, nothing prices them).
+        mbytes: MB (1e6 bytes) of input, weight and output; 0 in tables measured before it was recorded (then
+            estimated from the other fields, one group assumed: :meth:`nbytes`).
     """
 
     detail: str
@@ -156,10 +159,25 @@ class ConvRate:
     gflop: float
     tflops: float
     layout: str = "nchw"
+    mbytes: float = 0.0
 
     def features(self) -> tuple[float, float, float, float, float]:
         return (math.log2(max(self.c_in, 1)), math.log2(max(self.c_out, 1)), math.log2(max(self.kernel, 1)),
                 math.log2(max(self.stride, 1.0)), math.log2(max(self.gflop, 1e-9)))
+
+    def time_us(self) -> float:
+        """The measured device time of the call (us)."""
+        return self.gflop * 1e9 / (self.tflops * 1e12) * 1e6
+
+    def nbytes(self) -> float:
+        """Bytes of input, weight and output: :attr:`mbytes`, or for older tables an estimate from the implicit
+        GEMM (output ``M x N``, input ``M x stride x C_in``, transposed the other way round, weight ``N x K``)."""
+        if self.mbytes > 0:
+            return self.mbytes * 1e6
+        n, k = self.c_out, self.c_in * self.kernel
+        m = self.gflop * 1e9 / (2 * n * k)
+        per_in, per_out = (1.0, self.stride) if "transpose" in self.detail else (self.stride, 1.0)
+        return (m * per_in * self.c_in + m * per_out * n + n * k) * _ITEMSIZE.get(self.dtype, 4)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ConvRate":
@@ -172,7 +190,8 @@ class ConvRate:
         d = _entry(d, cls)
         rate = cls(str(d["detail"]), str(d["dtype"]), _field(d, "c_in", int), _field(d, "c_out", int),
                    _field(d, "kernel", int), _field(d, "stride", float), _field(d, "gflop", float),
-                   _field(d, "tflops", float), str(d.get("layout", "nchw")))
+                   _field(d, "tflops", float), str(d.get("layout", "nchw")),
+                   _field(d, "mbytes", float, positive=False) if "mbytes" in d else 0.0)
         if not _CONV_DETAIL.fullmatch(rate.detail):
             raise ValueError(f"detail {rate.detail!r} is not a convolution class (conv2d, conv3d_transpose, ...)")
         if rate.dtype not in RATE_DTYPES:
@@ -181,12 +200,14 @@ class ConvRate:
             raise ValueError(f"layout {rate.layout!r} is not one of {', '.join(LAYOUTS)}")
         if rate.stride < 1:
             raise ValueError(f"stride must be at least 1, got {rate.stride!r}")
+        if rate.mbytes < 0:
+            raise ValueError(f"mbytes must be 0 (not recorded) or positive, got {rate.mbytes!r}")
         return rate
 
     def rounded(self) -> "ConvRate":
         """This entry with its floats to 4 significant figures for a spec file."""
         return ConvRate(self.detail, self.dtype, self.c_in, self.c_out, self.kernel, _sig(self.stride),
-                        _sig(self.gflop), _sig(self.tflops), self.layout)
+                        _sig(self.gflop), _sig(self.tflops), self.layout, _sig(self.mbytes) if self.mbytes else 0.0)
 
 
 def _nearest_tflops(pool: Sequence[Any], features: Sequence[float], weights: Sequence[float]) -> float:
@@ -214,47 +235,123 @@ def _pool(rates: Sequence[Any], detail: str, dtype: str, layout: str = "") -> li
     return pool
 
 
-#: Fewest measured convolutions of one class, dtype and layout before its rate is a fitted surface rather than
-#: the nearest neighbours' (the surface has 10 coefficients).
-REGRESSION_MIN_SAMPLES = 20
-#: Ridge penalty of the surface (log units).
-RIDGE = 0.1
+#: Fewest measured convolutions of one class, dtype and layout before their time is a fitted
+#: :class:`ConvTimeModel` rather than the nearest neighbours' rate (the model has 6 parameters).
+MODEL_MIN_SAMPLES = 12
 
 
-def _regressors(f: Sequence[float]) -> list[float]:
-    """The surface's terms of a feature vector (:meth:`ConvGeometry.features`): 1, the five features, the two
-    channel counts' product and squares, and the kernel volume times the (capped) input channels."""
-    return [1.0, *f, f[0] * f[1], f[0] ** 2, f[1] ** 2, min(f[0], 5.0) * f[2]]
+@dataclass(frozen=True)
+class ConvTimeModel:
+    """A roofline fitted through the measured convolutions of one class, dtype and layout.
+
+    A convolution is an implicit GEMM of ``M x N x K`` per group (``N`` output channels per group, ``K`` input
+    channels per group times the kernel volume, ``M`` output positions, or input positions for a transposed one,
+    times the batch and the groups; ``2 M N K = FLOPs``). Its device time (us)::
+
+        t = FLOPs / (peak * N / (N + n_half) * K / (K + k_half) * MN / (MN + mn_half)) + bytes / bandwidth + fixed
+
+    Each factor is the share of a tensor-core tile's work that is done: it is 1/2 where that dimension is its
+    ``*_half`` and tends to 1 above it (few channels leave tiles empty, a small output does not fill the SMs);
+    ``bytes`` is input, weight and output; ``fixed`` the per-call cost of cuDNN's kernels (2-5 of them per call).
+    Fitted in log time with an L1 loss (:func:`fit_conv_model`): cuDNN's heuristics send some odd shapes to kernels
+    10-50x slower than their neighbours', which a squared loss lets pull the whole surface. On the H200 probe's
+    1214 convolutions (2026-12-02, benchmarks/results/h200/accuracy/cost_model/conv_probe.json), 5-fold
+    cross-validation: median error 1.35x for fp32 2-D convolutions, 1.2x transposed 2-D, 1.12x depthwise, 1.6x 3-D;
+    on the 257 convolutions inside the 70 profiled KernelBench files, 1.21x (the ridge surface it replaced: 1.75x).
+
+    Attributes:
+        peak_tflops: TFLOP/s of a convolution with every dimension large.
+        n_half, k_half, mn_half: the N, K and M x N at which the rate halves.
+        gbps: GB/s of the bandwidth term.
+        fixed_us: fixed time per call (us).
+    """
+
+    peak_tflops: float
+    n_half: float
+    k_half: float
+    mn_half: float
+    gbps: float
+    fixed_us: float
+
+    def time_us(self, flops: float, n: float, k: float, nbytes: float) -> float:
+        """Device time (us) of a convolution of ``flops`` FLOPs, ``n`` output channels per group, ``k`` input
+        channels per group times the kernel volume, moving ``nbytes`` bytes."""
+        mn = flops / (2.0 * max(k, 1.0))
+        rate = (self.peak_tflops * 1e12 * n / (n + self.n_half) * k / (k + self.k_half) * mn / (mn + self.mn_half))
+        return flops / rate * 1e6 + nbytes / (self.gbps * 1e9) * 1e6 + self.fixed_us
+
+
+_MODEL_INIT = (200.0, 32.0, 64.0, 3e5, 3000.0, 5.0)  # H200-scale start; the fit moves each by orders of magnitude
+
+
+def _model_times(theta: Any, x: Any) -> Any:
+    import numpy as np
+
+    p, n_half, k_half, mn_half, gbps, fixed = np.exp(theta)
+    flops, n, k, nbytes = x.T
+    mn = flops / (2.0 * k)
+    rate = p * 1e12 * n / (n + n_half) * k / (k + k_half) * mn / (mn + mn_half)
+    return flops / rate * 1e6 + nbytes / (gbps * 1e9) * 1e6 + fixed
 
 
 @functools.lru_cache(maxsize=64)
-def _surface(pool: tuple[ConvRate, ...]) -> tuple[float, ...]:
-    """Ridge-regression coefficients of log TFLOP/s on :func:`_regressors` over ``pool``."""
+def fit_conv_model(pool: tuple[ConvRate, ...], iters: int = 60) -> ConvTimeModel:
+    """:class:`ConvTimeModel` through the measured convolutions ``pool`` (one class, dtype and layout), minimising
+    the mean absolute log error of the time: Levenberg-Marquardt on the log parameters, iteratively reweighted
+    (weights 1 / max(|residual|, 0.02)) for the L1 loss. Deterministic: a fixed start, a fixed number of steps.
+
+    Raises:
+        ValueError: ``pool`` is empty.
+    """
     import numpy as np
 
-    a = np.array([_regressors(r.features()) for r in pool])
-    y = np.array([math.log(r.tflops) for r in pool])
-    return tuple(np.linalg.solve(a.T @ a + RIDGE * np.eye(a.shape[1]), a.T @ y))
+    if not pool:
+        raise ValueError("fit_conv_model needs at least one measured convolution")
+    x = np.array([[r.gflop * 1e9, r.c_out, r.c_in * r.kernel, r.nbytes()] for r in pool], dtype=np.float64)
+    y = np.log(np.array([r.time_us() for r in pool], dtype=np.float64))
+    theta, lam = np.log(np.array(_MODEL_INIT)), 1e-2
+
+    def residual(t: Any) -> Any:
+        return np.log(_model_times(t, x)) - y
+
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # trial steps may overflow: rejected
+        for _ in range(iters):
+            r = residual(theta)
+            w = 1.0 / np.maximum(np.abs(r), 0.02)
+            jac = np.empty((len(y), len(theta)))
+            for j in range(len(theta)):
+                step = np.zeros_like(theta)
+                step[j] = 1e-5
+                jac[:, j] = (residual(theta + step) - r) / 1e-5
+            a, g, cost = jac.T @ (jac * w[:, None]), jac.T @ (w * r), float(np.sum(w * r * r))
+            for _ in range(10):
+                trial = np.clip(theta + np.linalg.solve(a + lam * np.diag(np.diag(a) + 1e-9), -g), -20.0, 30.0)
+                trial_cost = float(np.sum(w * residual(trial) ** 2))
+                if np.isfinite(trial_cost) and trial_cost < cost:
+                    theta, lam = trial, max(lam / 3.0, 1e-6)
+                    break
+                lam *= 4.0
+            if lam > 1e8:  # no step lowers the cost: converged
+                break
+    return ConvTimeModel(*(float(v) for v in np.exp(theta)))
 
 
-def interpolated_tflops(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layout: str = "nchw"
-                        ) -> float | None:
-    """The TFLOP/s ``geom`` is predicted to run at in ``layout``, from the measured ``rates`` of its class, dtype
-    (:data:`DTYPE_FALLBACK` when that dtype has none) and layout: a ridge-regression surface of log TFLOP/s over
-    the features (:func:`_regressors`) where the table holds :data:`REGRESSION_MIN_SAMPLES` or more of them, else
-    the inverse-distance weighted geometric mean of the :data:`NEIGHBOURS` nearest in
-    :data:`FEATURE_WEIGHTS`-scaled feature space; None when the table has no such convolution. Leave-one-out on
-    the shipped H200 table's 284 contiguous convolutions: median |log2 error| 0.47 for the surface, 0.63 for the
-    neighbours. The surface's prediction is kept within the pool's measured range."""
+def conv_time_us(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layout: str = "nchw"
+                 ) -> float | None:
+    """Predicted device time (us) of ``geom`` in ``dtype`` and ``layout``, from the measured ``rates`` of its class,
+    dtype (:data:`DTYPE_FALLBACK` when that dtype has none) and layout: the class's :class:`ConvTimeModel` where
+    the table holds :data:`MODEL_MIN_SAMPLES` or more of them, else its FLOPs over the inverse-distance weighted
+    rate of the :data:`NEIGHBOURS` nearest in :data:`FEATURE_WEIGHTS`-scaled feature space; None when the table
+    has no such convolution."""
     pool = _pool(rates, geom.detail, dtype, layout)
     if not pool:
         return None
-    if len(pool) < REGRESSION_MIN_SAMPLES:
-        return _nearest_tflops(pool, geom.features(), FEATURE_WEIGHTS)
-    coef = _surface(tuple(pool))
-    log_t = sum(c * x for c, x in zip(coef, _regressors(geom.features())))
-    lo, hi = min(r.tflops for r in pool), max(r.tflops for r in pool)
-    return min(max(math.exp(log_t), lo), hi)
+    if len(pool) < MODEL_MIN_SAMPLES:
+        return geom.flops / (_nearest_tflops(pool, geom.features(), FEATURE_WEIGHTS) * 1e12) * 1e6
+    model = fit_conv_model(tuple(pool))
+    item = _ITEMSIZE.get(dtype, 4)
+    return model.time_us(float(geom.flops), float(geom.c_out_per_group),
+                         float(geom.c_in_per_group * geom.kernel_volume), float(geom.elements * item))
 
 
 # --- matmuls -----------------------------------------------------------------------------------------------------
@@ -265,9 +362,6 @@ MATMUL_CLASSES = ("mm", "bmm")
 #: Distance weights of :meth:`MatmulRate.features`: M, N, K, batch, alignment (an unaligned leading dimension
 #: sends cuBLAS to its align1 kernels: a different regime, kept apart).
 MATMUL_WEIGHTS = (1.0, 1.0, 1.0, 0.5, 3.0)
-_ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8}
-
-
 def matmul_aligned(n: int, k: int, dtype: str) -> bool:
     """Whether K and N are multiples of 16 bytes (cuBLAS's vectorised kernels need it)."""
     per = 16 // _ITEMSIZE.get(dtype, 4)
@@ -320,7 +414,7 @@ def matmul_features(m: int, n: int, k: int, batch: int, dtype: str) -> tuple[flo
 def matmul_tflops(rates: Sequence[MatmulRate], detail: str, m: int, n: int, k: int, batch: int, dtype: str
                   ) -> float | None:
     """The TFLOP/s a ``detail`` (``mm`` / ``bmm``) matmul of these sizes is predicted to run at (nearest measured
-    neighbours, as :func:`interpolated_tflops`); None without a measured matmul of that class and dtype."""
+    neighbours, as :func:`conv_time_us` for a class with few measurements); None without a measured matmul of that class and dtype."""
     pool = _pool(rates, detail, dtype)
     return _nearest_tflops(pool, matmul_features(m, n, k, batch, dtype), MATMUL_WEIGHTS) if pool else None
 
@@ -417,18 +511,31 @@ class ConvProblem:
     transposed: bool
 
 
+#: Channels per group a sampled convolution draws from: image inputs (3, 4), the widths of common CNNs (ResNet's
+#: 64-2048, Inception's 96-832) and KernelBench's small ones.
+IN_CHANNELS = (3, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048)
+OUT_CHANNELS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048)
+GROUP_CHANNELS = (2, 4, 8, 16, 32, 64, 128)
+#: Share of sampled convolutions drawn as a network's layer (square kernel, "same" padding, a feature-map side of
+#: :data:`FEATURE_MAP_SIDES`, the batch from the FLOP target); the rest draw free kernels, paddings and sizes.
+#: Drawn freely, a wide layer came out at 4 x 4 to 8 x 8 positions with a 7 x 3 kernel and no padding, where
+#: cuDNN runs 10-50x below the rate of the same layer in a ResNet.
+NETWORK_SHARE = 0.5
+#: Feature-map sides of a network-like sample by spatial rank (CNN stages; a 1-D signal's length).
+FEATURE_MAP_SIDES = {1: (256, 1024, 4096, 16384), 2: (7, 14, 28, 56, 112, 224), 3: (8, 16, 32, 64)}
+
+
 def _problem(rng: random.Random, detail: str, dtype: str, max_elems: int,
              flop_range: tuple[float, float]) -> ConvProblem:
     d = int(detail[4])
     transposed = "transpose" in detail
     if detail.endswith("depthwise"):
-        c_in = c_out = groups = rng.choice((32, 64, 128, 256, 512))
+        c_in = c_out = groups = rng.choice((32, 64, 96, 128, 192, 256, 384, 512, 768, 1024))
         kernel = tuple(rng.choice((3, 3, 5, 7)) for _ in range(d))
     else:
         groups = rng.choice((2, 3, 4, 8)) if detail.endswith("grouped") else 1
-        per_in = rng.choice((2, 4, 8, 16, 32, 64, 128)) if groups > 1 else rng.choice((3, 4, 8, 16, 32, 64, 128,
-                                                                                          256, 512))
-        per_out = rng.choice((4, 8, 16, 32, 64, 128)) if groups > 1 else rng.choice((8, 16, 32, 64, 128, 256, 512))
+        per_in = rng.choice(GROUP_CHANNELS if groups > 1 else IN_CHANNELS)
+        per_out = rng.choice(GROUP_CHANNELS[1:] if groups > 1 else OUT_CHANNELS)
         c_in, c_out = per_in * groups, per_out * groups
         sizes = (2, 3, 3, 4, 5) if transposed else ((1, 3, 3, 5) if d == 3 else (1, 3, 3, 3, 5, 7))
         if rng.random() < 0.3:  # a square kernel
@@ -439,14 +546,24 @@ def _problem(rng: random.Random, detail: str, dtype: str, max_elems: int,
     # "same" padding or none; a transposed convolution keeps none (with padding its output can be smaller than
     # its input, and the op graph tells a transposed convolution by its larger output)
     padding = tuple(k // 2 for k in kernel) if not transposed and rng.random() < 0.5 else (0,) * d
-    # spatial size: a target FLOP count, log-uniform over flop_range, capped in memory
+    # a target FLOP count, log-uniform over flop_range
     target = math.exp(rng.uniform(math.log(flop_range[0]), math.log(flop_range[1])))
-    batch = rng.choice((1, 4, 8, 16, 32, 64, 128))
     # FLOPs per input position (transposed) or per output position: 2 x C_in/g x C_out x kernel volume
     per_position = 2 * (c_in // groups) * c_out * _prod(kernel)
-    positions = max(target / (batch * per_position), 1.0)
-    side = int(round(positions ** (1.0 / d) * (1 if transposed else stride)))
-    side = min(max(side, max(kernel) + 1), {1: 1 << 16, 2: 1024, 3: 192}[d])
+    if rng.random() < NETWORK_SHARE:  # as a network's layer: square kernel, same padding, a feature-map size
+        if not detail.endswith("depthwise"):
+            sizes = (2, 3, 4, 4) if transposed else ((1, 1, 3, 3, 5, 7) if d < 3 else (1, 3, 3, 5))
+            kernel = (rng.choice(sizes),) * d
+            per_position = 2 * (c_in // groups) * c_out * _prod(kernel)
+        padding = (0,) * d if transposed else tuple(k // 2 for k in kernel)
+        side = rng.choice(FEATURE_MAP_SIDES[d])
+        side = max(side, max(kernel) + 1)
+        batch = min(max(int(round(target / (per_position * (side / (1 if transposed else stride)) ** d))), 1), 256)
+    else:  # the spatial size from the FLOP target at a drawn batch
+        batch = rng.choice((1, 4, 8, 16, 32, 64, 128))
+        positions = max(target / (batch * per_position), 1.0)
+        side = int(round(positions ** (1.0 / d) * (1 if transposed else stride)))
+        side = min(max(side, max(kernel) + 1), {1: 1 << 16, 2: 1024, 3: 192}[d])
 
     def elems(batch: int, side: int) -> int:  # the larger of input and output
         out_side = side * stride if transposed else side // stride
@@ -459,9 +576,10 @@ def _problem(rng: random.Random, detail: str, dtype: str, max_elems: int,
     return ConvProblem(detail, dtype, batch, c_in, c_out, (side,) * d, kernel, stride, padding, groups, transposed)
 
 
-#: FLOPs per sampled convolution on a GPU (log-uniform between): KernelBench's run 0.1 to 400 GFLOP; a table
-#: sampled at 0.3-30 GFLOP put the large level-1 convolutions at a third of their measured rate.
-GPU_FLOP_RANGE = (3e8, 2e11)
+#: FLOPs per sampled convolution on a GPU (log-uniform between): KernelBench's run 0.1 to 400 GFLOP, a ResNet's
+#: or an Inception's layers 0.03 to 7 (batch 10); a table sampled at 0.3-30 GFLOP put the large level-1
+#: convolutions at a third of their measured rate.
+GPU_FLOP_RANGE = (1e7, 2e11)
 
 
 #: Share of :func:`sample_plan`'s per-dtype count each class gets: the common 2-D convolution the most.
@@ -509,10 +627,10 @@ def sample_plan(per_class: dict[str, int], seed: int = 0, max_elems: int = 64 <<
 
 def measure_conv_rates(device: str, problems: Sequence[ConvProblem], timer: Callable[[Callable[[], Any]], Any],
                        budget_s: float, dtypes: dict[str, Any]) -> tuple[list[ConvRate], dict[str, str]]:
-    """Time each of ``problems`` (``torch.nn.functional.conv{d}d`` or ``conv_transpose{d}d`` with PyTorch's default
-    cuDNN settings: TF32 on for fp32, ``cudnn.benchmark`` as the caller has it) with ``timer`` until ``budget_s``
-    seconds have passed, contiguous and (2-D and 3-D) channels-last; returns the measured rates and, per problem
-    that failed or was left out, why."""
+    """Time each of ``problems`` (``torch.nn.functional.conv{d}d`` or ``conv_transpose{d}d``, no bias, with PyTorch's
+    default cuDNN settings: TF32 on for fp32, ``cudnn.benchmark`` as the caller has it) with ``timer`` (a call ->
+    an object with ``median_ms``) until ``budget_s`` seconds have passed; returns the measured rates and, per
+    problem that failed or was left out, why."""
     import time
 
     import torch
@@ -533,31 +651,25 @@ def measure_conv_rates(device: str, problems: Sequence[ConvProblem], timer: Call
             if p.transposed:
                 w = torch.randn(p.c_in, p.c_out // p.groups, *p.kernel, device=device, dtype=dt)
                 fn = getattr(F, f"conv_transpose{d}d")
-                call = lambda x=x, w=w, fn=fn, p=p: fn(x, w, stride=p.stride, padding=p.padding, groups=p.groups)
             else:
                 w = torch.randn(p.c_out, p.c_in // p.groups, *p.kernel, device=device, dtype=dt)
                 fn = getattr(F, f"conv{d}d")
-                call = lambda x=x, w=w, fn=fn, p=p: fn(x, w, stride=p.stride, padding=p.padding, groups=p.groups)
+            call = lambda x=x, w=w, fn=fn, p=p: fn(x, w, stride=p.stride, padding=p.padding, groups=p.groups)
             y = call()
             geom = ConvGeometry.from_shapes(tuple(x.shape), tuple(w.shape), tuple(y.shape))
             if geom is None or geom.detail != p.detail:
                 failed.append(f"{p.detail} measured as {geom.detail if geom else 'nothing'}")
                 continue
             del y
-            times = {"nchw": timer(call).median_ms}
-            if d in (2, 3):  # the same convolution channels-last, as Inductor's layout optimisation runs it
-                fmt = torch.channels_last if d == 2 else torch.channels_last_3d
-                x, w = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
-                times["nhwc"] = timer(lambda x=x, w=w, fn=fn, p=p: fn(x, w, stride=p.stride, padding=p.padding,
-                                                                      groups=p.groups)).median_ms
+            ms = timer(call).median_ms
         except (RuntimeError, ValueError) as e:  # an unsupported geometry, out of memory
             failed.append(f"{p.detail} {p.dtype}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
             continue
         finally:
             x = w = None  # noqa: F841 (free before the next problem)
-        for layout, ms in times.items():
-            rates.append(ConvRate(p.detail, p.dtype, geom.c_in_per_group, geom.c_out_per_group, geom.kernel_volume,
-                                  geom.stride, geom.flops / 1e9, geom.flops / (ms * 1e-3) / 1e12, layout))
+        rates.append(ConvRate(p.detail, p.dtype, geom.c_in_per_group, geom.c_out_per_group, geom.kernel_volume,
+                              geom.stride, geom.flops / 1e9, geom.flops / (ms * 1e-3) / 1e12, "nchw",
+                              geom.elements * _ITEMSIZE[p.dtype] / 1e6))
     if failed:
         skipped["conv_rates failed"] = f"{len(failed)} convolution(s) not measured, e.g. {failed[0]}"
     return rates, skipped
@@ -568,11 +680,17 @@ def measure_conv_rates(device: str, problems: Sequence[ConvProblem], timer: Call
 #: Convolutions sampled per class of :data:`fusion_advisor.devices.op_rates.CONV_CLASSES` and dtype, and the time
 #: budget (s) of the whole sample (checked between convolutions), by device and ``quick``. fp32 carries KernelBench
 #: and most CNNs.
-CONV_SAMPLES = {"cuda": ({"fp32": 64, "bf16": 20}, 18.0), "cuda-quick": ({"fp32": 12}, 6.0),
+CONV_SAMPLES = {"cuda": ({"fp32": 200, "bf16": 40}, 20.0), "cuda-quick": ({"fp32": 24}, 6.0),
                 "cpu": ({"fp32": 8}, 10.0), "cpu-quick": ({"fp32": 4}, 3.0)}
-#: do_bench budgets of one sampled convolution or matmul (ms): hundreds are timed within the budget, each a median
-#: of a few calls (its L2 flushed between calls).
+#: do_bench budgets of one sampled matmul (ms), and of a convolution on a CPU: hundreds are timed within the
+#: budget, each a median of a few calls (its L2 flushed between calls).
 TABLE_WARMUP_MS, TABLE_REP_MS = 2.0, 8.0
+#: Profiled calls per sampled convolution on a GPU (:func:`fusion_advisor.kernel_tools.bench.device_time_ms`: the
+#: summed durations of its kernels, L2 warm, as ``analyze --profile`` measures an op inside a model). Fitted through
+#: the probe's 1214 convolutions timed by do_bench with L2 flushed, the level-3 models' 216 convolutions (ResNet-101,
+#: GoogLeNet, ShuffleNet at batch 10: inputs of 1-48 MB, L2-resident after the op before) came out at a median
+#: 1.58x their measured time; timed by their kernels, 1.08x (benchmarks/accuracy/conv_rate_probe.py).
+TABLE_KERNEL_CALLS = 3
 #: Elements of the larger of a sampled convolution's input and output on a GPU (512 MiB in fp32): KernelBench's
 #: level-1 convolutions write outputs of over 100 M elements, and the largest run at several times the rate of
 #: small ones.
@@ -585,8 +703,15 @@ def measure_convolutions(device: str, quick: bool, timer: Callable[[Callable[[],
                          dtypes: dict[str, Any]) -> tuple[list[ConvRate], dict[str, str]]:
     """The spec's ``conv_rates``: :data:`CONV_SAMPLES` convolutions of :func:`sample_plan` timed by
     :func:`measure_conv_rates`, with PyTorch's default cuDNN settings (TF32 on for convolutions,
-    ``cudnn.benchmark`` off) set for the measurement and restored after it."""
+    ``cudnn.benchmark`` off) set for the measurement and restored after it. On a GPU each is timed by its kernels'
+    summed durations (:data:`TABLE_KERNEL_CALLS` profiled calls), elsewhere by ``timer``."""
     per_class, budget = CONV_SAMPLES[device + ("-quick" if quick else "")]
+    if device == "cuda":
+        from fusion_advisor.kernel_tools.bench import Timing, device_time_ms
+
+        def timer(fn: Callable[[], Any]) -> Any:
+            return Timing(device_time_ms(fn, iters=TABLE_KERNEL_CALLS), None, None)
+
     plan = (sample_plan(per_class, max_elems=GPU_MAX_ELEMS) if device == "cuda"
             else sample_plan(per_class, max_elems=4 << 20, flop_range=CPU_CONV_FLOP_RANGE))
     import torch
@@ -614,3 +739,47 @@ def measure_matmuls(device: str, quick: bool, timer: Callable[[Callable[[], Any]
     plan = (matmul_plan(per_class) if device == "cuda"
             else matmul_plan(per_class, max_elems=4 << 20, flop_range=(1e7, 2e9)))
     return measure_matmul_rates(device, plan, timer, budget, dtypes)
+
+
+# --- recurrent layers ---------------------------------------------------------------------------------------------
+
+#: The recurrent layer stack calibrate times per cell: ``(input size, hidden size, layers, sequence length,
+#: batch)``. Small enough that every cell step is latency-bound (KernelBench's LSTM/GRU files: hidden 256,
+#: batch 10, 6 layers of 512 steps), so the time per step is what a recurrence of that kind costs at any length.
+RECURRENT_PROBE = (128, 256, 2, 128, 10)
+#: The probe's sequence length under ``--quick`` and on a CPU.
+RECURRENT_PROBE_SEQ_QUICK = 16
+
+
+def measure_recurrent_steps(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Any]
+                            ) -> tuple[dict[str, float], dict[str, str]]:
+    """The spec's ``recurrent_step_us``: device time per cell step (us) of ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN``
+    (tanh, relu) at :data:`RECURRENT_PROBE` in fp32 (cuDNN on a GPU, TF32 as PyTorch's default allows), forward
+    without grad: the call's time over its ``layers * sequence`` steps. On a GPU timed by the summed durations of
+    its kernels (:data:`TABLE_KERNEL_CALLS` profiled calls), elsewhere by ``timer``. Returns the steps and, per
+    cell that failed, why."""
+    import torch
+
+    size, hidden, layers, seq, batch = RECURRENT_PROBE
+    if quick or device != "cuda":
+        seq = RECURRENT_PROBE_SEQ_QUICK
+    if device == "cuda":
+        from fusion_advisor.kernel_tools.bench import Timing, device_time_ms
+
+        def timer(fn: Callable[[], Any]) -> Any:
+            return Timing(device_time_ms(fn, iters=TABLE_KERNEL_CALLS), None, None)
+
+    cells = {"lstm": (torch.nn.LSTM, {}), "gru": (torch.nn.GRU, {}), "rnn_tanh": (torch.nn.RNN, {}),
+             "rnn_relu": (torch.nn.RNN, {"nonlinearity": "relu"})}
+    out: dict[str, float] = {}
+    failed: dict[str, str] = {}
+    x = torch.randn(seq, batch, size, device=device)
+    for cell, (cls, kw) in cells.items():
+        try:
+            layer = cls(size, hidden, layers, **kw).to(device)
+            with torch.no_grad():
+                ms = timer(lambda layer=layer: layer(x)).median_ms
+            out[cell] = _sig(ms * 1e3 / (layers * seq))
+        except (RuntimeError, ValueError) as e:
+            failed[f"recurrent_step_us {cell}"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    return out, failed

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -124,10 +125,12 @@ def _device_events(fn: Callable[[], Any], iters: int, caller: str) -> list[Any]:
     torch.cuda.synchronize()
     from fusion_advisor.analyze.capture import quiet_native_stderr  # libkineto's "USDT: profiler_start" lines
 
-    with quiet_native_stderr(), profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
+    with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle": one cycle here
+        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+        with quiet_native_stderr(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                fn()
+            torch.cuda.synchronize()
     return [e for e in prof.key_averages() if e.self_device_time_total > 0]
 
 
