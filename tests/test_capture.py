@@ -225,3 +225,31 @@ def test_apply_captures_recurrent_layers_as_torch_compile_does(tmp_path):
 
     assert kept.method == "dynamo" and recurrent_nodes(kept) == 2
     assert recurrent_nodes(broken) == 0
+
+
+def test_an_exported_recurrent_layer_is_priced_as_the_opaque_one(tmp_path):
+    """apply's capture breaks dynamo's graph at RNNs and may fall back to export, which records ``aten.gru.input``:
+    the same cell, steps and FLOPs as analyze's opaque op."""
+    from fusion_advisor.analyze.capture import capture
+    from fusion_advisor.analyze.load import load_model
+    from fusion_advisor.analyze.pipeline import analyze_capture
+    from fusion_advisor.analyze.rules import load_rules
+    from fusion_advisor.devices import load_spec
+
+    model = tmp_path / "gru.py"
+    model.write_text("import torch, torch.nn as nn\n"
+                     "class Model(nn.Module):\n"
+                     "    def __init__(self):\n"
+                     "        super().__init__(); self.gru = nn.GRU(8, 16, 2)\n"
+                     "    def forward(self, x):\n"
+                     "        return self.gru(x)[0]\n"
+                     "def get_inputs(): return [torch.randn(5, 3, 8)]\n"
+                     "def get_init_inputs(): return []\n")
+    loaded = load_model(model, device="cpu")
+    spec, rules = load_spec("h200"), load_rules()
+    ops = {}
+    for recurrent in (True, False):
+        a = analyze_capture(loaded, capture(loaded, recurrent=recurrent), spec, rules)
+        ops[recurrent] = [o for o in a.ops if o.category == "recurrent"]
+    assert [(o.variant, o.sequential_steps, o.flops) for o in ops[False]] == \
+        [(o.variant, o.sequential_steps, o.flops) for o in ops[True]] == [("gru", 10, 2 * 15 * 48 * (8 + 16 + 16 + 16))]

@@ -172,13 +172,23 @@ def _matmul_like_flops(target: Any, node: torch.fx.Node, out: Any) -> int:
         return 0
 
 
+_RECURRENT_ATEN = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+
+
 def _recurrent_args(node: torch.fx.Node) -> tuple[str, Any, list[Any], int, bool, bool] | None:
-    """``(cell, x, params, num_layers, bidirectional, batch_first)`` of our opaque recurrent op's node
-    (:func:`fusion_advisor.analyze.capture._recurrent`), tensors as fake values; None for other nodes."""
-    if _op_name(node.target) != "recurrent" or len(node.args) < 10:
+    """``(cell, x, params, num_layers, bidirectional, batch_first)`` of a recurrent node, tensors as fake values:
+    our opaque op (:func:`fusion_advisor.analyze.capture._recurrent`, the cell its first argument) or the aten op
+    ``aten.<cell>.input`` an export or symbolic trace records (``input, hx, params, has_biases, num_layers,
+    dropout, train, bidirectional, batch_first``); None for other nodes (the packed-sequence overloads included)."""
+    name = _op_name(node.target)
+    if name == "recurrent" and len(node.args) >= 10:
+        cell, args = str(node.args[0]), node.args[1:10]
+    elif name in _RECURRENT_ATEN and len(node.args) >= 9 and isinstance(node.args[2], (list, tuple)):
+        cell, args = name, node.args[:9]
+    else:
         return None
-    cell, x, _, params, _, layers, _, _, bidir, batch_first = node.args[:10]
-    return str(cell), _val(x), [_val(p) for p in params], int(layers), bool(bidir), bool(batch_first)
+    x, _, params, _, layers, _, _, bidir, batch_first = args
+    return cell, _val(x), [_val(p) for p in params], int(layers), bool(bidir), bool(batch_first)
 
 
 def recurrent_geometry(node: torch.fx.Node) -> tuple[str, int]:

@@ -51,9 +51,9 @@ from fusion_advisor.kernel_tools.bench import Timing, time_cpu, time_cuda
 from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, parse_spec
 from fusion_advisor.devices.host_costs import (measure_launch_by_class, measure_module_call_us, measure_view_us,
                                                per_op_us)
-from fusion_advisor.devices.op_rates import (RECURRENT_PROBE, TABLE_KERNEL_CALLS, TABLE_REP_MS, TABLE_WARMUP_MS,
-                                            ConvRate, MatmulRate, measure_convolutions, measure_matmuls,
-                                            measure_recurrent_steps)
+from fusion_advisor.devices.op_rates import (TABLE_KERNEL_CALLS, TABLE_REP_MS, TABLE_WARMUP_MS, ConvRate, MatmulRate,
+                                            measure_convolutions, measure_matmuls, measure_recurrent_steps,
+                                            recurrent_probe)
 from fusion_advisor.dtypes import TORCH_DTYPES
 from fusion_advisor.errors import CalibrationError
 from fusion_advisor import files
@@ -148,6 +148,7 @@ class Calibration:
         matmul_rates: measured matmuls by shape (:func:`measure_matmuls`).
         recurrent_step_us: device time per cell step of cuDNN recurrent layers by cell (us,
             :func:`measure_recurrent_steps`).
+        recurrent_probe: the ``(input, hidden, layers, sequence, batch)`` those were measured at.
         launch_by_class: host time per eager call by op class (us, :func:`measure_launch_by_class`).
         step_seconds: wall seconds of each measurement step, by its progress line.
         launch_us: wall time per tiny eager op in a long loop (us).
@@ -184,6 +185,7 @@ class Calibration:
     launch_by_class: dict[str, float] = field(default_factory=dict)
     step_seconds: dict[str, float] = field(default_factory=dict)
     recurrent_step_us: dict[str, float] = field(default_factory=dict)
+    recurrent_probe: tuple[int, ...] = ()
 
 
 def _versions() -> dict[str, str]:
@@ -575,7 +577,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         matmul_rates, matmul_skipped = measure_matmuls(device, quick, table_timer, _DTYPES)
         not_measured.update(matmul_skipped)
         step("recurrent layers (time per cell step)")
-        recurrent, recurrent_failed = measure_recurrent_steps(device, quick, table_timer)
+        recurrent, recurrent_failed = measure_recurrent_steps(device, quick, timer)  # CPU: the longer timer
         not_measured.update(recurrent_failed)
         floor = elementwise = None
         if device == "cuda":
@@ -596,7 +598,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         unaligned_tflops=unaligned, elementwise_overhead_us=elementwise,
         not_measured=not_measured, view_us=view_us, module_call_us=module_us, conv_rates=conv_rates,
         launch_by_class=launch_by_class, step_seconds=seconds,
-        matmul_rates=matmul_rates, recurrent_step_us=recurrent,
+        matmul_rates=matmul_rates, recurrent_step_us=recurrent, recurrent_probe=recurrent_probe(device, quick),
         timer="triton.testing.do_bench median (L2 flushed before each call)" if device == "cuda"
         else "wall-clock median (time.perf_counter)")
 
@@ -746,8 +748,8 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
            if cal.matmul_rates else {}),
         **({"recurrent_step_us": dict(cal.recurrent_step_us),
             "recurrent_step_us_source": (
-                f"{by}: nn.LSTM / nn.GRU / nn.RNN (input, hidden, layers, sequence, batch) = {RECURRENT_PROBE} "
-                "(sequence shortened under --quick and on a CPU), fp32, forward without grad, the call's "
+                f"{by}: nn.LSTM / nn.GRU / nn.RNN (input, hidden, layers, sequence, batch) = "
+                f"{tuple(cal.recurrent_probe)}, fp32, forward without grad, the call's "
                 + ("summed kernel durations" if cal.device == "cuda" else cal.timer)
                 + " over its layers x sequence steps")}
            if cal.recurrent_step_us else {}),

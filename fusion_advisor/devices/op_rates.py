@@ -751,6 +751,13 @@ RECURRENT_PROBE = (128, 256, 2, 128, 10)
 RECURRENT_PROBE_SEQ_QUICK = 16
 
 
+def recurrent_probe(device: str, quick: bool) -> tuple[int, int, int, int, int]:
+    """The ``(input, hidden, layers, sequence, batch)`` calibrate times: :data:`RECURRENT_PROBE`, with
+    :data:`RECURRENT_PROBE_SEQ_QUICK` steps under ``quick`` or on a CPU."""
+    size, hidden, layers, seq, batch = RECURRENT_PROBE
+    return size, hidden, layers, RECURRENT_PROBE_SEQ_QUICK if quick or device != "cuda" else seq, batch
+
+
 def measure_recurrent_steps(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Any]
                             ) -> tuple[dict[str, float], dict[str, str]]:
     """The spec's ``recurrent_step_us``: device time per cell step (us) of ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN``
@@ -760,9 +767,7 @@ def measure_recurrent_steps(device: str, quick: bool, timer: Callable[[Callable[
     cell that failed, why."""
     import torch
 
-    size, hidden, layers, seq, batch = RECURRENT_PROBE
-    if quick or device != "cuda":
-        seq = RECURRENT_PROBE_SEQ_QUICK
+    size, hidden, layers, seq, batch = recurrent_probe(device, quick)
     if device == "cuda":
         from fusion_advisor.kernel_tools.bench import Timing, device_time_ms
 
