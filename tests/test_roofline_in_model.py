@@ -147,3 +147,14 @@ def test_cuda_graphs_leave_a_recurrent_layer_as_eager_runs_it():
     est = estimate(chain, {rnn.id: rnn}, spec)
     assert est.eager_us == pytest.approx(1500.0)  # host-bound: 100 steps of 1.5 launches of 10 us
     assert est.cudagraphs_us == est.eager_us  # torch.compile breaks the graph at an RNN module: no replay
+
+
+@pytest.mark.parametrize("row, last, passes", [(512, True, 1), (1024, True, 1), (8192, True, 3), (16, False, 3)])
+def test_eager_softmax_reads_its_input_once_only_in_the_persistent_kernel(row, last, passes):
+    from fusion_advisor.analyze.roofline import op_bytes
+
+    t = TensorMeta(shape=(64, row), dtype="fp32", numel=64 * row, nbytes=4 * 64 * row)
+    op = OpInfo(id="g0:sm", graph_index=0, target="aten._softmax.default", category="softmax", inputs=(t,),
+                outputs=(t,), flops=0, bytes_read=t.nbytes, bytes_written=t.nbytes, module_path="",
+                source=SourceLoc("m.py", 1, "x"), reduction_elems=row, reduces_last_dim=last)
+    assert op_bytes(op) == passes * t.nbytes + t.nbytes  # the input read `passes` times, the output written once

@@ -110,12 +110,26 @@ def op_bandwidth_gbps(op: OpInfo, spec: DeviceSpec) -> float:
     return spec.memory_bandwidth_gbps
 
 
+#: Longest row (elements) PyTorch's eager softmax / log-softmax runs in its persistent warp-per-row kernel
+#: (``dispatch_softmax_forward``: ``dim_size <= 1024`` and at most 4096 bytes), which reads its input once.
+#: Longer rows and softmax over a dim other than the last run block-per-row (``cunn_SoftMaxForward``) or spatial
+#: kernels that pass over the input three times: for the max, for the sum of exponentials, and to write the output.
+#: Measured on the H200 (analyze --profile, 2026-12-01/02): rows of 8192 and 393216 fp32 at 2.16x and 2.04x the
+#: one-read roofline, rows of 512 at 1.09x, softmax over channels (rows of 16-24) at 2.4x and 4.7x.
+SOFTMAX_PERSISTENT_ROW = 1024
+
+
 def op_bytes(op: OpInfo) -> int:
-    """Bytes one op moves run eagerly: its reads and writes, plus the math SDPA backend's score-matrix traffic."""
+    """Bytes one op moves run eagerly: its reads and writes, plus the math SDPA backend's score-matrix traffic,
+    plus two more reads of the input for a softmax PyTorch does not run in one pass
+    (:data:`SOFTMAX_PERSISTENT_ROW`)."""
     extra = 0
     if op.category == "attention" and op.variant == "math" and len(op.inputs) >= 2:
         extra = math_score_bytes(op.inputs[0].shape, op.inputs[1].shape, _ITEMSIZE.get(op.dtype, 4),
                                  mask=len(op.inputs) > 3)
+    elif op.category == "softmax" and op.inputs and (not op.reduces_last_dim
+                                                      or op.reduction_elems > SOFTMAX_PERSISTENT_ROW):
+        extra = 2 * op.inputs[0].nbytes
     return op.bytes_read + op.bytes_written + extra
 
 
