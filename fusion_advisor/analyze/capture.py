@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
+from fusion_advisor.devices.op_rates import RECURRENT_CELLS
 from fusion_advisor.errors import CaptureError, ModelRunError
 from fusion_advisor.analyze.load import LoadedModel
 from fusion_advisor.analyze.records import PARTIAL_COVERAGE, GraphBreak, SourceLoc
@@ -144,11 +145,12 @@ def _mha_as_sdpa(query, key, value, embed_dim_to_check, num_heads, in_proj_weigh
     return F.linear(out, out_proj_weight, out_proj_bias).view(tgt_len, bsz, embed_dim), None
 
 
-#: Recurrent cells dynamo records as one call (``torch.lstm(input, (h0, c0), params, has_biases, num_layers,
-#: dropout, train, bidirectional, batch_first)`` and the same with one ``hx`` for the others) when it traces
-#: ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` (``torch._dynamo.config.allow_rnn``).
-RECURRENT_CELLS = {torch.lstm: "lstm", torch.gru: "gru", torch.rnn_tanh: "rnn_tanh", torch.rnn_relu: "rnn_relu"}
-_CELL_FN = {cell: fn for fn, cell in RECURRENT_CELLS.items()}
+#: The calls dynamo records for a recurrent layer stack of each cell of
+#: :data:`fusion_advisor.devices.op_rates.RECURRENT_CELLS` (``torch.lstm(input, (h0, c0), params, has_biases,
+#: num_layers, dropout, train, bidirectional, batch_first)`` and the same with one ``hx`` for the others) when it
+#: traces ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` (``torch._dynamo.config.allow_rnn``).
+_CELL_FN = {cell: getattr(torch, cell) for cell in RECURRENT_CELLS}
+_CELL_OF = {fn: cell for cell, fn in _CELL_FN.items()}
 
 
 @torch.library.custom_op("fusion_advisor_capture::recurrent", mutates_args=())
@@ -197,8 +199,8 @@ def _is_sequence_call(node: torch.fx.Node) -> bool:
 
 
 def keep_attention_opaque(gm: torch.fx.GraphModule) -> int:
-    """Rewrite SDPA (and ``nn.MultiheadAttention``'s functional) calls, and the recurrent layers of
-    :data:`RECURRENT_CELLS`, in a dynamo graph so that each stays one opaque op through AOTAutograd; return how
+    """Rewrite SDPA (and ``nn.MultiheadAttention``'s functional) calls, and the ``torch.<cell>`` calls of
+    recurrent layers, in a dynamo graph so that each stays one opaque op through AOTAutograd; return how
     many were rewritten."""
     count = 0
     for node in gm.graph.nodes:
@@ -208,8 +210,8 @@ def keep_attention_opaque(gm: torch.fx.GraphModule) -> int:
         elif node.op == "call_function" and node.target is torch.nn.functional.multi_head_attention_forward:
             node.target = _mha_as_sdpa
             count += 1
-        elif node.op == "call_function" and node.target in RECURRENT_CELLS and _is_sequence_call(node):
-            node.target = _recurrent_call(RECURRENT_CELLS[node.target])
+        elif node.op == "call_function" and node.target in _CELL_OF and _is_sequence_call(node):
+            node.target = _recurrent_call(_CELL_OF[node.target])
             count += 1
     if count:
         gm.graph.lint()

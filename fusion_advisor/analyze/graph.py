@@ -23,6 +23,7 @@ import torch.fx
 from torch.utils.flop_counter import flop_registry
 
 from fusion_advisor.analyze.capture import Capture, source_of
+from fusion_advisor.devices.op_rates import RECURRENT_CELLS
 from fusion_advisor.dtypes import dtype_name
 from fusion_advisor.analyze.load import KEYWORD_WRAPPER_ATTR
 from fusion_advisor.analyze.records import OpInfo, SourceLoc, TensorMeta
@@ -61,7 +62,7 @@ _BY_NAME: dict[str, set[str]] = {
                   "_flash_attention_forward", "_efficient_attention_forward", "scaled_dot_product_attention"},
     "embedding": {"embedding", "embedding_bag", "_embedding_bag"},
     # cuDNN's recurrent layer stacks: our opaque op (capture.py) and the aten ops a GPU trace names
-    "recurrent": {"recurrent", "_cudnn_rnn", "lstm", "gru", "rnn_tanh", "rnn_relu"},
+    "recurrent": {"recurrent", "_cudnn_rnn", *RECURRENT_CELLS},
     "softmax": {"_softmax", "_safe_softmax", "_log_softmax", "softmax", "log_softmax"},
     "normalization": {"native_layer_norm", "native_group_norm", "native_batch_norm", "_native_batch_norm_legit",
                       "_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional",
@@ -172,9 +173,6 @@ def _matmul_like_flops(target: Any, node: torch.fx.Node, out: Any) -> int:
         return 0
 
 
-_RECURRENT_ATEN = ("lstm", "gru", "rnn_tanh", "rnn_relu")
-
-
 def _recurrent_args(node: torch.fx.Node) -> tuple[str, Any, list[Any], int, bool, bool] | None:
     """``(cell, x, params, num_layers, bidirectional, batch_first)`` of a recurrent node, tensors as fake values:
     our opaque op (:func:`fusion_advisor.analyze.capture._recurrent`, the cell its first argument) or the aten op
@@ -183,7 +181,7 @@ def _recurrent_args(node: torch.fx.Node) -> tuple[str, Any, list[Any], int, bool
     name = _op_name(node.target)
     if name == "recurrent" and len(node.args) >= 10:
         cell, args = str(node.args[0]), node.args[1:10]
-    elif name in _RECURRENT_ATEN and len(node.args) >= 9 and isinstance(node.args[2], (list, tuple)):
+    elif name in RECURRENT_CELLS and len(node.args) >= 9 and isinstance(node.args[2], (list, tuple)):
         cell, args = name, node.args[:9]
     else:
         return None
@@ -191,27 +189,20 @@ def _recurrent_args(node: torch.fx.Node) -> tuple[str, Any, list[Any], int, bool
     return cell, _val(x), [_val(p) for p in params], int(layers), bool(bidir), bool(batch_first)
 
 
-def recurrent_geometry(node: torch.fx.Node) -> tuple[str, int]:
-    """``(cell, steps)`` of a recurrent op: the cell (``lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``) and the cell
-    steps that run one after another, ``layers * directions * sequence length``; ``("", 0)`` when unreadable."""
+def recurrent_geometry(node: torch.fx.Node) -> tuple[str, int, int]:
+    """``(cell, steps, FLOPs)`` of a recurrent op; ``("", 0, 0)`` when unreadable.
+
+    cell: ``lstm``, ``gru``, ``rnn_tanh`` or ``rnn_relu``. steps: the cell steps that run one after another,
+    ``layers * directions * sequence length``. FLOPs: every weight matrix (``w_ih [gates * hidden, in]``,
+    ``w_hh [gates * hidden, hidden]`` per layer and direction) multiplies one vector per token, 2 FLOPs per
+    multiply-add: ``2 * batch * seq * sum(w.numel())``; the gates' elementwise work is not counted."""
     args = _recurrent_args(node)
     if args is None or not isinstance(args[1], torch.Tensor) or args[1].dim() != 3:
-        return "", 0
-    cell, x, _, layers, bidir, batch_first = args
+        return "", 0, 0
+    cell, x, params, layers, bidir, batch_first = args
     seq = x.shape[1] if batch_first else x.shape[0]
-    return cell, int(layers * (2 if bidir else 1) * seq)
-
-
-def recurrent_flops(node: torch.fx.Node) -> int:
-    """FLOPs of a recurrent op: every weight matrix (``w_ih [gates * hidden, in]``, ``w_hh [gates * hidden,
-    hidden]`` per layer and direction) multiplies one vector per token, 2 FLOPs per multiply-add:
-    ``2 * batch * seq * sum(w.numel())``; the gates' elementwise work is not counted. 0 when unreadable."""
-    args = _recurrent_args(node)
-    if args is None or not isinstance(args[1], torch.Tensor) or args[1].dim() != 3:
-        return 0
-    _, x, params, _, _, _ = args
-    tokens = x.shape[0] * x.shape[1]
-    return int(2 * tokens * sum(p.numel() for p in params if isinstance(p, torch.Tensor) and p.dim() == 2))
+    weights = sum(p.numel() for p in params if isinstance(p, torch.Tensor) and p.dim() == 2)
+    return cell, int(layers * (2 if bidir else 1) * seq), int(2 * x.shape[0] * x.shape[1] * weights)
 
 
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -467,16 +458,16 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     row, last = _reduction_geometry(node, _op_name(target), category, inputs, outputs)
     variant, kernels = (attention_variant(node, _op_name(target)) if category == "attention"
                         else ("", MULTI_KERNEL_OPS.get(_op_name(target), 1)))
-    steps = 0
+    steps = recurrent_flops = 0
     if category == "recurrent":
-        variant, steps = recurrent_geometry(node)
+        variant, steps, recurrent_flops = recurrent_geometry(node)
     if category == "view":
         flops, read, written = 0, 0, 0
     else:
         read = sum(m.nbytes for m in inputs)
         written = sum(m.nbytes for m in outputs)
         if category == "recurrent":
-            flops = recurrent_flops(node)
+            flops = recurrent_flops
         elif category in HEAVY:
             flops = _matmul_like_flops(target, node, out_val) if category != "embedding" else 0
             if category == "embedding" and len(inputs) >= 2 and outputs:

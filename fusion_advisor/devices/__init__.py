@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from fusion_advisor.devices.op_rates import ConvRate, MatmulRate
+from fusion_advisor.devices.op_rates import RECURRENT_CELLS, ConvRate, MatmulRate
 from fusion_advisor.errors import DeviceSpecError
 
 SPEC_DIR = Path(__file__).parent
@@ -369,10 +369,6 @@ def _parse_launch_by_class(raw: Any, origin: str) -> dict[str, float]:
     raw = _optional_mapping(raw, "launch_overhead_by_class",
                             "an op class (conv, matmul, normalization/native_layer_norm) to microseconds", origin)
     return {str(k): _number(v, f"{origin}: launch_overhead_by_class.{k}", "us", positive=False) for k, v in raw.items()}
-
-
-#: Cells a spec's ``recurrent_step_us`` may name (:data:`fusion_advisor.analyze.capture.RECURRENT_CELLS`).
-RECURRENT_CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 
 
 def _parse_recurrent_steps(raw: Any, origin: str) -> dict[str, float]:

@@ -47,7 +47,7 @@ from typing import Any, Callable
 import torch
 import yaml
 
-from fusion_advisor.kernel_tools.bench import Timing, time_cpu, time_cuda
+from fusion_advisor.kernel_tools.bench import Timing, device_time_ms, time_cpu, time_cuda
 from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, parse_spec
 from fusion_advisor.devices.host_costs import (measure_launch_by_class, measure_module_call_us, measure_view_us,
                                                per_op_us)
@@ -238,6 +238,13 @@ def _timer(device: str, sizes: Sizes) -> Callable[[Callable[[], Any]], Timing]:
     if device == "cuda":
         return lambda fn: time_cuda(fn, warmup_ms=sizes.warmup_ms, rep_ms=sizes.rep_ms)
     return lambda fn: time_cpu(fn, warmup_ms=sizes.warmup_ms, rep_ms=sizes.rep_ms)
+
+
+def kernel_timer(fn: Callable[[], Any]) -> Timing:
+    """The GPU timer of the convolution table and the recurrent step: the summed durations of the kernels of one
+    call over :data:`TABLE_KERNEL_CALLS` profiled calls (L2 warm, no host time), as ``analyze --profile`` measures an
+    op inside a model."""
+    return Timing(device_time_ms(fn, iters=TABLE_KERNEL_CALLS), None, None)
 
 
 def measure_copy_gbps(device: str, sizes: Sizes, timer: Callable[[Callable[[], Any]], Timing]) -> float:
@@ -572,12 +579,15 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         launch_by_class = measure_launch_by_class(device)
         step("convolutions and matmuls by shape")
         table_timer = _timer(device, replace(sizes, warmup_ms=TABLE_WARMUP_MS, rep_ms=TABLE_REP_MS))
-        conv_rates, conv_skipped = measure_convolutions(device, quick, table_timer, _DTYPES)
+        # on a GPU convolutions and recurrent layers are timed by their kernels, as a profile measures an op
+        conv_rates, conv_skipped = measure_convolutions(device, quick, kernel_timer if device == "cuda"
+                                                        else table_timer, _DTYPES)
         not_measured.update(conv_skipped)
         matmul_rates, matmul_skipped = measure_matmuls(device, quick, table_timer, _DTYPES)
         not_measured.update(matmul_skipped)
         step("recurrent layers (time per cell step)")
-        recurrent, recurrent_failed = measure_recurrent_steps(device, quick, timer)  # CPU: the longer timer
+        recurrent, recurrent_failed = measure_recurrent_steps(device, quick, kernel_timer if device == "cuda"
+                                                              else timer)  # CPU: the longer timer
         not_measured.update(recurrent_failed)
         floor = elementwise = None
         if device == "cuda":

@@ -276,22 +276,20 @@ class ConvTimeModel:
     def time_us(self, flops: float, n: float, k: float, nbytes: float) -> float:
         """Device time (us) of a convolution of ``flops`` FLOPs, ``n`` output channels per group, ``k`` input
         channels per group times the kernel volume, moving ``nbytes`` bytes."""
-        mn = flops / (2.0 * max(k, 1.0))
-        rate = (self.peak_tflops * 1e12 * n / (n + self.n_half) * k / (k + self.k_half) * mn / (mn + self.mn_half))
-        return flops / rate * 1e6 + nbytes / (self.gbps * 1e9) * 1e6 + self.fixed_us
+        return _conv_roofline_us(self.peak_tflops, self.n_half, self.k_half, self.mn_half, self.gbps, self.fixed_us,
+                                 flops, n, max(k, 1.0), nbytes)
+
+
+def _conv_roofline_us(peak_tflops: Any, n_half: Any, k_half: Any, mn_half: Any, gbps: Any, fixed_us: Any,
+                      flops: Any, n: Any, k: Any, nbytes: Any) -> Any:
+    """:class:`ConvTimeModel`'s formula (us), elementwise: on floats for one convolution, on numpy arrays for a
+    fit over many."""
+    mn = flops / (2.0 * k)
+    rate = peak_tflops * 1e12 * n / (n + n_half) * k / (k + k_half) * mn / (mn + mn_half)
+    return flops / rate * 1e6 + nbytes / (gbps * 1e9) * 1e6 + fixed_us
 
 
 _MODEL_INIT = (200.0, 32.0, 64.0, 3e5, 3000.0, 5.0)  # H200-scale start; the fit moves each by orders of magnitude
-
-
-def _model_times(theta: Any, x: Any) -> Any:
-    import numpy as np
-
-    p, n_half, k_half, mn_half, gbps, fixed = np.exp(theta)
-    flops, n, k, nbytes = x.T
-    mn = flops / (2.0 * k)
-    rate = p * 1e12 * n / (n + n_half) * k / (k + k_half) * mn / (mn + mn_half)
-    return flops / rate * 1e6 + nbytes / (gbps * 1e9) * 1e6 + fixed
 
 
 @functools.lru_cache(maxsize=64)
@@ -312,7 +310,7 @@ def fit_conv_model(pool: tuple[ConvRate, ...], iters: int = 60) -> ConvTimeModel
     theta, lam = np.log(np.array(_MODEL_INIT)), 1e-2
 
     def residual(t: Any) -> Any:
-        return np.log(_model_times(t, x)) - y
+        return np.log(_conv_roofline_us(*np.exp(t), *x.T)) - y
 
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # trial steps may overflow: rejected
         for _ in range(iters):
@@ -703,15 +701,9 @@ def measure_convolutions(device: str, quick: bool, timer: Callable[[Callable[[],
                          dtypes: dict[str, Any]) -> tuple[list[ConvRate], dict[str, str]]:
     """The spec's ``conv_rates``: :data:`CONV_SAMPLES` convolutions of :func:`sample_plan` timed by
     :func:`measure_conv_rates`, with PyTorch's default cuDNN settings (TF32 on for convolutions,
-    ``cudnn.benchmark`` off) set for the measurement and restored after it. On a GPU each is timed by its kernels'
-    summed durations (:data:`TABLE_KERNEL_CALLS` profiled calls), elsewhere by ``timer``."""
+    ``cudnn.benchmark`` off) set for the measurement and restored after it. ``timer``: calibrate's, on a GPU the
+    summed durations of each one's kernels (:data:`TABLE_KERNEL_CALLS` profiled calls)."""
     per_class, budget = CONV_SAMPLES[device + ("-quick" if quick else "")]
-    if device == "cuda":
-        from fusion_advisor.kernel_tools.bench import Timing, device_time_ms
-
-        def timer(fn: Callable[[], Any]) -> Any:
-            return Timing(device_time_ms(fn, iters=TABLE_KERNEL_CALLS), None, None)
-
     plan = (sample_plan(per_class, max_elems=GPU_MAX_ELEMS) if device == "cuda"
             else sample_plan(per_class, max_elems=4 << 20, flop_range=CPU_CONV_FLOP_RANGE))
     import torch
@@ -743,6 +735,10 @@ def measure_matmuls(device: str, quick: bool, timer: Callable[[Callable[[], Any]
 
 # --- recurrent layers ---------------------------------------------------------------------------------------------
 
+#: The recurrent cells of ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` (tanh, relu), by their ``torch.<cell>`` names: what
+#: calibrate measures, a spec's ``recurrent_step_us`` may name, and the op graph tells a recurrent op by.
+RECURRENT_CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+
 #: The recurrent layer stack calibrate times per cell: ``(input size, hidden size, layers, sequence length,
 #: batch)``. Small enough that every cell step is latency-bound (KernelBench's LSTM/GRU files: hidden 256,
 #: batch 10, 6 layers of 512 steps), so the time per step is what a recurrence of that kind costs at any length.
@@ -762,18 +758,11 @@ def measure_recurrent_steps(device: str, quick: bool, timer: Callable[[Callable[
                             ) -> tuple[dict[str, float], dict[str, str]]:
     """The spec's ``recurrent_step_us``: device time per cell step (us) of ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN``
     (tanh, relu) at :data:`RECURRENT_PROBE` in fp32 (cuDNN on a GPU, TF32 as PyTorch's default allows), forward
-    without grad: the call's time over its ``layers * sequence`` steps. On a GPU timed by the summed durations of
-    its kernels (:data:`TABLE_KERNEL_CALLS` profiled calls), elsewhere by ``timer``. Returns the steps and, per
-    cell that failed, why."""
+    without grad: the call's time by ``timer`` (calibrate's, on a GPU the summed durations of its kernels) over its
+    ``layers * sequence`` steps. Returns the steps and, per cell that failed, why."""
     import torch
 
     size, hidden, layers, seq, batch = recurrent_probe(device, quick)
-    if device == "cuda":
-        from fusion_advisor.kernel_tools.bench import Timing, device_time_ms
-
-        def timer(fn: Callable[[], Any]) -> Any:
-            return Timing(device_time_ms(fn, iters=TABLE_KERNEL_CALLS), None, None)
-
     cells = {"lstm": (torch.nn.LSTM, {}), "gru": (torch.nn.GRU, {}), "rnn_tanh": (torch.nn.RNN, {}),
              "rnn_relu": (torch.nn.RNN, {"nonlinearity": "relu"})}
     out: dict[str, float] = {}
