@@ -19,8 +19,9 @@ backward scales them by ``grad_output`` (0-d). For ``"none"`` every row has its 
 precomputed ``dW`` cannot take: the forward computes no gradient and the backward recomputes the chunks with the
 row gradients (``fusion_advisor::linear_cross_entropy_backward``).
 
-Memory: one chunk of logits (:data:`CHUNK_BYTES`) instead of ``N x V``, plus ``dW`` in fp32 (``V x H x 4`` bytes)
-while the gradient accumulates. Semantics: ``torch.nn.functional.cross_entropy(linear(x, W, b).float(), target,
+Memory: one chunk of logits (:data:`CHUNK_BYTES`) instead of ``N x V``, plus ``dW`` in the weight's dtype while the
+gradient accumulates (in fp32, ``V x H x 4`` bytes, beyond :data:`MAX_LOW_PRECISION_CHUNKS` chunks; see
+:func:`dw_accumulate_dtype`). Semantics: ``torch.nn.functional.cross_entropy(linear(x, W, b).float(), target,
 ignore_index=..., label_smoothing=..., reduction=...)`` with class-index targets (soft-capped first when asked).
 """
 
@@ -38,13 +39,39 @@ from kernel_library.registry import KernelEntry, register_kernel
 
 # --- constants ----------------------------------------------------------------------------------------------
 
-#: Bytes of one chunk of logits: the peak the loss path adds to the step instead of ``N x V``. 256 MiB keeps each
-#: chunk's GEMMs large (1046 rows of 128256 bf16 classes; a GEMM of 1024 x 4096 x 128256 runs near cuBLAS's peak)
-#: while the logits of a 4096-token step at that vocabulary (1 GiB) never exist whole. Not yet tuned on a GPU.
+#: Bytes of one chunk of logits: the peak the loss path adds to the step instead of ``N x V``. Measured on the H200
+#: (``benchmarks/results/h200/kernels/lce_chunks.md``, 4096 x 4096 x 128256 bf16, forward+backward, dW in bf16):
+#: 32 MiB chunks 46.4 ms / 1097 MiB of peak, 128 MiB 23.7 ms / 1285, 256 MiB 21.6 ms / 1535, 512 MiB 20.4 ms / 2036
+#: (torch.compile: 19.7 ms / 2036). 256 MiB: 4 chunks of 1024 rows at that vocabulary, within 10% of compile's time
+#: at 0.75x its memory; each halving below it costs more time than it saves memory.
 CHUNK_BYTES = 256 << 20
 
 #: Rows per chunk are rounded down to a multiple of this (tensor-core tiles of the chunk's GEMMs), when above it.
 ROW_ALIGN = 64
+
+
+#: Most chunks whose ``dW`` products are summed in the weight's own dtype (see :func:`dw_accumulate_dtype`). On the
+#: H200 (``benchmarks/results/h200/kernels/lce_chunks.md``, bf16, 4096 tokens x hidden 4096): dW's norm-wise error
+#: against float64 was 1.01-1.02x eager's at vocabulary 128256 for 4-32 chunks, and at 32000 1.31x for 4 chunks,
+#: 1.41x for 8 (the policy allows 2x); fp32 accumulation stayed at 1.00x.
+MAX_LOW_PRECISION_CHUNKS = 8
+
+
+def dw_accumulate_dtype(weight_dtype: torch.dtype, n_chunks: int) -> torch.dtype:
+    """The dtype ``dW`` accumulates in over ``n_chunks`` token chunks: the weight's own for up to
+    :data:`MAX_LOW_PRECISION_CHUNKS` chunks, else fp32.
+
+    Every chunk's product is one GEMM with beta = 1 (``dW += dlogits_c^T x_c``): cuBLAS sums the chunk's rows and the
+    ``dW`` it reads in fp32 and rounds once to ``dW``'s dtype. So a 16-bit ``dW`` takes one rounding per chunk, as
+    autograd's own ``.grad`` accumulation of a 16-bit parameter takes one per use (and Liger-Kernel's fused linear
+    cross-entropy one per chunk, its default). An fp32 accumulator costs ``V x H x 4`` bytes (2 GiB at Llama-3's LM
+    head), read and written once per chunk, and a cast at the end: on the H200 that was 3289 MiB of peak and 25.1 ms
+    for 4096 x 4096 x 128256 against torch.compile's 2036 MiB and 20.5 ms
+    (``benchmarks/results/h200/kernels/lce_liger.md``, 2026-12-02); in the weight's dtype 1535 MiB and 21.6 ms
+    (``lce_chunks.md``). Beyond the bound the roundings add up, and fp32 is worth its memory."""
+    if weight_dtype == torch.float32 or n_chunks > MAX_LOW_PRECISION_CHUNKS:
+        return torch.float32
+    return weight_dtype
 
 
 def chunk_rows(n_rows: int, vocab: int, itemsize: int, chunk_bytes: int | None = None) -> int:
@@ -87,24 +114,34 @@ def _check_args(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bia
         raise ValueError(f"linear_cross_entropy: softcap must be 0 (off) or positive, got {softcap}")
 
 
-def _accumulate_mm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """``acc += a @ b`` in place, ``acc`` fp32: for 16-bit operands on a GPU one cuBLAS GEMM with beta = 1 writing
-    ``acc`` (``addmm`` with ``out_dtype=float32`` and ``out=acc``), so no fp32 product of ``acc``'s size is made and
-    ``acc`` is read and written once per chunk; elsewhere ``addmm_`` on fp32 operands.
+def _accumulate_mm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: bool) -> None:
+    """``acc = a @ b`` (``first``) or ``acc += a @ b``, in place, as one GEMM writing ``acc`` (beta = 1 after the
+    first): no product of ``acc``'s size is made, and ``acc`` is read and written once per chunk. ``acc`` is in
+    ``a``'s dtype or fp32; an fp32 ``acc`` of 16-bit operands on a GPU is written by the GEMM itself
+    (``out_dtype=float32``), elsewhere the operands are upcast.
 
-    Why: the first H200 run of ``benchmarks/kernels/lce_liger.py`` (4096 x 4096 x 128256 bf16, 2026-12-01)
-    measured 4291 MiB of peak memory for this op against torch.compile's 2036 and 27.8 ms against its 19.2: the
-    former ``dw += torch.mm(..., out_dtype=float32)`` allocated a second fp32 dW (2.1 GB at that vocabulary) per
-    chunk and moved it through memory three more times. Re-timed with this (2026-12-02,
-    ``benchmarks/results/h200/kernels/lce_liger.md``): 3289 MiB and 25.1 ms against torch.compile's 2036 MiB and
-    20.5 ms in the same run."""
-    if a.dtype != torch.float32 and a.is_cuda:
+    Why in place: the first H200 run of ``benchmarks/kernels/lce_liger.py`` (4096 x 4096 x 128256 bf16,
+    2026-12-01) measured 4291 MiB of peak memory for this op against torch.compile's 2036: the former
+    ``dw += torch.mm(..., out_dtype=float32)`` allocated a second fp32 dW (2.1 GB at that vocabulary) per chunk."""
+    if acc.dtype == a.dtype:
+        if first:
+            torch.mm(a, b, out=acc)
+        else:
+            acc.addmm_(a, b)
+        return
+    if a.is_cuda:
         try:
-            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+            if first:
+                torch.mm(a, b, out_dtype=torch.float32, out=acc)
+            else:
+                torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
             return
-        except (TypeError, RuntimeError, NotImplementedError):  # a torch without addmm.dtype_out
+        except (TypeError, RuntimeError, NotImplementedError):  # a torch without mm.dtype_out
             pass
-    acc.addmm_(a.float(), b.float())
+    if first:
+        torch.mm(a.float(), b.float(), out=acc)
+    else:
+        acc.addmm_(a.float(), b.float())
 
 
 def _chunk_logits(x_c: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -119,11 +156,12 @@ def _chunk_logits(x_c: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
 
 
 def _chunk_grads(dlogits: torch.Tensor, dcap: Optional[torch.Tensor], x_c: torch.Tensor, weight: torch.Tensor,
-                 dw: torch.Tensor, db: Optional[torch.Tensor]) -> torch.Tensor:
-    """Chunk gradients: accumulate ``dW += dlogits^T x_c`` and ``db += sum(dlogits)`` (fp32), return ``dx_c``."""
+                 dw: torch.Tensor, db: Optional[torch.Tensor], first: bool) -> torch.Tensor:
+    """Chunk gradients: ``dW (+)= dlogits^T x_c`` (``=`` on the ``first`` chunk) and ``db += sum(dlogits)`` (fp32),
+    return ``dx_c``."""
     if dcap is not None:
         dlogits = (dlogits * dcap).to(x_c.dtype)
-    _accumulate_mm(dw, dlogits.t(), x_c)
+    _accumulate_mm(dw, dlogits.t(), x_c, first)
     if db is not None:
         db += dlogits.sum(0, dtype=torch.float32)
     return dlogits @ weight
@@ -137,18 +175,19 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: 
     out_dtype = loss_dtype or x.dtype
     grad = compute_grad and reduction != "none"
     empty = x.new_empty(0)
+    step = chunk_rows(n_rows, vocab, 4 if softcap > 0 else x.element_size())
     dx = torch.empty_like(x) if grad else empty
-    dw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if grad else empty
     db = torch.zeros(vocab, dtype=torch.float32, device=x.device) if grad and bias is not None else empty
     if n_rows == 0:
+        dw = torch.zeros_like(weight) if grad else empty
         if reduction == "none":
-            return torch.empty(0, dtype=out_dtype, device=x.device), dx, dw.to(weight.dtype), db
+            return torch.empty(0, dtype=out_dtype, device=x.device), dx, dw, db
         loss = torch.full((), float("nan") if reduction == "mean" else 0.0, dtype=out_dtype, device=x.device)
-        return loss, dx, dw.to(weight.dtype), db.to(bias.dtype) if grad and bias is not None else db
+        return loss, dx, dw, db.to(bias.dtype) if grad and bias is not None else db
+    acc_dtype = dw_accumulate_dtype(weight.dtype, -(-n_rows // step))
+    dw = torch.empty(weight.shape, dtype=acc_dtype, device=x.device) if grad else empty
     loss_rows = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     n_valid = count_valid(target, ignore_index) if reduction == "mean" else loss_rows
-    itemsize = 4 if softcap > 0 else x.element_size()
-    step = chunk_rows(n_rows, vocab, itemsize)
     for start in range(0, n_rows, step):
         end = min(start + step, n_rows)
         x_c = x[start:end]
@@ -156,7 +195,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: 
         cross_entropy_rows(logits, target[start:end], loss_rows[start:end], n_valid, ignore_index, label_smoothing,
                            reduction == "mean", dlogits=logits if grad else None)
         if grad:
-            dx[start:end] = _chunk_grads(logits, dcap, x_c, weight, dw, db if bias is not None else None)
+            dx[start:end] = _chunk_grads(logits, dcap, x_c, weight, dw, db if bias is not None else None,
+                                         start == 0)
     if reduction == "none":
         loss = loss_rows.to(out_dtype)
     else:
@@ -170,11 +210,14 @@ def _backward_rows(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, 
     """Gradients of ``sum_i grad_rows[i] * loss_i`` (``reduction="none"``): the chunks recomputed, each row's gradient
     scaled by its upstream gradient before the GEMMs."""
     n_rows, vocab = x.shape[0], weight.shape[0]
+    if n_rows == 0:
+        return torch.empty_like(x), torch.zeros_like(weight), torch.zeros_like(bias) if bias is not None \
+            else x.new_empty(0)
     dx = torch.empty_like(x)
-    dw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
+    step = chunk_rows(n_rows, vocab, 4 if softcap > 0 else x.element_size())
+    dw = torch.empty(weight.shape, dtype=dw_accumulate_dtype(weight.dtype, -(-n_rows // step)), device=x.device)
     db = torch.zeros(vocab, dtype=torch.float32, device=x.device) if bias is not None else None
     scratch = torch.empty(n_rows, dtype=torch.float32, device=x.device)
-    step = chunk_rows(n_rows, vocab, 4 if softcap > 0 else x.element_size())
     for start in range(0, n_rows, step):
         end = min(start + step, n_rows)
         x_c = x[start:end]
@@ -183,7 +226,7 @@ def _backward_rows(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, 
                            False, dlogits=logits)
         g = grad_rows[start:end].to(torch.float32)[:, None]
         scale = g if dcap is None else g * dcap
-        dx[start:end] = _chunk_grads((logits * scale).to(x.dtype), None, x_c, weight, dw, db)
+        dx[start:end] = _chunk_grads((logits * scale).to(x.dtype), None, x_c, weight, dw, db, start == 0)
     return dx, dw.to(weight.dtype), db.to(bias.dtype) if bias is not None else x.new_empty(0)
 
 
@@ -252,9 +295,12 @@ def _backward(ctx, grad_loss, *_unused):
     if grad_loss is None:  # the loss received no gradient
         return none
     if ctx.precomputed:
+        # scaled in place: a copy of dW (1 GiB at Llama-3's LM head) would be made while the forward's activations
+        # are all still alive, at the step's peak. The saved tensors' versions change, so a second backward
+        # through the same graph (retain_graph=True) raises instead of scaling twice.
         dx, dw, db = ctx.saved_tensors
         g = grad_loss.to(torch.float32)
-        return (dx * g, dw * g, None, db * g if ctx.has_bias else None) + none[4:]
+        return (dx.mul_(g), dw.mul_(g), None, db.mul_(g) if ctx.has_bias else None) + none[4:]
     x, weight, target, bias = ctx.saved_tensors
     if grad_loss.dim() == 0:
         raise RuntimeError("fusion_advisor::linear_cross_entropy: the forward ran without compute_grad=True, so "

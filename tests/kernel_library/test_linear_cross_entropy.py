@@ -65,6 +65,49 @@ def test_low_precision_within_eager_error(dtype):
     _check(args, torch.tensor(1.0))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_low_precision_across_chunks_accumulates_in_weight_dtype(monkeypatch, dtype):
+    # 16-bit chunks of 4 rows: 5 chunks summed in dW's own dtype, still within the policy against float64
+    monkeypatch.setattr(lce, "CHUNK_BYTES", 4 * 300 * 2)
+    assert lce.dw_accumulate_dtype(getattr(torch, dtype), 5) == getattr(torch, dtype)
+    args = lce.make_inputs(n_tokens=18, hidden=32, vocab=300, dtype=dtype, bias=True, seed=4)
+    _check(args, torch.tensor(0.5))
+
+
+def test_dw_accumulates_in_fp32_beyond_the_chunk_bound():
+    n = lce.MAX_LOW_PRECISION_CHUNKS
+    assert lce.dw_accumulate_dtype(torch.bfloat16, n) == torch.bfloat16
+    assert lce.dw_accumulate_dtype(torch.bfloat16, n + 1) == torch.float32
+    assert lce.dw_accumulate_dtype(torch.float32, 1) == torch.float32
+
+
+def test_fp32_accumulation_path_matches_float64(monkeypatch):
+    monkeypatch.setattr(lce, "CHUNK_BYTES", 4 * 300 * 2)
+    monkeypatch.setattr(lce, "MAX_LOW_PRECISION_CHUNKS", 1)  # 5 chunks > 1: the fp32 accumulator
+    args = lce.make_inputs(n_tokens=18, hidden=32, vocab=300, dtype="bfloat16", seed=4)
+    _check(args, torch.tensor(1.0))
+
+
+def test_second_backward_through_the_same_graph_raises_not_rescales():
+    # the precomputed gradients are scaled in place by the upstream gradient: a retained graph must not scale
+    # them again silently
+    x, w, t, *_ = lce.make_inputs(n_tokens=6, hidden=8, vocab=40)
+    loss = lce.kernel_fn(x, w, t) * 2.0
+    (gx,) = torch.autograd.grad(loss, [x], retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(loss, [x])
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double()
+    (rx,) = torch.autograd.grad(lce.reference_fn(x64, w64, t) * 2.0, [x64])
+    torch.testing.assert_close(gx.double(), rx, rtol=1e-4, atol=1e-6)
+
+
+def test_reduction_none_with_no_rows_has_zero_gradients():
+    x, w, t, *_ = lce.make_inputs(n_tokens=0, hidden=8, vocab=40, reduction="none")
+    loss = lce.kernel_fn(x, w, t, reduction="none")
+    gx, gw = torch.autograd.grad(loss.sum() + 0 * (w.sum()), [x, w])
+    assert gx.shape == x.shape and torch.equal(gw, torch.zeros_like(w))
+
+
 @pytest.mark.parametrize("vocab", [1, 4097])
 def test_vocabulary_edges(vocab):
     args = lce.make_inputs(n_tokens=3, hidden=8, vocab=vocab, seed=3, ignore_frac=0.0)
