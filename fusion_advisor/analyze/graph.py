@@ -447,6 +447,31 @@ def _flat_nodes(args: Any) -> list[torch.fx.Node]:
 MULTI_KERNEL_OPS = {"cumsum": 2, "index": 2}
 
 
+#: aten pooling ops whose ``kernel_size`` (argument 1) sets the elements each output reads, by their spatial dims
+#: (a kernel size of one int stands for all of them).
+POOL_WINDOW_DIMS = {"max_pool1d": 1, "max_pool1d_with_indices": 1, "max_pool2d": 2, "max_pool2d_with_indices": 2,
+                    "max_pool3d": 3, "max_pool3d_with_indices": 3, "avg_pool1d": 1, "avg_pool2d": 2, "avg_pool3d": 3}
+
+
+def pool_window(node: torch.fx.Node, name: str) -> int:
+    """Input elements each output of a pooling node reads: the product of its ``kernel_size`` over the op's
+    spatial dims (:data:`POOL_WINDOW_DIMS`; dilation spreads the window, it does not grow it); 0 for other ops or
+    a kernel size that is not a plain int or list of ints."""
+    dims = POOL_WINDOW_DIMS.get(name)
+    kernel = node.args[1] if len(node.args) > 1 else node.kwargs.get("kernel_size")
+    if dims is None or kernel is None:
+        return 0
+    sizes = [kernel] if isinstance(kernel, int) else list(kernel) if isinstance(kernel, (list, tuple)) else []
+    if not sizes or not all(isinstance(k, int) and k > 0 for k in sizes):
+        return 0
+    if len(sizes) == 1:
+        sizes = sizes * dims
+    window = 1
+    for k in sizes:
+        window *= k
+    return window if len(sizes) == dims else 0
+
+
 def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     target = node.target
     category = categorize(target) if node.op == "call_function" else "other"
@@ -498,4 +523,5 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
         variant=variant,
         eager_kernels=kernels,
         sequential_steps=steps,
+        window_elems=pool_window(node, _op_name(target)) if node.op == "call_function" else 0,
     )

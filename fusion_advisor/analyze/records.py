@@ -95,6 +95,8 @@ class OpInfo:
             them).
         sequential_steps: recurrent ops: the cell steps that run one after another (layers x directions x sequence
             length: :func:`fusion_advisor.analyze.graph.recurrent_geometry`); 0 for other ops.
+        window_elems: pooling ops with a kernel size (max / avg pool 1-3d): the input elements each output reads
+            (the product of the kernel size; :func:`fusion_advisor.analyze.graph.pool_window`); 0 for other ops.
     """
 
     id: str
@@ -113,6 +115,7 @@ class OpInfo:
     variant: str = ""
     eager_kernels: int = 1
     sequential_steps: int = 0
+    window_elems: int = 0
 
     @property
     def name(self) -> str:

@@ -153,12 +153,27 @@ def op_overhead_us(op: OpInfo, spec: DeviceSpec) -> float:
     return spec.elementwise_overhead_us
 
 
+def pool_window_us(op: OpInfo, spec: DeviceSpec) -> float:
+    """Time a pooling op spends reading its windows (us): outputs x :attr:`OpInfo.window_elems` input elements at
+    the spec's measured :attr:`DeviceSpec.pool_window_gelem_s`; 0 for other ops or when the rate is not measured.
+
+    Eager pooling kernels run one thread per output looping over its window: the loads, not the bytes, bound them.
+    Measured on the H200 (14 pooling ops inside the profiled KernelBench files, max and avg, 1-3d, kernel 2-8,
+    stride 1-4): bytes at copy bandwidth plus this term came within 25% for 11 of them, where the bytes alone
+    under-priced stride-1 windows 4-5x (a 4x4 max pool over 32 x 64 x 512 x 512: 11.0 ms measured, 2.0 ms of bytes).
+    """
+    if op.window_elems <= 0 or spec.pool_window_gelem_s <= 0 or not op.outputs:
+        return 0.0
+    return op.outputs[0].numel * op.window_elems / (spec.pool_window_gelem_s * 1e3)
+
+
 def roofline_op_us(op: OpInfo, spec: DeviceSpec) -> float:
     """Roofline device time of one op run eagerly (us): ``max(FLOPs / peak, bytes / bandwidth + overhead)`` with
-    the op's own ceilings (:func:`op_overhead_us`: an eager elementwise kernel's ramp-up and tail, when measured)."""
+    the op's own ceilings (:func:`op_overhead_us`: an eager elementwise kernel's ramp-up and tail, when measured),
+    plus a pooling op's window reads (:func:`pool_window_us`)."""
     compute = op.flops / (op_peak_tflops(op, spec) * 1e12) * 1e6
     memory = op_bytes(op) / (op_bandwidth_gbps(op, spec) * 1e9) * 1e6 + op_overhead_us(op, spec)
-    return max(compute, memory)
+    return max(compute, memory + pool_window_us(op, spec))
 
 
 #: Output-sized transfers at copy bandwidth a convolution's bias costs: eager PyTorch adds it in a separate
@@ -262,7 +277,8 @@ def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
     spec has one (:meth:`DeviceSpec.op_time_fit` of :func:`fit_keys`)."""
     measured = measured_op_us(op, spec)
     t = roofline_op_us(op, spec) if measured is None else measured
-    if not spec.op_time_fits:
+    if not spec.op_time_fits or pool_window_us(op, spec) > 0:
+        # a pooling op priced by its measured window rate: the profile fits were learned against its bytes alone
         return t
     fit = spec.op_time_fit(fit_keys(op, rated=measured is not None), op.dtype)
     return fit(t) if fit is not None else t
@@ -353,6 +369,7 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     fusible = chain.kind == "fusible" and chain.eager_kernels > 1
     any_work = any(runs for _, runs, _ in busy)
     overhead = max((op_overhead_us(ops[i], spec) for i in chain.op_ids), default=0.0)  # the fused kernel's, once
+    overhead += sum(pool_window_us(ops[i], spec) for i in chain.op_ids)  # a fused pool still reads its windows
     fused_us = (max(compute_us, memory_fused_us + overhead, launch) if any_work else 0.0) if fusible else eager_us
 
     def at(efficiency: float, floor: float) -> float:  # the fused kernel at a share of the memory roofline

@@ -178,6 +178,10 @@ class DeviceSpec:
             (``lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``; ``calibrate``, at a small hidden size where each step
             is latency-bound): a recurrent op costs its steps times this, or its FLOPs at the tensor-core peak
             when that is longer. Empty: the FLOPs alone (a recurrence priced as one large GEMM, far too fast).
+        pool_window_gelem_s: optional, measured rate at which eager max / avg pooling kernels read their windows,
+            G input elements per second (``calibrate``): a pooling op costs its bytes at copy bandwidth plus its
+            outputs x window elements at this rate (:func:`fusion_advisor.analyze.roofline.pool_window_us`). 0: not
+            measured (its bytes alone).
         l2_bytes: L2 cache size in bytes (0 if unknown).
         kind: ``"gpu"`` or ``"cpu"``; library Triton kernels are routed to on GPU specs only.
         source: where the numbers come from; per-field sources in ``sources``.
@@ -208,6 +212,7 @@ class DeviceSpec:
     module_call_us: float = 0.0
     launch_overhead_by_class: dict[str, float] = field(default_factory=dict)
     recurrent_step_us: dict[str, float] = field(default_factory=dict)
+    pool_window_gelem_s: float = 0.0
 
     def op_time_fit(self, keys: tuple[str, ...], dtype: str = "") -> OpTimeFit | None:
         """The fitted curve of the first of ``keys`` (most specific first) :attr:`op_time_fits` has, else None;
@@ -351,6 +356,8 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         module_call_us=_number(data.get("module_call_us", 0.0), f"{origin}: module_call_us", "us", positive=False),
         launch_overhead_by_class=_parse_launch_by_class(data.get("launch_overhead_by_class"), origin),
         recurrent_step_us=_parse_recurrent_steps(data.get("recurrent_step_us"), origin),
+        pool_window_gelem_s=_number(data.get("pool_window_gelem_s", 0.0), f"{origin}: pool_window_gelem_s",
+                                    "G elements/s", positive=False),
     )
 
 
@@ -446,7 +453,7 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
     for key in ("attention_tflops", "attention_rates", "unaligned_tensor_tflops", "route_efficiency",
                 "op_time_fits", "op_time_fit_dtypes", "strided_bandwidth_gbps", "elementwise_overhead_us",
                 "conv_rates", "matmul_rates", "view_overhead_us", "module_call_us", "launch_overhead_by_class",
-                "recurrent_step_us"):
+                "recurrent_step_us", "pool_window_gelem_s"):
         if not data.get(key):
             data.pop(key, None)
     if data.get("op_time_fit_dtypes"):

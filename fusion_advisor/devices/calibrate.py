@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import platform
 import re
+import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -149,6 +150,8 @@ class Calibration:
         recurrent_step_us: device time per cell step of cuDNN recurrent layers by cell (us,
             :func:`measure_recurrent_steps`).
         recurrent_probe: the ``(input, hidden, layers, sequence, batch)`` those were measured at.
+        pool_window_gelem_s: G input elements per second eager pooling kernels read their windows at
+            (:func:`measure_pool_window_rate`), None when not measured; ``pool_probes``: its rows.
         launch_by_class: host time per eager call by op class (us, :func:`measure_launch_by_class`).
         step_seconds: wall seconds of each measurement step, by its progress line.
         launch_us: wall time per tiny eager op in a long loop (us).
@@ -186,6 +189,8 @@ class Calibration:
     step_seconds: dict[str, float] = field(default_factory=dict)
     recurrent_step_us: dict[str, float] = field(default_factory=dict)
     recurrent_probe: tuple[int, ...] = ()
+    pool_window_gelem_s: float | None = None
+    pool_probes: list[dict] = field(default_factory=list)
 
 
 def _versions() -> dict[str, str]:
@@ -315,6 +320,54 @@ def measure_attention_tflops(dtype: str, timer: Callable[[Callable[[], Any]], Ti
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=_DTYPES[dtype], generator=gen) for _ in range(3))
     t = timer(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
     return 4 * b * h * s * s * d / (t.median_ms * 1e-3) / 1e12
+
+
+#: The pooling layers :func:`measure_pool_window_rate` times, fp32 NCHW: (op, input shape, kernel, stride, padding).
+#: Max and average, 1-3d, overlapping (stride 1) and not (stride = kernel), as KernelBench and CNNs use them.
+POOL_PROBES = (
+    ("max_pool2d", (16, 64, 256, 256), 3, 1, 1),
+    ("max_pool2d", (16, 64, 256, 256), 3, 2, 1),
+    ("max_pool2d", (16, 64, 256, 256), 2, 2, 0),
+    ("avg_pool2d", (16, 64, 256, 256), 3, 1, 1),
+    ("avg_pool2d", (16, 64, 256, 256), 2, 2, 0),
+    ("avg_pool1d", (16, 64, 65536), 8, 1, 4),
+    ("max_pool3d", (4, 16, 64, 64, 64), 3, 1, 1),
+    ("avg_pool3d", (4, 16, 64, 64, 64), 2, 2, 0),
+)
+#: The CPU's probes shrink every input's batch to 1 (and --quick on a GPU too).
+POOL_QUICK_BATCH = 1
+
+
+def measure_pool_window_rate(device: str, copy_gbps: float, quick: bool,
+                             timer: Callable[[Callable[[], Any]], Timing]) -> tuple[float | None, list[dict]]:
+    """Rate at which eager pooling kernels read their windows (G input elements per second) and the probes'
+    rows: for each of :data:`POOL_PROBES`, its time less its bytes at ``copy_gbps`` (input read, output written,
+    plus the int64 indices a max pool writes) is spent on ``outputs x kernel elements`` reads; the median over the
+    probes. The model it feeds: :func:`fusion_advisor.analyze.roofline.pool_window_us`. None when no probe left a
+    positive remainder."""
+    import torch.nn.functional as F
+
+    rows, rates = [], []
+    for name, shape, k, stride, pad in POOL_PROBES:
+        if device != "cuda" or quick:
+            shape = (POOL_QUICK_BATCH,) + tuple(shape[1:])
+        x = torch.rand(shape, device=device, dtype=torch.float32)
+        fn = getattr(F, name)
+        dims = len(shape) - 2
+        with torch.no_grad():
+            out = fn(x, k, stride, pad)
+            t_us = timer(lambda fn=fn, x=x, k=k, s=stride, p=pad: fn(x, k, s, p)).median_ms * 1e3
+        per_out = 4 + (8 if name.startswith("max") else 0)  # a max pool on a GPU writes its indices too
+        bytes_us = (x.numel() * 4 + out.numel() * per_out) / (copy_gbps * 1e9) * 1e6
+        reads = out.numel() * k ** dims
+        row = {"op": name, "shape": list(shape), "kernel": k, "stride": stride, "padding": pad,
+               "time_us": round(t_us, 2), "bytes_us": round(bytes_us, 2), "window_reads": reads}
+        if t_us > bytes_us:
+            row["gelem_s"] = round(reads / ((t_us - bytes_us) * 1e3), 1)
+            rates.append(row["gelem_s"])
+        rows.append(row)
+        del x, out
+    return (statistics.median(rates) if rates else None), rows
 
 
 def measure_strided_copy_gbps(device: str, sizes: Sizes, timer: Callable[[Callable[[], Any]], Timing]) -> float:
@@ -505,7 +558,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
     timer = _timer(device, sizes)
     matmul_dtypes = ("fp32", "tf32", "bf16", "fp16") if device == "cuda" else ("fp32", "bf16", "fp16")
     steps = 1 + len(matmul_dtypes) + (2 if device == "cuda" else 0) + (3 if device == "cuda" and not quick else 0) \
-        + 2 + (2 if device == "cuda" else 0) + 3
+        + 2 + (2 if device == "cuda" else 0) + 4
     done = [0]
 
     seconds: dict[str, float] = {}
@@ -585,6 +638,11 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         not_measured.update(conv_skipped)
         matmul_rates, matmul_skipped = measure_matmuls(device, quick, table_timer, _DTYPES)
         not_measured.update(matmul_skipped)
+        step("pooling window reads")
+        pool_rate, pool_rows = measure_pool_window_rate(device, copy, quick, kernel_timer if device == "cuda"
+                                                        else table_timer)
+        if pool_rate is None:
+            not_measured["pool_window_gelem_s"] = "no pooling probe ran longer than its bytes at copy bandwidth"
         step("recurrent layers (time per cell step)")
         recurrent, recurrent_failed = measure_recurrent_steps(device, quick, kernel_timer if device == "cuda"
                                                               else timer)  # CPU: the longer timer
@@ -609,6 +667,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         not_measured=not_measured, view_us=view_us, module_call_us=module_us, conv_rates=conv_rates,
         launch_by_class=launch_by_class, step_seconds=seconds,
         matmul_rates=matmul_rates, recurrent_step_us=recurrent, recurrent_probe=recurrent_probe(device, quick),
+        pool_window_gelem_s=pool_rate, pool_probes=pool_rows,
         timer="triton.testing.do_bench median (L2 flushed before each call)" if device == "cuda"
         else "wall-clock median (time.perf_counter)")
 
@@ -763,6 +822,14 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                 + ("summed kernel durations" if cal.device == "cuda" else cal.timer)
                 + " over its layers x sequence steps")}
            if cal.recurrent_step_us else {}),
+        **({"pool_window_gelem_s": round(cal.pool_window_gelem_s, 1),
+            "pool_window_gelem_s_source": (
+                f"{by}: fp32 max / avg pools 1-3d, kernel 2-8, stride 1-kernel "
+                "(fusion_advisor.devices.calibrate.POOL_PROBES), each's "
+                + ("summed kernel durations" if cal.device == "cuda" else cal.timer)
+                + " less its bytes at the copy bandwidth, over its outputs x window elements; median over "
+                f"{len(cal.pool_probes)} probes")}
+           if cal.pool_window_gelem_s else {}),
         "l2_bytes": int(cal.l2_bytes or base.l2_bytes),
         "l2_bytes_source": (f"{by}: torch.cuda.get_device_properties().L2_cache_size" if cal.l2_bytes
                             else f"copied from the shipped spec {base.name}"),
@@ -778,6 +845,7 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
             "base_spec": base.name,
             "not_measured": dict(cal.not_measured),
             "step_seconds": dict(cal.step_seconds),
+            **({"pool_probes": [dict(r) for r in cal.pool_probes]} if cal.pool_probes else {}),
         },
     }
     warnings = sanity_warnings(cal, base) if cal.device == "cuda" else []

@@ -40,7 +40,7 @@ from fusion_advisor.devices import DeviceSpec, OpTimeFit, parse_spec, spec_field
 from fusion_advisor.errors import CalibrationError, UserError
 from fusion_advisor.analyze.records import Analysis
 from fusion_advisor.analyze.roofline import (eager_in_model_us, estimate_all, fit_keys, measured_op_us,
-                                             roofline_op_us)
+                                             pool_window_us, roofline_op_us)
 
 #: Fewest measured ops a class needs before it gets a curve.
 MIN_SAMPLES = 3
@@ -249,8 +249,8 @@ def op_samples(rep: ProfiledReport, spec: DeviceSpec) -> list[OpSample]:
     out = []
     for op in rep.analysis.ops:
         m = nodes.get(op.id)
-        if m is None or op.is_view or m.busy_us <= 0:
-            continue
+        if m is None or op.is_view or m.busy_us <= 0 or pool_window_us(op, spec) > 0:
+            continue  # a pooling op priced by its measured window rate takes no fitted curve
         measured = measured_op_us(op, spec)
         r = roofline_op_us(op, spec) if measured is None else measured
         if r <= 0:
