@@ -219,3 +219,12 @@ def test_a_rate_far_under_the_shipped_spec_is_flagged_loudly():
         launch_us=10.0, kernel_floor_us=None, l2_bytes=0, timer="do_bench", sizes=None).items() if k in fields})
     warnings = sanity_warnings(cal, h200)
     assert len(warnings) == 1 and warnings[0].startswith("bf16 matmul measured 5.32 TFLOP/s, under 25% of the shipped")
+
+
+def test_pool_window_rate_is_measured_and_written(cpu_spec):
+    path, data = cpu_spec
+    spec = load_spec(str(path))
+    assert spec.pool_window_gelem_s > 0 and "max / avg pools" in spec.sources["pool_window_gelem_s"]
+    probes = data["calibration"]["pool_probes"]
+    assert {p["op"] for p in probes} >= {"max_pool2d", "avg_pool2d", "max_pool3d", "avg_pool1d"}
+    assert all(p["time_us"] > 0 and p["window_reads"] > 0 for p in probes)

@@ -95,6 +95,8 @@ _BAD_OPTIONAL = [
     ("unaligned_tensor_tflops: {bf16: .nan}", r"'unaligned_tensor_tflops.bf16'"),
     ("unaligned_tensor_tflops: {bf16: fast}", r"'unaligned_tensor_tflops.bf16'"),
     ("unaligned_tensor_tflops: 100", "'unaligned_tensor_tflops' must be a mapping"),
+    ("pool_window_gelem_s: -1", "pool_window_gelem_s"),
+    ("pool_window_gelem_s: fast", "pool_window_gelem_s"),
     ("unaligned_tensor_tflops: {bfloat16: 100}", "'unaligned_tensor_tflops': unknown dtype 'bfloat16'"),
     ("attention_rates:\n  - {backend: flash, dtype: bfloat16, seq: 2048, head_dim: 128, tflops: 500}",
      r"attention_rates\[0\].dtype must be one of"),
@@ -116,7 +118,8 @@ def test_good_optional_measured_fields_load(tmp_path):
     spec = tmp_path / "hand.yaml"
     spec.write_text("name: s\nmemory_bandwidth_gbps: 100\ntensor_tflops: {bf16: 10}\nvector_tflops: {fp32: 1}\n"
                     "launch_overhead_us: 1\nelementwise_overhead_us: 0\nstrided_bandwidth_gbps: 40\n"
-                    "unaligned_tensor_tflops: {bf16: 3, fp16: 3.5}\n")
+                    "unaligned_tensor_tflops: {bf16: 3, fp16: 3.5}\npool_window_gelem_s: 950\n")
     s = load_spec(str(spec))
+    assert s.pool_window_gelem_s == 950.0 and load_spec("cpu").pool_window_gelem_s == 0.0
     assert (s.elementwise_overhead_us, s.strided_bandwidth_gbps) == (0.0, 40.0)
     assert s.unaligned_tensor_tflops == {"bf16": 3.0, "fp16": 3.5}

@@ -75,3 +75,21 @@ def test_ops_launching_several_kernels_count_them():
     og = build_op_graph(capture(LoadedModel("m", "<test>", "test", M(), inputs, "cpu", "")))
     kernels = {o.target.split(".")[1]: o.eager_kernels for o in og.ops if o.target.startswith("aten.")}
     assert kernels["cumsum"] == MULTI_KERNEL_OPS["cumsum"] == 2 and kernels["index"] == 2 and kernels["mul"] == 1
+
+
+@pytest.mark.parametrize("layer, shape, window", [
+    (torch.nn.MaxPool2d(3, 2, 1), (1, 2, 16, 16), 9),
+    (torch.nn.AvgPool1d(8, 1, 4), (1, 2, 64), 8),  # run as avg_pool2d with a [1, 8] kernel
+    (torch.nn.MaxPool3d(3, 2, 1, dilation=2), (1, 1, 16, 16, 16), 27),  # dilation spreads the window
+    (torch.nn.AvgPool3d((2, 3, 1)), (1, 1, 8, 9, 8), 6),
+    (torch.nn.AdaptiveAvgPool2d(4), (1, 2, 16, 16), 0),  # no kernel size: priced by its bytes
+])
+def test_pooling_ops_record_their_window(layer, shape, window):
+    from fusion_advisor.analyze.capture import capture
+    from fusion_advisor.analyze.graph import build_op_graph
+    from fusion_advisor.analyze.load import LoadedModel
+
+    og = build_op_graph(capture(LoadedModel("m", "<test>", "test", layer, (torch.randn(shape),), "cpu", "")))
+    pools = [o for o in og.ops if "pool" in o.target]
+    assert pools and pools[0].window_elems == window
+    assert all(o.window_elems == 0 for o in og.ops if "pool" not in o.target)

@@ -158,3 +158,34 @@ def test_eager_softmax_reads_its_input_once_only_in_the_persistent_kernel(row, l
                 outputs=(t,), flops=0, bytes_read=t.nbytes, bytes_written=t.nbytes, module_path="",
                 source=SourceLoc("m.py", 1, "x"), reduction_elems=row, reduces_last_dim=last)
     assert op_bytes(op) == passes * t.nbytes + t.nbytes  # the input read `passes` times, the output written once
+
+
+def _pool(window: int, target: str = "aten.max_pool2d_with_indices.default") -> OpInfo:
+    x = TensorMeta(shape=(8, 64, 128, 128), dtype="fp32", numel=8 * 64 * 128 * 128, nbytes=4 * 8 * 64 * 128 * 128)
+    y = TensorMeta(shape=(8, 64, 64, 64), dtype="fp32", numel=8 * 64 * 64 * 64, nbytes=4 * 8 * 64 * 64 * 64)
+    return OpInfo(id="g0:pool", graph_index=0, target=target, category="other", inputs=(x,), outputs=(y,), flops=0,
+                  bytes_read=x.nbytes, bytes_written=y.nbytes, module_path="", source=SourceLoc("m.py", 1, "x"),
+                  window_elems=window)
+
+
+def test_a_pooling_op_pays_its_window_reads_at_the_measured_rate():
+    from fusion_advisor.analyze.roofline import pool_window_us, roofline_op_us
+
+    op = _pool(9)
+    assert pool_window_us(op, SPEC) == 0.0  # rate not measured: the bytes alone, as before
+    spec = dataclasses.replace(SPEC, pool_window_gelem_s=500.0)
+    want = 8 * 64 * 64 * 64 * 9 / 500e9 * 1e6
+    assert pool_window_us(op, spec) == pytest.approx(want)
+    assert roofline_op_us(op, spec) == pytest.approx(roofline_op_us(op, SPEC) + want)
+    assert pool_window_us(_pool(0), spec) == 0.0  # no window known (an old report, an adaptive pool)
+
+
+def test_a_window_priced_pool_takes_no_profile_fit():
+    from fusion_advisor.analyze.roofline import _op_time_us, roofline_op_us
+    from fusion_advisor.devices import OpTimeFit
+
+    fit = {"other/max_pool2d_with_indices": OpTimeFit(scale=2.0, exponent=1.0, samples=5)}
+    spec = dataclasses.replace(SPEC, op_time_fits=fit, op_time_fit_dtypes=())
+    assert _op_time_us(_pool(0), spec) == pytest.approx(2.0 * roofline_op_us(_pool(0), spec))  # the fit applies
+    priced = dataclasses.replace(spec, pool_window_gelem_s=500.0)
+    assert _op_time_us(_pool(9), priced) == pytest.approx(roofline_op_us(_pool(9), priced))  # the window rate only
