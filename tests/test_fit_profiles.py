@@ -54,7 +54,7 @@ def _with_law(analysis, law=LAW, other=OTHER, idle_us=1.0):
                                         predicted[c.id], predicted[c.id] / t if t else math.nan, False)
     total = sum(m.time_us for m in chains.values())
     prof = dataclasses.replace(prof, nodes=nodes, chains=chains, total_us=total, attributed_us=total,
-                               unattributed_us=0.0)
+                               unattributed_us=0.0, eager_wall_us=total)
     return dataclasses.replace(analysis, profile=prof)
 
 
@@ -255,3 +255,13 @@ def test_classes_priced_from_a_measured_table_keep_one_factor():
     rated = fit_op_times([OpSample("m", f"o{i}", ("conv/conv2d/fp32", "conv/conv2d", "conv"), x, t, True)
                           for i, (x, t) in enumerate(zip(r, ts))])
     assert free[0].fit.exponent < 1.0 and all(c.fit.exponent == 1.0 for c in rated)
+
+
+def test_a_model_is_judged_by_its_plain_wall_time_not_the_attributed_total(profiled):
+    from fusion_advisor.devices.fit_profiles import model_eager_us
+
+    prof = profiled.profile
+    stamped_slow = dataclasses.replace(prof, total_us=1.8 * prof.eager_wall_us)
+    assert model_eager_us(stamped_slow) == prof.eager_wall_us > 0
+    unmeasured = dataclasses.replace(prof, eager_wall_us=0.0)
+    assert model_eager_us(unmeasured) == prof.total_us
