@@ -28,11 +28,8 @@ Writes ``host_paths.json`` and ``host_paths.md``.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
 import platform
-import pstats
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,6 +41,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import per_call_us  # noqa: E402
+from benchmarks.host.host_overhead import profile_top  # noqa: E402
 from benchmarks.kernels import lce_liger  # noqa: E402
 
 OPS = ("rmsnorm", "layernorm", "softmax", "cross_entropy")
@@ -91,18 +89,6 @@ def count_kernels(call: Callable[[], Any]) -> int | None:
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     return sum(1 for n in names if not n.lower().startswith(("memcpy", "memset")))
-
-
-def profile_top(call: Callable[[], Any], calls: int, n: int = 25) -> str:
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        call()
-    prof.disable()
-    torch.cuda.synchronize()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(n)
-    return buf.getvalue()
 
 
 def in_backward_us(launch: Callable[[], Any], calls: int, repeats: int) -> float:
@@ -236,7 +222,7 @@ def main() -> None:
                             key = f"{mode}{'_st' if single_thread else ''}_us"
                             row[key] = per_call_us(call, args.calls, args.repeats, count_drain=False)
                         if single_thread:
-                            profiles[f"{name} {provider}"] = profile_top(calls["fwd+bwd"], args.calls)
+                            profiles[f"{name} {provider}"] = profile_top(calls["fwd+bwd"], args.calls, n=25)
                     finally:
                         torch.autograd.set_multithreading_enabled(True)
                 row["kernels_fwd_bwd"] = count_kernels(calls["fwd+bwd"])

@@ -36,6 +36,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.kernels.lce_liger import peak_extra_bytes  # noqa: E402
 from fusion_advisor.tolerances import judge  # noqa: E402
 from kernel_library import linear_cross_entropy as lce  # noqa: E402
 
@@ -60,16 +61,9 @@ def fwd_bwd(fn, x, w, t):
 
 
 def peak_extra_mib(call) -> float | None:
-    if not torch.cuda.is_available():
-        return None
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = call()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del out
-    return peak / 2**20
+    """MiB allocated during one ``call`` beyond what was allocated before it (``lce_liger.peak_extra_bytes``)."""
+    peak = peak_extra_bytes(call)
+    return None if peak is None else peak / 2**20
 
 
 def do_bench(fn) -> float:
