@@ -82,6 +82,15 @@ def chunk_rows(n_rows: int, vocab: int, itemsize: int, chunk_bytes: int | None =
     return rows - rows % ROW_ALIGN if rows > ROW_ALIGN else rows
 
 
+def _chunk_plan(x: torch.Tensor, weight: torch.Tensor, softcap: float) -> tuple[int, torch.dtype]:
+    """``(rows per chunk, dW's accumulation dtype)`` for ``x`` [N, H] against ``weight`` [V, H]: the chunks hold
+    logits of ``x``'s dtype, or fp32 when soft-capped (:func:`chunk_rows`), and dW accumulates as
+    :func:`dw_accumulate_dtype` says for that many chunks."""
+    n_rows = x.shape[0]
+    step = chunk_rows(n_rows, weight.shape[0], 4 if softcap > 0 else x.element_size())
+    return step, dw_accumulate_dtype(weight.dtype, -(-n_rows // step))
+
+
 # --- helpers ------------------------------------------------------------------------------------------------
 
 
@@ -175,7 +184,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: 
     out_dtype = loss_dtype or x.dtype
     grad = compute_grad and reduction != "none"
     empty = x.new_empty(0)
-    step = chunk_rows(n_rows, vocab, 4 if softcap > 0 else x.element_size())
+    step, acc_dtype = _chunk_plan(x, weight, softcap)
     dx = torch.empty_like(x) if grad else empty
     db = torch.zeros(vocab, dtype=torch.float32, device=x.device) if grad and bias is not None else empty
     if n_rows == 0:
@@ -184,7 +193,6 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: 
             return torch.empty(0, dtype=out_dtype, device=x.device), dx, dw, db
         loss = torch.full((), float("nan") if reduction == "mean" else 0.0, dtype=out_dtype, device=x.device)
         return loss, dx, dw, db.to(bias.dtype) if grad and bias is not None else db
-    acc_dtype = dw_accumulate_dtype(weight.dtype, -(-n_rows // step))
     dw = torch.empty(weight.shape, dtype=acc_dtype, device=x.device) if grad else empty
     loss_rows = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     n_valid = count_valid(target, ignore_index) if reduction == "mean" else loss_rows
@@ -214,8 +222,8 @@ def _backward_rows(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, 
         return torch.empty_like(x), torch.zeros_like(weight), torch.zeros_like(bias) if bias is not None \
             else x.new_empty(0)
     dx = torch.empty_like(x)
-    step = chunk_rows(n_rows, vocab, 4 if softcap > 0 else x.element_size())
-    dw = torch.empty(weight.shape, dtype=dw_accumulate_dtype(weight.dtype, -(-n_rows // step)), device=x.device)
+    step, acc_dtype = _chunk_plan(x, weight, softcap)
+    dw = torch.empty(weight.shape, dtype=acc_dtype, device=x.device)
     db = torch.zeros(vocab, dtype=torch.float32, device=x.device) if bias is not None else None
     scratch = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     for start in range(0, n_rows, step):

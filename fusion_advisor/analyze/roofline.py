@@ -158,9 +158,10 @@ def pool_window_us(op: OpInfo, spec: DeviceSpec) -> float:
     the spec's measured :attr:`DeviceSpec.pool_window_gelem_s`; 0 for other ops or when the rate is not measured.
 
     Eager pooling kernels run one thread per output looping over its window: the loads, not the bytes, bound them.
-    Measured on the H200 (14 pooling ops inside the profiled KernelBench files, max and avg, 1-3d, kernel 2-8,
-    stride 1-4): bytes at copy bandwidth plus this term came within 25% for 11 of them, where the bytes alone
-    under-priced stride-1 windows 4-5x (a 4x4 max pool over 32 x 64 x 512 x 512: 11.0 ms measured, 2.0 ms of bytes).
+    Measured on the H200 (the 26 pooling ops of the re-profiled KernelBench sets, max and avg, 1-3d, kernel 2-27
+    elements, stride 1-4; benchmarks/results/h200/accuracy/reprofile/README.md): bytes at copy bandwidth plus this
+    term at the shipped 822 G/s came within 25% of the measured busy time for 23 of them, the bytes alone for 12
+    (they under-priced stride-1 windows 4-5x: a 4x4 max pool over 32 x 64 x 512 x 512 ran 11.0 ms, its bytes 2.0).
     """
     if op.window_elems <= 0 or spec.pool_window_gelem_s <= 0 or not op.outputs:
         return 0.0

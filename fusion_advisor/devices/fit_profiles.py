@@ -34,11 +34,11 @@ import math
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 from fusion_advisor.devices import DeviceSpec, OpTimeFit, parse_spec, spec_fields, spec_mapping
 from fusion_advisor.errors import CalibrationError, UserError
-from fusion_advisor.analyze.records import Analysis
+from fusion_advisor.analyze.records import Analysis, Profile
 from fusion_advisor.analyze.roofline import (eager_in_model_us, estimate_all, fit_keys, measured_op_us,
                                              pool_window_us, roofline_op_us)
 
@@ -350,7 +350,7 @@ def _predicted(rep: ProfiledReport, spec: DeviceSpec) -> tuple[dict[str, float],
     return ({c.id: times.get(c.id, 0.0) * rep.graph_calls.get(c.graph_index, 1.0) for c in a.chains}, bounds)
 
 
-def model_eager_us(prof: Any) -> float:
+def model_eager_us(prof: Profile) -> float:
     """A profiled model's measured eager time per run (us): the plain model's wall time
     (:attr:`Profile.eager_wall_us`: the user's module called as written, no profiler, no stamps) where it was
     measured, else the profile's attributed total.
@@ -360,7 +360,7 @@ def model_eager_us(prof: Any) -> float:
     model runs: on the H200 it came out 0.43-1.80x the plain wall time across 137 profiled KernelBench files, and
     1.8x for a GoogLeNet and an RNN loop in one session where the plain wall time matched the previous session's
     within 7% (benchmarks/results/h200/accuracy/reprofile/README.md)."""
-    wall = getattr(prof, "eager_wall_us", 0.0) or 0.0
+    wall = prof.eager_wall_us
     return wall if wall > 0 and math.isfinite(wall) else prof.total_us
 
 
