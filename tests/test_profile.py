@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from fusion_advisor.analyze.pipeline import analyze
 from fusion_advisor.cli import app
 from fusion_advisor.errors import ProfileError, UserError
-from fusion_advisor.analyze.profile import (TRACE_MARKER, HostStamps, aten_schedule, attribute, check_can_profile, insert_stamps,
-                                    match_schedule, measured_bound, replay_idle)
+from fusion_advisor.analyze.profile import (TRACE_MARKER, Attribution, HostStamps, aten_schedule, attribute, check_can_profile, insert_stamps,
+                                    idle_scale, match_schedule, measured_bound, replay_idle, scaled_idle)
 from fusion_advisor.analyze.records import ChainMeasurement, NodeMeasurement
 from fusion_advisor.report.write import chains_frame, render_html
 from fusion_advisor.devices import load_spec
@@ -403,6 +403,28 @@ def test_replay_idle_when_the_gpu_is_the_bottleneck():
     nodes = {"g0:a": _node("g0:a", 50.0), "g0:b": _node("g0:b", 50.0)}
     stamps = [(0, -1, 0), (0, 0, 1000), (0, 1, 9000)]  # b issued while a still runs: no wait
     assert replay_idle(stamps, schedules, nodes, runs=1) == {}
+
+
+def _idle_node(op_id: str, busy: float, idle: float) -> NodeMeasurement:
+    return NodeMeasurement(op_id=op_id, time_us=busy + idle, busy_us=busy, idle_us=idle, kernels=1.0)
+
+
+def test_replayed_idle_is_scaled_to_fit_the_plain_wall_time():
+    nodes = {"g0:a": _idle_node("g0:a", 10.0, 30.0), "g0:b": _idle_node("g0:b", 20.0, 10.0)}
+    # busy 30 + idle 40 + unattributed 5 = 75 us against a plain run of 55 us: idle may take 55 - 35 = 20 of its 40
+    assert idle_scale(nodes, 5.0, 55.0) == pytest.approx(0.5)
+    assert idle_scale(nodes, 5.0, 75.0) == 1.0  # fits: left as replayed
+    assert idle_scale(nodes, 5.0, 20.0) == 0.0  # busy alone exceeds the wall: no idle, never negative
+    assert idle_scale(nodes, 5.0, math.nan) == 1.0 and idle_scale(nodes, 5.0, 0.0) == 1.0  # no wall measured
+    assert idle_scale({"g0:a": _idle_node("g0:a", 90.0, 0.0)}, 0.0, 10.0) == 1.0  # no idle to scale
+
+    att = Attribution(nodes=nodes, total_us=75.0, attributed_us=70.0, unattributed_us=5.0, device_events=2.0,
+                      unattributed_events=1.0, wall_us=80.0)
+    out = scaled_idle(att, 0.5)
+    assert out.nodes["g0:a"].idle_us == 15.0 and out.nodes["g0:a"].time_us == 25.0
+    assert out.nodes["g0:b"].busy_us == 20.0 and out.nodes["g0:b"].time_us == 25.0
+    assert out.attributed_us == 50.0 and out.total_us == 55.0 and out.unattributed_us == 5.0
+    assert scaled_idle(att, 1.0) is att
 
 
 def test_insert_stamps_records_every_scheduled_op_in_order():
