@@ -334,6 +334,13 @@ def op_host_us(op: OpInfo, spec: DeviceSpec) -> float:
     return max(op.eager_kernels, 1) * op_launch_us(op, spec)
 
 
+def view_host_us(op: OpInfo, spec: DeviceSpec) -> float:
+    """Host time (us) of an eager view op: ``view_overhead_us``, except for the graph's ``getitem`` of a tuple
+    output (``_native_batch_norm_legit``'s, ``max_pool2d_with_indices``'s), which model code never dispatches: the
+    aten op returned the tuple."""
+    return 0.0 if "getitem" in op.target else spec.view_overhead_us
+
+
 def _launches(op: OpInfo) -> bool:
     """Whether ``op`` launches a kernel when run eagerly: not when every output is empty (0 elements)."""
     return not op.outputs or any(o.numel > 0 for o in op.outputs)
@@ -480,7 +487,7 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> 
     ``analyze --profile`` measures), the first op is issued while the previous run's kernels still run. A chain's
     time is its ops' predicted device time (:func:`_op_time_us`) plus their idle times. This is what ``analyze --profile`` compares with the
     measured chain time; routing keeps :func:`estimate`'s per-chain numbers. Host time per kernel is
-    :func:`op_launch_us`; views add ``view_overhead_us`` and each ``nn.Module`` call entered ``module_call_us`` to
+    :func:`op_launch_us`; views add :func:`view_host_us` and each ``nn.Module`` call entered ``module_call_us`` to
     the host time before the next launch (:func:`_module_calls`). A recurrent op issues its steps while the GPU
     runs them (:data:`RECURRENT_STEP_LAUNCHES` launches of host time per step): it takes the longer of its issue
     and its device time.
@@ -495,7 +502,7 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> 
         prev_path = op.module_path
         pending += calls * spec.module_call_us
         if op.is_view:
-            pending += spec.view_overhead_us
+            pending += view_host_us(op, spec)
             continue
         if not _launches(op):
             continue

@@ -629,7 +629,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         step("host time per view op, per nn.Module call and per call of each op class")
         view_us = measure_view_us(device, sizes.launch_ops, sizes.launch_numel)
         module_us = measure_module_call_us(device, sizes.launch_ops, sizes.launch_numel)
-        launch_by_class = measure_launch_by_class(device)
+        launch_by_class = measure_launch_by_class(device, module_us, view_us, launch)
         step("convolutions and matmuls by shape")
         table_timer = _timer(device, replace(sizes, warmup_ms=TABLE_WARMUP_MS, rep_ms=TABLE_REP_MS))
         # on a GPU convolutions and recurrent layers are timed by their kernels, as a profile measures an op
@@ -787,13 +787,15 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
         "launch_overhead_us": round(cal.launch_us, 3),
         "launch_overhead_source": launch_src,
         **({"launch_overhead_by_class": dict(cal.launch_by_class),
-            "launch_overhead_by_class_source": (f"{by}: wall time per tiny call of each class's aten overload "
-                                                "(fusion_advisor.devices.calibrate._host_probes), 500 in a loop, "
-                                                "synchronised once, median of 3 loops")}
+            "launch_overhead_by_class_source": (f"{by}: wall time per tiny eager call of each class, through the nn.Module "
+                                                "that issues it where there is one, less the module call, views and "
+                                                "other launches priced apart (fusion_advisor.devices.host_costs."
+                                                "host_probes), 500 in a loop, synchronised once, median of 3 loops")}
            if cal.launch_by_class else {}),
         **({"view_overhead_us": round(cal.view_us, 3),
-            "view_overhead_source": f"{by}: wall time per x.view(-1) of a tiny tensor, {s.launch_ops} in a loop, "
-                                    "median of 5 loops"} if cal.view_us is not None else {}),
+            "view_overhead_source": f"{by}: median over ten view ops as model code writes them (view, reshape, "
+                                    "permute, transpose, indexing...; host_costs.VIEW_PROBES) of the wall time per "
+                                    f"call on a tiny tensor, {s.launch_ops} in a loop, median of 5 loops"} if cal.view_us is not None else {}),
         **({"module_call_us": round(cal.module_call_us, 3),
             "module_call_source": (f"{by}: wall time per call of an nn.Module whose forward is one x + 1, less the "
                                    f"bare op's, {s.launch_ops} in a loop, median of 5 loops")}

@@ -1,11 +1,12 @@
 """Host time of eager PyTorch beyond one launch per kernel, measured for ``calibrate``: per view op, per
 ``nn.Module`` call, and per call of the op classes whose calls cost the host more than an elementwise add (cuDNN and
-cuBLAS set up each call). The spec's ``view_overhead_us``, ``module_call_us`` and ``launch_overhead_by_class``
+cuBLAS set up each call; the modules that issue them run Python of their own). The spec's ``view_overhead_us``, ``module_call_us`` and ``launch_overhead_by_class``
 (:func:`fusion_advisor.analyze.roofline.op_launch_us`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -38,11 +39,21 @@ class _AddOne(torch.nn.Module):
         return torch.add(x, 1.0)
 
 
+#: The view ops :func:`measure_view_us` times, as model code writes them: reshapes, axis moves, indexing.
+VIEW_PROBES = ("x.view(-1)", "x.reshape(-1)", "x.flatten()", "x.permute(1, 0)", "x.transpose(0, 1)", "x.t()",
+               "x.unsqueeze(0)", "x[0]", "x[:, :16]", "x.expand(2, -1, -1)")
+
+
 def measure_view_us(device: str, ops: int = 2000, numel: int = 1024, repeats: int = 5) -> float:
-    """Host time of one eager view op (us): ``x.view(-1)`` of a tiny tensor, ``ops`` calls in a loop (a view
-    launches no kernel; this is the dispatcher's cost of making the alias); ``ops`` calls on ``numel`` elements."""
-    x = torch.ones(numel, device=device)
-    return per_op_us(device, lambda: x.view(-1), ops, repeats)
+    """Host time of one eager view op (us): the median over :data:`VIEW_PROBES` (each ``ops`` calls in a loop on a
+    tiny ``[32, numel // 32]`` tensor, median of ``repeats`` loops). A view launches no kernel; this is the
+    dispatcher's cost of making the alias plus, for indexing, Python's ``__getitem__`` parsing; one ``x.view(-1)``
+    alone (what calibrate timed before 2026-12) is the cheapest of them."""
+    import statistics
+
+    x = torch.ones(32, max(numel // 32, 16), device=device)
+    per = [per_op_us(device, eval(f"lambda: {code}", {"x": x}), ops, repeats) for code in VIEW_PROBES]
+    return float(statistics.median(per))
 
 
 def measure_module_call_us(device: str, ops: int = 2000, numel: int = 1024, repeats: int = 5) -> float:
@@ -55,44 +66,81 @@ def measure_module_call_us(device: str, ops: int = 2000, numel: int = 1024, repe
     return max(called - bare, 0.0)
 
 
-def _host_probes(device: str) -> dict[str, Callable[[], Any]]:
-    """One tiny call per op class whose host cost :func:`measure_launch_by_class` measures, through the aten
-    overload the captured graphs call (their key: :func:`fusion_advisor.analyze.roofline.op_class_keys`)."""
-    aten = torch.ops.aten
+@dataclass(frozen=True)
+class HostProbe:
+    """One op class's host-cost probe: the eager call model code makes for it, and what of that call the analysis
+    prices elsewhere.
+
+    Attributes:
+        fn, args: the call ``fn(*args)`` on tiny tensors: through the ``nn.Module`` that usually issues the op where
+            there is one (``nn.Conv2d``, ``nn.Linear``, ``nn.BatchNorm2d``...: its ``forward``'s Python and the
+            functional wrapper are host time the aten op alone does not show), else the ``torch`` function.
+        views: view ops the capture records for the call beside the op (``nn.Linear``: the weight's ``t``), each
+            charged ``view_overhead_us`` apart.
+        launches: other kernels the capture records for the call (``nn.BatchNorm2d`` in training: the
+            ``num_batches_tracked`` add), each charged ``launch_overhead_us`` apart.
+    """
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    views: int = 0
+    launches: int = 0
+
+    @property
+    def module(self) -> bool:
+        """Whether the call enters an ``nn.Module`` (the analysis charges ``module_call_us`` for that apart)."""
+        return isinstance(self.fn, torch.nn.Module)
+
+    def __call__(self) -> Any:
+        return self.fn(*self.args)
+
+
+#: Classes that take another's measurement: the same eager call captured under another aten name
+#: (training BatchNorm is ``_native_batch_norm_legit_functional`` after AOTAutograd's functionalisation, the
+#: in-place ``_native_batch_norm_legit`` in graphs captured without it).
+ALIASES = {"normalization/_native_batch_norm_legit": "normalization/_native_batch_norm_legit_functional"}
+
+
+def host_probes(device: str) -> dict[str, HostProbe]:
+    """One tiny eager call per op class whose host cost :func:`measure_launch_by_class` measures, keyed by the
+    class of the aten op the captured graphs call for it (:func:`fusion_advisor.analyze.roofline.op_class_keys`)."""
+    nn, F = torch.nn, torch.nn.functional
     f = dict(device=device, dtype=torch.float32)
     x4, x2 = torch.randn(2, 8, 8, 8, **f), torch.randn(16, 64, **f)
-    w, b = torch.randn(8, 8, 3, 3, **f), torch.randn(8, **f)
     a, m = torch.randn(16, 16, **f), torch.randn(4, 16, 16, **f)
-    c8, bias64 = torch.ones(8, **f), torch.zeros(64, **f)
-    rm, rv = torch.zeros(8, **f), torch.ones(8, **f)
     return {
-        "conv": lambda: aten.convolution.default(x4, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
-        "matmul/mm": lambda: aten.mm.default(a, a),
-        "matmul/addmm": lambda: aten.addmm.default(a[0], a, a),
-        "matmul/bmm": lambda: aten.bmm.default(m, m),
-        "normalization/_native_batch_norm_legit_no_training":
-            lambda: aten._native_batch_norm_legit_no_training.default(x4, c8, b, rm, rv, 0.1, 1e-5),
-        "normalization/_native_batch_norm_legit":
-            lambda: aten._native_batch_norm_legit.default(x4, c8, b, rm.clone(), rv.clone(), True, 0.1, 1e-5),
-        "normalization/native_layer_norm": lambda: aten.native_layer_norm.default(x2, [64], bias64 + 1, bias64, 1e-5),
-        "normalization/native_group_norm": lambda: aten.native_group_norm.default(x4, c8, b, 2, 8, 64, 4, 1e-5),
-        "softmax": lambda: aten._softmax.default(x2, -1, False),
-        "reduction": lambda: aten.sum.dim_IntList(x2, [-1]),
-        "other/max_pool2d_with_indices": lambda: aten.max_pool2d_with_indices.default(x4, [2, 2], [2, 2]),
-        "other/avg_pool2d": lambda: aten.avg_pool2d.default(x4, [2, 2], [2, 2]),
-        "copy/cat": lambda: aten.cat.default([x2, x2]),
-        "copy/clone": lambda: aten.clone.default(x2),
+        "conv": HostProbe(nn.Conv2d(8, 8, 3, padding=1).to(device), (x4,)),
+        "matmul/mm": HostProbe(torch.matmul, (a, a)),
+        "matmul/addmm": HostProbe(nn.Linear(16, 16).to(device), (a,), views=1),
+        "matmul/bmm": HostProbe(torch.bmm, (m, m)),
+        "normalization/_native_batch_norm_legit_no_training": HostProbe(nn.BatchNorm2d(8).to(device).eval(), (x4,)),
+        "normalization/_native_batch_norm_legit_functional":
+            HostProbe(nn.BatchNorm2d(8).to(device).train(), (x4,), launches=1),
+        "normalization/native_layer_norm": HostProbe(nn.LayerNorm(64).to(device), (x2,)),
+        "normalization/native_group_norm": HostProbe(nn.GroupNorm(2, 8).to(device), (x4,)),
+        "softmax": HostProbe(F.softmax, (x2, -1)),
+        "reduction": HostProbe(torch.sum, (x2, -1)),
+        "other/max_pool2d_with_indices": HostProbe(nn.MaxPool2d(2).to(device), (x4,)),
+        "other/avg_pool2d": HostProbe(nn.AvgPool2d(2).to(device), (x4,)),
+        "copy/cat": HostProbe(torch.cat, ([x2, x2],)),
+        "copy/clone": HostProbe(torch.clone, (x2,)),
     }
 
 
-def measure_launch_by_class(device: str, ops: int = 500, repeats: int = 3) -> dict[str, float]:
-    """Host time per eager call (us) of each op class of :func:`_host_probes`: ``ops`` tiny calls in a loop,
+def measure_launch_by_class(device: str, module_call_us: float = 0.0, view_us: float = 0.0, launch_us: float = 0.0,
+                            ops: int = 500, repeats: int = 3) -> dict[str, float]:
+    """Host time per eager call (us) of each op class of :func:`host_probes`: ``ops`` tiny calls in a loop,
     synchronised once per loop, median of ``repeats`` loops (a tiny call's device time is below its host time, so
-    the loop runs at the host's pace). The spec's ``launch_overhead_by_class``."""
+    the loop runs at the host's pace), less what the analysis charges the call apart: ``module_call_us`` for a
+    probe through an ``nn.Module``, ``view_us`` per view and ``launch_us`` per other kernel the capture records
+    beside the op (:class:`HostProbe`; never below a tenth of the call). The spec's ``launch_overhead_by_class``."""
     out = {}
-    for key, call in _host_probes(device).items():
+    for key, probe in host_probes(device).items():
         try:
-            out[key] = round(per_op_us(device, call, ops, repeats), 3)
-        except (RuntimeError, TypeError):  # an overload this torch build lacks: that class keeps the default
+            t = per_op_us(device, probe, ops, repeats)
+        except (RuntimeError, TypeError):  # an op this torch build lacks on this device: the class keeps the default
             continue
+        apart = module_call_us * probe.module + view_us * probe.views + launch_us * probe.launches
+        out[key] = round(max(t - apart, 0.1 * t), 3)
+    out.update({alias: out[key] for alias, key in ALIASES.items() if key in out})
     return out

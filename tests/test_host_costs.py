@@ -1,0 +1,80 @@
+"""Host-cost probes of calibrate: each probe's call is captured as the op class it is keyed by, with the views and
+other launches it declares, so the analysis does not charge them twice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fusion_advisor.analyze.capture import capture
+from fusion_advisor.analyze.graph import build_op_graph
+from fusion_advisor.analyze.load import LoadedModel
+from fusion_advisor.analyze.roofline import op_class_keys, view_host_us
+from fusion_advisor.devices import load_spec
+from fusion_advisor.devices.host_costs import (ALIASES, VIEW_PROBES, host_probes, measure_launch_by_class,
+                                               measure_view_us)
+
+
+class _Call(torch.nn.Module):
+    """The probe's call as a model: a module is captured as it is; a function over the probe's own tensors."""
+
+    def __init__(self, probe):
+        super().__init__()
+        self.probe = probe
+
+    def forward(self):
+        return self.probe()
+
+
+def _captured_ops(probe):
+    model = probe.fn if probe.module else _Call(probe)
+    inputs = probe.args if probe.module else ()
+    return build_op_graph(capture(LoadedModel("probe", "<test>", "test", model, inputs, "cpu", ""))).ops
+
+
+@pytest.mark.parametrize("key", sorted(host_probes("cpu")))
+def test_each_probe_is_captured_as_its_class_with_the_views_and_launches_it_declares(key):
+    probe = host_probes("cpu")[key]
+    ops = _captured_ops(probe)
+    owners = [o for o in ops if key in op_class_keys(o)]
+    assert len(owners) == 1, [o.target for o in ops]
+    dispatched_views = [o for o in ops if o.is_view and "getitem" not in o.target]
+    others = [o for o in ops if not o.is_view and o is not owners[0]]
+    assert len(dispatched_views) == probe.views, [o.target for o in dispatched_views]
+    assert len(others) == probe.launches, [o.target for o in others]
+
+
+def test_the_priced_apart_parts_are_subtracted_and_aliases_copied(monkeypatch):
+    import fusion_advisor.devices.host_costs as hc
+
+    monkeypatch.setattr(hc, "per_op_us", lambda device, body, ops, repeats: 100.0)
+    out = measure_launch_by_class("cpu", module_call_us=5.0, view_us=2.0, launch_us=10.0, ops=1, repeats=1)
+    assert out["conv"] == 95.0  # a module: its call is charged apart
+    assert out["matmul/addmm"] == 93.0  # nn.Linear: the call and the weight's t()
+    assert out["normalization/_native_batch_norm_legit_functional"] == 85.0  # and the num_batches_tracked add
+    assert out["matmul/mm"] == 100.0 and out["copy/cat"] == 100.0  # torch functions: nothing apart
+    for alias, key in ALIASES.items():
+        assert out[alias] == out[key]
+    huge = measure_launch_by_class("cpu", module_call_us=500.0, ops=1, repeats=1)
+    assert huge["conv"] == 10.0  # never below a tenth of the call
+
+
+def test_view_probes_are_views_and_the_median_is_reported(monkeypatch):
+    x = torch.ones(32, 32)
+    for code in VIEW_PROBES:
+        y = eval(code, {"x": x})
+        assert y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr(), code
+    import fusion_advisor.devices.host_costs as hc
+
+    times = iter(range(1, len(VIEW_PROBES) + 1))
+    monkeypatch.setattr(hc, "per_op_us", lambda device, body, ops, repeats: float(next(times)))
+    assert measure_view_us("cpu", ops=1, repeats=1) == (1 + len(VIEW_PROBES)) / 2
+
+
+def test_getitem_of_a_tuple_output_costs_no_host_time():
+    spec = load_spec("h200")
+    ops = _captured_ops(host_probes("cpu")["other/max_pool2d_with_indices"])
+    getitem = [o for o in ops if "getitem" in o.target]
+    assert getitem and all(view_host_us(o, spec) == 0.0 for o in getitem)
+    t = [o for o in _captured_ops(host_probes("cpu")["matmul/addmm"]) if o.is_view]
+    assert [view_host_us(o, spec) for o in t] == [spec.view_overhead_us]
