@@ -32,6 +32,8 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from kernel_library._launch import cached_launcher
+
 _state = threading.local()
 
 #: Switch for the direct path (True by default); False sends every call through the registered op, as a plain
@@ -48,11 +50,12 @@ _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def launcher(kernel: Any) -> Any:
-    """The launchable form of the Triton ``kernel`` for the current call: ``kernel`` itself on a direct eager call,
+    """The launchable form of the Triton ``kernel`` for the current call: on a direct eager call ``kernel``
+    through its :class:`kernel_library._launch.CachedLauncher` (the JIT's per-call binding skipped once checked),
     else ``torch.library.wrap_triton(kernel)`` (which a traced call records as a graph node, and which is a plain
     launch inside the op's own eager implementation). Use as ``launcher(kernel)[grid](*args, **meta)``."""
     if getattr(_state, "direct", False):
-        return kernel
+        return cached_launcher(kernel)
     return torch.library.wrap_triton(kernel)
 
 
