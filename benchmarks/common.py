@@ -45,6 +45,41 @@ def shape_label(shape: dict) -> str:
     return ",".join(f"{k}={str(v).replace('torch.', '')}" for k, v in shape.items())
 
 
+def interleaved_per_call_us(fns: dict[str, Callable[[], Any]], calls: int, repeats: int, warmup: int = 20,
+                            count_drain: bool = False) -> dict[str, float]:
+    """:func:`per_call_us` of several callables measured side by side: ``repeats`` rounds, each timing one loop of
+    ``calls`` calls of every callable in turn (the order rotated each round), the median per callable. A host whose
+    speed drifts (a shared machine: the H200 host's per-call times moved by 30-50% between minutes) then shifts all
+    of them alike instead of whichever ran during a slow minute. A callable that raises is left out of the result
+    (and out of later rounds)."""
+    cuda = torch.cuda.is_available()
+    names = list(fns)
+    ok = []
+    for name in names:
+        try:
+            for _ in range(warmup):
+                fns[name]()
+            ok.append(name)
+        except Exception:  # noqa: BLE001 - the caller reports what is missing
+            continue
+    loops: dict[str, list[float]] = {n: [] for n in ok}
+    for r in range(repeats):
+        order = ok[r % len(ok):] + ok[:r % len(ok)] if ok else []
+        for name in order:
+            fn = fns[name]
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            if count_drain and cuda:
+                torch.cuda.synchronize()
+            loops[name].append((time.perf_counter() - t0) / calls * 1e6)
+    if cuda:
+        torch.cuda.synchronize()
+    return {n: statistics.median(v) for n, v in loops.items()}
+
+
 def per_call_us(fn: Callable[[], Any], calls: int, repeats: int, warmup: int = 20, count_drain: bool = True) -> float:
     """Host time per call, us: the median over ``repeats`` loops of ``calls`` back-to-back calls of ``fn`` (after
     ``warmup`` calls). Where CUDA is present the GPU is synchronised before the first loop and after each one; with
