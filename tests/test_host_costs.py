@@ -78,3 +78,14 @@ def test_getitem_of_a_tuple_output_costs_no_host_time():
     assert getitem and all(view_host_us(o, spec) == 0.0 for o in getitem)
     t = [o for o in _captured_ops(host_probes("cpu")["matmul/addmm"]) if o.is_view]
     assert [view_host_us(o, spec) for o in t] == [spec.view_overhead_us]
+
+
+def test_module_call_is_half_the_median_difference_of_two_nested_calls(monkeypatch):
+    import fusion_advisor.devices.host_costs as hc
+
+    # interleaved: nested, leaf, nested, leaf...; nested - leaf = 9, 3, 5 -> median 5, over two nested calls
+    times = iter([19.0, 10.0, 13.0, 10.0, 15.0, 10.0])
+    monkeypatch.setattr(hc, "per_op_us", lambda device, body, ops, repeats: next(times))
+    assert hc.measure_module_call_us("cpu", ops=1, repeats=3) == 2.5
+    nested = hc._Calls(hc._Calls(hc._AddOne()))
+    assert torch.equal(nested(torch.zeros(2)), torch.ones(2))
