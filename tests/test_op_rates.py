@@ -14,8 +14,8 @@ from fusion_advisor.analyze.roofline import (_module_calls, base_op_us, conv_det
                                              estimate_all, measured_conv_us, measured_matmul_us, op_launch_us,
                                              roofline_op_us)
 from fusion_advisor.devices import load_spec, parse_spec, spec_mapping
-from fusion_advisor.devices.op_rates import (CONV_CLASSES, ConvGeometry, ConvRate, MatmulRate, conv_time_us,
-                                             matmul_tflops, measure_conv_rates,
+from fusion_advisor.devices.op_rates import (CONV_CLASSES, ConvGeometry, ConvRate, MatmulRate, channels_unaligned,
+                                             conv_time_us, matmul_tflops, measure_conv_rates,
                                              measure_matmul_rates, matmul_plan, problem_geometry, sample_plan)
 from fusion_advisor.errors import DeviceSpecError
 
@@ -289,7 +289,8 @@ def _synthetic_rates(model, shapes, noise=None) -> list[ConvRate]:
     """Convolutions timed by ``model`` (one outlier per ``noise`` entry: index -> factor)."""
     out = []
     for i, (c_in, c_out, kernel, gflop, mbytes) in enumerate(shapes):
-        t = model.time_us(gflop * 1e9, c_out, c_in * kernel, mbytes * 1e6) * (noise or {}).get(i, 1.0)
+        t = model.time_us(gflop * 1e9, c_out, c_in * kernel, mbytes * 1e6, channels_unaligned(c_in, "fp32")) \
+            * (noise or {}).get(i, 1.0)
         out.append(ConvRate("conv2d", "fp32", c_in, c_out, kernel, 1.0, gflop, gflop * 1e9 / (t * 1e-6) / 1e12,
                             "nchw", mbytes))
     return out
@@ -317,6 +318,27 @@ def test_a_class_with_enough_measurements_is_priced_from_a_fitted_roofline():
     big = dataclasses.replace(geom, flops=int(2e12), elements=10 ** 9)
     assert conv_time_us(rates, big, "fp32") > 100 * conv_time_us(rates, geom, "fp32") / 2
     assert big.flops / (conv_time_us(rates, big, "fp32") * 1e-6) / 1e12 < 1.1 * fitted.peak_tflops
+
+
+def test_unaligned_input_channels_get_their_own_fitted_slowdown():
+    from fusion_advisor.devices.op_rates import MIN_UNALIGNED_SAMPLES, ConvTimeModel, fit_conv_model
+
+    assert channels_unaligned(3, "fp32") and not channels_unaligned(64, "fp32")
+    assert channels_unaligned(4, "bf16") and not channels_unaligned(8, "fp16") and not channels_unaligned(4, "fp32")
+    truth = ConvTimeModel(peak_tflops=250.0, n_half=40.0, k_half=80.0, mn_half=2e5, gbps=2500.0, fixed_us=6.0,
+                          unaligned_factor=4.0)  # a 3-channel stem at a fifth of its neighbours' rate
+    rng = random.Random(1)
+    shapes = [(rng.choice((3, 6, 64, 256, 1024)), rng.choice((8, 32, 128, 512, 2048)), rng.choice((1, 9, 25)),
+               10 ** rng.uniform(0, 2), 10 ** rng.uniform(0, 2)) for _ in range(120)]
+    fitted = fit_conv_model(tuple(_synthetic_rates(truth, shapes)))
+    assert fitted.unaligned_factor == pytest.approx(4.0, rel=0.2)
+    geom = ConvGeometry("conv2d", 3, 64, 49, 1.0, int(2e10), elements=10_000_000)
+    aligned = dataclasses.replace(geom, c_in_per_group=4)
+    rates = _synthetic_rates(truth, shapes)
+    assert conv_time_us(rates, geom, "fp32") > 3 * conv_time_us(rates, aligned, "fp32") * 3 / 4
+    # too few unaligned measurements: no slowdown fitted (a pool of aligned convolutions says nothing about it)
+    few = [s for s in shapes if s[0] >= 64] + [s for s in shapes if s[0] < 64][:MIN_UNALIGNED_SAMPLES - 1]
+    assert fit_conv_model(tuple(_synthetic_rates(truth, few))).unaligned_factor == 0.0
 
 
 def test_a_table_entry_without_bytes_estimates_them():
