@@ -65,9 +65,10 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
     out.append(f"module_call_us: {round(base.module_call_us, 3)}")
     out.append("launch_overhead_by_class:")
     out += [f"  {k}: {round(v, 2)}" for k, v in base.launch_overhead_by_class.items()]
-    out.append(f'launch_overhead_by_class_source: "{by}: wall time per tiny call of each class\'s aten overload '
-               '(fusion_advisor/devices/host_costs.py), scaled as said above; view_overhead_us and module_call_us '
-               'the same way"')
+    out.append(f'launch_overhead_by_class_source: "{by}: wall time per tiny eager call of each class, through the '
+               'nn.Module that issues it where there is one, less the module call, views and launches priced apart '
+               '(fusion_advisor/devices/host_costs.py host_probes), scaled as said above; view_overhead_us (the median '
+               'of ten view ops as code writes them) and module_call_us (a nested module call) the same way"')
     out.append("# measured convolutions and matmuls: a convolution's time is a roofline fitted through its class's "
                "(op_rates.ConvTimeModel), a matmul's rate its nearest neighbours' (fusion_advisor/devices/op_rates.py)")
     out.append("conv_rates:")
