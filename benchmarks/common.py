@@ -7,8 +7,10 @@ Each entry point (``benchmarks/<purpose>/<name>.py``) puts the repository root o
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -101,3 +103,17 @@ def per_call_us(fn: Callable[[], Any], calls: int, repeats: int, warmup: int = 2
         if cuda:
             torch.cuda.synchronize()
     return statistics.median(loops)
+
+
+def gpu_probe_args(description: str, repeats: int, calls: int = 200) -> argparse.Namespace:
+    """The command line of a host-time probe (``--out DIR --calls N --repeats N``), parsed, on a machine with a
+    CUDA GPU (asserted), ``--out`` created."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--calls", type=int, default=calls)
+    ap.add_argument("--repeats", type=int, default=repeats)
+    args = ap.parse_args()
+    assert torch.cuda.is_available(), "this probe needs a CUDA GPU"
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args
+

@@ -30,7 +30,6 @@ Writes ``host_paths.json`` and ``host_paths.md``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
@@ -43,7 +42,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.common import interleaved_per_call_us, per_call_us  # noqa: E402
+from benchmarks.common import gpu_probe_args, interleaved_per_call_us, per_call_us  # noqa: E402
 from benchmarks.host.host_overhead import profile_top  # noqa: E402
 from benchmarks.kernels import lce_liger  # noqa: E402
 from kernel_library import _launch  # noqa: E402
@@ -232,13 +231,7 @@ def launch_costs(calls: int, repeats: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--calls", type=int, default=200)
-    ap.add_argument("--repeats", type=int, default=7)
-    args = ap.parse_args()
-    assert torch.cuda.is_available(), "this probe needs a CUDA GPU"
-    args.out.mkdir(parents=True, exist_ok=True)
+    args = gpu_probe_args(__doc__.splitlines()[0], repeats=7)
     liger = lce_liger.load_liger()
     ops = {op.module: op for op in lce_liger.OPS}
     rows, profiles = [], {}

@@ -19,7 +19,6 @@ Each row is one no-argument callable on a tiny bf16 input (4 x 256), timed side 
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
@@ -32,7 +31,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.common import interleaved_per_call_us  # noqa: E402
+from benchmarks.common import gpu_probe_args, interleaved_per_call_us  # noqa: E402
 from benchmarks.kernels import lce_liger  # noqa: E402
 from kernel_library import _launch, _op, softmax  # noqa: E402
 
@@ -128,13 +127,7 @@ def callables(liger: Any) -> dict[str, Callable[[], Any]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--calls", type=int, default=200)
-    ap.add_argument("--repeats", type=int, default=15)
-    args = ap.parse_args()
-    assert torch.cuda.is_available(), "this probe needs a CUDA GPU"
-    args.out.mkdir(parents=True, exist_ok=True)
+    args = gpu_probe_args(__doc__.splitlines()[0], repeats=15)
     liger = lce_liger.load_liger()
     fns = callables(liger)
     us = interleaved_per_call_us(fns, args.calls, args.repeats)
