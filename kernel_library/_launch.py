@@ -48,7 +48,7 @@ MAX_KEYS = 256
 
 _VERIFY, _FAST, _JIT = 0, 1, 2
 _LAUNCH_PREFIX = 9  # grid x 3, stream, function, packed metadata, launch metadata, enter hook, exit hook
-_TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
+_Tensor = torch.Tensor
 
 _lock = threading.Lock()
 _launchers: dict[int, "CachedLauncher"] = {}
@@ -161,8 +161,8 @@ class CachedLauncher:
         device, stream = _device_and_stream()
         # the call key, inline rather than a function per argument: this runs on every launch
         key = (device, tuple(meta.items()),
-               *[(a.dtype, not a.data_ptr() & 15) if type(a) in _TENSORS else float if type(a) is float
-                 else (type(a), a) for a in args])
+               *[(a.dtype, not a.data_ptr() & 15) if isinstance(a, _Tensor) else float if type(a) is float
+                 else (type(a), a) for a in args])  # a tensor never in a key: the table must not hold memory
         try:
             entry = self.entries.get(key)
         except TypeError as e:  # an unhashable argument or meta value

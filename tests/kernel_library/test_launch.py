@@ -226,3 +226,16 @@ def test_a_constexpr_by_position_stays_on_the_jit_when_the_launcher_drops_conste
         launcher[(4,)](16, x, 8)
     (entry,) = launcher.entries.values()
     assert entry.state == _launch._JIT and "constexpr" in entry.why and k.run.jit_calls == 4
+
+
+def test_no_key_holds_a_tensor(kernel):
+    import weakref
+
+    launcher = _launch.cached_launcher(kernel)
+    x = torch.zeros(8)
+    _launch3(launcher, x)
+    for ck in kernel.run.compiled.values():
+        ck.calls.clear()  # the stand-in launcher's record of its calls
+    ref = weakref.ref(x)
+    del x
+    assert ref() is None  # the call keys keep dtypes and alignments, not the tensors
