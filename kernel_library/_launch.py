@@ -7,12 +7,15 @@ difference is the JIT's binder (specialising every argument), its cache key, its
 metadata, which come out the same on every call of a model whose shapes do not change. Through this module the
 softmax forward's launch (17 arguments) took 12.1 us against 19.8 us through the JIT, interleaved in one process on
 another H200 machine; Liger-Kernel's softmax launch (7 arguments, the JIT) 13.2 us
-(``benchmarks/results/h200/host/softmax_layers.md``).
+(``benchmarks/results/h200/host/softmax_layers.md``). That was before the key took the JIT's global state, meta
+types and the globals check (a review found the cases they close): those add 1.8 us per launch of that softmax on
+the CPU of the machine the tests run on (4.8 -> 6.6 us for the key and hooks alone), not yet timed on the H200.
 
-:class:`CachedLauncher` keeps, per **call key** — the device, every meta keyword's value, and for each positional
-argument a tensor's dtype and 16-byte alignment, a float's type, anything else's type and exact value — the
-compiled kernel the JIT chose, and launches it directly. The key is stricter than the JIT's own (which keeps only
-an int's divisibility by 16 and whether it is 1), so a key never maps to a kernel the JIT would not pick for those
+:class:`CachedLauncher` keeps, per **call key** — the device; the global Triton state the JIT folds into its own
+key (debug, instrumentation); for each positional argument a tensor's dtype and 16-byte alignment, a float's type,
+an int's, bool's, str's or None's type and exact value; every meta keyword's type and exact value — the compiled
+kernel the JIT chose, and launches it directly. The key is stricter than the JIT's own (which keeps only an int's
+divisibility by 16 and whether it is 1), so a key never maps to a kernel the JIT would not pick for those
 arguments. A key is taken on in three steps:
 
 1. first call: through the JIT, which compiles or finds the kernel and returns it;
@@ -24,10 +27,12 @@ arguments. A key is taken on in three steps:
 
 Triton's launch hooks (``triton.knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``: empty ``HookChain``
 objects on triton 3.6, which profilers fill) are read on every launch and passed on, with launch metadata built
-whenever a hook would see it. Everything else takes the JIT as written: pre-run hooks, a callable grid, an
-unhashable argument, a constexpr passed by position, more than :data:`MAX_KEYS` keys, the interpreter
-(``TRITON_INTERPRET=1``: not a ``JITFunction``), a triton whose launcher call does not match, and every call while
-:data:`FAST_LAUNCH` is False.
+whenever a hook would see it; the globals a kernel read when compiled are checked on every launch, as the JIT
+checks them. Everything else takes the JIT as written: pre-run hooks, a stages-inspection hook, a callable grid,
+an argument or meta value of another type (a tuple, a wrapper object), a constexpr passed by position, more than
+:data:`MAX_KEYS` keys, a launcher another thread was checking, the interpreter (``TRITON_INTERPRET=1``: not a
+``JITFunction``), a triton whose launcher call does not match, and every call while :data:`FAST_LAUNCH` is False.
+One check runs at a time (a module lock), so two threads never take each other's watcher for the launcher.
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ _Tensor = torch.Tensor
 
 _lock = threading.Lock()
 _launchers: dict[int, "CachedLauncher"] = {}
-_runtime: list[Any] = []  # knobs.runtime, knobs.HookChain: resolved once
+_runtime: list[Any] = []  # knobs.runtime, knobs.HookChain, knobs.compilation: resolved once
+_verify_lock = threading.Lock()  # one watched launch at a time: two would save each other's watcher as the launcher
 
 
 def _jit_types() -> tuple[type, ...]:
@@ -64,11 +70,11 @@ def _jit_types() -> tuple[type, ...]:
 
 
 def _knobs() -> tuple[Any, Any]:
-    """``(triton.knobs.runtime, triton.knobs.HookChain or None)``, resolved once."""
+    """``(triton.knobs.runtime, triton.knobs.HookChain or None)``, resolved once (with ``knobs.compilation``)."""
     if not _runtime:
         from triton import knobs
 
-        _runtime.extend([knobs.runtime, getattr(knobs, "HookChain", None)])
+        _runtime.extend([knobs.runtime, getattr(knobs, "HookChain", None), getattr(knobs, "compilation", None)])
     return _runtime[0], _runtime[1]
 
 
@@ -96,6 +102,62 @@ def _hook_is_empty(hook: Any) -> bool:
     launch metadata, and none is built)."""
     chain = _knobs()[1]
     return hook is None or (chain is not None and type(hook) is chain and not hook.calls)
+
+
+#: Argument types keyed by type and value (anything else, e.g. a tuple or a wrapper object, takes the JIT).
+_SCALARS = frozenset((int, bool, str, type(None)))
+
+
+def _call_key(device: int, state: tuple, args: tuple, meta: dict[str, Any]) -> tuple | None:
+    """The call key of a launch (module docstring), or None when an argument or meta value is of a type the direct
+    launch does not take. A tensor is keyed by its dtype and 16-byte alignment (never held: the table must not keep
+    memory alive), a float by its type, an int, bool, str or None by type and value; a meta value by type and
+    value, a float one by its exact bits (``0.0`` and ``-0.0`` differ)."""
+    key: list[Any] = [device, state]
+    for a in args:
+        t = type(a)
+        if isinstance(a, _Tensor):
+            key.append((a.dtype, not a.data_ptr() & 15))
+        elif t is float:
+            key.append(float)
+        elif t in _SCALARS:
+            key.append((t, a))
+        else:
+            return None
+    for k, v in meta.items():
+        t = type(v)
+        if t is float:
+            key.append((k, float, v.hex()))
+        elif t in _SCALARS:
+            key.append((k, t, v))
+        else:
+            return None
+    return tuple(key)
+
+
+def _jit_state() -> tuple | None:
+    """The global Triton state the JIT folds into its own cache key on every call (debug, instrumentation, the
+    fp-sanitiser casts), or None while a stages-inspection hook is set (its hash is the JIT's to ask for)."""
+    rt, _ = _knobs()
+    if getattr(rt, "add_stages_inspection_hook", None) is not None:
+        return None
+    comp = _runtime[2]
+    return (rt.debug, getattr(comp, "instrumentation_mode", None), getattr(comp, "fpsan_homomorphic_casts", None))
+
+
+def _check_globals(kernel: Any) -> None:
+    """The JIT's check that the globals a kernel read when it was compiled still hold their values.
+
+    Raises:
+        RuntimeError: one has changed (the JIT's own message).
+    """
+    used = kernel.used_global_vals
+    if used:
+        missing = object()
+        for (name, _), (val, globals_dict) in used.items():
+            if (new := globals_dict.get(name, missing)) != val:
+                raise RuntimeError(
+                    f"Global variable {name} has changed since we compiled this kernel, from {val} to {new}")
 
 
 class _Entry:
@@ -158,20 +220,23 @@ class CachedLauncher:
         if not FAST_LAUNCH or type(grid) is not tuple or kernel.pre_run_hooks:
             self.bypassed[self._why_bypassed(grid)] += 1
             return kernel[grid](*args, **meta)
-        device, stream = _device_and_stream()
-        # the call key, inline rather than a function per argument: this runs on every launch
-        key = (device, tuple(meta.items()),
-               *[(a.dtype, not a.data_ptr() & 15) if isinstance(a, _Tensor) else float if type(a) is float
-                 else (type(a), a) for a in args])  # a tensor never in a key: the table must not hold memory
-        try:
-            entry = self.entries.get(key)
-        except TypeError as e:  # an unhashable argument or meta value
-            self.bypassed[f"unhashable argument ({e})"] += 1
+        state = _jit_state()
+        if state is None:
+            self.bypassed["a stages-inspection hook set"] += 1
             return kernel[grid](*args, **meta)
+        device, stream = _device_and_stream()
+        key = _call_key(device, state, args, meta)
+        if key is None:
+            self.bypassed["an argument of another type"] += 1
+            return kernel[grid](*args, **meta)
+        entry = self.entries.get(key)
         if entry is not None and entry.state == _FAST:
+            _check_globals(kernel)
             n = len(grid)
             enter, leave = _launch_hooks()
-            md = None if _hook_is_empty(enter) else entry.kernel.launch_metadata(grid, stream, *args, *entry.tail)
+            # as the JIT: launch metadata whenever an enter hook is set, unless no hook would see it
+            md = None if enter is None or (_hook_is_empty(enter) and _hook_is_empty(leave)) else \
+                entry.kernel.launch_metadata(grid, stream, *args, *entry.tail)
             entry.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, entry.function,
                       entry.packed, md, enter, leave, *args, *entry.tail)
             return entry.kernel
@@ -211,21 +276,25 @@ class CachedLauncher:
             seen.append(call)
             return original(*call)
 
-        try:
-            setattr(compiled, attr, watch)
-        except AttributeError:
-            entry.state, entry.why = _JIT, "the compiled kernel's launcher cannot be watched"
-            return self.kernel[grid](*args, **meta)
-        try:
-            result = self.kernel[grid](*args, **meta)
-        finally:
-            setattr(compiled, attr, original)
+        with _verify_lock:
+            if getattr(compiled, "run", None) != original:  # another thread's watch came and went meanwhile
+                entry.state, entry.why = _JIT, "the launcher changed while it was checked"
+                return self.kernel[grid](*args, **meta)
+            try:
+                setattr(compiled, attr, watch)
+            except AttributeError:
+                entry.state, entry.why = _JIT, "the compiled kernel's launcher cannot be watched"
+                return self.kernel[grid](*args, **meta)
+            try:
+                result = self.kernel[grid](*args, **meta)
+            finally:
+                setattr(compiled, attr, original)
         # the launcher takes every parameter's value, or (some tritons) the non-constexpr ones only
         constexprs = len(seen) == 1 and len(seen[0]) - _LAUNCH_PREFIX == len(self._params)
         bound = self.bound_args(args, meta, constexprs)
         entry.why = self._mismatch(seen, compiled, grid, stream, bound)
-        if not entry.why and any(p.is_constexpr for p in self._params[:len(args)]) and not constexprs:
-            entry.why = "a constexpr passed by position"  # the direct launch passes the positional arguments as given
+        if not entry.why and any(p.is_constexpr for p in self._params[:len(args)]):
+            entry.why = "a constexpr passed by position"  # a float one would be keyed by its type alone
         if not entry.why:
             entry.run, entry.function, entry.packed = original, compiled.function, compiled.packed_metadata
             entry.tail = tuple(bound[len(args):])
@@ -244,8 +313,9 @@ class CachedLauncher:
         if tuple(call[:3]) != full or call[3] != stream:
             return "another grid or stream"
         enter, leave = _launch_hooks()
+        silent = enter is None or (_hook_is_empty(enter) and _hook_is_empty(leave))
         if call[4] is not compiled.function or call[5] is not compiled.packed_metadata or call[7] is not enter \
-                or call[8] is not leave or (call[6] is None and not _hook_is_empty(enter)):
+                or call[8] is not leave or (call[6] is None and not silent):
             return "launch metadata or hooks"
         for got, ours in zip(call[_LAUNCH_PREFIX:], bound):
             same = got is ours if isinstance(ours, torch.Tensor) else (type(got) is type(ours) and got == ours)

@@ -215,11 +215,12 @@ def _body_constexpr_first(BLOCK: tl.constexpr, x_ptr, n):
     pass
 
 
-def test_a_constexpr_by_position_stays_on_the_jit_when_the_launcher_drops_constexprs(monkeypatch):
+@pytest.mark.parametrize("constexprs", [False, True])
+def test_a_constexpr_by_position_stays_on_the_jit(monkeypatch, constexprs):
     monkeypatch.setattr(_launch, "_device_and_stream", lambda: (0, 1234))
     monkeypatch.setattr(_launch, "_launch_hooks", lambda: (None, None))
     k = JITFunction(_body_constexpr_first)
-    k.run = _FakeJIT(k, constexprs=False)
+    k.run = _FakeJIT(k, constexprs=constexprs)
     launcher = _launch.CachedLauncher(k)
     x = torch.zeros(8)
     for _ in range(4):
@@ -239,3 +240,69 @@ def test_no_key_holds_a_tensor(kernel):
     ref = weakref.ref(x)
     del x
     assert ref() is None  # the call keys keep dtypes and alignments, not the tensors
+
+
+def test_meta_values_are_keyed_by_type_and_exact_bits_and_odd_arguments_take_the_jit(kernel):
+    x = torch.zeros(8)
+    launcher = _launch.cached_launcher(kernel)
+    calls = [dict(BLOCK=16, FLAG=True), dict(BLOCK=16, FLAG=1), dict(BLOCK=16.0), dict(BLOCK=0.0), dict(BLOCK=-0.0)]
+    keys = {_launch._call_key(0, (), (x, 8, 0.5), meta) for meta in calls}
+    assert len(keys) == len(calls)  # True vs 1, 16 vs 16.0, 0.0 vs -0.0: each its own key
+    for _ in range(3):
+        launcher[(4,)](x, (8,), 0.5, BLOCK=16)  # a tuple argument: the JIT's business
+    assert launcher.bypassed["an argument of another type"] == 3 and not launcher.entries
+
+
+def test_an_exit_hook_alone_still_gets_the_launch_metadata(kernel, monkeypatch):
+    from triton import knobs
+
+    empty, exit_hook = knobs.HookChain(), knobs.HookChain()
+    exit_hook.add(lambda md: None)
+    monkeypatch.setattr(_launch, "_launch_hooks", lambda: (empty, exit_hook))
+    kernel.run = _FakeJIT(kernel, hooks=(empty, exit_hook))
+    _launch3(_launch.cached_launcher(kernel), torch.zeros(8))
+    ck = kernel.run.compiled[(3, 8)]
+    assert kernel.run.jit_calls == 2 and ck.calls[2][6] == ck.calls[1][6] is not None
+
+
+def test_the_jits_global_state_is_in_the_key_and_changed_globals_raise_as_in_the_jit(kernel, monkeypatch):
+    x = torch.zeros(8)
+    launcher = _launch.cached_launcher(kernel)
+    _launch3(launcher, x)
+    monkeypatch.setattr(_launch, "_jit_state", lambda: (True, None, None))  # e.g. TRITON_DEBUG turned on
+    launcher[(4,)](x, 8, 0.5, BLOCK=16)
+    assert kernel.run.jit_calls == 3  # a new key: the JIT compiles the debug kernel
+    monkeypatch.setattr(_launch, "_jit_state", lambda: None)  # a stages-inspection hook: always the JIT
+    launcher[(4,)](x, 8, 0.5, BLOCK=16)
+    assert kernel.run.jit_calls == 4
+    monkeypatch.undo()
+    monkeypatch.setattr(_launch, "_device_and_stream", lambda: (0, 1234))
+    monkeypatch.setattr(_launch, "_launch_hooks", lambda: (None, None))
+    scope = {"LIMIT": 1}
+    kernel.used_global_vals[("LIMIT", id(scope))] = (1, scope)
+    launcher[(4,)](x, 8, 0.5, BLOCK=16)  # direct, the global unchanged
+    scope["LIMIT"] = 2
+    with pytest.raises(RuntimeError, match="Global variable LIMIT has changed"):
+        launcher[(4,)](x, 8, 0.5, BLOCK=16)
+
+
+def test_a_launcher_read_while_another_thread_watched_it_is_not_kept(kernel, monkeypatch):
+    x = torch.zeros(8)
+    launcher = _launch.cached_launcher(kernel)
+    launcher[(4,)](x, 8, 0.5, BLOCK=16)
+    ck = kernel.run.compiled[(3, 8)]
+    real = ck.run
+    ck.run = lambda *call: real(*call)  # another thread's watcher when this check reads the launcher
+
+    class OtherThreadDone:  # ... and restored by the time this check holds the lock
+        def __enter__(self):
+            del ck.run
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(_launch, "_verify_lock", OtherThreadDone())
+    launcher[(4,)](x, 8, 0.5, BLOCK=16)
+    (entry,) = launcher.entries.values()
+    assert entry.state == _launch._JIT and "changed while it was checked" in entry.why
+    assert ck.run == real and "run" not in vars(ck)  # nothing of either watcher left behind
