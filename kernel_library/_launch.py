@@ -69,13 +69,14 @@ def _jit_types() -> tuple[type, ...]:
     return (JITFunction,)
 
 
-def _knobs() -> tuple[Any, Any]:
-    """``(triton.knobs.runtime, triton.knobs.HookChain or None)``, resolved once (with ``knobs.compilation``)."""
+def _knobs() -> tuple[Any, Any, Any]:
+    """``(triton.knobs.runtime, triton.knobs.HookChain or None, triton.knobs.compilation or None)``, resolved
+    once."""
     if not _runtime:
         from triton import knobs
 
         _runtime.extend([knobs.runtime, getattr(knobs, "HookChain", None), getattr(knobs, "compilation", None)])
-    return _runtime[0], _runtime[1]
+    return _runtime[0], _runtime[1], _runtime[2]
 
 
 def _launch_hooks() -> tuple[Any, Any]:
@@ -138,10 +139,9 @@ def _call_key(device: int, state: tuple, args: tuple, meta: dict[str, Any]) -> t
 def _jit_state() -> tuple | None:
     """The global Triton state the JIT folds into its own cache key on every call (debug, instrumentation, the
     fp-sanitiser casts), or None while a stages-inspection hook is set (its hash is the JIT's to ask for)."""
-    rt, _ = _knobs()
+    rt, _, comp = _knobs()
     if getattr(rt, "add_stages_inspection_hook", None) is not None:
         return None
-    comp = _runtime[2]
     return (rt.debug, getattr(comp, "instrumentation_mode", None), getattr(comp, "fpsan_homomorphic_casts", None))
 
 

@@ -16,8 +16,9 @@ through the JIT, ``kernel_library._launch.FAST_LAUNCH`` off; ``liger`` Liger's f
 - ``launch``: one Triton launch of the library's RMSNorm forward kernel (4 x 256 bf16, 17 arguments): through
   ``JITFunction.__getitem__`` (``jit``, what every library and Liger call does) and through the compiled kernel's
   launcher with the argument list the JIT built (``launcher``: the binder, cache key and launch-metadata steps
-  skipped) and through the library's ``kernel_library._launch.CachedLauncher`` (``cached``); each on the calling thread and inside a backward on the engine's device thread, per launch (a backward
-  of 16 launches minus one of none, over 16).
+  skipped) and through the library's ``kernel_library._launch.CachedLauncher`` (``cached``); each on the calling
+  thread and inside a backward on the engine's device thread, per launch (a backward of 16 launches minus one of
+  none, over 16).
 
 Host us per call: ``benchmarks.common.interleaved_per_call_us`` (``--calls`` back-to-back calls, median of
 ``--repeats`` loops, the GPU drained before each loop and not timed after it; the providers' loops interleaved
@@ -299,8 +300,10 @@ def main() -> None:
         lines.append(f"| {r['op']} | {r['shape']} | {r['provider']} | "
                      + " | ".join("-" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))
                                   for v in vals) + f" | {r.get('error', '')} |")
-    lines += ["", "Launch: " + json.dumps(launch), "", "Library launches sent to the JIT (kernel_library._launch): "
-              + json.dumps({"bypassed": bypassed, "not_direct": not_direct}), "", "## cProfiles (fwd+bwd, device threads off, own time)", ""]
+    lines += ["", "Launch: " + json.dumps(launch), "",
+              "Library launches sent to the JIT (kernel_library._launch): "
+              + json.dumps({"bypassed": bypassed, "not_direct": not_direct}), "",
+              "## cProfiles (fwd+bwd, device threads off, own time)", ""]
     for k, text in profiles.items():
         lines += [f"### {k}", "", "```", text.strip(), "```", ""]
     (args.out / "host_paths.md").write_text("\n".join(lines) + "\n")

@@ -787,18 +787,22 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
         "launch_overhead_us": round(cal.launch_us, 3),
         "launch_overhead_source": launch_src,
         **({"launch_overhead_by_class": dict(cal.launch_by_class),
-            "launch_overhead_by_class_source": (f"{by}: wall time per tiny eager call of each class, through the nn.Module "
-                                                "that issues it where there is one, less the module call, views and "
-                                                "other launches priced apart (fusion_advisor.devices.host_costs."
-                                                "host_probes), 500 in a loop, synchronised once, median of 3 loops")}
+            "launch_overhead_by_class_source": (f"{by}: wall time per tiny eager call of each class, through the "
+                                                "nn.Module that issues it where there is one, less the module call, "
+                                                "views and other launches priced apart (fusion_advisor.devices."
+                                                "host_costs.host_probes), 500 in a loop, synchronised once, median of "
+                                                "3 loops")}
            if cal.launch_by_class else {}),
         **({"view_overhead_us": round(cal.view_us, 3),
             "view_overhead_source": f"{by}: median over ten view ops as model code writes them (view, reshape, "
                                     "permute, transpose, indexing...; host_costs.VIEW_PROBES) of the wall time per "
-                                    f"call on a tiny tensor, {s.launch_ops} in a loop, median of 5 loops"} if cal.view_us is not None else {}),
+                                    f"call on a tiny tensor, {s.launch_ops} in a loop, median of 5 loops"}
+           if cal.view_us is not None else {}),
         **({"module_call_us": round(cal.module_call_us, 3),
-            "module_call_source": (f"{by}: wall time per call of an nn.Module whose forward is one x + 1, less the "
-                                   f"bare op's, {s.launch_ops} in a loop, median of 5 loops")}
+            "module_call_source": (f"{by}: a module calling a child that calls a module whose forward is one x + 1, "
+                                   "less that last module alone, over the two nested calls (each a child's "
+                                   f"__getattr__ and __call__), {s.launch_ops} calls per loop, the two loops "
+                                   "interleaved 5 times, the median difference")}
            if cal.module_call_us is not None else {}),
         **({"conv_rates": [asdict(r.rounded()) for r in cal.conv_rates],
             "conv_rates_source": (f"{by}: {len(cal.conv_rates)} seeded random convolutions "

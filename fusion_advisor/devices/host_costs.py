@@ -1,7 +1,7 @@
 """Host time of eager PyTorch beyond one launch per kernel, measured for ``calibrate``: per view op, per
 ``nn.Module`` call, and per call of the op classes whose calls cost the host more than an elementwise add (cuDNN and
-cuBLAS set up each call; the modules that issue them run Python of their own). The spec's ``view_overhead_us``, ``module_call_us`` and ``launch_overhead_by_class``
-(:func:`fusion_advisor.analyze.roofline.op_launch_us`).
+cuBLAS set up each call; the modules that issue them run Python of their own). The spec's ``view_overhead_us``,
+``module_call_us`` and ``launch_overhead_by_class`` (:func:`fusion_advisor.analyze.roofline.op_launch_us`).
 """
 
 from __future__ import annotations
