@@ -11,8 +11,9 @@ from fusion_advisor.analyze.graph import build_op_graph
 from fusion_advisor.analyze.load import LoadedModel
 from fusion_advisor.analyze.roofline import op_class_keys, view_host_us
 from fusion_advisor.devices import load_spec
-from fusion_advisor.devices.host_costs import (ALIASES, VIEW_PROBES, host_probes, measure_launch_by_class,
-                                               measure_view_us)
+from fusion_advisor.devices import host_costs
+from fusion_advisor.devices.host_costs import (ALIASES, VIEW_PROBES, conv_activity_probes, host_probes,
+                                               measure_activity_host_us, measure_launch_by_class, measure_view_us)
 
 
 class _Call(torch.nn.Module):
@@ -89,3 +90,28 @@ def test_module_call_is_half_the_median_difference_of_two_nested_calls(monkeypat
     assert hc.measure_module_call_us("cpu", ops=1, repeats=3) == 2.5
     nested = hc._Calls(hc._Calls(hc._AddOne()))
     assert torch.equal(nested(torch.zeros(2)), torch.ones(2))
+
+
+def test_the_activity_probes_are_convolutions_and_the_first_is_the_conv_class_probe():
+    probes = conv_activity_probes("cpu")
+    assert all(o.category == "conv" for p in probes for o in _captured_ops(p) if not o.is_view)
+    first, conv = probes[0].fn, host_probes("cpu")["conv"].fn
+    assert (type(first), first.in_channels, first.kernel_size) == (type(conv), conv.in_channels, conv.kernel_size)
+    assert probes[0].args[0].shape == host_probes("cpu")["conv"].args[0].shape
+
+
+def test_the_host_cost_per_activity_is_the_slope_over_the_probes(monkeypatch):
+    import fusion_advisor.kernel_tools.bench as bench
+
+    counts = iter([2.0, 1.0, 5.0, 2.0, 6.0, 3.0, 2.0])
+    monkeypatch.setattr(bench, "device_kernels_per_call", lambda probe: next(counts))
+    times = iter([30.0, 22.0, 54.0, 30.0, 62.0, 38.0, 30.0])  # 8 us per activity over 14 us
+    monkeypatch.setattr(host_costs, "per_op_us", lambda device, probe, ops, repeats: next(times))
+    monkeypatch.setattr(host_costs, "conv_activity_probes", lambda device: conv_activity_probes("cpu"))
+    cost = measure_activity_host_us("cuda")
+    assert cost.probe_kernels == 2.0 and cost.activity_us == pytest.approx(8.0)
+    assert len(cost.probes) == 7
+    monkeypatch.setattr(bench, "device_kernels_per_call", lambda probe: 2.0)
+    monkeypatch.setattr(host_costs, "per_op_us", lambda device, probe, ops, repeats: 30.0)
+    assert measure_activity_host_us("cuda") is None  # no spread: no slope
+    assert measure_activity_host_us("cpu") is None

@@ -11,11 +11,11 @@ import torch.nn.functional as F
 
 from fusion_advisor.analyze.records import Chain, OpInfo, SourceLoc, TensorMeta
 from fusion_advisor.analyze.roofline import (_module_calls, base_op_us, conv_detail, eager_in_model_us, estimate,
-                                             estimate_all, measured_conv_us, measured_matmul_us, op_launch_us,
-                                             roofline_op_us)
+                                             estimate_all, measured_conv_us, measured_matmul_us, op_host_us,
+                                             op_launch_us, roofline_op_us)
 from fusion_advisor.devices import load_spec, parse_spec, spec_mapping
 from fusion_advisor.devices.op_rates import (CONV_CLASSES, ConvGeometry, ConvRate, MatmulRate, channels_unaligned,
-                                             conv_time_us, matmul_tflops, measure_conv_rates,
+                                             conv_kernels, conv_time_us, matmul_tflops, measure_conv_rates,
                                              measure_matmul_rates, matmul_plan, problem_geometry, sample_plan)
 from fusion_advisor.errors import DeviceSpecError
 
@@ -183,6 +183,7 @@ def test_every_sampled_convolution_is_of_its_class():
 
 class _Timing:
     median_ms = 0.5
+    kernels_per_call = 3.0
 
 
 def test_measuring_the_tables_on_a_cpu_with_a_stub_timer():
@@ -199,6 +200,7 @@ def test_measuring_the_tables_on_a_cpu_with_a_stub_timer():
     assert rates[0].tflops == pytest.approx(rates[0].gflop * 1e9 / 0.5e-3 / 1e12)
     geom = problem_geometry(plan[0])
     assert rates[0].mbytes == pytest.approx(geom.elements * 4 / 1e6)  # input, weight and output in fp32
+    assert {r.kernels for r in rates} == {3.0}  # the timer's activity count is recorded
     mm = matmul_plan({"fp32": 2}, max_elems=1 << 12, flop_range=(1e3, 1e7))
     mrates, _ = measure_matmul_rates("cpu", mm, timer, budget_s=60.0, dtypes={"fp32": torch.float32})
     assert len(mrates) == len(mm) and {r.detail for r in mrates} == {"mm", "bmm"}
@@ -235,11 +237,60 @@ def test_views_and_module_calls_cost_the_host_in_the_model():
 
 
 def test_at_host_speed_scales_every_host_cost():
-    spec = dataclasses.replace(SPEC, launch_overhead_by_class={"conv": 40.0}, view_overhead_us=2.0, module_call_us=4.0)
+    spec = dataclasses.replace(SPEC, launch_overhead_by_class={"conv": 40.0}, view_overhead_us=2.0, module_call_us=4.0,
+                               activity_host_us=6.0, conv_probe_kernels=2.0)
     fast = spec.at_host_speed(5.0)
     assert (fast.launch_overhead_us, fast.launch_overhead_by_class["conv"], fast.view_overhead_us,
-            fast.module_call_us) == (5.0, 20.0, 1.0, 2.0)
+            fast.module_call_us, fast.activity_host_us) == (5.0, 20.0, 1.0, 2.0, 3.0)
+    assert fast.conv_probe_kernels == 2.0  # a count, not a cost
     assert spec.at_host_speed(0.0) is spec
+
+
+def _counted(c_in, c_out, kernels, kernel=9) -> ConvRate:
+    return dataclasses.replace(_rate(c_in, c_out, 10.0, kernel=kernel), kernels=kernels)
+
+
+def test_a_convolution_takes_the_activity_count_of_its_nearest_measured_neighbours():
+    rates = [_counted(64, 64, 1.0, kernel=1), _counted(64, 64, 1.0, kernel=1), _counted(64, 128, 2.0, kernel=1),
+             _counted(32, 64, 1.0, kernel=1), _counted(256, 256, 5.0), _counted(256, 256, 5.0),
+             _counted(256, 512, 5.0), _counted(128, 256, 4.0), _counted(512, 256, 5.0), _rate(256, 256, 10.0)]
+    pointwise = ConvGeometry("conv2d", 64, 64, 1, 1.0, int(10e9))
+    three = ConvGeometry("conv2d", 256, 256, 9, 1.0, int(10e9))
+    assert conv_kernels(rates, three, "fp32") == 5.0  # the uncounted entry (kernels 0) is not a neighbour
+    assert conv_kernels(rates, pointwise, "fp32") == 1.0
+    assert conv_kernels(rates, dataclasses.replace(three, detail="conv3d"), "fp32") is None
+    assert conv_kernels([_rate(256, 256, 10.0)], three, "fp32") is None  # an old table: no counts
+
+
+def test_a_convolution_issuing_more_activities_than_the_probe_costs_the_host_more():
+    op = _conv_op((8, 256, 28, 28), (256, 256, 3, 3), (8, 256, 26, 26))
+    table = tuple(_counted(256, 256, k) for k in (5.0, 5.0, 5.0))
+    spec = dataclasses.replace(SPEC, launch_overhead_by_class={"conv": 30.0}, conv_rates=table,
+                               activity_host_us=6.0, conv_probe_kernels=2.0)
+    assert op_host_us(op, spec) == pytest.approx(30.0 + 3 * 6.0)
+    assert op_host_us(op, dataclasses.replace(spec, activity_host_us=0.0)) == 30.0  # not measured: the probe's
+    one = dataclasses.replace(spec, conv_rates=tuple(_counted(256, 256, 1.0) for _ in range(3)))
+    assert op_host_us(op, one) == pytest.approx(30.0 - 6.0)  # one activity fewer than the probe
+    floor = dataclasses.replace(one, activity_host_us=100.0)
+    assert op_host_us(op, floor) == pytest.approx(15.0)  # never below half the class's probe
+    chain = _chain("c0", [op], "conv")
+    assert estimate(chain, {op.id: op}, spec).launch_eager_us == pytest.approx(48.0)
+    assert eager_in_model_us([chain], [op], spec)["c0"] >= eager_in_model_us([chain], [op], one)["c0"]
+
+
+def test_activity_counts_round_trip_through_a_spec_file_and_negative_ones_are_refused():
+    spec = dataclasses.replace(SPEC, conv_rates=(_counted(4, 16, 3.0),), activity_host_us=6.5, conv_probe_kernels=2.0)
+    back = parse_spec(spec_mapping(spec), "test")
+    assert back.conv_rates[0].kernels == 3.0 and (back.activity_host_us, back.conv_probe_kernels) == (6.5, 2.0)
+    assert parse_spec(spec_mapping(SPEC), "test").activity_host_us == 0.0  # optional
+    data = spec_mapping(spec)
+    data["conv_rates"][0]["kernels"] = -1
+    with pytest.raises(DeviceSpecError, match=r"conv_rates\[0\]"):
+        parse_spec(data, "bad.yaml")
+    data = spec_mapping(spec)
+    data["activity_host_us"] = "slow"
+    with pytest.raises(DeviceSpecError, match="activity_host_us"):
+        parse_spec(data, "bad.yaml")
 
 
 def test_a_short_chain_behind_a_long_kernel_is_not_launch_bound_in_the_model():

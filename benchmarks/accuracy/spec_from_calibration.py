@@ -33,14 +33,16 @@ from fusion_advisor.devices.fit_profiles import without_fits  # noqa: E402
 
 def base_spec(spec_name: str, calibrated: Path, conv_from: Path | None = None):
     """The shipped spec without its fits, with the calibration's tables, elementwise overhead and host costs
-    (``conv_rates`` from ``conv_from``'s calibration when given)."""
+    (``conv_rates`` and the host cost per convolution activity from ``conv_from``'s calibration when given)."""
     spec = without_fits(load_spec(spec_name))
     cal = load_spec(str(calibrated)).at_host_speed(spec.launch_overhead_us)
-    conv = load_spec(str(conv_from)).conv_rates if conv_from is not None else cal.conv_rates
-    return dataclasses.replace(spec, conv_rates=conv, matmul_rates=cal.matmul_rates,
+    # the convolution table's activity counts and the host cost per activity come from the same calibration
+    conv = load_spec(str(conv_from)).at_host_speed(spec.launch_overhead_us) if conv_from is not None else cal
+    return dataclasses.replace(spec, conv_rates=conv.conv_rates, matmul_rates=cal.matmul_rates,
                                elementwise_overhead_us=cal.elementwise_overhead_us,
                                launch_overhead_by_class=cal.launch_overhead_by_class,
-                               view_overhead_us=cal.view_overhead_us, module_call_us=cal.module_call_us), cal
+                               view_overhead_us=cal.view_overhead_us, module_call_us=cal.module_call_us,
+                               activity_host_us=conv.activity_host_us, conv_probe_kernels=conv.conv_probe_kernels), cal
 
 
 def _flow(d) -> str:
@@ -54,6 +56,8 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
     cut = next((i for i, line in enumerate(lines) if line.startswith(("op_time_fits:", "elementwise_overhead_us:"))),
                len(lines))
     data = spec_mapping(base)
+    act_sources = load_spec(str(conv_path or cal_path)).sources or {}
+    act_by = f"measured by fusion-advisor calibrate ({conv_path or cal_path})"
     by = f"measured by fusion-advisor calibrate ({cal_path})"
     out = lines[:cut]
     out.append(f"elementwise_overhead_us: {round(base.elementwise_overhead_us, 3)}   # device time per eager "
@@ -63,6 +67,12 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
     out.append(f"# scaled to this spec's {base.launch_overhead_us:g} us; analyze --profile scales them to its host")
     out.append(f"view_overhead_us: {round(base.view_overhead_us, 3)}")
     out.append(f"module_call_us: {round(base.module_call_us, 3)}")
+    if base.activity_host_us > 0:
+        out.append(f"activity_host_us: {round(base.activity_host_us, 3)}   # per device activity of a cuDNN "
+                   "convolution call beyond the conv probe's")
+        out.append(f"conv_probe_kernels: {round(base.conv_probe_kernels, 2)}")
+        out.append(f'activity_host_source: "{act_by}: {(act_sources.get("activity_host") or "").split(": ", 1)[-1]}'
+                   ', scaled as said above"')
     out.append("launch_overhead_by_class:")
     out += [f"  {k}: {round(v, 2)}" for k, v in base.launch_overhead_by_class.items()]
     out.append(f'launch_overhead_by_class_source: "{by}: wall time per tiny eager call of each class, through the '

@@ -58,7 +58,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fusion_advisor.devices import DeviceSpec
-from fusion_advisor.devices.op_rates import ConvGeometry, conv_time_us, matmul_tflops
+from fusion_advisor.devices.op_rates import ConvGeometry, conv_kernels, conv_time_us, matmul_tflops
 from fusion_advisor.analyze.records import Chain, Estimate, OpInfo
 from fusion_advisor.analyze.sdpa import math_score_bytes
 
@@ -327,11 +327,36 @@ def op_launch_us(op: OpInfo, spec: DeviceSpec) -> float:
 
 
 def op_host_us(op: OpInfo, spec: DeviceSpec) -> float:
-    """Host time (us) of issuing ``op`` eagerly: :func:`op_launch_us` per kernel it launches, and for a cuDNN
-    recurrent op :data:`RECURRENT_STEP_LAUNCHES` launches per cell step (cuDNN issues each step from its host)."""
+    """Host time (us) of issuing ``op`` eagerly: :func:`op_launch_us` per kernel it launches, for a convolution
+    plus :func:`conv_activity_host_us`, and for a cuDNN recurrent op :data:`RECURRENT_STEP_LAUNCHES` launches per
+    cell step (cuDNN issues each step from its host)."""
     if op.category == "recurrent" and op.sequential_steps > 0:
         return op.sequential_steps * RECURRENT_STEP_LAUNCHES * spec.launch_overhead_us
-    return max(op.eager_kernels, 1) * op_launch_us(op, spec)
+    base = max(op.eager_kernels, 1) * op_launch_us(op, spec)
+    return base + conv_activity_host_us(op, spec, base) if op.category == "conv" else base
+
+
+#: Least share of its class's host time a convolution issuing fewer activities than the probe is priced at.
+MIN_CONV_HOST_SHARE = 0.5
+
+
+def conv_activity_host_us(op: OpInfo, spec: DeviceSpec, base_us: float) -> float:
+    """Host time (us, may be negative) a convolution costs beyond its class's probe (``base_us``): the spec's
+    ``activity_host_us`` per device activity cuDNN issues for its geometry beyond the probe's
+    (``conv_probe_kernels``), the count that of its nearest measured neighbours
+    (:func:`fusion_advisor.devices.op_rates.conv_kernels`); never below :data:`MIN_CONV_HOST_SHARE` of
+    ``base_us`` in all. 0 where the spec measured no activity cost or the table recorded no counts.
+
+    On the H200 ResNet-101's convolutions issued 1-5 activities (layout transforms, workspace memsets) and their
+    host time per call grew with them, 36 us of host time for one activity to 76 us for five
+    (benchmarks/results/h200/host/host_by_shape.json)."""
+    if spec.activity_host_us <= 0 or spec.conv_probe_kernels <= 0 or len(op.inputs) < 2 or not op.outputs:
+        return 0.0
+    geom = ConvGeometry.from_shapes(op.inputs[0].shape, op.inputs[1].shape, op.outputs[0].shape)
+    kernels = conv_kernels(spec.conv_rates, geom, op.dtype) if geom is not None else None
+    if kernels is None:
+        return 0.0
+    return max((kernels - spec.conv_probe_kernels) * spec.activity_host_us, (MIN_CONV_HOST_SHARE - 1.0) * base_us)
 
 
 def view_host_us(op: OpInfo, spec: DeviceSpec) -> float:
@@ -516,7 +541,7 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> 
             idle[op.id] = max(0.0, start - gpu_free) + span - device[op.id]
             host, gpu_free, pending = start + issue, max(start, gpu_free) + span, 0.0
             continue
-        issue = max(op.eager_kernels, 1) * op_launch_us(op, spec) + pending  # SDPA's math: a dozen kernels
+        issue = op_host_us(op, spec) + pending  # SDPA's math: a dozen kernels
         pending = 0.0
         host += issue
         if host > gpu_free:

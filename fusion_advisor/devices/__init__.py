@@ -174,6 +174,14 @@ class DeviceSpec:
             ``matmul``, ``normalization/native_group_norm``, ...: :func:`fusion_advisor.analyze.roofline.op_class_keys`),
             for classes whose calls cost the host more than an elementwise op's (cuDNN and cuBLAS set up their
             calls); other ops take ``launch_overhead_us``.
+        activity_host_us: optional, measured host time (us) per device activity (kernel, memset, copy) of a cuDNN
+            convolution call (``calibrate``: :func:`fusion_advisor.devices.host_costs.measure_activity_host_us`):
+            a convolution that issues more activities than the ``conv`` class's probe (:attr:`conv_probe_kernels`)
+            costs this much more host time per extra one, fewer this much less
+            (:func:`fusion_advisor.analyze.roofline.op_host_us`, its count from :attr:`conv_rates`). 0: not
+            measured (every convolution costs the probe's host time).
+        conv_probe_kernels: the device activities per call of the ``conv`` class's host probe (``calibrate``); 0:
+            not measured.
         recurrent_step_us: optional, measured device time (us) of one cell step of a cuDNN recurrent layer by cell
             (``lstm``, ``gru``, ``rnn_tanh``, ``rnn_relu``; ``calibrate``, at a small hidden size where each step
             is latency-bound): a recurrent op costs its steps times this, or its FLOPs at the tensor-core peak
@@ -213,6 +221,8 @@ class DeviceSpec:
     launch_overhead_by_class: dict[str, float] = field(default_factory=dict)
     recurrent_step_us: dict[str, float] = field(default_factory=dict)
     pool_window_gelem_s: float = 0.0
+    activity_host_us: float = 0.0
+    conv_probe_kernels: float = 0.0
 
     def op_time_fit(self, keys: tuple[str, ...], dtype: str = "") -> OpTimeFit | None:
         """The fitted curve of the first of ``keys`` (most specific first) :attr:`op_time_fits` has, else None;
@@ -226,7 +236,7 @@ class DeviceSpec:
 
     def at_host_speed(self, dispatch_us: float) -> "DeviceSpec":
         """This spec with its host costs (``launch_overhead_us``, ``launch_overhead_by_class``,
-        ``view_overhead_us``, ``module_call_us``) scaled to a host measured at ``dispatch_us`` per tiny eager op
+        ``view_overhead_us``, ``module_call_us``, ``activity_host_us``) scaled to a host measured at ``dispatch_us`` per tiny eager op
         (the probe ``analyze --profile`` runs beside the model). Host speed differs between machines with the same
         GPU far more than device rates do: five calibrations on H200 machines measured 7.9-11.5 us per eager add,
         four of them 25-47 us per cuDNN convolution call. Unchanged when either time is not above 0."""
@@ -234,7 +244,7 @@ class DeviceSpec:
             return self
         k = dispatch_us / self.launch_overhead_us
         return replace(self, launch_overhead_us=dispatch_us, view_overhead_us=self.view_overhead_us * k,
-                       module_call_us=self.module_call_us * k,
+                       module_call_us=self.module_call_us * k, activity_host_us=self.activity_host_us * k,
                        launch_overhead_by_class={c: us * k for c, us in self.launch_overhead_by_class.items()})
 
     def efficiency(self, route: str, pattern: str) -> float:
@@ -358,6 +368,10 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         recurrent_step_us=_parse_recurrent_steps(data.get("recurrent_step_us"), origin),
         pool_window_gelem_s=_number(data.get("pool_window_gelem_s", 0.0), f"{origin}: pool_window_gelem_s",
                                     "G elements/s", positive=False),
+        activity_host_us=_number(data.get("activity_host_us", 0.0), f"{origin}: activity_host_us", "us",
+                                 positive=False),
+        conv_probe_kernels=_number(data.get("conv_probe_kernels", 0.0), f"{origin}: conv_probe_kernels",
+                                   "activities", positive=False),
     )
 
 
@@ -453,7 +467,7 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
     for key in ("attention_tflops", "attention_rates", "unaligned_tensor_tflops", "route_efficiency",
                 "op_time_fits", "op_time_fit_dtypes", "strided_bandwidth_gbps", "elementwise_overhead_us",
                 "conv_rates", "matmul_rates", "view_overhead_us", "module_call_us", "launch_overhead_by_class",
-                "recurrent_step_us", "pool_window_gelem_s"):
+                "recurrent_step_us", "pool_window_gelem_s", "activity_host_us", "conv_probe_kernels"):
         if not data.get(key):
             data.pop(key, None)
     if data.get("op_time_fit_dtypes"):

@@ -48,10 +48,10 @@ from typing import Any, Callable
 import torch
 import yaml
 
-from fusion_advisor.kernel_tools.bench import Timing, device_time_ms, time_cpu, time_cuda
+from fusion_advisor.kernel_tools.bench import Timing, device_time_and_kernels, time_cpu, time_cuda
 from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, parse_spec
-from fusion_advisor.devices.host_costs import (measure_launch_by_class, measure_module_call_us, measure_view_us,
-                                               per_op_us)
+from fusion_advisor.devices.host_costs import (ActivityHostCost, measure_activity_host_us, measure_launch_by_class,
+                                               measure_module_call_us, measure_view_us, per_op_us)
 from fusion_advisor.devices.op_rates import (TABLE_KERNEL_CALLS, TABLE_REP_MS, TABLE_WARMUP_MS, ConvRate, MatmulRate,
                                             measure_convolutions, measure_matmuls, measure_recurrent_steps,
                                             recurrent_probe)
@@ -153,6 +153,8 @@ class Calibration:
         pool_window_gelem_s: G input elements per second eager pooling kernels read their windows at
             (:func:`measure_pool_window_rate`), None when not measured; ``pool_probes``: its rows.
         launch_by_class: host time per eager call by op class (us, :func:`measure_launch_by_class`).
+        activity: GPU only: host time per device activity of a cuDNN convolution call and the ``conv`` probe's
+            activity count (:func:`measure_activity_host_us`), None when not measured.
         step_seconds: wall seconds of each measurement step, by its progress line.
         launch_us: wall time per tiny eager op in a long loop (us).
         kernel_floor_us: GPU only: device time per back-to-back tiny kernel from a CUDA-graph replay (us), else None.
@@ -191,6 +193,7 @@ class Calibration:
     recurrent_probe: tuple[int, ...] = ()
     pool_window_gelem_s: float | None = None
     pool_probes: list[dict] = field(default_factory=list)
+    activity: ActivityHostCost | None = None
 
 
 def _versions() -> dict[str, str]:
@@ -249,7 +252,8 @@ def kernel_timer(fn: Callable[[], Any]) -> Timing:
     """The GPU timer of the convolution table and the recurrent step: the summed durations of the kernels of one
     call over :data:`TABLE_KERNEL_CALLS` profiled calls (L2 warm, no host time), as ``analyze --profile`` measures an
     op inside a model."""
-    return Timing(device_time_ms(fn, iters=TABLE_KERNEL_CALLS), None, None)
+    ms, kernels = device_time_and_kernels(fn, iters=TABLE_KERNEL_CALLS)
+    return Timing(ms, None, None, kernels)
 
 
 def measure_copy_gbps(device: str, sizes: Sizes, timer: Callable[[Callable[[], Any]], Timing]) -> float:
@@ -630,6 +634,11 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         view_us = measure_view_us(device, sizes.launch_ops, sizes.launch_numel)
         module_us = measure_module_call_us(device, sizes.launch_ops, sizes.launch_numel)
         launch_by_class = measure_launch_by_class(device, module_us, view_us, launch)
+        activity = measure_activity_host_us(device) if device == "cuda" else None
+        if activity is None:
+            not_measured["activity_host_us"] = ("GPU only (cuDNN's device activities per convolution call)"
+                                                if device != "cuda" else
+                                                "the convolution probes' activity counts spread too little for a slope")
         step("convolutions and matmuls by shape")
         table_timer = _timer(device, replace(sizes, warmup_ms=TABLE_WARMUP_MS, rep_ms=TABLE_REP_MS))
         # on a GPU convolutions and recurrent layers are timed by their kernels, as a profile measures an op
@@ -665,7 +674,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         l2_bytes=l2, sizes=sizes, attention_tflops=attention, attention_rates=rates, strided_gbps=strided,
         unaligned_tflops=unaligned, elementwise_overhead_us=elementwise,
         not_measured=not_measured, view_us=view_us, module_call_us=module_us, conv_rates=conv_rates,
-        launch_by_class=launch_by_class, step_seconds=seconds,
+        launch_by_class=launch_by_class, activity=activity, step_seconds=seconds,
         matmul_rates=matmul_rates, recurrent_step_us=recurrent, recurrent_probe=recurrent_probe(device, quick),
         pool_window_gelem_s=pool_rate, pool_probes=pool_rows,
         timer="triton.testing.do_bench median (L2 flushed before each call)" if device == "cuda"
@@ -793,6 +802,15 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                                 "host_costs.host_probes), 500 in a loop, synchronised once, median of "
                                                 "3 loops")}
            if cal.launch_by_class else {}),
+        **({"activity_host_us": round(cal.activity.activity_us, 3),
+            "conv_probe_kernels": round(cal.activity.probe_kernels, 2),
+            "activity_host_source": (f"{by}: the least-squares slope of host time per call over device activities "
+                                     "per call (torch.profiler) of seven tiny nn.Conv1d-3d / ConvTranspose2d calls "
+                                     "(fusion_advisor.devices.host_costs.conv_activity_probes), each timed as "
+                                     "launch_overhead_by_class is; (activities, us): "
+                                     + ", ".join(f"({a:g}, {t:g})" for a, t in cal.activity.probes)),
+            "conv_probe_kernels_source": f"{by}: device activities per call of the conv class's host probe"}
+           if cal.activity is not None else {}),
         **({"view_overhead_us": round(cal.view_us, 3),
             "view_overhead_source": f"{by}: median over ten view ops as model code writes them (view, reshape, "
                                     "permute, transpose, indexing...; host_costs.VIEW_PROBES) of the wall time per "

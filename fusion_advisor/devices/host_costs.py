@@ -162,3 +162,71 @@ def measure_launch_by_class(device: str, module_call_us: float = 0.0, view_us: f
         out[key] = round(max(t - apart, 0.1 * t), 3)
     out.update({alias: out[key] for alias, key in ALIASES.items() if key in out})
     return out
+
+
+@dataclass(frozen=True)
+class ActivityHostCost:
+    """Host time per device activity of a cuDNN convolution call, fitted over :func:`conv_activity_probes`.
+
+    Attributes:
+        probe_kernels: device activities (kernels, memsets, copies) the ``conv`` class's probe of
+            :func:`host_probes` issues per call: what its ``launch_overhead_by_class`` entry already pays for.
+        activity_us: least-squares slope of host time per call (us) over activities per call across the probes.
+        probes: ``(activities, host us)`` of each probe, for the spec's source line.
+    """
+
+    probe_kernels: float
+    activity_us: float
+    probes: tuple[tuple[float, float], ...]
+
+
+def conv_activity_probes(device: str) -> list[HostProbe]:
+    """Tiny ``nn.Conv*`` calls that cuDNN runs as different numbers of device activities (a 1x1 convolution as one
+    GEMM, a 3x3 one with layout transforms around it, a transposed one as a data-gradient with more), each far
+    shorter on the GPU than on the host. The first is the ``conv`` class's probe of :func:`host_probes`."""
+    nn = torch.nn
+    f = dict(device=device, dtype=torch.float32)
+    x4, x5, wide = torch.randn(2, 8, 8, 8, **f), torch.randn(2, 8, 4, 8, 8, **f), torch.randn(2, 64, 16, 16, **f)
+    return [HostProbe(nn.Conv2d(8, 8, 3, padding=1).to(device), (x4,)),
+            HostProbe(nn.Conv2d(8, 8, 1).to(device), (x4,)),
+            HostProbe(nn.Conv2d(64, 64, 3, padding=1).to(device), (wide,)),
+            HostProbe(nn.Conv2d(64, 64, 1).to(device), (wide,)),
+            HostProbe(nn.ConvTranspose2d(8, 8, 3, stride=2).to(device), (x4,)),
+            HostProbe(nn.Conv3d(8, 8, 3, padding=1).to(device), (x5,)),
+            HostProbe(nn.Conv2d(8, 8, 3, padding=1, groups=4).to(device), (x4,))]
+
+
+#: Least spread of activity counts (max - min) across the probes for a slope to be fitted.
+MIN_ACTIVITY_SPREAD = 2.0
+
+
+def measure_activity_host_us(device: str, ops: int = 300, repeats: int = 3) -> ActivityHostCost | None:
+    """Host time per device activity of a cuDNN convolution call: each of :func:`conv_activity_probes` timed as
+    :func:`measure_launch_by_class` times a class (``ops`` calls in a loop, synchronised once, median of
+    ``repeats`` loops) and its activities counted by the profiler; the least-squares slope of the one over the
+    other. cuDNN issues a convolution as 1-12 activities depending on its geometry, and each costs the host about
+    a launch (benchmarks/results/h200/host/host_by_shape.json: ResNet-101's convolutions of 1 activity took a
+    median 36 us of host time per call, those of 5 activities 76 us). None on a CPU, and where the probes' counts
+    spread less than :data:`MIN_ACTIVITY_SPREAD` (no slope to fit).
+
+    Raises:
+        RuntimeError: from the profiler, when CUDA is asked for and absent.
+    """
+    if device != "cuda":
+        return None
+    from fusion_advisor.kernel_tools.bench import device_kernels_per_call
+
+    points = []
+    for probe in conv_activity_probes(device):
+        try:
+            acts = device_kernels_per_call(probe)
+            points.append((acts, per_op_us(device, probe, ops, repeats)))
+        except RuntimeError:  # a geometry this cuDNN build refuses: the others still fit
+            continue
+    if len(points) < 3 or max(a for a, _ in points) - min(a for a, _ in points) < MIN_ACTIVITY_SPREAD:
+        return None
+    mean_a = sum(a for a, _ in points) / len(points)
+    mean_t = sum(t for _, t in points) / len(points)
+    slope = (sum((a - mean_a) * (t - mean_t) for a, t in points)
+             / sum((a - mean_a) ** 2 for a, _ in points))
+    return ActivityHostCost(points[0][0], max(slope, 0.0), tuple((round(a, 2), round(t, 2)) for a, t in points))

@@ -23,6 +23,7 @@ import functools
 import math
 import random
 import re
+import statistics
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterable, Sequence
 
@@ -148,6 +149,9 @@ class ConvRate:
             ``"nhwc"`` (input and weight channels-last; tables of 2026-11 measured both, nothing prices them).
         mbytes: MB (1e6 bytes) of input, weight and output; 0 in tables measured before it was recorded (then
             estimated from the other fields, one group assumed: :meth:`nbytes`).
+        kernels: device activities (kernels, memsets, copies) one call issues, as the profiler counted them: cuDNN
+            adds layout transforms and workspace memsets around the convolution's own kernel, and each costs the
+            host a launch (:func:`conv_kernels`); 0 in tables measured before it was recorded.
     """
 
     detail: str
@@ -160,6 +164,7 @@ class ConvRate:
     tflops: float
     layout: str = "nchw"
     mbytes: float = 0.0
+    kernels: float = 0.0
 
     def features(self) -> tuple[float, float, float, float, float]:
         return (math.log2(max(self.c_in, 1)), math.log2(max(self.c_out, 1)), math.log2(max(self.kernel, 1)),
@@ -191,7 +196,8 @@ class ConvRate:
         rate = cls(str(d["detail"]), str(d["dtype"]), _field(d, "c_in", int), _field(d, "c_out", int),
                    _field(d, "kernel", int), _field(d, "stride", float), _field(d, "gflop", float),
                    _field(d, "tflops", float), str(d.get("layout", "nchw")),
-                   _field(d, "mbytes", float, positive=False) if "mbytes" in d else 0.0)
+                   _field(d, "mbytes", float, positive=False) if "mbytes" in d else 0.0,
+                   _field(d, "kernels", float, positive=False) if "kernels" in d else 0.0)
         if not _CONV_DETAIL.fullmatch(rate.detail):
             raise ValueError(f"detail {rate.detail!r} is not a convolution class (conv2d, conv3d_transpose, ...)")
         if rate.dtype not in RATE_DTYPES:
@@ -202,12 +208,15 @@ class ConvRate:
             raise ValueError(f"stride must be at least 1, got {rate.stride!r}")
         if rate.mbytes < 0:
             raise ValueError(f"mbytes must be 0 (not recorded) or positive, got {rate.mbytes!r}")
+        if rate.kernels < 0:
+            raise ValueError(f"kernels must be 0 (not recorded) or positive, got {rate.kernels!r}")
         return rate
 
     def rounded(self) -> "ConvRate":
         """This entry with its floats to 4 significant figures for a spec file."""
         return ConvRate(self.detail, self.dtype, self.c_in, self.c_out, self.kernel, _sig(self.stride),
-                        _sig(self.gflop), _sig(self.tflops), self.layout, _sig(self.mbytes) if self.mbytes else 0.0)
+                        _sig(self.gflop), _sig(self.tflops), self.layout, _sig(self.mbytes) if self.mbytes else 0.0,
+                        round(self.kernels, 2))
 
 
 def _nearest_tflops(pool: Sequence[Any], features: Sequence[float], weights: Sequence[float]) -> float:
@@ -379,6 +388,28 @@ def conv_time_us(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layo
     return model.time_us(float(geom.flops), float(geom.c_out_per_group),
                          float(geom.c_in_per_group * geom.kernel_volume), float(geom.elements * item),
                          channels_unaligned(geom.c_in_per_group, dtype))
+
+
+#: Measured convolutions whose activity counts :func:`conv_kernels` takes the median of.
+KERNEL_NEIGHBOURS = 5
+
+
+def conv_kernels(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layout: str = "nchw") -> float | None:
+    """Device activities (kernels, memsets, copies) one eager call of ``geom`` in ``dtype`` issues: the median
+    count of the :data:`KERNEL_NEIGHBOURS` measured convolutions of its class, dtype and layout nearest it in
+    :data:`FEATURE_WEIGHTS`-scaled feature space, among those whose count was recorded; None when there is none.
+
+    cuDNN decides per geometry whether a call is one kernel (a GEMM over NCHW for most 1x1 convolutions) or
+    several (NCHW -> NHWC transforms of the input and back for the output, a workspace memset, a split-K
+    reduction): on the H200 the convolutions of ResNet-101, GoogLeNet, ShuffleNet and DenseNet-121 issued 1-12
+    activities each, and their host time per call grew with them (benchmarks/results/h200/host/host_by_shape.json)."""
+    pool = [r for r in _pool(rates, geom.detail, dtype, layout) if r.kernels > 0]
+    if not pool:
+        return None
+    f = geom.features()
+    scored = sorted((math.sqrt(sum((w * (a - b)) ** 2 for w, a, b in zip(FEATURE_WEIGHTS, f, r.features()))),
+                     r.kernels) for r in pool)
+    return float(statistics.median(k for _, k in scored[:KERNEL_NEIGHBOURS]))
 
 
 # --- matmuls -----------------------------------------------------------------------------------------------------
@@ -656,7 +687,7 @@ def measure_conv_rates(device: str, problems: Sequence[ConvProblem], timer: Call
                        budget_s: float, dtypes: dict[str, Any]) -> tuple[list[ConvRate], dict[str, str]]:
     """Time each of ``problems`` (``torch.nn.functional.conv{d}d`` or ``conv_transpose{d}d``, no bias, with PyTorch's
     default cuDNN settings: TF32 on for fp32, ``cudnn.benchmark`` as the caller has it) with ``timer`` (a call ->
-    an object with ``median_ms``) until ``budget_s`` seconds have passed; returns the measured rates and, per
+    an object with ``median_ms``, and ``kernels_per_call`` where the timer counts device activities) until ``budget_s`` seconds have passed; returns the measured rates and, per
     problem that failed or was left out, why."""
     import time
 
@@ -688,7 +719,8 @@ def measure_conv_rates(device: str, problems: Sequence[ConvProblem], timer: Call
                 failed.append(f"{p.detail} measured as {geom.detail if geom else 'nothing'}")
                 continue
             del y
-            ms = timer(call).median_ms
+            timing = timer(call)
+            ms = timing.median_ms
         except (RuntimeError, ValueError) as e:  # an unsupported geometry, out of memory
             failed.append(f"{p.detail} {p.dtype}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
             continue
@@ -696,7 +728,8 @@ def measure_conv_rates(device: str, problems: Sequence[ConvProblem], timer: Call
             x = w = None  # noqa: F841 (free before the next problem)
         rates.append(ConvRate(p.detail, p.dtype, geom.c_in_per_group, geom.c_out_per_group, geom.kernel_volume,
                               geom.stride, geom.flops / 1e9, geom.flops / (ms * 1e-3) / 1e12, "nchw",
-                              geom.elements * _ITEMSIZE[p.dtype] / 1e6))
+                              geom.elements * _ITEMSIZE[p.dtype] / 1e6,
+                              float(getattr(timing, "kernels_per_call", None) or 0.0)))
     if failed:
         skipped["conv_rates failed"] = f"{len(failed)} convolution(s) not measured, e.g. {failed[0]}"
     return rates, skipped

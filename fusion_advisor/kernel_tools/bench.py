@@ -68,11 +68,14 @@ class Timing:
         median_ms: median time of one call, in ms.
         warmup_iters: calls made and not timed (first call, warm-up loop).
         benchmark_iters: calls timed; ``median_ms`` is their median. ``None`` when the timer cannot tell.
+        kernels_per_call: device activities (kernels, memsets, copies) per call, where the timer profiles them
+            (:func:`device_time_and_kernels`); else ``None``.
     """
 
     median_ms: float
     warmup_iters: int | None
     benchmark_iters: int | None
+    kernels_per_call: float | None = None
 
 
 def time_cuda(fn: Callable[[], Any], warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS,
@@ -142,6 +145,17 @@ def device_time_by_kernel(fn: Callable[[], Any], iters: int = 10) -> dict[str, f
     """
     return {e.key: e.self_device_time_total / iters / 1e3
             for e in _device_events(fn, iters, "device_time_by_kernel")}
+
+
+def device_time_and_kernels(fn: Callable[[], Any], iters: int = 10) -> tuple[float, float]:
+    """``(ms of device time, device activities)`` per call of ``fn`` from one profiled run (see
+    :func:`device_time_ms` and :func:`device_kernels_per_call`).
+
+    Raises:
+        RuntimeError: no CUDA device.
+    """
+    events = _device_events(fn, iters, "device_time_and_kernels")
+    return (sum(e.self_device_time_total for e in events) / iters / 1e3, sum(e.count for e in events) / iters)
 
 
 def device_kernels_per_call(fn: Callable[[], Any], iters: int = 3) -> float:
