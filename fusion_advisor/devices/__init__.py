@@ -236,10 +236,10 @@ class DeviceSpec:
 
     def at_host_speed(self, dispatch_us: float) -> "DeviceSpec":
         """This spec with its host costs (``launch_overhead_us``, ``launch_overhead_by_class``,
-        ``view_overhead_us``, ``module_call_us``, ``activity_host_us``) scaled to a host measured at ``dispatch_us`` per tiny eager op
-        (the probe ``analyze --profile`` runs beside the model). Host speed differs between machines with the same
-        GPU far more than device rates do: five calibrations on H200 machines measured 7.9-11.5 us per eager add,
-        four of them 25-47 us per cuDNN convolution call. Unchanged when either time is not above 0."""
+        ``view_overhead_us``, ``module_call_us``, ``activity_host_us``) scaled to a host measured at ``dispatch_us``
+        per tiny eager op (the probe ``analyze --profile`` runs beside the model). Host speed differs between
+        machines with the same GPU far more than device rates do: five calibrations on H200 machines measured
+        7.9-11.5 us per eager add, four of them 25-47 us per cuDNN convolution call. Unchanged when either time is not above 0."""
         if dispatch_us <= 0 or self.launch_overhead_us <= 0:
             return self
         k = dispatch_us / self.launch_overhead_us

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import platform
 import re
-import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -55,6 +54,7 @@ from fusion_advisor.devices.host_costs import (ActivityHostCost, measure_activit
 from fusion_advisor.devices.op_rates import (TABLE_KERNEL_CALLS, TABLE_REP_MS, TABLE_WARMUP_MS, ConvRate, MatmulRate,
                                             measure_convolutions, measure_matmuls, measure_recurrent_steps,
                                             recurrent_probe)
+from fusion_advisor.devices.pool_rates import measure_pool_window_rate
 from fusion_advisor.dtypes import TORCH_DTYPES
 from fusion_advisor.errors import CalibrationError
 from fusion_advisor import files
@@ -151,7 +151,8 @@ class Calibration:
             :func:`measure_recurrent_steps`).
         recurrent_probe: the ``(input, hidden, layers, sequence, batch)`` those were measured at.
         pool_window_gelem_s: G input elements per second eager pooling kernels read their windows at
-            (:func:`measure_pool_window_rate`), None when not measured; ``pool_probes``: its rows.
+            (:func:`fusion_advisor.devices.pool_rates.measure_pool_window_rate`), None when not measured;
+            ``pool_probes``: its rows.
         launch_by_class: host time per eager call by op class (us, :func:`measure_launch_by_class`).
         activity: GPU only: host time per device activity of a cuDNN convolution call and the ``conv`` probe's
             activity count (:func:`measure_activity_host_us`), None when not measured.
@@ -324,54 +325,6 @@ def measure_attention_tflops(dtype: str, timer: Callable[[Callable[[], Any]], Ti
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=_DTYPES[dtype], generator=gen) for _ in range(3))
     t = timer(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
     return 4 * b * h * s * s * d / (t.median_ms * 1e-3) / 1e12
-
-
-#: The pooling layers :func:`measure_pool_window_rate` times, fp32 NCHW: (op, input shape, kernel, stride, padding).
-#: Max and average, 1-3d, overlapping (stride 1) and not (stride = kernel), as KernelBench and CNNs use them.
-POOL_PROBES = (
-    ("max_pool2d", (16, 64, 256, 256), 3, 1, 1),
-    ("max_pool2d", (16, 64, 256, 256), 3, 2, 1),
-    ("max_pool2d", (16, 64, 256, 256), 2, 2, 0),
-    ("avg_pool2d", (16, 64, 256, 256), 3, 1, 1),
-    ("avg_pool2d", (16, 64, 256, 256), 2, 2, 0),
-    ("avg_pool1d", (16, 64, 65536), 8, 1, 4),
-    ("max_pool3d", (4, 16, 64, 64, 64), 3, 1, 1),
-    ("avg_pool3d", (4, 16, 64, 64, 64), 2, 2, 0),
-)
-#: The CPU's probes shrink every input's batch to 1 (and --quick on a GPU too).
-POOL_QUICK_BATCH = 1
-
-
-def measure_pool_window_rate(device: str, copy_gbps: float, quick: bool,
-                             timer: Callable[[Callable[[], Any]], Timing]) -> tuple[float | None, list[dict]]:
-    """Rate at which eager pooling kernels read their windows (G input elements per second) and the probes'
-    rows: for each of :data:`POOL_PROBES`, its time less its bytes at ``copy_gbps`` (input read, output written,
-    plus the int64 indices a max pool writes) is spent on ``outputs x kernel elements`` reads; the median over the
-    probes. The model it feeds: :func:`fusion_advisor.analyze.roofline.pool_window_us`. None when no probe left a
-    positive remainder."""
-    import torch.nn.functional as F
-
-    rows, rates = [], []
-    for name, shape, k, stride, pad in POOL_PROBES:
-        if device != "cuda" or quick:
-            shape = (POOL_QUICK_BATCH,) + tuple(shape[1:])
-        x = torch.rand(shape, device=device, dtype=torch.float32)
-        fn = getattr(F, name)
-        dims = len(shape) - 2
-        with torch.no_grad():
-            out = fn(x, k, stride, pad)
-            t_us = timer(lambda fn=fn, x=x, k=k, s=stride, p=pad: fn(x, k, s, p)).median_ms * 1e3
-        per_out = 4 + (8 if name.startswith("max") else 0)  # a max pool on a GPU writes its indices too
-        bytes_us = (x.numel() * 4 + out.numel() * per_out) / (copy_gbps * 1e9) * 1e6
-        reads = out.numel() * k ** dims
-        row = {"op": name, "shape": list(shape), "kernel": k, "stride": stride, "padding": pad,
-               "time_us": round(t_us, 2), "bytes_us": round(bytes_us, 2), "window_reads": reads}
-        if t_us > bytes_us:
-            row["gelem_s"] = round(reads / ((t_us - bytes_us) * 1e3), 1)
-            rates.append(row["gelem_s"])
-        rows.append(row)
-        del x, out
-    return (statistics.median(rates) if rates else None), rows
 
 
 def measure_strided_copy_gbps(device: str, sizes: Sizes, timer: Callable[[Callable[[], Any]], Timing]) -> float:
@@ -849,7 +802,7 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
         **({"pool_window_gelem_s": round(cal.pool_window_gelem_s, 1),
             "pool_window_gelem_s_source": (
                 f"{by}: fp32 max / avg pools 1-3d, kernel 2-8, stride 1-kernel "
-                "(fusion_advisor.devices.calibrate.POOL_PROBES), each's "
+                "(fusion_advisor.devices.pool_rates.POOL_PROBES), each's "
                 + ("summed kernel durations" if cal.device == "cuda" else cal.timer)
                 + " less its bytes at the copy bandwidth, over its outputs x window elements; median over "
                 f"{len(cal.pool_probes)} probes")}
