@@ -230,3 +230,4 @@ def measure_activity_host_us(device: str, ops: int = 300, repeats: int = 3) -> A
     slope = (sum((a - mean_a) * (t - mean_t) for a, t in points)
              / sum((a - mean_a) ** 2 for a, _ in points))
     return ActivityHostCost(points[0][0], max(slope, 0.0), tuple((round(a, 2), round(t, 2)) for a, t in points))
+
