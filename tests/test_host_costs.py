@@ -13,7 +13,7 @@ from fusion_advisor.analyze.roofline import op_class_keys, view_host_us
 from fusion_advisor.devices import load_spec
 from fusion_advisor.devices import host_costs
 from fusion_advisor.devices.host_costs import (ALIASES, VIEW_PROBES, conv_activity_probes, host_probes,
-                                               measure_activity_host_us, measure_launch_by_class, measure_view_us)
+                                               measure_activity_host_share, measure_launch_by_class, measure_view_us)
 
 
 class _Call(torch.nn.Module):
@@ -100,18 +100,20 @@ def test_the_activity_probes_are_convolutions_and_the_first_is_the_conv_class_pr
     assert probes[0].args[0].shape == host_probes("cpu")["conv"].args[0].shape
 
 
-def test_the_host_cost_per_activity_is_the_slope_over_the_probes(monkeypatch):
+def test_the_host_cost_per_activity_is_the_slope_over_the_probes_as_a_share_of_the_conv_probe(monkeypatch):
     import fusion_advisor.kernel_tools.bench as bench
 
-    counts = iter([2.0, 1.0, 5.0, 2.0, 6.0, 3.0, 2.0])
-    monkeypatch.setattr(bench, "device_kernels_per_call", lambda probe: next(counts))
-    times = iter([30.0, 22.0, 54.0, 30.0, 62.0, 38.0, 30.0])  # 8 us per activity over 14 us
-    monkeypatch.setattr(host_costs, "per_op_us", lambda device, probe, ops, repeats: next(times))
-    monkeypatch.setattr(host_costs, "conv_activity_probes", lambda device: conv_activity_probes("cpu"))
-    cost = measure_activity_host_us("cuda")
-    assert cost.probe_kernels == 2.0 and cost.activity_us == pytest.approx(8.0)
+    counts = dict(zip(range(7), [2.0, 1.0, 5.0, 2.0, 6.0, 3.0, 2.0]))
+    probes = conv_activity_probes("cpu")
+    index = {id(p): i for i, p in enumerate(probes)}
+    monkeypatch.setattr(host_costs, "conv_activity_probes", lambda device: probes)
+    monkeypatch.setattr(bench, "device_kernels_per_call", lambda probe: counts[index[id(probe)]])
+    # 8 us per activity over 14 us: 30 us at the probe's 2 activities
+    monkeypatch.setattr(host_costs, "per_op_us",
+                        lambda device, probe, ops, repeats: 14.0 + 8.0 * counts[index[id(probe)]])
+    cost = measure_activity_host_share("cuda")
+    assert cost.probe_kernels == 2.0 and cost.share == pytest.approx(8.0 / 30.0)
     assert len(cost.probes) == 7
     monkeypatch.setattr(bench, "device_kernels_per_call", lambda probe: 2.0)
-    monkeypatch.setattr(host_costs, "per_op_us", lambda device, probe, ops, repeats: 30.0)
-    assert measure_activity_host_us("cuda") is None  # no spread: no slope
-    assert measure_activity_host_us("cpu") is None
+    assert measure_activity_host_share("cuda") is None  # no spread: no slope
+    assert measure_activity_host_share("cpu") is None

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from fusion_advisor.analyze.records import Chain, OpInfo, SourceLoc, TensorMeta
 from fusion_advisor.analyze.roofline import (_module_calls, base_op_us, conv_detail, eager_in_model_us, estimate,
-                                             estimate_all, measured_conv_us, measured_matmul_us, op_host_us,
-                                             op_launch_us, roofline_op_us)
+                                             estimate_all, measured_conv_us, measured_matmul_us, op_bandwidth_gbps,
+                                             op_host_us, op_launch_us, roofline_op_us)
 from fusion_advisor.devices import load_spec, parse_spec, spec_mapping
 from fusion_advisor.devices.op_rates import (CONV_CLASSES, ConvGeometry, ConvRate, MatmulRate, channels_unaligned,
                                              conv_kernels, conv_time_us, matmul_tflops, measure_conv_rates,
@@ -238,11 +238,11 @@ def test_views_and_module_calls_cost_the_host_in_the_model():
 
 def test_at_host_speed_scales_every_host_cost():
     spec = dataclasses.replace(SPEC, launch_overhead_by_class={"conv": 40.0}, view_overhead_us=2.0, module_call_us=4.0,
-                               activity_host_us=6.0, conv_probe_kernels=2.0)
+                               activity_host_share=0.25, conv_probe_kernels=2.0)
     fast = spec.at_host_speed(5.0)
     assert (fast.launch_overhead_us, fast.launch_overhead_by_class["conv"], fast.view_overhead_us,
-            fast.module_call_us, fast.activity_host_us) == (5.0, 20.0, 1.0, 2.0, 3.0)
-    assert fast.conv_probe_kernels == 2.0  # a count, not a cost
+            fast.module_call_us) == (5.0, 20.0, 1.0, 2.0)
+    assert (fast.activity_host_share, fast.conv_probe_kernels) == (0.25, 2.0)  # a share and a count, not costs
     assert spec.at_host_speed(0.0) is spec
 
 
@@ -266,30 +266,31 @@ def test_a_convolution_issuing_more_activities_than_the_probe_costs_the_host_mor
     op = _conv_op((8, 256, 28, 28), (256, 256, 3, 3), (8, 256, 26, 26))
     table = tuple(_counted(256, 256, k) for k in (5.0, 5.0, 5.0))
     spec = dataclasses.replace(SPEC, launch_overhead_by_class={"conv": 30.0}, conv_rates=table,
-                               activity_host_us=6.0, conv_probe_kernels=2.0)
-    assert op_host_us(op, spec) == pytest.approx(30.0 + 3 * 6.0)
-    assert op_host_us(op, dataclasses.replace(spec, activity_host_us=0.0)) == 30.0  # not measured: the probe's
+                               activity_host_share=0.2, conv_probe_kernels=2.0)
+    assert op_host_us(op, spec) == pytest.approx(30.0 * (1 + 3 * 0.2))
+    assert op_host_us(op, dataclasses.replace(spec, activity_host_share=0.0)) == 30.0  # not measured: the probe's
     one = dataclasses.replace(spec, conv_rates=tuple(_counted(256, 256, 1.0) for _ in range(3)))
-    assert op_host_us(op, one) == pytest.approx(30.0 - 6.0)  # one activity fewer than the probe
-    floor = dataclasses.replace(one, activity_host_us=100.0)
+    assert op_host_us(op, one) == pytest.approx(30.0 * 0.8)  # one activity fewer than the probe
+    floor = dataclasses.replace(one, activity_host_share=3.0)
     assert op_host_us(op, floor) == pytest.approx(15.0)  # never below half the class's probe
     chain = _chain("c0", [op], "conv")
-    assert estimate(chain, {op.id: op}, spec).launch_eager_us == pytest.approx(48.0)
+    assert estimate(chain, {op.id: op}, spec).launch_eager_us == pytest.approx(48.0)  # 30 x 1.6
     assert eager_in_model_us([chain], [op], spec)["c0"] >= eager_in_model_us([chain], [op], one)["c0"]
 
 
 def test_activity_counts_round_trip_through_a_spec_file_and_negative_ones_are_refused():
-    spec = dataclasses.replace(SPEC, conv_rates=(_counted(4, 16, 3.0),), activity_host_us=6.5, conv_probe_kernels=2.0)
+    spec = dataclasses.replace(SPEC, conv_rates=(_counted(4, 16, 3.0),), activity_host_share=0.25,
+                               conv_probe_kernels=2.0)
     back = parse_spec(spec_mapping(spec), "test")
-    assert back.conv_rates[0].kernels == 3.0 and (back.activity_host_us, back.conv_probe_kernels) == (6.5, 2.0)
-    assert parse_spec(spec_mapping(SPEC), "test").activity_host_us == 0.0  # optional
+    assert back.conv_rates[0].kernels == 3.0 and (back.activity_host_share, back.conv_probe_kernels) == (0.25, 2.0)
+    assert parse_spec(spec_mapping(SPEC), "test").activity_host_share == 0.0  # optional
     data = spec_mapping(spec)
     data["conv_rates"][0]["kernels"] = -1
     with pytest.raises(DeviceSpecError, match=r"conv_rates\[0\]"):
         parse_spec(data, "bad.yaml")
     data = spec_mapping(spec)
-    data["activity_host_us"] = "slow"
-    with pytest.raises(DeviceSpecError, match="activity_host_us"):
+    data["activity_host_share"] = "slow"
+    with pytest.raises(DeviceSpecError, match="activity_host_share"):
         parse_spec(data, "bad.yaml")
 
 
@@ -451,3 +452,43 @@ def test_calibrate_measures_a_step_time_per_cell_on_a_cpu():
     layers, seq = 2, 16
     assert steps["lstm"] == pytest.approx(0.5e3 / (layers * seq), rel=1e-3)  # the stub's 0.5 ms over 32 steps
     assert isinstance(calls[0], tuple) and calls[0][0].shape == (seq, 10, 256)
+
+
+# --- scans ------------------------------------------------------------------------------------------------------
+
+
+def _scan_chain(target="aten.cumsum.default"):
+    x = _t((4096, 16384))
+    op = _op(target, "other", [x], [x])
+    return op, Chain(id="c0", kind="other", op_ids=(op.id,), targets=(op.target,), pattern="cumsum",
+                     categories=("other",), dtype="fp32", eager_kernels=1, eager_bytes=2 * x.nbytes,
+                     fused_bytes=2 * x.nbytes, flops=x.numel, numel=x.numel, row_elems=16384, source=op.source,
+                     module_path="")
+
+
+def test_an_eager_scan_runs_at_the_measured_scan_bandwidth_and_compiled_at_the_copy_roofline():
+    op, chain = _scan_chain()
+    spec = dataclasses.replace(SPEC, scan_bandwidth_gbps=400.0, route_efficiency={"torch.compile": {"default": 0.8}})
+    assert op_bandwidth_gbps(op, spec) == 400.0 and op_bandwidth_gbps(op, SPEC) == SPEC.memory_bandwidth_gbps
+    add = _op("aten.add.Tensor", "pointwise", [_t((4,))], [_t((4,))])
+    assert op_bandwidth_gbps(add, spec) == spec.memory_bandwidth_gbps  # only scans
+    est = estimate(chain, {op.id: op}, spec)
+    bytes_ = 2 * 4096 * 16384 * 4
+    assert est.eager_us == pytest.approx(bytes_ / 400e9 * 1e6, rel=0.01)
+    assert est.compile_us == pytest.approx(bytes_ / (1000e9 * 0.8) * 1e6, rel=0.01)  # Inductor's own scan
+    plain = estimate(chain, {op.id: op}, SPEC)
+    assert plain.compile_us == pytest.approx(plain.eager_us)  # unmeasured: no gain is claimed
+    other = _op("aten.sort.default", "other", op.inputs, op.outputs)
+    assert estimate(dataclasses.replace(chain, op_ids=(other.id,)), {other.id: other}, spec).compile_us == \
+        pytest.approx(estimate(dataclasses.replace(chain, op_ids=(other.id,)), {other.id: other}, spec).eager_us)
+
+
+def test_the_scan_rate_is_measured_and_round_trips_through_a_spec_file():
+    from fusion_advisor.devices.memory_rates import SCAN_SHAPES_SMALL, measure_scan_gbps
+
+    gbps = measure_scan_gbps("cpu", True, lambda fn: (fn(), _Timing())[1])
+    assert gbps == pytest.approx(2 * math.prod(SCAN_SHAPES_SMALL[0]) * 4 / 0.5e-3 / 1e9)
+    back = parse_spec(spec_mapping(dataclasses.replace(SPEC, scan_bandwidth_gbps=1900.0)), "test")
+    assert back.scan_bandwidth_gbps == 1900.0
+    with pytest.raises(DeviceSpecError, match="scan_bandwidth_gbps"):
+        parse_spec({**spec_mapping(SPEC), "scan_bandwidth_gbps": -1}, "bad.yaml")

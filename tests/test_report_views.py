@@ -114,6 +114,15 @@ def test_predicted_model_route_needs_a_gain_beyond_the_margin():
     assert math.isnan(r["reduce-overhead"]) and r["best"] == "torch.compile"
 
 
+def test_a_scan_takes_inductors_own_scan_under_compile_and_other_unfusible_items_run_as_written():
+    frame = pd.DataFrame([{"kind": "other", "pattern": "cumsum", "est_eager_us": 4500.0, "est_compile_us": 2500.0,
+                           "est_cudagraphs_us": 4500.0},
+                          {"kind": "other", "pattern": "sort", "est_eager_us": 100.0, "est_compile_us": 50.0,
+                           "est_cudagraphs_us": 100.0}])
+    assert list(views.predicted_compile_series(frame)) == [2500.0, 100.0]
+    assert views.predicted_model_routes(frame)["best"] == "torch.compile"
+
+
 def test_command_quotes_paths_and_names_a_non_default_spec(tmp_path):
     a = make_analysis()
     a.model_file = "/home/u/my model.py"

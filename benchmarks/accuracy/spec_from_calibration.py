@@ -42,7 +42,8 @@ def base_spec(spec_name: str, calibrated: Path, conv_from: Path | None = None):
                                elementwise_overhead_us=cal.elementwise_overhead_us,
                                launch_overhead_by_class=cal.launch_overhead_by_class,
                                view_overhead_us=cal.view_overhead_us, module_call_us=cal.module_call_us,
-                               activity_host_us=conv.activity_host_us, conv_probe_kernels=conv.conv_probe_kernels), cal
+                               activity_host_share=conv.activity_host_share, conv_probe_kernels=conv.conv_probe_kernels,
+                               scan_bandwidth_gbps=conv.scan_bandwidth_gbps), cal
 
 
 def _flow(d) -> str:
@@ -63,16 +64,20 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
     out.append(f"elementwise_overhead_us: {round(base.elementwise_overhead_us, 3)}   # device time per eager "
                "elementwise/reduction kernel beyond its bytes")
     out.append(f'elementwise_overhead_source: "{by}: CUDA-graph replay of eager adds"')
+    if base.scan_bandwidth_gbps > 0:
+        out.append(f"scan_bandwidth_gbps: {round(base.scan_bandwidth_gbps, 1)}   # eager cumsum / cumprod kernels")
+        out.append(f'scan_bandwidth_source: "{act_by}: '
+                   f'{(act_sources.get("scan_bandwidth") or "").split(": ", 1)[-1]}"')
     out.append(f"# host time beyond launch_overhead_us, {by} on a machine at {cal_launch_us:.3f} us per eager add,")
     out.append(f"# scaled to this spec's {base.launch_overhead_us:g} us; analyze --profile scales them to its host")
     out.append(f"view_overhead_us: {round(base.view_overhead_us, 3)}")
     out.append(f"module_call_us: {round(base.module_call_us, 3)}")
-    if base.activity_host_us > 0:
-        out.append(f"activity_host_us: {round(base.activity_host_us, 3)}   # per device activity of a cuDNN "
-                   "convolution call beyond the conv probe's")
+    if base.activity_host_share > 0:
+        out.append(f"activity_host_share: {round(base.activity_host_share, 4)}   # of the conv class's host time, "
+                   "per device activity of a cuDNN convolution call beyond the conv probe's")
         out.append(f"conv_probe_kernels: {round(base.conv_probe_kernels, 2)}")
         out.append(f'activity_host_source: "{act_by}: {(act_sources.get("activity_host") or "").split(": ", 1)[-1]}'
-                   ', scaled as said above"')
+                   '"')
     out.append("launch_overhead_by_class:")
     out += [f"  {k}: {round(v, 2)}" for k, v in base.launch_overhead_by_class.items()]
     out.append(f'launch_overhead_by_class_source: "{by}: wall time per tiny eager call of each class, through the '

@@ -102,9 +102,22 @@ def unaligned_matmul(op: OpInfo) -> bool:
     return op.inputs[0].shape[-1] % per_16_bytes != 0 or op.outputs[0].shape[-1] % per_16_bytes != 0
 
 
+#: aten scans: PyTorch runs them eagerly in its own scan kernels (priced at the spec's ``scan_bandwidth_gbps``),
+#: Inductor in a Triton scan it generates.
+SCAN_OPS = frozenset(("cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"))
+
+
+def is_scan(op: OpInfo) -> bool:
+    """Whether ``op`` is an aten scan (:data:`SCAN_OPS`)."""
+    return _short_target(op.target) in SCAN_OPS
+
+
 def op_bandwidth_gbps(op: OpInfo, spec: DeviceSpec) -> float:
-    """Memory ceiling (GB/s) of one op run eagerly: the spec's ``strided_bandwidth_gbps`` for a non-library op
-    reading a permuted input when the spec measured it, else the copy bandwidth."""
+    """Memory ceiling (GB/s) of one op run eagerly: the spec's ``scan_bandwidth_gbps`` for a scan and its
+    ``strided_bandwidth_gbps`` for a non-library op reading a permuted input, where the spec measured them, else
+    the copy bandwidth."""
+    if spec.scan_bandwidth_gbps > 0 and is_scan(op):
+        return spec.scan_bandwidth_gbps
     if spec.strided_bandwidth_gbps > 0 and op.category not in _LIBRARY_CATEGORIES and op.reads_permuted:
         return spec.strided_bandwidth_gbps
     return spec.memory_bandwidth_gbps
@@ -342,7 +355,7 @@ MIN_CONV_HOST_SHARE = 0.5
 
 def conv_activity_host_us(op: OpInfo, spec: DeviceSpec, base_us: float) -> float:
     """Host time (us, may be negative) a convolution costs beyond its class's probe (``base_us``): the spec's
-    ``activity_host_us`` per device activity cuDNN issues for its geometry beyond the probe's
+    ``activity_host_share`` of ``base_us`` per device activity cuDNN issues for its geometry beyond the probe's
     (``conv_probe_kernels``), the count that of its nearest measured neighbours
     (:func:`fusion_advisor.devices.op_rates.conv_kernels`); never below :data:`MIN_CONV_HOST_SHARE` of
     ``base_us`` in all. 0 where the spec measured no activity cost or the table recorded no counts.
@@ -350,13 +363,13 @@ def conv_activity_host_us(op: OpInfo, spec: DeviceSpec, base_us: float) -> float
     On the H200 ResNet-101's convolutions issued 1-5 activities (layout transforms, workspace memsets) and their
     host time per call grew with them, 36 us of host time for one activity to 76 us for five
     (benchmarks/results/h200/host/host_by_shape.json)."""
-    if spec.activity_host_us <= 0 or spec.conv_probe_kernels <= 0 or len(op.inputs) < 2 or not op.outputs:
+    if spec.activity_host_share <= 0 or spec.conv_probe_kernels <= 0 or len(op.inputs) < 2 or not op.outputs:
         return 0.0
     geom = ConvGeometry.from_shapes(op.inputs[0].shape, op.inputs[1].shape, op.outputs[0].shape)
     kernels = conv_kernels(spec.conv_rates, geom, op.dtype) if geom is not None else None
     if kernels is None:
         return 0.0
-    return max((kernels - spec.conv_probe_kernels) * spec.activity_host_us, (MIN_CONV_HOST_SHARE - 1.0) * base_us)
+    return base_us * max((kernels - spec.conv_probe_kernels) * spec.activity_host_share, MIN_CONV_HOST_SHARE - 1.0)
 
 
 def view_host_us(op: OpInfo, spec: DeviceSpec) -> float:
@@ -412,6 +425,10 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
 
     compile_eff = spec.efficiency("torch.compile", chain.pattern)
     compile_us = at(compile_eff, launch)
+    if any_work and not fusible and any(is_scan(ops[i]) for i in chain.op_ids):
+        # Inductor lowers a scan to a Triton scan of its own: its bytes at compile's share of the copy roofline,
+        # not the aten kernel's measured rate (on the H200: a 32768 x 32768 cumsum 2.59 ms compiled, 4.48 eager)
+        compile_us = min(eager_us, max(compute_us, memory_fused_us / compile_eff + overhead, launch))
     triton_us = at(spec.efficiency("triton", chain.pattern), launch)
     heavy_rate = None if fusible else (spec.route_efficiency.get("triton") or {}).get(chain.pattern)
     if heavy_rate and any_work:

@@ -174,10 +174,14 @@ class DeviceSpec:
             ``matmul``, ``normalization/native_group_norm``, ...: :func:`fusion_advisor.analyze.roofline.op_class_keys`),
             for classes whose calls cost the host more than an elementwise op's (cuDNN and cuBLAS set up their
             calls); other ops take ``launch_overhead_us``.
-        activity_host_us: optional, measured host time (us) per device activity (kernel, memset, copy) of a cuDNN
-            convolution call (``calibrate``: :func:`fusion_advisor.devices.host_costs.measure_activity_host_us`):
-            a convolution that issues more activities than the ``conv`` class's probe (:attr:`conv_probe_kernels`)
-            costs this much more host time per extra one, fewer this much less
+        scan_bandwidth_gbps: optional, measured bandwidth (GB/s, read + written) of PyTorch's eager scan kernels
+            (``cumsum``, ``cumprod``; ``calibrate``): their memory ceiling
+            (:func:`fusion_advisor.analyze.roofline.op_bandwidth_gbps`); 0: not measured (the copy bandwidth).
+        activity_host_share: optional, measured host time per device activity (kernel, memset, copy) of a cuDNN
+            convolution call as a share of the ``conv`` class's host time (``calibrate``:
+            :func:`fusion_advisor.devices.host_costs.measure_activity_host_share`): a convolution that issues more
+            activities than that class's probe (:attr:`conv_probe_kernels`) costs this share more host time per
+            extra one, fewer this share less
             (:func:`fusion_advisor.analyze.roofline.op_host_us`, its count from :attr:`conv_rates`). 0: not
             measured (every convolution costs the probe's host time).
         conv_probe_kernels: the device activities per call of the ``conv`` class's host probe (``calibrate``); 0:
@@ -221,8 +225,9 @@ class DeviceSpec:
     launch_overhead_by_class: dict[str, float] = field(default_factory=dict)
     recurrent_step_us: dict[str, float] = field(default_factory=dict)
     pool_window_gelem_s: float = 0.0
-    activity_host_us: float = 0.0
+    activity_host_share: float = 0.0
     conv_probe_kernels: float = 0.0
+    scan_bandwidth_gbps: float = 0.0
 
     def op_time_fit(self, keys: tuple[str, ...], dtype: str = "") -> OpTimeFit | None:
         """The fitted curve of the first of ``keys`` (most specific first) :attr:`op_time_fits` has, else None;
@@ -236,7 +241,7 @@ class DeviceSpec:
 
     def at_host_speed(self, dispatch_us: float) -> "DeviceSpec":
         """This spec with its host costs (``launch_overhead_us``, ``launch_overhead_by_class``,
-        ``view_overhead_us``, ``module_call_us``, ``activity_host_us``) scaled to a host measured at ``dispatch_us``
+        ``view_overhead_us``, ``module_call_us``) scaled to a host measured at ``dispatch_us``
         per tiny eager op (the probe ``analyze --profile`` runs beside the model). Host speed differs between
         machines with the same GPU far more than device rates do: five calibrations on H200 machines measured
         7.9-11.5 us per eager add, four of them 25-47 us per cuDNN convolution call. Unchanged when either time is not above 0."""
@@ -244,7 +249,7 @@ class DeviceSpec:
             return self
         k = dispatch_us / self.launch_overhead_us
         return replace(self, launch_overhead_us=dispatch_us, view_overhead_us=self.view_overhead_us * k,
-                       module_call_us=self.module_call_us * k, activity_host_us=self.activity_host_us * k,
+                       module_call_us=self.module_call_us * k,
                        launch_overhead_by_class={c: us * k for c, us in self.launch_overhead_by_class.items()})
 
     def efficiency(self, route: str, pattern: str) -> float:
@@ -368,10 +373,12 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         recurrent_step_us=_parse_recurrent_steps(data.get("recurrent_step_us"), origin),
         pool_window_gelem_s=_number(data.get("pool_window_gelem_s", 0.0), f"{origin}: pool_window_gelem_s",
                                     "G elements/s", positive=False),
-        activity_host_us=_number(data.get("activity_host_us", 0.0), f"{origin}: activity_host_us", "us",
-                                 positive=False),
+        activity_host_share=_number(data.get("activity_host_share", 0.0), f"{origin}: activity_host_share",
+                                    "share of the conv class's host time", positive=False),
         conv_probe_kernels=_number(data.get("conv_probe_kernels", 0.0), f"{origin}: conv_probe_kernels",
                                    "activities", positive=False),
+        scan_bandwidth_gbps=_number(data.get("scan_bandwidth_gbps", 0.0), f"{origin}: scan_bandwidth_gbps", "GB/s",
+                                    positive=False),
     )
 
 
@@ -467,7 +474,8 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
     for key in ("attention_tflops", "attention_rates", "unaligned_tensor_tflops", "route_efficiency",
                 "op_time_fits", "op_time_fit_dtypes", "strided_bandwidth_gbps", "elementwise_overhead_us",
                 "conv_rates", "matmul_rates", "view_overhead_us", "module_call_us", "launch_overhead_by_class",
-                "recurrent_step_us", "pool_window_gelem_s", "activity_host_us", "conv_probe_kernels"):
+                "recurrent_step_us", "pool_window_gelem_s", "activity_host_share", "conv_probe_kernels",
+                "scan_bandwidth_gbps"):
         if not data.get(key):
             data.pop(key, None)
     if data.get("op_time_fit_dtypes"):

@@ -49,12 +49,12 @@ import yaml
 
 from fusion_advisor.kernel_tools.bench import Timing, device_time_and_kernels, time_cpu, time_cuda
 from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, parse_spec
-from fusion_advisor.devices.host_costs import (ActivityHostCost, measure_activity_host_us, measure_launch_by_class,
+from fusion_advisor.devices.host_costs import (ActivityHostCost, measure_activity_host_share, measure_launch_by_class,
                                                measure_module_call_us, measure_view_us, per_op_us)
 from fusion_advisor.devices.op_rates import (TABLE_KERNEL_CALLS, TABLE_REP_MS, TABLE_WARMUP_MS, ConvRate, MatmulRate,
                                             measure_convolutions, measure_matmuls, measure_recurrent_steps,
                                             recurrent_probe)
-from fusion_advisor.devices.pool_rates import measure_pool_window_rate
+from fusion_advisor.devices.memory_rates import measure_pool_window_rate, measure_scan_gbps
 from fusion_advisor.dtypes import TORCH_DTYPES
 from fusion_advisor.errors import CalibrationError
 from fusion_advisor import files
@@ -142,6 +142,8 @@ class Calibration:
         elementwise_overhead_us: GPU only: fixed device time per eager elementwise kernel beyond its bytes at copy
             bandwidth (:func:`measure_elementwise_overhead_us`), None when not measured.
         strided_gbps: bandwidth of a copy reading a permuted view (GB/s, read + written), None when not measured.
+        scan_gbps: bandwidth of an eager ``cumsum`` (GB/s, read + written, :func:`measure_scan_gbps`), None when
+            not measured.
         not_measured: spec fields or grid points not measured, with the reason (e.g. GPU only).
         view_us: host time of one eager view op (us, :func:`measure_view_us`).
         module_call_us: host time of entering one ``nn.Module`` call (us, :func:`measure_module_call_us`).
@@ -151,11 +153,11 @@ class Calibration:
             :func:`measure_recurrent_steps`).
         recurrent_probe: the ``(input, hidden, layers, sequence, batch)`` those were measured at.
         pool_window_gelem_s: G input elements per second eager pooling kernels read their windows at
-            (:func:`fusion_advisor.devices.pool_rates.measure_pool_window_rate`), None when not measured;
+            (:func:`fusion_advisor.devices.memory_rates.measure_pool_window_rate`), None when not measured;
             ``pool_probes``: its rows.
         launch_by_class: host time per eager call by op class (us, :func:`measure_launch_by_class`).
         activity: GPU only: host time per device activity of a cuDNN convolution call and the ``conv`` probe's
-            activity count (:func:`measure_activity_host_us`), None when not measured.
+            activity count (:func:`measure_activity_host_share`), None when not measured.
         step_seconds: wall seconds of each measurement step, by its progress line.
         launch_us: wall time per tiny eager op in a long loop (us).
         kernel_floor_us: GPU only: device time per back-to-back tiny kernel from a CUDA-graph replay (us), else None.
@@ -181,6 +183,7 @@ class Calibration:
     attention_shape: tuple[int, int, int, int] = ATTENTION_SHAPE
     attention_rates: list[dict[str, Any]] = field(default_factory=list)
     strided_gbps: float | None = None
+    scan_gbps: float | None = None
     unaligned_tflops: dict[str, float] = field(default_factory=dict)
     elementwise_overhead_us: float | None = None
     not_measured: dict[str, str] = field(default_factory=dict)
@@ -587,9 +590,9 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         view_us = measure_view_us(device, sizes.launch_ops, sizes.launch_numel)
         module_us = measure_module_call_us(device, sizes.launch_ops, sizes.launch_numel)
         launch_by_class = measure_launch_by_class(device, module_us, view_us, launch)
-        activity = measure_activity_host_us(device) if device == "cuda" else None
+        activity = measure_activity_host_share(device) if device == "cuda" else None
         if activity is None:
-            not_measured["activity_host_us"] = ("GPU only (cuDNN's device activities per convolution call)"
+            not_measured["activity_host_share"] = ("GPU only (cuDNN's device activities per convolution call)"
                                                 if device != "cuda" else
                                                 "the convolution probes' activity counts spread too little for a slope")
         step("convolutions and matmuls by shape")
@@ -600,11 +603,12 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         not_measured.update(conv_skipped)
         matmul_rates, matmul_skipped = measure_matmuls(device, quick, table_timer, _DTYPES)
         not_measured.update(matmul_skipped)
-        step("pooling window reads")
+        step("pooling window reads and scans")
         pool_rate, pool_rows = measure_pool_window_rate(device, copy, quick, kernel_timer if device == "cuda"
                                                         else table_timer)
         if pool_rate is None:
             not_measured["pool_window_gelem_s"] = "no pooling probe ran longer than its bytes at copy bandwidth"
+        scan = measure_scan_gbps(device, quick, kernel_timer if device == "cuda" else table_timer)
         step("recurrent layers (time per cell step)")
         recurrent, recurrent_failed = measure_recurrent_steps(device, quick, kernel_timer if device == "cuda"
                                                               else timer)  # CPU: the longer timer
@@ -624,7 +628,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
     return Calibration(
         device=device, device_name=name, date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), versions=_versions(),
         copy_gbps=copy, matmul_tflops=tflops, matmul_notes=notes, launch_us=launch, kernel_floor_us=floor,
-        l2_bytes=l2, sizes=sizes, attention_tflops=attention, attention_rates=rates, strided_gbps=strided,
+        l2_bytes=l2, sizes=sizes, attention_tflops=attention, attention_rates=rates, strided_gbps=strided, scan_gbps=scan,
         unaligned_tflops=unaligned, elementwise_overhead_us=elementwise,
         not_measured=not_measured, view_us=view_us, module_call_us=module_us, conv_rates=conv_rates,
         launch_by_class=launch_by_class, activity=activity, step_seconds=seconds,
@@ -740,6 +744,11 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                             "graph on distinct buffers, replayed; per kernel time less 3 x bytes at the "
                                             "copy bandwidth, median over the sizes")}
            if cal.elementwise_overhead_us is not None else {}),
+        **({"scan_bandwidth_gbps": round(cal.scan_gbps, 1),
+            "scan_bandwidth_source": f"{by}: torch.cumsum along the last dim of fp32 tensors (fusion_advisor."
+                                     "devices.memory_rates.SCAN_SHAPES), the highest of bytes read + written over the "
+                                     + ("summed kernel durations" if cal.device == "cuda" else cal.timer)}
+           if cal.scan_gbps else {}),
         **({"strided_bandwidth_gbps": round(cal.strided_gbps, 1),
             "strided_bandwidth_source": (f"{by}: dst.copy_(x.transpose(1, 2)) of a bf16 [B, 2048, 32, 128] tensor "
                                          "into a contiguous [B, 32, 2048, 128] (B filling "
@@ -755,12 +764,12 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                                 "host_costs.host_probes), 500 in a loop, synchronised once, median of "
                                                 "3 loops")}
            if cal.launch_by_class else {}),
-        **({"activity_host_us": round(cal.activity.activity_us, 3),
+        **({"activity_host_share": round(cal.activity.share, 4),
             "conv_probe_kernels": round(cal.activity.probe_kernels, 2),
             "activity_host_source": (f"{by}: the least-squares slope of host time per call over device activities "
                                      "per call (torch.profiler) of seven tiny nn.Conv1d-3d / ConvTranspose2d calls "
-                                     "(fusion_advisor.devices.host_costs.conv_activity_probes), each timed as "
-                                     "launch_overhead_by_class is; (activities, us): "
+                                     "(fusion_advisor.devices.host_costs.conv_activity_probes), their loops "
+                                     "interleaved, over the line at the conv probe's count; (activities, us): "
                                      + ", ".join(f"({a:g}, {t:g})" for a, t in cal.activity.probes)),
             "conv_probe_kernels_source": f"{by}: device activities per call of the conv class's host probe"}
            if cal.activity is not None else {}),
@@ -802,7 +811,7 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
         **({"pool_window_gelem_s": round(cal.pool_window_gelem_s, 1),
             "pool_window_gelem_s_source": (
                 f"{by}: fp32 max / avg pools 1-3d, kernel 2-8, stride 1-kernel "
-                "(fusion_advisor.devices.pool_rates.POOL_PROBES), each's "
+                "(fusion_advisor.devices.memory_rates.POOL_PROBES), each's "
                 + ("summed kernel durations" if cal.device == "cuda" else cal.timer)
                 + " less its bytes at the copy bandwidth, over its outputs x window elements; median over "
                 f"{len(cal.pool_probes)} probes")}

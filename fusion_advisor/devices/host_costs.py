@@ -6,6 +6,7 @@ cuBLAS set up each call; the modules that issue them run Python of their own). T
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -171,12 +172,15 @@ class ActivityHostCost:
     Attributes:
         probe_kernels: device activities (kernels, memsets, copies) the ``conv`` class's probe of
             :func:`host_probes` issues per call: what its ``launch_overhead_by_class`` entry already pays for.
-        activity_us: least-squares slope of host time per call (us) over activities per call across the probes.
+        share: host time per further activity as a share of a call issuing ``probe_kernels``: the least-squares
+            slope of host time over activities across the probes, over the fitted line's value at
+            ``probe_kernels``. A share, not microseconds: the host's speed moved 1.5x between calibrations of one
+            day (its slope 7.9-14.7 us), the share 0.21-0.29.
         probes: ``(activities, host us)`` of each probe, for the spec's source line.
     """
 
     probe_kernels: float
-    activity_us: float
+    share: float
     probes: tuple[tuple[float, float], ...]
 
 
@@ -200,14 +204,15 @@ def conv_activity_probes(device: str) -> list[HostProbe]:
 MIN_ACTIVITY_SPREAD = 2.0
 
 
-def measure_activity_host_us(device: str, ops: int = 300, repeats: int = 3) -> ActivityHostCost | None:
-    """Host time per device activity of a cuDNN convolution call: each of :func:`conv_activity_probes` timed as
-    :func:`measure_launch_by_class` times a class (``ops`` calls in a loop, synchronised once, median of
-    ``repeats`` loops) and its activities counted by the profiler; the least-squares slope of the one over the
-    other. cuDNN issues a convolution as 1-12 activities depending on its geometry, and each costs the host about
-    a launch (benchmarks/results/h200/host/host_by_shape.json: ResNet-101's convolutions of 1 activity took a
-    median 36 us of host time per call, those of 5 activities 76 us). None on a CPU, and where the probes' counts
-    spread less than :data:`MIN_ACTIVITY_SPREAD` (no slope to fit).
+def measure_activity_host_share(device: str, ops: int = 200, repeats: int = 7) -> ActivityHostCost | None:
+    """Host time per device activity of a cuDNN convolution call, as a share of a call issuing as many as the
+    ``conv`` class's probe: each of :func:`conv_activity_probes` timed as :func:`measure_launch_by_class` times a
+    class (``ops`` calls in a loop, synchronised once), the probes' loops interleaved round by round, median of
+    ``repeats`` rounds, its activities counted by the profiler; the least-squares slope of the one over the other,
+    over the line's value at the probe's count. cuDNN issues a convolution as 1-12 activities depending on its
+    geometry, and each costs the host about a launch (benchmarks/results/h200/host/host_by_shape.json: ResNet-101's
+    convolutions of 1 activity took a median 36 us of host time per call, those of 5 activities 76 us). None on a
+    CPU, and where the probes' counts spread less than :data:`MIN_ACTIVITY_SPREAD` (no slope to fit).
 
     Raises:
         RuntimeError: from the profiler, when CUDA is asked for and absent.
@@ -216,18 +221,24 @@ def measure_activity_host_us(device: str, ops: int = 300, repeats: int = 3) -> A
         return None
     from fusion_advisor.kernel_tools.bench import device_kernels_per_call
 
-    points = []
+    probes, counts = [], []
     for probe in conv_activity_probes(device):
         try:
-            acts = device_kernels_per_call(probe)
-            points.append((acts, per_op_us(device, probe, ops, repeats)))
+            counts.append(device_kernels_per_call(probe))
+            probes.append(probe)
         except RuntimeError:  # a geometry this cuDNN build refuses: the others still fit
             continue
-    if len(points) < 3 or max(a for a, _ in points) - min(a for a, _ in points) < MIN_ACTIVITY_SPREAD:
+    if len(probes) < 3 or max(counts) - min(counts) < MIN_ACTIVITY_SPREAD:
         return None
+    rounds: list[list[float]] = [[] for _ in probes]
+    for _ in range(repeats):  # interleaved: a host whose speed drifts moves every probe alike
+        for times, probe in zip(rounds, probes):
+            times.append(per_op_us(device, probe, ops, 1))
+    points = [(a, statistics.median(t)) for a, t in zip(counts, rounds)]
     mean_a = sum(a for a, _ in points) / len(points)
     mean_t = sum(t for _, t in points) / len(points)
     slope = (sum((a - mean_a) * (t - mean_t) for a, t in points)
              / sum((a - mean_a) ** 2 for a, _ in points))
-    return ActivityHostCost(points[0][0], max(slope, 0.0), tuple((round(a, 2), round(t, 2)) for a, t in points))
-
+    at_probe = mean_t + slope * (counts[0] - mean_a)
+    return ActivityHostCost(counts[0], max(slope, 0.0) / at_probe if at_probe > 0 else 0.0,
+                            tuple((round(a, 2), round(t, 2)) for a, t in points))

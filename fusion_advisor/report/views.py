@@ -28,6 +28,7 @@ from typing import Any
 import pandas as pd
 
 from fusion_advisor.analyze.records import PARTIAL_COVERAGE, ROUTES, Analysis
+from fusion_advisor.analyze.roofline import SCAN_OPS
 from fusion_advisor.units import fmt_speedup, fmt_us, is_num
 
 #: Chains shown as the first screen's opportunities.
@@ -144,10 +145,12 @@ def predicted_compile_series(frame: pd.DataFrame) -> pd.Series:
     """Per chain, the predicted time under ``torch.compile(model)`` (us): a fusible chain as one fused kernel at the
     share of the roofline Inductor's code reaches on its kind (``min(est_eager_us, est_compile_us)``; a report
     without that column: ``est_fused_us``), a heavy or unfusible item as it runs eagerly (Inductor calls cuBLAS /
-    cuDNN / SDPA for them). NaN without an estimate."""
+    cuDNN / SDPA for them), except where the roofline priced Inductor's own kernel for it below eager (a scan:
+    ``est_compile_us`` under ``est_eager_us``). NaN without an estimate."""
     eager = frame["est_eager_us"].astype(float)
     fused = frame["est_compile_us" if "est_compile_us" in frame else "est_fused_us"].astype(float)
-    fusible = (frame["kind"] == "fusible") & fused.notna()
+    lowered = "est_compile_us" in frame and (frame["pattern"].isin(SCAN_OPS) if "pattern" in frame else False)
+    fusible = ((frame["kind"] == "fusible") | lowered) & fused.notna()
     return eager.where(~fusible, pd.concat([eager, fused], axis=1).min(axis=1))
 
 

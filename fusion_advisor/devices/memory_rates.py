@@ -1,5 +1,7 @@
-"""The rate at which eager pooling kernels read their windows, measured for ``calibrate``: the spec's
-``pool_window_gelem_s`` (:func:`fusion_advisor.analyze.roofline.pool_window_us`)."""
+"""Rates of the memory-bound eager kernels the copy bandwidth misprices, measured for ``calibrate``: the rate at
+which pooling kernels read their windows (the spec's ``pool_window_gelem_s``,
+:func:`fusion_advisor.analyze.roofline.pool_window_us`) and the bandwidth of PyTorch's scan kernels (``cumsum``,
+``cumprod``: the spec's ``scan_bandwidth_gbps``, :func:`fusion_advisor.analyze.roofline.op_bandwidth_gbps`)."""
 
 from __future__ import annotations
 
@@ -56,3 +58,27 @@ def measure_pool_window_rate(device: str, copy_gbps: float, quick: bool,
         rows.append(row)
         del x, out
     return (statistics.median(rates) if rates else None), rows
+
+
+#: The scans :func:`measure_scan_gbps` times: ``torch.cumsum`` of fp32 [rows, cols] tensors along their last dim
+#: (PyTorch's innermost-dim scan kernel, which KernelBench's cumsum / cumprod files run), 256 MiB to 1 GiB on a GPU:
+#: its rate grows with the rows and their length.
+SCAN_SHAPES = ((4096, 16384), (16384, 16384), (8192, 32768))
+SCAN_SHAPES_SMALL = ((256, 4096),)
+
+
+def measure_scan_gbps(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Timing]) -> float:
+    """Bandwidth (GB/s, bytes read + written) of eager ``torch.cumsum`` along the last dim of fp32 tensors: the
+    highest over :data:`SCAN_SHAPES` (:data:`SCAN_SHAPES_SMALL` on a CPU or with ``quick``), each timed by
+    ``timer``: a ceiling, as the copy bandwidth is. On the H200 KernelBench's 32768 x 32768 cumsum ran its one scan
+    kernel at 1908 GB/s, 45% of the copy bandwidth (benchmarks/results/h200/accuracy/reprofile/seed1/), and
+    Inductor's own scan at 3323 GB/s; a 4096 x 16384 one at 1291 GB/s."""
+    best = 0.0
+    for shape in (SCAN_SHAPES if device == "cuda" and not quick else SCAN_SHAPES_SMALL):
+        x = torch.rand(shape, device=device, dtype=torch.float32)
+        out = torch.empty_like(x)
+        with torch.no_grad():
+            t = timer(lambda x=x, out=out: torch.cumsum(x, -1, out=out))
+        best = max(best, 2 * x.numel() * 4 / (t.median_ms * 1e-3) / 1e9)
+        del x, out
+    return best
