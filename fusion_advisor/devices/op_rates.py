@@ -219,15 +219,18 @@ class ConvRate:
                         round(self.kernels, 2))
 
 
+def _by_distance(points: Iterable[tuple[Sequence[float], float]], features: Sequence[float],
+                 weights: Sequence[float]) -> list[tuple[float, float]]:
+    """``(distance, value)`` of each ``(features, value)`` point from ``features``, nearest first (distances
+    scaled by ``weights``)."""
+    return sorted((math.sqrt(sum((w * (a - b)) ** 2 for w, a, b in zip(weights, features, f))), v)
+                  for f, v in points)
+
+
 def _nearest_tflops(pool: Sequence[Any], features: Sequence[float], weights: Sequence[float]) -> float:
     """Inverse-distance weighted geometric mean of the ``tflops`` of the :data:`NEIGHBOURS` entries of ``pool``
     nearest ``features`` (each entry's ``features()``, distances scaled by ``weights``)."""
-    scored = []
-    for r in pool:
-        dist = math.sqrt(sum((w * (a - b)) ** 2 for w, a, b in zip(weights, features, r.features())))
-        scored.append((dist, r.tflops))
-    scored.sort()
-    near = scored[:NEIGHBOURS]
+    near = _by_distance(((r.features(), r.tflops) for r in pool), features, weights)[:NEIGHBOURS]
     inv = [1.0 / (d + 0.25) for d, _ in near]
     return math.exp(sum(w * math.log(t) for w, (_, t) in zip(inv, near)) / sum(inv))
 
@@ -393,8 +396,28 @@ def conv_time_us(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layo
 #: Measured convolutions whose activity counts :func:`conv_kernels` takes the median of.
 KERNEL_NEIGHBOURS = 5
 
+#: id(table) -> (table, its answers by (geometry, dtype, layout)): the analysis asks :func:`conv_kernels` several
+#: times per convolution of a model, each a search of the whole table (810 entries in the shipped H200 spec, 1 ms
+#: per question in Python: 0.43 s of a ResNet-101 analysis); the table is kept so its id is never reused.
+_ANSWERS: dict[int, tuple[Sequence[ConvRate], dict[tuple[ConvGeometry, str, str], float | None]]] = {}
+
 
 def conv_kernels(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layout: str = "nchw") -> float | None:
+    """:func:`count_conv_kernels`, answered once per table, geometry, dtype and layout (``rates`` is read as it is
+    at its first question: a spec's table is a tuple)."""
+    entry = _ANSWERS.get(id(rates))
+    if entry is None or entry[0] is not rates:
+        if len(_ANSWERS) >= 16:
+            _ANSWERS.clear()
+        entry = _ANSWERS[id(rates)] = (rates, {})
+    key = (geom, dtype, layout)
+    if key not in entry[1]:
+        entry[1][key] = count_conv_kernels(rates, geom, dtype, layout)
+    return entry[1][key]
+
+
+def count_conv_kernels(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layout: str = "nchw"
+                       ) -> float | None:
     """Device activities (kernels, memsets, copies) one eager call of ``geom`` in ``dtype`` issues: the median
     count of the :data:`KERNEL_NEIGHBOURS` measured convolutions of its class, dtype and layout nearest it in
     :data:`FEATURE_WEIGHTS`-scaled feature space, among those whose count was recorded; None when there is none.
@@ -403,13 +426,11 @@ def conv_kernels(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layo
     several (NCHW -> NHWC transforms of the input and back for the output, a workspace memset, a split-K
     reduction): on the H200 the convolutions of ResNet-101, GoogLeNet, ShuffleNet and DenseNet-121 issued 1-12
     activities each, and their host time per call grew with them (benchmarks/results/h200/host/host_by_shape.json)."""
-    pool = [r for r in _pool(rates, geom.detail, dtype, layout) if r.kernels > 0]
+    pool = [(r.features(), r.kernels) for r in _pool(rates, geom.detail, dtype, layout) if r.kernels > 0]
     if not pool:
         return None
-    f = geom.features()
-    scored = sorted((math.sqrt(sum((w * (a - b)) ** 2 for w, a, b in zip(FEATURE_WEIGHTS, f, r.features()))),
-                     r.kernels) for r in pool)
-    return float(statistics.median(k for _, k in scored[:KERNEL_NEIGHBOURS]))
+    near = _by_distance(pool, geom.features(), FEATURE_WEIGHTS)[:KERNEL_NEIGHBOURS]
+    return float(statistics.median(k for _, k in near))
 
 
 # --- matmuls -----------------------------------------------------------------------------------------------------
