@@ -58,7 +58,11 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
                len(lines))
     data = spec_mapping(base)
     act_sources = load_spec(str(conv_path or cal_path)).sources or {}
-    act_by = f"measured by fusion-advisor calibrate ({conv_path or cal_path})"
+
+    def act_source(key: str) -> str:  # the convolution calibration's source line of ``key``, re-attributed
+        how = (act_sources.get(key) or "").split(": ", 1)[-1]
+        return f"measured by fusion-advisor calibrate ({conv_path or cal_path}): {how}"
+
     by = f"measured by fusion-advisor calibrate ({cal_path})"
     out = lines[:cut]
     out.append(f"elementwise_overhead_us: {round(base.elementwise_overhead_us, 3)}   # device time per eager "
@@ -66,8 +70,7 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
     out.append(f'elementwise_overhead_source: "{by}: CUDA-graph replay of eager adds"')
     if base.scan_bandwidth_gbps > 0:
         out.append(f"scan_bandwidth_gbps: {round(base.scan_bandwidth_gbps, 1)}   # eager cumsum / cumprod kernels")
-        out.append(f'scan_bandwidth_source: "{act_by}: '
-                   f'{(act_sources.get("scan_bandwidth") or "").split(": ", 1)[-1]}"')
+        out.append(f'scan_bandwidth_source: "{act_source("scan_bandwidth")}"')
     out.append(f"# host time beyond launch_overhead_us, {by} on a machine at {cal_launch_us:.3f} us per eager add,")
     out.append(f"# scaled to this spec's {base.launch_overhead_us:g} us; analyze --profile scales them to its host")
     out.append(f"view_overhead_us: {round(base.view_overhead_us, 3)}")
@@ -76,8 +79,7 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
         out.append(f"activity_host_share: {round(base.activity_host_share, 4)}   # of the conv class's host time, "
                    "per device activity of a cuDNN convolution call beyond the conv probe's")
         out.append(f"conv_probe_kernels: {round(base.conv_probe_kernels, 2)}")
-        out.append(f'activity_host_source: "{act_by}: {(act_sources.get("activity_host") or "").split(": ", 1)[-1]}'
-                   '"')
+        out.append(f'activity_host_source: "{act_source("activity_host")}"')
     out.append("launch_overhead_by_class:")
     out += [f"  {k}: {round(v, 2)}" for k, v in base.launch_overhead_by_class.items()]
     out.append(f'launch_overhead_by_class_source: "{by}: wall time per tiny eager call of each class, through the '

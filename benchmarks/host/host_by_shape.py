@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.common import per_call_us  # noqa: E402
 from fusion_advisor.devices.host_costs import host_probes  # noqa: E402
 
 LEAVES = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d,
@@ -37,19 +37,10 @@ LEAVES = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTransp
           torch.nn.LayerNorm)
 
 
-def host_us(call, calls: int = 16, rounds: int = 7) -> float:
-    """Median host time per call (us) of ``calls`` unsynchronised back-to-back calls."""
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            call()
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+def host_us(call) -> float:
+    """Median host time per call (us) of 16 unsynchronised back-to-back calls, over 7 loops (the issue time alone:
+    :func:`benchmarks.common.per_call_us` without the drain)."""
+    return per_call_us(call, calls=16, repeats=7, warmup=3, count_drain=False)
 
 
 def activities(call, calls: int = 3) -> tuple[float, list[str]]:

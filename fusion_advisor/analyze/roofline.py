@@ -418,17 +418,18 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     overhead += sum(pool_window_us(ops[i], spec) for i in chain.op_ids)  # a fused pool still reads its windows
     fused_us = (max(compute_us, memory_fused_us + overhead, launch) if any_work else 0.0) if fusible else eager_us
 
-    def at(efficiency: float, floor: float) -> float:  # the fused kernel at a share of the memory roofline
-        if not fusible:
-            return eager_us
+    def lowered(efficiency: float, floor: float) -> float:  # one kernel at a share of the memory roofline
         return max(compute_us, memory_fused_us / efficiency + overhead, floor) if any_work else 0.0
+
+    def at(efficiency: float, floor: float) -> float:  # the fused kernel, for a fusible chain
+        return lowered(efficiency, floor) if fusible else eager_us
 
     compile_eff = spec.efficiency("torch.compile", chain.pattern)
     compile_us = at(compile_eff, launch)
     if any_work and not fusible and any(is_scan(ops[i]) for i in chain.op_ids):
         # Inductor lowers a scan to a Triton scan of its own: its bytes at compile's share of the copy roofline,
         # not the aten kernel's measured rate (on the H200: a 32768 x 32768 cumsum 2.59 ms compiled, 4.48 eager)
-        compile_us = min(eager_us, max(compute_us, memory_fused_us / compile_eff + overhead, launch))
+        compile_us = min(eager_us, lowered(compile_eff, launch))
     triton_us = at(spec.efficiency("triton", chain.pattern), launch)
     heavy_rate = None if fusible else (spec.route_efficiency.get("triton") or {}).get(chain.pattern)
     if heavy_rate and any_work:

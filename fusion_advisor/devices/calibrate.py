@@ -590,7 +590,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         view_us = measure_view_us(device, sizes.launch_ops, sizes.launch_numel)
         module_us = measure_module_call_us(device, sizes.launch_ops, sizes.launch_numel)
         launch_by_class = measure_launch_by_class(device, module_us, view_us, launch)
-        activity = measure_activity_host_share(device) if device == "cuda" else None
+        activity = measure_activity_host_share(device)
         if activity is None:
             not_measured["activity_host_share"] = ("GPU only (cuDNN's device activities per convolution call)"
                                                 if device != "cuda" else

@@ -190,8 +190,10 @@ def conv_activity_probes(device: str) -> list[HostProbe]:
     shorter on the GPU than on the host. The first is the ``conv`` class's probe of :func:`host_probes`."""
     nn = torch.nn
     f = dict(device=device, dtype=torch.float32)
-    x4, x5, wide = torch.randn(2, 8, 8, 8, **f), torch.randn(2, 8, 4, 8, 8, **f), torch.randn(2, 64, 16, 16, **f)
-    return [HostProbe(nn.Conv2d(8, 8, 3, padding=1).to(device), (x4,)),
+    conv = host_probes(device)["conv"]
+    x4 = conv.args[0]
+    x5, wide = torch.randn(2, 8, 4, 8, 8, **f), torch.randn(2, 64, 16, 16, **f)
+    return [conv,
             HostProbe(nn.Conv2d(8, 8, 1).to(device), (x4,)),
             HostProbe(nn.Conv2d(64, 64, 3, padding=1).to(device), (wide,)),
             HostProbe(nn.Conv2d(64, 64, 1).to(device), (wide,)),
@@ -234,11 +236,8 @@ def measure_activity_host_share(device: str, ops: int = 200, repeats: int = 7) -
     for _ in range(repeats):  # interleaved: a host whose speed drifts moves every probe alike
         for times, probe in zip(rounds, probes):
             times.append(per_op_us(device, probe, ops, 1))
-    points = [(a, statistics.median(t)) for a, t in zip(counts, rounds)]
-    mean_a = sum(a for a, _ in points) / len(points)
-    mean_t = sum(t for _, t in points) / len(points)
-    slope = (sum((a - mean_a) * (t - mean_t) for a, t in points)
-             / sum((a - mean_a) ** 2 for a, _ in points))
-    at_probe = mean_t + slope * (counts[0] - mean_a)
+    times = [statistics.median(t) for t in rounds]
+    slope, intercept = statistics.linear_regression(counts, times)
+    at_probe = intercept + slope * counts[0]
     return ActivityHostCost(counts[0], max(slope, 0.0) / at_probe if at_probe > 0 else 0.0,
-                            tuple((round(a, 2), round(t, 2)) for a, t in points))
+                            tuple((round(a, 2), round(t, 2)) for a, t in zip(counts, times)))
