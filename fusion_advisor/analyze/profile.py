@@ -6,7 +6,9 @@ How (one mechanism for CPU and GPU):
    AOTAutograd, ``dynamic=False``, attention kept opaque), so graph ``i`` node ``n`` is op-graph node
    ``"g<i>:<n>"``. Each run of graph ``i`` is wrapped in one ``torch.profiler.record_function("fa-graph:<i>")``
    range, and nothing else: the graphs run the real aten ops on the real inputs, unfused, at the host speed of the
-   plain captured graph (a range per op would cost the host several us per op and show as GPU idle time). A
+   plain captured graph (a range per op would cost the host several us per op and show as GPU idle time). Where
+   the graph records an op below the one eager code calls (BatchNorm), the node is pointed back at eager's entry
+   point (:mod:`fusion_advisor.analyze.eager_entry`), so the profile times the kernels the model runs. A
    ``symbolic_trace`` capture, whose nodes call torch functions with other profiler names, is tagged per op
    instead (``fa:<op id>`` ranges); an ``export`` capture is refused.
 2. **Warm up, then profile** ``runs`` calls, each inside a ``record_function("fa-run")``. The trace is exported as
@@ -61,6 +63,7 @@ import torch
 
 from fusion_advisor.kernel_tools.bench import sync_device
 from fusion_advisor.analyze.capture import Capture, DynamoBackend, aten_hook
+from fusion_advisor.analyze.eager_entry import OP_ID_META, call_eager_entries
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.errors import ProfileError
 from fusion_advisor.analyze.load import LoadedModel
@@ -181,7 +184,7 @@ def aten_schedule(gm: torch.fx.GraphModule, graph_index: int, op_ids: set[str]) 
     for node in gm.graph.nodes:
         name = getattr(getattr(node.target, "_schema", None), "name", None) if node.op == "call_function" else None
         if name:
-            nid = f"g{graph_index}:{node.name}"
+            nid = node.meta.get(OP_ID_META, f"g{graph_index}:{node.name}")
             schedule.append((nid if nid in op_ids else None, name))
     return schedule
 
@@ -278,6 +281,8 @@ class _Instrumented:
     schedules: dict[int, list[tuple[str | None, str]]]
     #: host stamps after each scheduled op (dynamo captures; ``None`` in tagged mode)
     stamps: HostStamps | None = None
+    #: nodes pointed back at eager's entry point (:func:`call_eager_entries`), over the graphs compiled so far
+    eager_entries: Callable[[], int] = lambda: 0
 
 
 def _in_graph_range(fn: Callable[..., Any], graph_index: int, stamps: HostStamps) -> Callable[..., Any]:
@@ -295,11 +300,13 @@ def _instrument(loaded: LoadedModel, cap: Capture, op_ids: set[str]) -> _Instrum
     """A callable running the model's captured graphs, each inside a ``fa-graph:<i>`` range (dynamo), or with every
     (non-view) op in its own ``fa:<id>`` range (a ``symbolic_trace`` capture, whose nodes call torch functions the
     profiler names differently)."""
-    state = {"graphs": 0, "tagged": 0}
+    state = {"graphs": 0, "tagged": 0, "eager_entries": 0}
     schedules: dict[int, list[tuple[str | None, str]]] = {}
     stamps = HostStamps()
     if cap.method == "dynamo":
         def fw(gm: torch.fx.GraphModule, example_inputs: list[Any], i: int) -> Any:
+            # BatchNorm as the module runs it (cuDNN's), not the graph's native op
+            state["eager_entries"] += call_eager_entries(gm, i)
             schedules[i] = aten_schedule(gm, i, op_ids)
             state["tagged"] += sum(1 for op_id, _ in schedules[i] if op_id is not None)
             state["graphs"] += 1
@@ -309,7 +316,7 @@ def _instrument(loaded: LoadedModel, cap: Capture, op_ids: set[str]) -> _Instrum
         # the backend capture used, recurrent layers in the graph as there: the same graphs
         compiled = DynamoBackend(aten_hook(fw)).compile(loaded.module, recurrent=True)
         return _Instrumented(lambda: compiled(*loaded.inputs), lambda: state["graphs"], lambda: state["tagged"],
-                             schedules, stamps)
+                             schedules, stamps, lambda: state["eager_entries"])
     if cap.method == "symbolic_trace":
         gm = cap.graphs[0]
         graph = torch.fx.Graph()
@@ -834,6 +841,8 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
                      + (" ..." if len(unmeasured) > 12 else ""))
     how = ("each captured graph in one record_function range, its aten ops matched to the graph's nodes by name "
            "and order" if not tagged_mode else "each aten op of the captured graph in its own record_function range")
+    if inst.eager_entries():
+        how += f" ({inst.eager_entries()} BatchNorm node(s) run through aten.batch_norm, as eager code calls it)"
     where = (f"busy: CUDA kernels by correlation id; idle: the kernels replayed on the host timeline of "
              f"{replay_runs} plain (unprofiled) runs stamped after every op"
              + (f", scaled by {factor:.3f} to fit the plain wall time" if factor < 1.0 else "") if host else
