@@ -45,19 +45,50 @@ def test_each_probe_is_captured_as_its_class_with_the_views_and_launches_it_decl
     assert len(others) == probe.launches, [o.target for o in others]
 
 
-def test_the_priced_apart_parts_are_subtracted_and_aliases_copied(monkeypatch):
+def _add_at(monkeypatch, add_us, probe_us):
+    """per_op_us faked: ``add_us`` per call of the launch's add probe, ``probe_us(body)`` for anything else."""
     import fusion_advisor.devices.host_costs as hc
 
-    monkeypatch.setattr(hc, "per_op_us", lambda device, body, ops, repeats: 100.0)
-    out = measure_launch_by_class("cpu", module_call_us=5.0, view_us=2.0, launch_us=10.0, ops=1, repeats=1)
+    add = lambda: None  # noqa: E731 - a sentinel body
+    monkeypatch.setattr(hc, "add_probe", lambda device, numel=1024: add)
+    monkeypatch.setattr(hc, "per_op_us", lambda device, body, ops, repeats, warmup=True:
+                        add_us if body is add else probe_us(body))
+
+
+def test_the_priced_apart_parts_are_subtracted_and_aliases_copied(monkeypatch):
+    _add_at(monkeypatch, 50.0, lambda body: 100.0)  # every probe twice an add: 100 us at a 50 us launch
+    out = measure_launch_by_class("cpu", module_call_us=5.0, view_us=2.0, launch_us=50.0, ops=1, repeats=1)
     assert out["conv"] == 95.0  # a module: its call is charged apart
     assert out["matmul/addmm"] == 93.0  # nn.Linear: the call and the weight's t()
-    assert out["normalization/_native_batch_norm_legit_functional"] == 85.0  # and the num_batches_tracked add
+    assert out["normalization/_native_batch_norm_legit_functional"] == 45.0  # and the num_batches_tracked add
     assert out["matmul/mm"] == 100.0 and out["copy/cat"] == 100.0  # torch functions: nothing apart
     for alias, key in ALIASES.items():
         assert out[alias] == out[key]
-    huge = measure_launch_by_class("cpu", module_call_us=500.0, ops=1, repeats=1)
+    huge = measure_launch_by_class("cpu", module_call_us=500.0, ops=1, repeats=1)  # no launch: as measured
     assert huge["conv"] == 10.0  # never below a tenth of the call
+    slow = measure_launch_by_class("cpu", launch_us=10.0, ops=1, repeats=1)  # the launch measured on a faster host
+    assert slow["matmul/mm"] == 20.0
+
+
+def test_host_time_at_the_launch_speed_is_the_median_ratio_to_an_add_timed_beside_it(monkeypatch):
+    import fusion_advisor.devices.host_costs as hc
+
+    add = lambda: None  # noqa: E731
+    body = lambda: None  # noqa: E731
+    # rounds: body 20 / add 10, body 30 / add 10, body 80 / add 40 -> ratios 2, 3, 2 -> median 2
+    times = iter([20.0, 10.0, 30.0, 10.0, 80.0, 40.0])
+    warm = []
+
+    def fake(device, b, ops, repeats, warmup=True):
+        warm.append(warmup)
+        return next(times)
+
+    monkeypatch.setattr(hc, "add_probe", lambda device, numel=1024: add)
+    monkeypatch.setattr(hc, "per_op_us", fake)
+    assert hc.host_us_at_launch("cpu", body, 7.0, ops=1, repeats=3) == 14.0
+    assert warm == [True, True, False, False, False, False]  # only the first round warms up
+    monkeypatch.setattr(hc, "per_op_us", lambda device, b, ops, repeats, warmup=True: 33.0)
+    assert hc.host_us_at_launch("cpu", body, 0.0, ops=1, repeats=3) == 33.0  # no launch: as measured
 
 
 def test_view_probes_are_views_and_the_median_is_reported(monkeypatch):
@@ -68,8 +99,10 @@ def test_view_probes_are_views_and_the_median_is_reported(monkeypatch):
     import fusion_advisor.devices.host_costs as hc
 
     times = iter(range(1, len(VIEW_PROBES) + 1))
-    monkeypatch.setattr(hc, "per_op_us", lambda device, body, ops, repeats: float(next(times)))
+    monkeypatch.setattr(hc, "per_op_us", lambda device, body, ops, repeats, warmup=True: float(next(times)))
     assert measure_view_us("cpu", ops=1, repeats=1) == (1 + len(VIEW_PROBES)) / 2
+    _add_at(monkeypatch, 4.0, lambda body: 6.0)
+    assert measure_view_us("cpu", ops=1, repeats=1, launch_us=2.0) == 3.0  # 1.5 adds at a 2 us launch
 
 
 def test_getitem_of_a_tuple_output_costs_no_host_time():
@@ -86,8 +119,11 @@ def test_module_call_is_half_the_median_difference_of_two_nested_calls(monkeypat
 
     # interleaved: nested, leaf, nested, leaf...; nested - leaf = 9, 3, 5 -> median 5, over two nested calls
     times = iter([19.0, 10.0, 13.0, 10.0, 15.0, 10.0])
-    monkeypatch.setattr(hc, "per_op_us", lambda device, body, ops, repeats: next(times))
+    monkeypatch.setattr(hc, "per_op_us", lambda device, body, ops, repeats, warmup=True: next(times))
     assert hc.measure_module_call_us("cpu", ops=1, repeats=3) == 2.5
+    # with the launch: nested, leaf, add per round; (19 - 10) / 10 = 0.9, (13 - 10) / 5 = 0.6, (15 - 10) / 10 = 0.5
+    times = iter([19.0, 10.0, 10.0, 13.0, 10.0, 5.0, 15.0, 10.0, 10.0])
+    assert hc.measure_module_call_us("cpu", ops=1, repeats=3, launch_us=8.0) == pytest.approx(0.6 * 8.0 / 2)
     nested = hc._Calls(hc._Calls(hc._AddOne()))
     assert torch.equal(nested(torch.zeros(2)), torch.ones(2))
 
@@ -110,7 +146,7 @@ def test_the_host_cost_per_activity_is_the_slope_over_the_probes_as_a_share_of_t
     monkeypatch.setattr(bench, "device_kernels_per_call", lambda probe: counts[index[id(probe)]])
     # 8 us per activity over 14 us: 30 us at the probe's 2 activities
     monkeypatch.setattr(host_costs, "per_op_us",
-                        lambda device, probe, ops, repeats: 14.0 + 8.0 * counts[index[id(probe)]])
+                        lambda device, probe, ops, repeats, warmup=True: 14.0 + 8.0 * counts[index[id(probe)]])
     cost = measure_activity_host_share("cuda")
     assert cost.probe_kernels == 2.0 and cost.share == pytest.approx(8.0 / 30.0)
     assert len(cost.probes) == 7

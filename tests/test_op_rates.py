@@ -115,6 +115,17 @@ def test_few_measurements_price_at_the_nearest_measured_rates():
         conv_time_us(rates + nhwc, many, "fp32") / 2)  # each layout reads its own entries
 
 
+def test_a_1d_class_with_no_measurements_is_priced_as_the_2d_class_cudnn_runs_it_as():
+    grouped = [dataclasses.replace(_rate(4, 16, 5.0), detail="conv2d_grouped"),
+               dataclasses.replace(_rate(64, 64, 40.0), detail="conv2d_grouped")]
+    conv1d = ConvGeometry("conv1d_grouped", 4, 16, 1, 1.0, int(10e9))
+    assert conv_time_us(grouped, conv1d, "fp32") == pytest.approx(
+        conv_time_us(grouped, dataclasses.replace(conv1d, detail="conv2d_grouped"), "fp32"))
+    own = grouped + [dataclasses.replace(_rate(4, 16, 1.0), detail="conv1d_grouped")]
+    assert conv_time_us(own, conv1d, "fp32") == pytest.approx(_us(conv1d, 1.0))  # its own class first
+    assert conv_time_us(grouped, dataclasses.replace(conv1d, detail="conv3d_grouped"), "fp32") is None
+
+
 def test_a_convolution_is_priced_from_the_table_not_the_roofline():
     op = _conv_op((8, 4, 64, 64), (16, 4, 3, 3), (8, 16, 62, 62))
     spec = dataclasses.replace(SPEC, conv_rates=(_rate(4, 16, 2.0, gflop=op.flops / 1e9),))

@@ -3,9 +3,11 @@
 1. A seeded subset of KernelBench files (``--level1 N --level2 N --level3 N --seed S``, sorted names sampled with
    ``random.Random(seed)``; the chosen names are in the result) is analysed and profiled as a user would:
    ``analyze(FILE, device="cuda", gpu=SPEC, profile=True)`` and ``write_report`` (what ``fusion-advisor analyze
-   FILE --device cuda --profile --gpu SPEC`` runs), in one worker process for all files (a file that runs past
-   ``--timeout-s`` is killed with its worker and a new worker takes the rest), new files started only inside
-   ``--budget-s``.
+   FILE --device cuda --profile --gpu SPEC`` runs), each file in a process of its own, as a user's command runs it
+   (forked from a worker that imported torch and fusion_advisor and never touched the GPU: a process that has
+   profiled once dispatches 1.3-2x slower for the rest of its life, benchmarks/results/h200/host/
+   process_state_host.json); a file that runs past ``--timeout-s`` is killed with its worker and a new worker takes
+   the rest; new files start only inside ``--budget-s``.
 2. The profiled reports are split: every third (in the seeded order) is the test set, the rest the fit set.
    ``fusion-advisor calibrate --from-profile FIT... --test TEST... --out fitted.yaml`` fits the per-op-class eager
    times and prints the accuracy before and after, on both sets.
@@ -21,7 +23,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 import tarfile
@@ -49,39 +53,60 @@ def choose(kernelbench: Path, counts: dict[str, int], seed: int, exclude: frozen
     return out
 
 
-def worker(listing: Path, progress: Path, work: Path, device: str, gpu: str, baselines: int = 0,
-           skip_profile: bool = False) -> None:
-    """Analyse and profile each file of ``listing`` (one path per line) in this process, writing its report to
-    ``work/<level>_<stem>/`` and appending ``{"file", "status", "wall_s"}`` to ``progress`` (JSON lines) after each:
-    one torch import and CUDA start for all files (a process per file spent ~8 of its ~13 s on them). With
-    ``baselines`` (rounds), also time the model as written, ``torch.compile(model)`` and its reduce-overhead mode
-    (``benchmarks/apply/apply_models.py``'s ``evaluate``, no plan) into ``baselines.json`` beside the report: the
-    measured best whole-model route that ``route_prediction.py`` compares the predicted one with (``skip_profile``:
-    that alone)."""
+def run_file(f: Path, work: Path, device: str, gpu: str, baselines: int = 0, skip_profile: bool = False) -> str:
+    """Analyse and profile one file into ``work/<level>_<stem>/report.json`` (what ``fusion-advisor analyze FILE
+    --device DEVICE --profile --gpu GPU`` writes); with ``baselines`` (rounds), also time the model as written,
+    ``torch.compile(model)`` and its reduce-overhead mode (``benchmarks/apply/apply_models.py``'s ``evaluate``, no
+    plan) into ``baselines.json`` beside it: the measured best whole-model route that ``route_prediction.py``
+    compares the predicted one with (``skip_profile``: that alone). Returns ``"ok"`` or the failure in one line."""
     import torch
 
     from benchmarks.apply.apply_models import evaluate
     from fusion_advisor.analyze.pipeline import analyze
     from fusion_advisor.report.write import write_report
 
+    try:
+        folder = work / f"{f.parent.name}_{f.stem}"
+        if not skip_profile:
+            write_report(analyze(f, device=device, gpu=gpu, profile=True), folder)
+        if baselines:
+            folder.mkdir(parents=True, exist_ok=True)
+            torch._dynamo.reset()
+            (folder / "baselines.json").write_text(json.dumps(evaluate(str(f), "", False, baselines, device)))
+        return "ok"
+    except BaseException as e:  # noqa: BLE001 - one file's failure is a result; the next file still runs
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+def worker(listing: Path, progress: Path, work: Path, device: str, gpu: str, baselines: int = 0,
+           skip_profile: bool = False) -> None:
+    """:func:`run_file` for each file of ``listing`` (one path per line), each in a child forked from this process,
+    appending ``{"file", "status", "wall_s"}`` to ``progress`` (JSON lines) after each. This process imports torch,
+    dynamo and fusion_advisor once (a fresh interpreter per file spent ~8 of its ~13 s on them) and never touches
+    the GPU, so every child starts CUDA as a fresh process does."""
+    import torch._dynamo  # noqa: F401 - imported once here, inherited by every child
+
+    import benchmarks.apply.apply_models  # noqa: F401
+    import fusion_advisor.analyze.pipeline  # noqa: F401
+    import fusion_advisor.report.write  # noqa: F401
+
     for line in listing.read_text().splitlines():
         f = Path(line)
         t0 = time.perf_counter()
-        try:
-            folder = work / f"{f.parent.name}_{f.stem}"
-            if not skip_profile:
-                write_report(analyze(f, device=device, gpu=gpu, profile=True), folder)
-            status = "ok"
-            if baselines:
-                folder.mkdir(parents=True, exist_ok=True)
-                torch._dynamo.reset()
-                ev = evaluate(str(f), "", False, baselines, device)
-                (folder / "baselines.json").write_text(json.dumps(ev))
-        except BaseException as e:  # noqa: BLE001 - one file's failure is a result; the next file still runs
-            status = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-        torch._dynamo.reset()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: one file, its status through the pipe
+            os.close(read)
+            status = run_file(f, work, device, gpu, baselines, skip_profile)
+            os.write(write, status.encode())
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            said = pipe.read().decode()
+        _, code = os.waitpid(pid, 0)
+        status = said or f"child exit {os.waitstatus_to_exitcode(code)}"
         with progress.open("a") as fh:
             fh.write(json.dumps({"file": str(f), "status": status, "wall_s": round(time.perf_counter() - t0, 1)})
                      + "\n")
@@ -89,7 +114,8 @@ def worker(listing: Path, progress: Path, work: Path, device: str, gpu: str, bas
 
 def profile_all(files: list[Path], work: Path, args: argparse.Namespace, start: float) -> list[dict]:
     """Run :func:`worker` over ``files`` in a child process; a file that runs past ``args.timeout_s`` is killed
-    with its worker (status ``timeout``) and a new worker takes the rest; no file starts after ``args.budget_s``."""
+    with its worker and the worker's children (status ``timeout``) and a new worker takes the rest; no file starts
+    after ``args.budget_s``."""
     runs: list[dict] = []
     left = list(files)
     while left:
@@ -103,7 +129,8 @@ def profile_all(files: list[Path], work: Path, args: argparse.Namespace, start: 
                                   "--work", str(work), "--device", args.device, "--gpu", args.gpu,
                                   "--baselines", str(args.baselines), *(["--baselines-only"] if args.baselines_only
                                                                         else []),
-                                  "--kernelbench", str(args.kernelbench), "--out", str(args.out)], cwd=ROOT)
+                                  "--kernelbench", str(args.kernelbench), "--out", str(args.out)], cwd=ROOT,
+                                 start_new_session=True)  # its own process group: a timeout kills the file's child
         seen, last = 0, time.perf_counter()
         while True:
             exited = child.poll() is not None  # before reading: the lines a finished worker wrote are all there
@@ -125,7 +152,7 @@ def profile_all(files: list[Path], work: Path, args: argparse.Namespace, start: 
                 break
             if time.perf_counter() - last > args.timeout_s or time.perf_counter() - start > args.budget_s + \
                     args.timeout_s:
-                child.kill()
+                os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
                 f = left.pop(0)
                 runs.append({"file": f"{f.parent.name}/{f.name}", "status": f"timeout {args.timeout_s:.0f} s"})

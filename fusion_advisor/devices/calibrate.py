@@ -49,8 +49,9 @@ import yaml
 
 from fusion_advisor.kernel_tools.bench import Timing, device_time_and_kernels, time_cpu, time_cuda
 from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, parse_spec
-from fusion_advisor.devices.host_costs import (ActivityHostCost, measure_activity_host_share, measure_launch_by_class,
-                                               measure_module_call_us, measure_view_us, per_op_us)
+from fusion_advisor.devices.host_costs import (ActivityHostCost, add_probe, measure_activity_host_share,
+                                               measure_launch_by_class, measure_module_call_us, measure_view_us,
+                                               per_op_us)
 from fusion_advisor.devices.op_rates import (TABLE_KERNEL_CALLS, TABLE_REP_MS, TABLE_WARMUP_MS, ConvRate, MatmulRate,
                                             measure_convolutions, measure_matmuls, measure_recurrent_steps,
                                             recurrent_probe)
@@ -414,9 +415,9 @@ def measure_attention_rates(timer: Callable[[Callable[[], Any]], Timing] | None 
 
 def measure_launch_us(device: str, sizes: Sizes, repeats: int = 5) -> float:
     """Wall time per tiny eager op (``y = x + 1`` on ``launch_numel`` fp32 elements), us: ``launch_ops`` ops issued
-    in a loop, synchronised once at the end; the median of ``repeats`` loops after one warm-up loop."""
-    x = torch.ones(sizes.launch_numel, device=device)
-    return per_op_us(device, lambda: torch.add(x, 1.0), sizes.launch_ops, repeats)
+    in a loop, synchronised once at the end; the median of ``repeats`` loops after one warm-up loop
+    (:func:`fusion_advisor.devices.host_costs.add_probe`)."""
+    return per_op_us(device, add_probe(device, sizes.launch_numel), sizes.launch_ops, repeats)
 
 
 def _graph_replay_ms(body: Callable[[], Any], sizes: Sizes) -> float:
@@ -587,8 +588,9 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         step("launch overhead per eager op")
         launch = measure_launch_us(device, sizes)
         step("host time per view op, per nn.Module call and per call of each op class")
-        view_us = measure_view_us(device, sizes.launch_ops, sizes.launch_numel)
-        module_us = measure_module_call_us(device, sizes.launch_ops, sizes.launch_numel)
+        # each priced at the launch's host speed: its loops beside add loops (host_costs.host_us_at_launch)
+        view_us = measure_view_us(device, sizes.launch_ops, sizes.launch_numel, launch_us=launch)
+        module_us = measure_module_call_us(device, sizes.launch_ops, sizes.launch_numel, launch_us=launch)
         launch_by_class = measure_launch_by_class(device, module_us, view_us, launch)
         activity = measure_activity_host_share(device)
         if activity is None:
@@ -761,8 +763,9 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
             "launch_overhead_by_class_source": (f"{by}: wall time per tiny eager call of each class, through the "
                                                 "nn.Module that issues it where there is one, less the module call, "
                                                 "views and other launches priced apart (fusion_advisor.devices."
-                                                "host_costs.host_probes), 500 in a loop, synchronised once, median of "
-                                                "3 loops")}
+                                                "host_costs.host_probes), 500 in a loop, synchronised once, each loop "
+                                                "beside a loop of the launch's add: the median of 3 rounds' ratios "
+                                                "times the launch overhead (host_costs.host_us_at_launch)")}
            if cal.launch_by_class else {}),
         **({"activity_host_share": round(cal.activity.share, 4),
             "conv_probe_kernels": round(cal.activity.probe_kernels, 2),
@@ -776,13 +779,15 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
         **({"view_overhead_us": round(cal.view_us, 3),
             "view_overhead_source": f"{by}: median over ten view ops as model code writes them (view, reshape, "
                                     "permute, transpose, indexing...; host_costs.VIEW_PROBES) of the wall time per "
-                                    f"call on a tiny tensor, {s.launch_ops} in a loop, median of 5 loops"}
+                                    f"call on a tiny tensor, {s.launch_ops} in a loop beside a loop of the launch's "
+                                    "add, the median of 5 rounds' ratios times the launch overhead"}
            if cal.view_us is not None else {}),
         **({"module_call_us": round(cal.module_call_us, 3),
             "module_call_source": (f"{by}: a module calling a child that calls a module whose forward is one x + 1, "
                                    "less that last module alone, over the two nested calls (each a child's "
-                                   f"__getattr__ and __call__), {s.launch_ops} calls per loop, the two loops "
-                                   "interleaved 5 times, the median difference")}
+                                   f"__getattr__ and __call__), {s.launch_ops} calls per loop, the two loops and one "
+                                   "of the launch's add interleaved 5 times, the median difference over the add "
+                                   "times the launch overhead")}
            if cal.module_call_us is not None else {}),
         **({"conv_rates": [asdict(r.rounded()) for r in cal.conv_rates],
             "conv_rates_source": (f"{by}: {len(cal.conv_rates)} seeded random convolutions "

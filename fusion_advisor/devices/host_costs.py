@@ -15,22 +15,46 @@ import torch
 from fusion_advisor.kernel_tools.bench import sync_device
 
 
-def per_op_us(device: str, body: Callable[[], Any], ops: int, repeats: int) -> float:
-    """Median wall time per call of ``body`` (us) over ``repeats`` loops of ``ops`` calls after one warm-up loop,
-    synchronised once per loop."""
-    import statistics
+def per_op_us(device: str, body: Callable[[], Any], ops: int, repeats: int, warmup: bool = True) -> float:
+    """Median wall time per call of ``body`` (us) over ``repeats`` loops of ``ops`` calls after one warm-up loop
+    (none with ``warmup`` false), synchronised once per loop."""
     import time
 
     times = []
-    for i in range(repeats + 1):
+    for i in range(repeats + warmup):
         sync_device(device)
         start = time.perf_counter()
         for _ in range(ops):
             body()
         sync_device(device)
-        if i:
+        if i or not warmup:
             times.append((time.perf_counter() - start) / ops * 1e6)
     return float(statistics.median(times))
+
+
+def add_probe(device: str, numel: int = 1024) -> Callable[[], torch.Tensor]:
+    """The launch probe: one tiny eager ``torch.add(x, 1.0)`` on ``numel`` fp32 elements, whose wall time per call
+    in a loop is the spec's ``launch_overhead_us`` (calibrate) and the profile's dispatch probe."""
+    x = torch.ones(numel, device=device)
+    return lambda: torch.add(x, 1.0)
+
+
+def host_us_at_launch(device: str, body: Callable[[], Any], launch_us: float, ops: int, repeats: int,
+                      numel: int = 1024) -> float:
+    """Host time per call of ``body`` (us) at the host speed ``launch_us`` was measured at: in each of ``repeats``
+    rounds a loop of ``ops`` calls of ``body`` and one of :func:`add_probe`, back to back (:func:`per_op_us`); the
+    median of their ratios, times ``launch_us``. A host's speed moves 1.5x within minutes and 1.3-2x with the
+    process's history (benchmarks/results/h200/host/process_state_host.json, host_probe_modes.json); a ratio to an
+    add timed beside it holds where microseconds do not, and the analysis scales every host cost to the add its
+    profile measures (``DeviceSpec.at_host_speed``). ``launch_us`` 0: :func:`per_op_us` as measured."""
+    if launch_us <= 0:
+        return per_op_us(device, body, ops, repeats)
+    add = add_probe(device, numel)
+    ratios = []
+    for i in range(repeats):  # the first round warms both loops up
+        t = per_op_us(device, body, ops, 1, warmup=i == 0)
+        ratios.append(t / max(per_op_us(device, add, ops, 1, warmup=i == 0), 1e-9))
+    return float(statistics.median(ratios)) * launch_us
 
 
 class _AddOne(torch.nn.Module):
@@ -57,31 +81,34 @@ VIEW_PROBES = ("x.view(-1)", "x.reshape(-1)", "x.flatten()", "x.permute(1, 0)", 
                "x.unsqueeze(0)", "x[0]", "x[:, :16]", "x.expand(2, -1, -1)")
 
 
-def measure_view_us(device: str, ops: int = 2000, numel: int = 1024, repeats: int = 5) -> float:
+def measure_view_us(device: str, ops: int = 2000, numel: int = 1024, repeats: int = 5, launch_us: float = 0.0
+                    ) -> float:
     """Host time of one eager view op (us): the median over :data:`VIEW_PROBES` (each ``ops`` calls in a loop on a
-    tiny ``[32, numel // 32]`` tensor, median of ``repeats`` loops). A view launches no kernel; this is the
-    dispatcher's cost of making the alias plus, for indexing, Python's ``__getitem__`` parsing; one ``x.view(-1)``
-    alone (what calibrate timed before 2026-12) is the cheapest of them."""
-    import statistics
-
+    tiny ``[32, numel // 32]`` tensor, :func:`host_us_at_launch` of ``repeats`` rounds). A view launches no kernel;
+    this is the dispatcher's cost of making the alias plus, for indexing, Python's ``__getitem__`` parsing; one
+    ``x.view(-1)`` alone (what calibrate timed before 2026-12) is the cheapest of them."""
     x = torch.ones(32, max(numel // 32, 16), device=device)
-    per = [per_op_us(device, eval(f"lambda: {code}", {"x": x}), ops, repeats) for code in VIEW_PROBES]
+    per = [host_us_at_launch(device, eval(f"lambda: {code}", {"x": x}), launch_us, ops, repeats, numel)
+           for code in VIEW_PROBES]
     return float(statistics.median(per))
 
 
-def measure_module_call_us(device: str, ops: int = 2000, numel: int = 1024, repeats: int = 5) -> float:
+def measure_module_call_us(device: str, ops: int = 2000, numel: int = 1024, repeats: int = 5,
+                           launch_us: float = 0.0) -> float:
     """Host time of one ``nn.Module`` call inside a model (us): a module calling a child that calls a module whose
     forward is one ``x + 1``, less that last module called alone, over the two nested calls; ``ops`` calls per
-    loop, the two loops interleaved ``repeats`` times, the median of the differences (0 when not above it). Each
-    nested call is what a model's forward pays per layer it calls: the child's lookup through
-    ``nn.Module.__getattr__`` and its ``__call__`` (hooks checked, ``forward`` entered)."""
-    import statistics
-
+    loop, the loops interleaved ``repeats`` times, the median of the differences (0 when not above it). With
+    ``launch_us``, each round's difference is over an :func:`add_probe` loop timed beside it, times ``launch_us``
+    (:func:`host_us_at_launch`). Each nested call is what a model's forward pays per layer it calls: the child's
+    lookup through ``nn.Module.__getattr__`` and its ``__call__`` (hooks checked, ``forward`` entered)."""
     x = torch.ones(numel, device=device)
     leaf = _AddOne().to(device)
     nested = _Calls(_Calls(leaf))
-    diffs = [per_op_us(device, lambda: nested(x), ops, 1) - per_op_us(device, lambda: leaf(x), ops, 1)
-             for _ in range(repeats)]
+    add = add_probe(device, numel)
+    diffs = []
+    for _ in range(repeats):
+        diff = per_op_us(device, lambda: nested(x), ops, 1) - per_op_us(device, lambda: leaf(x), ops, 1)
+        diffs.append(diff / max(per_op_us(device, add, ops, 1), 1e-9) * launch_us if launch_us > 0 else diff)
     return max(statistics.median(diffs) / 2, 0.0)
 
 
@@ -149,14 +176,15 @@ def host_probes(device: str) -> dict[str, HostProbe]:
 def measure_launch_by_class(device: str, module_call_us: float = 0.0, view_us: float = 0.0, launch_us: float = 0.0,
                             ops: int = 500, repeats: int = 3) -> dict[str, float]:
     """Host time per eager call (us) of each op class of :func:`host_probes`: ``ops`` tiny calls in a loop,
-    synchronised once per loop, median of ``repeats`` loops (a tiny call's device time is below its host time, so
-    the loop runs at the host's pace), less what the analysis charges the call apart: ``module_call_us`` for a
-    probe through an ``nn.Module``, ``view_us`` per view and ``launch_us`` per other kernel the capture records
-    beside the op (:class:`HostProbe`; never below a tenth of the call). The spec's ``launch_overhead_by_class``."""
+    synchronised once per loop (a tiny call's device time is below its host time, so the loop runs at the host's
+    pace), each loop beside an add loop, at the host speed of ``launch_us`` (:func:`host_us_at_launch`, median of
+    ``repeats`` rounds), less what the analysis charges the call apart: ``module_call_us`` for a probe through an
+    ``nn.Module``, ``view_us`` per view and ``launch_us`` per other kernel the capture records beside the op
+    (:class:`HostProbe`; never below a tenth of the call). The spec's ``launch_overhead_by_class``."""
     out = {}
     for key, probe in host_probes(device).items():
         try:
-            t = per_op_us(device, probe, ops, repeats)
+            t = host_us_at_launch(device, probe, launch_us, ops, repeats)
         except (RuntimeError, TypeError):  # an op this torch build lacks on this device: the class keeps the default
             continue
         apart = module_call_us * probe.module + view_us * probe.views + launch_us * probe.launches

@@ -235,16 +235,28 @@ def _nearest_tflops(pool: Sequence[Any], features: Sequence[float], weights: Seq
     return math.exp(sum(w * math.log(t) for w, (_, t) in zip(inv, near)) / sum(inv))
 
 
+#: Convolution classes calibrate does not sample, priced from the class cuDNN runs them as: PyTorch views a 1-D
+#: convolution as a 2-D one of height 1 before it calls cuDNN (``ConvParams::view1d_as_2d`` in
+#: aten/src/ATen/native/Convolution.cpp), so a grouped, depthwise or transposed ``conv1d`` is that ``conv2d``.
+#: SwinMLP's spatial MLP (a grouped 1x1 Conv1d, 49 channels per group) ran 27-64 us of kernels per call on the H200
+#: where the roofline without a measured class gave 5-7 us; the conv2d_grouped fit gives 1.4x the measured time.
+CONV_CLASS_FALLBACK = {"conv1d_grouped": "conv2d_grouped", "conv1d_depthwise": "conv2d_depthwise",
+                       "conv1d_transpose": "conv2d_transpose"}
+
+
 def _pool(rates: Sequence[Any], detail: str, dtype: str, layout: str = "") -> list[Any]:
     """The entries of ``rates`` of class ``detail`` and ``dtype`` (:data:`DTYPE_FALLBACK`'s when it has none), of
-    ``layout`` when given."""
-    def of(dt: str) -> list[Any]:
-        return [r for r in rates if r.detail == detail and r.dtype == dt and (not layout or r.layout == layout)]
+    ``layout`` when given; a class with none takes its :data:`CONV_CLASS_FALLBACK` class's."""
+    def of(det: str, dt: str) -> list[Any]:
+        return [r for r in rates if r.detail == det and r.dtype == dt and (not layout or r.layout == layout)]
 
-    pool = of(dtype)
-    if not pool and dtype in DTYPE_FALLBACK:
-        pool = of(DTYPE_FALLBACK[dtype])
-    return pool
+    for det in (detail, CONV_CLASS_FALLBACK.get(detail)):
+        pool = of(det, dtype) if det else []
+        if not pool and det and dtype in DTYPE_FALLBACK:
+            pool = of(det, DTYPE_FALLBACK[dtype])
+        if pool:
+            return pool
+    return []
 
 
 #: Fewest measured convolutions of one class, dtype and layout before their time is a fitted
