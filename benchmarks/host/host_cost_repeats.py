@@ -15,13 +15,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from fusion_advisor.devices.host_costs import (measure_launch_by_class, measure_module_call_us,  # noqa: E402
+from fusion_advisor.devices.host_costs import (add_probe, measure_launch_by_class, measure_module_call_us,  # noqa: E402
                                                measure_view_us, per_op_us)
 
 
-def measure_once(x: torch.Tensor) -> dict:
+def measure_once() -> dict:
     """One round of every host cost calibrate measures (us)."""
-    add = per_op_us("cuda", lambda: torch.add(x, 1.0), 2000, 5)
+    add = per_op_us("cuda", add_probe("cuda"), 2000, 5)
     module = measure_module_call_us("cuda")
     view = measure_view_us("cuda")
     return {"add": add, "module": module, "view": view, "by": measure_launch_by_class("cuda", module, view, add)}
@@ -32,10 +32,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    x = torch.ones(1024, device="cuda")
     rounds = []
     for _ in range(args.rounds):
-        rounds.append(measure_once(x))
+        rounds.append(measure_once())
         print(json.dumps(rounds[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": rounds}

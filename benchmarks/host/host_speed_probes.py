@@ -95,9 +95,8 @@ def main() -> None:
         return
     rows = []
     for i in range(args.processes):
-        p = subprocess.run([sys.executable, __file__, "--child", "--rounds", str(args.rounds), "--device", args.device,
-                            *args.files],
-                           capture_output=True, text=True, cwd=ROOT)
+        p = subprocess.run([sys.executable, __file__, "--child", "--rounds", str(args.rounds), "--device",
+                            args.device, *args.files], capture_output=True, text=True, cwd=ROOT)
         row = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {"error": p.stderr[-400:]}
         rows.append(row)
         print(i, row, flush=True)
@@ -116,7 +115,8 @@ def main() -> None:
     print(json.dumps(summary, indent=1))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "host_speed_probes.json").write_text(json.dumps(
-        {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+        {"gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "torch": torch.__version__,
+         "date": datetime.date.today().isoformat(),
          "what": __doc__.split("\n\n")[0], "files": args.files, "rows": rows, "summary": summary}, indent=1))
 
 

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from fusion_advisor.devices.host_costs import (HostProbe, host_probes, measure_launch_by_class,  # noqa: E402
+from fusion_advisor.devices.host_costs import (add_probe, HostProbe, host_probes, measure_launch_by_class,  # noqa: E402
                                                measure_module_call_us, measure_view_us, per_op_us)
 
 
@@ -53,8 +53,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    x = torch.ones(1024, device="cuda")
-    add = per_op_us("cuda", lambda: torch.add(x, 1.0), 2000, 5)
+    add = per_op_us("cuda", add_probe("cuda"), 2000, 5)
     module, view = measure_module_call_us("cuda"), measure_view_us("cuda")
     by = measure_launch_by_class("cuda", module, view, add)
     rows = []

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from fusion_advisor.analyze.capture import DynamoBackend, aten_hook  # noqa: E402
 from fusion_advisor.analyze.eager_entry import call_eager_entries  # noqa: E402
 from fusion_advisor.analyze.profile import HostStamps, insert_stamps  # noqa: E402
-from fusion_advisor.devices.host_costs import (host_probes, measure_launch_by_class, measure_module_call_us,  # noqa: E402
+from fusion_advisor.devices.host_costs import (add_probe, host_probes, measure_launch_by_class, measure_module_call_us,  # noqa: E402
                                                measure_view_us, per_op_us)
 from fusion_advisor.kernel_tools.bench import device_kernels_per_call  # noqa: E402
 
@@ -110,8 +110,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    x = torch.ones(1024, device="cuda")
-    add = per_op_us("cuda", lambda: torch.add(x, 1.0), 2000, 5)
+    add = per_op_us("cuda", add_probe("cuda"), 2000, 5)
     module, view = measure_module_call_us("cuda"), measure_view_us("cuda")
     by = measure_launch_by_class("cuda", module, view, add)
     print(f"add {add:.2f} us, module call {module:.2f}, view {view:.2f}; cat {by.get('copy/cat')}, "

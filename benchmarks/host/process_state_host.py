@@ -23,12 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from fusion_advisor.devices.host_costs import per_op_us  # noqa: E402
+from fusion_advisor.devices.host_costs import add_probe, per_op_us  # noqa: E402
 
 
 def add_us() -> float:
-    x = torch.ones(1024, device="cuda")
-    return round(per_op_us("cuda", lambda: torch.add(x, 1.0), 2000, 5), 3)
+    return round(per_op_us("cuda", add_probe("cuda"), 2000, 5), 3)
 
 
 def main() -> None:

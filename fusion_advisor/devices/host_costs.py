@@ -34,7 +34,8 @@ def per_op_us(device: str, body: Callable[[], Any], ops: int, repeats: int, warm
 
 def add_probe(device: str, numel: int = 1024) -> Callable[[], torch.Tensor]:
     """The launch probe: one tiny eager ``torch.add(x, 1.0)`` on ``numel`` fp32 elements, whose wall time per call
-    in a loop is the spec's ``launch_overhead_us`` (calibrate) and the profile's dispatch probe."""
+    in a loop is the spec's ``launch_overhead_us`` (calibrate); the profile's dispatch probe times the same op
+    (``fusion_advisor.analyze.profile._probe_us``)."""
     x = torch.ones(numel, device=device)
     return lambda: torch.add(x, 1.0)
 

@@ -247,16 +247,14 @@ CONV_CLASS_FALLBACK = {"conv1d_grouped": "conv2d_grouped", "conv1d_depthwise": "
 def _pool(rates: Sequence[Any], detail: str, dtype: str, layout: str = "") -> list[Any]:
     """The entries of ``rates`` of class ``detail`` and ``dtype`` (:data:`DTYPE_FALLBACK`'s when it has none), of
     ``layout`` when given; a class with none takes its :data:`CONV_CLASS_FALLBACK` class's."""
-    def of(det: str, dt: str) -> list[Any]:
-        return [r for r in rates if r.detail == det and r.dtype == dt and (not layout or r.layout == layout)]
+    def of(det: str) -> list[Any]:
+        for dt in (dtype, DTYPE_FALLBACK.get(dtype)):
+            pool = [r for r in rates if r.detail == det and r.dtype == dt and (not layout or r.layout == layout)]
+            if pool:
+                return pool
+        return []
 
-    for det in (detail, CONV_CLASS_FALLBACK.get(detail)):
-        pool = of(det, dtype) if det else []
-        if not pool and det and dtype in DTYPE_FALLBACK:
-            pool = of(det, DTYPE_FALLBACK[dtype])
-        if pool:
-            return pool
-    return []
+    return of(detail) or (of(CONV_CLASS_FALLBACK[detail]) if detail in CONV_CLASS_FALLBACK else [])
 
 
 #: Fewest measured convolutions of one class, dtype and layout before their time is a fitted
