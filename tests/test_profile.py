@@ -15,7 +15,8 @@ from fusion_advisor.analyze.pipeline import analyze
 from fusion_advisor.cli import app
 from fusion_advisor.errors import ProfileError, UserError
 from fusion_advisor.analyze.profile import (TRACE_MARKER, Attribution, HostStamps, aten_schedule, attribute, check_can_profile, insert_stamps,
-                                    idle_scale, match_schedule, measured_bound, replay_idle, scaled_idle)
+                                    idle_scale, match_schedule, measured_bound, replay_stamps,
+                                    scaled_idle)
 from fusion_advisor.analyze.records import ChainMeasurement, NodeMeasurement
 from fusion_advisor.report.write import chains_frame, render_html
 from fusion_advisor.devices import load_spec
@@ -69,6 +70,24 @@ def test_chain_times_sum_to_the_profiled_total(profiled):
     assert math.isclose(p.attributed_us + p.unattributed_us, p.total_us, rel_tol=1e-9)
     ops_in_chains = {i for c in a.chains for i in c.op_ids}
     assert set(p.nodes) <= ops_in_chains
+
+
+def test_a_chains_host_time_sums_its_ops_and_reaches_the_report(profiled):
+    import dataclasses
+
+    from fusion_advisor.analyze.profile import measure_chains
+
+    a, _ = profiled
+    p = a.profile
+    # a CPU profile has no stamped replay: no host time, an empty cell
+    assert all(m.host_us == 0.0 for m in p.nodes.values())
+    assert chains_frame(a)["measured_host_us"].isna().all()
+    nodes = {i: dataclasses.replace(m, host_us=3.0) for i, m in p.nodes.items()}
+    chains = measure_chains(a.chains, a.ops, a.estimates, load_spec("cpu"), nodes)
+    for c in a.chains:
+        assert chains[c.id].host_us == 3.0 * sum(1 for i in c.op_ids if i in nodes), c.id
+    frame = chains_frame(dataclasses.replace(a, profile=dataclasses.replace(p, chains=chains)))
+    assert (frame["measured_host_us"] > 0).all()
 
 
 def test_trace_file_is_a_marked_chrome_trace(profiled, tmp_path):
@@ -380,13 +399,15 @@ def _node(op_id, busy, kernels=1.0):
     return NodeMeasurement(op_id=op_id, time_us=busy, busy_us=busy, idle_us=0.0, kernels=kernels)
 
 
-def test_replay_idle_charges_the_wait_for_each_ops_issue():
+def test_replay_charges_the_wait_and_the_host_time_for_each_ops_issue():
     schedules = {0: [(None, "aten::view"), ("g0:mm", "aten::mm"), ("g0:add", "aten::add")]}
     nodes = {"g0:mm": _node("g0:mm", 5.0), "g0:add": _node("g0:add", 1.0)}
     us = 1000  # stamps are in ns
     stamps = [(0, -1, 0), (0, 0, 2 * us), (0, 1, 4 * us),  # mm issued at 4 us: runs 4..9 (first kernel: no wait)
               (0, 2, 20 * us)]  # add issued at 20 us, GPU free since 9: waited 11 us (host spent 16 us since mm)
-    assert replay_idle(stamps, schedules, nodes, runs=1) == {"g0:add": 11.0}
+    idle, host = replay_stamps(stamps, schedules, nodes, runs=1)
+    assert idle == {"g0:add": 11.0}
+    assert host == {"g0:mm": 4.0, "g0:add": 16.0}  # the view's 2 us are charged to mm, the op after it
 
 
 def test_replay_idle_is_capped_by_the_host_time_issuing_the_op_and_averaged_per_run():
@@ -395,22 +416,25 @@ def test_replay_idle_is_capped_by_the_host_time_issuing_the_op_and_averaged_per_
     us = 1000
     # graph 1 starts 40 us after mm's kernels end (Python between graphs) and issues add 3 us after its start
     stamps = [(0, -1, 0), (0, 0, 1 * us), (1, -1, 46 * us), (1, 0, 49 * us)]
-    assert replay_idle(stamps, schedules, nodes, runs=2) == {"g1:add": 1.5}  # 3 us capped, over 2 runs
+    idle, host = replay_stamps(stamps, schedules, nodes, runs=2)
+    assert idle == {"g1:add": 1.5}  # 3 us capped, over 2 runs
+    assert host == {"g0:mm": 0.5, "g1:add": 1.5}  # from each graph's start: the Python between is nobody's
 
 
 def test_replay_idle_when_the_gpu_is_the_bottleneck():
     schedules = {0: [("g0:a", "aten::mm"), ("g0:b", "aten::mm")]}
     nodes = {"g0:a": _node("g0:a", 50.0), "g0:b": _node("g0:b", 50.0)}
     stamps = [(0, -1, 0), (0, 0, 1000), (0, 1, 9000)]  # b issued while a still runs: no wait
-    assert replay_idle(stamps, schedules, nodes, runs=1) == {}
+    idle, host = replay_stamps(stamps, schedules, nodes, runs=1)
+    assert idle == {} and host == {"g0:a": 1.0, "g0:b": 8.0}
 
 
-def _idle_node(op_id: str, busy: float, idle: float) -> NodeMeasurement:
-    return NodeMeasurement(op_id=op_id, time_us=busy + idle, busy_us=busy, idle_us=idle, kernels=1.0)
+def _idle_node(op_id: str, busy: float, idle: float, host: float = 0.0) -> NodeMeasurement:
+    return NodeMeasurement(op_id=op_id, time_us=busy + idle, busy_us=busy, idle_us=idle, kernels=1.0, host_us=host)
 
 
 def test_replayed_idle_is_scaled_to_fit_the_plain_wall_time():
-    nodes = {"g0:a": _idle_node("g0:a", 10.0, 30.0), "g0:b": _idle_node("g0:b", 20.0, 10.0)}
+    nodes = {"g0:a": _idle_node("g0:a", 10.0, 30.0, 36.0), "g0:b": _idle_node("g0:b", 20.0, 10.0, 14.0)}
     # busy 30 + idle 40 + unattributed 5 = 75 us against a plain run of 55 us: idle may take 55 - 35 = 20 of its 40
     assert idle_scale(nodes, 5.0, 55.0) == pytest.approx(0.5)
     assert idle_scale(nodes, 5.0, 75.0) == 1.0  # fits: left as replayed
@@ -423,6 +447,7 @@ def test_replayed_idle_is_scaled_to_fit_the_plain_wall_time():
     out = scaled_idle(att, 0.5)
     assert out.nodes["g0:a"].idle_us == 15.0 and out.nodes["g0:a"].time_us == 25.0
     assert out.nodes["g0:b"].busy_us == 20.0 and out.nodes["g0:b"].time_us == 25.0
+    assert out.nodes["g0:a"].host_us == 18.0 and out.nodes["g0:b"].host_us == 7.0  # the stamped host, as slow
     assert out.attributed_us == 50.0 and out.total_us == 55.0 and out.unattributed_us == 5.0
     assert scaled_idle(att, 1.0) is att
 

@@ -21,12 +21,15 @@ How (one mechanism for CPU and GPU):
    Its **idle** time (the GPU waiting for the op to be issued) cannot be read off the profiled run: the profiler
    costs the host ~10 us per op, more than a plain op's whole dispatch. So the graphs also run ``REPLAY_RUNS``
    times back to back without the profiler, stamped (``time.perf_counter_ns``, ~0.3 us) after every op, and each
-   op's profiled kernels are replayed on that host timeline (:func:`replay_idle`): they start when the op was
-   issued or when the GPU finished the previous op, whichever is later; a wait is charged to the op, capped by the
+   op's profiled kernels are replayed on that host timeline
+   (:func:`fusion_advisor.analyze.host_stamps.replay_stamps`): they start when the op was issued or when the GPU
+   finished the previous op, whichever is later; a wait is charged to the op, capped by the
    host time spent issuing it (time outside the graphs is nobody's). In tagged mode (no stamps) the idle time is
    the device gap before each kernel less the profiler's host cost per op, capped by the host time issuing it.
-   Where busy + idle exceeds the plain model's wall time (the stamped graphs' host is slower than the module's),
-   every op's idle time is scaled down to fit it (:func:`idle_scale`).
+   The same timeline gives each op's **host** time (since the previous op that launched kernels; a chain's is
+   chains.csv's ``measured_host_us``), to set against the spec's host prices. Where busy + idle exceeds the
+   plain model's wall time (the stamped graphs' host is slower than the module's), every op's idle and host time
+   is scaled down to fit it (:func:`idle_scale`).
    CPU: an op's busy time is the duration of its top-level aten op less the profiled duration of an op that does
    no work, and its idle time the plain per-op dispatch cost.
 
@@ -64,6 +67,7 @@ import torch
 from fusion_advisor.kernel_tools.bench import sync_device
 from fusion_advisor.analyze.capture import Capture, DynamoBackend, aten_hook
 from fusion_advisor.analyze.eager_entry import OP_ID_META, call_eager_entries
+from fusion_advisor.analyze.host_stamps import HostStamps, insert_stamps, replay_stamps
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.errors import ProfileError
 from fusion_advisor.analyze.load import LoadedModel
@@ -187,89 +191,6 @@ def aten_schedule(gm: torch.fx.GraphModule, graph_index: int, op_ids: set[str]) 
             nid = node.meta.get(OP_ID_META, f"g{graph_index}:{node.name}")
             schedule.append((nid if nid in op_ids else None, name))
     return schedule
-
-
-class HostStamps:
-    """Host timestamps of plain (unprofiled) runs of the captured graphs: ``(graph index, position in the graph's
-    :func:`aten_schedule` or -1 at the graph's start, time.perf_counter_ns())`` per stamp, in order.
-
-    Each scheduled node of a dynamo graph is followed by a call of :meth:`stamp` (about 0.3 us of host time); it
-    records only while :attr:`on` is set, so the profiled runs pay the call and nothing else.
-    """
-
-    def __init__(self) -> None:
-        self.on = False
-        self.items: list[tuple[int, int, int]] = []
-
-    def stamp(self, graph_index: int, position: int) -> None:
-        """Record that graph ``graph_index`` just issued its scheduled op ``position`` (-1: started)."""
-        if self.on:
-            self.items.append((graph_index, position, time.perf_counter_ns()))
-
-    def record(self, fn: Callable[[], Any], runs: int, device: str) -> list[tuple[int, int, int]]:
-        """Run ``fn`` ``runs`` times back to back (no synchronisation between runs, as a plain loop would) with
-        stamping on; return the stamps."""
-        sync_device(device)
-        self.items = []
-        self.on = True
-        try:
-            for _ in range(runs):
-                fn()
-        finally:
-            self.on = False
-        sync_device(device)
-        return self.items
-
-
-def insert_stamps(gm: torch.fx.GraphModule, graph_index: int, stamps: HostStamps) -> int:
-    """After every node of ``gm`` that :func:`aten_schedule` lists, insert a call ``stamps.stamp(graph_index, j)``
-    (``j``: the node's position in the schedule); recompile. Returns the number of stamps inserted."""
-    j = 0
-    for node in list(gm.graph.nodes):
-        if node.op == "call_function" and getattr(getattr(node.target, "_schema", None), "name", None):
-            with gm.graph.inserting_after(node):
-                gm.graph.call_function(stamps.stamp, (graph_index, j))
-            j += 1
-    if j:
-        gm.recompile()
-    return j
-
-
-def replay_idle(stamps: list[tuple[int, int, int]], schedules: dict[int, list[tuple[str | None, str]]],
-                nodes: dict[str, NodeMeasurement], runs: int) -> dict[str, float]:
-    """GPU idle time per op of the plain run, per run (us): the profiled kernels replayed on the plain run's host
-    timeline.
-
-    Each op's kernels (its profiled busy time, one block) start when the host issued the op (its stamp) or when the
-    GPU finished the previous op's kernels, whichever is later (one stream runs kernels in order). The GPU waited
-    for an op by ``issue - previous end`` when positive, capped by the host time spent issuing it (since the
-    previous op that launched kernels in the same graph, or the graph's start): a longer wait was spent outside the
-    graph (Python between graphs or runs) and is nobody's. Kernels outside the graphs' ops are not replayed.
-
-    Args:
-        stamps: :meth:`HostStamps.record`'s output over ``runs`` back-to-back runs.
-        schedules: graph index -> :func:`aten_schedule`.
-        nodes: the profiled measurement per op id (busy time and kernel count per run).
-        runs: runs the stamps cover (the idle sums are divided by it).
-    """
-    busy = {op_id: m.busy_us for op_id, m in nodes.items() if m.kernels > 0}
-    idle: dict[str, float] = {}
-    gpu_free: float | None = None
-    window = 0.0
-    for graph_index, position, ns in stamps:
-        t = ns / 1000.0
-        if position < 0:
-            window = t
-            continue
-        schedule = schedules.get(graph_index, [])
-        op_id = schedule[position][0] if position < len(schedule) else None
-        if op_id is None or op_id not in busy:
-            continue
-        if gpu_free is not None and t > gpu_free:
-            idle[op_id] = idle.get(op_id, 0.0) + min(t - gpu_free, t - window)
-        gpu_free = max(t, gpu_free if gpu_free is not None else t) + busy[op_id]
-        window = t
-    return {op_id: v / max(runs, 1) for op_id, v in idle.items()}
 
 
 @dataclass
@@ -449,10 +370,12 @@ def match_schedule(schedule: list[tuple[str | None, str]], observed: list[tuple[
     return pairs, unmatched
 
 
-def with_idle(att: Attribution, idle: dict[str, float]) -> Attribution:
-    """``att`` with every op's idle time replaced by ``idle`` (op id -> us per run; missing: 0), times and totals
-    recomputed (the unattributed part is kept)."""
-    nodes = {op_id: replace(m, idle_us=idle.get(op_id, 0.0), time_us=m.busy_us + idle.get(op_id, 0.0))
+def with_idle(att: Attribution, idle: dict[str, float], host: dict[str, float] | None = None) -> Attribution:
+    """``att`` with every op's idle time replaced by ``idle`` (op id -> us per run; missing: 0), and its host issue
+    time by ``host`` where given (kept where ``None``), times and totals recomputed (the unattributed part is
+    kept)."""
+    nodes = {op_id: replace(m, idle_us=idle.get(op_id, 0.0), time_us=m.busy_us + idle.get(op_id, 0.0),
+                            host_us=m.host_us if host is None else host.get(op_id, 0.0))
              for op_id, m in att.nodes.items()}
     attributed = sum(m.time_us for m in nodes.values())
     return replace(att, nodes=nodes, attributed_us=attributed, total_us=attributed + att.unattributed_us)
@@ -477,10 +400,12 @@ def idle_scale(nodes: dict[str, NodeMeasurement], unattributed_us: float, wall_u
 
 
 def scaled_idle(att: Attribution, factor: float) -> Attribution:
-    """``att`` with every op's idle time multiplied by ``factor`` (:func:`idle_scale`), times and totals recomputed."""
+    """``att`` with every op's idle and host issue time multiplied by ``factor`` (:func:`idle_scale`: the stamped
+    graphs' host is slower than the plain run's by as much), times and totals recomputed."""
     if factor == 1.0:
         return att
-    return with_idle(att, {op_id: m.idle_us * factor for op_id, m in att.nodes.items()})
+    return with_idle(att, {op_id: m.idle_us * factor for op_id, m in att.nodes.items()},
+                     {op_id: m.host_us * factor for op_id, m in att.nodes.items()})
 
 
 def _by_time(times: dict[str, float]) -> tuple[str, ...]:
@@ -706,6 +631,7 @@ def measure_chains(chains: list[Chain], ops: list[OpInfo], estimates: dict[str, 
             ratio=ratio,
             flagged=bool(t > 0 and (ratio > FLAG_FACTOR or ratio < 1.0 / FLAG_FACTOR)),
             kernel_names=_chain_kernels(ms),
+            host_us=sum(m.host_us for m in ms),
         )
     return out
 
@@ -785,9 +711,12 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
         if graphs != len(cap.graphs):
             notes.append(f"the instrumented run compiled {graphs} graph(s), the capture {len(cap.graphs)}: "
                          "node names may not match and some ops may stay unmeasured")
+        # the dispatch probe beside each plain timing (the wall time here, the stamped replay below): the host's
+        # speed drifts between minutes, and the probe scales the prediction to the speed the times were taken at
+        probes = [_probe_us(device, tagged=False)]
         eager_wall = _wall_us(lambda: loaded.module(*loaded.inputs), device, max(runs, 1))
+        probes += [_probe_us(device, tagged=False) for _ in range(2)]
         tagged_mode = not inst.schedules
-        dispatch = _median(_probe_us(device, tagged=False) for _ in range(3))
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -803,13 +732,16 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
         replay_runs = max(runs, REPLAY_RUNS)
         host = (inst.stamps.record(inst.run, replay_runs, device)
                 if inst.stamps is not None and device == "cuda" else [])
+        if host:
+            probes += [_probe_us(device, tagged=False) for _ in range(2)]
+        dispatch = _median(probes)
     torch._dynamo.reset()
     trace = _export_trace(prof, trace_path)
     extra = max(instrumented - dispatch, 0.0)
     att = attribute(trace, device, dispatch_us=dispatch if device == "cpu" else 0.0,
                     host_extra_us=extra if device == "cuda" else 0.0, schedules=inst.schedules)
     if host:
-        att = with_idle(att, replay_idle(host, inst.schedules, att.nodes, replay_runs))
+        att = with_idle(att, *replay_stamps(host, inst.schedules, att.nodes, replay_runs))
     factor = idle_scale(att.nodes, att.unattributed_us, eager_wall) if device == "cuda" else 1.0
     if factor < 1.0:
         notes.append(f"busy + idle came to {att.total_us:.1f} us per run, more than the plain model's wall time "

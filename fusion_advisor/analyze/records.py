@@ -335,6 +335,9 @@ class NodeMeasurement:
         kernels: device kernels (GPU) or top-level aten CPU ops (CPU) the op ran, per run.
         kernel_names: GPU: the distinct device kernels it ran, longest total time first (names as the profiler
             gives them); empty on a CPU.
+        host_us: GPU, dynamo captures: host time issuing the op in the plain stamped runs (since the previous op
+            that launched kernels, views between included), scaled as its idle time is (us, per run); 0 where not
+            measured.
     """
 
     op_id: str
@@ -343,6 +346,7 @@ class NodeMeasurement:
     idle_us: float
     kernels: float
     kernel_names: tuple[str, ...] = ()
+    host_us: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -367,6 +371,8 @@ class ChainMeasurement:
         ratio: ``predicted_us / time_us`` (NaN when nothing was measured).
         flagged: prediction and measurement differ by more than 2x (ratio above 2 or below 0.5).
         kernel_names: GPU: the distinct device kernels its ops ran, longest total time first; empty on a CPU.
+        host_us: GPU: sum of its ops' :attr:`NodeMeasurement.host_us`, the host time issuing them (us, per run);
+            0 where not measured.
     """
 
     chain_id: str
@@ -382,6 +388,7 @@ class ChainMeasurement:
     ratio: float
     flagged: bool
     kernel_names: tuple[str, ...] = ()
+    host_us: float = 0.0
 
 
 @dataclass
@@ -406,7 +413,8 @@ class Profile:
         nodes: measurement per op id.
         chains: measurement per chain id.
         notes: caveats found on the way (graph mismatch, recompiles, kernels not attributed).
-        dispatch_us: host time per tiny eager op, plain (the probe; comparable to the spec's launch overhead) (us).
+        dispatch_us: host time per tiny eager op, plain (the probe; comparable to the spec's launch overhead): the
+            median of probes taken before and after the plain wall time and after the stamped replay (us).
         instrumented_dispatch_us: the same op wrapped and tagged as the graphs' ops, under the profiler (us).
         graph_calls: calls per run of each captured graph, keyed by its index as a string (JSON keys): more than
             1 where dynamo reuses a graph (a graph break inside a loop over layers); empty in reports written
