@@ -134,6 +134,7 @@ def test_cpu_calibration_says_what_is_gpu_only(cpu_spec):
     skipped = data["calibration"]["not_measured"]
     assert "GPU only" in skipped["attention_rates"] and "GPU only" in skipped["attention_tflops"]
     assert "attention_rates" not in data and "attention_tflops" not in data
+    assert "GPU only" in skipped["kernel_busy_overhead_us"] and "kernel_busy_overhead_us" not in data
     spec = load_spec(str(path))
     assert spec.attention_rates == ()
     assert spec.strided_bandwidth_gbps == data["strided_bandwidth_gbps"] > 0  # a permuted copy runs on a CPU too
@@ -193,6 +194,10 @@ def test_elementwise_overhead_and_unaligned_rate_on_gpu():
     sizes = Sizes.for_device("cuda", quick=True)
     t0 = measure_elementwise_overhead_us(3000.0, sizes, mib=(4, 16), kernels=4)
     assert t0 is not None and 0.0 <= t0 < 50.0
+    from fusion_advisor.devices.memory_rates import measure_kernel_busy_overhead_us
+
+    busy = measure_kernel_busy_overhead_us(3000.0, iters=10)  # the profiled kernel: no gap to the next one in it
+    assert busy is not None and 0.0 < busy < t0 + 1.0
     assert measure_unaligned_matmul_tflops("cuda", "bf16", sizes, _timer("cuda", sizes)) > 0
 
 

@@ -284,6 +284,12 @@ def test_a_convolution_issuing_more_activities_than_the_probe_costs_the_host_mor
     assert op_host_us(op, one) == pytest.approx(30.0 * 0.8)  # one activity fewer than the probe
     floor = dataclasses.replace(one, activity_host_share=3.0)
     assert op_host_us(op, floor) == pytest.approx(15.0)  # never below half the class's probe
+    # the table's convolutions have no bias; one with a bias issues its add kernel on top (the probe has one too)
+    biased = dataclasses.replace(op, inputs=(*op.inputs, _t((256,))))
+    assert op_host_us(biased, one) == pytest.approx(30.0)  # 1 + the bias = the probe's 2 activities
+    assert op_host_us(biased, spec) == pytest.approx(30.0 * (1 + 4 * 0.2))
+    no_bias = dataclasses.replace(op, inputs=(*op.inputs, _t((0,))))  # aten.convolution's empty bias: none
+    assert op_host_us(no_bias, one) == pytest.approx(30.0 * 0.8)
     chain = _chain("c0", [op], "conv")
     assert estimate(chain, {op.id: op}, spec).launch_eager_us == pytest.approx(48.0)  # 30 x 1.6
     assert eager_in_model_us([chain], [op], spec)["c0"] >= eager_in_model_us([chain], [op], one)["c0"]

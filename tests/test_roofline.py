@@ -111,7 +111,7 @@ def _pointwise(permuted: bool, category: str = "pointwise"):
 
 
 def test_permuted_reads_use_the_strided_bandwidth():
-    h200 = dataclasses.replace(H200, elementwise_overhead_us=0.0)  # bytes alone: no fixed time per kernel
+    h200 = dataclasses.replace(H200, elementwise_overhead_us=0.0, kernel_busy_overhead_us=0.0)  # bytes alone
     strided = dataclasses.replace(h200, strided_bandwidth_gbps=1500.0)
     op, chain = _pointwise(permuted=True)
     nbytes = op.bytes_read + op.bytes_written

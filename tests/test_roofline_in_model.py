@@ -100,6 +100,21 @@ def test_elementwise_kernels_pay_the_measured_overhead_memcpy_and_library_ops_do
     assert est.fused_us == pytest.approx(40.0 + 4.0)
 
 
+def test_an_eager_kernel_pays_the_profiled_busy_overhead_a_fused_one_the_graph_replays():
+    from fusion_advisor.analyze.roofline import op_overhead_us, roofline_busy_us
+
+    # calibrate's graph replay (4 us, the gap to the next kernel in it) and the profiler's kernel duration (1 us)
+    spec = dataclasses.replace(SPEC, elementwise_overhead_us=4.0, kernel_busy_overhead_us=1.0)
+    ops = [_op(i, 20.0) for i in range(3)]
+    chain = dataclasses.replace(_chain("c0", ops), fused_bytes=int(40e-6 * 1000e9))
+    assert op_overhead_us(ops[0], spec) == 1.0
+    assert roofline_busy_us(chain, {o.id: o for o in ops}, spec) == pytest.approx(3 * 21.0)
+    est = estimate(chain, {o.id: o for o in ops}, spec)
+    assert est.eager_us == pytest.approx(3 * 21.0) and est.fused_us == pytest.approx(40.0 + 4.0)
+    memcpy = dataclasses.replace(ops[0], category="copy", target="aten.clone.default")
+    assert op_overhead_us(memcpy, spec) == 0.0 and op_overhead_us(_mm(768, 1024), spec) == 0.0
+
+
 def test_elementwise_overhead_is_validated(tmp_path):
     from fusion_advisor.errors import DeviceSpecError
 
@@ -109,6 +124,11 @@ def test_elementwise_overhead_is_validated(tmp_path):
     assert load_spec(str(spec)).elementwise_overhead_us == 3.5
     spec.write_text(base + "elementwise_overhead_us: -1\n")
     with pytest.raises(DeviceSpecError, match="non-negative"):
+        load_spec(str(spec))
+    spec.write_text(base + "kernel_busy_overhead_us: 0.99\n")
+    assert load_spec(str(spec)).kernel_busy_overhead_us == 0.99
+    spec.write_text(base + "kernel_busy_overhead_us: -0.5\n")
+    with pytest.raises(DeviceSpecError, match="kernel_busy_overhead_us"):
         load_spec(str(spec))
 
 

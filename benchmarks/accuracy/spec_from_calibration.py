@@ -40,6 +40,7 @@ def base_spec(spec_name: str, calibrated: Path, conv_from: Path | None = None):
     conv = load_spec(str(conv_from)).at_host_speed(spec.launch_overhead_us) if conv_from is not None else cal
     return dataclasses.replace(spec, conv_rates=conv.conv_rates, matmul_rates=cal.matmul_rates,
                                elementwise_overhead_us=cal.elementwise_overhead_us,
+                               kernel_busy_overhead_us=cal.kernel_busy_overhead_us or spec.kernel_busy_overhead_us,
                                launch_overhead_by_class=cal.launch_overhead_by_class,
                                view_overhead_us=cal.view_overhead_us, module_call_us=cal.module_call_us,
                                activity_host_share=conv.activity_host_share, conv_probe_kernels=conv.conv_probe_kernels,
@@ -68,6 +69,10 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
     out.append(f"elementwise_overhead_us: {round(base.elementwise_overhead_us, 3)}   # device time per eager "
                "elementwise/reduction kernel beyond its bytes")
     out.append(f'elementwise_overhead_source: "{by}: CUDA-graph replay of eager adds"')
+    if base.kernel_busy_overhead_us > 0:
+        out.append(f"kernel_busy_overhead_us: {round(base.kernel_busy_overhead_us, 3)}   # the same as the profiler "
+                   "sees an eager kernel's duration (no gap to the next kernel)")
+        out.append(f'kernel_busy_overhead_source: "{(base.sources or {}).get("kernel_busy_overhead", by)}"')
     if base.scan_bandwidth_gbps > 0:
         out.append(f"scan_bandwidth_gbps: {round(base.scan_bandwidth_gbps, 1)}   # eager cumsum / cumprod kernels")
         out.append(f'scan_bandwidth_source: "{act_source("scan_bandwidth")}"')

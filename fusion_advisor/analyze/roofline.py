@@ -21,9 +21,11 @@ has ``attention_rates``, else its flat ``attention_tflops``, else the matmul pea
 a boolean mask: 4 more); the math backend also moves its score matrix through memory several times
 (:func:`fusion_advisor.analyze.sdpa.math_score_bytes`, added to its memory term).
 
-Eager elementwise and reduction kernels cost the spec's measured ``elementwise_overhead_us`` on top of their bytes
-(ramp-up and tail of a bandwidth-bound kernel; not for plain memcpy copies nor library ops): a chain of nine such
-kernels pays it nine times, a fused kernel once.
+Eager elementwise and reduction kernels cost a fixed device time on top of their bytes (ramp-up and tail of a
+bandwidth-bound kernel; not for plain memcpy copies nor library ops): a chain of nine such kernels pays it nine
+times, a fused kernel once. An eager op pays it as a profile measures its kernel (``kernel_busy_overhead_us``,
+fitted from profiles, else ``elementwise_overhead_us``); a fused kernel as timed back to back
+(``elementwise_overhead_us``: the gap to the next kernel included).
 
 Matmuls with a leading dimension that is not a multiple of 16 bytes (:func:`unaligned_matmul`) use the spec's
 measured ``unaligned_tensor_tflops`` when it has one.
@@ -157,13 +159,19 @@ def memcpy_like(op: OpInfo) -> bool:
     return op.category == "copy" and not op.reads_permuted and all(i.dtype == op.dtype for i in op.inputs)
 
 
+def has_kernel_overhead(op: OpInfo) -> bool:
+    """Whether an eager kernel of ``op`` pays the fixed elementwise ramp-up and tail: not a library op (cuBLAS,
+    cuDNN...), not a plain memcpy, not an op on empty tensors (it launches no kernel)."""
+    return not (op.category in _LIBRARY_CATEGORIES or memcpy_like(op) or not _launches(op))
+
+
 def op_overhead_us(op: OpInfo, spec: DeviceSpec) -> float:
-    """Fixed device time of one eager kernel of ``op`` beyond its bytes (us): the spec's measured
-    ``elementwise_overhead_us`` for non-library ops that are not a plain memcpy, else 0 (and 0 for an op on empty
-    tensors, which launches no kernel)."""
-    if op.category in _LIBRARY_CATEGORIES or memcpy_like(op) or not _launches(op):
+    """Fixed device time of one eager kernel of ``op`` beyond its bytes, as a profile measures its busy time
+    (us): the spec's ``kernel_busy_overhead_us`` where fitted, else its ``elementwise_overhead_us``, for ops
+    :func:`has_kernel_overhead`; else 0."""
+    if not has_kernel_overhead(op):
         return 0.0
-    return spec.elementwise_overhead_us
+    return spec.kernel_busy_overhead_us or spec.elementwise_overhead_us
 
 
 def pool_window_us(op: OpInfo, spec: DeviceSpec) -> float:
@@ -197,6 +205,11 @@ def roofline_op_us(op: OpInfo, spec: DeviceSpec) -> float:
 CONV_BIAS_TRANSFERS = 3.3
 
 
+def _has_bias(op: OpInfo) -> bool:
+    """A convolution with a bias operand (aten.convolution's third input, not empty)."""
+    return len(op.inputs) > 2 and op.inputs[2].numel > 0
+
+
 def measured_conv_us(op: OpInfo, spec: DeviceSpec, layout: str = "nchw") -> float | None:
     """Device time of a convolution in ``layout`` from the spec's measured ``conv_rates`` (us): the time fitted
     through the measured convolutions of its class, dtype and layout
@@ -211,7 +224,7 @@ def measured_conv_us(op: OpInfo, spec: DeviceSpec, layout: str = "nchw") -> floa
     t = conv_time_us(spec.conv_rates, geom, op.dtype, layout)
     if t is None:
         return None
-    if len(op.inputs) > 2 and op.inputs[2].numel > 0:
+    if _has_bias(op):
         t += CONV_BIAS_TRANSFERS * op.outputs[0].nbytes / (spec.memory_bandwidth_gbps * 1e9) * 1e6
     return t
 
@@ -357,8 +370,10 @@ def conv_activity_host_us(op: OpInfo, spec: DeviceSpec, base_us: float) -> float
     """Host time (us, may be negative) a convolution costs beyond its class's probe (``base_us``): the spec's
     ``activity_host_share`` of ``base_us`` per device activity cuDNN issues for its geometry beyond the probe's
     (``conv_probe_kernels``), the count that of its nearest measured neighbours
-    (:func:`fusion_advisor.devices.op_rates.conv_kernels`); never below :data:`MIN_CONV_HOST_SHARE` of
-    ``base_us`` in all. 0 where the spec measured no activity cost or the table recorded no counts.
+    (:func:`fusion_advisor.devices.op_rates.conv_kernels`), plus one for a bias (the table's convolutions have
+    none; eager PyTorch adds a bias in a kernel of its own, and the probe, an ``nn.Conv2d``, has one); never below
+    :data:`MIN_CONV_HOST_SHARE` of ``base_us`` in all. 0 where the spec measured no activity cost or the table
+    recorded no counts.
 
     On the H200 ResNet-101's convolutions issued 1-5 activities (layout transforms, workspace memsets) and their
     host time per call grew with them, 36 us of host time for one activity to 76 us for five
@@ -369,6 +384,7 @@ def conv_activity_host_us(op: OpInfo, spec: DeviceSpec, base_us: float) -> float
     kernels = conv_kernels(spec.conv_rates, geom, op.dtype) if geom is not None else None
     if kernels is None:
         return 0.0
+    kernels += 1.0 if _has_bias(op) else 0.0
     return base_us * max((kernels - spec.conv_probe_kernels) * spec.activity_host_share, MIN_CONV_HOST_SHARE - 1.0)
 
 
@@ -414,7 +430,8 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     busy_us = sum(t if runs else 0.0 for t, runs, _ in busy)
     fusible = chain.kind == "fusible" and chain.eager_kernels > 1
     any_work = any(runs for _, runs, _ in busy)
-    overhead = max((op_overhead_us(ops[i], spec) for i in chain.op_ids), default=0.0)  # the fused kernel's, once
+    # the fused kernel's ramp and tail, once, as timed back to back (elementwise_overhead_us, the gap included)
+    overhead = spec.elementwise_overhead_us if any(has_kernel_overhead(ops[i]) for i in chain.op_ids) else 0.0
     overhead += sum(pool_window_us(ops[i], spec) for i in chain.op_ids)  # a fused pool still reads its windows
     fused_us = (max(compute_us, memory_fused_us + overhead, launch) if any_work else 0.0) if fusible else eager_us
 
@@ -523,7 +540,7 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> 
     :func:`estimate` prices a chain alone: each op ``max(t, launch)``. Inside a model the host may run ahead of the
     GPU: while a long GEMM runs, the host issues the next ops, so short kernels after it wait for no launch. This
     replays the model's ops in execution order (``ops`` order) on two clocks, as
-    :func:`fusion_advisor.analyze.profile.replay_idle` replays measured kernels: issuing an op costs the host its
+    :func:`fusion_advisor.analyze.host_stamps.replay_stamps` replays measured kernels: issuing an op costs the host its
     host time per kernel it launches (ops on empty tensors launch nothing and cost no host time here); an op's
     kernel starts when it is issued or when the GPU finished the previous kernel, whichever is later; the GPU's
     wait for an op (capped by the host time issuing it) is that op's idle time. As in a loop over the model (what

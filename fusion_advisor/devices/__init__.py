@@ -147,7 +147,14 @@ class DeviceSpec:
             multiple of 16 bytes (e.g. GPT-2's 50257-column vocabulary projection in bf16): cuBLAS then falls back to
             ``align1`` kernels far below the peak. Dtypes without an entry use ``tensor_tflops``.
         elementwise_overhead_us: optional, measured fixed device time (us) of an eager elementwise/reduction kernel
-            beyond its bytes at copy bandwidth (ramp-up and tail of a bandwidth-bound kernel); 0: not measured.
+            beyond its bytes at copy bandwidth (ramp-up and tail of a bandwidth-bound kernel), as a CUDA-graph
+            replay of back-to-back kernels measures it (the gap to the next kernel included): what a fused or
+            graphed kernel pays; 0: not measured.
+        kernel_busy_overhead_us: optional, the same as the profiler sees it: an eager kernel's own duration beyond
+            its bytes, without the gap to the next kernel, fitted from ``analyze --profile`` runs
+            (:func:`fusion_advisor.devices.fit_profiles.fit_kernel_busy_overhead`); an eager op's device time
+            (what a profile measures as busy) uses it where set, else ``elementwise_overhead_us``. On the H200 261
+            profiled elementwise kernels under 0.1 MB took a median 0.99 us against the graph replay's 2.38.
         op_time_fits: optional, eager device time per op class fitted from profiles (:class:`OpTimeFit`), keyed
             ``category``, ``category/detail`` or ``category/detail/dtype`` (:func:`fusion_advisor.analyze.roofline.op_class_keys`;
             ``conv/conv3d/fp32``); the roofline applies the most specific one an op has. Empty: the plain roofline.
@@ -215,6 +222,7 @@ class DeviceSpec:
     strided_bandwidth_gbps: float = 0.0
     unaligned_tensor_tflops: dict[str, float] = field(default_factory=dict)
     elementwise_overhead_us: float = 0.0
+    kernel_busy_overhead_us: float = 0.0
     route_efficiency: dict[str, dict[str, float]] = field(default_factory=dict)
     op_time_fits: dict[str, OpTimeFit] = field(default_factory=dict)
     op_time_fit_dtypes: tuple[str, ...] = ()
@@ -361,6 +369,8 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         strided_bandwidth_gbps=strided,
         unaligned_tensor_tflops=unaligned,
         elementwise_overhead_us=elementwise,
+        kernel_busy_overhead_us=_number(data.get("kernel_busy_overhead_us", 0.0),
+                                        f"{origin}: kernel_busy_overhead_us", "us", positive=False),
         route_efficiency=efficiency,
         op_time_fits=fits,
         op_time_fit_dtypes=tuple(fit_dtypes),
@@ -473,6 +483,7 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
     sources = data.pop("sources", None) or {}
     for key in ("attention_tflops", "attention_rates", "unaligned_tensor_tflops", "route_efficiency",
                 "op_time_fits", "op_time_fit_dtypes", "strided_bandwidth_gbps", "elementwise_overhead_us",
+                "kernel_busy_overhead_us",
                 "conv_rates", "matmul_rates", "view_overhead_us", "module_call_us", "launch_overhead_by_class",
                 "recurrent_step_us", "pool_window_gelem_s", "activity_host_share", "conv_probe_kernels",
                 "scan_bandwidth_gbps"):

@@ -55,7 +55,8 @@ from fusion_advisor.devices.host_costs import (ActivityHostCost, add_probe, meas
 from fusion_advisor.devices.op_rates import (TABLE_KERNEL_CALLS, TABLE_REP_MS, TABLE_WARMUP_MS, ConvRate, MatmulRate,
                                             measure_convolutions, measure_matmuls, measure_recurrent_steps,
                                             recurrent_probe)
-from fusion_advisor.devices.memory_rates import measure_pool_window_rate, measure_scan_gbps
+from fusion_advisor.devices.memory_rates import (BUSY_OVERHEAD_SOURCE, measure_kernel_busy_overhead_us,
+                                                 measure_pool_window_rate, measure_scan_gbps)
 from fusion_advisor.dtypes import TORCH_DTYPES
 from fusion_advisor.errors import CalibrationError
 from fusion_advisor import files
@@ -142,6 +143,8 @@ class Calibration:
         unaligned_tflops: GPU only: matmul TFLOP/s by dtype with output columns not a multiple of 16 bytes.
         elementwise_overhead_us: GPU only: fixed device time per eager elementwise kernel beyond its bytes at copy
             bandwidth (:func:`measure_elementwise_overhead_us`), None when not measured.
+        kernel_busy_overhead_us: GPU only: the same as the profiler sees a kernel's duration
+            (:func:`fusion_advisor.devices.memory_rates.measure_kernel_busy_overhead_us`), None when not measured.
         strided_gbps: bandwidth of a copy reading a permuted view (GB/s, read + written), None when not measured.
         scan_gbps: bandwidth of an eager ``cumsum`` (GB/s, read + written, :func:`measure_scan_gbps`), None when
             not measured.
@@ -187,6 +190,7 @@ class Calibration:
     scan_gbps: float | None = None
     unaligned_tflops: dict[str, float] = field(default_factory=dict)
     elementwise_overhead_us: float | None = None
+    kernel_busy_overhead_us: float | None = None
     not_measured: dict[str, str] = field(default_factory=dict)
     view_us: float | None = None
     module_call_us: float | None = None
@@ -615,15 +619,18 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         recurrent, recurrent_failed = measure_recurrent_steps(device, quick, kernel_timer if device == "cuda"
                                                               else timer)  # CPU: the longer timer
         not_measured.update(recurrent_failed)
-        floor = elementwise = None
+        floor = elementwise = busy_overhead = None
         if device == "cuda":
             step("kernel floor (CUDA-graph replay)")
             floor = measure_kernel_floor_us(sizes)
-            step("elementwise overhead")
+            step("elementwise overhead (graph replay, profiled)")
             elementwise = measure_elementwise_overhead_us(copy, sizes)
+            busy_overhead = measure_kernel_busy_overhead_us(copy)
         if elementwise is None:
             not_measured["elementwise_overhead_us"] = ("GPU only (CUDA-graph replay of eager adds)" if device != "cuda"
                                                        else "CUDA graphs unavailable")
+        if busy_overhead is None:
+            not_measured["kernel_busy_overhead_us"] = "GPU only (profiled tiny adds)"
     seconds[clock[1]] = round(time.perf_counter() - clock[0], 2)
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -631,7 +638,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         device=device, device_name=name, date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), versions=_versions(),
         copy_gbps=copy, matmul_tflops=tflops, matmul_notes=notes, launch_us=launch, kernel_floor_us=floor,
         l2_bytes=l2, sizes=sizes, attention_tflops=attention, attention_rates=rates, strided_gbps=strided, scan_gbps=scan,
-        unaligned_tflops=unaligned, elementwise_overhead_us=elementwise,
+        unaligned_tflops=unaligned, elementwise_overhead_us=elementwise, kernel_busy_overhead_us=busy_overhead,
         not_measured=not_measured, view_us=view_us, module_call_us=module_us, conv_rates=conv_rates,
         launch_by_class=launch_by_class, activity=activity, step_seconds=seconds,
         matmul_rates=matmul_rates, recurrent_step_us=recurrent, recurrent_probe=recurrent_probe(device, quick),
@@ -746,6 +753,9 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                             "graph on distinct buffers, replayed; per kernel time less 3 x bytes at the "
                                             "copy bandwidth, median over the sizes")}
            if cal.elementwise_overhead_us is not None else {}),
+        **({"kernel_busy_overhead_us": round(cal.kernel_busy_overhead_us, 3),
+            "kernel_busy_overhead_source": f"{by}: {BUSY_OVERHEAD_SOURCE}"} if cal.kernel_busy_overhead_us is not None
+           else {}),
         **({"scan_bandwidth_gbps": round(cal.scan_gbps, 1),
             "scan_bandwidth_source": f"{by}: torch.cumsum along the last dim of fp32 tensors (fusion_advisor."
                                      "devices.memory_rates.SCAN_SHAPES), the highest of bytes read + written over the "

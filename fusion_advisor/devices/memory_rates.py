@@ -1,7 +1,8 @@
 """Rates of the memory-bound eager kernels the copy bandwidth misprices, measured for ``calibrate``: the rate at
 which pooling kernels read their windows (the spec's ``pool_window_gelem_s``,
 :func:`fusion_advisor.analyze.roofline.pool_window_us`) and the bandwidth of PyTorch's scan kernels (``cumsum``,
-``cumprod``: the spec's ``scan_bandwidth_gbps``, :func:`fusion_advisor.analyze.roofline.op_bandwidth_gbps`)."""
+``cumprod``: the spec's ``scan_bandwidth_gbps``, :func:`fusion_advisor.analyze.roofline.op_bandwidth_gbps`), and an
+elementwise kernel's fixed device time as the profiler sees it (``kernel_busy_overhead_us``)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,37 @@ def measure_scan_gbps(device: str, quick: bool, timer: Callable[[Callable[[], An
         best = max(best, 2 * x.numel() * 4 / (t.median_ms * 1e-3) / 1e9)
         del x, out
     return best
+
+
+#: Elements per operand of :func:`measure_kernel_busy_overhead_us`'s adds: sizes whose bytes take under 0.1 us, so
+#: the duration is the fixed part (adds of a few MiB repeated from the L2 ran faster than their bytes at the copy
+#: bandwidth: 0.35 us left over on the H200, while in models 4-16 MB kernels took ~1 us beyond their bytes).
+BUSY_OVERHEAD_NUMELS = (1024, 16384, 65536)
+#: How the spec's ``kernel_busy_overhead_us`` was measured (its source line).
+BUSY_OVERHEAD_SOURCE = (f"torch.add(a, b, out=c) on bf16 operands of {'/'.join(map(str, BUSY_OVERHEAD_NUMELS))} "
+                        "elements under torch.profiler; per size the kernel's duration less 3 x bytes at the copy "
+                        "bandwidth, median over the sizes (memory_rates.measure_kernel_busy_overhead_us)")
+
+
+def measure_kernel_busy_overhead_us(copy_gbps: float, iters: int = 50) -> float | None:
+    """Fixed device time of an eager elementwise kernel beyond its bytes, as the profiler sees its duration (us;
+    the spec's ``kernel_busy_overhead_us``): ``torch.add(a, b, out=c)`` on bf16 operands of
+    :data:`BUSY_OVERHEAD_NUMELS` elements, ``iters`` calls under ``torch.profiler``; per size the kernel's device
+    time per call less ``3 * bytes / copy_gbps``, the median over sizes. ``analyze --profile`` measures an op's
+    busy time the same way, so this is the fixed part an eager op's predicted busy time carries; the CUDA-graph
+    replay's ``elementwise_overhead_us`` also holds the gap to the next kernel (H200: 261 profiled elementwise
+    kernels under 0.1 MB took a median 0.99 us, the replay 2.38 us per kernel). None without a CUDA device or
+    when the profiler records no kernel."""
+    from fusion_advisor.kernel_tools.bench import device_time_and_kernels
+
+    try:
+        extra = []
+        for n in BUSY_OVERHEAD_NUMELS:
+            a, b, c = (torch.empty(n, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            ms, kernels = device_time_and_kernels(lambda a=a, b=b, c=c: torch.add(a, b, out=c), iters)
+            if kernels <= 0:
+                return None
+            extra.append(ms * 1e3 / kernels - 3 * n * 2 / (copy_gbps * 1e9) * 1e6)
+        return max(statistics.median(extra), 0.0)
+    except RuntimeError:  # no CUDA device
+        return None
