@@ -78,12 +78,14 @@ def test_the_fit_recovers_known_laws_and_the_test_set_agrees(reports, monkeypatc
 
     root, _, _ = reports
     shrunk = fit_from_profiles([root / "fit"], [root / "test"]).spec.op_time_fits
-    assert 10.0 < shrunk["matmul"](10.0) < 30.0  # a few ops per class: pulled toward no correction
+    assert 10.0 < shrunk["matmul/addmm"](10.0) < 30.0  # a few ops per class: pulled toward no correction
+    # a category fitted on one aten op alone (addmm) gets no curve of its own; one of several (add, gelu, mul) does
+    assert "matmul" not in shrunk and "pointwise" in shrunk
     monkeypatch.setattr(fp, "SHRINK_SAMPLES", 0.0)  # the fit itself recovers the laws exactly
     result = fit_from_profiles([root / "fit"], [root / "test"])
     assert result.fit_reports == ("m0", "m1", "m2", "m3") and result.test_reports == ("t0", "t1")
     fits = result.spec.op_time_fits
-    assert fits["matmul"](10.0) == pytest.approx(30.0, rel=1e-6)
+    assert fits["matmul/addmm"](10.0) == pytest.approx(30.0, rel=1e-6)
     assert fits["pointwise"](10.0) == pytest.approx(20.0, rel=1e-6)
     test = summary(result, "test")
     # before: the plain roofline is 2-3x too fast; after: every chain within 30 %, every model within 25 %
@@ -265,3 +267,61 @@ def test_a_model_is_judged_by_its_plain_wall_time_not_the_attributed_total(profi
     assert model_eager_us(stamped_slow) == prof.eager_wall_us > 0
     unmeasured = dataclasses.replace(prof, eager_wall_us=0.0)
     assert model_eager_us(unmeasured) == prof.total_us
+
+
+def test_the_host_time_scale_is_fitted_from_ops_the_gpu_waited_for(profiled, tmp_path, monkeypatch):
+    import fusion_advisor.devices.fit_profiles as fp
+    from fusion_advisor.analyze.roofline import launches, op_host_us, view_host_us
+
+    spec = parse_spec(spec_fields(profiled.device_spec), "test")
+    lawful = _with_law(profiled)
+    nodes, pending, first = dict(lawful.profile.nodes), 0.0, True
+    for op in lawful.ops:  # every op's host time 1.5x its price (views before it included), the first 9x
+        if op.is_view:
+            pending += view_host_us(op, spec)
+            continue
+        if op.id in nodes and launches(op):
+            nodes[op.id] = dataclasses.replace(nodes[op.id], host_us=(9.0 if first else 1.5)
+                                               * (op_host_us(op, spec) + pending))
+            first = False
+        pending = 0.0 if launches(op) else pending
+    timed = dataclasses.replace(lawful, profile=dataclasses.replace(lawful.profile, nodes=nodes))
+    fit = [_write(timed, tmp_path / "fit" / f"m{i}") for i in range(4)]
+    monkeypatch.setattr(fp, "MIN_HOST_SAMPLES", 1)
+    monkeypatch.setattr(fp, "SHRINK_SAMPLES", 0.0)
+    scale, n = fp.fit_host_time_scale([read_report(f) for f in fit], fp.without_fits(spec))
+    assert scale == pytest.approx(1.5) and n > 0  # the graph's first op (its entry) is left out
+    monkeypatch.setattr(fp, "SHRINK_SAMPLES", 5.0)  # four models: 4/9 of the way in log space
+    assert fp.fit_host_time_scale([read_report(f) for f in fit], spec)[0] == pytest.approx(1.5 ** (4 / 9))
+    result = fit_from_profiles([tmp_path / "fit"])
+    assert result.spec.host_time_scale == pytest.approx(1.5 ** (3 / 8), abs=1e-4)  # three of four fitted on
+    waited = {op_id: dataclasses.replace(m, idle_us=0.0) for op_id, m in nodes.items()}
+    idle = dataclasses.replace(lawful, profile=dataclasses.replace(lawful.profile, nodes=waited))
+    assert fp.host_samples(read_report(_write(idle, tmp_path / "busy")), spec) == []  # the GPU never waited
+
+
+def test_a_host_time_scale_prices_every_eager_host_term(profiled):
+    from fusion_advisor.analyze.roofline import op_host_us, view_host_us
+
+    spec = parse_spec(spec_fields(profiled.device_spec), "test")
+    scaled = dataclasses.replace(spec, host_time_scale=2.0)
+    op = next(o for o in profiled.ops if not o.is_view)
+    assert op_host_us(op, scaled) == pytest.approx(2.0 * op_host_us(op, spec))
+    view = next((o for o in profiled.ops if o.is_view and "getitem" not in o.target), None)
+    if view is not None:
+        assert view_host_us(view, scaled) == pytest.approx(2.0 * view_host_us(view, spec))
+    text = parse_spec({**spec_mapping(spec), "host_time_scale": 1.25}, "t")
+    assert text.host_time_scale == 1.25 and "host_time_scale" not in spec_mapping(spec)  # 1: not written
+    with pytest.raises(DeviceSpecError, match="host_time_scale"):
+        parse_spec({**spec_mapping(spec), "host_time_scale": 0}, "t")
+
+
+def test_a_class_of_sub_nanosecond_roofline_times_is_written_loadable(reports):
+    from fusion_advisor.devices.fit_profiles import fitted_spec_data
+
+    root, _, _ = reports
+    result = fit_from_profiles([root / "fit"], [root / "test"])
+    tiny = dataclasses.replace(result.classes[0], fit=dataclasses.replace(result.classes[0].fit, min_us=4e-5,
+                                                                          max_us=6e-5))
+    data = fitted_spec_data(dataclasses.replace(result, classes=(tiny, *result.classes[1:])), "2026-12-03")
+    assert data["op_time_fits"][tiny.key]["min_us"] == 4e-5 and data["op_time_fits"][tiny.key]["max_us"] == 6e-5

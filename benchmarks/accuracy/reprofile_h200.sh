@@ -5,7 +5,8 @@
 # benchmarks/results/h200/accuracy/fit_kernelbench) and of the seed-1 test set (the cost-model issue's, the seed-0
 # files excluded). KernelBench files carried in .kb/. Each file is profiled in a fresh process (fit_kernelbench.py
 # forks one per file), so the three parts take more than one 600 s device call: name the parts each call runs.
-#   bash benchmarks/accuracy/reprofile_h200.sh [BUDGET_S_PER_SET [PART...]]   (PART: calibrate seed0 seed1; all)
+#   bash benchmarks/accuracy/reprofile_h200.sh [BUDGET_S_PER_SET [PART...]]   (PART: calibrate seed0 seed1 seed2;
+#   default calibrate seed0 seed1). seed2: a second fit set, level-3 heavy (host-bound models), excluding both.
 # Everything lands in $OUT: calibrate/ (calibrated.yaml, calibrate.log); seed0/ and seed1/ (fit_kernelbench.py's
 # result.json and reports.tar.gz of every report.json) with their logs.
 set -u
@@ -31,4 +32,11 @@ python benchmarks/accuracy/fit_kernelbench.py --kernelbench .kb --level1 12 --le
   --no-fit --timeout-s 90 --budget-s "$BUDGET" --out "$OUT/seed1" \
   --exclude benchmarks/results/h200/accuracy/fit_kernelbench/result.json > "$OUT/seed1.log" 2>&1
 echo "seed1: exit $?"; tail -3 "$OUT/seed1.log"
+fi
+if [[ " $PARTS " == *" seed2 "* ]]; then
+python benchmarks/accuracy/fit_kernelbench.py --kernelbench .kb --level1 3 --level2 5 --level3 12 --seed 2 \
+  --no-fit --timeout-s 90 --budget-s "$BUDGET" --out "$OUT/seed2" \
+  --exclude benchmarks/results/h200/accuracy/fit_kernelbench/result.json \
+  benchmarks/results/h200/accuracy/reprofile/seed1/result.json > "$OUT/seed2.log" 2>&1
+echo "seed2: exit $?"; tail -3 "$OUT/seed2.log"
 fi

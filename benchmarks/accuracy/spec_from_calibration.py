@@ -103,6 +103,10 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
     out += [f"  - {_flow(r)}" for r in data["matmul_rates"]]
     out.append(f'matmul_rates_source: "{by}: seeded torch.mm / torch.bmm, fp32 with TF32 off (PyTorch\'s default), '
                'do_bench median"')
+    if fitted.get("host_time_scale", 1.0) != 1.0:
+        out.append(f"host_time_scale: {fitted['host_time_scale']}   # in-model over tight-loop host time, fitted from "
+                   "analyze --profile runs (see host_time_scale_source)")
+        out.append(f'host_time_scale_source: "{fitted["host_time_scale_source"]} (the fit set: op_time_fits_source)"')
     out.append("op_time_fits:                    # eager time per op class over the measured rates above, fitted "
                "from analyze --profile runs (see op_time_fits_source)")
     out += [f"  {k}: {_flow(f)}" for k, f in fitted["op_time_fits"].items()]

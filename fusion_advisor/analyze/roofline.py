@@ -162,7 +162,7 @@ def memcpy_like(op: OpInfo) -> bool:
 def has_kernel_overhead(op: OpInfo) -> bool:
     """Whether an eager kernel of ``op`` pays the fixed elementwise ramp-up and tail: not a library op (cuBLAS,
     cuDNN...), not a plain memcpy, not an op on empty tensors (it launches no kernel)."""
-    return not (op.category in _LIBRARY_CATEGORIES or memcpy_like(op) or not _launches(op))
+    return not (op.category in _LIBRARY_CATEGORIES or memcpy_like(op) or not launches(op))
 
 
 def op_overhead_us(op: OpInfo, spec: DeviceSpec) -> float:
@@ -344,12 +344,13 @@ def op_class_keys(op: OpInfo) -> tuple[str, ...]:
 def op_launch_us(op: OpInfo, spec: DeviceSpec) -> float:
     """Host time (us) of issuing one eager kernel of ``op``: the spec's measured ``launch_overhead_by_class`` entry
     of the op's most specific class that has one (:func:`op_class_keys`: cuDNN convolutions and cuBLAS matmuls
-    spend far more host time per call than an elementwise add), else ``launch_overhead_us``."""
+    spend far more host time per call than an elementwise add), else ``launch_overhead_us``; times the spec's
+    ``host_time_scale`` (the in-model over tight-loop host time fitted from profiles, 1 unless fitted)."""
     if spec.launch_overhead_by_class:
         for key in op_class_keys(op):
             if key in spec.launch_overhead_by_class:
-                return spec.launch_overhead_by_class[key]
-    return spec.launch_overhead_us
+                return spec.launch_overhead_by_class[key] * spec.host_time_scale
+    return spec.launch_overhead_us * spec.host_time_scale
 
 
 def op_host_us(op: OpInfo, spec: DeviceSpec) -> float:
@@ -389,13 +390,13 @@ def conv_activity_host_us(op: OpInfo, spec: DeviceSpec, base_us: float) -> float
 
 
 def view_host_us(op: OpInfo, spec: DeviceSpec) -> float:
-    """Host time (us) of an eager view op: ``view_overhead_us``, except for the graph's ``getitem`` of a tuple
-    output (``_native_batch_norm_legit``'s, ``max_pool2d_with_indices``'s), which model code never dispatches: the
-    aten op returned the tuple."""
-    return 0.0 if "getitem" in op.target else spec.view_overhead_us
+    """Host time (us) of an eager view op: ``view_overhead_us`` (times ``host_time_scale``), except for the
+    graph's ``getitem`` of a tuple output (``_native_batch_norm_legit``'s, ``max_pool2d_with_indices``'s), which
+    model code never dispatches: the aten op returned the tuple."""
+    return 0.0 if "getitem" in op.target else spec.view_overhead_us * spec.host_time_scale
 
 
-def _launches(op: OpInfo) -> bool:
+def launches(op: OpInfo) -> bool:
     """Whether ``op`` launches a kernel when run eagerly: not when every output is empty (0 elements)."""
     return not op.outputs or any(o.numel > 0 for o in op.outputs)
 
@@ -418,12 +419,12 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     compute_us = chain.flops / (peak_tflops * 1e12) * 1e6
     memory_eager_us = chain.eager_bytes / bw * 1e6
     memory_fused_us = chain.fused_bytes / bw * 1e6
-    launch_eager_us = sum(op_host_us(ops[i], spec) for i in chain.op_ids if not ops[i].is_view and _launches(ops[i]))
+    launch_eager_us = sum(op_host_us(ops[i], spec) for i in chain.op_ids if not ops[i].is_view and launches(ops[i]))
     launch = spec.launch_overhead_us
     # an op on empty tensors launches no kernel (PyTorch returns before launching one)
     # an op launching n kernels (SDPA's math backend, or any backend converting a boolean mask) costs at least n
     # launches
-    busy = [(_op_time_us(ops[i], spec), _launches(ops[i]), op_host_us(ops[i], spec))
+    busy = [(_op_time_us(ops[i], spec), launches(ops[i]), op_host_us(ops[i], spec))
             for i in chain.op_ids]
     eager_us = sum(max(t, host) if runs else 0.0 for t, runs, host in busy)
     idle_us = sum(max(0.0, host - t) if runs else 0.0 for t, runs, host in busy)
@@ -455,7 +456,7 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
         triton_us = max(compute_us / float(heavy_rate), memory_fused_us + overhead, launch)
     # replayed from a CUDA graph a kernel costs no launch, but still its fixed device time
     floor = spec.elementwise_overhead_us or GRAPH_KERNEL_FLOOR_US
-    kernels = sum(max(ops[i].eager_kernels, 1) for i in chain.op_ids if _launches(ops[i]))
+    kernels = sum(max(ops[i].eager_kernels, 1) for i in chain.op_ids if launches(ops[i]))
     cudagraphs_us = at(compile_eff, floor) if fusible else max(busy_us, kernels * floor)
     if any(ops[i].category == "recurrent" for i in chain.op_ids):
         # torch.compile (reduce-overhead too) breaks the graph at nn.LSTM / nn.GRU / nn.RNN (dynamo's allow_rnn is
@@ -560,11 +561,11 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> 
     for op in ops:
         calls = _module_calls(prev_path, op.module_path)
         prev_path = op.module_path
-        pending += calls * spec.module_call_us
+        pending += calls * spec.module_call_us * spec.host_time_scale
         if op.is_view:
             pending += view_host_us(op, spec)
             continue
-        if not _launches(op):
+        if not launches(op):
             continue
         device[op.id] = _op_time_us(op, spec)
         if op.category == "recurrent" and op.sequential_steps > 0:

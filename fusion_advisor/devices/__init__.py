@@ -150,6 +150,11 @@ class DeviceSpec:
             beyond its bytes at copy bandwidth (ramp-up and tail of a bandwidth-bound kernel), as a CUDA-graph
             replay of back-to-back kernels measures it (the gap to the next kernel included): what a fused or
             graphed kernel pays; 0: not measured.
+        host_time_scale: optional, fitted from ``analyze --profile`` runs
+            (:func:`fusion_advisor.devices.fit_profiles.fit_host_time_scale`): the eager host time an op costs
+            inside a model over the tight-loop price calibrate measured (``launch_overhead_us``, its by-class
+            entries, views and module calls all take it; a recurrent layer's step loop, cuDNN's own, does not).
+            1: not fitted.
         kernel_busy_overhead_us: optional, the same as the profiler sees it: an eager kernel's own duration beyond
             its bytes, without the gap to the next kernel, fitted from ``analyze --profile`` runs
             (:func:`fusion_advisor.devices.fit_profiles.fit_kernel_busy_overhead`); an eager op's device time
@@ -223,6 +228,7 @@ class DeviceSpec:
     unaligned_tensor_tflops: dict[str, float] = field(default_factory=dict)
     elementwise_overhead_us: float = 0.0
     kernel_busy_overhead_us: float = 0.0
+    host_time_scale: float = 1.0
     route_efficiency: dict[str, dict[str, float]] = field(default_factory=dict)
     op_time_fits: dict[str, OpTimeFit] = field(default_factory=dict)
     op_time_fit_dtypes: tuple[str, ...] = ()
@@ -371,6 +377,8 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         elementwise_overhead_us=elementwise,
         kernel_busy_overhead_us=_number(data.get("kernel_busy_overhead_us", 0.0),
                                         f"{origin}: kernel_busy_overhead_us", "us", positive=False),
+        host_time_scale=_number(data.get("host_time_scale", 1.0), f"{origin}: host_time_scale",
+                                "in-model over tight-loop host time"),
         route_efficiency=efficiency,
         op_time_fits=fits,
         op_time_fit_dtypes=tuple(fit_dtypes),
@@ -489,6 +497,8 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
                 "scan_bandwidth_gbps"):
         if not data.get(key):
             data.pop(key, None)
+    if data.get("host_time_scale") == 1.0:
+        data.pop("host_time_scale")
     if data.get("op_time_fit_dtypes"):
         data["op_time_fit_dtypes"] = list(data["op_time_fit_dtypes"])
     for key in ("conv_rates", "matmul_rates"):

@@ -39,8 +39,8 @@ from typing import Iterable
 from fusion_advisor.devices import DeviceSpec, OpTimeFit, parse_spec, spec_fields, spec_mapping
 from fusion_advisor.errors import CalibrationError, UserError
 from fusion_advisor.analyze.records import Analysis, Profile
-from fusion_advisor.analyze.roofline import (eager_in_model_us, estimate_all, fit_keys, measured_op_us,
-                                             pool_window_us, roofline_op_us)
+from fusion_advisor.analyze.roofline import (eager_in_model_us, estimate_all, fit_keys, launches, measured_op_us,
+                                             op_host_us, pool_window_us, roofline_op_us, view_host_us)
 
 #: Fewest measured ops a class needs before it gets a curve.
 MIN_SAMPLES = 3
@@ -58,6 +58,8 @@ WEIGHT_POWER = 0.5
 #: over the 38 seed-0 KernelBench reports alone put 0, 2 and 5 within a point of each other on chains and models
 #: (5: the lowest median error) and 10 or more below them (benchmarks/results/h200/accuracy/cost_model/).
 SHRINK_SAMPLES = 5.0
+#: Fewest ops with a measured host time the GPU waited for before a host time scale is fitted.
+MIN_HOST_SAMPLES = 20
 #: Accuracy bands of the summary (the issue's targets): chain within +-30 %, model within +-25 %, chain within 2x.
 CHAIN_BAND, MODEL_BAND, WIDE_BAND = 0.30, 0.25, 2.0
 
@@ -236,8 +238,11 @@ def read_report(path: Path) -> ProfiledReport:
 
 
 def without_fits(spec: DeviceSpec) -> DeviceSpec:
-    """``spec`` with no fitted op-class curves: the plain roofline the fit starts from."""
-    return replace(spec, op_time_fits={}, op_time_fit_dtypes=()) if spec.op_time_fits else spec
+    """``spec`` with nothing fitted from profiles (no op-class curves, a host time scale of 1): the plain roofline
+    and calibrated host prices the fit starts from."""
+    if not spec.op_time_fits and spec.host_time_scale == 1.0:
+        return spec
+    return replace(spec, op_time_fits={}, op_time_fit_dtypes=(), host_time_scale=1.0)
 
 
 # --- fitting -------------------------------------------------------------------------------------------------
@@ -260,6 +265,53 @@ def op_samples(rep: ProfiledReport, spec: DeviceSpec) -> list[OpSample]:
         rated = measured is not None
         out.append(OpSample(rep.name, op.id, fit_keys(op, rated), r, m.busy_us / k, rated))
     return out
+
+
+def host_samples(rep: ProfiledReport, spec: DeviceSpec) -> list[tuple[float, float]]:
+    """``(measured, priced)`` host time (us per call) of every op of ``rep`` the GPU waited for: its measured
+    :attr:`NodeMeasurement.host_us` (the stamped replay's, per call of its graph) and its price on ``spec`` at the
+    profile's host speed (:func:`fusion_advisor.analyze.roofline.op_host_us` plus the views since the previous
+    launch, as the replay charges them; module calls left out: the stamped graphs make none).
+
+    Only ops with idle time count (the host was what the GPU waited for there; where the GPU was the bottleneck the
+    host time decides nothing measured), not a graph's first op (it carries the graph's entry, 70-160 us on the
+    H200, which the module called as written does not pay) and not a recurrent layer (cuDNN's own step loop)."""
+    a = rep.analysis
+    assert a.profile is not None
+    host_spec = profiled_host(a, spec)
+    nodes, out, pending, started = a.profile.nodes, [], 0.0, set()
+    for op in a.ops:
+        if op.is_view:
+            pending += view_host_us(op, host_spec)
+            continue
+        if not launches(op):
+            continue
+        first, priced, pending = op.graph_index not in started, op_host_us(op, host_spec) + pending, 0.0
+        started.add(op.graph_index)
+        m = nodes.get(op.id)
+        if first or m is None or m.host_us <= 0 or m.idle_us <= 0 or op.category == "recurrent" or priced <= 0:
+            continue
+        out.append((m.host_us / rep.graph_calls.get(op.graph_index, 1.0), priced))
+    return out
+
+
+def fit_host_time_scale(reports: list[ProfiledReport], spec: DeviceSpec) -> tuple[float, int] | None:
+    """The in-model over tight-loop host time (:attr:`DeviceSpec.host_time_scale`) the reports measured, and the
+    ops it rests on: the weighted median of ``measured / priced`` over :func:`host_samples` (each op weighs the
+    square root of its measured host time, as :func:`fit_curve` weighs busy times), shrunk toward 1 by the number
+    of reports with such ops (:data:`SHRINK_SAMPLES`: one host-bound model moves it a sixth of the way); None
+    with fewer than :data:`MIN_HOST_SAMPLES` ops.
+
+    calibrate prices each op class in a tight loop of that one call; inside a model the host runs a mix of calls
+    (on the H200 GoogLeNet's ops cost 1.7-2.3x their price, ResNet-101's 1.2-1.4x, SwinMLP's 1.0x)."""
+    per_report = [(r.name, host_samples(r, spec)) for r in reports]
+    pairs = [p for _, ps in per_report for p in ps]
+    if len(pairs) < MIN_HOST_SAMPLES:
+        return None
+    logs = [math.log(m / p) for m, p in pairs]
+    a = _weighted_median(logs, [m ** WEIGHT_POWER for m, _ in pairs])
+    models = sum(1 for _, ps in per_report if ps)
+    return math.exp(a * models / (models + SHRINK_SAMPLES)), len(pairs)
 
 
 def _weighted_median(values: list[float], weights: list[float]) -> float:
@@ -314,7 +366,8 @@ def shrunk(fit: OpTimeFit, prior_samples: float | None = None) -> OpTimeFit:
 
 
 def fit_op_times(samples: list[OpSample], min_samples: int = MIN_SAMPLES) -> tuple[ClassFit, ...]:
-    """A curve (:func:`fit_curve`) for every class level with at least ``min_samples`` ops, most ops first."""
+    """A curve (:func:`fit_curve`) for every class level with at least ``min_samples`` ops, most ops first; a
+    category level only where its ops are of two or more aten ops (else its curve is that one op's)."""
     by_key: dict[str, list[OpSample]] = {}
     for s in samples:
         for key in s.keys:
@@ -322,6 +375,11 @@ def fit_op_times(samples: list[OpSample], min_samples: int = MIN_SAMPLES) -> tup
     out = []
     for key, ss in by_key.items():
         if len(ss) < min_samples:
+            continue
+        if "/" not in key and len({s.keys[1] for s in ss if len(s.keys) > 1}) < 2:
+            # a category's curve fitted on one aten op alone is that op's curve, and would price the category's
+            # other ops by it: 18 attention softmaxes (1.53x their roofline) priced a long-row log_softmax 2.1x
+            # over its measured time
             continue
         # ops priced from a measured rate table already carry their size dependence: one factor, no slope (a
         # slope fitted over a few large KernelBench convolutions inflated every small ResNet one 6x)
@@ -483,6 +541,7 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
         base = reports[0].spec
     base = without_fits(base)
     fit_set, test_set, how = split_reports(reports, tests)
+    host = fit_host_time_scale(fit_set, base)
     samples = [s for r in fit_set for s in op_samples(r, base)]
     if not samples:
         raise UserError("no op in the fit set has a measured time above zero: nothing to fit")
@@ -492,7 +551,8 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
                         f"measured in all): nothing to fit; profile more or larger models")
     # the fits hold for the dtypes they were measured on: an fp32-only fit set leaves bf16 ops on the roofline
     dtypes = tuple(sorted({s.keys[0].rsplit("/", 1)[-1] for s in samples}))
-    fitted = replace(base, op_time_fits={c.key: c.fit for c in classes}, op_time_fit_dtypes=dtypes)
+    fitted = replace(base, op_time_fits={c.key: c.fit for c in classes}, op_time_fit_dtypes=dtypes,
+                     host_time_scale=round(host[0], 4) if host else 1.0)
     chains: list[ChainResidual] = []
     models: list[ModelResidual] = []
     for split, group in (("fit", fit_set), ("test", test_set)):
@@ -502,7 +562,10 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
             models.append(model)
     notes = [how] + ([f"skipped (analysed without --profile): {', '.join(skipped)}"] if skipped else []) + [
         f"{len(samples)} measured op(s) fitted into {len(classes)} class curve(s) "
-        f"(classes with fewer than {min_samples} ops keep the roofline or a coarser class's curve)"]
+        f"(classes with fewer than {min_samples} ops keep the roofline or a coarser class's curve)",
+        f"host time scale {host[0]:.3f} from {host[1]} op(s) the GPU waited for (measured over priced host time)"
+        if host else f"host time scale 1: fewer than {MIN_HOST_SAMPLES} ops the GPU waited for with a measured "
+        "host time (profiles from before it was recorded have none)"]
     if any(k > 1 for r in every for k in r.graph_calls.values()):
         notes.append("graphs run several times per model call: their ops' measured times divided by the calls")
     return FitResult(spec=fitted, base=base, classes=classes, fit_reports=tuple(r.name for r in fit_set),
@@ -514,14 +577,21 @@ def fitted_spec_data(result: FitResult, date: str) -> dict:
     """The fitted spec as YAML fields: the base spec's, ``op_time_fits`` and their source, and a ``fit`` block
     naming the fit and test sets and the accuracy before and after."""
     data = spec_mapping(result.spec)
-    fits = {c.key: {"scale": round(c.fit.scale, 6), "exponent": c.fit.exponent, "min_us": round(c.fit.min_us, 4),
-                    "max_us": round(c.fit.max_us, 4), "samples": c.fit.samples} for c in result.classes}
+    def sig(us: float) -> float:  # 6 significant figures: a class of sub-nanosecond roofline times stays above 0
+        return float(f"{us:.6g}")
+
+    fits = {c.key: {"scale": round(c.fit.scale, 6), "exponent": c.fit.exponent, "min_us": sig(c.fit.min_us),
+                    "max_us": sig(c.fit.max_us), "samples": c.fit.samples} for c in result.classes}
     data["op_time_fits"] = fits
     data["op_time_fit_dtypes"] = list(result.spec.op_time_fit_dtypes)
     data["op_time_fits_source"] = (
         f"fitted by fusion-advisor calibrate --from-profile on {date} from {result.samples} measured ops of "
         f"{len(result.fit_reports)} analyze --profile report(s): log t = a + b log r per op class (b fitted only "
         f"with {SLOPE_MIN_SAMPLES}+ ops spanning {SLOPE_MIN_SPAN:g}x), t the measured busy time, r the roofline time")
+    if result.spec.host_time_scale != 1.0:
+        data["host_time_scale_source"] = (
+            f"fitted by fusion-advisor calibrate --from-profile on {date} from the host time the fit set's ops "
+            "measured where the GPU waited for them, over their calibrated price (fit_profiles.fit_host_time_scale)")
     if not str(data.get("name", "")).endswith("-fitted"):
         data["name"] = f"{data['name']}-fitted"
     data["fit"] = {
