@@ -14,9 +14,12 @@ from the op's roofline time ``r`` to its measured busy time ``t``:
   :data:`SLOPE_MIN_SPAN` in roofline time, clipped to [0.5, 1.5], and kept only when it lowers the weighted median
   absolute log residual against ``b = 1``; otherwise ``b = 1`` (one efficiency factor for the class);
 - ``a`` is the weighted median of ``log t - b log r`` (robust to a few outlying ops);
-- every level of a class with at least ``min_samples`` ops gets a curve; the roofline applies the most specific
-  one an op has (:meth:`fusion_advisor.devices.DeviceSpec.op_time_fit`). The launch term is not fitted (calibrate
-  measures it); only device time (busy) is.
+- every level of a class with at least ``min_samples`` ops gets a curve (a category level only over two or more
+  aten ops); the roofline applies the most specific one an op has
+  (:meth:`fusion_advisor.devices.DeviceSpec.op_time_fit`).
+
+The host term's prices are calibrate's; one factor on all of them is fitted here (:func:`fit_host_time_scale`:
+what the ops the GPU waited for measured on the host, over their price at the profile's host speed).
 
 A graph run ``k`` times per model call (a graph break in a loop over layers) has its ops measured summed over
 the ``k`` calls: ``k`` is read back from the report (its chains' in-model prediction over one call's) and the
