@@ -77,9 +77,9 @@ def replay_stamps(stamps: list[tuple[int, int, int]], schedules: dict[int, list[
     GPU finished the previous op's kernels, whichever is later (one stream runs kernels in order). The host time
     issuing an op is the time since the previous op that launched kernels in the same graph, or the graph's start
     (views and other kernel-less ops between are charged to the op after them, as
-    :func:`fusion_advisor.analyze.roofline.in_model_times` charges them). The GPU waited for an op by ``issue - previous end`` when positive,
-    capped by that host time: a longer wait was spent outside the graph (Python between graphs or runs) and is
-    nobody's. Kernels outside the graphs' ops are not replayed.
+    :func:`fusion_advisor.analyze.roofline.in_model_times` charges them). The GPU waited for an op by ``issue -
+    previous end`` when positive, capped by that host time: a longer wait was spent outside the graph (Python
+    between graphs or runs) and is nobody's. Kernels outside the graphs' ops are not replayed.
 
     Args:
         stamps: :meth:`HostStamps.record`'s output over ``runs`` back-to-back runs.

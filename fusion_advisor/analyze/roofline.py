@@ -24,7 +24,7 @@ a boolean mask: 4 more); the math backend also moves its score matrix through me
 Eager elementwise and reduction kernels cost a fixed device time on top of their bytes (ramp-up and tail of a
 bandwidth-bound kernel; not for plain memcpy copies nor library ops): a chain of nine such kernels pays it nine
 times, a fused kernel once. An eager op pays it as a profile measures its kernel (``kernel_busy_overhead_us``,
-fitted from profiles, else ``elementwise_overhead_us``); a fused kernel as timed back to back
+calibrate's profiled tiny adds, else ``elementwise_overhead_us``); a fused kernel as timed back to back
 (``elementwise_overhead_us``: the gap to the next kernel included).
 
 Matmuls with a leading dimension that is not a multiple of 16 bytes (:func:`unaligned_matmul`) use the spec's
@@ -167,7 +167,7 @@ def has_kernel_overhead(op: OpInfo) -> bool:
 
 def op_overhead_us(op: OpInfo, spec: DeviceSpec) -> float:
     """Fixed device time of one eager kernel of ``op`` beyond its bytes, as a profile measures its busy time
-    (us): the spec's ``kernel_busy_overhead_us`` where fitted, else its ``elementwise_overhead_us``, for ops
+    (us): the spec's ``kernel_busy_overhead_us`` where measured, else its ``elementwise_overhead_us``, for ops
     :func:`has_kernel_overhead`; else 0."""
     if not has_kernel_overhead(op):
         return 0.0
@@ -541,8 +541,8 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> 
     :func:`estimate` prices a chain alone: each op ``max(t, launch)``. Inside a model the host may run ahead of the
     GPU: while a long GEMM runs, the host issues the next ops, so short kernels after it wait for no launch. This
     replays the model's ops in execution order (``ops`` order) on two clocks, as
-    :func:`fusion_advisor.analyze.host_stamps.replay_stamps` replays measured kernels: issuing an op costs the host its
-    host time per kernel it launches (ops on empty tensors launch nothing and cost no host time here); an op's
+    :func:`fusion_advisor.analyze.host_stamps.replay_stamps` replays measured kernels: issuing an op costs the host
+    its host time per kernel it launches (ops on empty tensors launch nothing and cost no host time here); an op's
     kernel starts when it is issued or when the GPU finished the previous kernel, whichever is later; the GPU's
     wait for an op (capped by the host time issuing it) is that op's idle time. As in a loop over the model (what
     ``analyze --profile`` measures), the first op is issued while the previous run's kernels still run. A chain's

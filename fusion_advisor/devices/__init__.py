@@ -156,8 +156,8 @@ class DeviceSpec:
             entries, views and module calls all take it; a recurrent layer's step loop, cuDNN's own, does not).
             1: not fitted.
         kernel_busy_overhead_us: optional, the same as the profiler sees it: an eager kernel's own duration beyond
-            its bytes, without the gap to the next kernel, fitted from ``analyze --profile`` runs
-            (:func:`fusion_advisor.devices.fit_profiles.fit_kernel_busy_overhead`); an eager op's device time
+            its bytes, without the gap to the next kernel, measured by ``calibrate``
+            (:func:`fusion_advisor.devices.memory_rates.measure_kernel_busy_overhead_us`); an eager op's device time
             (what a profile measures as busy) uses it where set, else ``elementwise_overhead_us``. On the H200 261
             profiled elementwise kernels under 0.1 MB took a median 0.99 us against the graph replay's 2.38.
         op_time_fits: optional, eager device time per op class fitted from profiles (:class:`OpTimeFit`), keyed

@@ -299,11 +299,13 @@ def _inductor_cell(rec: Any) -> str:
 def _measured_cells(m: ChainMeasurement | None) -> dict[str, Any]:
     if m is None or m.time_us <= 0:
         return {"measured_us": _nan(), "measured_busy_us": _nan(), "measured_idle_us": _nan(),
-                "measured_host_us": _nan(), "measured_kernels": _nan(), "measured_bound": "", "predicted_vs_measured": _nan(),
+                "measured_host_us": _nan(), "measured_kernels": _nan(), "measured_bound": "",
+                "predicted_vs_measured": _nan(),
                 "flag_2x": None if m is None else False, "achieved_gbps": _nan(), "achieved_tflops": _nan(),
                 "pct_of_roofline": _nan(), "measured_kernel_names": "", "est_in_model_us": _nan()}
     return {"measured_us": m.time_us, "measured_busy_us": m.busy_us, "measured_idle_us": m.idle_us,
-            "measured_host_us": m.host_us if m.host_us > 0 else _nan(), "measured_kernels": m.kernels, "measured_bound": m.bound, "predicted_vs_measured": m.ratio,
+            "measured_host_us": m.host_us if m.host_us > 0 else _nan(), "measured_kernels": m.kernels,
+            "measured_bound": m.bound, "predicted_vs_measured": m.ratio,
             "flag_2x": m.flagged, "achieved_gbps": m.achieved_gbps, "achieved_tflops": m.achieved_tflops,
             "pct_of_roofline": m.pct_of_roofline, "measured_kernel_names": "; ".join(m.kernel_names),
             "est_in_model_us": m.predicted_us}
