@@ -405,27 +405,44 @@ def test_replay_charges_the_wait_and_the_host_time_for_each_ops_issue():
     us = 1000  # stamps are in ns
     stamps = [(0, -1, 0), (0, 0, 2 * us), (0, 1, 4 * us),  # mm issued at 4 us: runs 4..9 (first kernel: no wait)
               (0, 2, 20 * us)]  # add issued at 20 us, GPU free since 9: waited 11 us (host spent 16 us since mm)
-    idle, host = replay_stamps(stamps, schedules, nodes, runs=1)
+    idle, host = replay_stamps([stamps], schedules, nodes)
     assert idle == {"g0:add": 11.0}
     assert host == {"g0:mm": 4.0, "g0:add": 16.0}  # the view's 2 us are charged to mm, the op after it
 
 
-def test_replay_idle_is_capped_by_the_host_time_issuing_the_op_and_averaged_per_run():
+def test_replay_idle_is_capped_by_the_host_time_issuing_the_op():
     schedules = {0: [("g0:mm", "aten::mm")], 1: [("g1:add", "aten::add")]}
     nodes = {"g0:mm": _node("g0:mm", 5.0), "g1:add": _node("g1:add", 1.0)}
     us = 1000
     # graph 1 starts 40 us after mm's kernels end (Python between graphs) and issues add 3 us after its start
     stamps = [(0, -1, 0), (0, 0, 1 * us), (1, -1, 46 * us), (1, 0, 49 * us)]
-    idle, host = replay_stamps(stamps, schedules, nodes, runs=2)
-    assert idle == {"g1:add": 1.5}  # 3 us capped, over 2 runs
-    assert host == {"g0:mm": 0.5, "g1:add": 1.5}  # from each graph's start: the Python between is nobody's
+    idle, host = replay_stamps([stamps], schedules, nodes)
+    assert idle == {"g1:add": 3.0}  # 46 us since the GPU went idle, capped at the 3 us since graph 1 started
+    assert host == {"g0:mm": 1.0, "g1:add": 3.0}  # from each graph's start: the Python between is nobody's
+
+
+def test_replay_takes_each_ops_median_over_the_runs_and_runs_the_gpu_timeline_on_between_them():
+    schedules = {0: [("g0:mm", "aten::mm"), ("g0:add", "aten::add")]}
+    nodes = {"g0:mm": _node("g0:mm", 2.0), "g0:add": _node("g0:add", 1.0)}
+    us = 1000
+
+    def run(t0, mm_at, add_at):  # one run's stamps: graph start, mm, add (us after t0)
+        return [(0, -1, t0 * us), (0, 0, (t0 + mm_at) * us), (0, 1, (t0 + add_at) * us)]
+
+    # run 2 is paused 500 us before issuing add (a garbage collection): the median over 3 runs ignores it
+    runs = [run(0, 10, 20), run(100, 10, 520), run(1000, 10, 20)]
+    idle, host = replay_stamps(runs, schedules, nodes)
+    assert host == {"g0:mm": 10.0, "g0:add": 10.0}
+    # add waits 20 - (10 + 2) = 8 us in runs 1 and 3; mm waits from the previous run's end, capped by its 10 us
+    assert idle == {"g0:add": 8.0, "g0:mm": 10.0}
+    assert replay_stamps([], schedules, nodes) == ({}, {})
 
 
 def test_replay_idle_when_the_gpu_is_the_bottleneck():
     schedules = {0: [("g0:a", "aten::mm"), ("g0:b", "aten::mm")]}
     nodes = {"g0:a": _node("g0:a", 50.0), "g0:b": _node("g0:b", 50.0)}
     stamps = [(0, -1, 0), (0, 0, 1000), (0, 1, 9000)]  # b issued while a still runs: no wait
-    idle, host = replay_stamps(stamps, schedules, nodes, runs=1)
+    idle, host = replay_stamps([stamps], schedules, nodes)
     assert idle == {} and host == {"g0:a": 1.0, "g0:b": 8.0}
 
 
@@ -467,9 +484,10 @@ def test_insert_stamps_records_every_scheduled_op_in_order():
     assert insert_stamps(gm, 0, stamps) == 3
     gm(torch.ones(2, 2))
     assert stamps.items == []  # off: the call costs, nothing is kept
-    items = stamps.record(lambda: gm(torch.ones(2, 2)), runs=2, device="cpu")
-    assert [(gi, pos) for gi, pos, _ in items] == [(0, 0), (0, 1), (0, 2)] * 2
-    assert [t for _, _, t in items] == sorted(t for _, _, t in items)
+    runs = stamps.record(lambda: gm(torch.ones(2, 2)), runs=2, device="cpu")
+    assert [[(gi, pos) for gi, pos, _ in items] for items in runs] == [[(0, 0), (0, 1), (0, 2)]] * 2
+    flat = [t for items in runs for _, _, t in items]
+    assert flat == sorted(flat)
 
 
 def test_graph_calls_per_run_are_counted_from_the_graph_ranges():

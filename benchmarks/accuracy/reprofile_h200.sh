@@ -7,6 +7,8 @@
 # forks one per file), so the three parts take more than one 600 s device call: name the parts each call runs.
 #   bash benchmarks/accuracy/reprofile_h200.sh [BUDGET_S_PER_SET [PART...]]   (PART: calibrate seed0 seed1 seed2;
 #   default calibrate seed0 seed1). seed2: a second fit set, level-3 heavy (host-bound models), excluding both.
+#   seed3: a test set of 30 files none of the three others holds (level 1 10, level 2 12, level 3 8: every level-3
+#   file left), first profiled in session 20.
 # Everything lands in $OUT: calibrate/ (calibrated.yaml, calibrate.log); seed0/ and seed1/ (fit_kernelbench.py's
 # result.json and reports.tar.gz of every report.json) with their logs.
 set -u
@@ -39,4 +41,12 @@ python benchmarks/accuracy/fit_kernelbench.py --kernelbench .kb --level1 3 --lev
   --exclude benchmarks/results/h200/accuracy/fit_kernelbench/result.json \
   benchmarks/results/h200/accuracy/reprofile/seed1/result.json > "$OUT/seed2.log" 2>&1
 echo "seed2: exit $?"; tail -3 "$OUT/seed2.log"
+fi
+if [[ " $PARTS " == *" seed3 "* ]]; then
+python benchmarks/accuracy/fit_kernelbench.py --kernelbench .kb --level1 10 --level2 12 --level3 8 --seed 3 \
+  --no-fit --timeout-s 90 --budget-s "$BUDGET" --out "$OUT/seed3" \
+  --exclude benchmarks/results/h200/accuracy/fit_kernelbench/result.json \
+  benchmarks/results/h200/accuracy/reprofile/seed1/result.json \
+  benchmarks/results/h200/accuracy/reprofile/seed2/result.json > "$OUT/seed3.log" 2>&1
+echo "seed3: exit $?"; tail -3 "$OUT/seed3.log"
 fi

@@ -5,8 +5,9 @@ and the host time issuing it."""
 
 from __future__ import annotations
 
+import statistics
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -31,19 +32,22 @@ class HostStamps:
         if self.on:
             self.items.append((graph_index, position, time.perf_counter_ns()))
 
-    def record(self, fn: Callable[[], Any], runs: int, device: str) -> list[tuple[int, int, int]]:
+    def record(self, fn: Callable[[], Any], runs: int, device: str) -> list[list[tuple[int, int, int]]]:
         """Run ``fn`` ``runs`` times back to back (no synchronisation between runs, as a plain loop would) with
-        stamping on; return the stamps."""
+        stamping on; return the stamps of each run (a list per run, in order)."""
         sync_device(device)
         self.items = []
+        starts: list[int] = []
         self.on = True
         try:
             for _ in range(runs):
+                starts.append(len(self.items))
                 fn()
         finally:
             self.on = False
         sync_device(device)
-        return self.items
+        ends = starts[1:] + [len(self.items)]
+        return [self.items[a:b] for a, b in zip(starts, ends)]
 
 
 def insert_stamps(gm: torch.fx.GraphModule, graph_index: int, stamps: HostStamps) -> int:
@@ -68,43 +72,58 @@ class ReplayTimes(NamedTuple):
     host: dict[str, float]
 
 
-def replay_stamps(stamps: list[tuple[int, int, int]], schedules: dict[int, list[tuple[str | None, str]]],
-                  nodes: dict[str, NodeMeasurement], runs: int) -> ReplayTimes:
-    """GPU idle time and host issue time per op of the plain run, per run (us): the profiled kernels replayed on
-    the plain run's host timeline.
+def replay_stamps(runs: Sequence[Sequence[tuple[int, int, int]]], schedules: dict[int, list[tuple[str | None, str]]],
+                  nodes: dict[str, NodeMeasurement]) -> ReplayTimes:
+    """GPU idle time and host issue time per op of the plain runs (us per run, the median over the runs): the
+    profiled kernels replayed on the plain runs' host timeline.
 
     Each op's kernels (its profiled busy time, one block) start when the host issued the op (its stamp) or when the
-    GPU finished the previous op's kernels, whichever is later (one stream runs kernels in order). The host time
-    issuing an op is the time since the previous op that launched kernels in the same graph, or the graph's start
-    (views and other kernel-less ops between are charged to the op after them, as
-    :func:`fusion_advisor.analyze.roofline.in_model_times` charges them). The GPU waited for an op by ``issue -
-    previous end`` when positive, capped by that host time: a longer wait was spent outside the graph (Python
-    between graphs or runs) and is nobody's. Kernels outside the graphs' ops are not replayed.
+    GPU finished the previous op's kernels, whichever is later (one stream runs kernels in order; the timeline runs
+    on from one run into the next, as back-to-back calls do). The host time issuing an op is the time since the
+    previous op that launched kernels in the same graph, or the graph's start (views and other kernel-less ops
+    between are charged to the op after them, as :func:`fusion_advisor.analyze.roofline.in_model_times` charges
+    them). The GPU waited for an op by ``issue - previous end`` when positive, capped by that host time: a longer
+    wait was spent outside the graph (Python between graphs or runs) and is nobody's. Kernels outside the graphs'
+    ops are not replayed.
+
+    Each op's times are summed within a run (a graph called several times per run adds up), then the median over
+    the runs is taken: one run's pause (a garbage collection, the OS) does not move an op's time.
 
     Args:
-        stamps: :meth:`HostStamps.record`'s output over ``runs`` back-to-back runs.
+        runs: :meth:`HostStamps.record`'s output: the stamps of each of the back-to-back runs.
         schedules: graph index -> :func:`aten_schedule`.
         nodes: the profiled measurement per op id (busy time and kernel count per run).
-        runs: runs the stamps cover (the sums are divided by it).
     """
     busy = {op_id: m.busy_us for op_id, m in nodes.items() if m.kernels > 0}
-    idle: dict[str, float] = {}
-    host: dict[str, float] = {}
+    idle_runs: list[dict[str, float]] = []
+    host_runs: list[dict[str, float]] = []
     gpu_free: float | None = None
-    window = 0.0
-    for graph_index, position, ns in stamps:
-        t = ns / 1000.0
-        if position < 0:
+    for stamps in runs:
+        idle: dict[str, float] = {}
+        host: dict[str, float] = {}
+        window = 0.0
+        for graph_index, position, ns in stamps:
+            t = ns / 1000.0
+            if position < 0:
+                window = t
+                continue
+            schedule = schedules.get(graph_index, [])
+            op_id = schedule[position][0] if position < len(schedule) else None
+            if op_id is None or op_id not in busy:
+                continue
+            host[op_id] = host.get(op_id, 0.0) + t - window
+            if gpu_free is not None and t > gpu_free:
+                idle[op_id] = idle.get(op_id, 0.0) + min(t - gpu_free, t - window)
+            gpu_free = max(t, gpu_free if gpu_free is not None else t) + busy[op_id]
             window = t
-            continue
-        schedule = schedules.get(graph_index, [])
-        op_id = schedule[position][0] if position < len(schedule) else None
-        if op_id is None or op_id not in busy:
-            continue
-        host[op_id] = host.get(op_id, 0.0) + t - window
-        if gpu_free is not None and t > gpu_free:
-            idle[op_id] = idle.get(op_id, 0.0) + min(t - gpu_free, t - window)
-        gpu_free = max(t, gpu_free if gpu_free is not None else t) + busy[op_id]
-        window = t
-    n = max(runs, 1)
-    return ReplayTimes({op_id: v / n for op_id, v in idle.items()}, {op_id: v / n for op_id, v in host.items()})
+        idle_runs.append(idle)
+        host_runs.append(host)
+    return ReplayTimes(_median_per_op(idle_runs), _median_per_op(host_runs))
+
+
+def _median_per_op(per_run: list[dict[str, float]]) -> dict[str, float]:
+    """Op id -> the median over the runs of its value (0 in a run that has none); ops that are 0 in every run are
+    left out."""
+    ops = {op_id for run in per_run for op_id in run}
+    out = {op_id: statistics.median(run.get(op_id, 0.0) for run in per_run) for op_id in ops}
+    return {op_id: v for op_id, v in out.items() if v != 0.0}

@@ -20,11 +20,11 @@ How (one mechanism for CPU and GPU):
    launch call by correlation id, and the launch to the op event that contains it: the op's **busy** time.
    Its **idle** time (the GPU waiting for the op to be issued) cannot be read off the profiled run: the profiler
    costs the host ~10 us per op, more than a plain op's whole dispatch. So the graphs also run ``REPLAY_RUNS``
-   times back to back without the profiler, stamped (``time.perf_counter_ns``, ~0.3 us) after every op, and each
-   op's profiled kernels are replayed on that host timeline
-   (:func:`fusion_advisor.analyze.host_stamps.replay_stamps`): they start when the op was issued or when the GPU
-   finished the previous op, whichever is later; a wait is charged to the op, capped by the
-   host time spent issuing it (time outside the graphs is nobody's). In tagged mode (no stamps) the idle time is
+   times back to back without the profiler, stamped (``time.perf_counter_ns``, ~0.3 us) after every op, before the
+   profiler first runs (after it the process's host is slower), and each op's profiled kernels are replayed on
+   that host timeline (:func:`fusion_advisor.analyze.host_stamps.replay_stamps`): they start when the op was
+   issued or when the GPU finished the previous op, whichever is later; a wait is charged to the op, capped by the
+   host time spent issuing it (time outside the graphs is nobody's); each op's time is the median over the runs. In tagged mode (no stamps) the idle time is
    the device gap before each kernel less the profiler's host cost per op, capped by the host time issuing it.
    The same timeline gives each op's **host** time (since the previous op that launched kernels; a chain's is
    chains.csv's ``measured_host_us``), to set against the spec's host prices. Where busy + idle exceeds the
@@ -55,6 +55,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import tempfile
 import time
 import warnings
@@ -667,13 +668,22 @@ def _median(values: Iterable[float]) -> float:
     return v[len(v) // 2]
 
 
-def _wall_us(fn: Callable[[], Any], device: str, runs: int) -> float:
-    sync_device(device)
-    start = time.perf_counter()
-    for _ in range(runs):
-        fn()
-    sync_device(device)
-    return (time.perf_counter() - start) / runs * 1e6
+#: Loops of back-to-back runs the plain wall time is the median of.
+WALL_LOOPS = 3
+
+
+def _wall_us(fn: Callable[[], Any], device: str, runs: int, loops: int = WALL_LOOPS) -> float:
+    """Wall time per call of ``fn`` (us): the median over ``loops`` loops of ``runs`` back-to-back calls each (a
+    pause in one loop does not move it)."""
+    per_loop = []
+    for _ in range(loops):
+        sync_device(device)
+        start = time.perf_counter()
+        for _ in range(runs):
+            fn()
+        sync_device(device)
+        per_loop.append((time.perf_counter() - start) / runs * 1e6)
+    return statistics.median(per_loop)
 
 
 def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: list[Chain],
@@ -716,6 +726,14 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
         probes = [_probe_us(device, tagged=False)]
         eager_wall = _wall_us(lambda: loaded.module(*loaded.inputs), device, max(runs, 1))
         probes += [_probe_us(device, tagged=False) for _ in range(2)]
+        # the stamped host timeline before the profiler: once torch.profiler has subscribed to CUPTI the process's
+        # host runs 1.3-2x slower for good (benchmarks/results/h200/host/process_state_host.json), and the
+        # timeline must be the host the plain wall time and the probes above were taken on
+        replay_runs = max(runs, REPLAY_RUNS)
+        host = (inst.stamps.record(inst.run, replay_runs, device)
+                if inst.stamps is not None and device == "cuda" else [])
+        if host:
+            probes += [_probe_us(device, tagged=False) for _ in range(2)]
         tagged_mode = not inst.schedules
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device == "cuda":
@@ -729,11 +747,6 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
             instrumented = _median(_probe_us(device, tagged=tagged_mode) for _ in range(3))
         if inst.graphs_seen() != graphs:
             notes.append("dynamo recompiled during the profiled runs; ops of recompiled graphs are unmeasured")
-        replay_runs = max(runs, REPLAY_RUNS)
-        host = (inst.stamps.record(inst.run, replay_runs, device)
-                if inst.stamps is not None and device == "cuda" else [])
-        if host:
-            probes += [_probe_us(device, tagged=False) for _ in range(2)]
         dispatch = _median(probes)
     torch._dynamo.reset()
     trace = _export_trace(prof, trace_path)
@@ -741,7 +754,7 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
     att = attribute(trace, device, dispatch_us=dispatch if device == "cpu" else 0.0,
                     host_extra_us=extra if device == "cuda" else 0.0, schedules=inst.schedules)
     if host:
-        att = with_idle(att, *replay_stamps(host, inst.schedules, att.nodes, replay_runs))
+        att = with_idle(att, *replay_stamps(host, inst.schedules, att.nodes))
     factor = idle_scale(att.nodes, att.unattributed_us, eager_wall) if device == "cuda" else 1.0
     if factor < 1.0:
         notes.append(f"busy + idle came to {att.total_us:.1f} us per run, more than the plain model's wall time "
