@@ -288,6 +288,7 @@ def test_the_host_time_scale_is_fitted_from_ops_the_gpu_waited_for(profiled, tmp
     timed = dataclasses.replace(lawful, profile=dataclasses.replace(lawful.profile, nodes=nodes))
     fit = [_write(timed, tmp_path / "fit" / f"m{i}") for i in range(4)]
     monkeypatch.setattr(fp, "MIN_HOST_SAMPLES", 1)
+    monkeypatch.setattr(fp, "MIN_MODEL_HOST_SAMPLES", 1)
     monkeypatch.setattr(fp, "SHRINK_SAMPLES", 0.0)
     scale, n = fp.fit_host_time_scale([read_report(f) for f in fit], fp.without_fits(spec))
     assert scale == pytest.approx(1.5) and n > 0  # the graph's first op (its entry) is left out
@@ -325,3 +326,20 @@ def test_a_class_of_sub_nanosecond_roofline_times_is_written_loadable(reports):
                                                                           max_us=6e-5))
     data = fitted_spec_data(dataclasses.replace(result, classes=(tiny, *result.classes[1:])), "2026-12-03")
     assert data["op_time_fits"][tiny.key]["min_us"] == 4e-5 and data["op_time_fits"][tiny.key]["max_us"] == 6e-5
+
+
+def test_each_host_bound_model_has_one_vote_in_the_host_time_scale(monkeypatch):
+    import fusion_advisor.devices.fit_profiles as fp
+
+    # one model with 300 ops at 2x its price, three with 12 ops at 1.2x: pooled, the big model would decide
+    samples = {"big": [(20.0, 10.0)] * 300, "a": [(12.0, 10.0)] * 12, "b": [(12.0, 10.0)] * 12,
+               "c": [(12.0, 10.0)] * 12, "tiny": [(90.0, 10.0)] * 3}
+    monkeypatch.setattr(fp, "host_samples", lambda rep, spec: samples[rep])
+    monkeypatch.setattr(fp, "SHRINK_SAMPLES", 0.0)
+    scale, n = fp.fit_host_time_scale(list(samples), None)
+    assert scale == pytest.approx(1.2) and n == 339  # the median of 2.0, 1.2, 1.2, 1.2; "tiny" has too few to vote
+    monkeypatch.setattr(fp, "SHRINK_SAMPLES", 4.0)  # four voters: half the way to 1 in log space
+    assert fp.fit_host_time_scale(list(samples), None)[0] == pytest.approx(1.2 ** 0.5)
+    assert fp.fit_host_time_scale(["tiny"], None) is None  # under MIN_HOST_SAMPLES ops
+    monkeypatch.setattr(fp, "MIN_HOST_SAMPLES", 1)
+    assert fp.fit_host_time_scale(["tiny"], None) is None  # ops enough, but no model with enough to vote

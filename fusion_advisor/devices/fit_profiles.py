@@ -63,6 +63,9 @@ WEIGHT_POWER = 0.5
 SHRINK_SAMPLES = 5.0
 #: Fewest ops with a measured host time the GPU waited for before a host time scale is fitted.
 MIN_HOST_SAMPLES = 20
+#: Fewest such ops a report needs to vote in the host time scale (a level-2 file's two or three waited ops say
+#: little of how a host-bound model's host runs).
+MIN_MODEL_HOST_SAMPLES = 10
 #: Accuracy bands of the summary (the issue's targets): chain within +-30 %, model within +-25 %, chain within 2x.
 CHAIN_BAND, MODEL_BAND, WIDE_BAND = 0.30, 0.25, 2.0
 
@@ -300,21 +303,26 @@ def host_samples(rep: ProfiledReport, spec: DeviceSpec) -> list[tuple[float, flo
 
 def fit_host_time_scale(reports: list[ProfiledReport], spec: DeviceSpec) -> tuple[float, int] | None:
     """The in-model over tight-loop host time (:attr:`DeviceSpec.host_time_scale`) the reports measured, and the
-    ops it rests on: the weighted median of ``measured / priced`` over :func:`host_samples` (each op weighs the
-    square root of its measured host time, as :func:`fit_curve` weighs busy times), shrunk toward 1 by the number
-    of reports with such ops (:data:`SHRINK_SAMPLES`: one host-bound model moves it a sixth of the way); None
-    with fewer than :data:`MIN_HOST_SAMPLES` ops.
+    ops it rests on: per report, the weighted median of ``log(measured / priced)`` over its :func:`host_samples`
+    (each op weighs the square root of its measured host time, as :func:`fit_curve` weighs busy times); then the
+    median over the reports with :data:`MIN_MODEL_HOST_SAMPLES` or more such ops (each host-bound model one vote:
+    pooled, SwinTransformerV2's 382 ops outvoted four other models' 245), shrunk toward 1 by their number
+    (:data:`SHRINK_SAMPLES`: one model moves it a sixth of the way); None with fewer than
+    :data:`MIN_HOST_SAMPLES` ops or no such report.
 
     calibrate prices each op class in a tight loop of that one call; inside a model the host runs a mix of calls
-    (on the H200 GoogLeNet's ops cost 1.7-2.3x their price, ResNet-101's 1.2-1.4x, SwinMLP's 1.0x)."""
-    per_report = [(r.name, host_samples(r, spec)) for r in reports]
-    pairs = [p for _, ps in per_report for p in ps]
+    (on the H200 GoogLeNet's ops cost 1.7-2.3x their price, ResNet-101's 1.2-1.4x, SwinMLP's 1.0x; with the
+    stamped timeline taken before the profiler, 1.10-1.70x across ten models,
+    benchmarks/results/h200/accuracy/reprofile/README.md)."""
+    per_report = [host_samples(r, spec) for r in reports]
+    pairs = [p for ps in per_report for p in ps]
     if len(pairs) < MIN_HOST_SAMPLES:
         return None
-    logs = [math.log(m / p) for m, p in pairs]
-    a = _weighted_median(logs, [m ** WEIGHT_POWER for m, _ in pairs])
-    models = sum(1 for _, ps in per_report if ps)
-    return math.exp(a * models / (models + SHRINK_SAMPLES)), len(pairs)
+    votes = [_weighted_median([math.log(m / p) for m, p in ps], [m ** WEIGHT_POWER for m, _ in ps])
+             for ps in per_report if len(ps) >= MIN_MODEL_HOST_SAMPLES]
+    if not votes:
+        return None
+    return math.exp(statistics.median(votes) * len(votes) / (len(votes) + SHRINK_SAMPLES)), len(pairs)
 
 
 def _weighted_median(values: list[float], weights: list[float]) -> float:
