@@ -337,9 +337,10 @@ def test_each_host_bound_model_has_one_vote_in_the_host_time_scale(monkeypatch):
     monkeypatch.setattr(fp, "host_samples", lambda rep, spec: samples[rep])
     monkeypatch.setattr(fp, "SHRINK_SAMPLES", 0.0)
     scale, n = fp.fit_host_time_scale(list(samples), None)
-    assert scale == pytest.approx(1.2) and n == 339  # the median of 2.0, 1.2, 1.2, 1.2; "tiny" has too few to vote
+    assert scale == pytest.approx(1.2) and n == 336  # the median of 2.0, 1.2, 1.2, 1.2; "tiny" has too few to vote
     monkeypatch.setattr(fp, "SHRINK_SAMPLES", 4.0)  # four voters: half the way to 1 in log space
     assert fp.fit_host_time_scale(list(samples), None)[0] == pytest.approx(1.2 ** 0.5)
-    assert fp.fit_host_time_scale(["tiny"], None) is None  # under MIN_HOST_SAMPLES ops
+    assert fp.fit_host_time_scale(["tiny"], None) is None  # no model with enough ops to vote
+    assert fp.fit_host_time_scale(["a", "tiny"], None) is None  # one voter, but 12 ops: under MIN_HOST_SAMPLES
     monkeypatch.setattr(fp, "MIN_HOST_SAMPLES", 1)
-    assert fp.fit_host_time_scale(["tiny"], None) is None  # ops enough, but no model with enough to vote
+    assert fp.fit_host_time_scale(["tiny"], None) is None  # few ops needed, but still nobody to vote

@@ -438,6 +438,17 @@ def test_replay_takes_each_ops_median_over_the_runs_and_runs_the_gpu_timeline_on
     assert replay_stamps([], schedules, nodes) == ({}, {})
 
 
+def test_replay_of_a_graph_called_twice_per_run_replays_one_calls_busy_time_per_stamp():
+    # one graph run twice per model call (a loop over layers): the profile's busy time per run holds both calls
+    schedules = {0: [("g0:mm", "aten::mm")]}
+    nodes = {"g0:mm": _node("g0:mm", 10.0)}  # 5 us per call
+    us = 1000
+    run = [(0, -1, 0), (0, 0, 1 * us), (0, -1, 2 * us), (0, 0, 9 * us)]  # second call issued at 9 us, GPU free at 6
+    idle, _ = replay_stamps([run], schedules, nodes, graph_calls={0: 2.0})
+    assert idle == {"g0:mm": 3.0}
+    assert replay_stamps([run], schedules, nodes)[0] == {}  # without the calls, 10 us per stamp: no wait seen
+
+
 def test_replay_idle_when_the_gpu_is_the_bottleneck():
     schedules = {0: [("g0:a", "aten::mm"), ("g0:b", "aten::mm")]}
     nodes = {"g0:a": _node("g0:a", 50.0), "g0:b": _node("g0:b", 50.0)}

@@ -9,8 +9,9 @@
 #   default calibrate seed0 seed1). seed2: a second fit set, level-3 heavy (host-bound models), excluding both.
 #   seed3: a test set of 30 files none of the three others holds (level 1 10, level 2 12, level 3 8: every level-3
 #   file left), first profiled in session 20.
-# Everything lands in $OUT: calibrate/ (calibrated.yaml, calibrate.log); seed0/ and seed1/ (fit_kernelbench.py's
-# result.json and reports.tar.gz of every report.json) with their logs.
+# Everything lands in $OUT: calibrate/ (calibrated.yaml, calibrate.log); seed0/ ... seed3/ (fit_kernelbench.py's
+# result.json and reports.tar.gz of every report.json) with their logs. Parts run in the order above, whatever
+# order they are named in.
 set -u
 BUDGET=${1:-150}
 shift $(( $# > 0 ? 1 : 0 ))

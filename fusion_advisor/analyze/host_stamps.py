@@ -73,7 +73,7 @@ class ReplayTimes(NamedTuple):
 
 
 def replay_stamps(runs: Sequence[Sequence[tuple[int, int, int]]], schedules: dict[int, list[tuple[str | None, str]]],
-                  nodes: dict[str, NodeMeasurement]) -> ReplayTimes:
+                  nodes: dict[str, NodeMeasurement], graph_calls: dict[int, float] | None = None) -> ReplayTimes:
     """GPU idle time and host issue time per op of the plain runs (us per run, the median over the runs): the
     profiled kernels replayed on the plain runs' host timeline.
 
@@ -87,14 +87,21 @@ def replay_stamps(runs: Sequence[Sequence[tuple[int, int, int]]], schedules: dic
     ops are not replayed.
 
     Each op's times are summed within a run (a graph called several times per run adds up), then the median over
-    the runs is taken: one run's pause (a garbage collection, the OS) does not move an op's time.
+    the runs is taken, op by op: one run's pause (a garbage collection, the OS) does not move an op's time. A wait
+    an op has in fewer than half the runs is a median of 0, so the sum of the ops' idle times can come out below
+    any one run's: the choice is an op's typical time over the run total's.
 
     Args:
         runs: :meth:`HostStamps.record`'s output: the stamps of each of the back-to-back runs.
         schedules: graph index -> :func:`aten_schedule`.
-        nodes: the profiled measurement per op id (busy time and kernel count per run).
+        nodes: the profiled measurement per op id (busy time and kernel count per run, all calls of its graph).
+        graph_calls: graph index -> calls per run (:attr:`Attribution.graph_calls`; 1 when missing): each stamp
+            replays one call's share of the op's busy time.
     """
-    busy = {op_id: m.busy_us for op_id, m in nodes.items() if m.kernels > 0}
+    calls = graph_calls or {}
+    ops_graph = {op_id: gi for gi, schedule in schedules.items() for op_id, _ in schedule if op_id is not None}
+    busy = {op_id: m.busy_us / max(calls.get(ops_graph.get(op_id, -1), 1.0), 1.0)
+            for op_id, m in nodes.items() if m.kernels > 0}
     idle_runs: list[dict[str, float]] = []
     host_runs: list[dict[str, float]] = []
     gpu_free: float | None = None

@@ -20,11 +20,12 @@ How (one mechanism for CPU and GPU):
    launch call by correlation id, and the launch to the op event that contains it: the op's **busy** time.
    Its **idle** time (the GPU waiting for the op to be issued) cannot be read off the profiled run: the profiler
    costs the host ~10 us per op, more than a plain op's whole dispatch. So the graphs also run ``REPLAY_RUNS``
-   times back to back without the profiler, stamped (``time.perf_counter_ns``, ~0.3 us) after every op, before the
-   profiler first runs (after it the process's host is slower), and each op's profiled kernels are replayed on
-   that host timeline (:func:`fusion_advisor.analyze.host_stamps.replay_stamps`): they start when the op was
-   issued or when the GPU finished the previous op, whichever is later; a wait is charged to the op, capped by the
-   host time spent issuing it (time outside the graphs is nobody's); each op's time is the median over the runs. In tagged mode (no stamps) the idle time is
+   times back to back without the profiler, stamped (``time.perf_counter_ns``, ~0.3 us) after every op, before
+   the profiler first runs (after it the process's host is slower), and each op's profiled kernels are replayed
+   on that host timeline (:func:`fusion_advisor.analyze.host_stamps.replay_stamps`): they start when the op was
+   issued or when the GPU finished the previous op, whichever is later; a wait is charged to the op, capped by
+   the host time spent issuing it (time outside the graphs is nobody's); each op's time is the median over the
+   runs. In tagged mode (no stamps) the idle time is
    the device gap before each kernel less the profiler's host cost per op, capped by the host time issuing it.
    The same timeline gives each op's **host** time (since the previous op that launched kernels; a chain's is
    chains.csv's ``measured_host_us``), to set against the spec's host prices. Where busy + idle exceeds the
@@ -385,10 +386,11 @@ def with_idle(att: Attribution, idle: dict[str, float], host: dict[str, float] |
 def idle_scale(nodes: dict[str, NodeMeasurement], unattributed_us: float, wall_us: float) -> float:
     """The factor (0..1] that brings the ops' replayed idle time within the plain model's wall time.
 
-    The replay issues the stamped FX graphs, whose host is slower than the module called as written (a stamp after
-    every op, the graph wrappers, a Python frame per graph): on the H200 it charged four host-bound level-3 models
-    (ResNet101, GoogLeNet, ShuffleNet, an RNN loop) 1.46-1.65x their plain wall time, while their kernels' busy
-    time matched the earlier session's (benchmarks/results/h200/accuracy/reprofile/README.md). The plain wall time
+    The replay issues the stamped FX graphs, whose host can be slower than the module called as written (a stamp
+    after every op, the graph wrappers, a Python frame per graph). Stamped after the profiler had run (until
+    session 20) four host-bound level-3 models came to 1.46-1.65x their plain wall time on the H200, most of it
+    the profiler's lasting slowdown of the host; stamped before it, the same CNNs need a factor of 0.86-0.98
+    (benchmarks/results/h200/accuracy/reprofile/README.md). The plain wall time
     ``wall_us`` bounds what one run spends, kernels and waits together, so where busy + idle + unattributed exceeds
     it the idle time is scaled down until it fits (never below zero); else 1.0. A ``wall_us`` that is not positive
     and finite leaves the idle time as replayed.
@@ -732,8 +734,12 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
         replay_runs = max(runs, REPLAY_RUNS)
         host = (inst.stamps.record(inst.run, replay_runs, device)
                 if inst.stamps is not None and device == "cuda" else [])
+        host = host if any(host) else []
         if host:
             probes += [_probe_us(device, tagged=False) for _ in range(2)]
+        if inst.graphs_seen() != graphs:
+            notes.append("dynamo recompiled during the stamped runs; their host timeline may hold a compile")
+            graphs = inst.graphs_seen()
         tagged_mode = not inst.schedules
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device == "cuda":
@@ -754,7 +760,7 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
     att = attribute(trace, device, dispatch_us=dispatch if device == "cpu" else 0.0,
                     host_extra_us=extra if device == "cuda" else 0.0, schedules=inst.schedules)
     if host:
-        att = with_idle(att, *replay_stamps(host, inst.schedules, att.nodes))
+        att = with_idle(att, *replay_stamps(host, inst.schedules, att.nodes, att.graph_calls))
     factor = idle_scale(att.nodes, att.unattributed_us, eager_wall) if device == "cuda" else 1.0
     if factor < 1.0:
         notes.append(f"busy + idle came to {att.total_us:.1f} us per run, more than the plain model's wall time "

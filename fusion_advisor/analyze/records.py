@@ -406,7 +406,8 @@ class Profile:
         unattributed_us: ``total_us - attributed_us``: kernels launched outside any tagged node (graph-break code,
             untagged view ops) and, on a CPU, Python glue between nodes (us).
         wall_us: wall time of one instrumented run under the profiler, host side (us).
-        eager_wall_us: wall time of one run of the plain model without profiler or tags, for comparison (us).
+        eager_wall_us: wall time per run of the plain model without profiler or tags, for comparison: the median of
+            three loops of back-to-back runs (us).
         setup: how it was measured, one line.
         compared: which prediction the measured time is compared with (the roofline's eager time).
         trace_file: chrome trace written (``--trace``), or ``""``.

@@ -307,22 +307,19 @@ def fit_host_time_scale(reports: list[ProfiledReport], spec: DeviceSpec) -> tupl
     (each op weighs the square root of its measured host time, as :func:`fit_curve` weighs busy times); then the
     median over the reports with :data:`MIN_MODEL_HOST_SAMPLES` or more such ops (each host-bound model one vote:
     pooled, SwinTransformerV2's 382 ops outvoted four other models' 245), shrunk toward 1 by their number
-    (:data:`SHRINK_SAMPLES`: one model moves it a sixth of the way); None with fewer than
-    :data:`MIN_HOST_SAMPLES` ops or no such report.
+    (:data:`SHRINK_SAMPLES`: one model moves it a sixth of the way); the ops counted are the voters'. None when
+    no report votes or the voters hold fewer than :data:`MIN_HOST_SAMPLES` ops.
 
     calibrate prices each op class in a tight loop of that one call; inside a model the host runs a mix of calls
     (on the H200 GoogLeNet's ops cost 1.7-2.3x their price, ResNet-101's 1.2-1.4x, SwinMLP's 1.0x; with the
     stamped timeline taken before the profiler, 1.10-1.70x across ten models,
     benchmarks/results/h200/accuracy/reprofile/README.md)."""
-    per_report = [host_samples(r, spec) for r in reports]
-    pairs = [p for ps in per_report for p in ps]
-    if len(pairs) < MIN_HOST_SAMPLES:
+    voters = [ps for ps in (host_samples(r, spec) for r in reports) if len(ps) >= MIN_MODEL_HOST_SAMPLES]
+    ops = sum(len(ps) for ps in voters)
+    if not voters or ops < MIN_HOST_SAMPLES:
         return None
-    votes = [_weighted_median([math.log(m / p) for m, p in ps], [m ** WEIGHT_POWER for m, _ in ps])
-             for ps in per_report if len(ps) >= MIN_MODEL_HOST_SAMPLES]
-    if not votes:
-        return None
-    return math.exp(statistics.median(votes) * len(votes) / (len(votes) + SHRINK_SAMPLES)), len(pairs)
+    votes = [_weighted_median([math.log(m / p) for m, p in ps], [m ** WEIGHT_POWER for m, _ in ps]) for ps in voters]
+    return math.exp(statistics.median(votes) * len(votes) / (len(votes) + SHRINK_SAMPLES)), ops
 
 
 def _weighted_median(values: list[float], weights: list[float]) -> float:
@@ -574,9 +571,11 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
     notes = [how] + ([f"skipped (analysed without --profile): {', '.join(skipped)}"] if skipped else []) + [
         f"{len(samples)} measured op(s) fitted into {len(classes)} class curve(s) "
         f"(classes with fewer than {min_samples} ops keep the roofline or a coarser class's curve)",
-        f"host time scale {host[0]:.3f} from {host[1]} op(s) the GPU waited for (measured over priced host time)"
-        if host else f"host time scale 1: fewer than {MIN_HOST_SAMPLES} ops the GPU waited for with a measured "
-        "host time (profiles from before it was recorded have none)"]
+        f"host time scale {host[0]:.3f} from {host[1]} op(s) the GPU waited for, one vote per model with "
+        f"{MIN_MODEL_HOST_SAMPLES} or more (measured over priced host time)"
+        if host else f"host time scale 1: no model with {MIN_MODEL_HOST_SAMPLES} or more ops the GPU waited for "
+        f"with a measured host time, or fewer than {MIN_HOST_SAMPLES} such ops in all (profiles from before it was "
+        "recorded have none)"]
     if any(k > 1 for r in every for k in r.graph_calls.values()):
         notes.append("graphs run several times per model call: their ops' measured times divided by the calls")
     return FitResult(spec=fitted, base=base, classes=classes, fit_reports=tuple(r.name for r in fit_set),
