@@ -47,7 +47,7 @@ class HostStamps:
             self.on = False
         sync_device(device)
         ends = starts[1:] + [len(self.items)]
-        return [self.items[a:b] for a, b in zip(starts, ends)]
+        return [self.items[a:b] for a, b in zip(starts, ends, strict=True)]
 
 
 def insert_stamps(gm: torch.fx.GraphModule, graph_index: int, stamps: HostStamps) -> int:
