@@ -99,9 +99,7 @@ def replay_stamps(runs: Sequence[Sequence[tuple[int, int, int]]], schedules: dic
             replays one call's share of the op's busy time.
     """
     calls = graph_calls or {}
-    ops_graph = {op_id: gi for gi, schedule in schedules.items() for op_id, _ in schedule if op_id is not None}
-    busy = {op_id: m.busy_us / max(calls.get(ops_graph.get(op_id, -1), 1.0), 1.0)
-            for op_id, m in nodes.items() if m.kernels > 0}
+    busy = {op_id: m.busy_us for op_id, m in nodes.items() if m.kernels > 0}
     idle_runs: list[dict[str, float]] = []
     host_runs: list[dict[str, float]] = []
     gpu_free: float | None = None
@@ -121,7 +119,8 @@ def replay_stamps(runs: Sequence[Sequence[tuple[int, int, int]]], schedules: dic
             host[op_id] = host.get(op_id, 0.0) + t - window
             if gpu_free is not None and t > gpu_free:
                 idle[op_id] = idle.get(op_id, 0.0) + min(t - gpu_free, t - window)
-            gpu_free = max(t, gpu_free if gpu_free is not None else t) + busy[op_id]
+            per_call = busy[op_id] / max(calls.get(graph_index, 1.0), 1.0)
+            gpu_free = max(t, gpu_free if gpu_free is not None else t) + per_call
             window = t
         idle_runs.append(idle)
         host_runs.append(host)

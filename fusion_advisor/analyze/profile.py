@@ -56,7 +56,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import tempfile
 import time
 import warnings
@@ -674,18 +673,18 @@ def _median(values: Iterable[float]) -> float:
 WALL_LOOPS = 3
 
 
-def _wall_us(fn: Callable[[], Any], device: str, runs: int, loops: int = WALL_LOOPS) -> float:
-    """Wall time per call of ``fn`` (us): the median over ``loops`` loops of ``runs`` back-to-back calls each (a
-    pause in one loop does not move it)."""
+def _wall_us(fn: Callable[[], Any], device: str, runs: int) -> float:
+    """Wall time per call of ``fn`` (us): the median over :data:`WALL_LOOPS` loops of ``runs`` back-to-back calls
+    each (a pause in one loop does not move it)."""
     per_loop = []
-    for _ in range(loops):
+    for _ in range(WALL_LOOPS):
         sync_device(device)
         start = time.perf_counter()
         for _ in range(runs):
             fn()
         sync_device(device)
         per_loop.append((time.perf_counter() - start) / runs * 1e6)
-    return statistics.median(per_loop)
+    return _median(per_loop)
 
 
 def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: list[Chain],
