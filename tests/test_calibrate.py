@@ -162,7 +162,7 @@ def test_gpu_spec_records_attention_rates_and_strided_bandwidth():
 
 
 def test_attention_flops_match_the_graph_formula():
-    from fusion_advisor.devices.calibrate import attention_flops
+    from fusion_advisor.devices.attention_rates import attention_flops
 
     assert attention_flops(2, 32, 2048, 128, False) == 4 * 2 * 32 * 2048 * 2048 * 128
     assert attention_flops(2, 32, 2048, 128, True) == 2 * 2 * 32 * 2048 * 2048 * 128
@@ -177,7 +177,7 @@ def test_cli_calibrate_lists_what_was_not_measured(tmp_path):
 
 @pytest.mark.gpu
 def test_measure_attention_rates_on_gpu():
-    from fusion_advisor.devices.calibrate import measure_attention_rates
+    from fusion_advisor.devices.attention_rates import measure_attention_rates
 
     rates, skipped = measure_attention_rates(seqs=(256,), head_dims=(64,), dtypes=("bf16", "fp32"),
                                              configs=(("flash", "", False), ("math", "float", False)))

@@ -15,8 +15,9 @@ from fusion_advisor.analyze.roofline import (_module_calls, base_op_us, conv_det
                                              op_host_us, op_launch_us, roofline_op_us)
 from fusion_advisor.devices import load_spec, parse_spec, spec_mapping
 from fusion_advisor.devices.op_rates import (CONV_CLASSES, ConvGeometry, ConvRate, MatmulRate, channels_unaligned,
-                                             conv_kernels, conv_time_us, matmul_tflops, measure_conv_rates,
-                                             measure_matmul_rates, matmul_plan, problem_geometry, sample_plan)
+                                             conv_kernels, conv_time_us, matmul_time_us)
+from fusion_advisor.devices.rate_sampling import (matmul_plan, measure_conv_rates, measure_matmul_rates,
+                                                  problem_geometry, sample_plan)
 from fusion_advisor.errors import DeviceSpecError
 
 SPEC = dataclasses.replace(load_spec("cpu"), name="toy", memory_bandwidth_gbps=1000.0, launch_overhead_us=10.0,
@@ -144,7 +145,7 @@ def test_matmuls_take_their_operands_by_overload():
     want = 2 * 64 * 32 * 128 / 4e12 * 1e6  # at the exact neighbour's 4 TFLOP/s; the far one weighs ~3%
     assert measured_matmul_us(mm, spec) == pytest.approx(want, rel=0.1)
     assert measured_matmul_us(addmm, spec) == measured_matmul_us(mm, spec)
-    assert matmul_tflops(rates, "bmm", 64, 128, 32, 8, "fp32") is None
+    assert matmul_time_us(rates, "bmm", 64, 128, 32, 8, "fp32") is None
     assert measured_matmul_us(mm, SPEC) is None
 
 
@@ -347,7 +348,7 @@ def test_a_non_numeric_l2_size_is_a_spec_error():
 
 
 def test_the_cpu_sample_stays_near_its_flop_range():
-    from fusion_advisor.devices.op_rates import CPU_CONV_FLOP_RANGE
+    from fusion_advisor.devices.rate_sampling import CPU_CONV_FLOP_RANGE
 
     plan = sample_plan({"fp32": 8}, max_elems=4 << 20, flop_range=CPU_CONV_FLOP_RANGE)
     assert {p.detail for p in plan} == set(CONV_CLASSES)
@@ -456,7 +457,7 @@ def test_recurrent_step_times_are_validated():
 
 
 def test_calibrate_measures_a_step_time_per_cell_on_a_cpu():
-    from fusion_advisor.devices.op_rates import measure_recurrent_steps
+    from fusion_advisor.devices.rate_sampling import measure_recurrent_steps
 
     calls = []
 
@@ -509,3 +510,98 @@ def test_the_scan_rate_is_measured_and_round_trips_through_a_spec_file():
     assert back.scan_bandwidth_gbps == 1900.0
     with pytest.raises(DeviceSpecError, match="scan_bandwidth_gbps"):
         parse_spec({**spec_mapping(SPEC), "scan_bandwidth_gbps": -1}, "bad.yaml")
+
+
+def test_a_cluster_the_fitted_surface_misses_is_corrected_locally_and_far_ops_are_not():
+    from fusion_advisor.devices.op_rates import ConvTimeModel, conv_point, fit_conv_table
+
+    truth = ConvTimeModel(peak_tflops=250.0, n_half=40.0, k_half=80.0, mn_half=2e5, gbps=2500.0, fixed_us=6.0)
+    rng = random.Random(2)
+    shapes = [(rng.choice((16, 64, 256, 1024)), rng.choice((32, 128, 512, 2048)), rng.choice((1, 9, 25)),
+               10 ** rng.uniform(-1, 2), 10 ** rng.uniform(0, 3)) for _ in range(150)]
+    # deep-K 3x3 convolutions into 32 channels run 3x faster than the surface says (cuDNN's split-K): a cluster of
+    # them, as a late CNN stage has, which no 7-parameter roofline follows
+    cluster = [(1024 + 32 * i, 32, 9, 0.3 + 0.01 * i, 5.0) for i in range(12)]
+    rates = _synthetic_rates(truth, shapes) + [
+        dataclasses.replace(r, tflops=3 * r.tflops) for r in _synthetic_rates(truth, cluster)]
+    table = fit_conv_table(tuple(rates))
+    assert table.correction is not None  # it lowers the table's own leave-one-out error
+    inside = ConvGeometry("conv2d", 1200, 32, 9, 1.0, int(0.35e9), elements=1_250_000)
+    far = ConvGeometry("conv2d", 16, 2048, 1, 1.0, int(50e9), elements=200_000_000)
+    surface = table.model.time_us(inside.flops, 32, 1200 * 9, inside.elements * 4)
+    assert conv_time_us(rates, inside, "fp32") < 0.6 * surface  # most of the way to the cluster's 3x
+    far_surface = table.model.time_us(far.flops, 2048, 16, far.elements * 4)
+    assert conv_time_us(rates, far, "fp32") == pytest.approx(far_surface, rel=0.05)
+    assert table.correction.factor(conv_point(16, 2048, 1, 1.0, far.flops)) == pytest.approx(1.0, abs=0.05)
+    # a table the surface fits already gets no correction
+    assert fit_conv_table(tuple(_synthetic_rates(truth, shapes))).correction is None
+
+
+def test_matmuls_with_enough_measurements_are_priced_from_a_fitted_surface():
+    from fusion_advisor.devices.op_rates import MODEL_MIN_SAMPLES, ConvTimeModel, fit_matmul_table
+
+    truth = ConvTimeModel(peak_tflops=50.0, n_half=8.0, k_half=20.0, mn_half=3e5, gbps=4000.0, fixed_us=4.0)
+    rng = random.Random(3)
+    rates = []
+    for _ in range(40):
+        m, n, k = (rng.choice((64, 256, 1024, 4096, 16384)) for _ in range(3))
+        flops = 2.0 * m * n * k
+        t = truth.time_us(flops, n, k, 4.0 * (m * k + k * n + m * n))
+        rates.append(MatmulRate("mm", "fp32", m, n, k, 1, flops / (t * 1e6)))
+    assert len(rates) >= MODEL_MIN_SAMPLES
+    # a size no entry has: the surface, not a neighbour's rate, prices it (4096^3 at the truth's 50-TFLOP/s peak)
+    want = truth.time_us(2.0 * 3000 ** 3, 3000, 3000, 4.0 * 3 * 3000 ** 2)
+    assert matmul_time_us(rates, "mm", 3000, 3000, 3000, 1, "fp32") == pytest.approx(want, rel=0.1)
+    assert fit_matmul_table(tuple(rates)).model.peak_tflops == pytest.approx(50.0, rel=0.15)
+
+
+def test_the_table_samples_late_cnn_stage_convolutions_and_large_matmuls():
+    from fusion_advisor.devices.rate_sampling import GPU_MATMUL_FLOP_RANGE, GPU_MAX_ELEMS
+
+    plan = sample_plan({"fp32": 200}, max_elems=GPU_MAX_ELEMS)
+    late = [p for p in plan if p.detail == "conv2d" and p.spatial[0] in (7, 14) and p.c_in >= 256 and p.c_out <= 64]
+    assert len(late) >= 20  # DenseNet's growth layers: deep K into 32 channels at 7 x 7 and 14 x 14
+    assert len({p.batch for p in late}) >= 4
+    mm = matmul_plan({"fp32": 48}, max_elems=GPU_MAX_ELEMS, flop_range=GPU_MATMUL_FLOP_RANGE)
+    assert max(2 * b * m * n * k for _, _, b, m, n, k in mm) > 2e11  # KernelBench's GEMMs reach 0.55 TFLOP
+
+
+def test_a_concatenation_costs_each_input_the_sweep_of_the_largest():
+    from fusion_advisor.analyze.roofline import cat_inputs_us
+
+    parts = [_t((10, 928, 7, 7))] + [_t((10, 32, 7, 7)) for _ in range(32)]
+    cat = _op("aten.cat.default", "copy", parts, [_t((10, 32 * 32 + 928, 7, 7))])
+    add = _op("aten.add.Tensor", "pointwise", parts[:2], [_t((10, 928, 7, 7))])
+    assert cat_inputs_us(cat, SPEC) == 0.0  # not measured: its bytes alone
+    spec = dataclasses.replace(SPEC, cat_sweep_gbps=3500.0, cat_sweep_cap_bytes=7e6)
+    largest = 10 * 928 * 49 * 4
+    assert cat_inputs_us(cat, spec) == pytest.approx(33 * largest / 3.5e6) and cat_inputs_us(add, spec) == 0.0
+    assert roofline_op_us(cat, spec) == pytest.approx(roofline_op_us(cat, SPEC) + 33 * largest / 3.5e6)
+    big = _op("aten.cat.default", "copy", [_t((10, 928, 56, 56))] * 2, [_t((10, 1856, 56, 56))])
+    assert cat_inputs_us(big, spec) == pytest.approx(2 * 7e6 / 3.5e6)  # the grid's width is capped
+    back = parse_spec(spec_mapping(spec), "test")
+    assert (back.cat_sweep_gbps, back.cat_sweep_cap_bytes) == (3500.0, 7e6)
+
+
+def test_the_cat_probe_reads_the_rate_at_the_smallest_side_and_the_cap_from_the_largest_cost():
+    from fusion_advisor.devices.memory_rates import (CAT_PROBE_FIRST, CAT_PROBE_INPUTS, CAT_PROBE_SIDES,
+                                                     measure_cat_sweep)
+
+    class Timing:
+        def __init__(self, ms):
+            self.median_ms = ms
+
+    def timer_at(gbps, cap):  # each input sweeps min(largest, cap) at gbps; bytes at 1000 GB/s
+        sides = iter(CAT_PROBE_SIDES)
+
+        def timer(fn):
+            s = next(sides)
+            fn()
+            largest = 10 * CAT_PROBE_FIRST * s * s * 4
+            nbytes = 2 * 4 * 10 * s * s * (CAT_PROBE_FIRST + 32 * (CAT_PROBE_INPUTS - 1))
+            return Timing((nbytes / 1e6 + CAT_PROBE_INPUTS * min(largest, cap) / (gbps * 1e3)) / 1e3)
+        return timer
+
+    gbps, cap = measure_cat_sweep("cpu", 1000.0, timer_at(3500.0, 7e6))
+    assert gbps == pytest.approx(3500.0) and cap == pytest.approx(7e6)
+    assert measure_cat_sweep("cpu", 1000.0, lambda fn: Timing(1e-6)) is None  # faster than its bytes

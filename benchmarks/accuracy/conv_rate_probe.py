@@ -1,11 +1,11 @@
 """Probe for the convolution rate table (issue 13): a large seeded sample of convolutions, each timed two ways.
 
 - ``flushed_ms``: calibrate's table timer (``triton.testing.do_bench`` median, L2 flushed before each call,
-  :data:`fusion_advisor.devices.op_rates.TABLE_WARMUP_MS` / ``TABLE_REP_MS``);
+  :data:`fusion_advisor.devices.rate_sampling.TABLE_WARMUP_MS` / ``TABLE_REP_MS``);
 - ``warm_ms``: device time per call of a CUDA graph replaying the call back to back (inputs resident in L2 where
   they fit, as a convolution reading the output of the op before it inside a model; no host time).
 
-One row per problem (its :class:`~fusion_advisor.devices.op_rates.ConvProblem`, geometry and both times), written
+One row per problem (its :class:`~fusion_advisor.devices.rate_sampling.ConvProblem`, geometry and both times), written
 as JSON, so that tables can be built and judged offline against ``analyze --profile`` reports: which sample, which
 timer and which surface predict in-model convolution times best.
 
@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from fusion_advisor.devices.op_rates import GPU_MAX_ELEMS, TABLE_REP_MS, TABLE_WARMUP_MS, ConvGeometry, sample_plan
+from fusion_advisor.devices.op_rates import ConvGeometry
+from fusion_advisor.devices.rate_sampling import GPU_MAX_ELEMS, TABLE_REP_MS, TABLE_WARMUP_MS, sample_plan
 from fusion_advisor.kernel_tools.bench import device_time_by_kernel, time_cuda
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -43,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fusion_advisor.kernel_tools.bench import device_kernels_per_call, time_cuda  # noqa: E402
-from fusion_advisor.devices.calibrate import attention_flops  # noqa: E402
+from fusion_advisor.devices.attention_rates import attention_flops  # noqa: E402
 from fusion_advisor.analyze.sdpa import args_of, rule_backend  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -44,7 +44,9 @@ def base_spec(spec_name: str, calibrated: Path, conv_from: Path | None = None):
                                launch_overhead_by_class=cal.launch_overhead_by_class,
                                view_overhead_us=cal.view_overhead_us, module_call_us=cal.module_call_us,
                                activity_host_share=conv.activity_host_share, conv_probe_kernels=conv.conv_probe_kernels,
-                               scan_bandwidth_gbps=conv.scan_bandwidth_gbps), cal
+                               scan_bandwidth_gbps=conv.scan_bandwidth_gbps,
+                               cat_sweep_gbps=cal.cat_sweep_gbps or spec.cat_sweep_gbps,
+                               cat_sweep_cap_bytes=cal.cat_sweep_cap_bytes or spec.cat_sweep_cap_bytes), cal
 
 
 def _flow(d) -> str:
@@ -76,6 +78,12 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
     if base.scan_bandwidth_gbps > 0:
         out.append(f"scan_bandwidth_gbps: {round(base.scan_bandwidth_gbps, 1)}   # eager cumsum / cumprod kernels")
         out.append(f'scan_bandwidth_source: "{act_source("scan_bandwidth")}"')
+    if base.cat_sweep_gbps > 0:
+        out.append(f"cat_sweep_gbps: {round(base.cat_sweep_gbps, 1)}   # torch.cat: each input sweeps the largest's "
+                   "grid blocks, up to the cap, at this rate")
+        out.append(f"cat_sweep_cap_bytes: {round(base.cat_sweep_cap_bytes)}")
+        how = ((load_spec(str(cal_path)).sources or {}).get("cat_sweep") or "").split(": ", 1)[-1]
+        out.append(f'cat_sweep_source: "{by}: {how}"')
     out.append(f"# host time beyond launch_overhead_us, {by} on a machine at {cal_launch_us:.3f} us per eager add,")
     out.append(f"# scaled to this spec's {base.launch_overhead_us:g} us; analyze --profile scales them to its host")
     out.append(f"view_overhead_us: {round(base.view_overhead_us, 3)}")
@@ -91,18 +99,19 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
                'nn.Module that issues it where there is one, less the module call, views and launches priced apart '
                '(fusion_advisor/devices/host_costs.py host_probes), scaled as said above; view_overhead_us (the median '
                'of ten view ops as code writes them) and module_call_us (a nested module call) the same way"')
-    out.append("# measured convolutions and matmuls: a convolution's time is a roofline fitted through its class's "
-               "(op_rates.ConvTimeModel), a matmul's rate its nearest neighbours' (fusion_advisor/devices/op_rates.py)")
+    out.append("# measured convolutions and matmuls: an op's time is a roofline fitted through its class's "
+               "(op_rates.FittedTable: ConvTimeModel, locally corrected where that helps; fusion_advisor/devices/op_rates.py)")
     out.append("conv_rates:")
     out += [f"  - {_flow(r)}" for r in data["conv_rates"]]
     conv_by = f"measured by fusion-advisor calibrate ({conv_path or cal_path})"
     out.append(f'conv_rates_source: "{conv_by}: seeded random convolutions of every class (half of them drawn as a '
-               'network layer), contiguous, no bias, cudnn.allow_tf32 on and cudnn.benchmark off (PyTorch\'s defaults), '
-               'summed kernel durations of 3 profiled calls (L2 warm)"')
+               'network layer, a quarter of the 2-D ones as a late CNN stage\'s), contiguous, no bias, '
+               'cudnn.allow_tf32 on and cudnn.benchmark off (PyTorch\'s defaults), summed kernel durations of 3 '
+               'profiled calls (L2 warm)"')
     out.append("matmul_rates:")
     out += [f"  - {_flow(r)}" for r in data["matmul_rates"]]
     out.append(f'matmul_rates_source: "{by}: seeded torch.mm / torch.bmm, fp32 with TF32 off (PyTorch\'s default), '
-               'do_bench median"')
+               'summed kernel durations of 3 profiled calls (L2 warm)"')
     if fitted.get("host_time_scale", 1.0) != 1.0:
         out.append(f"host_time_scale: {fitted['host_time_scale']}   # in-model over tight-loop host time, fitted from "
                    "analyze --profile runs (see host_time_scale_source)")

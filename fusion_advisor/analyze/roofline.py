@@ -60,7 +60,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fusion_advisor.devices import DeviceSpec
-from fusion_advisor.devices.op_rates import ConvGeometry, conv_kernels, conv_time_us, matmul_tflops
+from fusion_advisor.devices.op_rates import ConvGeometry, conv_kernels, conv_time_us, matmul_time_us
 from fusion_advisor.analyze.records import Chain, Estimate, OpInfo
 from fusion_advisor.analyze.sdpa import math_score_bytes
 
@@ -189,13 +189,28 @@ def pool_window_us(op: OpInfo, spec: DeviceSpec) -> float:
     return op.outputs[0].numel * op.window_elems / (spec.pool_window_gelem_s * 1e3)
 
 
+def cat_inputs_us(op: OpInfo, spec: DeviceSpec) -> float:
+    """Device time ``aten.cat`` spends on its inputs beyond their bytes (us): each input sweeps the grid blocks of
+    the largest, ``min(largest input's bytes, cat_sweep_cap_bytes) / cat_sweep_gbps``, as the spec measured them
+    (:func:`fusion_advisor.devices.memory_rates.measure_cat_sweep`); 0 for other ops or when not measured. A
+    DenseNet's concatenations join a transition's large map with dozens of small ones, and ran at up to 4x their
+    bytes at the copy bandwidth on the H200."""
+    if spec.cat_sweep_gbps <= 0 or _short_target(op.target) != "cat" or not op.inputs:
+        return 0.0
+    largest = max(t.nbytes for t in op.inputs)
+    if spec.cat_sweep_cap_bytes > 0:
+        largest = min(largest, spec.cat_sweep_cap_bytes)
+    return len(op.inputs) * largest / (spec.cat_sweep_gbps * 1e3)
+
+
 def roofline_op_us(op: OpInfo, spec: DeviceSpec) -> float:
     """Roofline device time of one op run eagerly (us): ``max(FLOPs / peak, bytes / bandwidth + overhead)`` with
     the op's own ceilings (:func:`op_overhead_us`: an eager elementwise kernel's ramp-up and tail, when measured),
-    plus a pooling op's window reads (:func:`pool_window_us`)."""
+    plus a pooling op's window reads (:func:`pool_window_us`) and a concatenation's inputs
+    (:func:`cat_inputs_us`)."""
     compute = op.flops / (op_peak_tflops(op, spec) * 1e12) * 1e6
     memory = op_bytes(op) / (op_bandwidth_gbps(op, spec) * 1e9) * 1e6 + op_overhead_us(op, spec)
-    return max(compute, memory + pool_window_us(op, spec))
+    return max(compute, memory + pool_window_us(op, spec) + cat_inputs_us(op, spec))
 
 
 #: Output-sized transfers at copy bandwidth a convolution's bias costs: eager PyTorch adds it in a separate
@@ -235,8 +250,8 @@ _MATMUL_OPERANDS = {"mm": ("mm", 0), "addmm": ("mm", 1), "bmm": ("bmm", 0), "bad
 
 def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     """Eager device time of an ``mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` from the spec's measured
-    ``matmul_rates`` (us): ``2 B M N K`` over the rate of its nearest measured neighbours
-    (:func:`fusion_advisor.devices.op_rates.matmul_tflops`); None for other ops, or without a measured matmul of
+    ``matmul_rates`` (us): the surface fitted through its class's measurements
+    (:func:`fusion_advisor.devices.op_rates.matmul_time_us`); None for other ops, or without a measured matmul of
     its class and dtype."""
     if op.category != "matmul" or not spec.matmul_rates:
         return None
@@ -250,8 +265,7 @@ def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     m, k, n = a[-2], a[-1], b[-1]
     if min(batch, m, n, k) <= 0:
         return None
-    tflops = matmul_tflops(spec.matmul_rates, how[0], m, n, k, batch, op.dtype)
-    return None if tflops is None else 2 * batch * m * n * k / (tflops * 1e12) * 1e6
+    return matmul_time_us(spec.matmul_rates, how[0], m, n, k, batch, op.dtype)
 
 
 #: Host time of one cell step of a cuDNN recurrent layer, in eager-op launches (``launch_overhead_us``): cuDNN

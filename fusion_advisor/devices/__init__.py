@@ -189,6 +189,11 @@ class DeviceSpec:
         scan_bandwidth_gbps: optional, measured bandwidth (GB/s, read + written) of PyTorch's eager scan kernels
             (``cumsum``, ``cumprod``; ``calibrate``): their memory ceiling
             (:func:`fusion_advisor.analyze.roofline.op_bandwidth_gbps`); 0: not measured (the copy bandwidth).
+        cat_sweep_gbps, cat_sweep_cap_bytes: optional, how ``torch.cat``'s grid costs it per input beyond its
+            bytes (``calibrate``: :func:`fusion_advisor.devices.memory_rates.measure_cat_sweep`): each input sweeps
+            the blocks of the largest, up to the cap, at this rate (GB/s;
+            :func:`fusion_advisor.analyze.roofline.cat_inputs_us`); 0: not measured (a concatenation costs its
+            bytes).
         activity_host_share: optional, measured host time per device activity (kernel, memset, copy) of a cuDNN
             convolution call as a share of the ``conv`` class's host time (``calibrate``:
             :func:`fusion_advisor.devices.host_costs.measure_activity_host_share`): a convolution that issues more
@@ -242,6 +247,8 @@ class DeviceSpec:
     activity_host_share: float = 0.0
     conv_probe_kernels: float = 0.0
     scan_bandwidth_gbps: float = 0.0
+    cat_sweep_gbps: float = 0.0
+    cat_sweep_cap_bytes: float = 0.0
 
     def op_time_fit(self, keys: tuple[str, ...], dtype: str = "") -> OpTimeFit | None:
         """The fitted curve of the first of ``keys`` (most specific first) :attr:`op_time_fits` has, else None;
@@ -397,6 +404,9 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
                                    "activities", positive=False),
         scan_bandwidth_gbps=_number(data.get("scan_bandwidth_gbps", 0.0), f"{origin}: scan_bandwidth_gbps", "GB/s",
                                     positive=False),
+        cat_sweep_gbps=_number(data.get("cat_sweep_gbps", 0.0), f"{origin}: cat_sweep_gbps", "GB/s", positive=False),
+        cat_sweep_cap_bytes=_number(data.get("cat_sweep_cap_bytes", 0.0), f"{origin}: cat_sweep_cap_bytes", "bytes",
+                                    positive=False),
     )
 
 
@@ -494,7 +504,7 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
                 "kernel_busy_overhead_us",
                 "conv_rates", "matmul_rates", "view_overhead_us", "module_call_us", "launch_overhead_by_class",
                 "recurrent_step_us", "pool_window_gelem_s", "activity_host_share", "conv_probe_kernels",
-                "scan_bandwidth_gbps"):
+                "scan_bandwidth_gbps", "cat_sweep_gbps", "cat_sweep_cap_bytes"):
         if not data.get(key):
             data.pop(key, None)
     if data.get("host_time_scale") == 1.0:

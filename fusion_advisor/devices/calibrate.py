@@ -12,9 +12,9 @@ What is measured (:func:`measure`):
   D 128, B filling the copy buffer size) into a contiguous ``[B, H, S, D]``: the eager TensorIterator copy reading a
   permuted view, ``2 * nbytes`` over the median time: the spec's ``strided_bandwidth_gbps``;
 - **SDPA rate per backend** (GPU only, not with ``quick``): ``F.scaled_dot_product_attention`` forced to one
-  backend with ``torch.nn.attention.sdpa_kernel`` over the grid :data:`ATTENTION_CONFIGS` x
-  :data:`ATTENTION_DTYPES` x :data:`ATTENTION_SEQS` x :data:`ATTENTION_HEAD_DIMS` (batch x seq =
-  :data:`ATTENTION_TOKENS`, heads x head_dim = :data:`ATTENTION_MODEL_DIM`), FLOPs as ``fusion_advisor.analyze.graph``
+  backend with ``torch.nn.attention.sdpa_kernel`` over the grid of :mod:`fusion_advisor.devices.attention_rates`
+  (``ATTENTION_CONFIGS`` x ``ATTENTION_DTYPES`` x ``ATTENTION_SEQS`` x ``ATTENTION_HEAD_DIMS``, batch x seq =
+  ``ATTENTION_TOKENS``, heads x head_dim = ``ATTENTION_MODEL_DIM``), FLOPs as ``fusion_advisor.analyze.graph``
   counts them (``4 b h s^2 d``, halved when causal) over the median time: the spec's ``attention_rates``;
   combinations a backend refuses are listed as not measured;
 - **per-op launch overhead**: wall time per tiny eager op (``y = x + 1`` on 1024 elements) in a long loop,
@@ -49,14 +49,19 @@ import yaml
 
 from fusion_advisor.kernel_tools.bench import Timing, device_time_and_kernels, time_cpu, time_cuda
 from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, parse_spec
+from fusion_advisor.devices.attention_rates import (ATTENTION_MODEL_DIM, ATTENTION_REP_MS, ATTENTION_SHAPE,
+                                                   ATTENTION_TOKENS, ATTENTION_WARMUP_MS, measure_attention_rates,
+                                                   measure_attention_tflops)
 from fusion_advisor.devices.host_costs import (ActivityHostCost, add_probe, measure_activity_host_share,
                                                measure_launch_by_class, measure_module_call_us, measure_view_us,
                                                per_op_us)
-from fusion_advisor.devices.op_rates import (TABLE_KERNEL_CALLS, TABLE_REP_MS, TABLE_WARMUP_MS, ConvRate, MatmulRate,
-                                            measure_convolutions, measure_matmuls, measure_recurrent_steps,
-                                            recurrent_probe)
+from fusion_advisor.devices.op_rates import ConvRate, MatmulRate
+from fusion_advisor.devices.rate_sampling import (TABLE_KERNEL_CALLS, TABLE_REP_MS, TABLE_WARMUP_MS,
+                                                  measure_convolutions, measure_matmuls, measure_recurrent_steps,
+                                                  recurrent_probe)
 from fusion_advisor.devices.memory_rates import (BUSY_OVERHEAD_SOURCE, measure_kernel_busy_overhead_us,
-                                                 measure_pool_window_rate, measure_scan_gbps)
+                                                 measure_cat_sweep, measure_pool_window_rate,
+                                                 measure_scan_gbps)
 from fusion_advisor.dtypes import TORCH_DTYPES
 from fusion_advisor.errors import CalibrationError
 from fusion_advisor import files
@@ -67,26 +72,6 @@ MARKER = "# fusion-advisor calibrate: measured device spec"
 #: the dtypes measured, by name (:mod:`fusion_advisor.dtypes`); tf32 is fp32 storage on TF32 tensor cores.
 _DTYPES = {**{name: TORCH_DTYPES[name] for name in ("fp32", "bf16", "fp16")}, "tf32": torch.float32}
 
-#: (batch, heads, seq, head_dim) of the attention measurement: a Llama-7B layer at 2 x 2048 tokens (non-causal).
-ATTENTION_SHAPE = (2, 32, 2048, 128)
-
-#: The per-backend SDPA grid (:func:`measure_attention_rates`): (backend, mask, causal). ``mask``: ``""`` none,
-#: ``"float"`` an additive mask ``[B, 1, S, S]`` of the q dtype (zeros). Flash and cuDNN take no mask (measured
-#: causal and not: newer torch builds pick cuDNN first on sm90); efficient is measured with a mask (HF models pass
-#: one) and causal without one; math with a mask (the path masked models fall to).
-ATTENTION_CONFIGS = (("flash", "", False), ("flash", "", True), ("cudnn", "", False), ("cudnn", "", True),
-                     ("cudnn", "float", False), ("efficient", "float", False), ("efficient", "", True),
-                     ("math", "float", False))
-ATTENTION_DTYPES = ("bf16", "fp16", "fp32")
-ATTENTION_SEQS = (512, 1024, 2048, 4096)
-ATTENTION_HEAD_DIMS = (64, 128)
-#: batch x seq of every grid point (8 x 1024 tokens: batch 16 at 512, 2 at 4096).
-ATTENTION_TOKENS = 8192
-#: heads x head_dim of every grid point (32 heads of 64, 16 of 128).
-ATTENTION_MODEL_DIM = 2048
-#: do_bench budgets of one grid point (ms), small so that the 168 points (those a backend refuses fail at once) fit
-#: in well under a minute (budget arithmetic: about 30-60 ms per point; not yet timed on the H200).
-ATTENTION_WARMUP_MS, ATTENTION_REP_MS = 5.0, 20.0
 
 
 @dataclass(frozen=True)
@@ -146,6 +131,8 @@ class Calibration:
         kernel_busy_overhead_us: GPU only: the same as the profiler sees a kernel's duration
             (:func:`fusion_advisor.devices.memory_rates.measure_kernel_busy_overhead_us`), None when not measured.
         strided_gbps: bandwidth of a copy reading a permuted view (GB/s, read + written), None when not measured.
+        cat_sweep: ``(GB/s, cap bytes)`` of ``torch.cat``'s per-input cost
+            (:func:`fusion_advisor.devices.memory_rates.measure_cat_sweep`), None when not measured.
         scan_gbps: bandwidth of an eager ``cumsum`` (GB/s, read + written, :func:`measure_scan_gbps`), None when
             not measured.
         not_measured: spec fields or grid points not measured, with the reason (e.g. GPU only).
@@ -188,6 +175,7 @@ class Calibration:
     attention_rates: list[dict[str, Any]] = field(default_factory=list)
     strided_gbps: float | None = None
     scan_gbps: float | None = None
+    cat_sweep: tuple[float, float] | None = None
     unaligned_tflops: dict[str, float] = field(default_factory=dict)
     elementwise_overhead_us: float | None = None
     kernel_busy_overhead_us: float | None = None
@@ -317,24 +305,6 @@ def measure_unaligned_matmul_tflops(device: str, dtype: str, sizes: Sizes,
     return 2 * n * n * (n - 1) / (t.median_ms * 1e-3) / 1e12
 
 
-def measure_attention_tflops(dtype: str, timer: Callable[[Callable[[], Any]], Timing],
-                             shape: tuple[int, int, int, int] = ATTENTION_SHAPE) -> float:
-    """Fused attention TFLOP/s of ``F.scaled_dot_product_attention`` (non-causal; flash / memory-efficient kernels
-    on a GPU) on q, k, v of ``shape`` = (batch, heads, seq, head_dim) in ``dtype``: ``4 b h s^2 d`` FLOPs (the two
-    GEMMs, as ``fusion_advisor.analyze.graph`` counts attention) over the median time.
-
-    Raises:
-        RuntimeError: no CUDA device, or SDPA fails for that dtype.
-    """
-    if not torch.cuda.is_available():
-        raise RuntimeError("measure_attention_tflops needs a CUDA device")
-    b, h, s, d = shape
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=_DTYPES[dtype], generator=gen) for _ in range(3))
-    t = timer(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))
-    return 4 * b * h * s * s * d / (t.median_ms * 1e-3) / 1e12
-
-
 def measure_strided_copy_gbps(device: str, sizes: Sizes, timer: Callable[[Callable[[], Any]], Timing]) -> float:
     """Bandwidth (GB/s) of an eager copy reading a permuted view: ``dst.copy_(x.transpose(1, 2))`` with x a bf16
     ``[B, 2048, 32, 128]`` tensor (B so that x is about ``sizes.copy_bytes``, at least 1) and dst a contiguous
@@ -347,74 +317,6 @@ def measure_strided_copy_gbps(device: str, sizes: Sizes, timer: Callable[[Callab
     view = x.transpose(1, 2)
     t = timer(lambda: dst.copy_(view))
     return 2 * x.numel() * 2 / (t.median_ms * 1e-3) / 1e9
-
-
-def attention_flops(b: int, h: int, s: int, d: int, causal: bool) -> int:
-    """FLOPs of SDPA on q, k, v ``[b, h, s, d]`` as ``fusion_advisor.analyze.graph`` counts them: ``4 b h s^2 d`` (the two
-    GEMMs, a multiply-add counting 2), halved when causal."""
-    flops = 4 * b * h * s * s * d
-    return flops // 2 if causal else flops
-
-
-def measure_attention_rates(timer: Callable[[Callable[[], Any]], Timing] | None = None,
-                            seqs: tuple[int, ...] = ATTENTION_SEQS, head_dims: tuple[int, ...] = ATTENTION_HEAD_DIMS,
-                            dtypes: tuple[str, ...] = ATTENTION_DTYPES,
-                            configs: tuple[tuple[str, str, bool], ...] = ATTENTION_CONFIGS,
-                            ) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """SDPA TFLOP/s per backend forced with ``torch.nn.attention.sdpa_kernel`` over the grid (see the module
-    docstring); default timer: ``time_cuda`` with :data:`ATTENTION_WARMUP_MS` / :data:`ATTENTION_REP_MS`.
-
-    Returns:
-        ``(rates, not_measured)``: rates as ``attention_rates`` entries (``backend``, ``dtype``, ``seq``,
-        ``head_dim``, ``causal``, ``tflops``); ``not_measured`` maps ``"backend dtype [causal]"`` to why a
-        backend could not run (first refusal only).
-
-    Raises:
-        RuntimeError: no CUDA device, or no ``torch.nn.attention.sdpa_kernel``.
-    """
-    import warnings
-
-    if not torch.cuda.is_available():
-        raise RuntimeError("measure_attention_rates needs a CUDA device")
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    members = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
-               "math": "MATH"}
-    timer = timer or (lambda fn: time_cuda(fn, warmup_ms=ATTENTION_WARMUP_MS, rep_ms=ATTENTION_REP_MS))
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    rates: list[dict[str, Any]] = []
-    skipped: dict[str, str] = {}
-    for backend, mask_kind, causal in configs:
-        member = getattr(SDPBackend, members[backend], None)
-        for dtype in dtypes:
-            label = f"{backend} {dtype}" + (" causal" if causal else "") + (" masked" if mask_kind else "")
-            if member is None:
-                skipped[label] = f"this torch has no SDPBackend.{members[backend]}"
-                continue
-            for d in head_dims:
-                for s in seqs:
-                    b, h = max(1, ATTENTION_TOKENS // s), max(1, ATTENTION_MODEL_DIM // d)
-                    q = k = v = mask = None
-                    try:
-                        gen = torch.Generator(device="cuda").manual_seed(0)
-                        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=_DTYPES[dtype], generator=gen)
-                                   for _ in range(3))
-                        if mask_kind:
-                            mask = torch.zeros(b, 1, s, s, device="cuda", dtype=_DTYPES[dtype])
-                        with warnings.catch_warnings(), sdpa_kernel([member]):
-                            warnings.simplefilter("ignore")
-                            t = timer(lambda: sdpa(q, k, v, attn_mask=mask, is_causal=causal))
-                    except (RuntimeError, NotImplementedError, ValueError) as e:  # refused, or out of memory
-                        skipped.setdefault(label, f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160]}")
-                        continue
-                    finally:
-                        q = k = v = mask = None  # free before the next, larger point
-                    rates.append({"backend": backend, "dtype": dtype, "seq": s, "head_dim": d, "causal": causal,
-                                  "masked": bool(mask_kind),
-                                  "tflops": round(attention_flops(b, h, s, d, causal) / (t.median_ms * 1e-3) / 1e12,
-                                                  3)})
-            torch.cuda.empty_cache()
-    return rates, skipped
 
 
 def measure_launch_us(device: str, sizes: Sizes, repeats: int = 5) -> float:
@@ -603,11 +505,12 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
                                                 "the convolution probes' activity counts spread too little for a slope")
         step("convolutions and matmuls by shape")
         table_timer = _timer(device, replace(sizes, warmup_ms=TABLE_WARMUP_MS, rep_ms=TABLE_REP_MS))
-        # on a GPU convolutions and recurrent layers are timed by their kernels, as a profile measures an op
+        # on a GPU convolutions, matmuls and recurrent layers are timed by their kernels, as a profile measures an op
         conv_rates, conv_skipped = measure_convolutions(device, quick, kernel_timer if device == "cuda"
                                                         else table_timer, _DTYPES)
         not_measured.update(conv_skipped)
-        matmul_rates, matmul_skipped = measure_matmuls(device, quick, table_timer, _DTYPES)
+        matmul_rates, matmul_skipped = measure_matmuls(device, quick, kernel_timer if device == "cuda"
+                                                       else table_timer, _DTYPES)
         not_measured.update(matmul_skipped)
         step("pooling window reads and scans")
         pool_rate, pool_rows = measure_pool_window_rate(device, copy, quick, kernel_timer if device == "cuda"
@@ -615,6 +518,9 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         if pool_rate is None:
             not_measured["pool_window_gelem_s"] = "no pooling probe ran longer than its bytes at copy bandwidth"
         scan = measure_scan_gbps(device, quick, kernel_timer if device == "cuda" else table_timer)
+        cat_sweep = measure_cat_sweep(device, copy, kernel_timer if device == "cuda" else table_timer)
+        if cat_sweep is None:
+            not_measured["cat_sweep_gbps"] = "the concatenation probe took no longer than its bytes"
         step("recurrent layers (time per cell step)")
         recurrent, recurrent_failed = measure_recurrent_steps(device, quick, kernel_timer if device == "cuda"
                                                               else timer)  # CPU: the longer timer
@@ -638,6 +544,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         device=device, device_name=name, date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), versions=_versions(),
         copy_gbps=copy, matmul_tflops=tflops, matmul_notes=notes, launch_us=launch, kernel_floor_us=floor,
         l2_bytes=l2, sizes=sizes, attention_tflops=attention, attention_rates=rates, strided_gbps=strided, scan_gbps=scan,
+        cat_sweep=cat_sweep,
         unaligned_tflops=unaligned, elementwise_overhead_us=elementwise, kernel_busy_overhead_us=busy_overhead,
         not_measured=not_measured, view_us=view_us, module_call_us=module_us, conv_rates=conv_rates,
         launch_by_class=launch_by_class, activity=activity, step_seconds=seconds,
@@ -761,6 +668,13 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                      "devices.memory_rates.SCAN_SHAPES), the highest of bytes read + written over the "
                                      + ("summed kernel durations" if cal.device == "cuda" else cal.timer)}
            if cal.scan_gbps else {}),
+        **({"cat_sweep_gbps": round(cal.cat_sweep[0], 1), "cat_sweep_cap_bytes": round(cal.cat_sweep[1]),
+            "cat_sweep_source": (f"{by}: torch.cat along dim 1 of one fp32 10 x 928 x s x s map and 32 of 10 x 32 x s "
+                                 "x s, s in 7, 14, 28, 56 (fusion_advisor.devices.memory_rates.measure_cat_sweep): "
+                                 "per input, the time less the bytes at the copy bandwidth, "
+                                 + ("summed kernel durations" if cal.device == "cuda" else cal.timer)
+                                 + "; the rate at the smallest side, the cap the largest cost seen")}
+           if cal.cat_sweep else {}),
         **({"strided_bandwidth_gbps": round(cal.strided_gbps, 1),
             "strided_bandwidth_source": (f"{by}: dst.copy_(x.transpose(1, 2)) of a bf16 [B, 2048, 32, 128] tensor "
                                          "into a contiguous [B, 32, 2048, 128] (B filling "
@@ -801,7 +715,7 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
            if cal.module_call_us is not None else {}),
         **({"conv_rates": [asdict(r.rounded()) for r in cal.conv_rates],
             "conv_rates_source": (f"{by}: {len(cal.conv_rates)} seeded random convolutions "
-                                  "(fusion_advisor.devices.op_rates.sample_plan: every class of CONV_CLASSES, half "
+                                  "(fusion_advisor.devices.rate_sampling.sample_plan: every class of CONV_CLASSES, half "
                                   "drawn as a network layer, F.conv*d / F.conv_transpose*d without bias, "
                                   "cudnn.allow_tf32 on, cudnn.benchmark off), torch.utils.flop_counter FLOPs over "
                                   + (f"the summed kernel durations of {TABLE_KERNEL_CALLS} profiled calls (L2 warm)"
@@ -810,11 +724,14 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                   + " per convolution")}
            if cal.conv_rates else {}),
         **({"matmul_rates": [asdict(r.rounded()) for r in cal.matmul_rates],
-            "matmul_rates_source": (f"{by}: {len(cal.matmul_rates)} seeded matmuls (fusion_advisor.devices.op_rates."
+            "matmul_rates_source": (f"{by}: {len(cal.matmul_rates)} seeded matmuls (fusion_advisor.devices.rate_sampling."
                                     "matmul_plan: torch.mm and torch.bmm, sizes log-uniform over 16-16384, half of "
                                     "them multiples of 64 or powers of two; fp32 with TF32 off), 2 B M N K FLOPs "
-                                    f"over the {cal.timer}, {TABLE_WARMUP_MS:g} ms warm-up and {TABLE_REP_MS:g} ms "
-                                    "timed per matmul")}
+                                    "over "
+                                    + (f"the summed kernel durations of {TABLE_KERNEL_CALLS} profiled calls (L2 warm)"
+                                       if cal.device == "cuda" else
+                                       f"the {cal.timer}, {TABLE_WARMUP_MS:g} ms warm-up and {TABLE_REP_MS:g} ms timed")
+                                    + " per matmul")}
            if cal.matmul_rates else {}),
         **({"recurrent_step_us": dict(cal.recurrent_step_us),
             "recurrent_step_us_source": (

@@ -1,8 +1,9 @@
 """Rates of the memory-bound eager kernels the copy bandwidth misprices, measured for ``calibrate``: the rate at
 which pooling kernels read their windows (the spec's ``pool_window_gelem_s``,
 :func:`fusion_advisor.analyze.roofline.pool_window_us`) and the bandwidth of PyTorch's scan kernels (``cumsum``,
-``cumprod``: the spec's ``scan_bandwidth_gbps``, :func:`fusion_advisor.analyze.roofline.op_bandwidth_gbps`), and an
-elementwise kernel's fixed device time as the profiler sees it (``kernel_busy_overhead_us``)."""
+``cumprod``: the spec's ``scan_bandwidth_gbps``, :func:`fusion_advisor.analyze.roofline.op_bandwidth_gbps`), how
+``torch.cat``'s grid costs it per input (``cat_sweep_gbps``, ``cat_sweep_cap_bytes``), and an elementwise kernel's fixed device time
+as the profiler sees it (``kernel_busy_overhead_us``)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,45 @@ def measure_scan_gbps(device: str, quick: bool, timer: Callable[[Callable[[], An
         best = max(best, 2 * x.numel() * 4 / (t.median_ms * 1e-3) / 1e9)
         del x, out
     return best
+
+
+#: The concatenations :func:`measure_cat_sweep` times: one fp32 input of ``CAT_PROBE_FIRST`` channels and
+#: ``CAT_PROBE_INPUTS - 1`` of 32 joined along dim 1 at batch 10 and each of these feature-map sides, as a dense block
+#: joins its transition's output with its growing list of 32-channel layers (DenseNet-201: up to 33 inputs).
+CAT_PROBE_SIDES = (7, 14, 28, 56)
+CAT_PROBE_INPUTS = 33
+CAT_PROBE_FIRST = 928
+
+
+def measure_cat_sweep(device: str, copy_gbps: float, timer: Callable[[Callable[[], Any]], Timing]
+                      ) -> tuple[float, float] | None:
+    """How ``torch.cat``'s grid costs it per input (the spec's ``cat_sweep_gbps`` and ``cat_sweep_cap_bytes``).
+
+    PyTorch's CUDA cat (``CatArrayBatchedCopy`` in aten/src/ATen/native/cuda/Shape.cu) launches one grid row per
+    input, each as wide as the largest input needs: an input far smaller than the largest still costs the blocks
+    of the largest, so joining many small feature maps to one large one runs at many times its bytes (on the H200 a
+    10 x 928 x 7 x 7 map and 32 of 10 x 32 x 7 x 7: 18.8 us, its bytes 1.8 us; 33 equal inputs: 1.9 us). Each
+    input then costs ``min(largest input's bytes, cap) / gbps`` beyond the bytes
+    (:func:`fusion_advisor.analyze.roofline.cat_inputs_us`).
+
+    Each of :data:`CAT_PROBE_SIDES` is timed by ``timer``; per side the time less the bytes (read and written) at
+    ``copy_gbps`` over the inputs is the per-input cost. ``gbps``: the largest input's bytes over that cost at the
+    smallest side (far under the cap); ``cap``: the largest per-input cost seen, in bytes at that rate. None when
+    the smallest side shows no cost beyond its bytes."""
+    costs = []
+    for side in CAT_PROBE_SIDES:
+        parts = [torch.rand(10, CAT_PROBE_FIRST, side, side, device=device)] + [
+            torch.rand(10, 32, side, side, device=device) for _ in range(CAT_PROBE_INPUTS - 1)]
+        nbytes = 2 * sum(p.numel() for p in parts) * 4
+        with torch.no_grad():
+            ms = timer(lambda parts=parts: torch.cat(parts, 1)).median_ms
+        costs.append((parts[0].numel() * 4, (ms * 1e3 - nbytes / (copy_gbps * 1e3)) / CAT_PROBE_INPUTS))
+        del parts
+    largest, per_input_us = costs[0]
+    if per_input_us <= 0:
+        return None
+    gbps = largest / (per_input_us * 1e3)
+    return gbps, max(c for _, c in costs) * gbps * 1e3
 
 
 #: Elements per operand of :func:`measure_kernel_busy_overhead_us`'s adds: sizes whose bytes take under 0.1 us, so

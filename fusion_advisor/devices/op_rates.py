@@ -1,31 +1,33 @@
-"""Measured convolution and matmul rates as a function of shape: what ``calibrate`` samples, how the roofline reads them.
+"""Measured convolution and matmul rates as a function of shape: the tables ``calibrate`` measures, how the
+roofline reads them.
 
 One peak per dtype prices cuDNN convolutions badly: on an H200 in fp32 (TF32 on, PyTorch's default) KernelBench's
 convolutions ran at 1.1x to 75x their tensor-core roofline time (``analyze --profile`` of 38 files,
 benchmarks/results/h200/accuracy/fit_kernelbench). The rate depends on the implicit GEMM's shape: few input or
 output channels per group leave tensor-core tiles empty (cuDNN then picks CUDA-core kernels), large kernels and
 strides change the algorithm, transposed convolutions run as data-gradient kernels, small problems do not fill the
-GPU. So ``calibrate`` measures a seeded sample of convolutions of every geometry class (:func:`sample_plan`) and
-the spec keeps each one's achieved TFLOP/s and bytes moved (:class:`ConvRate`). An op's time comes from the
-measured convolutions of its class, dtype and layout (:func:`conv_time_us`): a roofline fitted through them
-(:class:`ConvTimeModel`: a peak derated by how full the implicit GEMM's tiles are in N, K and M x N, a bandwidth
-term and a fixed cost per call) where the class has :data:`MODEL_MIN_SAMPLES` or more, else the rate of its
+GPU, a deep K over a small output is split over the SMs. So ``calibrate`` measures a seeded sample of convolutions
+of every geometry class (:func:`fusion_advisor.devices.rate_sampling.sample_plan`) and the spec keeps each one's
+achieved TFLOP/s and bytes moved (:class:`ConvRate`). An op's time comes from the measured convolutions of its
+class, dtype and layout (:func:`conv_time_us`): a roofline fitted through them (:class:`ConvTimeModel`: a peak
+derated by how full the implicit GEMM's tiles are in N, K and M x N, a bandwidth term and a fixed cost per call)
+times a local correction from the residuals of the entries nearest it (:class:`LocalCorrection`, where it helps:
+:class:`FittedTable`) where the class has :data:`MODEL_MIN_SAMPLES` or more, else the rate of its
 :data:`NEIGHBOURS` nearest. FLOPs are ``torch.utils.flop_counter``'s convolution count, as the op graph counts them.
 
-Matmuls the same way (:class:`MatmulRate`: ``torch.mm`` / ``torch.bmm`` at seeded sizes, features log2 M, N, K,
-batch and whether K and N are 16-byte aligned): cuBLAS's fp32 SGEMM (TF32 off, PyTorch's default) ran KernelBench's
-matmuls at 1.3x to 14.8x their roofline time (median 1.9x, 61 ops of the same 38 files), by shape.
+Matmuls the same way (:class:`MatmulRate`: ``torch.mm`` / ``torch.bmm`` at seeded sizes; :func:`matmul_time_us`):
+cuBLAS's fp32 SGEMM (TF32 off, PyTorch's default) ran KernelBench's matmuls at 1.3x to 14.8x their roofline time
+(median 1.9x, 61 ops of the same 38 files), by shape.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import random
 import re
 import statistics
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 #: Geometry classes (``conv_detail``) calibrate samples.
 CONV_CLASSES = ("conv1d", "conv2d", "conv3d", "conv2d_transpose", "conv3d_transpose", "conv2d_grouped",
@@ -332,28 +334,36 @@ def _conv_roofline_us(peak_tflops: Any, n_half: Any, k_half: Any, mn_half: Any, 
     return flops / rate * (1.0 + unaligned_factor * unaligned) * 1e6 + nbytes / (gbps * 1e9) * 1e6 + fixed_us
 
 
+#: Each measured GEMM weighs its time to this power in the fit (weights normalised to mean 1): the L1 fit of
+#: equal weights followed the many small table entries and priced KernelBench's large level-1 convolutions
+#: (100-400 GFLOP, 1-4 M output positions) 1.15-1.3x over (session 21: table entries over 20 GFLOP at a median
+#: 1.13-1.28x their time under each of three tables' fits); with 0.25 a second seeded table of 1012 convolutions
+#: came out at median |log2 error| 0.354 (0.408 unweighted, 0.49 at 0.5).
+FIT_WEIGHT_POWER = 0.25
 # H200-scale start; the fit moves each by orders of magnitude (the unaligned factor starts at a 2x slowdown)
 _MODEL_INIT = (200.0, 32.0, 64.0, 3e5, 3000.0, 5.0, 1.0)
 
 
-@functools.lru_cache(maxsize=64)
-def fit_conv_model(pool: tuple[ConvRate, ...], iters: int = 60) -> ConvTimeModel:
-    """:class:`ConvTimeModel` through the measured convolutions ``pool`` (one class, dtype and layout), minimising
-    the mean absolute log error of the time: Levenberg-Marquardt on the log parameters, iteratively reweighted
-    (weights 1 / max(|residual|, 0.02)) for the L1 loss. Deterministic: a fixed start, a fixed number of steps.
+def fit_gemm_model(rows: Sequence[tuple[float, float, float, float, bool, float]], iters: int = 60
+                   ) -> ConvTimeModel:
+    """:class:`ConvTimeModel` through measured GEMMs ``rows`` of ``(FLOPs, N, K, bytes, unaligned, time us)``,
+    minimising the mean absolute log error of the time: Levenberg-Marquardt on the log parameters, iteratively
+    reweighted (weights 1 / max(|residual|, 0.02)) for the L1 loss. Deterministic: a fixed start, a fixed number of
+    steps. The unaligned slowdown is fitted where :data:`MIN_UNALIGNED_SAMPLES` rows of each kind are there.
 
     Raises:
-        ValueError: ``pool`` is empty.
+        ValueError: ``rows`` is empty.
     """
     import numpy as np
 
-    if not pool:
-        raise ValueError("fit_conv_model needs at least one measured convolution")
-    x = np.array([[r.gflop * 1e9, r.c_out, r.c_in * r.kernel, r.nbytes(), float(channels_unaligned(r.c_in, r.dtype))]
-                  for r in pool], dtype=np.float64)
-    y = np.log(np.array([r.time_us() for r in pool], dtype=np.float64))
+    if not rows:
+        raise ValueError("fit_gemm_model needs at least one measured GEMM")
+    x = np.array([r[:5] for r in rows], dtype=np.float64)
+    y = np.log(np.array([r[5] for r in rows], dtype=np.float64))
+    weight = np.exp(y * FIT_WEIGHT_POWER)
+    weight /= weight.mean()
     n_unaligned = int(x[:, 4].sum())
-    fit_unaligned = min(n_unaligned, len(pool) - n_unaligned) >= MIN_UNALIGNED_SAMPLES
+    fit_unaligned = min(n_unaligned, len(rows) - n_unaligned) >= MIN_UNALIGNED_SAMPLES
     theta, lam = np.log(np.array(_MODEL_INIT[:7 if fit_unaligned else 6])), 1e-2
 
     def params(t: Any) -> Any:
@@ -365,7 +375,7 @@ def fit_conv_model(pool: tuple[ConvRate, ...], iters: int = 60) -> ConvTimeModel
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # trial steps may overflow: rejected
         for _ in range(iters):
             r = residual(theta)
-            w = 1.0 / np.maximum(np.abs(r), 0.02)
+            w = weight / np.maximum(np.abs(r), 0.02)
             jac = np.empty((len(y), len(theta)))
             for j in range(len(theta)):
                 step = np.zeros_like(theta)
@@ -384,11 +394,153 @@ def fit_conv_model(pool: tuple[ConvRate, ...], iters: int = 60) -> ConvTimeModel
     return ConvTimeModel(*(float(v) for v in params(theta)))
 
 
+def _conv_row(r: ConvRate) -> tuple[float, float, float, float, bool, float]:
+    return (r.gflop * 1e9, float(r.c_out), float(r.c_in * r.kernel), r.nbytes(), channels_unaligned(r.c_in, r.dtype),
+            r.time_us())
+
+
+@functools.lru_cache(maxsize=64)
+def fit_conv_model(pool: tuple[ConvRate, ...], iters: int = 60) -> ConvTimeModel:
+    """:func:`fit_gemm_model` through the measured convolutions ``pool`` (one class, dtype and layout).
+
+    Raises:
+        ValueError: ``pool`` is empty.
+    """
+    if not pool:
+        raise ValueError("fit_conv_model needs at least one measured convolution")
+    return fit_gemm_model([_conv_row(r) for r in pool], iters)
+
+
+#: Measured entries nearest an op whose residuals off the fitted surface correct its time (:class:`LocalCorrection`),
+#: the width (weighted log2 units) of the Gaussian that weighs each by its distance, and the weight of no correction
+#: beside them: one exact match moves an op two thirds of its residual, entries 3 units away (8x off in two of
+#: channels, kernel and size) next to nothing. Chosen on the second seeded table (session 21): median |log2 error|
+#: 0.354 against 0.365 for plain inverse-distance weights, which also carried far neighbours' residuals to
+#: KernelBench's large level-1 convolutions (8% of 12 within 30% against 83%).
+CORRECTION_NEIGHBOURS = 5
+CORRECTION_WIDTH = 1.5
+CORRECTION_PRIOR = 0.5
+#: A correction is kept where it brings the table's mean leave-one-out |log error| below this share of the
+#: surface's own, and the surface's is at least this (natural log: 2%): below it there is nothing to correct.
+CORRECTION_MIN_GAIN = 0.95
+CORRECTION_MIN_RESIDUAL = 0.02
+#: Distance weights of a convolution's correction point (:func:`conv_point`): channels in and out per group, kernel
+#: volume, stride, and the implicit GEMM's M (output positions x batch x groups), which sets how full the SMs are.
+CONV_POINT_WEIGHTS = (1.0, 1.0, 1.0, 1.0, 0.7)
+#: The same for a matmul (:func:`matmul_point`): M, N, K and the batch.
+MATMUL_POINT_WEIGHTS = (1.0, 1.0, 1.0, 0.5)
+
+
+def conv_point(c_in: float, c_out: float, kernel: float, stride: float, flops: float) -> tuple[float, ...]:
+    """A convolution's place in the correction's feature space: log2 of channels in and out per group, kernel
+    volume, stride and M = ``flops / (2 N K)``, each times :data:`CONV_POINT_WEIGHTS`."""
+    m = flops / (2.0 * max(c_out, 1.0) * max(c_in * kernel, 1.0))
+    return tuple(w * math.log2(max(v, 1.0)) for w, v in zip(CONV_POINT_WEIGHTS, (c_in, c_out, kernel, stride, m), strict=True))
+
+
+def matmul_point(m: int, n: int, k: int, batch: int) -> tuple[float, ...]:
+    """A matmul's place in the correction's feature space: log2 of M, N, K and batch, times
+    :data:`MATMUL_POINT_WEIGHTS`."""
+    return tuple(w * math.log2(max(v, 1)) for w, v in zip(MATMUL_POINT_WEIGHTS, (m, n, k, batch), strict=True))
+
+
+def _local_residual(points: Sequence[tuple[float, ...]], residuals: Sequence[float], at: Sequence[float],
+                    skip: int = -1) -> float:
+    """The ``residuals`` of the :data:`CORRECTION_NEIGHBOURS` ``points`` nearest ``at`` (``points[skip]`` left
+    out), each weighted ``exp(-(distance / CORRECTION_WIDTH) ** 2)``, summed over the weights plus
+    :data:`CORRECTION_PRIOR` (a kernel regression shrunk toward no correction)."""
+    near = sorted((math.dist(p, at), i) for i, p in enumerate(points) if i != skip)[:CORRECTION_NEIGHBOURS]
+    weights = [math.exp(-(d / CORRECTION_WIDTH) ** 2) for d, _ in near]
+    return (sum(w * residuals[i] for w, (_, i) in zip(weights, near, strict=True))
+            / (sum(weights) + CORRECTION_PRIOR))
+
+
+@dataclass(frozen=True)
+class LocalCorrection:
+    """What a fitted surface misses near each measured entry: the log residuals (measured over fitted time) of the
+    table, applied to a new op as the distance-weighted mean of its :data:`CORRECTION_NEIGHBOURS` nearest entries',
+    shrunk toward none (``t = surface * exp(mean)``, :func:`_local_residual`). A 7-parameter roofline through a cuDNN table leaves the heuristics'
+    choices in its residuals: neighbouring geometries of one class run at rates 2-10x apart, in clusters (split-K
+    for a deep K over a small output, CUDA-core fallbacks). Kept only where the table's own leave-one-out error
+    says it helps (:func:`fit_local_correction`).
+
+    Attributes:
+        points: each entry's feature point (:func:`conv_point`, :func:`matmul_point`).
+        residuals: each entry's natural-log residual off the fitted surface.
+    """
+
+    points: tuple[tuple[float, ...], ...]
+    residuals: tuple[float, ...]
+
+    def factor(self, at: Sequence[float]) -> float:
+        """The multiplicative correction at feature point ``at``."""
+        return math.exp(_local_residual(self.points, self.residuals, at))
+
+
+def fit_local_correction(points: Sequence[tuple[float, ...]], residuals: Sequence[float]
+                         ) -> LocalCorrection | None:
+    """A :class:`LocalCorrection` of these residuals, or None where it does not lower the mean absolute
+    leave-one-out error (each entry corrected by its neighbours, itself left out) below
+    :data:`CORRECTION_MIN_GAIN` of the surface alone's, where the surface is within
+    :data:`CORRECTION_MIN_RESIDUAL` of the table already, or where fewer than twice :data:`CORRECTION_NEIGHBOURS`
+    entries are there. On the H200's fp32 tables of 2026-12-03
+    (benchmarks/results/h200/accuracy/reprofile/README.md, session 21) it is kept for the 2-D, 3-D, transposed and
+    depthwise convolutions, not for 1-D and grouped ones nor for the matmuls."""
+    if len(points) < 2 * CORRECTION_NEIGHBOURS:
+        return None
+    alone = statistics.fmean(abs(r) for r in residuals)
+    loo = statistics.fmean(abs(r - _local_residual(points, residuals, points[i], skip=i))
+                           for i, r in enumerate(residuals))
+    if alone < CORRECTION_MIN_RESIDUAL or loo >= CORRECTION_MIN_GAIN * alone:
+        return None
+    return LocalCorrection(tuple(map(tuple, points)), tuple(residuals))
+
+
+@dataclass(frozen=True)
+class FittedTable:
+    """A measured table's time surface: the fitted roofline, and its local correction where one helps.
+
+    Attributes:
+        model: :class:`ConvTimeModel` fitted through the table (:func:`fit_gemm_model`).
+        correction: :class:`LocalCorrection` of its residuals, or None.
+    """
+
+    model: ConvTimeModel
+    correction: LocalCorrection | None
+
+    def time_us(self, flops: float, n: float, k: float, nbytes: float, unaligned: bool, point: Sequence[float]
+                ) -> float:
+        """Device time (us) of a GEMM of ``flops``, ``n`` and ``k`` moving ``nbytes``, at feature ``point``."""
+        t = self.model.time_us(flops, n, k, nbytes, unaligned)
+        return t * self.correction.factor(point) if self.correction is not None else t
+
+
+def _fitted_table(rows: Sequence[tuple[float, float, float, float, bool, float]],
+                  points: Sequence[tuple[float, ...]]) -> FittedTable:
+    model = fit_gemm_model(rows)
+    residuals = [math.log(r[5] / model.time_us(*r[:5])) for r in rows]
+    return FittedTable(model, fit_local_correction(points, residuals))
+
+
+@functools.lru_cache(maxsize=64)
+def fit_conv_table(pool: tuple[ConvRate, ...]) -> FittedTable:
+    """:class:`FittedTable` of the measured convolutions ``pool`` (one class, dtype and layout).
+
+    Raises:
+        ValueError: ``pool`` is empty.
+    """
+    if not pool:
+        raise ValueError("fit_conv_table needs at least one measured convolution")
+    return _fitted_table([_conv_row(r) for r in pool],
+                         [conv_point(r.c_in, r.c_out, r.kernel, r.stride, r.gflop * 1e9) for r in pool])
+
+
 def conv_time_us(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layout: str = "nchw"
                  ) -> float | None:
     """Predicted device time (us) of ``geom`` in ``dtype`` and ``layout``, from the measured ``rates`` of its class,
-    dtype (:data:`DTYPE_FALLBACK` when that dtype has none) and layout: the class's :class:`ConvTimeModel` where
-    the table holds :data:`MODEL_MIN_SAMPLES` or more of them, else its FLOPs over the inverse-distance weighted
+    dtype (:data:`DTYPE_FALLBACK` when that dtype has none) and layout: the class's :class:`FittedTable` (its
+    :class:`ConvTimeModel`, locally corrected where that helps) where the table holds :data:`MODEL_MIN_SAMPLES` or
+    more of them, else its FLOPs over the inverse-distance weighted
     rate of the :data:`NEIGHBOURS` nearest in :data:`FEATURE_WEIGHTS`-scaled feature space; None when the table
     has no such convolution."""
     pool = _pool(rates, geom.detail, dtype, layout)
@@ -396,11 +548,13 @@ def conv_time_us(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layo
         return None
     if len(pool) < MODEL_MIN_SAMPLES:
         return geom.flops / (_nearest_tflops(pool, geom.features(), FEATURE_WEIGHTS) * 1e12) * 1e6
-    model = fit_conv_model(tuple(pool))
+    table = fit_conv_table(tuple(pool))
     item = _ITEMSIZE.get(dtype, 4)
-    return model.time_us(float(geom.flops), float(geom.c_out_per_group),
+    return table.time_us(float(geom.flops), float(geom.c_out_per_group),
                          float(geom.c_in_per_group * geom.kernel_volume), float(geom.elements * item),
-                         channels_unaligned(geom.c_in_per_group, dtype))
+                         channels_unaligned(geom.c_in_per_group, dtype),
+                         conv_point(geom.c_in_per_group, geom.c_out_per_group, geom.kernel_volume, geom.stride,
+                                    geom.flops))
 
 
 #: Measured convolutions whose activity counts :func:`conv_kernels` takes the median of.
@@ -500,330 +654,44 @@ def matmul_features(m: int, n: int, k: int, batch: int, dtype: str) -> tuple[flo
             1.0 if matmul_aligned(n, k, dtype) else 0.0)
 
 
-def matmul_tflops(rates: Sequence[MatmulRate], detail: str, m: int, n: int, k: int, batch: int, dtype: str
-                  ) -> float | None:
-    """The TFLOP/s a ``detail`` (``mm`` / ``bmm``) matmul of these sizes is predicted to run at (nearest measured
-    neighbours, as :func:`conv_time_us` for a class with few measurements); None without a measured matmul of that class and dtype."""
+def _matmul_row(r: MatmulRate) -> tuple[float, float, float, float, bool, float]:
+    flops = 2.0 * r.batch * r.m * r.n * r.k
+    nbytes = float(r.batch * (r.m * r.k + r.k * r.n + r.m * r.n) * _ITEMSIZE.get(r.dtype, 4))
+    return flops, float(r.n), float(r.k), nbytes, not matmul_aligned(r.n, r.k, r.dtype), flops / (r.tflops * 1e6)
+
+
+@functools.lru_cache(maxsize=16)
+def fit_matmul_table(pool: tuple[MatmulRate, ...]) -> FittedTable:
+    """:class:`FittedTable` of the measured matmuls ``pool`` (one class and dtype): the GEMM roofline of
+    :class:`ConvTimeModel` with ``N``, ``K`` and ``M x N`` (times the batch) as they are.
+
+    Raises:
+        ValueError: ``pool`` is empty.
+    """
+    if not pool:
+        raise ValueError("fit_matmul_table needs at least one measured matmul")
+    return _fitted_table([_matmul_row(r) for r in pool], [matmul_point(r.m, r.n, r.k, r.batch) for r in pool])
+
+
+def matmul_time_us(rates: Sequence[MatmulRate], detail: str, m: int, n: int, k: int, batch: int, dtype: str
+                   ) -> float | None:
+    """Predicted device time (us) of a ``detail`` (``mm`` / ``bmm``) matmul ``[batch, M, K] x [batch, K, N]`` in
+    ``dtype``: the class's :class:`FittedTable` where the spec measured :data:`MODEL_MIN_SAMPLES` or more of its
+    class and dtype, else its FLOPs at the inverse-distance weighted rate of the nearest measured ones
+    (:data:`MATMUL_WEIGHTS`); None without a measured matmul of that class and dtype.
+
+    The fitted surface replaced the nearest neighbours as the matmul price in session 21: on 120 matmuls of a
+    second seeded table (fitted on calibrate's 96), median |log2 error| 0.20 -> 0.09 for ``mm``, 0.30 -> 0.11 for
+    ``bmm``; KernelBench's fp32 GEMMs over 1 ms within 30% of their profiled time 90% -> 97%."""
     pool = _pool(rates, detail, dtype)
-    return _nearest_tflops(pool, matmul_features(m, n, k, batch, dtype), MATMUL_WEIGHTS) if pool else None
-
-
-def _dim(rng: random.Random, lo: int, hi: int) -> int:
-    """A matmul dimension: half the time a multiple of 64 or a power of two (what models use), else any integer,
-    log-uniform over [lo, hi]."""
-    x = math.exp(rng.uniform(math.log(lo), math.log(hi)))
-    if rng.random() < 0.5:
-        return max(lo, int(round(x / 64)) * 64) if x >= 64 else 1 << max(int(round(math.log2(x))), 0)
-    return max(lo, int(round(x)))
-
-
-def matmul_plan(per_class: dict[str, int], seed: int = 0, max_elems: int = 64 << 20,
-                flop_range: tuple[float, float] = (1e8, 2e11)) -> list[tuple[str, str, int, int, int, int]]:
-    """``per_class[dtype]`` seeded matmuls ``(detail, dtype, batch, M, N, K)`` per class of :data:`MATMUL_CLASSES`:
-    sizes log-uniform (:func:`_dim`), each operand within ``max_elems`` elements, FLOPs within ``flop_range``."""
-    rng = random.Random(seed + 1)
-    out = []
-    for dtype, n in per_class.items():
-        for detail in MATMUL_CLASSES:
-            got = 0
-            while got < n:
-                batch = 1 if detail == "mm" else rng.choice((2, 4, 8, 16, 32, 64, 128, 256))
-                m, nn, k = _dim(rng, 16, 16384), _dim(rng, 16, 16384), _dim(rng, 16, 16384)
-                flops = 2 * batch * m * nn * k
-                if max(m * k, k * nn, m * nn) * batch > max_elems or not flop_range[0] <= flops <= flop_range[1]:
-                    continue
-                out.append((detail, dtype, batch, m, nn, k))
-                got += 1
-    return out
-
-
-def measure_matmul_rates(device: str, plan: Sequence[tuple[str, str, int, int, int, int]],
-                         timer: Callable[[Callable[[], Any]], Any], budget_s: float, dtypes: dict[str, Any]
-                         ) -> tuple[list[MatmulRate], dict[str, str]]:
-    """Time each matmul of ``plan`` (``torch.mm`` / ``torch.bmm``) with ``timer`` until ``budget_s`` seconds
-    have passed, with PyTorch's default matmul precision (fp32 TF32 off) set for the measurement and restored."""
-    import time
-
-    import torch
-
-    rates: list[MatmulRate] = []
-    failed: list[str] = []
-    skipped: dict[str, str] = {}
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    start = time.perf_counter()
-    try:
-        for i, (detail, dtype, batch, m, n, k) in enumerate(plan):
-            if time.perf_counter() - start > budget_s:
-                skipped["matmul_rates"] = f"{len(plan) - i} of {len(plan)} matmuls left out: the {budget_s:g} s budget"
-                break
-            dt = dtypes[dtype]
-            try:
-                if detail == "mm":
-                    a, b = torch.randn(m, k, device=device, dtype=dt), torch.randn(k, n, device=device, dtype=dt)
-                    ms = timer(lambda a=a, b=b: torch.mm(a, b)).median_ms
-                else:
-                    a = torch.randn(batch, m, k, device=device, dtype=dt)
-                    b = torch.randn(batch, k, n, device=device, dtype=dt)
-                    ms = timer(lambda a=a, b=b: torch.bmm(a, b)).median_ms
-            except (RuntimeError, ValueError) as e:
-                failed.append(f"{detail} {dtype} {batch}x{m}x{n}x{k}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
-                continue
-            finally:
-                a = b = None  # noqa: F841
-            rates.append(MatmulRate(detail, dtype, m, n, k, batch, 2 * batch * m * n * k / (ms * 1e-3) / 1e12))
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
-    if failed:
-        skipped["matmul_rates failed"] = f"{len(failed)} matmul(s) not measured, e.g. {failed[0]}"
-    return rates, skipped
-
-
-# --- what calibrate measures -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ConvProblem:
-    """One convolution calibrate times: ``[batch, c_in, *spatial]`` through a ``kernel`` with ``stride``,
-    ``padding`` and ``groups``, transposed or not, in ``dtype``."""
-
-    detail: str
-    dtype: str
-    batch: int
-    c_in: int
-    c_out: int
-    spatial: tuple[int, ...]
-    kernel: tuple[int, ...]
-    stride: int
-    padding: tuple[int, ...]
-    groups: int
-    transposed: bool
-
-
-#: Channels per group a sampled convolution draws from: image inputs (3, 4), the widths of common CNNs (ResNet's
-#: 64-2048, Inception's 96-832) and KernelBench's small ones.
-IN_CHANNELS = (3, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048)
-OUT_CHANNELS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048)
-GROUP_CHANNELS = (2, 4, 8, 16, 32, 64, 128)
-#: Share of sampled convolutions drawn as a network's layer (square kernel, "same" padding, a feature-map side of
-#: :data:`FEATURE_MAP_SIDES`, the batch from the FLOP target); the rest draw free kernels, paddings and sizes.
-#: Drawn freely, a wide layer came out at 4 x 4 to 8 x 8 positions with a 7 x 3 kernel and no padding, where
-#: cuDNN runs 10-50x below the rate of the same layer in a ResNet.
-NETWORK_SHARE = 0.5
-#: Feature-map sides of a network-like sample by spatial rank (CNN stages; a 1-D signal's length).
-FEATURE_MAP_SIDES = {1: (256, 1024, 4096, 16384), 2: (7, 14, 28, 56, 112, 224), 3: (8, 16, 32, 64)}
-
-
-def _problem(rng: random.Random, detail: str, dtype: str, max_elems: int,
-             flop_range: tuple[float, float]) -> ConvProblem:
-    d = int(detail[4])
-    transposed = "transpose" in detail
-    if detail.endswith("depthwise"):
-        c_in = c_out = groups = rng.choice((32, 64, 96, 128, 192, 256, 384, 512, 768, 1024))
-        kernel = tuple(rng.choice((3, 3, 5, 7)) for _ in range(d))
-    else:
-        groups = rng.choice((2, 3, 4, 8)) if detail.endswith("grouped") else 1
-        per_in = rng.choice(GROUP_CHANNELS if groups > 1 else IN_CHANNELS)
-        per_out = rng.choice(GROUP_CHANNELS[1:] if groups > 1 else OUT_CHANNELS)
-        c_in, c_out = per_in * groups, per_out * groups
-        sizes = (2, 3, 3, 4, 5) if transposed else ((1, 3, 3, 5) if d == 3 else (1, 3, 3, 3, 5, 7))
-        if rng.random() < 0.3:  # a square kernel
-            kernel = (rng.choice(sizes),) * d
-        else:
-            kernel = tuple(rng.choice(sizes) for _ in range(d))
-    stride = rng.choice((1, 1, 1, 2))
-    # "same" padding or none; a transposed convolution keeps none (with padding its output can be smaller than
-    # its input, and the op graph tells a transposed convolution by its larger output)
-    padding = tuple(k // 2 for k in kernel) if not transposed and rng.random() < 0.5 else (0,) * d
-    # a target FLOP count, log-uniform over flop_range
-    target = math.exp(rng.uniform(math.log(flop_range[0]), math.log(flop_range[1])))
-    # FLOPs per input position (transposed) or per output position: 2 x C_in/g x C_out x kernel volume
-    per_position = 2 * (c_in // groups) * c_out * _prod(kernel)
-    if rng.random() < NETWORK_SHARE:  # as a network's layer: square kernel, same padding, a feature-map size
-        if not detail.endswith("depthwise"):
-            sizes = (2, 3, 4, 4) if transposed else ((1, 1, 3, 3, 5, 7) if d < 3 else (1, 3, 3, 5))
-            kernel = (rng.choice(sizes),) * d
-            per_position = 2 * (c_in // groups) * c_out * _prod(kernel)
-        padding = (0,) * d if transposed else tuple(k // 2 for k in kernel)
-        side = rng.choice(FEATURE_MAP_SIDES[d])
-        side = max(side, max(kernel) + 1)
-        batch = min(max(int(round(target / (per_position * (side / (1 if transposed else stride)) ** d))), 1), 256)
-    else:  # the spatial size from the FLOP target at a drawn batch
-        batch = rng.choice((1, 4, 8, 16, 32, 64, 128))
-        positions = max(target / (batch * per_position), 1.0)
-        side = int(round(positions ** (1.0 / d) * (1 if transposed else stride)))
-        side = min(max(side, max(kernel) + 1), {1: 1 << 16, 2: 1024, 3: 192}[d])
-
-    def elems(batch: int, side: int) -> int:  # the larger of input and output
-        out_side = side * stride if transposed else side // stride
-        return batch * max(c_in * side ** d, c_out * out_side ** d)
-
-    while batch > 1 and elems(batch, side) > max_elems:
-        batch //= 2
-    while side > max(kernel) + 1 and elems(batch, side) > max_elems:
-        side = max(side * 3 // 4, max(kernel) + 1)
-    return ConvProblem(detail, dtype, batch, c_in, c_out, (side,) * d, kernel, stride, padding, groups, transposed)
-
-
-#: FLOPs per sampled convolution on a GPU (log-uniform between): KernelBench's run 0.1 to 400 GFLOP, a ResNet's
-#: or an Inception's layers 0.03 to 7 (batch 10); a table sampled at 0.3-30 GFLOP put the large level-1
-#: convolutions at a third of their measured rate.
-GPU_FLOP_RANGE = (1e7, 2e11)
-
-
-#: Share of :func:`sample_plan`'s per-dtype count each class gets: the common 2-D convolution the most.
-CLASS_SHARE = {"conv1d": 0.25, "conv2d": 1.0, "conv3d": 0.5, "conv2d_transpose": 0.5, "conv3d_transpose": 0.5,
-               "conv2d_grouped": 0.375, "conv2d_depthwise": 0.25}
-
-
-def problem_geometry(p: ConvProblem) -> ConvGeometry:
-    """The :class:`ConvGeometry` of a problem from its shapes (output sizes by PyTorch's formulas, no tensors)."""
-    if p.transposed:
-        out = [(s - 1) * p.stride + k for s, k in zip(p.spatial, p.kernel)]
-        w = (p.c_in, p.c_out // p.groups, *p.kernel)
-    else:
-        out = [(s + 2 * q - k) // p.stride + 1 for s, k, q in zip(p.spatial, p.kernel, p.padding)]
-        w = (p.c_out, p.c_in // p.groups, *p.kernel)
-    geom = ConvGeometry.from_shapes((p.batch, p.c_in, *p.spatial), w, (p.batch, p.c_out, *out))
-    assert geom is not None, p
-    return geom
-
-
-def sample_plan(per_class: dict[str, int], seed: int = 0, max_elems: int = 64 << 20,
-                flop_range: tuple[float, float] = GPU_FLOP_RANGE) -> list[ConvProblem]:
-    """The convolutions calibrate measures: seeded random problems of every class of :data:`CONV_CLASSES` per
-    dtype, ``per_class[dtype]`` times the class's :data:`CLASS_SHARE` (at least 2), interleaved (class by class,
-    then dtype) so that a time budget cut anywhere leaves every class sampled. Each has a FLOP count drawn
-    log-uniformly from ``flop_range``; input and output tensors stay within ``max_elems`` elements each."""
-    rng = random.Random(seed)
-    by: list[list[ConvProblem]] = []
-    for dtype, n in per_class.items():
-        for detail in CONV_CLASSES:
-            count = max(2, round(n * CLASS_SHARE[detail]))
-            drawn: list[ConvProblem] = []
-            for _ in range(20 * count):  # redraw the few whose smallest size still overshoots the range 4x
-                if len(drawn) == count:
-                    break
-                p = _problem(rng, detail, dtype, max_elems, flop_range)
-                if problem_geometry(p).flops <= 4 * flop_range[1]:
-                    drawn.append(p)
-            by.append(drawn)
-    out = []
-    for i in range(max((len(b) for b in by), default=0)):
-        out.extend(b[i] for b in by if i < len(b))
-    return out
-
-
-def measure_conv_rates(device: str, problems: Sequence[ConvProblem], timer: Callable[[Callable[[], Any]], Any],
-                       budget_s: float, dtypes: dict[str, Any]) -> tuple[list[ConvRate], dict[str, str]]:
-    """Time each of ``problems`` (``torch.nn.functional.conv{d}d`` or ``conv_transpose{d}d``, no bias, with PyTorch's
-    default cuDNN settings: TF32 on for fp32, ``cudnn.benchmark`` as the caller has it) with ``timer`` (a call ->
-    an object with ``median_ms``, and ``kernels_per_call`` where the timer counts device activities) until ``budget_s`` seconds have passed; returns the measured rates and, per
-    problem that failed or was left out, why."""
-    import time
-
-    import torch
-    import torch.nn.functional as F
-
-    rates: list[ConvRate] = []
-    skipped: dict[str, str] = {}
-    failed: list[str] = []
-    start = time.perf_counter()
-    for i, p in enumerate(problems):
-        if time.perf_counter() - start > budget_s:
-            skipped["conv_rates"] = f"{len(problems) - i} of {len(problems)} convolutions left out: the {budget_s:g} s budget"
-            break
-        d = len(p.spatial)
-        dt = dtypes[p.dtype]
-        try:
-            x = torch.randn(p.batch, p.c_in, *p.spatial, device=device, dtype=dt)
-            if p.transposed:
-                w = torch.randn(p.c_in, p.c_out // p.groups, *p.kernel, device=device, dtype=dt)
-                fn = getattr(F, f"conv_transpose{d}d")
-            else:
-                w = torch.randn(p.c_out, p.c_in // p.groups, *p.kernel, device=device, dtype=dt)
-                fn = getattr(F, f"conv{d}d")
-            call = lambda x=x, w=w, fn=fn, p=p: fn(x, w, stride=p.stride, padding=p.padding, groups=p.groups)
-            y = call()
-            geom = ConvGeometry.from_shapes(tuple(x.shape), tuple(w.shape), tuple(y.shape))
-            if geom is None or geom.detail != p.detail:
-                failed.append(f"{p.detail} measured as {geom.detail if geom else 'nothing'}")
-                continue
-            del y
-            timing = timer(call)
-            ms = timing.median_ms
-        except (RuntimeError, ValueError) as e:  # an unsupported geometry, out of memory
-            failed.append(f"{p.detail} {p.dtype}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
-            continue
-        finally:
-            x = w = None  # noqa: F841 (free before the next problem)
-        rates.append(ConvRate(p.detail, p.dtype, geom.c_in_per_group, geom.c_out_per_group, geom.kernel_volume,
-                              geom.stride, geom.flops / 1e9, geom.flops / (ms * 1e-3) / 1e12, "nchw",
-                              geom.elements * _ITEMSIZE[p.dtype] / 1e6,
-                              float(getattr(timing, "kernels_per_call", None) or 0.0)))
-    if failed:
-        skipped["conv_rates failed"] = f"{len(failed)} convolution(s) not measured, e.g. {failed[0]}"
-    return rates, skipped
-
-
-# --- calibrate's sample sizes -------------------------------------------------------------------------------
-
-#: Convolutions sampled per class of :data:`fusion_advisor.devices.op_rates.CONV_CLASSES` and dtype, and the time
-#: budget (s) of the whole sample (checked between convolutions), by device and ``quick``. fp32 carries KernelBench
-#: and most CNNs.
-CONV_SAMPLES = {"cuda": ({"fp32": 200, "bf16": 40}, 20.0), "cuda-quick": ({"fp32": 24}, 6.0),
-                "cpu": ({"fp32": 8}, 10.0), "cpu-quick": ({"fp32": 4}, 3.0)}
-#: do_bench budgets of one sampled matmul (ms), and of a convolution on a CPU: hundreds are timed within the
-#: budget, each a median of a few calls (its L2 flushed between calls).
-TABLE_WARMUP_MS, TABLE_REP_MS = 2.0, 8.0
-#: Profiled calls per sampled convolution on a GPU (:func:`fusion_advisor.kernel_tools.bench.device_time_ms`: the
-#: summed durations of its kernels, L2 warm, as ``analyze --profile`` measures an op inside a model). Fitted through
-#: the probe's 1214 convolutions timed by do_bench with L2 flushed, the level-3 models' 216 convolutions (ResNet-101,
-#: GoogLeNet, ShuffleNet at batch 10: inputs of 1-48 MB, L2-resident after the op before) came out at a median
-#: 1.58x their measured time; timed by their kernels, 1.08x (benchmarks/accuracy/conv_rate_probe.py).
-TABLE_KERNEL_CALLS = 3
-#: Elements of the larger of a sampled convolution's input and output on a GPU (512 MiB in fp32): KernelBench's
-#: level-1 convolutions write outputs of over 100 M elements, and the largest run at several times the rate of
-#: small ones.
-GPU_MAX_ELEMS = 128 << 20
-#: FLOPs per sampled convolution on a CPU (log-uniform between): a CPU runs them at well under a TFLOP/s.
-CPU_CONV_FLOP_RANGE = (1e7, 1e9)
-
-
-def measure_convolutions(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Any],
-                         dtypes: dict[str, Any]) -> tuple[list[ConvRate], dict[str, str]]:
-    """The spec's ``conv_rates``: :data:`CONV_SAMPLES` convolutions of :func:`sample_plan` timed by
-    :func:`measure_conv_rates`, with PyTorch's default cuDNN settings (TF32 on for convolutions,
-    ``cudnn.benchmark`` off) set for the measurement and restored after it. ``timer``: calibrate's, on a GPU the
-    summed durations of each one's kernels (:data:`TABLE_KERNEL_CALLS` profiled calls)."""
-    per_class, budget = CONV_SAMPLES[device + ("-quick" if quick else "")]
-    plan = (sample_plan(per_class, max_elems=GPU_MAX_ELEMS) if device == "cuda"
-            else sample_plan(per_class, max_elems=4 << 20, flop_range=CPU_CONV_FLOP_RANGE))
-    import torch
-
-    cudnn = torch.backends.cudnn
-    saved = (cudnn.allow_tf32, cudnn.benchmark)
-    cudnn.allow_tf32, cudnn.benchmark = True, False
-    try:
-        return measure_conv_rates(device, plan, timer, budget, dtypes)
-    finally:
-        cudnn.allow_tf32, cudnn.benchmark = saved
-
-
-#: Matmuls sampled per class of :data:`fusion_advisor.devices.op_rates.MATMUL_CLASSES` and dtype, and the time
-#: budget (s), by device and ``quick``.
-MATMUL_SAMPLES = {"cuda": ({"fp32": 20, "bf16": 8}, 6.0), "cuda-quick": ({"fp32": 6}, 3.0),
-                  "cpu": ({"fp32": 4}, 5.0), "cpu-quick": ({"fp32": 2}, 2.0)}
-
-
-def measure_matmuls(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Any],
-                    dtypes: dict[str, Any]) -> tuple[list[MatmulRate], dict[str, str]]:
-    """The spec's ``matmul_rates``: :data:`MATMUL_SAMPLES` matmuls of :func:`matmul_plan` timed by
-    :func:`measure_matmul_rates` (fp32 with TF32 off, PyTorch's default)."""
-    per_class, budget = MATMUL_SAMPLES[device + ("-quick" if quick else "")]
-    plan = (matmul_plan(per_class) if device == "cuda"
-            else matmul_plan(per_class, max_elems=4 << 20, flop_range=(1e7, 2e9)))
-    return measure_matmul_rates(device, plan, timer, budget, dtypes)
+    if not pool:
+        return None
+    flops = 2.0 * batch * m * n * k
+    if len(pool) < MODEL_MIN_SAMPLES:
+        return flops / (_nearest_tflops(pool, matmul_features(m, n, k, batch, dtype), MATMUL_WEIGHTS) * 1e12) * 1e6
+    nbytes = float(batch * (m * k + k * n + m * n) * _ITEMSIZE.get(dtype, 4))
+    return fit_matmul_table(tuple(pool)).time_us(flops, float(n), float(k), nbytes,
+                                                 not matmul_aligned(n, k, dtype), matmul_point(m, n, k, batch))
 
 
 # --- recurrent layers ---------------------------------------------------------------------------------------------
@@ -831,42 +699,3 @@ def measure_matmuls(device: str, quick: bool, timer: Callable[[Callable[[], Any]
 #: The recurrent cells of ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` (tanh, relu), by their ``torch.<cell>`` names: what
 #: calibrate measures, a spec's ``recurrent_step_us`` may name, and the op graph tells a recurrent op by.
 RECURRENT_CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
-
-#: The recurrent layer stack calibrate times per cell: ``(input size, hidden size, layers, sequence length,
-#: batch)``. Small enough that every cell step is latency-bound (KernelBench's LSTM/GRU files: hidden 256,
-#: batch 10, 6 layers of 512 steps), so the time per step is what a recurrence of that kind costs at any length.
-RECURRENT_PROBE = (128, 256, 2, 128, 10)
-#: The probe's sequence length under ``--quick`` and on a CPU.
-RECURRENT_PROBE_SEQ_QUICK = 16
-
-
-def recurrent_probe(device: str, quick: bool) -> tuple[int, int, int, int, int]:
-    """The ``(input, hidden, layers, sequence, batch)`` calibrate times: :data:`RECURRENT_PROBE`, with
-    :data:`RECURRENT_PROBE_SEQ_QUICK` steps under ``quick`` or on a CPU."""
-    size, hidden, layers, seq, batch = RECURRENT_PROBE
-    return size, hidden, layers, RECURRENT_PROBE_SEQ_QUICK if quick or device != "cuda" else seq, batch
-
-
-def measure_recurrent_steps(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Any]
-                            ) -> tuple[dict[str, float], dict[str, str]]:
-    """The spec's ``recurrent_step_us``: device time per cell step (us) of ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN``
-    (tanh, relu) at :data:`RECURRENT_PROBE` in fp32 (cuDNN on a GPU, TF32 as PyTorch's default allows), forward
-    without grad: the call's time by ``timer`` (calibrate's, on a GPU the summed durations of its kernels) over its
-    ``layers * sequence`` steps. Returns the steps and, per cell that failed, why."""
-    import torch
-
-    size, hidden, layers, seq, batch = recurrent_probe(device, quick)
-    cells = {"lstm": (torch.nn.LSTM, {}), "gru": (torch.nn.GRU, {}), "rnn_tanh": (torch.nn.RNN, {}),
-             "rnn_relu": (torch.nn.RNN, {"nonlinearity": "relu"})}
-    out: dict[str, float] = {}
-    failed: dict[str, str] = {}
-    x = torch.randn(seq, batch, size, device=device)
-    for cell, (cls, kw) in cells.items():
-        try:
-            layer = cls(size, hidden, layers, **kw).to(device)
-            with torch.no_grad():
-                ms = timer(lambda layer=layer: layer(x)).median_ms
-            out[cell] = _sig(ms * 1e3 / (layers * seq))
-        except (RuntimeError, ValueError) as e:
-            failed[f"recurrent_step_us {cell}"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-    return out, failed
