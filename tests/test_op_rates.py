@@ -367,7 +367,7 @@ def _synthetic_rates(model, shapes, noise=None) -> list[ConvRate]:
 
 
 def test_a_class_with_enough_measurements_is_priced_from_a_fitted_roofline():
-    from fusion_advisor.devices.op_rates import MODEL_MIN_SAMPLES, ConvTimeModel, fit_conv_model
+    from fusion_advisor.devices.op_rates import MODEL_MIN_SAMPLES, ConvTimeModel, fit_conv_table
 
     truth = ConvTimeModel(peak_tflops=250.0, n_half=40.0, k_half=80.0, mn_half=2e5, gbps=2500.0, fixed_us=6.0)
     rng = random.Random(0)
@@ -375,7 +375,7 @@ def test_a_class_with_enough_measurements_is_priced_from_a_fitted_roofline():
                10 ** rng.uniform(-2, 2), 10 ** rng.uniform(0, 3)) for _ in range(120)]
     # a tenth of them sent to a kernel 20x slower, as cuDNN's heuristics do with odd shapes: the L1 fit ignores them
     rates = _synthetic_rates(truth, shapes, noise={i: 20.0 for i in range(0, 120, 10)})
-    fitted = fit_conv_model(tuple(rates))
+    fitted = fit_conv_table(tuple(rates)).model
     clean = _synthetic_rates(truth, shapes)
     errors = sorted(abs(math.log2(fitted.time_us(r.gflop * 1e9, r.c_out, r.c_in * r.kernel, r.nbytes())
                                   / r.time_us())) for r in clean)
@@ -391,7 +391,7 @@ def test_a_class_with_enough_measurements_is_priced_from_a_fitted_roofline():
 
 
 def test_unaligned_input_channels_get_their_own_fitted_slowdown():
-    from fusion_advisor.devices.op_rates import MIN_UNALIGNED_SAMPLES, ConvTimeModel, fit_conv_model
+    from fusion_advisor.devices.op_rates import MIN_UNALIGNED_SAMPLES, ConvTimeModel, fit_conv_table
 
     assert channels_unaligned(3, "fp32") and not channels_unaligned(64, "fp32")
     assert channels_unaligned(4, "bf16") and not channels_unaligned(8, "fp16") and not channels_unaligned(4, "fp32")
@@ -400,7 +400,7 @@ def test_unaligned_input_channels_get_their_own_fitted_slowdown():
     rng = random.Random(1)
     shapes = [(rng.choice((3, 6, 64, 256, 1024)), rng.choice((8, 32, 128, 512, 2048)), rng.choice((1, 9, 25)),
                10 ** rng.uniform(0, 2), 10 ** rng.uniform(0, 2)) for _ in range(120)]
-    fitted = fit_conv_model(tuple(_synthetic_rates(truth, shapes)))
+    fitted = fit_conv_table(tuple(_synthetic_rates(truth, shapes))).model
     assert fitted.unaligned_factor == pytest.approx(4.0, rel=0.2)
     geom = ConvGeometry("conv2d", 3, 64, 49, 1.0, int(2e10), elements=10_000_000)
     aligned = dataclasses.replace(geom, c_in_per_group=4)
@@ -408,7 +408,7 @@ def test_unaligned_input_channels_get_their_own_fitted_slowdown():
     assert conv_time_us(rates, geom, "fp32") > 3 * conv_time_us(rates, aligned, "fp32") * 3 / 4
     # too few unaligned measurements: no slowdown fitted (a pool of aligned convolutions says nothing about it)
     few = [s for s in shapes if s[0] >= 64] + [s for s in shapes if s[0] < 64][:MIN_UNALIGNED_SAMPLES - 1]
-    assert fit_conv_model(tuple(_synthetic_rates(truth, few))).unaligned_factor == 0.0
+    assert fit_conv_table(tuple(_synthetic_rates(truth, few))).model.unaligned_factor == 0.0
 
 
 def test_a_table_entry_without_bytes_estimates_them():
@@ -549,7 +549,7 @@ def test_matmuls_with_enough_measurements_are_priced_from_a_fitted_surface():
         t = truth.time_us(flops, n, k, 4.0 * (m * k + k * n + m * n))
         rates.append(MatmulRate("mm", "fp32", m, n, k, 1, flops / (t * 1e6)))
     assert len(rates) >= MODEL_MIN_SAMPLES
-    # a size no entry has: the surface, not a neighbour's rate, prices it (4096^3 at the truth's 50-TFLOP/s peak)
+    # a size no entry has (3000^3): the surface, not a neighbour's rate, prices it
     want = truth.time_us(2.0 * 3000 ** 3, 3000, 3000, 4.0 * 3 * 3000 ** 2)
     assert matmul_time_us(rates, "mm", 3000, 3000, 3000, 1, "fp32") == pytest.approx(want, rel=0.1)
     assert fit_matmul_table(tuple(rates)).model.peak_tflops == pytest.approx(50.0, rel=0.15)
@@ -605,3 +605,15 @@ def test_the_cat_probe_reads_the_rate_at_the_smallest_side_and_the_cap_from_the_
     gbps, cap = measure_cat_sweep("cpu", 1000.0, timer_at(3500.0, 7e6))
     assert gbps == pytest.approx(3500.0) and cap == pytest.approx(7e6)
     assert measure_cat_sweep("cpu", 1000.0, lambda fn: Timing(1e-6)) is None  # faster than its bytes
+
+
+def test_a_correction_that_would_only_fit_noise_is_refused():
+    from fusion_advisor.devices.op_rates import CORRECTION_NEIGHBOURS, fit_local_correction
+
+    rng = random.Random(4)
+    points = [tuple(rng.uniform(0, 10) for _ in range(5)) for _ in range(200)]
+    assert fit_local_correction(points, [rng.gauss(0, 0.3) for _ in points]) is None  # neighbours say nothing
+    # the same points with a smooth residual surface: the neighbours predict each other, the correction is kept
+    smooth = [0.5 * math.sin(p[0] / 2) for p in points]
+    assert fit_local_correction(points, smooth) is not None
+    assert fit_local_correction(points[:2 * CORRECTION_NEIGHBOURS - 1], smooth) is None  # too few entries

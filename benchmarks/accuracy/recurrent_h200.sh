@@ -8,7 +8,7 @@ R=/tmp/recurrent; mkdir -p $R
 python3 - <<'PY' | tee $R/steps.json
 import json, torch
 from fusion_advisor.devices.calibrate import kernel_timer
-from fusion_advisor.devices.op_rates import RECURRENT_PROBE, measure_recurrent_steps
+from fusion_advisor.devices.rate_sampling import RECURRENT_PROBE, measure_recurrent_steps
 steps, failed = measure_recurrent_steps("cuda", False, kernel_timer)
 print(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "probe": RECURRENT_PROBE,
                   "recurrent_step_us": steps, "failed": failed}))

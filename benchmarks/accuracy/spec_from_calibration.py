@@ -82,8 +82,10 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
         out.append(f"cat_sweep_gbps: {round(base.cat_sweep_gbps, 1)}   # torch.cat: each input sweeps the largest's "
                    "grid blocks, up to the cap, at this rate")
         out.append(f"cat_sweep_cap_bytes: {round(base.cat_sweep_cap_bytes)}")
-        how = ((load_spec(str(cal_path)).sources or {}).get("cat_sweep") or "").split(": ", 1)[-1]
-        out.append(f'cat_sweep_source: "{by}: {how}"')
+        measured = (load_spec(str(cal_path)).sources or {}).get("cat_sweep")
+        source = (f"{by}: {measured.split(': ', 1)[-1]}" if measured
+                  else (load_spec(spec_name).sources or {}).get("cat_sweep", ""))  # the shipped spec's, kept
+        out.append(f'cat_sweep_source: "{source}"')
     out.append(f"# host time beyond launch_overhead_us, {by} on a machine at {cal_launch_us:.3f} us per eager add,")
     out.append(f"# scaled to this spec's {base.launch_overhead_us:g} us; analyze --profile scales them to its host")
     out.append(f"view_overhead_us: {round(base.view_overhead_us, 3)}")

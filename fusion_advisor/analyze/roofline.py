@@ -43,9 +43,9 @@ Fused times are not fitted: they price code that has not run yet.
 
 Where the spec has **measured convolution or matmul rates** (``conv_rates`` / ``matmul_rates``, measured by
 ``calibrate`` over a seeded sample of shapes, :mod:`fusion_advisor.devices.op_rates`), a convolution's eager time
-is the roofline fitted through the measured ones of its class and dtype, plus its bias pass
-(:func:`measured_conv_us`), and a matmul's its FLOPs over its nearest measured neighbours' rate
-(:func:`measured_matmul_us`), instead of the tensor-core roofline; a fitted curve then corrects that
+is the roofline fitted through the measured ones of its class and dtype (locally corrected where that helps),
+plus its bias pass (:func:`measured_conv_us`), and a matmul's the same surface through its class's measured
+matmuls (:func:`measured_matmul_us`), instead of the tensor-core roofline; a fitted curve then corrects that
 (:func:`base_op_us`).
 
 Host time per kernel is the spec's ``launch_overhead_us``, or its measured ``launch_overhead_by_class`` entry for the

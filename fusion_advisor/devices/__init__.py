@@ -172,11 +172,12 @@ class DeviceSpec:
             priced at the roofline (1.0), as before these were measured.
         conv_rates: optional, measured convolutions (:class:`fusion_advisor.devices.op_rates.ConvRate`: class,
             dtype, geometry, achieved TFLOP/s, bytes; ``calibrate``): a convolution's eager time is the roofline
-            fitted through the measured convolutions of the same class, dtype and layout
-            (:func:`fusion_advisor.devices.op_rates.conv_time_us`). Empty: the tensor-core roofline.
+            fitted through the measured convolutions of the same class, dtype and layout, locally corrected where
+            that helps (:func:`fusion_advisor.devices.op_rates.conv_time_us`). Empty: the tensor-core roofline.
         matmul_rates: optional, measured matmuls (:class:`fusion_advisor.devices.op_rates.MatmulRate`; ``calibrate``):
-            ``mm`` / ``addmm`` / ``bmm`` ops take the rate of their nearest measured neighbours in M, N, K, batch
-            and alignment. Empty: the tensor-core roofline.
+            ``mm`` / ``addmm`` / ``bmm`` ops take the roofline fitted through the measured ones of their class and
+            dtype (:func:`fusion_advisor.devices.op_rates.matmul_time_us`; fewer than a dozen: their nearest
+            neighbours' rate). Empty: the tensor-core roofline.
         view_overhead_us: optional, measured host time (us) of one eager view op (``x.view``, ``transpose``,
             slicing), which launches no kernel; 0: not measured (views cost the host nothing in the replay).
         module_call_us: optional, measured host time (us) of entering one ``nn.Module`` call beyond the ops it

@@ -246,7 +246,7 @@ def _timer(device: str, sizes: Sizes) -> Callable[[Callable[[], Any]], Timing]:
 
 
 def kernel_timer(fn: Callable[[], Any]) -> Timing:
-    """The GPU timer of the convolution table and the recurrent step: the summed durations of the kernels of one
+    """The GPU timer of the convolution and matmul tables, the memory-kernel probes and the recurrent step: the summed durations of the kernels of one
     call over :data:`TABLE_KERNEL_CALLS` profiled calls (L2 warm, no host time), as ``analyze --profile`` measures an
     op inside a model."""
     ms, kernels = device_time_and_kernels(fn, iters=TABLE_KERNEL_CALLS)
@@ -518,9 +518,16 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         if pool_rate is None:
             not_measured["pool_window_gelem_s"] = "no pooling probe ran longer than its bytes at copy bandwidth"
         scan = measure_scan_gbps(device, quick, kernel_timer if device == "cuda" else table_timer)
-        cat_sweep = measure_cat_sweep(device, copy, kernel_timer if device == "cuda" else table_timer)
-        if cat_sweep is None:
-            not_measured["cat_sweep_gbps"] = "the concatenation probe took no longer than its bytes"
+        cat_sweep = None
+        if device != "cuda":
+            not_measured["cat_sweep_gbps"] = "GPU only (the grid of PyTorch's CUDA cat kernel)"
+        else:
+            try:
+                cat_sweep = measure_cat_sweep(device, copy, kernel_timer)
+            except RuntimeError as e:  # out of memory
+                not_measured["cat_sweep_gbps"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            if cat_sweep is None and "cat_sweep_gbps" not in not_measured:
+                not_measured["cat_sweep_gbps"] = "the concatenation probe took no longer than its bytes"
         step("recurrent layers (time per cell step)")
         recurrent, recurrent_failed = measure_recurrent_steps(device, quick, kernel_timer if device == "cuda"
                                                               else timer)  # CPU: the longer timer
@@ -716,7 +723,8 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
         **({"conv_rates": [asdict(r.rounded()) for r in cal.conv_rates],
             "conv_rates_source": (f"{by}: {len(cal.conv_rates)} seeded random convolutions "
                                   "(fusion_advisor.devices.rate_sampling.sample_plan: every class of CONV_CLASSES, half "
-                                  "drawn as a network layer, F.conv*d / F.conv_transpose*d without bias, "
+                                  "drawn as a network layer, a quarter of the 2-D ones as a late CNN stage's, "
+                                  "F.conv*d / F.conv_transpose*d without bias, "
                                   "cudnn.allow_tf32 on, cudnn.benchmark off), torch.utils.flop_counter FLOPs over "
                                   + (f"the summed kernel durations of {TABLE_KERNEL_CALLS} profiled calls (L2 warm)"
                                      if cal.device == "cuda" else

@@ -101,7 +101,7 @@ def measure_cat_sweep(device: str, copy_gbps: float, timer: Callable[[Callable[[
     PyTorch's CUDA cat (``CatArrayBatchedCopy`` in aten/src/ATen/native/cuda/Shape.cu) launches one grid row per
     input, each as wide as the largest input needs: an input far smaller than the largest still costs the blocks
     of the largest, so joining many small feature maps to one large one runs at many times its bytes (on the H200 a
-    10 x 928 x 7 x 7 map and 32 of 10 x 32 x 7 x 7: 18.8 us, its bytes 1.8 us; 33 equal inputs: 1.9 us). Each
+    10 x 928 x 7 x 7 map and 32 of 10 x 32 x 7 x 7: 18.8 us, its bytes 1.8 us; 32 equal inputs: 1.9 us). Each
     input then costs ``min(largest input's bytes, cap) / gbps`` beyond the bytes
     (:func:`fusion_advisor.analyze.roofline.cat_inputs_us`).
 

@@ -259,10 +259,10 @@ def _pool(rates: Sequence[Any], detail: str, dtype: str, layout: str = "") -> li
     return of(detail) or (of(CONV_CLASS_FALLBACK[detail]) if detail in CONV_CLASS_FALLBACK else [])
 
 
-#: Fewest measured convolutions of one class, dtype and layout before their time is a fitted
-#: :class:`ConvTimeModel` rather than the nearest neighbours' rate (the model has 6 or 7 parameters).
+#: Fewest measured convolutions (matmuls) of one class, dtype and layout before their time is a fitted
+#: :class:`FittedTable` rather than the nearest neighbours' rate (the model has 6 or 7 parameters).
 MODEL_MIN_SAMPLES = 12
-#: Fewest measured convolutions with unaligned input channels, and with aligned ones, in one pool before the model
+#: Fewest measured GEMMs with unaligned input channels (matmuls: K or N), and with aligned ones, in one pool before the model
 #: fits the unaligned slowdown (:attr:`ConvTimeModel.unaligned_factor`); with fewer it is left at 0.
 MIN_UNALIGNED_SAMPLES = 4
 
@@ -288,7 +288,7 @@ class ConvTimeModel:
     Each factor is the share of a tensor-core tile's work that is done: it is 1/2 where that dimension is its
     ``*_half`` and tends to 1 above it (few channels leave tiles empty, a small output does not fill the SMs);
     ``bytes`` is input, weight and output; ``fixed`` the per-call cost of cuDNN's kernels (2-5 of them per call).
-    Fitted in log time with an L1 loss (:func:`fit_conv_model`): cuDNN's heuristics send some odd shapes to kernels
+    Fitted in log time with an L1 loss (:func:`fit_gemm_model`): cuDNN's heuristics send some odd shapes to kernels
     10-50x slower than their neighbours', which a squared loss lets pull the whole surface. On the H200 probe's
     1214 convolutions (2026-12-02, benchmarks/results/h200/accuracy/cost_model/conv_probe.json), 5-fold
     cross-validation: median error 1.35x for fp32 2-D convolutions, 1.2x transposed 2-D, 1.12x depthwise, 1.6x 3-D;
@@ -347,8 +347,9 @@ _MODEL_INIT = (200.0, 32.0, 64.0, 3e5, 3000.0, 5.0, 1.0)
 def fit_gemm_model(rows: Sequence[tuple[float, float, float, float, bool, float]], iters: int = 60
                    ) -> ConvTimeModel:
     """:class:`ConvTimeModel` through measured GEMMs ``rows`` of ``(FLOPs, N, K, bytes, unaligned, time us)``,
-    minimising the mean absolute log error of the time: Levenberg-Marquardt on the log parameters, iteratively
-    reweighted (weights 1 / max(|residual|, 0.02)) for the L1 loss. Deterministic: a fixed start, a fixed number of
+    minimising the mean absolute log error of the time, each row weighted by its time to
+    :data:`FIT_WEIGHT_POWER`: Levenberg-Marquardt on the log parameters, iteratively reweighted (weights
+    ``row weight / max(|residual|, 0.02)``) for the L1 loss. Deterministic: a fixed start, a fixed number of
     steps. The unaligned slowdown is fitted where :data:`MIN_UNALIGNED_SAMPLES` rows of each kind are there.
 
     Raises:
@@ -397,18 +398,6 @@ def fit_gemm_model(rows: Sequence[tuple[float, float, float, float, bool, float]
 def _conv_row(r: ConvRate) -> tuple[float, float, float, float, bool, float]:
     return (r.gflop * 1e9, float(r.c_out), float(r.c_in * r.kernel), r.nbytes(), channels_unaligned(r.c_in, r.dtype),
             r.time_us())
-
-
-@functools.lru_cache(maxsize=64)
-def fit_conv_model(pool: tuple[ConvRate, ...], iters: int = 60) -> ConvTimeModel:
-    """:func:`fit_gemm_model` through the measured convolutions ``pool`` (one class, dtype and layout).
-
-    Raises:
-        ValueError: ``pool`` is empty.
-    """
-    if not pool:
-        raise ValueError("fit_conv_model needs at least one measured convolution")
-    return fit_gemm_model([_conv_row(r) for r in pool], iters)
 
 
 #: Measured entries nearest an op whose residuals off the fitted surface correct its time (:class:`LocalCorrection`),
@@ -484,8 +473,8 @@ def fit_local_correction(points: Sequence[tuple[float, ...]], residuals: Sequenc
     :data:`CORRECTION_MIN_GAIN` of the surface alone's, where the surface is within
     :data:`CORRECTION_MIN_RESIDUAL` of the table already, or where fewer than twice :data:`CORRECTION_NEIGHBOURS`
     entries are there. On the H200's fp32 tables of 2026-12-03
-    (benchmarks/results/h200/accuracy/reprofile/README.md, session 21) it is kept for the 2-D, 3-D, transposed and
-    depthwise convolutions, not for 1-D and grouped ones nor for the matmuls."""
+    (benchmarks/results/h200/accuracy/reprofile/README.md, session 21) it is kept for the 1-D, 2-D, 3-D and both
+    transposed convolution classes, not for grouped or depthwise ones nor for the matmuls."""
     if len(points) < 2 * CORRECTION_NEIGHBOURS:
         return None
     alone = statistics.fmean(abs(r) for r in residuals)

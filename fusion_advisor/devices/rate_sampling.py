@@ -224,7 +224,9 @@ def sample_plan(per_class: dict[str, int], seed: int = 0, max_elems: int = 64 <<
     """The convolutions calibrate measures: seeded random problems of every class of :data:`CONV_CLASSES` per
     dtype, ``per_class[dtype]`` times the class's :data:`CLASS_SHARE` (at least 2), interleaved (class by class,
     then dtype) so that a time budget cut anywhere leaves every class sampled. Each has a FLOP count drawn
-    log-uniformly from ``flop_range``; input and output tensors stay within ``max_elems`` elements each."""
+    log-uniformly from ``flop_range``, except the late-stage 2-D layers (:func:`_late_stage_problem`: their batch
+    is drawn, and those over 4x the range's top redrawn); input and output tensors stay within ``max_elems``
+    elements each."""
     rng = random.Random(seed)
     by: list[list[ConvProblem]] = []
     for dtype, n in per_class.items():
@@ -303,10 +305,10 @@ def measure_conv_rates(device: str, problems: Sequence[ConvProblem], timer: Call
 #: and most CNNs.
 CONV_SAMPLES = {"cuda": ({"fp32": 200, "bf16": 40}, 20.0), "cuda-quick": ({"fp32": 24}, 6.0),
                 "cpu": ({"fp32": 8}, 10.0), "cpu-quick": ({"fp32": 4}, 3.0)}
-#: do_bench budgets of one sampled matmul (ms), and of a convolution on a CPU: hundreds are timed within the
-#: budget, each a median of a few calls (its L2 flushed between calls).
+#: Timer budgets (ms) of one sampled convolution or matmul on a CPU (on a GPU both are timed by their kernels:
+#: :data:`TABLE_KERNEL_CALLS`): hundreds are timed within the budget, each a median of a few calls.
 TABLE_WARMUP_MS, TABLE_REP_MS = 2.0, 8.0
-#: Profiled calls per sampled convolution on a GPU (:func:`fusion_advisor.kernel_tools.bench.device_time_ms`: the
+#: Profiled calls per sampled convolution or matmul on a GPU (:func:`fusion_advisor.kernel_tools.bench.device_time_ms`: the
 #: summed durations of its kernels, L2 warm, as ``analyze --profile`` measures an op inside a model). Fitted through
 #: the probe's 1214 convolutions timed by do_bench with L2 flushed, the level-3 models' 216 convolutions (ResNet-101,
 #: GoogLeNet, ShuffleNet at batch 10: inputs of 1-48 MB, L2-resident after the op before) came out at a median

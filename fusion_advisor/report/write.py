@@ -94,8 +94,8 @@ CHAIN_COLUMNS: dict[str, str] = {
     "ridge_point_flop_per_byte": "Arithmetic intensity where the device's compute and memory ceilings meet for "
     "the chain's dtype and unit: peak FLOP/s / bandwidth (FLOP/byte).",
     "est_eager_us": "Estimated eager time: per op max(device time, host time per call) summed (us). Device "
-    "time: max(compute, memory) on the roofline, or for convolutions and matmuls FLOPs over the spec's measured "
-    "rate of their nearest measured neighbours (conv_rates, matmul_rates), then the spec's fitted curve of the "
+    "time: max(compute, memory) on the roofline, or for convolutions and matmuls a roofline fitted through the "
+    "spec's measured ones of their class (conv_rates, matmul_rates), then the spec's fitted curve of the "
     "op's class (op_time_fits) where it has one; host time: the spec's launch overhead, or its measured cost per "
     "call of the op's class (launch_overhead_by_class). So it can exceed compute_us, memory_fused_us and "
     "launch_eager_us. An estimate, not a measurement.",
