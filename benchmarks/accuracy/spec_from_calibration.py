@@ -11,7 +11,7 @@
    fields above with their sources, then the fitted curves (one line each).
 
 Usage (CPU): ``python benchmarks/accuracy/spec_from_calibration.py --calibrated CAL.yaml --fit DIR --test DIR
---out OUTDIR [--conv-rates-from CAL2.yaml] [--write]``.
+--out OUTDIR [--conv-rates-from CAL2.yaml] [--merge-tables CAL3.yaml...] [--write]``.
 """
 
 from __future__ import annotations
@@ -31,14 +31,17 @@ from fusion_advisor.devices import SPEC_DIR, load_spec, spec_mapping  # noqa: E4
 from fusion_advisor.devices.fit_profiles import without_fits  # noqa: E402
 
 
-def base_spec(spec_name: str, calibrated: Path, conv_from: Path | None = None):
+def base_spec(spec_name: str, calibrated: Path, conv_from: Path | None = None, merge: tuple[Path, ...] = ()):
     """The shipped spec without its fits, with the calibration's tables, elementwise overhead and host costs
-    (``conv_rates`` and the host cost per convolution activity from ``conv_from``'s calibration when given)."""
+    (``conv_rates`` and the host cost per convolution activity from ``conv_from``'s calibration when given), the
+    ``conv_rates`` and ``matmul_rates`` of each calibration in ``merge`` appended to its tables."""
     spec = without_fits(load_spec(spec_name))
     cal = load_spec(str(calibrated)).at_host_speed(spec.launch_overhead_us)
     # the convolution table's activity counts and the host cost per activity come from the same calibration
     conv = load_spec(str(conv_from)).at_host_speed(spec.launch_overhead_us) if conv_from is not None else cal
-    return dataclasses.replace(spec, conv_rates=conv.conv_rates, matmul_rates=cal.matmul_rates,
+    extra = [load_spec(str(m)) for m in merge]
+    return dataclasses.replace(spec, conv_rates=conv.conv_rates + sum((m.conv_rates for m in extra), ()),
+                               matmul_rates=cal.matmul_rates + sum((m.matmul_rates for m in extra), ()),
                                elementwise_overhead_us=cal.elementwise_overhead_us,
                                kernel_busy_overhead_us=cal.kernel_busy_overhead_us or spec.kernel_busy_overhead_us,
                                launch_overhead_by_class=cal.launch_overhead_by_class,
@@ -54,7 +57,7 @@ def _flow(d) -> str:
 
 
 def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted: dict, fit_note: str,
-              conv_path: Path | None = None) -> str:
+              conv_path: Path | None = None, merge: tuple[Path, ...] = ()) -> str:
     """The spec file: its text up to ``op_time_fits``, then the measured fields and the fitted curves."""
     lines = (SPEC_DIR / f"{spec_name}.yaml").read_text().splitlines()
     cut = next((i for i, line in enumerate(lines) if line.startswith(("op_time_fits:", "elementwise_overhead_us:"))),
@@ -105,14 +108,15 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
                "(op_rates.FittedTable: ConvTimeModel, locally corrected where that helps; fusion_advisor/devices/op_rates.py)")
     out.append("conv_rates:")
     out += [f"  - {_flow(r)}" for r in data["conv_rates"]]
-    conv_by = f"measured by fusion-advisor calibrate ({conv_path or cal_path})"
+    conv_by = f"measured by fusion-advisor calibrate ({', '.join(map(str, (conv_path or cal_path, *merge)))})"
     out.append(f'conv_rates_source: "{conv_by}: seeded random convolutions of every class (half of them drawn as a '
                'network layer, a quarter of the 2-D ones as a late CNN stage\'s), contiguous, no bias, '
                'cudnn.allow_tf32 on and cudnn.benchmark off (PyTorch\'s defaults), summed kernel durations of 3 '
                'profiled calls (L2 warm)"')
     out.append("matmul_rates:")
     out += [f"  - {_flow(r)}" for r in data["matmul_rates"]]
-    out.append(f'matmul_rates_source: "{by}: seeded torch.mm / torch.bmm, fp32 with TF32 off (PyTorch\'s default), '
+    mm_by = f"measured by fusion-advisor calibrate ({', '.join(map(str, (cal_path, *merge)))})"
+    out.append(f'matmul_rates_source: "{mm_by}: seeded torch.mm / torch.bmm, fp32 with TF32 off (PyTorch\'s default), '
                'summed kernel durations of 3 profiled calls (L2 warm)"')
     if fitted.get("host_time_scale", 1.0) != 1.0:
         out.append(f"host_time_scale: {fitted['host_time_scale']}   # in-model over tight-loop host time, fitted from "
@@ -137,11 +141,14 @@ def main() -> int:
     ap.add_argument("--conv-rates-from", type=Path, default=None,
                     help="another calibrate YAML whose conv_rates to ship instead (a newer table measured on a host "
                          "whose host costs are not the ones the fit and test reports were profiled with)")
+    ap.add_argument("--merge-tables", type=Path, nargs="*", default=[],
+                    help="more calibrate YAMLs whose conv_rates and matmul_rates are appended to the tables (one "
+                         "calibration's random draw moved single models by up to 0.3x)")
     ap.add_argument("--note", default="", help="op_time_fits_source text (the fit and test sets, the accuracy)")
     ap.add_argument("--write", action="store_true", help="rewrite fusion_advisor/devices/<spec>.yaml")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    base, cal = base_spec(args.spec, args.calibrated, args.conv_rates_from)
+    base, cal = base_spec(args.spec, args.calibrated, args.conv_rates_from, tuple(args.merge_tables))
     base_path = args.out / "base.yaml"
     base_path.write_text(yaml.safe_dump(spec_mapping(base), sort_keys=False))
     cmd = [sys.executable, "-m", "fusion_advisor.cli", "calibrate", *sum((["--from-profile", str(p)]
@@ -159,7 +166,7 @@ def main() -> int:
     if args.write:
         fitted = yaml.safe_load(fitted_path.read_text())
         text = spec_text(args.spec, base, args.calibrated, load_spec(str(args.calibrated)).launch_overhead_us,
-                         fitted, args.note, args.conv_rates_from)
+                         fitted, args.note, args.conv_rates_from, tuple(args.merge_tables))
         (SPEC_DIR / f"{args.spec}.yaml").write_text(text)
         load_spec(args.spec)  # it must load
         print(f"wrote {SPEC_DIR / f'{args.spec}.yaml'}")

@@ -472,9 +472,9 @@ def fit_local_correction(points: Sequence[tuple[float, ...]], residuals: Sequenc
     leave-one-out error (each entry corrected by its neighbours, itself left out) below
     :data:`CORRECTION_MIN_GAIN` of the surface alone's, where the surface is within
     :data:`CORRECTION_MIN_RESIDUAL` of the table already, or where fewer than twice :data:`CORRECTION_NEIGHBOURS`
-    entries are there. On the H200's fp32 tables of 2026-12-03
-    (benchmarks/results/h200/accuracy/reprofile/README.md, session 21) it is kept for the 1-D, 2-D, 3-D and both
-    transposed convolution classes, not for grouped or depthwise ones nor for the matmuls."""
+    entries are there. On the shipped H200 fp32 tables (two calibrations of 2026-12-03 merged,
+    benchmarks/results/h200/accuracy/reprofile/README.md, session 21) it is kept for the 1-D, 2-D, 3-D, both
+    transposed and the depthwise convolution classes and for ``mm``, not for grouped convolutions or ``bmm``."""
     if len(points) < 2 * CORRECTION_NEIGHBOURS:
         return None
     alone = statistics.fmean(abs(r) for r in residuals)
