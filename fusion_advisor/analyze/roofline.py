@@ -61,6 +61,7 @@ from dataclasses import replace
 
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.devices.op_rates import ConvGeometry, conv_kernels, conv_time_us, matmul_time_us
+from fusion_advisor.devices.reduction_rates import REDUCE_OPS, reduction_time_us
 from fusion_advisor.analyze.records import Chain, Estimate, OpInfo
 from fusion_advisor.analyze.sdpa import math_score_bytes
 
@@ -154,9 +155,16 @@ def _compute_dtype(dtype: str, categories: set[str] | frozenset[str]) -> str:
     return "tf32" if dtype == "fp32" and ("conv" in categories or "recurrent" in categories) else dtype
 
 
+#: Copies PyTorch runs as one device-to-device memcpy when the input is contiguous and of the output's dtype.
+#: ``cat``, ``constant_pad_nd``, ``repeat``, ``fill`` and the other copy-category ops run kernels of their own.
+MEMCPY_OPS = frozenset(("clone", "copy", "_to_copy", "contiguous", "lift_fresh_copy", "_unsafe_view_copy"))
+
+
 def memcpy_like(op: OpInfo) -> bool:
-    """A copy that runs as a DMA memcpy (same dtype, no permuted input): no elementwise kernel's ramp and tail."""
-    return op.category == "copy" and not op.reads_permuted and all(i.dtype == op.dtype for i in op.inputs)
+    """A copy that runs as a DMA memcpy (:data:`MEMCPY_OPS`, same dtype, no permuted input): no elementwise
+    kernel's ramp and tail."""
+    return (op.category == "copy" and _short_target(op.target) in MEMCPY_OPS and not op.reads_permuted
+            and all(i.dtype == op.dtype for i in op.inputs))
 
 
 def has_kernel_overhead(op: OpInfo) -> bool:
@@ -168,7 +176,10 @@ def has_kernel_overhead(op: OpInfo) -> bool:
 def op_overhead_us(op: OpInfo, spec: DeviceSpec) -> float:
     """Fixed device time of one eager kernel of ``op`` beyond its bytes, as a profile measures its busy time
     (us): the spec's ``kernel_busy_overhead_us`` where measured, else its ``elementwise_overhead_us``, for ops
-    :func:`has_kernel_overhead`; else 0."""
+    :func:`has_kernel_overhead`; a memcpy (:func:`memcpy_like`) the former only (the profiler timed the H200's
+    device-to-device memcpys of 0.1-0.5 MB at 1.0-1.2 us, its tiny adds at 0.86); else 0."""
+    if memcpy_like(op) and launches(op):
+        return spec.kernel_busy_overhead_us
     if not has_kernel_overhead(op):
         return 0.0
     return spec.kernel_busy_overhead_us or spec.elementwise_overhead_us
@@ -268,6 +279,78 @@ def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     return matmul_time_us(spec.matmul_rates, how[0], m, n, k, batch, op.dtype)
 
 
+def _prod(xs: tuple[int, ...]) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def _middle_dims(op: OpInfo) -> tuple[int, int, int] | None:
+    """``(outer, reduced, inner)`` of a softmax or reduction over ``op.reduction_elems`` elements per output: over
+    the last dims (inner 1) where :attr:`OpInfo.reduces_last_dim`, else the leftmost run of dims below the last
+    whose sizes multiply to the reduced count and whose following dims the output keeps (a softmax keeps them all).
+    None where no such run exists."""
+    shape, red = op.inputs[0].shape, op.reduction_elems
+    numel = _prod(shape)
+    if red <= 0 or numel <= 0:
+        return None
+    if op.reduces_last_dim:
+        return max(numel // red, 1), red, 1
+    out = op.outputs[0].shape if op.outputs else ()
+    for i in range(len(shape) - 1):
+        for j in range(i + 1, len(shape)):
+            tail = shape[j:]
+            if _prod(shape[i:j]) == red and (op.category == "softmax" or tuple(out[len(out) - len(tail):]) == tail):
+                return _prod(shape[:i]), red, _prod(tail)
+    return None
+
+
+def reduction_geometry(op: OpInfo) -> tuple[str, tuple[int, int, int]] | None:
+    """The measured class (:data:`fusion_advisor.devices.reduction_rates.REDUCTION_CLASSES`) and dims that price
+    ``op`` from a spec's ``reduction_rates``, or None for an op no class covers: BatchNorm (``N x C x spatial``;
+    the graph's ``_native_batch_norm_legit_no_training`` in eval, its other overloads with training statistics,
+    InstanceNorm's among them), ``native_group_norm`` (its groups from the ``N x groups`` statistics it returns),
+    ``native_layer_norm``, softmax and log-softmax, ``logsumexp`` and the single-kernel reductions of
+    :data:`fusion_advisor.devices.reduction_rates.REDUCE_OPS`."""
+    if not op.inputs or not op.inputs[0].shape or op.inputs[0].numel <= 0:
+        return None
+    name, shape = _short_target(op.target), op.inputs[0].shape
+    if name.startswith("_native_batch_norm_legit") or name in ("native_batch_norm", "cudnn_batch_norm"):
+        if len(shape) < 2:
+            return None
+        kind = "batch_norm" if name == "_native_batch_norm_legit_no_training" else "batch_norm_train"
+        return kind, (shape[0], shape[1], _prod(shape[2:]))
+    if name == "native_group_norm":
+        if len(shape) < 2 or len(op.outputs) < 2 or len(op.outputs[1].shape) != 2:
+            return None
+        groups = op.outputs[1].shape[1]
+        if groups <= 0 or shape[1] % groups:
+            return None
+        return "group_norm", (shape[0] * groups, shape[1] // groups, _prod(shape[2:]))
+    if name == "native_layer_norm":
+        row = op.reduction_elems
+        return ("layer_norm", (max(op.inputs[0].numel // row, 1), row, 1)) if row > 0 else None
+    kind = ("softmax" if op.category == "softmax" else "logsumexp" if name == "logsumexp"
+            else "reduce" if name in REDUCE_OPS else None)
+    dims = _middle_dims(op) if kind else None
+    return (kind, dims) if kind and dims else None
+
+
+def measured_reduction_us(op: OpInfo, spec: DeviceSpec) -> float | None:
+    """Eager device time of a normalization, softmax or reduction from the spec's measured ``reduction_rates``
+    (us): the entries of its class nearest its geometry (:func:`reduction_geometry`,
+    :func:`fusion_advisor.devices.reduction_rates.reduction_time_us`); None for other ops, or without a measured
+    entry of its class."""
+    if not spec.reduction_rates or op.category not in ("normalization", "softmax", "reduction"):
+        return None
+    geometry = reduction_geometry(op)
+    if geometry is None:
+        return None
+    return reduction_time_us(spec.reduction_rates, geometry[0], geometry[1], op.dtype, spec.memory_bandwidth_gbps,
+                             spec.kernel_busy_overhead_us or spec.elementwise_overhead_us)
+
+
 #: Host time of one cell step of a cuDNN recurrent layer, in eager-op launches (``launch_overhead_us``): cuDNN
 #: launches 2 kernels per step (a GEMM and the cell's elementwise kernel) from its own loop. Measured on the H200
 #: (2026-12-02, benchmarks/results/h200/accuracy/recurrent/): the six KernelBench cuDNN LSTM/GRU files ran
@@ -289,12 +372,15 @@ def recurrent_op_us(op: OpInfo, spec: DeviceSpec) -> float | None:
 
 def measured_op_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     """Eager device time of one op from the spec's measured rate tables (us): :func:`measured_conv_us` for a
-    convolution, :func:`measured_matmul_us` for a matmul, :func:`recurrent_op_us` for a recurrent layer stack;
-    None when no table prices it."""
+    convolution, :func:`measured_matmul_us` for a matmul, :func:`recurrent_op_us` for a recurrent layer stack,
+    :func:`measured_reduction_us` for a normalization, softmax or reduction; None when no table prices it."""
     if op.category == "recurrent":
         return recurrent_op_us(op, spec)
-    measured = measured_conv_us(op, spec)
-    return measured_matmul_us(op, spec) if measured is None else measured
+    if op.category == "conv":
+        return measured_conv_us(op, spec)
+    if op.category == "matmul":
+        return measured_matmul_us(op, spec)
+    return measured_reduction_us(op, spec)
 
 
 def base_op_us(op: OpInfo, spec: DeviceSpec) -> float:
@@ -512,7 +598,7 @@ def _module_calls(prev: str, path: str) -> int:
         return 0
     new, old = path.split("."), prev.split(".") if prev else []
     common = 0
-    for x, y in zip(new, old):
+    for x, y in zip(new, old, strict=False):
         if x != y:
             break
         common += 1

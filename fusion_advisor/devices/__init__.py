@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from fusion_advisor.devices.op_rates import RECURRENT_CELLS, ConvRate, MatmulRate
+from fusion_advisor.devices.reduction_rates import ReductionRate
 from fusion_advisor.errors import DeviceSpecError
 
 SPEC_DIR = Path(__file__).parent
@@ -178,6 +179,11 @@ class DeviceSpec:
             ``mm`` / ``addmm`` / ``bmm`` ops take the roofline fitted through the measured ones of their class and
             dtype (:func:`fusion_advisor.devices.op_rates.matmul_time_us`; fewer than a dozen: their nearest
             neighbours' rate). Empty: the tensor-core roofline.
+        reduction_rates: optional, measured normalizations, softmaxes and reductions
+            (:class:`fusion_advisor.devices.reduction_rates.ReductionRate`: class, dtype, geometry, bytes, kernel time
+            and count; ``calibrate``): such an op's eager time is interpolated from the entries of its class nearest
+            its geometry (:func:`fusion_advisor.devices.reduction_rates.reduction_time_us`). Empty: its bytes at
+            copy bandwidth.
         view_overhead_us: optional, measured host time (us) of one eager view op (``x.view``, ``transpose``,
             slicing), which launches no kernel; 0: not measured (views cost the host nothing in the replay).
         module_call_us: optional, measured host time (us) of entering one ``nn.Module`` call beyond the ops it
@@ -240,6 +246,7 @@ class DeviceSpec:
     op_time_fit_dtypes: tuple[str, ...] = ()
     conv_rates: tuple[ConvRate, ...] = ()
     matmul_rates: tuple[MatmulRate, ...] = ()
+    reduction_rates: tuple[ReductionRate, ...] = ()
     view_overhead_us: float = 0.0
     module_call_us: float = 0.0
     launch_overhead_by_class: dict[str, float] = field(default_factory=dict)
@@ -307,7 +314,7 @@ class DeviceSpec:
             x = math.log(max(seq, 1))
             if x <= math.log(pts[0][0]):
                 return float(pts[0][1]), "rates"
-            for (s0, t0), (s1, t1) in zip(pts, pts[1:]):
+            for (s0, t0), (s1, t1) in zip(pts, pts[1:], strict=False):
                 if x <= math.log(s1):
                     w = (x - math.log(s0)) / (math.log(s1) - math.log(s0)) if s1 != s0 else 1.0
                     return float(t0 + w * (t1 - t0)), "rates"
@@ -392,6 +399,7 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         op_time_fit_dtypes=tuple(fit_dtypes),
         conv_rates=_parse_rate_list(data.get("conv_rates"), "conv_rates", ConvRate, origin),
         matmul_rates=_parse_rate_list(data.get("matmul_rates"), "matmul_rates", MatmulRate, origin),
+        reduction_rates=_parse_rate_list(data.get("reduction_rates"), "reduction_rates", ReductionRate, origin),
         view_overhead_us=_number(data.get("view_overhead_us", 0.0), f"{origin}: view_overhead_us", "us",
                                  positive=False),
         module_call_us=_number(data.get("module_call_us", 0.0), f"{origin}: module_call_us", "us", positive=False),
@@ -440,8 +448,8 @@ def _parse_recurrent_steps(raw: Any, origin: str) -> dict[str, float]:
 
 
 def _parse_rate_list(raw: Any, name: str, kind: type, origin: str) -> tuple:
-    """Validate an optional list of measured rates (``conv_rates`` / ``matmul_rates``: mappings of ``kind``'s
-    fields, read by its ``from_dict``)."""
+    """Validate an optional list of measured rates (``conv_rates`` / ``matmul_rates`` / ``reduction_rates``: mappings
+    of ``kind``'s fields, read by its ``from_dict``)."""
     if raw is None:
         return ()
     keys = ", ".join(f.name for f in fields(kind))
@@ -502,8 +510,8 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
     sources = data.pop("sources", None) or {}
     for key in ("attention_tflops", "attention_rates", "unaligned_tensor_tflops", "route_efficiency",
                 "op_time_fits", "op_time_fit_dtypes", "strided_bandwidth_gbps", "elementwise_overhead_us",
-                "kernel_busy_overhead_us",
-                "conv_rates", "matmul_rates", "view_overhead_us", "module_call_us", "launch_overhead_by_class",
+                "kernel_busy_overhead_us", "conv_rates", "matmul_rates", "reduction_rates", "view_overhead_us",
+                "module_call_us", "launch_overhead_by_class",
                 "recurrent_step_us", "pool_window_gelem_s", "activity_host_share", "conv_probe_kernels",
                 "scan_bandwidth_gbps", "cat_sweep_gbps", "cat_sweep_cap_bytes"):
         if not data.get(key):
@@ -512,9 +520,11 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
         data.pop("host_time_scale")
     if data.get("op_time_fit_dtypes"):
         data["op_time_fit_dtypes"] = list(data["op_time_fit_dtypes"])
-    for key in ("conv_rates", "matmul_rates"):
+    for key in ("conv_rates", "matmul_rates", "reduction_rates"):
         if data.get(key):
             data[key] = [dict(r) for r in data[key]]
+    for r in data.get("reduction_rates") or ():
+        r["dims"] = list(r["dims"])
     fits = {k: dict(v) for k, v in (data.get("op_time_fits") or {}).items()}
     for fit in fits.values():
         if fit.get("max_us") == float("inf"):
@@ -617,7 +627,8 @@ def load_spec(name_or_path: str) -> DeviceSpec:
                 "or give the path of a spec YAML"
             )
     try:
-        data = yaml.safe_load(path.read_text())
+        # libyaml's loader where PyYAML has it: the H200 spec's rate tables are ~5,000 entries (1.7 s in pure Python)
+        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except OSError as e:
         raise DeviceSpecError(f"{origin}: cannot read: {e.strerror}") from e
     except yaml.YAMLError as e:

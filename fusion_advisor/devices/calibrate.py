@@ -56,6 +56,7 @@ from fusion_advisor.devices.host_costs import (ActivityHostCost, add_probe, meas
                                                measure_launch_by_class, measure_module_call_us, measure_view_us,
                                                per_op_us)
 from fusion_advisor.devices.op_rates import ConvRate, MatmulRate
+from fusion_advisor.devices.reduction_rates import ReductionRate, measure_reductions
 from fusion_advisor.devices.rate_sampling import (TABLE_KERNEL_CALLS, TABLE_REP_MS, TABLE_WARMUP_MS,
                                                   measure_convolutions, measure_matmuls, measure_recurrent_steps,
                                                   recurrent_probe)
@@ -140,6 +141,8 @@ class Calibration:
         module_call_us: host time of entering one ``nn.Module`` call (us, :func:`measure_module_call_us`).
         conv_rates: measured convolutions by geometry (:func:`measure_convolutions`).
         matmul_rates: measured matmuls by shape (:func:`measure_matmuls`).
+        reduction_rates: measured normalizations, softmaxes and reductions by shape
+            (:func:`fusion_advisor.devices.reduction_rates.measure_reductions`).
         recurrent_step_us: device time per cell step of cuDNN recurrent layers by cell (us,
             :func:`measure_recurrent_steps`).
         recurrent_probe: the ``(input, hidden, layers, sequence, batch)`` those were measured at.
@@ -184,6 +187,7 @@ class Calibration:
     module_call_us: float | None = None
     conv_rates: list[ConvRate] = field(default_factory=list)
     matmul_rates: list[MatmulRate] = field(default_factory=list)
+    reduction_rates: list[ReductionRate] = field(default_factory=list)
     launch_by_class: dict[str, float] = field(default_factory=dict)
     step_seconds: dict[str, float] = field(default_factory=dict)
     recurrent_step_us: dict[str, float] = field(default_factory=dict)
@@ -425,7 +429,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
     timer = _timer(device, sizes)
     matmul_dtypes = ("fp32", "tf32", "bf16", "fp16") if device == "cuda" else ("fp32", "bf16", "fp16")
     steps = 1 + len(matmul_dtypes) + (2 if device == "cuda" else 0) + (3 if device == "cuda" and not quick else 0) \
-        + 2 + (2 if device == "cuda" else 0) + 4
+        + 2 + (2 if device == "cuda" else 0) + 5
     done = [0]
 
     seconds: dict[str, float] = {}
@@ -512,6 +516,10 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         matmul_rates, matmul_skipped = measure_matmuls(device, quick, kernel_timer if device == "cuda"
                                                        else table_timer, _DTYPES)
         not_measured.update(matmul_skipped)
+        step("normalizations, softmaxes and reductions by shape")
+        reduction_rates, reduction_skipped = measure_reductions(device, quick, kernel_timer if device == "cuda"
+                                                                else table_timer, _DTYPES)
+        not_measured.update(reduction_skipped)
         step("pooling window reads and scans")
         pool_rate, pool_rows = measure_pool_window_rate(device, copy, quick, kernel_timer if device == "cuda"
                                                         else table_timer)
@@ -555,7 +563,8 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         unaligned_tflops=unaligned, elementwise_overhead_us=elementwise, kernel_busy_overhead_us=busy_overhead,
         not_measured=not_measured, view_us=view_us, module_call_us=module_us, conv_rates=conv_rates,
         launch_by_class=launch_by_class, activity=activity, step_seconds=seconds,
-        matmul_rates=matmul_rates, recurrent_step_us=recurrent, recurrent_probe=recurrent_probe(device, quick),
+        matmul_rates=matmul_rates, reduction_rates=reduction_rates, recurrent_step_us=recurrent,
+        recurrent_probe=recurrent_probe(device, quick),
         pool_window_gelem_s=pool_rate, pool_probes=pool_rows,
         timer="triton.testing.do_bench median (L2 flushed before each call)" if device == "cuda"
         else "wall-clock median (time.perf_counter)")
@@ -741,6 +750,17 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                        f"the {cal.timer}, {TABLE_WARMUP_MS:g} ms warm-up and {TABLE_REP_MS:g} ms timed")
                                     + " per matmul")}
            if cal.matmul_rates else {}),
+        **({"reduction_rates": [_reduction_entry(r) for r in cal.reduction_rates],
+            "reduction_rates_source": (f"{by}: {len(cal.reduction_rates)} seeded fp32 calls "
+                                       "(fusion_advisor.devices.reduction_rates.reduction_plan: F.batch_norm eval and "
+                                       "training, F.group_norm, F.layer_norm, torch.softmax, torch.sum / mean / amax "
+                                       "and torch.logsumexp over dim 1, shapes of CNN stages and rows), "
+                                       + (f"the summed kernel durations and kernel count of {TABLE_KERNEL_CALLS} "
+                                          "profiled calls (L2 warm)" if cal.device == "cuda" else
+                                          f"the {cal.timer}, {TABLE_WARMUP_MS:g} ms warm-up and {TABLE_REP_MS:g} ms "
+                                          "timed")
+                                       + " per call")}
+           if cal.reduction_rates else {}),
         **({"recurrent_step_us": dict(cal.recurrent_step_us),
             "recurrent_step_us_source": (
                 f"{by}: nn.LSTM / nn.GRU / nn.RNN (input, hidden, layers, sequence, batch) = "
@@ -779,6 +799,13 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
         data["calibration"]["warnings"] = warnings
     parse_spec(data, "the spec calibrate measured (a calibrate bug: please report it)")  # the loader must take it
     return data
+
+
+def _reduction_entry(r: ReductionRate) -> dict[str, Any]:
+    """A :class:`ReductionRate` as a spec's YAML entry (its dims a list)."""
+    d = asdict(r.rounded())
+    d["dims"] = list(d["dims"])
+    return d
 
 
 def render_spec(data: dict[str, Any]) -> str:
