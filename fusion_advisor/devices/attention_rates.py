@@ -33,8 +33,10 @@ ATTENTION_TOKENS = 8192
 #: heads x head_dim of every grid point (32 heads of 64, 16 of 128).
 ATTENTION_MODEL_DIM = 2048
 #: do_bench budgets of one grid point (ms), small so that the 168 points (those a backend refuses fail at once) fit
-#: in well under a minute (budget arithmetic: about 30-60 ms per point; not yet timed on the H200).
-ATTENTION_WARMUP_MS, ATTENTION_REP_MS = 5.0, 20.0
+#: in calibrate's minute: at 5 / 20 ms the grid took 12.9-16.4 s of the H200's 49-60 s full calibrate (2026-12-04,
+#: benchmarks/results/h200/accuracy/reprofile/reduction_tables); each point's kernel is 0.05-3 ms, so 10 ms timed
+#: is still 3 or more calls.
+ATTENTION_WARMUP_MS, ATTENTION_REP_MS = 3.0, 10.0
 
 
 def measure_attention_tflops(dtype: str, timer: Callable[[Callable[[], Any]], Timing],
