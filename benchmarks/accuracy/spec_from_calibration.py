@@ -11,13 +11,15 @@
    fields above with their sources, then the fitted curves (one line each).
 
 Usage (CPU): ``python benchmarks/accuracy/spec_from_calibration.py --calibrated CAL.yaml --fit DIR --test DIR
---out OUTDIR [--conv-rates-from CAL2.yaml] [--merge-tables CAL3.yaml...] [--write]``.
+--out OUTDIR [--conv-rates-from CAL2.yaml] [--merge-tables CAL3.yaml...] [--reductions CAL.yaml|PROBE.json...]
+[--write]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -29,12 +31,34 @@ sys.path.insert(0, str(ROOT))
 
 from fusion_advisor.devices import SPEC_DIR, load_spec, spec_mapping  # noqa: E402
 from fusion_advisor.devices.fit_profiles import without_fits  # noqa: E402
+from fusion_advisor.devices.reduction_rates import ReductionRate  # noqa: E402
 
 
-def base_spec(spec_name: str, calibrated: Path, conv_from: Path | None = None, merge: tuple[Path, ...] = ()):
+def reduction_table(paths: tuple[Path, ...], map_norms: tuple[Path, ...] = ()) -> tuple[ReductionRate, ...]:
+    """The ``reduction_rates`` of each file of ``paths`` and then ``map_norms`` in turn (a calibrate YAML, or a
+    ``table_probe.py`` JSON); of ``map_norms``' (measured before ``reduction_call`` made a spatial-1 norm input a
+    ``N x C`` matrix) the BatchNorm and GroupNorm entries of spatial 1 dropped: they timed ``N x C x 1 x 1`` maps,
+    which cuDNN runs up to 100x slower."""
+    out: list[ReductionRate] = []
+    for path in (*paths, *map_norms):
+        if path.suffix == ".json":
+            rates = [ReductionRate.from_dict(d) for d in json.loads(path.read_text())["reduction_rates"]]
+        else:
+            rates = list(load_spec(str(path)).reduction_rates)
+        if path in map_norms:
+            rates = [r for r in rates if not (r.op in ("batch_norm", "batch_norm_train", "group_norm")
+                                              and r.dims[2] == 1)]
+        out += rates
+    return tuple(out)
+
+
+def base_spec(spec_name: str, calibrated: Path, conv_from: Path | None = None, merge: tuple[Path, ...] = (),
+              reductions: tuple[Path, ...] = (), map_norms: tuple[Path, ...] = ()):
     """The shipped spec without its fits, with the calibration's tables, elementwise overhead and host costs
     (``conv_rates`` and the host cost per convolution activity from ``conv_from``'s calibration when given), the
-    ``conv_rates`` and ``matmul_rates`` of each calibration in ``merge`` appended to its tables."""
+    ``conv_rates``, ``matmul_rates`` and ``reduction_rates`` of each calibration in ``merge`` appended to its tables
+    (the shipped ``reduction_rates`` kept where no calibration measured any); the table of ``reductions`` and
+    ``map_norms`` (:func:`reduction_table`) instead where given."""
     spec = without_fits(load_spec(spec_name))
     cal = load_spec(str(calibrated)).at_host_speed(spec.launch_overhead_us)
     # the convolution table's activity counts and the host cost per activity come from the same calibration
@@ -42,6 +66,8 @@ def base_spec(spec_name: str, calibrated: Path, conv_from: Path | None = None, m
     extra = [load_spec(str(m)) for m in merge]
     return dataclasses.replace(spec, conv_rates=conv.conv_rates + sum((m.conv_rates for m in extra), ()),
                                matmul_rates=cal.matmul_rates + sum((m.matmul_rates for m in extra), ()),
+                               reduction_rates=(reduction_table(reductions, map_norms) or cal.reduction_rates
+                                                + sum((m.reduction_rates for m in extra), ()) or spec.reduction_rates),
                                elementwise_overhead_us=cal.elementwise_overhead_us,
                                kernel_busy_overhead_us=cal.kernel_busy_overhead_us or spec.kernel_busy_overhead_us,
                                launch_overhead_by_class=cal.launch_overhead_by_class,
@@ -57,7 +83,8 @@ def _flow(d) -> str:
 
 
 def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted: dict, fit_note: str,
-              conv_path: Path | None = None, merge: tuple[Path, ...] = ()) -> str:
+              conv_path: Path | None = None, merge: tuple[Path, ...] = (), reductions: tuple[Path, ...] = (),
+              map_norms: tuple[Path, ...] = ()) -> str:
     """The spec file: its text up to ``op_time_fits``, then the measured fields and the fitted curves."""
     lines = (SPEC_DIR / f"{spec_name}.yaml").read_text().splitlines()
     cut = next((i for i, line in enumerate(lines) if line.startswith(("op_time_fits:", "elementwise_overhead_us:"))),
@@ -118,6 +145,19 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
     mm_by = f"measured by fusion-advisor calibrate ({', '.join(map(str, (cal_path, *merge)))})"
     out.append(f'matmul_rates_source: "{mm_by}: seeded torch.mm / torch.bmm, fp32 with TF32 off (PyTorch\'s default), '
                'summed kernel durations of 3 profiled calls (L2 warm)"')
+    if data.get("reduction_rates"):
+        out.append("# measured normalizations, softmaxes and reductions: an op's time is interpolated from its class's "
+                   "entries nearest its geometry (fusion_advisor/devices/reduction_rates.py)")
+        out.append("reduction_rates:")
+        out += [f"  - {_flow(r)}" for r in data["reduction_rates"]]
+        red_by = (f"measured by fusion-advisor calibrate and benchmarks/accuracy/table_probe.py "
+                  f"({', '.join(map(str, reductions))}; and, their spatial-1 BatchNorm / GroupNorm entries dropped, "
+                  f"{', '.join(map(str, map_norms)) or 'none'})" if reductions
+                  else f"measured by fusion-advisor calibrate ({', '.join(map(str, (cal_path, *merge)))})")
+        out.append(f'reduction_rates_source: "{red_by}: seeded fp32 F.batch_norm (eval, training), F.group_norm, '
+                   'F.layer_norm, torch.softmax, torch.sum / mean / amax and torch.logsumexp calls '
+                   '(reduction_rates.reduction_plan), summed kernel durations and kernel count of 3 profiled calls '
+                   '(L2 warm)"')
     if fitted.get("host_time_scale", 1.0) != 1.0:
         out.append(f"host_time_scale: {fitted['host_time_scale']}   # in-model over tight-loop host time, fitted from "
                    "analyze --profile runs (see host_time_scale_source)")
@@ -144,11 +184,17 @@ def main() -> int:
     ap.add_argument("--merge-tables", type=Path, nargs="*", default=[],
                     help="more calibrate YAMLs whose conv_rates and matmul_rates are appended to the tables (one "
                          "calibration's random draw moved single models by up to 0.3x)")
+    ap.add_argument("--reductions", type=Path, nargs="*", default=[],
+                    help="calibrate YAMLs or table_probe.py JSONs whose reduction_rates, together, form the table")
+    ap.add_argument("--reductions-map-norms", type=Path, nargs="*", default=[],
+                    help="more such tables, measured when a spatial-1 norm input was a N x C x 1 x 1 map: their "
+                         "spatial-1 BatchNorm / GroupNorm entries are dropped")
     ap.add_argument("--note", default="", help="op_time_fits_source text (the fit and test sets, the accuracy)")
     ap.add_argument("--write", action="store_true", help="rewrite fusion_advisor/devices/<spec>.yaml")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    base, cal = base_spec(args.spec, args.calibrated, args.conv_rates_from, tuple(args.merge_tables))
+    base, cal = base_spec(args.spec, args.calibrated, args.conv_rates_from, tuple(args.merge_tables),
+                          tuple(args.reductions), tuple(args.reductions_map_norms))
     base_path = args.out / "base.yaml"
     base_path.write_text(yaml.safe_dump(spec_mapping(base), sort_keys=False))
     cmd = [sys.executable, "-m", "fusion_advisor.cli", "calibrate", *sum((["--from-profile", str(p)]
@@ -166,7 +212,8 @@ def main() -> int:
     if args.write:
         fitted = yaml.safe_load(fitted_path.read_text())
         text = spec_text(args.spec, base, args.calibrated, load_spec(str(args.calibrated)).launch_overhead_us,
-                         fitted, args.note, args.conv_rates_from, tuple(args.merge_tables))
+                         fitted, args.note, args.conv_rates_from, tuple(args.merge_tables), tuple(args.reductions),
+                         tuple(args.reductions_map_norms))
         (SPEC_DIR / f"{args.spec}.yaml").write_text(text)
         load_spec(args.spec)  # it must load
         print(f"wrote {SPEC_DIR / f'{args.spec}.yaml'}")
