@@ -36,6 +36,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable, Sequence
 
 from fusion_advisor.devices.op_rates import _ITEMSIZE, RATE_DTYPES, _entry, _field, _sig
@@ -77,6 +78,7 @@ class ReductionRate:
     time_us: float
     kernels: float
 
+    @cached_property
     def point(self) -> tuple[float, float, float]:
         """log2 of the dims: where the entry sits for :func:`reduction_time_us`."""
         return reduction_point(self.dims)
@@ -144,11 +146,31 @@ def reduction_path(op: str, dims: Sequence[int]) -> bool:
     return op != "layer_norm" or dims[1] % 4 == 0
 
 
+#: A spec's table (a tuple, kept alive here so that its id is not reused) -> its entries by class and dtype.
+_BY_CLASS: dict[int, tuple[Sequence[ReductionRate], dict[tuple[str, str], list[ReductionRate]]]] = {}
+
+
+def _by_class(rates: Sequence[ReductionRate]) -> dict[tuple[str, str], list[ReductionRate]]:
+    """``rates`` grouped by ``(op, dtype)``; cached for a tuple (a spec's table: every op of a model reads it)."""
+    hit = _BY_CLASS.get(id(rates)) if isinstance(rates, tuple) else None
+    if hit is not None and hit[0] is rates:
+        return hit[1]
+    index: dict[tuple[str, str], list[ReductionRate]] = {}
+    for r in rates:
+        index.setdefault((r.op, r.dtype), []).append(r)
+    if isinstance(rates, tuple):
+        if len(_BY_CLASS) >= 8:
+            _BY_CLASS.clear()
+        _BY_CLASS[id(rates)] = (rates, index)
+    return index
+
+
 def _pool(rates: Sequence[ReductionRate], op: str, dims: Sequence[int], dtype: str) -> list[ReductionRate]:
     """The entries of class ``op`` in ``dtype``, else in fp32 (the table's ratio to the bytes carries over); of
     those, the ones of the call's kernel path (:func:`reduction_path`) where there are :data:`MIN_PATH_ENTRIES`."""
+    index = _by_class(rates)
     for dt in (dtype, "fp32"):
-        pool = [r for r in rates if r.op == op and r.dtype == dt]
+        pool = index.get((op, dt), [])
         if pool:
             path = reduction_path(op, dims)
             same = [r for r in pool if reduction_path(op, r.dims) == path]
@@ -170,7 +192,7 @@ def reduction_time_us(rates: Sequence[ReductionRate], op: str, dims: Sequence[in
     if not pool or copy_gbps <= 0:
         return None
     at = reduction_point(dims)
-    near = sorted((math.dist(r.point(), at), i) for i, r in enumerate(pool))[:REDUCTION_NEIGHBOURS]
+    near = sorted((math.dist(r.point, at), i) for i, r in enumerate(pool))[:REDUCTION_NEIGHBOURS]
     weights = [math.exp(-(d / REDUCTION_WIDTH) ** 2) + 1e-12 for d, _ in near]
     total = sum(weights)
     kernels = sum(w * pool[i].kernels for w, (_, i) in zip(weights, near, strict=True)) / total
