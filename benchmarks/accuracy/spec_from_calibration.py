@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from fusion_advisor.devices import SPEC_DIR, load_spec, spec_mapping  # noqa: E402
 from fusion_advisor.devices.fit_profiles import without_fits  # noqa: E402
-from fusion_advisor.devices.reduction_rates import ReductionRate  # noqa: E402
+from fusion_advisor.devices.reduction_rates import NORM_CLASSES, ReductionRate  # noqa: E402
 
 
 def reduction_table(paths: tuple[Path, ...], map_norms: tuple[Path, ...] = ()) -> tuple[ReductionRate, ...]:
@@ -46,8 +46,7 @@ def reduction_table(paths: tuple[Path, ...], map_norms: tuple[Path, ...] = ()) -
         else:
             rates = list(load_spec(str(path)).reduction_rates)
         if path in map_norms:
-            rates = [r for r in rates if not (r.op in ("batch_norm", "batch_norm_train", "group_norm")
-                                              and r.dims[2] == 1)]
+            rates = [r for r in rates if not (r.op in NORM_CLASSES and r.dims[2] == 1)]
         out += rates
     return tuple(out)
 

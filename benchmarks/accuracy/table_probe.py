@@ -67,7 +67,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "conv_rates": [asdict(r.rounded()) for r in conv],
                                     "matmul_rates": [asdict(r.rounded()) for r in mm],
-                                    "reduction_rates": [asdict(r.rounded()) for r in red]}, indent=0))
+                                    "reduction_rates": [r.entry() for r in red]}, indent=0))
     print(json.dumps(meta), len(conv), "convolutions,", len(mm), "matmuls,", len(red), "reductions")
 
 

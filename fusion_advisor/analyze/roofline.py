@@ -57,6 +57,7 @@ and ``module_call_us`` per ``nn.Module`` call entered, before the next launch; t
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from fusion_advisor.devices import DeviceSpec
@@ -279,20 +280,13 @@ def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     return matmul_time_us(spec.matmul_rates, how[0], m, n, k, batch, op.dtype)
 
 
-def _prod(xs: tuple[int, ...]) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out
-
-
 def _middle_dims(op: OpInfo) -> tuple[int, int, int] | None:
     """``(outer, reduced, inner)`` of a softmax or reduction over ``op.reduction_elems`` elements per output: over
     the last dims (inner 1) where :attr:`OpInfo.reduces_last_dim`, else the leftmost run of dims below the last
     whose sizes multiply to the reduced count and whose following dims the output keeps (a softmax keeps them all).
     None where no such run exists."""
     shape, red = op.inputs[0].shape, op.reduction_elems
-    numel = _prod(shape)
+    numel = math.prod(shape)
     if red <= 0 or numel <= 0:
         return None
     if op.reduces_last_dim:
@@ -301,8 +295,8 @@ def _middle_dims(op: OpInfo) -> tuple[int, int, int] | None:
     for i in range(len(shape) - 1):
         for j in range(i + 1, len(shape)):
             tail = shape[j:]
-            if _prod(shape[i:j]) == red and (op.category == "softmax" or tuple(out[len(out) - len(tail):]) == tail):
-                return _prod(shape[:i]), red, _prod(tail)
+            if math.prod(shape[i:j]) == red and (op.category == "softmax" or tuple(out[len(out) - len(tail):]) == tail):
+                return math.prod(shape[:i]), red, math.prod(tail)
     return None
 
 
@@ -320,14 +314,14 @@ def reduction_geometry(op: OpInfo) -> tuple[str, tuple[int, int, int]] | None:
         if len(shape) < 2:
             return None
         kind = "batch_norm" if name == "_native_batch_norm_legit_no_training" else "batch_norm_train"
-        return kind, (shape[0], shape[1], _prod(shape[2:]))
+        return kind, (shape[0], shape[1], math.prod(shape[2:]))
     if name == "native_group_norm":
         if len(shape) < 2 or len(op.outputs) < 2 or len(op.outputs[1].shape) != 2:
             return None
         groups = op.outputs[1].shape[1]
         if groups <= 0 or shape[1] % groups:
             return None
-        return "group_norm", (shape[0] * groups, shape[1] // groups, _prod(shape[2:]))
+        return "group_norm", (shape[0] * groups, shape[1] // groups, math.prod(shape[2:]))
     if name == "native_layer_norm":
         row = op.reduction_elems
         return ("layer_norm", (max(op.inputs[0].numel // row, 1), row, 1)) if row > 0 else None

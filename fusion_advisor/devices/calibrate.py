@@ -750,7 +750,7 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                        f"the {cal.timer}, {TABLE_WARMUP_MS:g} ms warm-up and {TABLE_REP_MS:g} ms timed")
                                     + " per matmul")}
            if cal.matmul_rates else {}),
-        **({"reduction_rates": [_reduction_entry(r) for r in cal.reduction_rates],
+        **({"reduction_rates": [r.entry() for r in cal.reduction_rates],
             "reduction_rates_source": (f"{by}: {len(cal.reduction_rates)} seeded fp32 calls "
                                        "(fusion_advisor.devices.reduction_rates.reduction_plan: F.batch_norm eval and "
                                        "training, F.group_norm, F.layer_norm, torch.softmax, torch.sum / mean / amax "
@@ -799,13 +799,6 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
         data["calibration"]["warnings"] = warnings
     parse_spec(data, "the spec calibrate measured (a calibrate bug: please report it)")  # the loader must take it
     return data
-
-
-def _reduction_entry(r: ReductionRate) -> dict[str, Any]:
-    """A :class:`ReductionRate` as a spec's YAML entry (its dims a list)."""
-    d = asdict(r.rounded())
-    d["dims"] = list(d["dims"])
-    return d
 
 
 def render_spec(data: dict[str, Any]) -> str:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any, Callable, Sequence
 
@@ -52,6 +52,8 @@ REDUCTION_DIMS = {
     "logsumexp": ("outer", "reduced", "inner"),
 }
 REDUCTION_CLASSES = tuple(REDUCTION_DIMS)
+#: The classes whose input is a ``N x C x spatial`` map (or a ``N x C`` matrix): BatchNorm and GroupNorm.
+NORM_CLASSES = ("batch_norm", "batch_norm_train", "group_norm")
 #: The reductions the ``reduce`` class prices (one ATen ``reduce_kernel`` each); calibrate samples the first three.
 REDUCE_OPS = ("sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "prod", "var", "std", "var_mean",
               "std_mean", "linalg_vector_norm", "norm")
@@ -108,6 +110,12 @@ class ReductionRate:
         """This entry with its floats to 4 significant figures for a spec file."""
         return ReductionRate(self.op, self.dtype, self.dims, _sig(self.mbytes), _sig(self.time_us),
                              round(self.kernels, 2))
+
+    def entry(self) -> dict[str, Any]:
+        """This entry rounded (:meth:`rounded`) as a spec's YAML or JSON mapping, its dims a list."""
+        d = asdict(self.rounded())
+        d["dims"] = list(self.dims)
+        return d
 
 
 def reduction_point(dims: Sequence[int]) -> tuple[float, float, float]:
@@ -267,7 +275,7 @@ def reduction_plan(per_class: dict[str, int], max_elems: int, seed: int = 0, min
         while got < n and tries < 1000 * n:
             tries += 1
             groups = 1
-            if op in ("batch_norm", "batch_norm_train", "group_norm"):
+            if op in NORM_CLASSES:
                 dims, groups = _norm_dims(rng, op)
             elif op == "layer_norm":
                 width = _log_uniform(rng, 32, 16384)
@@ -295,7 +303,7 @@ def reduction_call(op: str, dims: Sequence[int], dtype: Any, device: str, groups
     import torch.nn.functional as F
 
     a, b, c = dims
-    if op in ("batch_norm", "batch_norm_train", "group_norm"):
+    if op in NORM_CLASSES:
         side = max(int(math.isqrt(c)), 1)
         n, channels = (a // groups, b * groups) if op == "group_norm" else (a, b)
         # spatial 1: the ``batch x features`` matrix of a norm after a Linear layer (cuDNN runs a 2-D BatchNorm
