@@ -200,6 +200,21 @@ def test_what_does_not_fit_in_memory_is_left_out_with_a_note_or_refused(monkeypa
     assert [n for n, _ in ModelHarness(loaded, backward=False).sets] == ["example", "fresh-0"]
 
 
+def test_a_bf16_step_keeps_its_float64_reference_and_its_fallback_takes_the_parameters_dtype():
+    from fusion_advisor.apply import measure
+
+    # a bf16 training step's own rounding put one weight gradient 0.0551 from float64 on the H200: still a reference
+    assert measure.reference_sanity(torch.bfloat16) == 16 * torch.finfo(torch.bfloat16).eps > 0.0551
+    assert measure.reference_sanity(torch.float32) == measure.REFERENCE_SANITY == 0.05
+    # without one, the fp32 loss of a bf16 model is judged at bf16's tolerance, not fp32's 1e-5
+    got, want = torch.tensor(12.5711), torch.tensor(12.5706)
+    assert not measure._close_to_eager(got, want, "example output 0")[0]
+    ok, line = measure._close_to_eager(got, want, "example output 0", torch.bfloat16)
+    assert ok and "torch.bfloat16 tolerance (the model's parameters)" in line
+    assert not measure._close_to_eager(torch.tensor(13.0), want, "example output 0", torch.bfloat16)[0]
+    assert measure._close_to_eager(got, want, "x", torch.float64)[1] == measure._close_to_eager(got, want, "x")[1]
+
+
 # --- executors and regions ------------------------------------------------------------------------------------
 
 
@@ -232,6 +247,55 @@ def test_regions_follow_module_paths_and_mixed_executors_match_eager():
     assert planned.problems() == ["graph 0: region g0:nowhere#0 not found in graph 0 (cut at depth 1)"]
     with pytest.raises(ValueError, match="unknown executor"):
         compile_graph(gm, example, "warp")
+
+
+class _NoGradTable(torch.nn.Module):
+    """A ``torch.no_grad`` forward, as transformers' rotary embedding: the table it returns needs no gradient."""
+
+    @torch.no_grad()
+    def forward(self, x):
+        return torch.cos(x.detach()).float() * 2
+
+
+class _WithNoGradBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre = torch.nn.Linear(8, 8)
+        self.table = _NoGradTable()
+        self.post = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.pre(x)
+        return self.post(h * self.table(h)).sum()
+
+
+def test_a_no_grad_block_is_never_cut_into_two_regions():
+    # the no_grad switch once ended one region and its switch back ended the next: with one region eager and the
+    # next compiled, gradients were off for the rest of the process (every later variant of apply --backward failed)
+    torch.manual_seed(0)
+    model, x = _WithNoGradBlock(), torch.randn(4, 8)
+    gm, _ = _dynamo_graph(model, [x])
+    switches = [n for n in gm.graph.nodes if n.target is torch._C._set_grad_enabled]
+    assert len(switches) == 2  # the test needs the block in the graph
+    runs = region_runs(gm, 1, 0)
+    holder = [r for r in runs if any(n in r.nodes for n in switches)]
+    assert len(holder) == 1 and all(n in holder[0].nodes for n in switches), [str(r.key) for r in runs]
+    for key in (str(r.key) for r in runs):
+        spec = VariantSpec("mixed", "inductor", regions=((key, "eager"),), region_depths=((0, 1),))
+        loss = PlannedModel(model, spec)(x)
+        assert torch.is_grad_enabled() and loss.requires_grad, key
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        want = torch.autograd.grad(model(x), list(model.parameters()))
+        for g, w in zip(grads, want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_variant_that_fails_midway_leaves_the_grad_mode_as_it_was():
+    with pytest.raises(RuntimeError):
+        with search_mod.grad_mode_kept():
+            torch._C._set_grad_enabled(False)  # a no_grad block entered and never left
+            raise RuntimeError("the variant failed")
+    assert torch.is_grad_enabled()
 
 
 # --- the search -----------------------------------------------------------------------------------------------
@@ -493,6 +557,21 @@ def test_swapped_rests_try_cuda_graphs_first_when_the_fastest_baseline_replays_t
     slow_graphs = outcome("torch.compile reduce-overhead", "inductor+cudagraphs", 3.1)
     assert search_mod._swap_rests([eager, compiled, slow_graphs]) == ["inductor", "inductor+cudagraphs",
                                                                      "eager+cudagraphs"]
+
+
+def test_an_inductor_rest_takes_only_the_swaps_that_beat_torch_compile_alone():
+    # a Llama step's SwiGLU at Llama-3-8B widths: as fast as Inductor's code, 1.7x eager's: worth it beside eager
+    # ops, not beside Inductor's
+    swaps = [R.PlannedSwap(R.MatchKey("rmsnorm", "model.norm", "a.py:1"), "", "s0"),
+             R.PlannedSwap(R.MatchKey("swiglu", "model.layers.0.mlp", "a.py:2"), "", "s1")]
+    inp = search_mod.SearchInputs(harness=None, kernels={}, analysis=None, regions=[], swaps=[],
+                                  inductor_swaps=frozenset({"s0"}))
+    assert search_mod._swaps_for_rest(inp, swaps, "eager") == swaps
+    assert search_mod._swaps_for_rest(inp, swaps, "eager+cudagraphs") == swaps
+    assert [p.swap_id for p in search_mod._swaps_for_rest(inp, swaps, "inductor")] == ["s0"]
+    assert [p.swap_id for p in search_mod._swaps_for_rest(inp, swaps, "inductor+cudagraphs")] == ["s0"]
+    inp.inductor_swaps = None  # not told: every swap everywhere, as before
+    assert search_mod._swaps_for_rest(inp, swaps, "inductor") == swaps
 
 
 def test_channels_last_variant_runs_a_converted_copy_and_returns_contiguous_outputs():

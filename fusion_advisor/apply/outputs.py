@@ -86,7 +86,8 @@ SWAP_COLUMNS: dict[str, str] = {
     "kernel_gpu_ms": "The kernel: device time of one call, ms. Decides when measured (see 'reason').",
     "compile_time_ms": "torch.compile's first call on the original ops (compilation), ms.",
     "timer": "How times were taken ('do_bench median (cuda)' or 'not measured').",
-    "decision": "kept / rejected / not kept / not tried / not verified.",
+    "decision": "kept / kept for an eager rest (beat eager alone, not torch.compile) / rejected / not kept / "
+                "not tried / not verified.",
     "reason": "Why, with the numbers.",
     "route": "The analysis route of the chain (skip / torch.compile / triton) and the rule that decided.",
     "source": "file:line where the swap's chain starts (the source column of chains.csv).",

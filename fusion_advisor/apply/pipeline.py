@@ -144,7 +144,9 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
         harness = ModelHarness(loaded, backward, tf32=tf32_allowed(analysis, loaded.device))
         found = search(SearchInputs(
             harness=harness, kernels=kernels, analysis=analysis, regions=regions,
-            swaps=[s for s in sites if outcomes[s.id].kept], budget_s=options.budget_s,
+            swaps=[s for s in sites if outcomes[s.id].kept],
+            inductor_swaps=frozenset(s.id for s in sites if outcomes[s.id].kept_with_inductor),
+            budget_s=options.budget_s,
             time_rounds=options.time_rounds, use_regions=options.regions, keep_unmeasured=options.keep_unmeasured,
             progress=stage, only=options.variants, deadline=deadline, time_limit_s=options.time_limit_s))
     result.warnings += [n for n in harness.notes() if n not in result.warnings]

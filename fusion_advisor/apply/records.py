@@ -23,6 +23,9 @@ CANDIDATE_POLICIES = ("routed", "all")
 
 # per-swap decisions
 KEPT = "kept"
+#: Beat the model's own ops run eagerly, not torch.compile's code for them: a candidate only where the rest of the
+#: graph runs eagerly (there the alternative to the swap is the eager op, not Inductor's fused code).
+KEPT_EAGER_REST = "kept for an eager rest"
 REJECTED = "rejected"
 NOT_KEPT = "not kept"
 NOT_TRIED = "not tried"
@@ -268,8 +271,13 @@ class SwapOutcome:
 
     @property
     def kept(self) -> bool:
-        return self.decision == KEPT
+        """A candidate for the whole-model variants: :data:`KEPT` or :data:`KEPT_EAGER_REST`."""
+        return self.decision in (KEPT, KEPT_EAGER_REST)
 
+    @property
+    def kept_with_inductor(self) -> bool:
+        """A candidate also where the rest of the graph is compiled by Inductor (beat torch.compile too)."""
+        return self.decision == KEPT
 
 
 # --- whole-model variants -----------------------------------------------------------------------------------

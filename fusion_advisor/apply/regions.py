@@ -51,17 +51,36 @@ def _prefix(path: str, depth: int) -> str:
     return ".".join(path.split(".")[:depth]) if path else ""
 
 
+def _grad_switch(n: Node) -> bool | None:
+    """The grad mode a ``torch._C._set_grad_enabled`` node sets (``torch.no_grad`` blocks in the graph), else
+    None."""
+    if n.op == "call_function" and n.target is torch._C._set_grad_enabled and n.args:
+        return bool(n.args[0])
+    return None
+
+
 def region_runs(gm: torch.fx.GraphModule, depth: int, graph_index: int) -> list[RegionRun]:
     """The regions of ``gm`` at module-path ``depth``, in graph order.
 
-    An op without module information (a grad-mode switch the retrace adds) joins the run before it.
+    An op without module information (a grad-mode switch the retrace adds) joins the run before it. A grad-mode
+    block (from a switch away from the graph's entry mode to the switch back) is never cut: its ops join the run
+    its first switch is in. Cut, the regions ran with another executor each and the mode switched off in one was
+    never switched back where the other was compiled (transformers' ``LlamaRotaryEmbedding.forward``, a
+    ``torch.no_grad`` function: every later variant of an ``apply --backward`` run then saw no gradient).
     """
     runs: list[RegionRun] = []
     seen: dict[str, int] = {}
+    entry_mode: bool | None = None  # the graph's grad mode outside its blocks: the opposite of its first switch
+    in_block = False
     for n in gm.graph.nodes:
         if n.op not in _OPS:
             continue
-        if n.meta.get("nn_module_stack") is None and runs:
+        joins = (in_block or n.meta.get("nn_module_stack") is None) and runs
+        mode = _grad_switch(n)
+        if mode is not None:
+            entry_mode = (not mode) if entry_mode is None else entry_mode
+            in_block = mode != entry_mode
+        if joins:
             runs[-1].nodes.append(n)
             continue
         prefix = _prefix(module_path_of(n), depth)

@@ -5,7 +5,8 @@
 2. **Candidates**, in order of what the analysis predicts they buy, while ``--budget-s`` lasts:
    the model's own ops in CUDA graphs (``backend="cudagraphs"``: launch-bound models whose Inductor code is
    slower than cuDNN's); the library swaps that won alone, with an eager rest, an Inductor rest and an Inductor
-   rest in CUDA graphs; the analysis' routing carried out region by region; ``cudnn.benchmark`` and channels-last
+   rest in CUDA graphs (an Inductor rest takes only the swaps that beat torch.compile alone, an eager rest also
+   those that beat eager only); the analysis' routing carried out region by region; ``cudnn.benchmark`` and channels-last
    weights and inputs (forward only) for models with convolutions; Inductor's freezing (forward only: weights
    folded as constants, conv + batch norm folded);
    max-autotune for GEMM- and convolution-heavy models.
@@ -23,6 +24,7 @@ the chosen model is never slower than the best baseline beyond the noise the rou
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import math
 import time
@@ -71,7 +73,9 @@ class SearchInputs:
         kernels: ``{name: KernelEntry}`` for swaps.
         analysis: the :class:`~fusion_advisor.analyze.records.Analysis` of apply's capture.
         regions: the captured graphs' :class:`Region` list.
-        swaps: the swaps that won alone (verified and faster than eager and torch.compile on their own).
+        swaps: the swaps that won alone (verified and faster than eager, and maybe torch.compile, on their own).
+        inductor_swaps: ids of those that also beat torch.compile alone, the only ones a variant with an Inductor
+            rest takes (None: all of them).
         budget_s: seconds for the candidates after the baselines.
         time_rounds: timing rounds per variant.
         use_regions: try region changes.
@@ -90,6 +94,7 @@ class SearchInputs:
     analysis: Any
     regions: list[Region]
     swaps: list[SwapSite]
+    inductor_swaps: frozenset[str] | None = None
     budget_s: float = 120.0
     time_rounds: int = 3
     use_regions: bool = True
@@ -138,7 +143,7 @@ def evaluate(spec: VariantSpec, inp: SearchInputs, baseline: bool = False) -> Va
     out = VariantOutcome(spec, baseline=baseline)
     reset_compiled_state()
     timing = VariantTiming(timer=h.timer)
-    with CudagraphSkips() as skips, warnings.catch_warnings(), quiet_torch_logs():
+    with CudagraphSkips() as skips, warnings.catch_warnings(), quiet_torch_logs(), grad_mode_kept():
         warnings.simplefilter("ignore")
         try:
             with inp.progress(f"variant {spec.name}: building and running once (compile / capture)"):
@@ -177,6 +182,18 @@ def evaluate(spec: VariantSpec, inp: SearchInputs, baseline: bool = False) -> Va
         out.status = CORRECT
         out.reason = f"correct; {_ms(out.timing)}"
     return out
+
+
+@contextlib.contextmanager
+def grad_mode_kept() -> Iterator[None]:
+    """The process's grad mode as it was on entry, whatever the block did: a variant that fails midway (a
+    ``torch.no_grad`` block of the model entered and never left) must not leave every variant after it without
+    gradients."""
+    grad = torch.is_grad_enabled()
+    try:
+        yield
+    finally:
+        torch.set_grad_enabled(grad)
 
 
 def _timeable(spec: VariantSpec, device: str) -> bool:
@@ -244,14 +261,15 @@ def candidates(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[Va
             if fresh(spec):
                 yield spec
     surviving = yield from _swap_set(inp, outcomes)
-    if surviving:
-        kernels = ", ".join(sorted({s.key.kernel for s in surviving}))
-        rests = _swap_rests(outcomes) if cuda else []
-        for rest in rests:
-            spec = VariantSpec(f"swaps+{rest}", rest, swaps=tuple(surviving),
-                               why=f"the library kernels that won alone ({kernels}); the rest of each graph: {rest}")
-            if fresh(spec):
-                yield spec
+    for rest in (_swap_rests(outcomes) if cuda and surviving else []):
+        swaps = _swaps_for_rest(inp, surviving, rest)
+        if not swaps:
+            continue
+        kernels = ", ".join(sorted({s.key.kernel for s in swaps}))
+        spec = VariantSpec(f"swaps+{rest}", rest, swaps=tuple(swaps),
+                           why=f"the library kernels that won alone ({kernels}); the rest of each graph: {rest}")
+        if fresh(spec):
+            yield spec
     routed = _routed_regions(inp, outcomes)
     if routed is not None and fresh(routed):
         yield routed
@@ -302,6 +320,14 @@ def _swap_rests(outcomes: list[VariantOutcome]) -> list[str]:
     if best is not None and best.spec.cudagraphs:
         return ["inductor+cudagraphs", "inductor", "eager+cudagraphs"]
     return ["inductor", "inductor+cudagraphs", "eager+cudagraphs"]
+
+
+def _swaps_for_rest(inp: SearchInputs, swaps: list[PlannedSwap], rest: str) -> list[PlannedSwap]:
+    """The swaps a variant with ``rest`` takes: all of them with an eager rest; with an Inductor rest only those
+    that beat torch.compile alone (:attr:`SearchInputs.inductor_swaps`)."""
+    if _family(VariantSpec("", rest)) == "eager" or inp.inductor_swaps is None:
+        return list(swaps)
+    return [p for p in swaps if p.swap_id in inp.inductor_swaps]
 
 
 def _swap_set(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[VariantSpec]:
@@ -555,7 +581,7 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> tuple[b
     """Time ``a`` and ``b`` in alternating rounds (both built, both warm); ``(a wins, line, a's model)``."""
     h = inp.harness
     reset_compiled_state()
-    with warnings.catch_warnings(), quiet_torch_logs():
+    with warnings.catch_warnings(), quiet_torch_logs(), grad_mode_kept():
         warnings.simplefilter("ignore")
         try:
             ma = PlannedModel(h.model, a.spec, inp.kernels, cudnn_thread=True)

@@ -25,9 +25,12 @@ a GPU nothing is timed: Triton's CPU interpreter says nothing about GPU speed.
 
 Decision (:func:`decide`): an unverified swap is never kept; a verified one is kept when the kernel beats the
 better of eager and torch.compile by ``margin`` in device time (wall time when device time is missing): a chain
-timed alone is host-bound, while inside a model the host runs ahead and a swap changes GPU time. A swap kept
-here is only a candidate: the whole-model variants (:mod:`fusion_advisor.apply.search`) decide whether the model
-uses it. Without GPU timings a swap is kept only with ``keep_unmeasured``."""
+timed alone is host-bound, while inside a model the host runs ahead and a swap changes GPU time. One that beats
+eager but not torch.compile is kept for an eager rest only (:data:`KEPT_EAGER_REST`): in a variant whose other ops
+run eagerly, the alternative to the swap is the eager op (a Llama step's SwiGLU at Llama-3-8B widths: the kernel
+as fast as Inductor's code for it, 1.7x eager's on the H200). A swap kept here is only a candidate: the
+whole-model variants (:mod:`fusion_advisor.apply.search`) decide whether the model uses it. Without GPU timings a
+swap is kept only with ``keep_unmeasured``."""
 
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from fusion_advisor.apply.records import (
-    KEPT, NOT_KEPT, NOT_MEASURED_NOTE, NOT_VERIFIED, REJECTED, TIMER_GPU, TIMER_NONE, SwapTiming, SwapVerification,
+    KEPT, KEPT_EAGER_REST, NOT_KEPT, NOT_MEASURED_NOTE, NOT_VERIFIED, REJECTED, TIMER_GPU, TIMER_NONE, SwapTiming, SwapVerification,
 )
 from fusion_advisor.verification.inputs import HARD_CASES, fresh_like, hard_variants
 from fusion_advisor.verification.kernel import ReferenceFailed, check_case
@@ -269,6 +272,11 @@ def decide(verification: SwapVerification | None, timing: SwapTiming | None, mar
     if kernel <= best * (1.0 - margin):
         return KEPT, (f"verified; {timing.what} {metric} {kernel:.4g} ms vs {which} {best:.4g} ms "
                       f"({speedup:.2f}x, needed {1 / (1 - margin):.2f}x){wall}")
+    if eager is not None and compiled is not None and kernel <= eager * (1.0 - margin):
+        return KEPT_EAGER_REST, (
+            f"verified; for variants whose other ops run eagerly: {timing.what} {metric} {kernel:.4g} ms vs eager "
+            f"{eager:.4g} ms ({eager / kernel:.2f}x), but not torch.compile's {compiled:.4g} ms "
+            f"({compiled / kernel:.2f}x; needed {1 / (1 - margin):.2f}x){wall}")
     return NOT_KEPT, (f"verified but not faster: {timing.what} {metric} {kernel:.4g} ms vs {which} {best:.4g} ms "
                       f"({speedup:.2f}x; a swap must beat the better of eager and torch.compile by {margin:.0%}){wall}")
 
