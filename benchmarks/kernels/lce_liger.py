@@ -62,8 +62,8 @@ the forward, ``.loss.backward()`` and ``zero_grad(set_to_none=True)``. Providers
 loss_dtype=float32)``, with ``shift_labels`` built exactly as transformers 5.17's ``ForCausalLMLoss`` builds them:
 labels padded on the right with -100, then ``[..., 1:]``); ``ours-lce+compile`` (that model under
 ``torch.compile``); ``advised`` (``fusion_advisor.load_plan(WithLoss(model), --plan)``, only with ``--plan``; the
-plan must have been made for a model called as ``(input_ids, labels)`` that returns the loss, as
-``tests/data/models/hf_llama3_loss.py``'s ``WithLoss``); ``liger`` (``apply_liger_kernel_to_llama(rope=True,
+plan made by ``fusion-advisor apply benchmarks/kernels/llama3_8b_width_loss.py --verify --backward``, the model
+file this part takes its config and ``WithLoss`` from); ``liger`` (``apply_liger_kernel_to_llama(rope=True,
 cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True, swiglu=True, model=model)``; run last, and the
 module-level names it patches in ``modeling_llama`` are restored afterwards). Per provider: the first step's time
 (compilation included) apart, 3 warm-up steps in all, then the median of 10 steps, each timed by wall clock between
@@ -109,6 +109,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import (copy_bandwidth_gbps, float_outputs, interleaved_per_call_us,  # noqa: E402
                                tensor_leaves)
+from benchmarks.kernels import llama3_8b_width_loss as llama_file  # noqa: E402
 from fusion_advisor.verification.policy import judge  # noqa: E402
 from kernel_library import _device  # noqa: E402
 
@@ -132,10 +133,7 @@ QUICK_SHAPES = {"softmax": [(64, 512)], "cross_entropy": [(64, 512)], "rmsnorm":
 HOST_SHAPES = {"softmax": (4, 256), "cross_entropy": (4, 256), "rmsnorm": (4, 256), "layernorm": (4, 256),
                "linear_cross_entropy": (4, 256, 256)}
 
-LLAMA = dict(hidden_size=4096, num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=8,
-             intermediate_size=14336, vocab_size=128256, batch=2, seq=2048)
-QUICK_LLAMA = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                   intermediate_size=128, vocab_size=512, batch=2, seq=32)
+LLAMA, QUICK_LLAMA = llama_file.FULL, llama_file.QUICK  # the widths of the model file apply makes the plan on
 
 KERNEL_PROVIDERS = ("eager", "compile", "liger", "ours")
 HOST_PROVIDERS = ("eager", "liger", "liger-dispatch", "ours")
@@ -676,15 +674,7 @@ def run_kernels(ctx: Ctx, result: dict) -> None:
 
 # --- part 2: a Llama-3-8B-width training step -----------------------------------------------------------------
 
-class WithLoss(torch.nn.Module):
-    """``(input_ids, labels) -> loss`` around a causal LM (the convention of tests/data/models/hf_llama3_loss.py)."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, labels=labels).loss
+WithLoss = llama_file.WithLoss
 
 
 def shift_labels(labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
@@ -710,12 +700,8 @@ class OursLCE(torch.nn.Module):
 
 
 def llama_config(quick: bool):
-    from transformers import LlamaConfig
-
-    sizes = dict(QUICK_LLAMA if quick else LLAMA)
-    sizes.pop("batch"), sizes.pop("seq")
-    return LlamaConfig(**sizes, max_position_embeddings=4096, tie_word_embeddings=False, use_cache=False,
-                       attn_implementation="sdpa")
+    """The step's ``LlamaConfig``: the model file's (:mod:`benchmarks.kernels.llama3_8b_width_loss`)."""
+    return llama_file.llama_config(quick)
 
 
 def build_model(cfg, dtype: torch.dtype, state: dict | None = None) -> torch.nn.Module:
