@@ -97,6 +97,16 @@ def test_load_plan_rebuilds_the_chosen_model(planned):
     assert set(patched.state_dict()) == {f"model.{k}" for k in model.state_dict()}
 
 
+def test_load_plan_rebuilds_another_correct_variant_by_name(planned):
+    path, model_file, _ = planned
+    model, inputs = _fresh(model_file)
+    as_written = fusion_advisor.load_plan(model, path, variant="eager")
+    assert as_written.spec.name == "eager" and not as_written.spec.swaps
+    torch.testing.assert_close(as_written(*inputs), _fresh(model_file)[0](*inputs))
+    with pytest.raises(PlanError, match=r"variant 'nope' is not in it; the plan's correct variants: 'eager' \("):
+        fusion_advisor.load_plan(model, path, variant="nope")
+
+
 def test_load_plan_warns_when_the_model_is_not_the_one_the_plan_was_made_for(planned):
     # a new user rebuilt one model from another model's plan.yaml and was told nothing
     import warnings

@@ -61,7 +61,8 @@ the forward, ``.loss.backward()`` and ``zero_grad(set_to_none=True)``. Providers
 ``kernel_library.linear_cross_entropy.linear_cross_entropy(hidden, lm_head.weight, shift_labels,
 loss_dtype=float32)``, with ``shift_labels`` built exactly as transformers 5.17's ``ForCausalLMLoss`` builds them:
 labels padded on the right with -100, then ``[..., 1:]``); ``ours-lce+compile`` (that model under
-``torch.compile``); ``advised`` (``fusion_advisor.load_plan(WithLoss(model), --plan)``, only with ``--plan``; the
+``torch.compile``); ``advised`` (``fusion_advisor.load_plan(WithLoss(model), --plan)``, only with ``--plan``, and
+``advised:NAME`` for each ``--plan-variant NAME``, another variant apply found correct; the
 plan made by ``fusion-advisor apply benchmarks/kernels/llama3_8b_width_loss.py --verify --backward``, the model
 file this part takes its config and ``WithLoss`` from); ``liger`` (``apply_liger_kernel_to_llama(rope=True,
 cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True, swiglu=True, model=model)``; run last, and the
@@ -751,10 +752,10 @@ def _liger_step(model, ctx: Ctx) -> Step:
                 lambda: {"api": "liger_kernel.transformers.apply_liger_kernel_to_llama(model=...)"})
 
 
-def _advised_step(model, ctx: Ctx) -> Step:
+def _advised_step(model, ctx: Ctx, variant: str | None = None) -> Step:
     import fusion_advisor
 
-    planned = fusion_advisor.load_plan(WithLoss(model), ctx.args.plan)
+    planned = fusion_advisor.load_plan(WithLoss(model), ctx.args.plan, variant=variant)
 
     def info():
         return {"plan": str(ctx.args.plan), "variant": planned.spec.name,
@@ -776,6 +777,8 @@ def step_for(provider: str, model, ctx: Ctx) -> Step:
         return Step(torch.compile(OursLCE(model), backend=backend))
     if provider == "advised":
         return _advised_step(model, ctx)
+    if provider.startswith("advised:"):  # another variant of the plan (--plan-variant)
+        return _advised_step(model, ctx, provider.split(":", 1)[1])
     if provider == "liger":
         return _liger_step(model, ctx)
     raise ValueError(provider)
@@ -829,7 +832,8 @@ def llama_targets(rows: list) -> list[dict]:
     by = {r["provider"]: r for r in rows if "step_ms" in r}
     comp = by.get("compile")
     out = []
-    for name in ("advised", "ours-lce", "ours-lce+compile", "liger"):
+    names = ["advised"] + [p for p in by if p.startswith("advised:")] + ["ours-lce", "ours-lce+compile", "liger"]
+    for name in names:
         r = by.get(name)
         if not (r and comp):
             continue
@@ -858,7 +862,10 @@ def run_llama(ctx: Ctx, result: dict) -> None:
     ids = torch.randint(0, sizes["vocab_size"], (sizes["batch"], sizes["seq"]), generator=gen).to(DEVICE)
     labels = ids.clone()
     wanted = [p for p in ctx.args.llama_providers.split(",") if p]
-    for provider in [p for p in LLAMA_PROVIDERS if p in wanted]:
+    extra = [f"advised:{v}" for v in ctx.args.plan_variant] if ctx.args.plan else []
+    order = [p for p in LLAMA_PROVIDERS if p in wanted]
+    at = order.index("advised") + 1 if "advised" in order else len(order)
+    for provider in order[:at] + extra + order[at:]:  # Liger's patch still last
         if provider == "advised" and not ctx.args.plan:
             result["rows"].append({"provider": provider, "skipped": "no --plan given"})
             continue
@@ -1020,6 +1027,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--parts", default="kernels,llama", help="comma-separated: kernels, llama")
     ap.add_argument("--plan", type=Path, default=None, help="plan.yaml for the 'advised' Llama provider")
+    ap.add_argument("--plan-variant", action="append", default=[],
+                    help="also time this variant of --plan (a provider 'advised:NAME'; repeatable)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test (also on a CPU)")
     ap.add_argument("--compile-backend", default=None,
                     help="torch.compile backend (default inductor; aot_eager for --quick without CUDA)")

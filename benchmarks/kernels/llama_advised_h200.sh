@@ -7,6 +7,9 @@
 #   STEP=step PLAN=path/to/plan.yaml bash benchmarks/kernels/llama_advised_h200.sh
 #       lce_liger.py --parts llama --plan PLAN: eager / torch.compile / ours-lce / ours-lce+compile / advised /
 #       Liger's patch, one run, with peak memory ($OUT/lce_liger.json, .md)
+#   STEP=diff PLAN=... [PLAN_VARIANTS="swaps+eager ..."] bash benchmarks/kernels/llama_advised_h200.sh
+#       llama_kernel_diff.py (the kernels of eager / aot_eager / inductor steps), then STEP=step; PLAN_VARIANTS adds
+#       rows for other variants of the plan (a '_' in a name stands for a space)
 # Liger-Kernel travels as a wheel in .whl/ (carry it). BUDGET_S / LIMIT_S: apply's --budget-s / --time-limit-s.
 set -u
 export PYTHONUNBUFFERED=1
@@ -27,9 +30,16 @@ if [ "$STEP" = apply ] || [ "$STEP" = both ]; then
     tar czf "$OUT/apply.tgz" -C "$OUT" apply && rm -rf "${OUT:?}/apply"
     PLAN=${PLAN:-$OUT/plan.yaml}
 fi
+if [ "$STEP" = diff ]; then
+    python benchmarks/kernels/llama_kernel_diff.py --out "$OUT" > "$OUT/llama_kernel_diff.log" 2>&1
+    echo "llama_kernel_diff: exit $?"; cat "$OUT/llama_kernel_diff.log" | grep -v Warning | tail -70
+    STEP=step
+fi
 if [ "$STEP" = step ] || [ "$STEP" = both ]; then
-    python benchmarks/kernels/lce_liger.py --parts llama --plan "${PLAN:?PLAN=plan.yaml}" --out "$OUT" \
-      > "$OUT/lce_liger.log" 2>&1
+    variants=()
+    for v in ${PLAN_VARIANTS:-}; do variants+=(--plan-variant "${v//_/ }"); done
+    python benchmarks/kernels/lce_liger.py --parts llama --plan "${PLAN:?PLAN=plan.yaml}" "${variants[@]}" \
+      --out "$OUT" > "$OUT/lce_liger.log" 2>&1
     echo "lce_liger: exit $?"
     tail -40 "$OUT/lce_liger.log"
 fi

@@ -102,13 +102,7 @@ def read_plan(path: str | Path) -> Plan:
             spec = VariantSpec.from_dict(chosen_doc["spec"])
         except (KeyError, TypeError, ValueError) as e:
             raise PlanError(f"{path}: the chosen variant's spec is invalid: {e}") from e
-    from kernel_library.registry import load_all
-
-    known = load_all()
-    for s in spec.swaps:
-        if s.key.kernel not in known:
-            raise PlanError(f"{path}: swap {s.swap_id or s.key} uses kernel {s.key.kernel!r}, which kernel_library "
-                            f"does not have; known kernels: {', '.join(sorted(known)) or '(none)'}")
+    _check_kernels(path, spec)
     swaps = doc.get("swaps") or []
     if not isinstance(swaps, list):
         raise PlanError(f"{path}: 'swaps' must be a list")
@@ -116,6 +110,43 @@ def read_plan(path: str | Path) -> Plan:
                 versions=dict(doc.get("versions") or {}), chosen=spec,
                 chosen_reason=str((chosen_doc or {}).get("reason", "")), variants=list(doc.get("variants") or []),
                 swaps=swaps)
+
+
+def _check_kernels(path: Path, spec: VariantSpec) -> None:
+    """Raises PlanError when a swap of ``spec`` names a kernel the library does not have."""
+    from kernel_library.registry import load_all
+
+    known = load_all()
+    for s in spec.swaps:
+        if s.key.kernel not in known:
+            raise PlanError(f"{path}: swap {s.swap_id or s.key} uses kernel {s.key.kernel!r}, which kernel_library "
+                            f"does not have; known kernels: {', '.join(sorted(known)) or '(none)'}")
+
+
+def variant_spec(plan: Plan, name: str) -> VariantSpec:
+    """The spec of the variant called ``name`` in ``plan``, one apply found correct (checked against float64).
+
+    Raises:
+        PlanError: no such variant, or it was not correct (wrong, failed, skipped, not timed); the message lists
+            the correct ones with their time and peak memory.
+    """
+    correct = [v for v in plan.variants if v.get("status") in ("correct", "chosen")]
+    found = next((v for v in plan.variants if v.get("name") == name), None)
+    if found is None or found not in correct:
+        def line(v: dict[str, Any]) -> str:
+            t = v.get("timing") or {}
+            ms, peak = t.get("ms"), t.get("peak_mb")
+            return (f"{v.get('name')!r}" + (f" ({ms:.4g} ms" if ms is not None else " (not timed")
+                    + (f", peak {peak:.0f} MiB)" if peak is not None else ")"))
+        why = "is not in it" if found is None else f"was {found.get('status', 'not correct')}"
+        raise PlanError(f"{plan.path}: variant {name!r} {why}; the plan's correct variants: "
+                        f"{', '.join(line(v) for v in correct) or '(none)'}")
+    try:
+        spec = VariantSpec.from_dict(found["spec"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise PlanError(f"{plan.path}: variant {name!r}'s spec is invalid: {e}") from e
+    _check_kernels(plan.path, spec)
+    return spec
 
 
 def version_differences(plan_versions: dict[str, Any]) -> list[str]:
@@ -155,7 +186,7 @@ def signature_difference(recorded: Any, model: nn.Module) -> str:
                else " whose names, shapes or dtypes differ"))
 
 
-def load_plan(model: nn.Module, plan: str | Path) -> PlannedModel:
+def load_plan(model: nn.Module, plan: str | Path, variant: str | None = None) -> PlannedModel:
     """Rebuild the chosen variant of ``plan`` (a plan.yaml path) around ``model``, without re-verifying or
     re-timing; compilation and capture happen on its first call.
 
@@ -163,11 +194,15 @@ def load_plan(model: nn.Module, plan: str | Path) -> PlannedModel:
         model: the model the plan was made for (same code; weights may differ; a warning when its class,
             parameter names, shapes or dtypes differ from the plan's ``model.signature``).
         plan: path of plan.yaml.
+        variant: another variant apply found correct, by name (``"swaps+eager"``), instead of the chosen one: e.g.
+            the one of lowest peak memory (plan.yaml and variants.csv give each variant's time and peak).
 
     Raises:
-        PlanError: see :func:`read_plan`.
+        PlanError: see :func:`read_plan` and :func:`variant_spec`.
     """
     p = read_plan(plan)
+    if variant is not None:
+        p.chosen = variant_spec(p, variant)
     other = signature_difference(p.model.get("signature"), model)
     if other:
         warnings.warn(f"{plan}: {other}: the plan's swaps and regions may not fit "
