@@ -10,7 +10,8 @@
 #   STEP=diff PLAN=... [PLAN_VARIANTS="swaps+eager ..."] bash benchmarks/kernels/llama_advised_h200.sh
 #       llama_kernel_diff.py (the kernels of eager / aot_eager / inductor steps), then STEP=step; PLAN_VARIANTS adds
 #       rows for other variants of the plan (a '_' in a name stands for a space)
-# Liger-Kernel travels as a wheel in .whl/ (carry it). BUDGET_S / LIMIT_S: apply's --budget-s / --time-limit-s.
+# Liger-Kernel travels as a wheel in .whl/ (carry it). BUDGET_S / LIMIT_S: apply's --budget-s / --time-limit-s;
+# APPLY_TIMEOUT stops apply; PROVIDERS: lce_liger.py's --llama-providers (default all).
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
@@ -21,7 +22,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 STEP=${STEP:-both}
 if [ "$STEP" = apply ] || [ "$STEP" = both ]; then
-    timeout 470 fusion-advisor apply benchmarks/kernels/llama3_8b_width_loss.py --verify --backward --device cuda \
+    timeout "${APPLY_TIMEOUT:-470}" fusion-advisor apply benchmarks/kernels/llama3_8b_width_loss.py --verify --backward --device cuda \
       --dtype bf16 --gpu h200 --candidates all --budget-s "${BUDGET_S:-200}" --time-limit-s "${LIMIT_S:-420}" \
       --seeds 1 --out "$OUT/apply" > "$OUT/apply.log" 2>&1
     echo "apply: exit $?"
@@ -39,7 +40,7 @@ if [ "$STEP" = step ] || [ "$STEP" = both ]; then
     variants=()
     for v in ${PLAN_VARIANTS:-}; do variants+=(--plan-variant "${v//_/ }"); done
     python benchmarks/kernels/lce_liger.py --parts llama --plan "${PLAN:?PLAN=plan.yaml}" "${variants[@]}" \
-      --out "$OUT" > "$OUT/lce_liger.log" 2>&1
+      ${PROVIDERS:+--llama-providers "$PROVIDERS"} --out "$OUT" > "$OUT/lce_liger.log" 2>&1
     echo "lce_liger: exit $?"
     tail -40 "$OUT/lce_liger.log"
 fi

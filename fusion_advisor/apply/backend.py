@@ -32,6 +32,7 @@ import torch.fx
 from torch.fx import Node
 
 from fusion_advisor.apply.canonical import canonicalize
+from fusion_advisor.apply.causal_mask import causal_mask_sites, fold_causal_masks
 from fusion_advisor.apply.executors import compile_graph, inherit_dynamo_metadata
 from fusion_advisor.apply.match import find_matches
 from fusion_advisor.apply.patterns import PatternLibrary
@@ -67,13 +68,16 @@ class RewriteBackend(DynamoBackend):
         analyze: also trace the decomposed aten graph the analysis stages read (:attr:`GraphRecord.analysis_graph`).
         keep_graphs: keep a copy of each canonical graph before rewriting.
         match: find matches at all (``False``: a plain executor backend; no retrace where nothing asks for one).
+        causal_sdpa: rewrite attention calls given a constant causal mask to ``is_causal=True``
+            (:func:`~fusion_advisor.apply.causal_mask.fold_causal_masks`) before anything else (such calls are
+            counted in every graph: :attr:`GraphRecord.causal_masks`).
     """
 
     def __init__(self, kernels: dict[str, Any] | None = None, select: Selector | None = None,
                  executor: str = "eager", inductor_options: dict[str, Any] | None = None,
                  regions: dict[str, str] | None = None, region_depths: dict[int, int] | None = None,
                  record_values: bool = False, analyze: bool = False, keep_graphs: bool = False,
-                 library: PatternLibrary | None = None, match: bool = True):
+                 library: PatternLibrary | None = None, match: bool = True, causal_sdpa: bool = False):
         super().__init__(self._on_graph)
         if library is None and match:
             from kernel_library.registry import load_all
@@ -89,6 +93,7 @@ class RewriteBackend(DynamoBackend):
         self.analyze = analyze
         self.keep_graphs = keep_graphs
         self.match = match
+        self.causal_sdpa = causal_sdpa
         self.graphs: list[GraphRecord] = []
         self.values: dict[int, dict[str, Any]] = {}  # graph index -> node name -> recorded value
         self._sites = itertools.count()
@@ -99,6 +104,13 @@ class RewriteBackend(DynamoBackend):
         self.graphs.append(record)
         record.grad_enabled = torch.is_grad_enabled()
         record.input_requires_grad = [bool(getattr(x, "requires_grad", False)) for x in example_inputs]
+        try:
+            sites = causal_mask_sites(gm)
+            record.causal_masks = len(sites)
+            if self.causal_sdpa and sites:
+                record.causal_folded = fold_causal_masks(gm, sites)
+        except Exception as e:  # a graph the pass does not understand runs as traced
+            record.notes.append(f"causal masks left as traced: {type(e).__name__}: {first_line(str(e))}")
         if not self.match:  # nothing to match or rewrite: dynamo's graph goes to the executor as it is
             return self._execute(gm, gm, example_inputs, record)
         try:

@@ -146,6 +146,7 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
             harness=harness, kernels=kernels, analysis=analysis, regions=regions,
             swaps=[s for s in sites if outcomes[s.id].kept],
             inductor_swaps=frozenset(s.id for s in sites if outcomes[s.id].kept_with_inductor),
+            causal_masks=sum(g.causal_masks for g in backend.graphs),
             budget_s=options.budget_s,
             time_rounds=options.time_rounds, use_regions=options.regions, keep_unmeasured=options.keep_unmeasured,
             progress=stage, only=options.variants, deadline=deadline, time_limit_s=options.time_limit_s))

@@ -162,6 +162,8 @@ class GraphRecord:
             captured under.
         executor: how the graph runs; ``executor_error``: why it ran eagerly instead.
         regions: region overrides applied in this graph; ``notes``: overrides not found, and similar.
+        causal_masks: attention calls whose mask is a constant causal mask (counted at capture;
+            :mod:`fusion_advisor.apply.causal_mask`); ``causal_folded``: those rewritten to ``is_causal=True``.
     """
 
     index: int
@@ -178,6 +180,8 @@ class GraphRecord:
     executor_error: str = ""
     regions: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    causal_masks: int = 0
+    causal_folded: int = 0
 
 
 
@@ -400,6 +404,8 @@ class VariantSpec:
         swaps: library kernels swapped in.
         regions: ``(str(RegionKey), executor)`` overrides.
         region_depths: ``(graph index, depth)``: where each graph with overrides is cut into regions.
+        causal_sdpa: attention calls given a constant causal mask by the trace run with ``is_causal=True`` and no
+            mask instead (:mod:`fusion_advisor.apply.causal_mask`), as the model as written runs them.
         why: why it is a candidate (the analysis' reason, or "baseline").
     """
 
@@ -412,12 +418,13 @@ class VariantSpec:
     swaps: tuple[PlannedSwap, ...] = ()
     regions: tuple[tuple[str, str], ...] = ()
     region_depths: tuple[tuple[int, int], ...] = ()
+    causal_sdpa: bool = False
     why: str = ""
 
     @property
     def stock(self) -> bool:
-        """Built with ``torch.compile`` exactly as a user would write it (no swaps, no regions)."""
-        return not self.swaps and not self.regions
+        """Built with ``torch.compile`` exactly as a user would write it (no swaps, no regions, no graph pass)."""
+        return not self.swaps and not self.regions and not self.causal_sdpa
 
     @property
     def cudagraphs(self) -> bool:
@@ -443,6 +450,8 @@ class VariantSpec:
             parts.append(f"{len(self.swaps)} library swap(s) ({', '.join(kernels)})")
         if self.regions:
             parts.append("regions " + ", ".join(f"{k} -> {e}" for k, e in self.regions))
+        if self.causal_sdpa:
+            parts.append("attention given a constant causal mask by the trace runs with is_causal=True")
         if self.cudnn_benchmark:
             parts.append("torch.backends.cudnn.benchmark = True")
         if self.channels_last:
@@ -454,7 +463,8 @@ class VariantSpec:
                 "cudnn_benchmark": self.cudnn_benchmark, "channels_last": self.channels_last, "graphed": self.graphed,
                 "swaps": [{"key": s.key.to_dict(), "signature": s.signature, "id": s.swap_id} for s in self.swaps],
                 "regions": {k: e for k, e in self.regions},
-                "region_depths": {g: d for g, d in self.region_depths}, "why": self.why,
+                "region_depths": {g: d for g, d in self.region_depths}, "causal_sdpa": self.causal_sdpa,
+                "why": self.why,
                 "describe": self.describe()}
 
     @classmethod
@@ -477,7 +487,7 @@ class VariantSpec:
                    channels_last=bool(d.get("channels_last", False)), graphed=bool(d.get("graphed", False)),
                    swaps=swaps, regions=regions,
                    region_depths=tuple(sorted((int(g), int(v)) for g, v in (d.get("region_depths") or {}).items())),
-                   why=str(d.get("why", "")))
+                   causal_sdpa=bool(d.get("causal_sdpa", False)), why=str(d.get("why", "")))
 
 
 def _stock_call(executor: str, options: dict[str, Any]) -> str:

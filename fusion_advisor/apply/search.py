@@ -6,8 +6,10 @@
    the model's own ops in CUDA graphs (``backend="cudagraphs"``: launch-bound models whose Inductor code is
    slower than cuDNN's); the library swaps that won alone, with an eager rest, an Inductor rest and an Inductor
    rest in CUDA graphs (an Inductor rest takes only the swaps that beat torch.compile alone, an eager rest also
-   those that beat eager only); the analysis' routing carried out region by region; ``cudnn.benchmark`` and channels-last
-   weights and inputs (forward only) for models with convolutions; Inductor's freezing (forward only: weights
+   those that beat eager only); the two fastest so far with attention given back ``is_causal`` where the trace
+   materialised a causal mask (``+causal-sdpa``, :mod:`fusion_advisor.apply.causal_mask`); the analysis' routing
+   carried out region by region; ``cudnn.benchmark`` and channels-last weights and inputs (forward only) for models
+   with convolutions; Inductor's freezing (forward only: weights
    folded as constants, conv + batch norm folded);
    max-autotune for GEMM- and convolution-heavy models.
 3. **Regions** (``--regions``): from the fastest variant so far, one region at a time switched to the other
@@ -76,6 +78,7 @@ class SearchInputs:
         swaps: the swaps that won alone (verified and faster than eager, and maybe torch.compile, on their own).
         inductor_swaps: ids of those that also beat torch.compile alone, the only ones a variant with an Inductor
             rest takes (None: all of them).
+        causal_masks: attention calls the capture found with a constant causal mask (``+causal-sdpa`` variants).
         budget_s: seconds for the candidates after the baselines.
         time_rounds: timing rounds per variant.
         use_regions: try region changes.
@@ -95,6 +98,7 @@ class SearchInputs:
     regions: list[Region]
     swaps: list[SwapSite]
     inductor_swaps: frozenset[str] | None = None
+    causal_masks: int = 0
     budget_s: float = 120.0
     time_rounds: int = 3
     use_regions: bool = True
@@ -159,6 +163,9 @@ def evaluate(spec: VariantSpec, inp: SearchInputs, baseline: bool = False) -> Va
         out.problems = model.problems() + [f"CUDA graphs not used for a graph: {r}" for r in skips.reasons]
         out.applied = sorted({str(k) for k in model.applied_swaps()})
         out.unapplied = [str(k) for k in model.missing_swaps()]
+        if spec.causal_sdpa and not model.causal_masks_folded():
+            out.status, out.reason = FAILED, "no attention call's causal mask could be given back as is_causal"
+            return out
         if out.unapplied:
             out.status = FAILED
             why = "; ".join(p for p in out.problems if "not rewritten" in p or "at " in p)[:300]
@@ -270,6 +277,17 @@ def candidates(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[Va
                            why=f"the library kernels that won alone ({kernels}); the rest of each graph: {rest}")
         if fresh(spec):
             yield spec
+    if inp.causal_masks:
+        for base in _top(outcomes, 2):
+            if base.spec.causal_sdpa or base.spec.graphed or base.spec.channels_last:
+                continue
+            rest = "eager" if base.spec.rest == AS_WRITTEN else base.spec.rest
+            spec = replace(base.spec, name=f"{base.spec.name} +causal-sdpa", rest=rest, causal_sdpa=True,
+                           why=f"{inp.causal_masks} attention call(s) get a causal mask the trace materialised: "
+                               f"run with is_causal=True and no mask, as the model as written runs them (the "
+                               f"attention kernel skips the masked half)")
+            if fresh(spec):
+                yield spec
     routed = _routed_regions(inp, outcomes)
     if routed is not None and fresh(routed):
         yield routed

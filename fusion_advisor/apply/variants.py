@@ -266,7 +266,8 @@ class PlannedModel(nn.Module):
             executor = "eager" if spec.rest == AS_WRITTEN else spec.rest
             backend = RewriteBackend(kernels or {}, select=lambda site: site.key in keys, executor=executor,
                                      inductor_options=dict(spec.inductor_options), regions=dict(spec.regions),
-                                     region_depths=dict(spec.region_depths), match=bool(spec.swaps))
+                                     region_depths=dict(spec.region_depths), match=bool(spec.swaps),
+                                     causal_sdpa=spec.causal_sdpa)
             self.__dict__["backend"] = backend
             fn = torch.compile(model, backend=backend, dynamic=False)
         self.__dict__["_fn"] = fn
@@ -314,6 +315,11 @@ class PlannedModel(nn.Module):
     def applied_swaps(self) -> list[MatchKey]:
         """Keys of the swaps rewritten into the graphs compiled so far (one entry per graph and swap)."""
         return self.backend.applied() if self.backend is not None else []
+
+    def causal_masks_folded(self) -> int:
+        """Attention calls run with ``is_causal=True`` instead of their traced causal mask, in the graphs compiled
+        so far (``spec.causal_sdpa``)."""
+        return sum(g.causal_folded for g in self.backend.graphs) if self.backend is not None else 0
 
     def missing_swaps(self) -> list[MatchKey]:
         """Planned swaps never found in any graph compiled so far (the model changed, or it has not run yet)."""

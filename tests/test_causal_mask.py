@@ -1,0 +1,95 @@
+"""Attention given a causal mask the trace materialised runs with is_causal=True (fusion_advisor.apply.causal_mask)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusion_advisor.apply import VariantSpec
+from fusion_advisor.apply.causal_mask import causal_mask_sites, fold_causal_masks, is_causal_mask
+from fusion_advisor.apply.records import AS_WRITTEN
+from fusion_advisor.apply.variants import PlannedModel
+
+
+class Attention(torch.nn.Module):
+    """Scores from a projection; the mask built as transformers builds it under tracing (``arange`` comparisons of
+    query and key positions), or from the input (``mask="input"``), or a sliding window (``mask="window"``)."""
+
+    def __init__(self, mask: str = "causal", width: int = 16):
+        super().__init__()
+        self.proj = torch.nn.Linear(width, 3 * width)
+        self.mask = mask
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.proj(x).view(b, n, 3, 2, -1).permute(2, 0, 3, 1, 4)
+        qi, ki = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        if self.mask == "causal":
+            m = (ki <= qi)[None, None].expand(b, 1, n, n)
+        elif self.mask == "float":
+            m = torch.zeros(n, n).masked_fill(ki > qi, float("-inf"))
+        elif self.mask == "window":
+            m = ((ki <= qi) & (qi - ki < 3))[None, None]
+        else:  # read from the input: not a constant
+            m = (ki <= qi)[None, None] & (x[:, None, :, :1] > -100).expand(b, 1, n, n)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m).sum(1)
+
+
+def _graph(model, x):
+    graphs = []
+
+    def grab(gm, example_inputs):
+        graphs.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=grab)(x)
+    torch._dynamo.reset()
+    return graphs[0]
+
+
+def test_is_causal_mask_takes_top_left_causal_masks_only():
+    keep = torch.ones(5, 5, dtype=torch.bool).tril()
+    assert is_causal_mask(keep, 5, 5) and is_causal_mask(keep[None, None].expand(2, 1, 5, 5), 5, 5)
+    additive = torch.zeros(5, 5).masked_fill(~keep, float("-inf"))
+    assert is_causal_mask(additive, 5, 5)
+    assert is_causal_mask(torch.zeros(5, 5).masked_fill(~keep, torch.finfo(torch.float32).min), 5, 5)
+    assert not is_causal_mask(additive.masked_fill(~keep, -1e4), 5, 5)  # a finite penalty is not a mask
+    assert not is_causal_mask(keep, 5, 6)  # top-left and bottom-right alignment differ when lengths differ
+    assert not is_causal_mask(torch.ones(5, 5, dtype=torch.bool), 5, 5)
+    assert not is_causal_mask(keep.clone().index_fill_(0, torch.tensor([4]), False), 5, 5)
+    assert not is_causal_mask(keep.int(), 5, 5)
+
+
+@pytest.mark.parametrize("kind", ["causal", "float"])
+def test_a_constant_causal_mask_is_folded_and_the_result_kept(kind):
+    torch.manual_seed(0)
+    model, x = Attention(kind), torch.randn(2, 8, 16)
+    gm, inputs = _graph(model, x)
+    before = gm(*inputs)
+    assert len(causal_mask_sites(gm)) == 1
+    assert fold_causal_masks(gm) == 1
+    (sdpa,) = [n for n in gm.graph.nodes if n.target is torch._C._nn.scaled_dot_product_attention]
+    assert sdpa.kwargs.get("attn_mask") is None and sdpa.kwargs.get("is_causal") is True
+    assert not [n for n in gm.graph.nodes if n.target is torch.arange]  # the mask's nodes went with it
+    torch.testing.assert_close(gm(*inputs), before, rtol=1e-5, atol=1e-5)
+    spec = VariantSpec("eager +causal-sdpa", "eager", causal_sdpa=True)
+    planned = PlannedModel(model, spec)
+    torch.testing.assert_close(planned(x), model(x), rtol=1e-5, atol=1e-5)
+    assert planned.causal_masks_folded() == 1 and not spec.stock
+    assert VariantSpec.from_dict(spec.to_dict()) == spec
+
+
+@pytest.mark.parametrize("kind", ["window", "input"])
+def test_other_masks_are_left_alone(kind):
+    model, x = Attention(kind), torch.randn(2, 8, 16)
+    gm, _ = _graph(model, x)
+    assert causal_mask_sites(gm) == [] and fold_causal_masks(gm) == 0
+    planned = PlannedModel(model, VariantSpec("eager +causal-sdpa", "eager", causal_sdpa=True))
+    torch.testing.assert_close(planned(x), model(x), rtol=1e-5, atol=1e-5)
+    assert planned.causal_masks_folded() == 0
+
+
+def test_old_plans_read_without_the_flag():
+    assert VariantSpec.from_dict({"name": "eager", "rest": AS_WRITTEN}).causal_sdpa is False
