@@ -142,7 +142,7 @@ def plan_doc(analysis, chains=("c1",)) -> dict:
                 "spec": {"name": name, "describe": f"how {name} runs"},
                 "check": {"passed": status != "wrong", "norm_err": err, "eager_norm_err": 0.0},
                 "timing": {"timer": "do_bench median (cuda)", "ms": ms, "spread": 0.01, "first_call_s": 1.5,
-                           "peak_mb": 100.0, "device_ms": ms * 0.9}, "problems": []}
+                           "peak_mb": 100.0, "peak_reserved_mb": 140.0, "device_ms": ms * 0.9}, "problems": []}
 
     return {
         "fusion_advisor_plan": 2, "tool_version": "0.2.0", "created_at": "2026-12-01T10:00:00+00:00",
@@ -172,6 +172,7 @@ def test_apply_view_measures_against_its_own_baselines():
     by = {v["name"]: v for v in view["variants"]}
     chosen = by["swaps+eager"]
     assert chosen["vs_eager"] == pytest.approx(2.0) and chosen["vs_compile"] == pytest.approx(1.25)
+    assert chosen["peak_mb"] == 100.0 and chosen["peak_reserved_mb"] == 140.0
     m = view["measured"]
     assert m["timed"] and m["chosen"] == "swaps+eager" and m["vs_compile"] == pytest.approx(1.25)
     assert m["device"] == "NVIDIA H200 (cuda)"

@@ -440,6 +440,7 @@ class ModelHarness:
             step()
         torch.cuda.synchronize()
         timing.peak_mb = torch.cuda.max_memory_allocated() / 2**20
+        timing.peak_reserved_mb = torch.cuda.max_memory_reserved() / 2**20
         try:
             by_kernel = device_time_by_kernel(step, iters=3)
         except Exception:  # the profiler unavailable: wall time stands alone

@@ -33,6 +33,8 @@ VARIANT_COLUMNS: dict[str, str] = {
     "vs_compile": "Speed-up over torch.compile(model), same run.",
     "first_call_s": "First step, s: compilation and CUDA-graph capture included.",
     "peak_mb": "Peak allocated GPU memory over three steps, MiB.",
+    "peak_reserved_mb": "Peak reserved GPU memory over the same steps, MiB: holds CUDA graphs' private pools, which "
+                        "peak_mb does not count once captured, and the caching allocator's slack.",
     "device_ms": "Summed GPU kernel time of one step, ms (torch.profiler).",
     "error_vs_fp64": "Worst tensor's norm-wise relative error against the float64 reference.",
     "eager_error_vs_fp64": "The model as written's norm-wise relative error on that tensor (the scale the policy "
@@ -58,6 +60,7 @@ def variant_rows(result: ApplyResult) -> list[dict[str, Any]]:
             "vs_compile": _num(comp.ms / ms) if ms and comp is not None and comp.ms and comp.correct else "",
             "first_call_s": _num(t.first_call_s) if t is not None else "",
             "peak_mb": _num(t.peak_mb) if t is not None else "",
+            "peak_reserved_mb": _num(t.peak_reserved_mb) if t is not None else "",
             "device_ms": _num(t.device_ms) if t is not None else "",
             "error_vs_fp64": _num(c.norm_err) if c is not None and c.norm_err is not None else "",
             "eager_error_vs_fp64": _num(c.eager_norm_err) if c is not None and c.eager_norm_err is not None else "",

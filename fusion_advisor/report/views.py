@@ -415,7 +415,8 @@ def apply_view(doc: dict[str, Any], analysis: Analysis | None) -> dict[str, Any]
         rows.append({
             "name": str(v.get("name", "")), "status": str(v.get("status", "")), "ms": ms,
             "spread": t.get("spread"), "vs_eager": _ratio(eager_ms, ms), "vs_compile": _ratio(comp_ms, ms),
-            "first_call_s": t.get("first_call_s"), "peak_mb": t.get("peak_mb"), "device_ms": t.get("device_ms"),
+            "first_call_s": t.get("first_call_s"), "peak_mb": t.get("peak_mb"),
+            "peak_reserved_mb": t.get("peak_reserved_mb"), "device_ms": t.get("device_ms"),
             "err": err, "eager_err": c.get("eager_norm_err"),
             "how": str(_dict(v.get("spec")).get("describe", "")), "reason": str(v.get("reason", "")),
             "problems": [str(p) for p in _list(v.get("problems"))][:3], "timer": str(t.get("timer", "") or ""),
