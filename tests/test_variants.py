@@ -379,7 +379,7 @@ def test_a_faster_variant_must_win_the_interleaved_confirmation(monkeypatch, con
 
 
 class _RoundsHarness:
-    """A harness whose rounds are given: ``time_round`` returns the next time of the model's list (ms)."""
+    """A harness whose rounds are given: each round of ``round_timer`` returns the next time of the model's list (ms)."""
 
     def __init__(self, rounds: dict[str, list[float]]):
         self.rounds = {k: list(v) for k, v in rounds.items()}
@@ -387,8 +387,28 @@ class _RoundsHarness:
     def first_call(self, model):
         return 0.0
 
-    def time_round(self, model):
-        return self.rounds[model].pop(0)
+    def round_timer(self, model):
+        return lambda: self.rounds[model].pop(0)
+
+
+def test_a_round_times_five_calls_or_more_in_the_search_and_the_confirmation_alike():
+    # the confirmation once timed each round of a 57 ms step as one call (do_bench's 60 ms budget), spread 13.7%
+    from types import SimpleNamespace
+
+    from fusion_advisor.apply import measure
+
+    asked = []
+
+    def time_round(fn, rep_ms=measure.ROUND_REP_MS):
+        asked.append(rep_ms)
+        return 57.0
+
+    fake = SimpleNamespace(one_call_ms=lambda fn: 57.0, time_round=time_round)
+    one_round = ModelHarness.round_timer(fake, None)
+    assert asked == [measure.ROUND_REP_MS]  # the untimed round, at the default budget
+    assert one_round() == 57.0 and asked[-1] == measure.MIN_TIMED_CALLS * 57.0
+    long = SimpleNamespace(one_call_ms=lambda fn: 1500.0, time_round=time_round)
+    assert ModelHarness.round_timer(long, None)() == 1500.0 and len(asked) == 2  # one call per round
 
 
 @pytest.mark.parametrize("challenger, says", [

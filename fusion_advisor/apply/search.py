@@ -606,10 +606,11 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> tuple[b
             mb = PlannedModel(h.model, b.spec, inp.kernels, cudnn_thread=True)
             h.first_call(ma)
             h.first_call(mb)
+            round_a, round_b = h.round_timer(ma), h.round_timer(mb)  # as each was timed in the search
             ta, tb = [], []
             for _ in range(CONFIRM_ROUNDS):
-                ta.append(h.time_round(ma))
-                tb.append(h.time_round(mb))
+                ta.append(round_a())
+                tb.append(round_b())
         except Exception as e:  # the challenger failing now is a loss
             return False, f"raised {type(e).__name__}: {first_line(str(e))}", None
     ra, rb = VariantTiming(rounds_ms=ta), VariantTiming(rounds_ms=tb)
