@@ -286,7 +286,7 @@ def test_a_no_grad_block_is_never_cut_into_two_regions():
         assert torch.is_grad_enabled() and loss.requires_grad, key
         grads = torch.autograd.grad(loss, list(model.parameters()))
         want = torch.autograd.grad(model(x), list(model.parameters()))
-        for g, w in zip(grads, want):
+        for g, w in zip(grads, want, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
