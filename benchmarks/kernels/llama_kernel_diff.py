@@ -10,7 +10,7 @@ script profiles one step of each way of running it and lists the kernels by devi
   (what apply's eager-rest variants run);
 - ``inductor``: ``torch.compile(model)``.
 
-Per provider: 3 warm-up steps, then ``torch.profiler`` over 3 steps (forward, ``backward()``, grads set to None);
+Per provider: 3 warm-up steps, then ``torch.profiler`` over 3 steps (``device_time_by_kernel``) (forward, ``backward()``, grads set to None);
 kernel time per step by name. Writes ``llama_kernel_diff.json`` (every kernel) and prints the top kernels and the
 names whose time differs most between providers.
 
@@ -31,26 +31,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.kernels import llama3_8b_width_loss as llama_file  # noqa: E402
-from fusion_advisor.kernel_tools.bench import kernel_class  # noqa: E402
+from fusion_advisor.kernel_tools.bench import device_time_by_kernel, kernel_class  # noqa: E402
 
 PROVIDERS = ("eager", "aot_eager", "inductor")
 WARMUP, PROFILED = 3, 3
-
-
-def kernel_ms(step, iters: int = PROFILED) -> dict[str, float]:
-    """Kernel name -> device ms per call of ``step`` (``torch.profiler``, CUDA activity)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            step()
-        torch.cuda.synchronize()
-    out: dict[str, float] = {}
-    for e in prof.key_averages():
-        if e.self_device_time_total > 0:
-            out[e.key] = out.get(e.key, 0.0) + e.self_device_time_total / iters / 1e3
-    return out
 
 
 def main() -> int:
@@ -82,7 +66,7 @@ def main() -> int:
 
         for _ in range(WARMUP):
             step()
-        by_name = kernel_ms(step)
+        by_name = device_time_by_kernel(step, iters=PROFILED)
         total = sum(by_name.values())
         by_class: dict[str, float] = {}
         for k, v in by_name.items():
