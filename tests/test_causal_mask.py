@@ -93,3 +93,48 @@ def test_other_masks_are_left_alone(kind):
 
 def test_old_plans_read_without_the_flag():
     assert VariantSpec.from_dict({"name": "eager", "rest": AS_WRITTEN}).causal_sdpa is False
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=64, use_cache=False,
+                      attn_implementation="sdpa")
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_transformers_traced_causal_mask_is_found_and_a_padding_mask_is_not():
+    # under dynamo transformers materialises its causal mask (masking_utils); with a padding mask from the inputs
+    # the mask reads an input and must stay
+    model = _tiny_llama()
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    counts = {}
+
+    def backend(name):
+        def count(gm, example_inputs):
+            counts[name] = len(causal_mask_sites(gm))
+            return gm.forward
+        return count
+
+    with torch.no_grad():
+        torch._dynamo.reset()
+        torch.compile(model, backend=backend("causal"))(input_ids=ids)
+        padding = torch.ones(2, 16, dtype=torch.long)
+        padding[0, :3] = 0
+        torch._dynamo.reset()
+        torch.compile(model, backend=backend("padded"))(input_ids=ids, attention_mask=padding)
+    torch._dynamo.reset()
+    assert counts == {"causal": 2, "padded": 0}
+
+
+@pytest.mark.gpu
+def test_gpu_folded_attention_matches_on_cuda_in_bf16():
+    model = _tiny_llama().to("cuda", torch.bfloat16)
+    ids = torch.randint(0, 256, (2, 64), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    planned = PlannedModel(model, VariantSpec("eager +causal-sdpa", "eager", causal_sdpa=True))
+    with torch.no_grad():
+        got, want = planned(input_ids=ids).logits, model(input_ids=ids).logits
+    assert planned.causal_masks_folded() == 2
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
