@@ -297,6 +297,25 @@ def test_decide_never_keeps_unverified_or_unmeasured_unless_asked():
     assert decision == R.NOT_KEPT and "device time" in reason
 
 
+def test_overlapping_swaps_that_beat_compile_win_over_eager_rest_only_ones():
+    # an eager-rest-only swap taking the ops of one that beats torch.compile too would leave Inductor rests neither
+    from fusion_advisor.apply.pipeline import resolve_overlaps
+
+    def site(i, kernel, ops):
+        return R.SwapSite(f"s{i}", kernel, kernel, 0, R.MatchKey(kernel, "m", "a.py:1"), tuple(ops), (), None, "m",
+                          (), {}, (), len(ops))
+
+    big, small, other = site(0, "add_rmsnorm", ["a", "b"]), site(1, "rmsnorm", ["b"]), site(2, "swiglu", ["c"])
+    outcomes = {"s0": R.SwapOutcome("s0", R.KEPT_EAGER_REST, "r0"), "s1": R.SwapOutcome("s1", R.KEPT, "r1"),
+                "s2": R.SwapOutcome("s2", R.KEPT_EAGER_REST, "r2")}
+    resolve_overlaps([big, small, other], outcomes)
+    assert [outcomes[k].decision for k in ("s0", "s1", "s2")] == [R.NOT_KEPT, R.KEPT, R.KEPT_EAGER_REST]
+    assert outcomes["s0"].reason.startswith("not kept: overlaps kept swap s1 (rmsnorm), which beat torch.compile")
+    outcomes = {"s0": R.SwapOutcome("s0", R.KEPT, "r0"), "s1": R.SwapOutcome("s1", R.KEPT, "r1")}
+    resolve_overlaps([big, small], outcomes)  # both beat compile: the larger one, as before
+    assert outcomes["s1"].decision == R.NOT_KEPT and "the larger one" in outcomes["s1"].reason
+
+
 def test_low_precision_gradient_is_judged_against_the_original_ops_own_error():
     # a bf16 row-sum gradient (a norm's dweight): the policy every check uses (verify, each swap, each variant): no
     # further from float64 than the original ops' own error, 2x norm-wise and 4x max-wise, plus bf16's floor

@@ -138,3 +138,77 @@ def test_gpu_folded_attention_matches_on_cuda_in_bf16():
         got, want = planned(input_ids=ids).logits, model(input_ids=ids).logits
     assert planned.causal_masks_folded() == 2
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+class InPlaceMasks(torch.nn.Module):
+    """A causal mask changed in place after it was built: padding from an input, or a window cut with ``triu_``."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+
+    def forward(self, q, keep):
+        n = q.shape[-2]
+        i = torch.arange(n)
+        m = (i[None, :] <= i[:, None])[None, None].repeat(q.shape[0], 1, 1, 1)
+        if self.how == "padding":
+            m.masked_fill_(~keep[:, None, None, :], False)
+            m.diagonal(dim1=-2, dim2=-1).fill_(True)
+        else:
+            m.triu_(-2)
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=m)
+
+
+@pytest.mark.parametrize("how", ["padding", "window"])
+def test_a_mask_changed_in_place_after_it_was_built_is_not_folded(how):
+    # found by a review: the mask node as built was causal, the mask attention read was not (padding from an input)
+    q, keep = torch.randn(2, 2, 8, 4), torch.ones(2, 8, dtype=torch.bool)
+    gm, _ = _graph_of(InPlaceMasks(how), q, keep)
+    assert causal_mask_sites(gm) == []
+
+
+class CountingAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, q, side):
+        n = q.shape[-2]
+        i = torch.arange(n)
+        self.count.add_(1)  # in-place updates whose results nothing reads
+        side.add_(1)
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=i[None, :] <= i[:, None])
+
+
+def test_folding_removes_the_masks_nodes_only():
+    # found by a review: dead-code elimination after the fold removed a step counter's add_ and an input's update
+    model, q, side = CountingAttention(), torch.randn(1, 2, 4, 8), torch.zeros(3)
+    gm, inputs = _graph_of(model, q, side)
+    assert fold_causal_masks(gm) == 1
+    count, side_in = (t for t in inputs if t.shape in ((), (3,)))
+    before = (float(count), side_in.clone())
+    gm(*inputs)
+    assert float(count) == before[0] + 1 and torch.equal(side_in, before[1] + 1)
+    assert not [n for n in gm.graph.nodes if n.target is torch.arange]
+
+
+def test_a_mask_too_large_to_check_is_never_built(monkeypatch):
+    from fusion_advisor.apply import causal_mask
+
+    gm, _ = _graph_of(Attention("causal"), torch.randn(2, 8, 16))
+    monkeypatch.setattr(causal_mask, "MAX_MASK_ELEMENTS", 10)
+    monkeypatch.setattr(causal_mask, "constant_value", lambda *a: pytest.fail("the mask was built"))
+    assert causal_mask_sites(gm) == []
+
+
+def _graph_of(model, *args):
+    graphs = []
+
+    def grab(gm, example_inputs):
+        graphs.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=grab, dynamic=False)(*args)
+    torch._dynamo.reset()
+    return graphs[0]

@@ -69,15 +69,17 @@ class RewriteBackend(DynamoBackend):
         keep_graphs: keep a copy of each canonical graph before rewriting.
         match: find matches at all (``False``: a plain executor backend; no retrace where nothing asks for one).
         causal_sdpa: rewrite attention calls given a constant causal mask to ``is_causal=True``
-            (:func:`~fusion_advisor.apply.causal_mask.fold_causal_masks`) before anything else (such calls are
-            counted in every graph: :attr:`GraphRecord.causal_masks`).
+            (:func:`~fusion_advisor.apply.causal_mask.fold_causal_masks`) before anything else.
+        count_causal: count such calls (:attr:`GraphRecord.causal_masks`; apply's capture), each mask evaluated
+            once.
     """
 
     def __init__(self, kernels: dict[str, Any] | None = None, select: Selector | None = None,
                  executor: str = "eager", inductor_options: dict[str, Any] | None = None,
                  regions: dict[str, str] | None = None, region_depths: dict[int, int] | None = None,
                  record_values: bool = False, analyze: bool = False, keep_graphs: bool = False,
-                 library: PatternLibrary | None = None, match: bool = True, causal_sdpa: bool = False):
+                 library: PatternLibrary | None = None, match: bool = True, causal_sdpa: bool = False,
+                 count_causal: bool = False):
         super().__init__(self._on_graph)
         if library is None and match:
             from kernel_library.registry import load_all
@@ -94,6 +96,7 @@ class RewriteBackend(DynamoBackend):
         self.keep_graphs = keep_graphs
         self.match = match
         self.causal_sdpa = causal_sdpa
+        self.count_causal = count_causal
         self.graphs: list[GraphRecord] = []
         self.values: dict[int, dict[str, Any]] = {}  # graph index -> node name -> recorded value
         self._sites = itertools.count()
@@ -105,7 +108,7 @@ class RewriteBackend(DynamoBackend):
         record.grad_enabled = torch.is_grad_enabled()
         record.input_requires_grad = [bool(getattr(x, "requires_grad", False)) for x in example_inputs]
         try:
-            sites = causal_mask_sites(gm)
+            sites = causal_mask_sites(gm) if self.causal_sdpa or self.count_causal else []
             record.causal_masks = len(sites)
             if self.causal_sdpa and sites:
                 record.causal_folded = fold_causal_masks(gm, sites)

@@ -9,16 +9,20 @@ layers, 2 x 2048 tokens) spent 2.34 ms per step in cuDNN's flash attention forwa
 ``benchmarks/results/h200/kernels/llama_advised/llama_kernel_diff.json``).
 
 A mask is given back when the attention call's ``attn_mask`` reads no graph input or parameter (a function of the
-graph's shapes alone, so one value holds for every call of the graph, which apply compiles per shape), its value,
-computed once when the graph is compiled, is exactly the top-left causal mask ``tril(ones(L, S))`` broadcast over
-its leading axes (a bool mask, or a float one of 0 and -inf / the dtype's lowest), and the query and key lengths
-are equal, where top-left and bottom-right alignment agree. The call then becomes ``attn_mask=None,
-is_causal=True``, everything else unchanged; the mask's nodes go when nothing else reads them. The result is the
-same attention; a variant with the rewrite is still checked against float64 and timed like any other.
+graph's shapes alone, so one value holds for every call of the graph, which apply compiles per shape), no op of
+the graph changes it or what it is built from in place (``masked_fill_`` of a padding mask after the causal one was
+built, ``setitem``, an ``out=``, a mutable aten op), its value, computed once when the graph is compiled, is
+exactly the top-left causal mask ``tril(ones(L, S))`` broadcast over its leading axes (a bool mask, or a float one
+of 0 and -inf / the dtype's lowest), and the query and key lengths are equal, where top-left and bottom-right
+alignment agree. The call then becomes ``attn_mask=None, is_causal=True``, everything else unchanged; the mask's
+own nodes go when nothing else reads them (nothing else: an in-place update elsewhere whose result no node reads
+stays). The result is the same attention; a variant with the rewrite is still checked against float64 and timed
+like any other. A model given an ``attention_mask`` (even all ones) keeps it: that mask reads an input.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -61,11 +65,50 @@ def _ancestors(node: Node) -> set[Node]:
     return seen
 
 
+def _mutated(n: Node) -> list[Any]:
+    """The arguments ``n`` writes in place: a method ending in ``_`` (``masked_fill_``), ``operator.setitem``, an
+    ``out=`` argument, the written arguments of a mutable aten op."""
+    if n.op == "call_method":
+        return [n.args[0]] if n.target.endswith("_") and not n.target.startswith("__") and n.args else []
+    if n.op != "call_function":
+        return []
+    out = [n.kwargs["out"]] if "out" in n.kwargs else []
+    if n.target in (operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                    operator.iand, operator.ior):
+        out.append(n.args[0] if n.args else None)
+    name = getattr(n.target, "__name__", "")
+    in_place = name.endswith("_") and not name.startswith("_")  # torch.Tensor.masked_fill_ called as a function
+    if in_place and getattr(n.target, "__module__", None) not in ("operator", "_operator") and n.args:  # not and_
+        out.append(n.args[0])
+    schema = getattr(n.target, "_schema", None)
+    if schema is not None and schema.is_mutable:
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is not None and a.alias_info.is_write:
+                out.append(n.args[i] if i < len(n.args) else n.kwargs.get(a.name))
+    return [a for a in out if a is not None]
+
+
+def mutation_free(gm: torch.fx.GraphModule, node: Node) -> bool:
+    """Whether no op of ``gm`` writes in place to ``node``, to what it is built from, or to anything derived from
+    those other than through an attention call (a view of the mask changed afterwards changes the mask)."""
+    built_from = _ancestors(node)
+    if any(_mutated(n) for n in built_from):
+        return False  # an in-place op among its own: evaluating it here could write to a buffer of the model
+    reach = set(built_from)
+    for n in gm.graph.nodes:  # graph order: every node after its arguments
+        if n in reach or (n.op == "call_function" and n.target in SDPA_TARGETS):
+            continue
+        if any(a in reach for a in n.all_input_nodes):
+            reach.add(n)
+    return not any(a in reach for n in gm.graph.nodes for a in _mutated(n) if isinstance(a, Node))
+
+
 def constant_value(gm: torch.fx.GraphModule, node: Node) -> torch.Tensor | None:
     """The value of ``node`` computed from the graph's own nodes, or None when it reads a graph input or a
-    submodule, or an op of it fails (a mask that depends on the inputs is left alone)."""
+    submodule, an op writes to it or what it is built from in place (:func:`mutation_free`), or an op of it fails
+    (a mask that depends on the inputs is left alone)."""
     needed = _ancestors(node)
-    if any(n.op in ("placeholder", "call_module", "output") for n in needed):
+    if any(n.op in ("placeholder", "call_module", "output") for n in needed) or not mutation_free(gm, node):
         return None
     env: dict[Node, Any] = {}
 
@@ -132,7 +175,9 @@ def causal_mask_sites(gm: torch.fx.GraphModule) -> list[Node]:
         if q is None or k is None or len(q) < 2 or len(k) < 2:
             continue
         if mask not in values:
-            m = constant_value(gm, mask)
+            shape = _shape(mask)  # before building it: a mask too large to check is never built
+            small = shape is not None and math.prod(shape) <= MAX_MASK_ELEMENTS and q[-2] == k[-2]
+            m = constant_value(gm, mask) if small else None
             values[mask] = m is not None and is_causal_mask(m, q[-2], k[-2])
         if values[mask]:
             sites.append(n)
@@ -144,6 +189,7 @@ def fold_causal_masks(gm: torch.fx.GraphModule, sites: list[Node] | None = None)
     is_causal=True`` in place (the mask's nodes removed when nothing else reads them, the module recompiled);
     returns how many calls changed."""
     sites = causal_mask_sites(gm) if sites is None else sites
+    masks = [_argument(n, "attn_mask") for n in sites]
     for n in sites:
         args, kwargs = list(n.args), dict(n.kwargs)
         for name, new in (("attn_mask", None), ("is_causal", True)):
@@ -154,6 +200,9 @@ def fold_causal_masks(gm: torch.fx.GraphModule, sites: list[Node] | None = None)
                 args[i] = new
         n.args, n.kwargs = tuple(args), kwargs
     if sites:
-        gm.graph.eliminate_dead_code()
+        own = set().union(*(_ancestors(m) for m in masks))  # mutation-free (causal_mask_sites checked)
+        for n in reversed(list(gm.graph.nodes)):
+            if n in own and not n.users:
+                gm.graph.erase_node(n)
         gm.recompile()
     return len(sites)

@@ -442,6 +442,7 @@ class ModelHarness:
 
         step = self.step(fn)
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the reserved peak is this variant's, not what earlier ones left cached
         torch.cuda.reset_peak_memory_stats()
         for _ in range(3):
             step()

@@ -232,7 +232,7 @@ def _capture(loaded: Any, kernels: dict[str, Any], backward: bool) -> RewriteBac
     from fusion_advisor.errors import CaptureError
 
     # the analysis runs on analyze's own capture (_analyze), so the backend traces no analysis graph of its own
-    backend = RewriteBackend(kernels, record_values=True, analyze=False, keep_graphs=True)
+    backend = RewriteBackend(kernels, record_values=True, analyze=False, keep_graphs=True, count_causal=True)
     try:
         compiled = backend.compile(loaded.module)
         with torch.set_grad_enabled(backward), warnings.catch_warnings(), quiet_torch_logs():
@@ -512,18 +512,26 @@ def _verify_all(sites: list[SwapSite], matches: dict[str, Match], backend: Rewri
                                           stage, f"{s.id} ({s.kernel}, {n_seen} of {n_candidates})")
         if first is None and outcomes[s.id].verification is not None and outcomes[s.id].verification.verified:
             by_signature[sig] = (s.id, outcomes[s.id].verification)
-    # kept swaps must not overlap: larger ones first
+    resolve_overlaps(sites, outcomes)
+    return outcomes
+
+
+def resolve_overlaps(sites: list[SwapSite], outcomes: dict[str, SwapOutcome]) -> None:
+    """Kept swaps must not overlap: those that beat torch.compile too take their ops first (an eager-rest-only swap
+    that took them would leave variants with an Inductor rest neither), then larger ones first; a swap that loses
+    an overlap is marked not kept, with what it earned alone."""
     taken: dict[str, SwapSite] = {}
-    for s in sorted((s for s in sites if outcomes[s.id].kept), key=lambda s: -s.n_ops):
+    for s in sorted((s for s in sites if outcomes[s.id].kept),
+                    key=lambda s: (not outcomes[s.id].kept_with_inductor, -s.n_ops)):
         clash = next((taken[o] for o in s.op_ids if o in taken), None)
         if clash is not None:
             o = outcomes[s.id]
             # the overlap decides; what the swap earned alone follows, so the reason never reads "kept ... not kept"
-            o.decision, o.reason = NOT_KEPT, (f"not kept: overlaps kept swap {clash.id} ({clash.kernel}), the larger "
-                                                 f"one; on its own: {o.reason.replace('kept because', 'would be kept as')}")
+            larger = "the larger one" if clash.n_ops >= s.n_ops else "which beat torch.compile too"
+            o.decision, o.reason = NOT_KEPT, (f"not kept: overlaps kept swap {clash.id} ({clash.kernel}), {larger}; "
+                                              f"on its own: {o.reason.replace('kept because', 'would be kept as')}")
             continue
         for o in s.op_ids:
             taken[o] = s
-    return outcomes
 
 
