@@ -391,6 +391,21 @@ class _RoundsHarness:
         return lambda: self.rounds[model].pop(0)
 
 
+def test_causal_sdpa_candidates_come_from_the_fastest_variants_only_where_the_capture_found_a_mask():
+    inp = _inputs()
+    outcomes = [_fake_outcome("eager", 70.0, True), _fake_outcome("torch.compile", 62.0, True),
+                _fake_outcome("wrong one", 1.0, correct=False)]
+    assert list(search_mod._causal_sdpa(inp, outcomes, 2)) == []  # no traced causal mask
+    inp.causal_masks = 4
+    specs = list(search_mod._causal_sdpa(inp, outcomes, 2))
+    assert [(s.name, s.rest, s.causal_sdpa) for s in specs] == [("torch.compile +causal-sdpa", "inductor", True),
+                                                                ("eager +causal-sdpa", "eager", True)]
+    assert "4 attention call(s)" in specs[0].why
+    outcomes.append(R.VariantOutcome(specs[0], R.CORRECT, "", R.VariantCheck(passed=True),
+                                     R.VariantTiming(ms=57.0, rounds_ms=[57.0] * 3, spread=0.01)))
+    assert [s.name for s in search_mod._causal_sdpa(inp, outcomes, 1)] == []  # the fastest has it already
+
+
 def test_a_round_times_five_calls_or_more_in_the_search_and_the_confirmation_alike():
     # the confirmation once timed each round of a 57 ms step as one call (do_bench's 60 ms budget), spread 13.7%
     from types import SimpleNamespace

@@ -7,7 +7,8 @@
    slower than cuDNN's); the library swaps that won alone, with an eager rest, an Inductor rest and an Inductor
    rest in CUDA graphs (an Inductor rest takes only the swaps that beat torch.compile alone, an eager rest also
    those that beat eager only); the two fastest so far with attention given back ``is_causal`` where the trace
-   materialised a causal mask (``+causal-sdpa``, :mod:`fusion_advisor.apply.causal_mask`); the analysis' routing
+   materialised a causal mask (``+causal-sdpa``, :mod:`fusion_advisor.apply.causal_mask`; the fastest baseline
+   with it is tried first of all the candidates); the analysis' routing
    carried out region by region; ``cudnn.benchmark`` and channels-last weights and inputs (forward only) for models
    with convolutions; Inductor's freezing (forward only: weights
    folded as constants, conv + batch norm folded);
@@ -254,6 +255,9 @@ def candidates(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[Va
         tried.add(key)
         return True
 
+    # attention with a traced causal mask: the fastest baseline without it first (cheap, and on the H200 the mask
+    # tripled a Llama step's attention time); the fastest variants with swaps follow them
+    yield from (spec for spec in _causal_sdpa(inp, outcomes, 1) if fresh(spec))
     if cuda:
         spec = VariantSpec("cudagraphs", "eager+cudagraphs",
                            why="the model's own kernels (cuBLAS, cuDNN) replayed from a CUDA graph: no launch "
@@ -277,17 +281,7 @@ def candidates(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[Va
                            why=f"the library kernels that won alone ({kernels}); the rest of each graph: {rest}")
         if fresh(spec):
             yield spec
-    if inp.causal_masks:
-        for base in _top(outcomes, 2):
-            if base.spec.causal_sdpa or base.spec.graphed or base.spec.channels_last:
-                continue
-            rest = "eager" if base.spec.rest == AS_WRITTEN else base.spec.rest
-            spec = replace(base.spec, name=f"{base.spec.name} +causal-sdpa", rest=rest, causal_sdpa=True,
-                           why=f"{inp.causal_masks} attention call(s) get a causal mask the trace materialised: "
-                               f"run with is_causal=True and no mask, as the model as written runs them (the "
-                               f"attention kernel skips the masked half)")
-            if fresh(spec):
-                yield spec
+    yield from (spec for spec in _causal_sdpa(inp, outcomes, 2) if fresh(spec))
     routed = _routed_regions(inp, outcomes)
     if routed is not None and fresh(routed):
         yield routed
@@ -328,6 +322,21 @@ def candidates(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[Va
                                f"and fuses epilogues into them (max-autotune)")
             if fresh(spec):
                 yield spec
+
+
+def _causal_sdpa(inp: SearchInputs, outcomes: list[VariantOutcome], n: int) -> Iterator[VariantSpec]:
+    """The ``n`` fastest variants so far with attention given back ``is_causal`` (``+causal-sdpa``), where the
+    capture found attention calls given a constant causal mask (:mod:`fusion_advisor.apply.causal_mask`)."""
+    if not inp.causal_masks:
+        return
+    for base in _top(outcomes, n):
+        if base.spec.causal_sdpa or base.spec.graphed or base.spec.channels_last:
+            continue
+        rest = "eager" if base.spec.rest == AS_WRITTEN else base.spec.rest
+        yield replace(base.spec, name=f"{base.spec.name} +causal-sdpa", rest=rest, causal_sdpa=True,
+                      why=f"{inp.causal_masks} attention call(s) get a causal mask the trace materialised: run "
+                          f"with is_causal=True and no mask, as the model as written runs them (the attention "
+                          f"kernel skips the masked half)")
 
 
 def _swap_rests(outcomes: list[VariantOutcome]) -> list[str]:
