@@ -212,3 +212,56 @@ def _graph_of(model, *args):
     torch.compile(model, backend=grab, dynamic=False)(*args)
     torch._dynamo.reset()
     return graphs[0]
+
+
+def _causal(n):
+    i = torch.arange(n)
+    return i[None, :] <= i[:, None]
+
+
+class Tricky(torch.nn.Module):
+    """Masks a second review broke the fold with: written by an op that reads them, or built with random numbers."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+
+    def forward(self, q):
+        n = q.shape[-2]
+        if self.how == "inplace_kwarg":  # F.relu(x, inplace=True) is a call_function with inplace=True
+            m = torch.zeros(n, n).masked_fill(~_causal(n), float("-inf"))
+            F.hardtanh(m, -1.0, 1.0, inplace=True)
+        elif self.how == "set_":  # y.set_(m) makes y the mask; y.fill_ then changes it
+            m = _causal(n)
+            y = torch.empty(0, dtype=torch.bool)
+            y.set_(m)
+            y.fill_(True)
+        elif self.how == "foreach":
+            m = torch.zeros(n, n).masked_fill(~_causal(n), float("-inf"))
+            torch._foreach_zero_([m])
+        else:  # random: still exactly causal, but folding would remove the draw and shift every later one
+            m = _causal(n) & (torch.rand(n, n) < 2)
+        return F.dropout(F.scaled_dot_product_attention(q, q, q, attn_mask=m), 0.5)
+
+
+@pytest.mark.parametrize("how", ["inplace_kwarg", "set_", "foreach", "random"])
+def test_masks_written_by_ops_that_read_them_or_drawn_randomly_are_not_folded(how):
+    gm, _ = _graph_of(Tricky(how), torch.randn(1, 2, 6, 4))
+    assert causal_mask_sites(gm) == []
+
+
+def test_a_mask_shared_by_calls_of_other_lengths_is_judged_per_call():
+    class Shared(torch.nn.Module):
+        def forward(self, short, long):
+            m = torch.ones(1, 1, dtype=torch.bool)  # causal for one query over one key, not for L x L
+            return (F.scaled_dot_product_attention(short, short, short, attn_mask=m).sum()
+                    + F.scaled_dot_product_attention(long, long, long, attn_mask=m).sum())
+
+    gm, _ = _graph_of(Shared(), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 6, 4))
+    (site,) = causal_mask_sites(gm)
+    assert _shape_of(site.args[0]) == (1, 2, 1, 4)
+
+
+def _shape_of(node):
+    val = node.meta.get("val", node.meta.get("example_value"))
+    return tuple(val.shape)

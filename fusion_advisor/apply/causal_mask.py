@@ -9,9 +9,10 @@ layers, 2 x 2048 tokens) spent 2.34 ms per step in cuDNN's flash attention forwa
 ``benchmarks/results/h200/kernels/llama_advised/llama_kernel_diff.json``).
 
 A mask is given back when the attention call's ``attn_mask`` reads no graph input or parameter (a function of the
-graph's shapes alone, so one value holds for every call of the graph, which apply compiles per shape), no op of
-the graph changes it or what it is built from in place (``masked_fill_`` of a padding mask after the causal one was
-built, ``setitem``, an ``out=``, a mutable aten op), its value, computed once when the graph is compiled, is
+graph's shapes alone, so one value holds for every call of the graph, which apply compiles per shape), draws no
+random numbers, no op of the graph that writes in place reads it or what it is built from (``masked_fill_`` of a
+padding mask after the causal one was built, ``setitem``, ``out=``, ``inplace=True``, ``set_``, a mutable aten op),
+its value, computed once when the graph is compiled, is
 exactly the top-left causal mask ``tril(ones(L, S))`` broadcast over its leading axes (a bool mask, or a float one
 of 0 and -inf / the dtype's lowest), and the query and key lengths are equal, where top-left and bottom-right
 alignment agree. The call then becomes ``attn_mask=None, is_causal=True``, everything else unchanged; the mask's
@@ -65,42 +66,56 @@ def _ancestors(node: Node) -> set[Node]:
     return seen
 
 
-def _mutated(n: Node) -> list[Any]:
-    """The arguments ``n`` writes in place: a method ending in ``_`` (``masked_fill_``), ``operator.setitem``, an
-    ``out=`` argument, the written arguments of a mutable aten op."""
+def _writes(n: Node) -> bool:
+    """Whether ``n`` writes to a tensor in place: a method or function ending in ``_`` (``masked_fill_``,
+    ``set_``, ``torch._foreach_zero_``), ``operator.setitem`` and the augmented assignments, an ``out=`` argument,
+    ``inplace=True`` (``F.relu(x, inplace=True)``), a mutable aten op."""
     if n.op == "call_method":
-        return [n.args[0]] if n.target.endswith("_") and not n.target.startswith("__") and n.args else []
+        return n.target.endswith("_") and not n.target.startswith("__")
     if n.op != "call_function":
-        return []
-    out = [n.kwargs["out"]] if "out" in n.kwargs else []
+        return False
+    if "out" in n.kwargs or n.kwargs.get("inplace") is True:
+        return True
     if n.target in (operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
-                    operator.iand, operator.ior):
-        out.append(n.args[0] if n.args else None)
+                    operator.ifloordiv, operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
+                    operator.ilshift, operator.irshift):
+        return True
     name = getattr(n.target, "__name__", "")
-    in_place = name.endswith("_") and not name.startswith("_")  # torch.Tensor.masked_fill_ called as a function
-    if in_place and getattr(n.target, "__module__", None) not in ("operator", "_operator") and n.args:  # not and_
-        out.append(n.args[0])
+    if name.endswith("_") and not name.endswith("__") and \
+            getattr(n.target, "__module__", None) not in ("operator", "_operator"):  # operator.and_ writes nothing
+        return True
     schema = getattr(n.target, "_schema", None)
-    if schema is not None and schema.is_mutable:
-        for i, a in enumerate(schema.arguments):
-            if a.alias_info is not None and a.alias_info.is_write:
-                out.append(n.args[i] if i < len(n.args) else n.kwargs.get(a.name))
-    return [a for a in out if a is not None]
+    return bool(schema is not None and schema.is_mutable)
+
+
+#: Substrings of the ops that draw random numbers: a mask built with one is never folded (removing the op would
+#: shift the random stream every later draw reads).
+RANDOM_OPS = ("rand", "bernoulli", "dropout", "normal", "multinomial", "uniform", "exponential", "poisson",
+              "cauchy", "geometric", "log_normal")
+
+
+def _random(n: Node) -> bool:
+    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", str(n.target))
+    return n.op in ("call_method", "call_function") and any(r in str(name).lower() for r in RANDOM_OPS)
 
 
 def mutation_free(gm: torch.fx.GraphModule, node: Node) -> bool:
-    """Whether no op of ``gm`` writes in place to ``node``, to what it is built from, or to anything derived from
-    those other than through an attention call (a view of the mask changed afterwards changes the mask)."""
+    """Whether no op of ``gm`` that writes in place (:func:`_writes`) takes as any argument ``node``, what it is
+    built from, or anything derived from those other than through an attention call, and none of those draws
+    random numbers. Conservative: a write to another tensor that merely reads the mask refuses too (``y.set_(m)``
+    makes ``y`` the mask, and a later ``y.fill_`` changes it)."""
     built_from = _ancestors(node)
-    if any(_mutated(n) for n in built_from):
-        return False  # an in-place op among its own: evaluating it here could write to a buffer of the model
+    if any(_writes(n) or _random(n) for n in built_from):
+        return False  # evaluating an in-place op here could also write to a buffer of the model
     reach = set(built_from)
     for n in gm.graph.nodes:  # graph order: every node after its arguments
         if n in reach or (n.op == "call_function" and n.target in SDPA_TARGETS):
             continue
         if any(a in reach for a in n.all_input_nodes):
+            if _writes(n):
+                return False
             reach.add(n)
-    return not any(a in reach for n in gm.graph.nodes for a in _mutated(n) if isinstance(a, Node))
+    return True
 
 
 def constant_value(gm: torch.fx.GraphModule, node: Node) -> torch.Tensor | None:
@@ -164,7 +179,7 @@ def is_causal_mask(mask: torch.Tensor, q_len: int, k_len: int) -> bool:
 def causal_mask_sites(gm: torch.fx.GraphModule) -> list[Node]:
     """The attention calls of ``gm`` whose mask is a constant top-left causal mask (module docstring)."""
     sites = []
-    values: dict[Node, bool] = {}  # one mask is often read by every layer's call
+    values: dict[tuple[Node, int, int], bool] = {}  # one mask is often read by every layer's call
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target not in SDPA_TARGETS:
             continue
@@ -174,12 +189,13 @@ def causal_mask_sites(gm: torch.fx.GraphModule) -> list[Node]:
         q, k = _shape(_argument(n, "query")), _shape(_argument(n, "key"))
         if q is None or k is None or len(q) < 2 or len(k) < 2:
             continue
-        if mask not in values:
+        key = (mask, q[-2], k[-2])  # per lengths: one mask read by calls of other lengths is judged for each
+        if key not in values:
             shape = _shape(mask)  # before building it: a mask too large to check is never built
             small = shape is not None and math.prod(shape) <= MAX_MASK_ELEMENTS and q[-2] == k[-2]
             m = constant_value(gm, mask) if small else None
-            values[mask] = m is not None and is_causal_mask(m, q[-2], k[-2])
-        if values[mask]:
+            values[key] = m is not None and is_causal_mask(m, q[-2], k[-2])
+        if values[key]:
             sites.append(n)
     return sites
 
