@@ -144,18 +144,20 @@ def categorize(target: Any) -> str:
     return "other"
 
 
-def _val(node: Any) -> Any:
+def meta_value(node: Any) -> Any:
+    """The (fake) value a traced node holds: ``meta["val"]`` (aten graphs), else ``meta["example_value"]`` (dynamo's
+    graphs); a non-node argument as it is."""
     return node.meta.get("val", node.meta.get("example_value")) if isinstance(node, torch.fx.Node) else node
 
 
 def _materialize(arg: Any) -> Any:
     """Replace fx nodes in ``arg`` by their fake values (for FLOP formulas)."""
-    return torch.fx.node.map_aggregate(arg, _val)
+    return torch.fx.node.map_aggregate(arg, meta_value)
 
 
 def _matmul_like_flops(target: Any, node: torch.fx.Node, out: Any) -> int:
     if _op_name(target) == "attention":  # our opaque SDPA: QK^T and PV, 2 FLOPs per multiply-add
-        q, k, v = (_val(a) for a in node.args[:3])
+        q, k, v = (meta_value(a) for a in node.args[:3])
         # batch x heads of the output: SDPA broadcasts q's, k's and v's leading dims
         batch = out.numel() // max(out.shape[-2] * out.shape[-1], 1) if isinstance(out, torch.Tensor) else \
             q.numel() // max(q.shape[-2] * q.shape[-1], 1)
@@ -186,7 +188,7 @@ def _recurrent_args(node: torch.fx.Node) -> tuple[str, Any, list[Any], int, bool
     else:
         return None
     x, _, params, _, layers, _, _, bidir, batch_first = args
-    return cell, _val(x), [_val(p) for p in params], int(layers), bool(bidir), bool(batch_first)
+    return cell, meta_value(x), [meta_value(p) for p in params], int(layers), bool(bidir), bool(batch_first)
 
 
 def recurrent_geometry(node: torch.fx.Node) -> tuple[str, int, int]:
@@ -215,7 +217,7 @@ def _sdpa_call(node: torch.fx.Node) -> dict[str, Any]:
     call = dict(zip(_SDPA_PARAMS, _SDPA_DEFAULTS))
     call.update(zip(_SDPA_PARAMS, node.args))
     call.update({k: v for k, v in node.kwargs.items() if k in call})
-    return {k: _val(v) for k, v in call.items()}
+    return {k: meta_value(v) for k, v in call.items()}
 
 
 def attention_variant(node: torch.fx.Node, name: str) -> tuple[str, int]:
@@ -426,7 +428,7 @@ def build_op_graph(capture: Capture) -> OpGraph:
             ops.append(op)
             for arg in _flat_nodes((node.args, node.kwargs)):
                 if arg in ids:
-                    val = _val(arg)
+                    val = meta_value(arg)
                     metas = [tensor_meta(t) for t in tensor_leaves(val)]
                     if metas:
                         g.add_edge(ids[arg], nid, meta=metas[0])
@@ -475,9 +477,9 @@ def pool_window(node: torch.fx.Node, name: str) -> int:
 def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     target = node.target
     category = categorize(target) if node.op == "call_function" else "other"
-    out_val = _val(node)
+    out_val = meta_value(node)
     outputs = tuple(tensor_meta(t) for t in tensor_leaves(out_val))
-    inputs = tuple(tensor_meta(t) for a in _flat_nodes((node.args, node.kwargs)) for t in tensor_leaves(_val(a)))
+    inputs = tuple(tensor_meta(t) for a in _flat_nodes((node.args, node.kwargs)) for t in tensor_leaves(meta_value(a)))
     if not outputs and not inputs:  # arithmetic on sizes (sym_size, comparisons, _assert_scalar): host-side only
         category = "view"
     row, last = _reduction_geometry(node, _op_name(target), category, inputs, outputs)

@@ -31,6 +31,8 @@ import torch
 import torch.fx
 from torch.fx import Node
 
+from fusion_advisor.analyze.graph import meta_value
+
 #: The attention callables a graph may hold (dynamo's graph, the pre-dispatch aten graph).
 SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention,
                 torch.ops.aten.scaled_dot_product_attention.default)
@@ -50,9 +52,7 @@ def _argument(node: Node, name: str, default: Any = None) -> Any:
 
 
 def _shape(node: Any) -> tuple[int, ...] | None:
-    if not isinstance(node, Node):
-        return None
-    val = node.meta.get("val", node.meta.get("example_value"))
+    val = meta_value(node) if isinstance(node, Node) else None
     return tuple(val.shape) if isinstance(val, torch.Tensor) else None
 
 
@@ -99,12 +99,12 @@ def _random(n: Node) -> bool:
     return n.op in ("call_method", "call_function") and any(r in str(name).lower() for r in RANDOM_OPS)
 
 
-def mutation_free(gm: torch.fx.GraphModule, node: Node) -> bool:
+def mutation_free(gm: torch.fx.GraphModule, node: Node, built_from: set[Node] | None = None) -> bool:
     """Whether no op of ``gm`` that writes in place (:func:`_writes`) takes as any argument ``node``, what it is
     built from, or anything derived from those other than through an attention call, and none of those draws
     random numbers. Conservative: a write to another tensor that merely reads the mask refuses too (``y.set_(m)``
-    makes ``y`` the mask, and a later ``y.fill_`` changes it)."""
-    built_from = _ancestors(node)
+    makes ``y`` the mask, and a later ``y.fill_`` changes it). ``built_from``: ``node``'s ancestors, when known."""
+    built_from = _ancestors(node) if built_from is None else built_from
     if any(_writes(n) or _random(n) for n in built_from):
         return False  # evaluating an in-place op here could also write to a buffer of the model
     reach = set(built_from)
@@ -123,7 +123,7 @@ def constant_value(gm: torch.fx.GraphModule, node: Node) -> torch.Tensor | None:
     submodule, an op writes to it or what it is built from in place (:func:`mutation_free`), or an op of it fails
     (a mask that depends on the inputs is left alone)."""
     needed = _ancestors(node)
-    if any(n.op in ("placeholder", "call_module", "output") for n in needed) or not mutation_free(gm, node):
+    if any(n.op in ("placeholder", "call_module", "output") for n in needed) or not mutation_free(gm, node, needed):
         return None
     env: dict[Node, Any] = {}
 

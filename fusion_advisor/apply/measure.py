@@ -45,7 +45,8 @@ from fusion_advisor.verification.kernel import KeepFloat64
 from fusion_advisor.verification.policy import compare_outputs, judge, tolerance_for
 from fusion_advisor.verification.trees import tensor_leaves
 
-__all__ = ["CALL_SEED", "REFERENCE_SANITY", "ModelHarness", "reference_sanity", "scalarize", "summarize_rounds", "tensor_leaves"]
+__all__ = ["CALL_SEED", "REFERENCE_SANITY", "ModelHarness", "reference_sanity", "scalarize", "summarize_rounds",
+           "tensor_leaves"]
 
 #: Seed set before every model call of a check, so that a model drawing random numbers draws the same ones.
 CALL_SEED = 1234

@@ -41,7 +41,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from fusion_advisor.apply.records import (
-    KEPT, KEPT_EAGER_REST, NOT_KEPT, NOT_MEASURED_NOTE, NOT_VERIFIED, REJECTED, TIMER_GPU, TIMER_NONE, SwapTiming, SwapVerification,
+    KEPT, KEPT_EAGER_REST, NOT_KEPT, NOT_MEASURED_NOTE, NOT_VERIFIED, REJECTED, TIMER_GPU, TIMER_NONE, SwapTiming,
+    SwapVerification,
 )
 from fusion_advisor.verification.inputs import HARD_CASES, fresh_like, hard_variants
 from fusion_advisor.verification.kernel import ReferenceFailed, check_case
