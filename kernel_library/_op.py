@@ -14,7 +14,7 @@ norm took ~1 ms of host time for ~0.1 ms of GPU work at Llama-7B shapes. PyTorch
 (pytorch/pytorch#188077) and proposed the same remedy for ``custom_op`` itself (pytorch/pytorch#178216: an
 ``is_compiling()`` check, then an ``autograd.Function``).
 
-The direct path is taken only when nothing needs the dispatcher (:func:`direct_call_ok`): not while Dynamo or
+The direct path is taken only when nothing needs the dispatcher (:func:`direct_mode`): not while Dynamo or
 ``torch.jit.trace`` traces, no ``TorchDispatchMode`` (FakeTensorMode, FlopCounterMode, functionalization) or
 functorch transform active, every tensor argument a plain ``torch.Tensor`` / ``nn.Parameter`` and none on the
 ``meta`` device. Everything else takes the registered op, as before; so does a call that needs a gradient from an
@@ -30,7 +30,6 @@ import threading
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from kernel_library._launch import cached_launcher
 
@@ -43,10 +42,10 @@ DIRECT_EAGER = True
 _is_compiling = torch.compiler.is_compiling
 _is_tracing = torch._C._is_tracing
 _functorch_active = torch._C._are_functorch_transforms_active
+_dispatch_stack_len = torch._C._len_torch_dispatch_stack  # a TorchDispatchMode is active when > 0
+_grad_enabled = torch.is_grad_enabled
 _Tensor = torch.Tensor
-
-#: Tensor types a direct call accepts; subclasses (FakeTensor, FunctionalTensor, DTensor...) go through the op.
-_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_Parameter = torch.nn.Parameter
 
 
 def launcher(kernel: Any) -> Any:
@@ -59,20 +58,44 @@ def launcher(kernel: Any) -> Any:
     return torch.library.wrap_triton(kernel)
 
 
-def direct_call_ok(args: Iterable[Any]) -> bool:
-    """True when an op call with ``args`` can skip the dispatcher: :data:`DIRECT_EAGER` set, eager (not traced by
-    Dynamo or ``torch.jit.trace``), no ``TorchDispatchMode`` or functorch transform active, and every tensor in
-    ``args`` a plain ``torch.Tensor`` or ``nn.Parameter`` not on the ``meta`` device."""
-    # every eager library call runs this: the checks are bound to module names (_is_compiling...) and ordered
-    # cheapest first
+def direct_call() -> bool:
+    """Whether the running implementation was entered on the direct eager path (plain tensors, concrete shapes):
+    then a kernel module may reuse what it computed for an earlier call of the same geometry (a launch plan)."""
+    return getattr(_state, "direct", False)
+
+
+#: :func:`direct_mode`'s answers.
+REGISTERED, DIRECT, DIRECT_GRAD = 0, 1, 2
+
+
+def direct_mode(args: Iterable[Any]) -> int:
+    """How an op call with ``args`` runs: :data:`REGISTERED` (through the registered op) unless :data:`DIRECT_EAGER`
+    is set, the call is eager (not traced by Dynamo or ``torch.jit.trace``), no ``TorchDispatchMode`` or functorch
+    transform is active and every tensor in ``args`` is a plain ``torch.Tensor`` or ``nn.Parameter`` not on the
+    ``meta`` device; then :data:`DIRECT_GRAD` when grad mode is on and a tensor requires grad, else :data:`DIRECT`.
+    """
+    # every eager library call runs this: the checks are bound to module names (_is_compiling...), ordered cheapest
+    # first, and the arguments are walked once (host time, issue 16)
     if not DIRECT_EAGER or _is_compiling() or _is_tracing() or getattr(_state, "registered_only", False):
-        return False
-    if _get_current_dispatch_mode() is not None or _functorch_active():
-        return False
+        return REGISTERED
+    if _dispatch_stack_len() or _functorch_active():
+        return REGISTERED
+    grad = False
     for a in args:
-        if isinstance(a, _Tensor) and (type(a) not in _PLAIN_TENSOR_TYPES or a.is_meta):
-            return False
-    return True
+        t = type(a)
+        if t is _Tensor or t is _Parameter:
+            if a.is_meta:
+                return REGISTERED
+            grad = grad or a.requires_grad
+        elif isinstance(a, _Tensor):  # a subclass: FakeTensor, FunctionalTensor, DTensor...
+            return REGISTERED
+    return DIRECT_GRAD if grad and _grad_enabled() else DIRECT
+
+
+def direct_call_ok(args: Iterable[Any]) -> bool:
+    """True when an op call with ``args`` can skip the dispatcher (:func:`direct_mode` is not
+    :data:`REGISTERED`)."""
+    return direct_mode(args) != REGISTERED
 
 
 @contextlib.contextmanager
@@ -147,9 +170,10 @@ class LibraryOp:
 
     def __call__(self, *args: Any) -> Any:
         """Run the op on positional ``args`` (every argument passed; the signature of the decorated function)."""
-        if not direct_call_ok(args):
+        mode = direct_mode(args)
+        if mode == REGISTERED:
             return self.op(*args)
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        if mode == DIRECT_GRAD:
             if self._function is None:
                 # no autograd formula (a backward op differentiated again, e.g. create_graph=True): the registered
                 # op says so when its output is differentiated; a direct call would return a silent constant

@@ -202,6 +202,14 @@ def test_a_float_argument_is_keyed_by_type_and_an_int_by_value(kernel):
     assert kernel.run.jit_calls == 3
 
 
+def test_positional_ints_bools_floats_and_none_are_each_their_own_key():
+    """An int is keyed bare (host time): it must still differ from a bool, a float and None in the same place."""
+    x = torch.zeros(8)
+    keys = {_launch._call_key(0, (), (x, v), {}) for v in (1, True, 0, False, 1.0, None, "1")}
+    assert len(keys) == 7
+    assert _launch._call_key(0, (), (x, 1), {}) == _launch._call_key(0, (), (x, 1), {})
+
+
 def test_keys_beyond_the_cap_take_the_jit(kernel, monkeypatch):
     monkeypatch.setattr(_launch, "MAX_KEYS", 2)
     launcher = _launch.cached_launcher(kernel)

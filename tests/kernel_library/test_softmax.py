@@ -225,6 +225,48 @@ def test_expanded_upstream_gradient():
     assert_close(x.grad, x64.grad, torch.float32, "dx")
 
 
+def test_launch_plans_keyed_by_geometry():
+    """Direct eager calls reuse a launch plan per geometry (host time): one shape seen with other strides, masks of
+    another broadcast, kind or dtype, causal on and off, and upstream gradients of other strides each get their own
+    plan and a correct result, called back to back; a rank-5 input whose 4-D view is a copy never takes a plan."""
+    sm._FWD_PLANS.clear()
+    sm._BWD_PLANS.clear()
+    base = rand((12, 12))
+    row_mask, col_mask = rand((1, 12), seed=3), rand((12, 1), seed=4)
+    keep = rand((12, 12), seed=5) > -2.0
+    calls = [(base, None, False), (base.t(), None, False), (base, None, True), (base, row_mask, False),
+             (base, col_mask, False), (base, keep, False), (base, row_mask.to(torch.float16), False),
+             (base.t(), row_mask, True)]
+    for _ in range(2):  # the second pass runs on the plans the first one made
+        for x, mask, causal in calls:
+            check_forward_backward(x, 0.5, mask, causal)
+    assert len(sm._FWD_PLANS) == len(calls)
+    x = rand((12, 12)).requires_grad_()
+    for dy in (rand((12, 12), seed=6), rand((12, 24), seed=6)[:, ::2], rand((1, 12), seed=6).expand(12, 12)):
+        x.grad = None
+        sm.kernel_fn(x).backward(dy)
+        x64 = x.detach().double().requires_grad_()
+        sm.reference_fn(x64).backward(dy.double())
+        assert_close(x.grad, x64.grad, torch.float32, "dx")
+    assert len(sm._BWD_PLANS) >= 3
+    five = rand((2, 3, 4, 5, 6)).permute(1, 0, 2, 3, 4)  # leading axes not mergeable: the 4-D view is a copy
+    before = len(sm._FWD_PLANS)
+    check_forward_backward(five, 1.0, rand((3, 1, 4, 5, 6), seed=7), False)
+    assert len(sm._FWD_PLANS) == before
+
+
+def test_launch_plans_bounded_and_errors_not_kept():
+    sm._FWD_PLANS.clear()
+    with pytest.raises(ValueError, match="does not broadcast"):
+        sm.kernel_fn(rand((4, 8)), 1.0, rand((3, 8)))
+    assert not sm._FWD_PLANS  # a failed check keeps no plan: the same call raises again
+    with pytest.raises(ValueError, match="does not broadcast"):
+        sm.kernel_fn(rand((4, 8)), 1.0, rand((3, 8)))
+    for width in range(1, sm.MAX_PLANS + 2):
+        sm.kernel_fn(rand((1, width)))
+    assert 0 < len(sm._FWD_PLANS) <= sm.MAX_PLANS
+
+
 def test_inputs_not_modified():
     x = rand((3, 4, 5, 33)).requires_grad_()
     mask = rand((3, 1, 5, 33), seed=8)
