@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One purpose's GPU benchmarks in one device call, each entry point under its own time limit (from the repository
 # root, $OUT set to an empty folder):
-#   bash benchmarks/run_h200.sh kernels|sweeps|host|accuracy|tests
+#   bash benchmarks/run_h200.sh kernels|sweeps|host|llm|accuracy|tests
 # Each step writes its files to $OUT/<step>/, its output to $OUT/<step>.log and appends "<step>: exit N after S s
 # (limit L s)" to $OUT/steps.txt; a step that fails or times out does not stop the next. The limits leave room in
 # a 10-minute call (the H200 times are in benchmarks/README.md). apply needs KernelBench files:
 # benchmarks/apply/apply_h200.sh.
 set -u
-GROUP=${1:?usage: bash benchmarks/run_h200.sh kernels|sweeps|host|accuracy|tests}
+GROUP=${1:?usage: bash benchmarks/run_h200.sh kernels|sweeps|host|llm|accuracy|tests}
 : "${OUT:?set OUT to the folder the results go to}"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
@@ -37,6 +37,17 @@ case "$GROUP" in
     step launch 90 python benchmarks/host/launch_overhead.py --out "$OUT/launch"
     step probe 90 python benchmarks/host/autograd_probe.py --out "$OUT/probe"
     ;;
+  llm)  # issue 16's kernel table and host time per call vs Liger-Kernel (a wheel in .whl/: carry it), the softmax's
+        # host time layer by layer, and the library's GPU tests
+    if ls .whl/*.whl > /dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl && export PYTHONPATH=/tmp/site
+    fi
+    step gpu_tests 150 python -m pytest -q -p no:cacheprovider -m gpu tests/kernel_library
+    grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log" | tail -6
+    step softmax_layers 90 python benchmarks/host/softmax_layers.py --out "$OUT/softmax_layers"
+    step lce_liger 330 python benchmarks/kernels/lce_liger.py --parts kernels --out "$OUT/lce_liger"
+    ;;
   accuracy)
     step profile 360 python benchmarks/accuracy/profile_accuracy.py --out "$OUT/profile" --budget-s 340
     step sdpa 120 python benchmarks/accuracy/sdpa_backends.py --out "$OUT/sdpa"
@@ -46,7 +57,7 @@ case "$GROUP" in
     grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log" | tail -12
     ;;
   *)
-    echo "unknown group '$GROUP': kernels, sweeps, host, accuracy or tests" >&2
+    echo "unknown group '$GROUP': kernels, sweeps, host, llm, accuracy or tests" >&2
     exit 2
     ;;
 esac
