@@ -12,7 +12,13 @@ Each row is one no-argument callable on a tiny bf16 input (4 x 256), timed side 
 - ``ours kernel direct``: our launch through ``kernel_library._launch.CachedLauncher`` once it goes direct;
 - ``Function 4 args`` / ``Function 1 arg``: an ``autograd.Function`` whose forward allocates its output and
   launches nothing, applied to ``(x, 1.0, None, False)`` / ``(x,)``, with the graph recorded;
-- ``torch.empty`` / ``x.reshape``: one allocation and one view of the same size.
+- ``torch.empty`` / ``x.reshape``: one allocation and one view of the same size;
+- ``ours fwd+bwd`` / ``liger fwd+bwd``: the forward and ``torch.autograd.grad`` to ``x`` (the backward runs on the
+  autograd engine's device thread);
+- ``ours bwd op`` / ``ours bwd launch fn`` / ``liger bwd fn``: the backward's op call, our launch function (direct)
+  and Liger's ``_softmax_backward``, called on the main thread;
+- ``Function 4 args fwd+bwd`` / ``Function 1 arg fwd+bwd``: the launch-free Functions above through
+  ``torch.autograd.grad``: the engine's own cost.
 
     python benchmarks/host/softmax_layers.py --out DIR [--calls 200] [--repeats 15]
 """
@@ -43,7 +49,7 @@ class _Alloc4(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return g, None, None, None
+        return torch.empty_like(g), None, None, None
 
 
 class _Alloc1(torch.autograd.Function):
@@ -53,7 +59,7 @@ class _Alloc1(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return g
+        return torch.empty_like(g)
 
 
 def _recorded_launch(kernel: Any, run: Callable[[], Any]) -> tuple[tuple, tuple, dict]:
@@ -119,6 +125,27 @@ def callables(liger: Any) -> dict[str, Callable[[], Any]]:
         lk = lsm._softmax_single_block_forward_kernel
         lgrid, la, lkw = _recorded_launch(lk, lambda: lsm._softmax_forward(xd))
         out["liger kernel[grid]"] = lambda: lk[lgrid](*la, **lkw)
+    dy = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
+    y = ours(xd)
+
+    def with_direct(fn):
+        def call():
+            _op._state.direct = True
+            try:
+                return fn()
+            finally:
+                _op._state.direct = False
+        return call
+
+    out["ours fwd+bwd"] = lambda: torch.autograd.grad(ours(x), [x], dy)
+    out["ours bwd op"] = lambda: softmax.softmax_backward_op(y, dy, 1.0)
+    out["ours bwd launch fn"] = with_direct(lambda: softmax._softmax_bwd_launch(y, dy, 1.0))
+    if liger.functional is not None:
+        out["liger fwd+bwd"] = lambda: torch.autograd.grad(lfn(x), [x], dy)
+        block, warps = lsm.calculate_settings(256)
+        out["liger bwd fn"] = lambda: lsm._softmax_backward(dy, y, block, warps, False)
+    out["Function 4 args fwd+bwd"] = lambda: torch.autograd.grad(_Alloc4.apply(x, 1.0, None, False), [x], dy)
+    out["Function 1 arg fwd+bwd"] = lambda: torch.autograd.grad(_Alloc1.apply(x), [x], dy)
     out["Function 4 args"] = lambda: _Alloc4.apply(x, 1.0, None, False)
     out["Function 1 arg"] = lambda: _Alloc1.apply(x)
     out["torch.empty"] = lambda: torch.empty((4, 256), dtype=torch.bfloat16, device="cuda")
