@@ -43,7 +43,7 @@ case "$GROUP" in
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .whl/*.whl && export PYTHONPATH=/tmp/site
     fi
-    step gpu_tests 150 python -m pytest -q -p no:cacheprovider -m gpu tests/kernel_library
+    step gpu_tests 240 python -m pytest -q -p no:cacheprovider -m gpu tests/kernel_library
     grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log" | tail -6
     step softmax_layers 90 python benchmarks/host/softmax_layers.py --out "$OUT/softmax_layers"
     step lce_liger 330 python benchmarks/kernels/lce_liger.py --parts kernels --out "$OUT/lce_liger"
