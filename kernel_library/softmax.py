@@ -387,7 +387,8 @@ def _fwd_plan(x: torch.Tensor, mask: Optional[torch.Tensor], causal: bool, confi
 def _softmax_fwd_launch(x: torch.Tensor, scale: float, mask: Optional[torch.Tensor], causal: bool,
                         config: SoftmaxConfig | None = None, force_int64_cols: bool = False) -> torch.Tensor:
     """Allocate y and launch the forward kernel (``config`` and ``force_int64_cols`` exist for tests)."""
-    if direct_call() and config is None and not force_int64_cols and isinstance(x, torch.Tensor) and x.dim() <= 4:
+    if (direct_call() and config is None and not force_int64_cols and isinstance(x, torch.Tensor) and x.dim() <= 4
+            and (mask is None or isinstance(mask, torch.Tensor))):
         key = (x.shape, x.stride(), x.dtype, bool(causal),
                None if mask is None else (mask.shape, mask.stride(), mask.dtype, mask.device, x.device))
         plan = _FWD_PLANS.get(key)
@@ -397,7 +398,7 @@ def _softmax_fwd_launch(x: torch.Tensor, scale: float, mask: Optional[torch.Tens
     else:
         _check_softmax_args(x, mask)
         src = x
-        if x.dim() > 4:  # x seen as 4-D (leading axes merged: a copy when their strides do not allow a view)
+        if x.dim() > 4 and x.numel() > 0:  # x seen as 4-D (leading axes merged; a copy if strides need it)
             mask = None if mask is None else _as_4d(mask.expand(x.shape))
             src = _as_4d(x)
         plan = _fwd_plan(src, mask, causal, config, force_int64_cols)
@@ -446,7 +447,7 @@ def _softmax_bwd_launch(y: torch.Tensor, dy: torch.Tensor, scale: float,
             plan = _remember(_BWD_PLANS, key, _bwd_plan(y, dy))
     else:
         y_seen = y
-        if dy.dim() > 4 and dy.shape == y.shape and y.is_contiguous():
+        if dy.dim() > 4 and dy.numel() > 0 and dy.shape == y.shape and y.is_contiguous():
             # seen as 4-D: dy's view is a copy when its strides do not allow one; y's is a view (same pointer)
             y_seen, dy = _as_4d(y), _as_4d(dy)
         plan = _bwd_plan(y_seen, dy, config, force_int64_cols)

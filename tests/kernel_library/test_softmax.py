@@ -255,6 +255,25 @@ def test_launch_plans_keyed_by_geometry():
     assert len(sm._FWD_PLANS) == before
 
 
+@pytest.mark.parametrize("shape", [(2, 2, 0, 4, 5), (2, 2, 3, 4, 0)])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_empty_rank5_forward_and_backward(shape, with_mask):
+    """An empty input of rank > 4 whose zero is in its last three axes cannot be seen as 4-D (reshape(-1, ...) of
+    0 elements is ambiguous): it gives an empty output, as the rank <= 4 ones do (a review found it raising)."""
+    x = torch.empty(shape, device=DEVICE, requires_grad=True)
+    y = sm.kernel_fn(x, 1.0, torch.zeros(shape[-2:], device=DEVICE) if with_mask else None, True)
+    assert y.shape == x.shape
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    assert sm.softmax_backward_op(y.detach(), torch.empty(shape, device=DEVICE), 1.0).shape == x.shape
+
+
+@pytest.mark.parametrize("mask", [0.5, 0, [[0.0] * 4] * 3])
+def test_non_tensor_mask_is_a_type_error(mask):
+    with pytest.raises(TypeError, match="mask must be a torch.Tensor or None"):
+        sm.kernel_fn(rand((3, 4)), 1.0, mask)
+
+
 def test_launch_plans_bounded_and_errors_not_kept():
     sm._FWD_PLANS.clear()
     with pytest.raises(ValueError, match="does not broadcast"):
