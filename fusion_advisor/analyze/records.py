@@ -89,10 +89,12 @@ class OpInfo:
         reduces_last_dim: False when a reduction runs over another dim than the last (e.g. softmax over channels).
         variant: for attention ops, the ``F.scaled_dot_product_attention`` backend torch runs on a GPU (``"flash"``,
             ``"efficient"``, ``"cudnn"``, ``"math"``; :mod:`fusion_advisor.analyze.sdpa`); for recurrent ops the cell
-            (``"lstm"``, ``"gru"``, ``"rnn_tanh"``, ``"rnn_relu"``); ``""`` for other ops or unknown.
+            (``"lstm"``, ``"gru"``, ``"rnn_tanh"``, ``"rnn_relu"``); for a native encoder layer its head count
+            (``"heads=8"``, :mod:`fusion_advisor.analyze.composites`); ``""`` for other ops or unknown.
         eager_kernels: kernels the op launches when run eagerly: 1, except composite paths (SDPA's math backend:
-            :func:`fusion_advisor.analyze.sdpa.math_kernels`) and ops on empty tensors (still 1 here; the roofline skips
-            them).
+            :func:`fusion_advisor.analyze.sdpa.math_kernels`; the native encoder layer,
+            :data:`fusion_advisor.analyze.composites.ENCODER_LAYER_KERNELS`) and ops on empty tensors (still 1 here;
+            the roofline skips them).
         sequential_steps: recurrent ops: the cell steps that run one after another (layers x directions x sequence
             length: :func:`fusion_advisor.analyze.graph.recurrent_geometry`); 0 for other ops.
         window_elems: pooling ops with a kernel size (max / avg pool 1-3d): the input elements each output reads

@@ -1,0 +1,98 @@
+"""Native composite ops (analyze/composites.py): nn.TransformerEncoderLayer's fast path is one aten call that runs a
+whole layer; the graph stage records its FLOPs, kernels and heads, and the roofline prices it as its parts (device)
+and as one launch plus a C++-issued activity per further kernel (host). A record without the heads (a report
+written before) keeps the one-op price."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from fusion_advisor.analyze.capture import capture
+from fusion_advisor.analyze.composites import (ENCODER_LAYER_KERNELS, EncoderLayerShape, encoder_layer_parts,
+                                               encoder_layer_shape)
+from fusion_advisor.analyze.graph import build_op_graph
+from fusion_advisor.analyze.load import LoadedModel
+from fusion_advisor.analyze.roofline import _op_time_us, native_activity_host_us, op_host_us, op_launch_us
+from fusion_advisor.devices import load_spec
+
+H200 = load_spec("h200")
+B, S, E, H, F = 2, 8, 64, 4, 128
+
+
+class FastPathLayer(torch.nn.Module):
+    """Calls the encoder layer's fast-path op directly (the capture runs the module's slow path otherwise)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.TransformerEncoderLayer(d_model=E, nhead=H, dim_feedforward=F, dropout=0.0,
+                                                      batch_first=True).eval()
+
+    def forward(self, x):
+        l = self.layer  # noqa: E741
+        return torch._transformer_encoder_layer_fwd(
+            x, E, H, l.self_attn.in_proj_weight, l.self_attn.in_proj_bias, l.self_attn.out_proj.weight,
+            l.self_attn.out_proj.bias, False, False, l.norm1.eps, l.norm1.weight, l.norm1.bias, l.norm2.weight,
+            l.norm2.bias, l.linear1.weight, l.linear1.bias, l.linear2.weight, l.linear2.bias, None, None)
+
+
+@pytest.fixture(scope="module")
+def layer_op():
+    og = build_op_graph(capture(LoadedModel("m", "<test>", "test", FastPathLayer(), (torch.randn(B, S, E),),
+                                            "cpu", "")))
+    ops = [o for o in og.ops if "_transformer_encoder_layer_fwd" in o.target]
+    assert len(ops) == 1
+    return ops[0]
+
+
+def test_the_graph_records_the_layer_flops_kernels_and_heads(layer_op):
+    t = B * S
+    gemms = 2 * t * E * 3 * E + 2 * t * E * E + 2 * 2 * t * E * F  # QKV, output projection, two FFN GEMMs
+    attention = 2 * 2 * B * S * S * E  # QK^T and PV over all heads
+    assert layer_op.flops == gemms + attention
+    assert layer_op.eager_kernels == ENCODER_LAYER_KERNELS and layer_op.variant == f"heads={H}"
+    assert encoder_layer_shape(layer_op.inputs, H) == EncoderLayerShape(B, S, E, H, F, "fp32")
+
+
+def test_the_parts_carry_the_layer_gemms_and_its_kernels(layer_op):
+    parts = encoder_layer_parts(layer_op)
+    assert len(parts) == 14  # the four GEMMs, QK^T and PV, softmax, q/k/v transform, head merge, 2 adds, 2 norms
+    matmul = sum(p.flops for p in parts if p.category == "matmul")
+    assert matmul == layer_op.flops  # the GEMMs and the two attention products, nothing lost or doubled
+    assert {p.category for p in parts} == {"matmul", "pointwise", "softmax", "copy", "normalization"}
+
+
+def test_device_time_is_the_parts_and_host_time_one_launch_plus_native_activities(layer_op):
+    parts = encoder_layer_parts(layer_op)
+    extra = ENCODER_LAYER_KERNELS - len(parts)
+    want = sum(_op_time_us(p, H200) for p in parts) + extra * H200.kernel_busy_overhead_us
+    assert _op_time_us(layer_op, H200) == pytest.approx(want)
+    native = native_activity_host_us(H200)
+    assert native == pytest.approx(H200.activity_host_share * H200.launch_overhead_by_class["conv"]
+                                   * H200.host_time_scale)
+    assert op_host_us(layer_op, H200) == pytest.approx(op_launch_us(layer_op, H200)
+                                                      + (ENCODER_LAYER_KERNELS - 1) * native)
+    # a layer of GEMMs, a softmax and norms costs far more than one kernel's bytes: 0.07-0.10x measured before
+    assert _op_time_us(layer_op, H200) > 14 * H200.kernel_busy_overhead_us
+
+
+def test_a_record_without_heads_keeps_the_one_op_price(layer_op):
+    old = dataclasses.replace(layer_op, variant="", eager_kernels=1)
+    assert encoder_layer_parts(old) == []
+    assert op_host_us(old, H200) == pytest.approx(op_launch_us(old, H200))
+
+
+def test_without_a_measured_activity_share_each_kernel_costs_a_launch(layer_op):
+    spec = dataclasses.replace(H200, activity_host_share=0.0)
+    assert native_activity_host_us(spec) is None
+    assert op_host_us(layer_op, spec) == pytest.approx(ENCODER_LAYER_KERNELS * op_launch_us(layer_op, spec))
+
+
+def test_shapes_that_do_not_read_as_a_layer_give_no_parts(layer_op):
+    assert encoder_layer_shape(layer_op.inputs, 0) is None  # no heads
+    assert encoder_layer_shape(layer_op.inputs, 5) is None  # 64 not divisible by 5
+    assert encoder_layer_shape(layer_op.inputs[:3], H) is None
+    squeezed = (dataclasses.replace(layer_op.inputs[0], shape=(B * S, E)),) + layer_op.inputs[1:]
+    assert encoder_layer_shape(squeezed, H) is None  # a 2-D src (unbatched)
