@@ -1,7 +1,7 @@
 """Native composite ops (analyze/composites.py): nn.TransformerEncoderLayer's fast path is one aten call that runs a
 whole layer; the graph stage records its FLOPs, kernels and heads, and the roofline prices it as its parts (device)
-and as one launch plus a C++-issued activity per further kernel (host). A record without the heads (a report
-written before) keeps the one-op price."""
+and as a measured number of launches (host). A record without the heads (a report written before) keeps the one-op
+price."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from fusion_advisor.analyze.capture import capture
-from fusion_advisor.analyze.composites import (ENCODER_LAYER_KERNELS, EncoderLayerShape, encoder_layer_parts,
-                                               encoder_layer_shape)
+from fusion_advisor.analyze.composites import (ENCODER_LAYER_HOST_LAUNCHES, ENCODER_LAYER_KERNELS,
+                                               EncoderLayerShape, encoder_layer_parts, encoder_layer_shape)
 from fusion_advisor.analyze.graph import build_op_graph
 from fusion_advisor.analyze.load import LoadedModel
-from fusion_advisor.analyze.roofline import _op_time_us, native_activity_host_us, op_host_us, op_launch_us
+from fusion_advisor.analyze.roofline import _op_time_us, op_host_us, op_launch_us
 from fusion_advisor.devices import load_spec
 
 H200 = load_spec("h200")
@@ -58,36 +58,35 @@ def test_the_graph_records_the_layer_flops_kernels_and_heads(layer_op):
 
 def test_the_parts_carry_the_layer_gemms_and_its_kernels(layer_op):
     parts = encoder_layer_parts(layer_op)
-    assert len(parts) == 14  # the four GEMMs, QK^T and PV, softmax, q/k/v transform, head merge, 2 adds, 2 norms
-    matmul = sum(p.flops for p in parts if p.category == "matmul")
-    assert matmul == layer_op.flops  # the GEMMs and the two attention products, nothing lost or doubled
-    assert {p.category for p in parts} == {"matmul", "pointwise", "softmax", "copy", "normalization"}
+    assert len(parts) == ENCODER_LAYER_KERNELS  # four GEMMs (the activation fused), attention, two adds, two norms
+    assert sum(p.flops for p in parts if p.category in ("matmul", "attention")) == layer_op.flops
+    attention = [p for p in parts if p.category == "attention"]
+    assert len(attention) == 1 and attention[0].variant == "efficient"  # fp32: flash refuses it
+    assert attention[0].inputs[0].shape == (B, H, S, E // H)
+    assert {p.category for p in parts} == {"matmul", "attention", "pointwise", "normalization"}
 
 
-def test_device_time_is_the_parts_and_host_time_one_launch_plus_native_activities(layer_op):
+def test_device_time_is_the_parts_and_host_time_the_measured_launches(layer_op):
     parts = encoder_layer_parts(layer_op)
-    extra = ENCODER_LAYER_KERNELS - len(parts)
-    want = sum(_op_time_us(p, H200) for p in parts) + extra * H200.kernel_busy_overhead_us
-    assert _op_time_us(layer_op, H200) == pytest.approx(want)
-    native = native_activity_host_us(H200)
-    assert native == pytest.approx(H200.activity_host_share * H200.launch_overhead_by_class["conv"]
-                                   * H200.host_time_scale)
-    assert op_host_us(layer_op, H200) == pytest.approx(op_launch_us(layer_op, H200)
-                                                      + (ENCODER_LAYER_KERNELS - 1) * native)
-    # a layer of GEMMs, a softmax and norms costs far more than one kernel's bytes: 0.07-0.10x measured before
-    assert _op_time_us(layer_op, H200) > 14 * H200.kernel_busy_overhead_us
+    assert _op_time_us(layer_op, H200) == pytest.approx(sum(_op_time_us(p, H200) for p in parts))
+    assert op_host_us(layer_op, H200) == pytest.approx(ENCODER_LAYER_HOST_LAUNCHES * op_launch_us(layer_op, H200))
+    # a layer of GEMMs, attention and norms costs far more than one kernel's bytes: 0.07-0.10x measured before
+    assert _op_time_us(layer_op, H200) > ENCODER_LAYER_KERNELS * H200.kernel_busy_overhead_us
+
+
+def test_16_bit_layers_take_a_fused_16_bit_backend(layer_op):
+    half = dataclasses.replace(layer_op, inputs=tuple(dataclasses.replace(m, dtype="bf16", nbytes=m.nbytes // 2)
+                                                      for m in layer_op.inputs),
+                               outputs=tuple(dataclasses.replace(m, dtype="bf16", nbytes=m.nbytes // 2)
+                                             for m in layer_op.outputs))
+    attention = [p for p in encoder_layer_parts(half) if p.category == "attention"]
+    assert attention[0].variant == "flash" and attention[0].dtype == "bf16"
 
 
 def test_a_record_without_heads_keeps_the_one_op_price(layer_op):
     old = dataclasses.replace(layer_op, variant="", eager_kernels=1)
     assert encoder_layer_parts(old) == []
     assert op_host_us(old, H200) == pytest.approx(op_launch_us(old, H200))
-
-
-def test_without_a_measured_activity_share_each_kernel_costs_a_launch(layer_op):
-    spec = dataclasses.replace(H200, activity_host_share=0.0)
-    assert native_activity_host_us(spec) is None
-    assert op_host_us(layer_op, spec) == pytest.approx(ENCODER_LAYER_KERNELS * op_launch_us(layer_op, spec))
 
 
 def test_shapes_that_do_not_read_as_a_layer_give_no_parts(layer_op):

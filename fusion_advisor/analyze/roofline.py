@@ -63,7 +63,7 @@ from dataclasses import replace
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.devices.op_rates import ConvGeometry, conv_kernels, conv_time_us, matmul_time_us
 from fusion_advisor.devices.reduction_rates import REDUCE_OPS, reduction_time_us
-from fusion_advisor.analyze.composites import encoder_layer_parts, is_composite
+from fusion_advisor.analyze.composites import ENCODER_LAYER_HOST_LAUNCHES, encoder_layer_parts
 from fusion_advisor.analyze.records import Chain, Estimate, OpInfo
 from fusion_advisor.analyze.sdpa import math_score_bytes
 
@@ -400,9 +400,8 @@ def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
     parts = encoder_layer_parts(op)
     if parts:
         # a native composite (analyze/composites.py): its parts priced as their own ops, each through its class's
-        # fit, plus the kernels the native code adds (copies, transposes) at the profiled busy overhead each
-        extra = max(op.eager_kernels - len(parts), 0)
-        return sum(_op_time_us(p, spec) for p in parts) + extra * spec.kernel_busy_overhead_us
+        # fit (its own class's curve is not applied: it was fitted against the one-kernel price)
+        return sum(_op_time_us(p, spec) for p in parts)
     measured = measured_op_us(op, spec)
     t = roofline_op_us(op, spec) if measured is None else measured
     if not spec.op_time_fits or pool_window_us(op, spec) > 0:
@@ -460,27 +459,10 @@ def op_host_us(op: OpInfo, spec: DeviceSpec) -> float:
     cell step (cuDNN issues each step from its host)."""
     if op.category == "recurrent" and op.sequential_steps > 0:
         return op.sequential_steps * RECURRENT_STEP_LAUNCHES * spec.launch_overhead_us
-    native = native_activity_host_us(spec)
-    if is_composite(op) and native is not None:
-        # one call from Python, then the native code issues the rest of its kernels from C++
-        return op_launch_us(op, spec) + max(op.eager_kernels - 1, 0) * native
+    if encoder_layer_parts(op):  # a native layer: its host time per call, measured in launches (composites.py)
+        return ENCODER_LAYER_HOST_LAUNCHES * op_launch_us(op, spec)
     base = max(op.eager_kernels, 1) * op_launch_us(op, spec)
     return base + conv_activity_host_us(op, spec, base) if op.category == "conv" else base
-
-
-def native_activity_host_us(spec: DeviceSpec) -> float | None:
-    """Host time (us) of one more device activity issued from C++ inside one aten call: the spec's
-    ``activity_host_share`` of its convolution class's host time (calibrate's slope of host time over the
-    activities cuDNN issues per call), times ``host_time_scale``; None where the spec measured neither. A native
-    composite op (:mod:`fusion_advisor.analyze.composites`) pays it per kernel after its first. A stand-in, not a
-    measurement of such ops: on the H200 the encoder layer's 21 kernels took a median 161 us of host time per call
-    where the profile's eager add took 8.5 us (the seed-2 profile of the ConvolutionalVisionTransformer), 0.90 of
-    an add per further kernel; the H200 spec's share gives 0.65 (and a launch per kernel 1.15), so the layer is
-    priced at about 0.75x its measured host time (0.07-0.10x as one launch before)."""
-    conv = (spec.launch_overhead_by_class or {}).get("conv")
-    if spec.activity_host_share <= 0 or not conv:
-        return None
-    return spec.activity_host_share * conv * spec.host_time_scale
 
 
 #: Least share of its class's host time a convolution issuing fewer activities than the probe is priced at.
