@@ -5,7 +5,9 @@ parts and a measured kernel count).
 For each configuration of ``nn.TransformerEncoderLayer(batch_first=True)`` (and ``nn.MultiheadAttention``), in eval
 under ``torch.no_grad()`` (the fast path): the aten op the call runs, its kernels per call and their summed durations
 (torch.profiler, 3 calls after warm-up) with their names, and the host time per call (median of 5 loops of 50 calls,
-not synchronised inside a loop: the host runs ahead while the GPU is not the bottleneck).
+not synchronised inside a loop: the host runs ahead while the GPU is not the bottleneck), and that host time in
+eager adds (``torch.add`` on 4 x 4096 bf16, the spec's ``launch_overhead_us`` probe) timed in loops interleaved with
+the module's.
 
     python benchmarks/accuracy/native_layer_probe.py --out DIR
 """
@@ -45,16 +47,24 @@ def probe(module: torch.nn.Module, args: tuple) -> dict:
         ops = collections.Counter(e.name for e in prof.events()
                                   if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("aten::_"))
         names = collections.Counter(e.name[:60] for e in kernels)
-        loops = []
-        for _ in range(5):
+        a = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
+        loops, adds = [], []
+        for _ in range(7):
             torch.cuda.synchronize()
             t = time.perf_counter()
             for _ in range(50):
                 module(*args)
             loops.append((time.perf_counter() - t) / 50 * 1e6)
             torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(200):
+                torch.add(a, a)
+            adds.append((time.perf_counter() - t) / 200 * 1e6)
+            torch.cuda.synchronize()
+    host, add = statistics.median(loops), statistics.median(adds)
     return {"kernels_per_call": len(kernels) / 3, "kernel_us_per_call": sum(e.device_time for e in kernels) / 3,
-            "host_us_per_call": statistics.median(loops), "aten_ops": dict(ops), "kernel_names": dict(names)}
+            "host_us_per_call": host, "add_us": add, "host_adds_per_call": host / add, "aten_ops": dict(ops),
+            "kernel_names": dict(names)}
 
 
 def main() -> None:
@@ -75,7 +85,7 @@ def main() -> None:
             rows.append(r)
             print(f"{kind:14s} b{b} s{s} e{e} h{h} f{f} nf={norm_first} {act} {r['dtype']}: "
                   f"{r['kernels_per_call']:.1f} kernels, {r['kernel_us_per_call']:.1f} us busy, "
-                  f"{r['host_us_per_call']:.1f} us host; {sorted(r['aten_ops'])[:4]}")
+                  f"{r['host_us_per_call']:.1f} us host = {r['host_adds_per_call']:.1f} adds of {r['add_us']:.2f} us")
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (args.out / "native_layer_probe.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
