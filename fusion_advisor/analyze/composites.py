@@ -17,6 +17,12 @@ gives the nine parts as :class:`OpInfo` records for the roofline to price with i
 measured matmul surface, which holds split-K's kernels in its times; attention at its backend's measured rate;
 norms through the reduction table), and the host time is a fixed number of launches
 (:data:`ENCODER_LAYER_HOST_LAUNCHES`).
+
+``nn.MultiheadAttention`` (``batch_first=True``) takes the same kind of fast path on its own:
+``aten._native_multi_head_attention``, 9-12 kernels per call in the probe (QKV GEMM, the bias-and-rescale transform,
+QK^T, softmax, PV, the head merge, the output GEMM and, with ``need_weights`` (the default), the head average of the
+weights; without them a fused attention kernel replaces QK^T, softmax and PV), and 0.52-0.78x (median 0.66) of the
+encoder layer's host time per call, timed beside it (:data:`MHA_HOST_LAUNCHES`).
 """
 
 from __future__ import annotations
@@ -26,8 +32,9 @@ from dataclasses import dataclass
 from fusion_advisor.analyze.records import OpInfo, SourceLoc, TensorMeta
 from fusion_advisor.analyze.sdpa import SdpaArgs, rule_backend
 
-#: aten name of the encoder layer's fast path.
+#: aten names of the fast paths: the encoder layer's and MultiheadAttention's.
 ENCODER_LAYER = "_transformer_encoder_layer_fwd"
+MHA = "_native_multi_head_attention"
 
 #: Kernels one eager call of :data:`ENCODER_LAYER` launches on a CUDA GPU (module docstring): its nine parts.
 ENCODER_LAYER_KERNELS = 9
@@ -37,6 +44,11 @@ ENCODER_LAYER_KERNELS = 9
 #: 19.0 adds in the model, i.e. 16.5 launches before the spec's in-model ``host_time_scale`` (1.152) multiplies them;
 #: native_layer_probe.json found the call's host time within 184-220 us over five configurations on one host.
 ENCODER_LAYER_HOST_LAUNCHES = 16.5
+
+#: Host time of one :data:`MHA` call in eager launches: 0.66 (the median over six configurations, 0.52-0.78) of the
+#: encoder layer's, each timed beside the other on the H200 (native_layer_probe.json: 12.5-18.5 adds against
+#: 23.3-28.4), times :data:`ENCODER_LAYER_HOST_LAUNCHES`.
+MHA_HOST_LAUNCHES = 0.66 * ENCODER_LAYER_HOST_LAUNCHES
 
 _ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8}
 
@@ -59,8 +71,8 @@ class EncoderLayerShape:
 
 
 def is_composite(op: OpInfo) -> bool:
-    """Whether ``op`` is a native composite op this module prices (:data:`ENCODER_LAYER`)."""
-    return ENCODER_LAYER in op.target
+    """Whether ``op`` is a native composite op this module prices (:data:`ENCODER_LAYER`, :data:`MHA`)."""
+    return ENCODER_LAYER in op.target or MHA in op.target
 
 
 def encoder_layer_shape(inputs: tuple[TensorMeta, ...], heads: int) -> EncoderLayerShape | None:
@@ -104,14 +116,19 @@ def _part(op: OpInfo, name: str, category: str, target: str, inputs: list[tuple[
                   reduction_elems=reduction_elems, reduces_last_dim=True, variant=variant)
 
 
-def heads_variant(heads: int) -> str:
-    """The :attr:`OpInfo.variant` an encoder-layer op carries its head count in (``"heads=8"``)."""
-    return f"heads={heads}"
+def heads_variant(heads: int, weights: str = "") -> str:
+    """The :attr:`OpInfo.variant` a composite op carries its head count in (``"heads=8"``), and for :data:`MHA`
+    the attention weights it returns (``"heads=8,weights=average"`` or ``"weights=per-head"``; none without)."""
+    return f"heads={heads}" + (f",weights={weights}" if weights else "")
+
+
+def _variant_fields(variant: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in variant.split(",") if "=" in part)
 
 
 def _heads(variant: str) -> int:
     try:
-        return int(variant.split("=", 1)[1]) if variant.startswith("heads=") else 0
+        return int(_variant_fields(variant).get("heads", "0"))
     except ValueError:
         return 0
 
@@ -119,7 +136,7 @@ def _heads(variant: str) -> int:
 def encoder_layer_parts(op: OpInfo) -> list[OpInfo]:
     """The ops one :data:`ENCODER_LAYER` call runs, as records the roofline prices (module docstring); empty for
     another op or when the call's shapes do not read as an encoder layer's (:func:`encoder_layer_shape`)."""
-    if not is_composite(op):
+    if ENCODER_LAYER not in op.target:
         return []
     s = encoder_layer_shape(op.inputs, _heads(op.variant))
     if s is None:
@@ -142,3 +159,126 @@ def encoder_layer_parts(op: OpInfo) -> list[OpInfo]:
         _part(op, "norm_2", "normalization", "aten.native_layer_norm.default", [(t, e), (e,), (e,)], [(t, e)],
               5 * t * e, reduction_elems=e),
     ]
+
+
+@dataclass(frozen=True)
+class MhaShape:
+    """Sizes of one :data:`MHA` call: ``batch`` queries of length ``q_len``, keys of length ``k_len``, width
+    ``embed``, ``heads`` heads, element type ``dtype``."""
+
+    batch: int
+    q_len: int
+    k_len: int
+    embed: int
+    heads: int
+    dtype: str
+
+
+def mha_shape(inputs: tuple[TensorMeta, ...], heads: int) -> MhaShape | None:
+    """The sizes of a :data:`MHA` call from its tensor inputs in argument order (``query [batch, q_len, embed]``,
+    ``key``, ``value [batch, k_len, embed]``, ``qkv_weight [3 embed, embed]``, ...) and its head count; None when
+    they do not read as such."""
+    if len(inputs) < 4 or heads <= 0:
+        return None
+    q, k, v, w = inputs[:4]
+    if len(q.shape) != 3 or len(k.shape) != 3 or k.shape != v.shape or len(w.shape) != 2:
+        return None
+    b, lq, e = q.shape
+    if k.shape[0] != b or k.shape[2] != e or w.shape != (3 * e, e) or e % heads:
+        return None
+    return MhaShape(b, lq, k.shape[1], e, heads, q.dtype)
+
+
+def mha_flops(s: MhaShape) -> int:
+    """FLOPs of one :data:`MHA` call: the Q, K, V and output projections, QK^T and PV."""
+    b, lq, lk, e = s.batch, s.q_len, s.k_len, s.embed
+    return 2 * b * lq * e * e * 2 + 2 * 2 * b * lk * e * e + 2 * 2 * b * lq * lk * e
+
+
+def mha_parts(op: OpInfo) -> list[OpInfo]:
+    """The ops one :data:`MHA` call runs (module docstring), as records the roofline prices; empty for another op
+    or shapes that do not read as its."""
+    if MHA not in op.target:
+        return []
+    fields = _variant_fields(op.variant)
+    s = mha_shape(op.inputs, _heads(op.variant))
+    if s is None:
+        return []
+    b, lq, lk, e, h = s.batch, s.q_len, s.k_len, s.embed, s.heads
+    d, tq, tk = e // h, b * lq, b * lk
+    q, k = (b, h, lq, d), (b, h, lk, d)
+    weights = fields.get("weights", "")
+    if lq == lk:  # self-attention (query is key is value): one GEMM for the three projections
+        parts = [_part(op, "qkv", "matmul", "aten.addmm.default", [(3 * e,), (tq, e), (e, 3 * e)], [(tq, 3 * e)],
+                       6 * tq * e * e)]
+    else:
+        parts = [_part(op, "q_proj", "matmul", "aten.addmm.default", [(e,), (tq, e), (e, e)], [(tq, e)],
+                       2 * tq * e * e),
+                 _part(op, "kv_proj", "matmul", "aten.addmm.default", [(2 * e,), (tk, e), (e, 2 * e)],
+                       [(tk, 2 * e)], 4 * tk * e * e)]
+    parts += [
+        _part(op, "qkv_transform", "pointwise", "aten.add.Tensor", [(tq + 2 * tk, e), (3 * e,)],
+              [(b * h * (lq + 2 * lk), d)], (tq + 2 * tk) * e),
+    ]
+    if weights:  # the weights are returned: attention runs as QK^T, softmax, PV
+        parts += [
+            _part(op, "scores", "matmul", "aten.bmm.default", [(b * h, lq, d), (b * h, d, lk)], [(b * h, lq, lk)],
+                  2 * b * h * lq * lk * d),
+            _part(op, "softmax", "softmax", "aten._softmax.default", [(b * h, lq, lk)], [(b * h, lq, lk)],
+                  5 * b * h * lq * lk, reduction_elems=lk),
+            _part(op, "context", "matmul", "aten.bmm.default", [(b * h, lq, lk), (b * h, lk, d)], [(b * h, lq, d)],
+                  2 * b * h * lq * lk * d),
+        ]
+        if weights == "average":
+            parts.append(_part(op, "weights_mean", "reduction", "aten.mean.dim", [(b, h, lq, lk)], [(b, lq, lk)],
+                               b * h * lq * lk, reduction_elems=h))
+    else:
+        backend = rule_backend(SdpaArgs(q_shape=q, k_shape=k, v_shape=k, dtype=op.dtype))[0]
+        parts.append(_part(op, "attention", "attention", "fusion_advisor_capture.attention.default", [q, k, k], [q],
+                           4 * b * h * lq * lk * d, variant=backend))
+    parts += [
+        _part(op, "heads_merge", "copy", "aten.clone.default", [q], [(b, lq, e)], 0),
+        _part(op, "proj", "matmul", "aten.addmm.default", [(e,), (tq, e), (e, e)], [(tq, e)], 2 * tq * e * e),
+    ]
+    return parts
+
+
+def composite_parts(op: OpInfo) -> list[OpInfo]:
+    """The parts of a native composite op (:func:`encoder_layer_parts`, :func:`mha_parts`); empty for other ops
+    and for records whose heads or shapes do not read (reports written before these were recorded)."""
+    return encoder_layer_parts(op) or mha_parts(op)
+
+
+def composite_host_launches(op: OpInfo) -> float:
+    """Host time of one call of a native composite op in eager launches (:data:`ENCODER_LAYER_HOST_LAUNCHES`,
+    :data:`MHA_HOST_LAUNCHES`); 0 for other ops and records :func:`composite_parts` cannot read."""
+    if not composite_parts(op):
+        return 0.0
+    return ENCODER_LAYER_HOST_LAUNCHES if ENCODER_LAYER in op.target else MHA_HOST_LAUNCHES
+
+
+def _arg(args: tuple, kwargs: dict, index: int, name: str, default: object) -> object:
+    return args[index] if len(args) > index else kwargs.get(name, default)
+
+
+def composite_record(name: str, args: tuple, kwargs: dict, inputs: tuple[TensorMeta, ...]
+                     ) -> tuple[str, int, int] | None:
+    """``(variant, eager kernels, FLOPs)`` the graph stage records for a native composite op named ``name`` (the
+    aten op's name) called with ``args`` / ``kwargs`` (non-tensor ones as Python values) on tensor ``inputs``; None
+    for other ops. FLOPs are 0 where the shapes do not read as the op's (then the roofline keeps the one-op price)."""
+    if name == ENCODER_LAYER:
+        heads = _arg(args, kwargs, 2, "num_heads", 0)
+        heads = heads if isinstance(heads, int) else 0
+        shape = encoder_layer_shape(inputs, heads)
+        return heads_variant(heads), ENCODER_LAYER_KERNELS, encoder_layer_flops(shape) if shape else 0
+    if name == MHA:
+        heads = _arg(args, kwargs, 4, "num_head", 0)
+        heads = heads if isinstance(heads, int) else 0
+        need = _arg(args, kwargs, 10, "need_weights", True)
+        average = _arg(args, kwargs, 11, "average_attn_weights", True)
+        weights = "" if need is False else "average" if average is not False else "per-head"
+        shape = mha_shape(inputs, heads)
+        # the parts of mha_parts: one QKV GEMM for self-attention, two when the key length differs
+        kernels = {"average": 8, "per-head": 7, "": 5}[weights] + (1 if shape and shape.q_len != shape.k_len else 0)
+        return heads_variant(heads, weights), kernels, mha_flops(shape) if shape else 0
+    return None

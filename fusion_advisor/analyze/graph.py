@@ -23,8 +23,7 @@ import torch.fx
 from torch.utils.flop_counter import flop_registry
 
 from fusion_advisor.analyze.capture import Capture, source_of
-from fusion_advisor.analyze.composites import (ENCODER_LAYER, ENCODER_LAYER_KERNELS, encoder_layer_flops,
-                                               encoder_layer_shape, heads_variant)
+from fusion_advisor.analyze.composites import composite_record
 from fusion_advisor.devices.op_rates import RECURRENT_CELLS
 from fusion_advisor.dtypes import dtype_name
 from fusion_advisor.analyze.load import KEYWORD_WRAPPER_ATTR
@@ -490,11 +489,11 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     steps = recurrent_flops = 0
     if category == "recurrent":
         variant, steps, recurrent_flops = recurrent_geometry(node)
-    heads = 0
-    composite = _op_name(target) == ENCODER_LAYER and node.op == "call_function"
-    if composite:  # nn.TransformerEncoderLayer's fast path: one call, a whole layer (analyze/composites.py)
-        heads = node.args[2] if len(node.args) > 2 and isinstance(node.args[2], int) else 0
-        variant, kernels = heads_variant(heads), ENCODER_LAYER_KERNELS
+    # a native fast path (nn.TransformerEncoderLayer's, nn.MultiheadAttention's): one call, a whole layer
+    composite = composite_record(_op_name(target), node.args, dict(node.kwargs), inputs) \
+        if node.op == "call_function" else None
+    if composite is not None:
+        variant, kernels = composite[0], composite[1]
     if category == "view":
         flops, read, written = 0, 0, 0
     else:
@@ -511,8 +510,8 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
             rows = inputs[1].numel
             read = inputs[1].nbytes + rows * inputs[0].nbytes // max(inputs[0].numel, 1)
             flops = rows
-        elif composite and (shape := encoder_layer_shape(inputs, heads)) is not None:
-            flops = encoder_layer_flops(shape)
+        elif composite is not None and composite[2] > 0:
+            flops = composite[2]
         elif category in ("reduction", "softmax", "normalization"):
             flops = _FLOPS_PER_ELEM[category] * (inputs[0].numel if inputs else 0)
         else:

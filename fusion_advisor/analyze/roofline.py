@@ -63,7 +63,7 @@ from dataclasses import replace
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.devices.op_rates import ConvGeometry, conv_kernels, conv_time_us, matmul_time_us
 from fusion_advisor.devices.reduction_rates import REDUCE_OPS, reduction_time_us
-from fusion_advisor.analyze.composites import ENCODER_LAYER_HOST_LAUNCHES, encoder_layer_parts
+from fusion_advisor.analyze.composites import composite_host_launches, composite_parts
 from fusion_advisor.analyze.records import Chain, Estimate, OpInfo
 from fusion_advisor.analyze.sdpa import math_score_bytes
 
@@ -397,7 +397,7 @@ def fit_keys(op: OpInfo, rated: bool) -> tuple[str, ...]:
 def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
     """Predicted eager device time of one op (us): :func:`base_op_us`, through its class's fitted curve when the
     spec has one (:meth:`DeviceSpec.op_time_fit` of :func:`fit_keys`)."""
-    parts = encoder_layer_parts(op)
+    parts = composite_parts(op)
     if parts:
         # a native composite (analyze/composites.py): its parts priced as their own ops, each through its class's
         # fit (its own class's curve is not applied: it was fitted against the one-kernel price)
@@ -459,8 +459,9 @@ def op_host_us(op: OpInfo, spec: DeviceSpec) -> float:
     cell step (cuDNN issues each step from its host)."""
     if op.category == "recurrent" and op.sequential_steps > 0:
         return op.sequential_steps * RECURRENT_STEP_LAUNCHES * spec.launch_overhead_us
-    if encoder_layer_parts(op):  # a native layer: its host time per call, measured in launches (composites.py)
-        return ENCODER_LAYER_HOST_LAUNCHES * op_launch_us(op, spec)
+    launches_per_call = composite_host_launches(op)
+    if launches_per_call:  # a native layer: its host time per call, measured in launches (composites.py)
+        return launches_per_call * op_launch_us(op, spec)
     base = max(op.eager_kernels, 1) * op_launch_us(op, spec)
     return base + conv_activity_host_us(op, spec, base) if op.category == "conv" else base
 
