@@ -1,7 +1,7 @@
-"""Native composite ops (analyze/composites.py): nn.TransformerEncoderLayer's and nn.MultiheadAttention's fast paths
-are one aten call that runs a whole layer; the graph stage records its FLOPs, kernels and heads, and the roofline
-prices it as its parts (device) and as a measured number of launches (host). A record without the heads (a report
-written before) keeps the one-op price."""
+"""Native composite ops (analyze/composites.py): nn.TransformerEncoderLayer's fast path is one aten call that runs a
+whole layer; the graph stage records its FLOPs, kernels and heads, and the roofline prices it as its parts (device)
+and as a measured number of launches (host); with a mask its attention runs unfused. A record without the heads (a
+report written before) keeps the one-op price."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from fusion_advisor.analyze.capture import capture
-from fusion_advisor.analyze.composites import (ENCODER_LAYER_HOST_LAUNCHES, ENCODER_LAYER_KERNELS, MHA_HOST_LAUNCHES,
-                                               EncoderLayerShape, composite_parts, encoder_layer_parts,
+from fusion_advisor.analyze.composites import (ENCODER_LAYER_HOST_LAUNCHES, ENCODER_LAYER_KERNELS,
+                                               ENCODER_LAYER_MASKED_KERNELS, EncoderLayerShape, encoder_layer_parts,
                                                encoder_layer_shape)
 from fusion_advisor.analyze.graph import build_op_graph
 from fusion_advisor.analyze.load import LoadedModel
@@ -24,7 +24,8 @@ B, S, E, H, F = 2, 8, 64, 4, 128
 
 
 class FastPathLayer(torch.nn.Module):
-    """Calls the encoder layer's fast-path op directly (the capture runs the module's slow path otherwise)."""
+    """Calls the encoder layer's fast-path op directly: the record is then tested on any device (the module takes
+    its fast path only on a CPU or CUDA tensor, not on the meta device a GPU-less analysis runs on)."""
 
     def __init__(self):
         super().__init__()
@@ -98,47 +99,43 @@ def test_shapes_that_do_not_read_as_a_layer_give_no_parts(layer_op):
     assert encoder_layer_shape(squeezed, H) is None  # a 2-D src (unbatched)
 
 
-class FastPathMha(torch.nn.Module):
-    """nn.MultiheadAttention's fast-path op called directly, self-attention on ``x`` (``need_weights`` as given)."""
+def _capture_layer(mask: bool, layer: torch.nn.Module | None = None):
+    layer = layer or torch.nn.TransformerEncoderLayer(E, H, F, dropout=0.0, batch_first=True).eval()
 
-    def __init__(self, need_weights: bool, average: bool = True):
-        super().__init__()
-        self.mha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
-        self.need_weights, self.average = need_weights, average
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer
 
-    def forward(self, x):
-        m = self.mha
-        out, _ = torch._native_multi_head_attention(x, x, x, E, H, m.in_proj_weight, m.in_proj_bias,
-                                                    m.out_proj.weight, m.out_proj.bias, None, self.need_weights,
-                                                    self.average)
-        return out
+        def forward(self, x):
+            if mask:
+                return self.layer(x, src_mask=torch.nn.Transformer.generate_square_subsequent_mask(S))
+            return self.layer(x)
 
-
-@pytest.mark.parametrize("need_weights, average, weights, kernels", [
-    (True, True, "average", 8), (True, False, "per-head", 7), (False, True, "", 5)])
-def test_multihead_attention_fast_path(need_weights, average, weights, kernels):
-    og = build_op_graph(capture(LoadedModel("m", "<test>", "test", FastPathMha(need_weights, average),
-                                            (torch.randn(B, S, E),), "cpu", "")))
-    (op,) = [o for o in og.ops if "_native_multi_head_attention" in o.target]
-    t = B * S
-    assert op.flops == 2 * t * E * 3 * E + 2 * t * E * E + 2 * 2 * B * S * S * E
-    assert op.variant == f"heads={H}" + (f",weights={weights}" if weights else "") and op.eager_kernels == kernels
-    parts = composite_parts(op)
-    assert len(parts) == kernels
-    assert sum(p.flops for p in parts if p.category in ("matmul", "attention")) == op.flops
-    assert any(p.category == "attention" for p in parts) is (not need_weights)  # weights need the scores
-    assert _op_time_us(op, H200) == pytest.approx(sum(_op_time_us(p, H200) for p in parts))
-    assert op_host_us(op, H200) == pytest.approx(MHA_HOST_LAUNCHES * op_launch_us(op, H200))
+    og = build_op_graph(capture(LoadedModel("m", "<test>", "test", M(), (torch.randn(B, S, E),), "cpu", "")))
+    return [o for o in og.ops if "_transformer_encoder_layer_fwd" in o.target]
 
 
-def test_cross_attention_takes_two_projection_gemms():
-    og = build_op_graph(capture(LoadedModel("m", "<test>", "test", FastPathMha(True), (torch.randn(B, S, E),),
-                                            "cpu", "")))
-    (op,) = [o for o in og.ops if "_native_multi_head_attention" in o.target]
-    longer = dataclasses.replace(op.inputs[1], shape=(B, 3 * S, E), numel=B * 3 * S * E)
-    cross = dataclasses.replace(op, inputs=(op.inputs[0], longer, longer) + op.inputs[3:])
-    parts = composite_parts(cross)
-    assert [p.id.split("/")[1] for p in parts[:2]] == ["q_proj", "kv_proj"]
-    lq, lk = S, 3 * S
-    want = 2 * 2 * B * lq * E * E + 2 * 2 * B * lk * E * E + 2 * 2 * B * lq * lk * E
-    assert sum(p.flops for p in parts if p.category in ("matmul", "attention")) == want
+def test_the_module_on_a_cpu_tensor_is_captured_as_the_composite():
+    (op,) = _capture_layer(mask=False)
+    assert op.eager_kernels == ENCODER_LAYER_KERNELS and len(encoder_layer_parts(op)) == ENCODER_LAYER_KERNELS
+
+
+def test_a_masked_layer_runs_its_attention_unfused():
+    ops = _capture_layer(mask=True)
+    assert len(ops) == 1, "the masked layer takes the fast path too"
+    op = ops[0]
+    parts = encoder_layer_parts(op)
+    assert op.eager_kernels == ENCODER_LAYER_MASKED_KERNELS == len(parts)
+    assert not any(p.category == "attention" for p in parts)  # no fused kernel with a mask
+    softmax = [p for p in parts if p.category == "softmax"]
+    assert softmax and softmax[0].outputs[0].shape == (B * H, S, S)  # the whole score matrix is written
+    assert sum(p.flops for p in parts if p.category == "matmul") == op.flops
+    assert op_host_us(op, H200) == pytest.approx(ENCODER_LAYER_HOST_LAUNCHES * op_launch_us(op, H200))
+
+
+def test_an_unreadable_call_is_one_op_of_one_kernel(layer_op):
+    from fusion_advisor.analyze.composites import composite_record
+
+    variant, kernels, flops = composite_record("_transformer_encoder_layer_fwd", (None, E, 0), {}, layer_op.inputs)
+    assert (variant, kernels, flops) == ("", 1, 0)  # no heads: nothing to price the parts by

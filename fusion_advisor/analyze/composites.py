@@ -1,7 +1,7 @@
 """PyTorch's native composite ops: one aten call that runs a whole layer in C++, priced as the ops it runs.
 
-``nn.TransformerEncoderLayer`` in eval under ``torch.no_grad()`` (``batch_first=True``, ReLU or GELU, no key
-padding mask...: the "fast path" of ``torch/nn/modules/transformer.py``) runs as one call of
+``nn.TransformerEncoderLayer`` in eval under ``torch.no_grad()`` (``batch_first=True``, ReLU or GELU, on a CUDA or
+CPU tensor...: the "fast path" of ``torch/nn/modules/transformer.py``) runs as one call of
 ``aten._transformer_encoder_layer_fwd``: the QKV projection, fused attention (``_scaled_dot_product_efficient_
 attention`` in fp32, cuDNN's or flash in 16-bit), the output projection, the residual adds, two LayerNorms and the
 feed-forward block's two GEMMs, the activation fused into the first (``_addmm_activation``)
@@ -12,17 +12,18 @@ Measured on the H200 (torch 2.11; ``benchmarks/accuracy/native_layer_probe.py``,
 ``benchmarks/results/h200/accuracy/reprofile/composites/native_layer_probe.json``): five configurations from 10 x 2
 tokens of width 128 to 2 x 197 of width 768, fp32 and bf16, post- and pre-norm, ReLU and GELU, ran 9-10 kernels
 per call (the four GEMMs, attention, two adds, two norms), 21 where cuBLAS split each tiny GEMM into four (20 tokens);
-their host time per call was 184-220 us whatever the kernels, device time 38-305 us. So :func:`encoder_layer_parts`
+their host time per call 23-28 eager adds in a tight loop whatever the kernels (19.0 in the CViT's profile, in the
+model), device time 38-307 us. So :func:`encoder_layer_parts`
 gives the nine parts as :class:`OpInfo` records for the roofline to price with its own tables (GEMMs through the
 measured matmul surface, which holds split-K's kernels in its times; attention at its backend's measured rate;
-norms through the reduction table), and the host time is a fixed number of launches
-(:data:`ENCODER_LAYER_HOST_LAUNCHES`).
+norms through the reduction table; a fused attention part of a small layer is priced at its FLOPs over the
+backend's rate, with no kernel floor, as standalone attention ops are), and the host time is a fixed number of
+launches (:data:`ENCODER_LAYER_HOST_LAUNCHES`). Given a mask (``src_mask``, ``src_key_padding_mask``) the native
+attention does not fuse: QK^T, a masked softmax over the full score matrix and PV (``_native_multi_head_attention``'s branch
+for a mask, ``aten/src/ATen/native/transformers/attention.cpp``), which the parts then hold instead.
 
-``nn.MultiheadAttention`` (``batch_first=True``) takes the same kind of fast path on its own:
-``aten._native_multi_head_attention``, 9-12 kernels per call in the probe (QKV GEMM, the bias-and-rescale transform,
-QK^T, softmax, PV, the head merge, the output GEMM and, with ``need_weights`` (the default), the head average of the
-weights; without them a fused attention kernel replaces QK^T, softmax and PV), and 0.52-0.78x (median 0.66) of the
-encoder layer's host time per call, timed beside it (:data:`MHA_HOST_LAUNCHES`).
+Only the encoder layer: ``nn.MultiheadAttention`` skips its own fast path while it is traced
+(``_is_make_fx_tracing``), so the capture records its ordinary ops whatever eager runs.
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ from dataclasses import dataclass
 from fusion_advisor.analyze.records import OpInfo, SourceLoc, TensorMeta
 from fusion_advisor.analyze.sdpa import SdpaArgs, rule_backend
 
-#: aten names of the fast paths: the encoder layer's and MultiheadAttention's.
+#: aten name of the encoder layer's fast path.
 ENCODER_LAYER = "_transformer_encoder_layer_fwd"
-MHA = "_native_multi_head_attention"
 
 #: Kernels one eager call of :data:`ENCODER_LAYER` launches on a CUDA GPU (module docstring): its nine parts.
 ENCODER_LAYER_KERNELS = 9
@@ -42,13 +42,9 @@ ENCODER_LAYER_KERNELS = 9
 #: Host time of one call in eager launches (an add's host time): the seed-2 profile of KernelBench's
 #: ConvolutionalVisionTransformer measured a median 161 us per call where its eager add took 8.5 us on that host,
 #: 19.0 adds in the model, i.e. 16.5 launches before the spec's in-model ``host_time_scale`` (1.152) multiplies them;
-#: native_layer_probe.json found the call's host time within 184-220 us over five configurations on one host.
+#: native_layer_probe.json found the call's host time within 23-28 adds over five configurations in a tight loop.
 ENCODER_LAYER_HOST_LAUNCHES = 16.5
 
-#: Host time of one :data:`MHA` call in eager launches: 0.66 (the median over six configurations, 0.52-0.78) of the
-#: encoder layer's, each timed beside the other on the H200 (native_layer_probe.json: 12.5-18.5 adds against
-#: 23.3-28.4), times :data:`ENCODER_LAYER_HOST_LAUNCHES`.
-MHA_HOST_LAUNCHES = 0.66 * ENCODER_LAYER_HOST_LAUNCHES
 
 _ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8}
 
@@ -71,8 +67,8 @@ class EncoderLayerShape:
 
 
 def is_composite(op: OpInfo) -> bool:
-    """Whether ``op`` is a native composite op this module prices (:data:`ENCODER_LAYER`, :data:`MHA`)."""
-    return ENCODER_LAYER in op.target or MHA in op.target
+    """Whether ``op`` is a native composite op this module prices (:data:`ENCODER_LAYER`)."""
+    return ENCODER_LAYER in op.target
 
 
 def encoder_layer_shape(inputs: tuple[TensorMeta, ...], heads: int) -> EncoderLayerShape | None:
@@ -116,10 +112,9 @@ def _part(op: OpInfo, name: str, category: str, target: str, inputs: list[tuple[
                   reduction_elems=reduction_elems, reduces_last_dim=True, variant=variant)
 
 
-def heads_variant(heads: int, weights: str = "") -> str:
-    """The :attr:`OpInfo.variant` a composite op carries its head count in (``"heads=8"``), and for :data:`MHA`
-    the attention weights it returns (``"heads=8,weights=average"`` or ``"weights=per-head"``; none without)."""
-    return f"heads={heads}" + (f",weights={weights}" if weights else "")
+def heads_variant(heads: int) -> str:
+    """The :attr:`OpInfo.variant` a composite op carries its head count in (``"heads=8"``)."""
+    return f"heads={heads}"
 
 
 def _variant_fields(variant: str) -> dict[str, str]:
@@ -133,6 +128,19 @@ def _heads(variant: str) -> int:
         return 0
 
 
+#: Tensor arguments of :data:`ENCODER_LAYER` before its optional mask: src, the QKV and output projections' weights
+#: and biases, the two norms' weights and biases, the two feed-forward weights and biases.
+ENCODER_LAYER_TENSORS = 13
+
+#: Kernels of a call with a mask (``src_mask`` or ``src_key_padding_mask``): the fused attention kernel replaced by
+#: the five of the unfused path (``_native_multi_head_attention``'s branch for a mask, attention.cpp).
+ENCODER_LAYER_MASKED_KERNELS = ENCODER_LAYER_KERNELS - 1 + 5
+
+
+def _masked(inputs: tuple[TensorMeta, ...]) -> bool:
+    return len(inputs) > ENCODER_LAYER_TENSORS
+
+
 def encoder_layer_parts(op: OpInfo) -> list[OpInfo]:
     """The ops one :data:`ENCODER_LAYER` call runs, as records the roofline prices (module docstring); empty for
     another op or when the call's shapes do not read as an encoder layer's (:func:`encoder_layer_shape`)."""
@@ -144,11 +152,27 @@ def encoder_layer_parts(op: OpInfo) -> list[OpInfo]:
     b, n, e, h, f, t = s.batch, s.seq, s.embed, s.heads, s.ffn, s.tokens
     d = e // h
     q = (b, h, n, d)
-    backend = rule_backend(SdpaArgs(q_shape=q, k_shape=q, v_shape=q, dtype=op.dtype))[0]
+    if _masked(op.inputs):
+        # with a mask the native attention runs unfused: q/k/v transform, QK^T, masked softmax, PV, head merge
+        mask = op.inputs[ENCODER_LAYER_TENSORS].shape
+        attention = [
+            _part(op, "qkv_transform", "pointwise", "aten.add.Tensor", [(t, 3 * e), (3 * e,)], [(3, b * h, n, d)],
+                  3 * t * e),
+            _part(op, "scores", "matmul", "aten.bmm.default", [(b * h, n, d), (b * h, d, n)], [(b * h, n, n)],
+                  2 * b * h * n * n * d),
+            _part(op, "masked_softmax", "softmax", "aten._masked_softmax.default", [(b * h, n, n), mask],
+                  [(b * h, n, n)], 5 * b * h * n * n, reduction_elems=n),
+            _part(op, "context", "matmul", "aten.bmm.default", [(b * h, n, n), (b * h, n, d)], [(b * h, n, d)],
+                  2 * b * h * n * n * d),
+            _part(op, "heads_merge", "copy", "aten.clone.default", [q], [(b, n, e)], 0),
+        ]
+    else:  # a fused attention kernel (memory-efficient in fp32, flash or cuDNN in 16-bit)
+        backend = rule_backend(SdpaArgs(q_shape=q, k_shape=q, v_shape=q, dtype=op.dtype))[0]
+        attention = [_part(op, "attention", "attention", "fusion_advisor_capture.attention.default", [q, q, q], [q],
+                           4 * b * h * n * n * d, variant=backend)]
     return [
         _part(op, "qkv", "matmul", "aten.addmm.default", [(3 * e,), (t, e), (e, 3 * e)], [(t, 3 * e)], 6 * t * e * e),
-        _part(op, "attention", "attention", "fusion_advisor_capture.attention.default", [q, q, q], [q],
-              4 * b * h * n * n * d, variant=backend),
+        *attention,
         _part(op, "proj", "matmul", "aten.addmm.default", [(e,), (t, e), (e, e)], [(t, e)], 2 * t * e * e),
         _part(op, "residual_1", "pointwise", "aten.add.Tensor", [(t, e), (t, e)], [(t, e)], t * e),
         _part(op, "norm_1", "normalization", "aten.native_layer_norm.default", [(t, e), (e,), (e,)], [(t, e)],
@@ -161,100 +185,16 @@ def encoder_layer_parts(op: OpInfo) -> list[OpInfo]:
     ]
 
 
-@dataclass(frozen=True)
-class MhaShape:
-    """Sizes of one :data:`MHA` call: ``batch`` queries of length ``q_len``, keys of length ``k_len``, width
-    ``embed``, ``heads`` heads, element type ``dtype``."""
-
-    batch: int
-    q_len: int
-    k_len: int
-    embed: int
-    heads: int
-    dtype: str
-
-
-def mha_shape(inputs: tuple[TensorMeta, ...], heads: int) -> MhaShape | None:
-    """The sizes of a :data:`MHA` call from its tensor inputs in argument order (``query [batch, q_len, embed]``,
-    ``key``, ``value [batch, k_len, embed]``, ``qkv_weight [3 embed, embed]``, ...) and its head count; None when
-    they do not read as such."""
-    if len(inputs) < 4 or heads <= 0:
-        return None
-    q, k, v, w = inputs[:4]
-    if len(q.shape) != 3 or len(k.shape) != 3 or k.shape != v.shape or len(w.shape) != 2:
-        return None
-    b, lq, e = q.shape
-    if k.shape[0] != b or k.shape[2] != e or w.shape != (3 * e, e) or e % heads:
-        return None
-    return MhaShape(b, lq, k.shape[1], e, heads, q.dtype)
-
-
-def mha_flops(s: MhaShape) -> int:
-    """FLOPs of one :data:`MHA` call: the Q, K, V and output projections, QK^T and PV."""
-    b, lq, lk, e = s.batch, s.q_len, s.k_len, s.embed
-    return 2 * b * lq * e * e * 2 + 2 * 2 * b * lk * e * e + 2 * 2 * b * lq * lk * e
-
-
-def mha_parts(op: OpInfo) -> list[OpInfo]:
-    """The ops one :data:`MHA` call runs (module docstring), as records the roofline prices; empty for another op
-    or shapes that do not read as its."""
-    if MHA not in op.target:
-        return []
-    fields = _variant_fields(op.variant)
-    s = mha_shape(op.inputs, _heads(op.variant))
-    if s is None:
-        return []
-    b, lq, lk, e, h = s.batch, s.q_len, s.k_len, s.embed, s.heads
-    d, tq, tk = e // h, b * lq, b * lk
-    q, k = (b, h, lq, d), (b, h, lk, d)
-    weights = fields.get("weights", "")
-    if lq == lk:  # self-attention (query is key is value): one GEMM for the three projections
-        parts = [_part(op, "qkv", "matmul", "aten.addmm.default", [(3 * e,), (tq, e), (e, 3 * e)], [(tq, 3 * e)],
-                       6 * tq * e * e)]
-    else:
-        parts = [_part(op, "q_proj", "matmul", "aten.addmm.default", [(e,), (tq, e), (e, e)], [(tq, e)],
-                       2 * tq * e * e),
-                 _part(op, "kv_proj", "matmul", "aten.addmm.default", [(2 * e,), (tk, e), (e, 2 * e)],
-                       [(tk, 2 * e)], 4 * tk * e * e)]
-    parts += [
-        _part(op, "qkv_transform", "pointwise", "aten.add.Tensor", [(tq + 2 * tk, e), (3 * e,)],
-              [(b * h * (lq + 2 * lk), d)], (tq + 2 * tk) * e),
-    ]
-    if weights:  # the weights are returned: attention runs as QK^T, softmax, PV
-        parts += [
-            _part(op, "scores", "matmul", "aten.bmm.default", [(b * h, lq, d), (b * h, d, lk)], [(b * h, lq, lk)],
-                  2 * b * h * lq * lk * d),
-            _part(op, "softmax", "softmax", "aten._softmax.default", [(b * h, lq, lk)], [(b * h, lq, lk)],
-                  5 * b * h * lq * lk, reduction_elems=lk),
-            _part(op, "context", "matmul", "aten.bmm.default", [(b * h, lq, lk), (b * h, lk, d)], [(b * h, lq, d)],
-                  2 * b * h * lq * lk * d),
-        ]
-        if weights == "average":
-            parts.append(_part(op, "weights_mean", "reduction", "aten.mean.dim", [(b, h, lq, lk)], [(b, lq, lk)],
-                               b * h * lq * lk, reduction_elems=h))
-    else:
-        backend = rule_backend(SdpaArgs(q_shape=q, k_shape=k, v_shape=k, dtype=op.dtype))[0]
-        parts.append(_part(op, "attention", "attention", "fusion_advisor_capture.attention.default", [q, k, k], [q],
-                           4 * b * h * lq * lk * d, variant=backend))
-    parts += [
-        _part(op, "heads_merge", "copy", "aten.clone.default", [q], [(b, lq, e)], 0),
-        _part(op, "proj", "matmul", "aten.addmm.default", [(e,), (tq, e), (e, e)], [(tq, e)], 2 * tq * e * e),
-    ]
-    return parts
-
-
 def composite_parts(op: OpInfo) -> list[OpInfo]:
-    """The parts of a native composite op (:func:`encoder_layer_parts`, :func:`mha_parts`); empty for other ops
-    and for records whose heads or shapes do not read (reports written before these were recorded)."""
-    return encoder_layer_parts(op) or mha_parts(op)
+    """The parts of a native composite op (:func:`encoder_layer_parts`); empty for other ops and for records whose
+    heads or shapes do not read (reports written before these were recorded)."""
+    return encoder_layer_parts(op)
 
 
 def composite_host_launches(op: OpInfo) -> float:
-    """Host time of one call of a native composite op in eager launches (:data:`ENCODER_LAYER_HOST_LAUNCHES`,
-    :data:`MHA_HOST_LAUNCHES`); 0 for other ops and records :func:`composite_parts` cannot read."""
-    if not composite_parts(op):
-        return 0.0
-    return ENCODER_LAYER_HOST_LAUNCHES if ENCODER_LAYER in op.target else MHA_HOST_LAUNCHES
+    """Host time of one call of a native composite op in eager launches (:data:`ENCODER_LAYER_HOST_LAUNCHES`); 0
+    for other ops and records :func:`composite_parts` cannot read."""
+    return ENCODER_LAYER_HOST_LAUNCHES if composite_parts(op) else 0.0
 
 
 def _arg(args: tuple, kwargs: dict, index: int, name: str, default: object) -> object:
@@ -270,15 +210,8 @@ def composite_record(name: str, args: tuple, kwargs: dict, inputs: tuple[TensorM
         heads = _arg(args, kwargs, 2, "num_heads", 0)
         heads = heads if isinstance(heads, int) else 0
         shape = encoder_layer_shape(inputs, heads)
-        return heads_variant(heads), ENCODER_LAYER_KERNELS, encoder_layer_flops(shape) if shape else 0
-    if name == MHA:
-        heads = _arg(args, kwargs, 4, "num_head", 0)
-        heads = heads if isinstance(heads, int) else 0
-        need = _arg(args, kwargs, 10, "need_weights", True)
-        average = _arg(args, kwargs, 11, "average_attn_weights", True)
-        weights = "" if need is False else "average" if average is not False else "per-head"
-        shape = mha_shape(inputs, heads)
-        # the parts of mha_parts: one QKV GEMM for self-attention, two when the key length differs
-        kernels = {"average": 8, "per-head": 7, "": 5}[weights] + (1 if shape and shape.q_len != shape.k_len else 0)
-        return heads_variant(heads, weights), kernels, mha_flops(shape) if shape else 0
+        if shape is None:  # unreadable: one op, one kernel, as before (the roofline prices it so)
+            return "", 1, 0
+        kernels = ENCODER_LAYER_MASKED_KERNELS if _masked(inputs) else ENCODER_LAYER_KERNELS
+        return heads_variant(heads), kernels, encoder_layer_flops(shape)
     return None
