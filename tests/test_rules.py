@@ -201,3 +201,16 @@ def test_gpu_only_routes_fall_back_to_torch_compile_on_a_cpu_spec(tmp_path):
     assert on_cpu.route == "torch.compile" and on_cpu.rule_id == "graphs" and "CUDA graphs" in on_cpu.note
     triton_on_cpu = route_chain(_chain(), _est(), load_rules([]), kernels={}, device_kind="cpu")
     assert triton_on_cpu.rule_id == "triton-softmax" and triton_on_cpu.route == "torch.compile"
+
+
+@pytest.mark.parametrize("bound,rule,route", [("launch", "cudagraphs-native-layer", "cudagraphs"),
+                                              ("compute", "skip-unfusible", "skip")])
+def test_a_launch_bound_native_encoder_layer_goes_to_cuda_graphs(bound, rule, route):
+    """nn.TransformerEncoderLayer's fast path is one opaque op: "not fusible" holds, "nothing to gain" does not
+    where its host time is the ceiling (analyze/composites.py prices 9-13 kernels behind 16.5 launches)."""
+    layer = _chain(kind="other", pattern="_transformer_encoder_layer_fwd", categories=("other",),
+                   targets=("aten._transformer_encoder_layer_fwd.default",), op_ids=("g0:l",), eager_kernels=9)
+    d = route_chain(layer, _est(bound), load_rules([]), kernels={})
+    assert (d.rule_id, d.route) == (rule, route)
+    if route == "cudagraphs":
+        assert "9 kernels issued by one native call" in d.reason
