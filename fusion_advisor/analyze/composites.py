@@ -23,7 +23,9 @@ attention does not fuse: QK^T, a masked softmax over the full score matrix and P
 for a mask, ``aten/src/ATen/native/transformers/attention.cpp``), which the parts then hold instead.
 
 Only the encoder layer: ``nn.MultiheadAttention`` skips its own fast path while it is traced
-(``_is_make_fx_tracing``), so the capture records its ordinary ops whatever eager runs.
+(``_is_make_fx_tracing``), so the capture records its ordinary ops whatever eager runs. The layer itself takes its
+fast path only on CPU and CUDA tensors: an analysis without a GPU (fake tensors on the ``meta`` device) records its
+slow path's ops, as ``analyze --device cpu`` or ``--device cuda`` do not.
 """
 
 from __future__ import annotations
