@@ -1,6 +1,6 @@
 """Two nn.TransformerEncoderLayer(batch_first=True) layers in eval: the model the cost model's composite encoder
 layer (fusion_advisor/analyze/composites.py) and its CUDA-graph rule were checked on end to end with
-`fusion-advisor analyze` and `apply --verify` (benchmarks/results/h200/accuracy/reprofile/composites/encoder_apply.*;
+`fusion-advisor analyze` and `apply --verify` (benchmarks/results/h200/accuracy/reprofile/composites/encoder_apply.log;
 the run used a copy of this file)."""
 import torch
 import torch.nn as nn
