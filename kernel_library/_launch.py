@@ -5,15 +5,14 @@ launch, 42.8 us inside a backward on the autograd engine's device thread; the co
 with the argument list the JIT builds, 11.8 and 18.7 us (``benchmarks/results/h200/host/host_paths.md``). The
 difference is the JIT's binder (specialising every argument), its cache key, its keyword handling and its launch
 metadata, which come out the same on every call of a model whose shapes do not change. Through this module the
-softmax forward's launch (17 arguments) took 12.1 us against 19.8 us through the JIT, interleaved in one process on
-another H200 machine; Liger-Kernel's softmax launch (7 arguments, the JIT) 13.2 us
-(``benchmarks/results/h200/host/softmax_layers.md``). That was before the key took the JIT's global state, meta
-types and the globals check (a review found the cases they close): those add 1.8 us per launch of that softmax on
-the CPU of the machine the tests run on (4.8 -> 6.6 us for the key and hooks alone), not yet timed on the H200.
+softmax forward's launch (16 arguments) took 14.3 us against 20.2 us through the JIT, and Liger-Kernel's softmax
+launch (7 arguments, the JIT) 13.7 us, interleaved in one process on an H200 machine
+(``benchmarks/results/h200/host/softmax_layers.md``, 2026-12-04, with every check below in the key).
 
 :class:`CachedLauncher` keeps, per **call key** — the device; the global Triton state the JIT folds into its own
 key (debug, instrumentation); for each positional argument a tensor's dtype and 16-byte alignment, a float's type,
-an int's, bool's, str's or None's type and exact value; every meta keyword's type and exact value — the compiled
+an int's exact value (kept bare: no other entry equals an int), a bool's, str's or None's type and value; every
+meta keyword's type and exact value — the compiled
 kernel the JIT chose, and launches it directly. The key is stricter than the JIT's own (which keeps only an int's
 divisibility by 16 and whether it is 1), so a key never maps to a kernel the JIT would not pick for those
 arguments. A key is taken on in three steps:
