@@ -12,10 +12,9 @@ launch (7 arguments, the JIT) 13.7 us, interleaved in one process on an H200 mac
 :class:`CachedLauncher` keeps, per **call key** — the device; the global Triton state the JIT folds into its own
 key (debug, instrumentation); for each positional argument a tensor's dtype and 16-byte alignment, a float's type,
 an int's exact value (kept bare: no other entry equals an int), a bool's, str's or None's type and value; every
-meta keyword's type and exact value — the compiled
-kernel the JIT chose, and launches it directly. The key is stricter than the JIT's own (which keeps only an int's
-divisibility by 16 and whether it is 1), so a key never maps to a kernel the JIT would not pick for those
-arguments. A key is taken on in three steps:
+meta keyword's type and exact value — the compiled kernel the JIT chose, and launches it directly. The key is
+stricter than the JIT's own (which keeps only an int's divisibility by 16 and whether it is 1), so a key never maps
+to a kernel the JIT would not pick for those arguments. A key is taken on in three steps:
 
 1. first call: through the JIT, which compiles or finds the kernel and returns it;
 2. second call: through the JIT again, with the kernel's launcher watched: the direct launch is used for the key
