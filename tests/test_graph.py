@@ -93,3 +93,28 @@ def test_pooling_ops_record_their_window(layer, shape, window):
     pools = [o for o in og.ops if "pool" in o.target]
     assert pools and pools[0].window_elems == window
     assert all(o.window_elems == 0 for o in og.ops if "pool" not in o.target)
+
+
+def test_aten_linear_kept_whole_is_a_matmul_with_its_flops_and_measured_price():
+    """An export keeps ``aten.linear`` whole (analyze falls back to it when dynamo captures nothing): it is a GEMM
+    of numel(x) / K rows, not an "other" op of one FLOP per output (a fresh user's encoder with a float src_mask)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fusion_advisor.analyze.graph import _make_op
+    from fusion_advisor.analyze.roofline import measured_matmul_us
+    from fusion_advisor.devices import load_spec
+    from fusion_advisor.devices.op_rates import matmul_time_us
+
+    g = torch.fx.Graph()
+    x, w, b = g.placeholder("x"), g.placeholder("w"), g.placeholder("b")
+    lin = g.call_function(torch.ops.aten.linear.default, (x, w, b))
+    with FakeTensorMode():
+        vals = (torch.empty(4, 64, 256), torch.empty(1024, 256), torch.empty(1024))
+        for node, v in zip((x, w, b), vals):
+            node.meta["val"] = v
+        lin.meta["val"] = torch.empty(4, 64, 1024)
+    op = _make_op("g0:linear", 0, lin)
+    assert op.category == "matmul" and op.flops == 2 * 4 * 64 * 1024 * 256
+    h200 = load_spec("h200")
+    assert measured_matmul_us(op, h200) == pytest.approx(
+        matmul_time_us(h200.matmul_rates, "mm", 4 * 64, 1024, 256, 1, "fp32"))

@@ -55,7 +55,7 @@ _BY_NAME: dict[str, set[str]] = {
     # element-wise ops that torch does not tag pointwise (the rest are found by torch.Tag.pointwise)
     "pointwise": {"floor_divide", "hardswish", "hardswish_backward", "log_sigmoid_forward", "log_sigmoid_backward",
                   "prelu", "_prelu_kernel", "rrelu_with_noise", "where", "glu", "native_dropout", "dropout"},
-    "matmul": {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "matmul", "dot", "mv", "addmv", "_int_mm"},
+    "matmul": {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "matmul", "dot", "mv", "addmv", "_int_mm", "linear"},
     "conv": {"convolution", "_convolution", "cudnn_convolution", "convolution_overrideable", "_slow_conv2d_forward",
              "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"},
     "attention": {"attention", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -166,6 +166,11 @@ def _matmul_like_flops(target: Any, node: torch.fx.Node, out: Any) -> int:
         causal = node.kwargs.get("is_causal", node.args[5] if len(node.args) > 5 else False)
         # a causal flash kernel skips the masked upper triangle: about half the work when q and k are as long
         return flops // 2 if causal is True and q.shape[-2] == k.shape[-2] else flops
+    if _op_name(target) == "linear":  # aten.linear (an export keeps it whole): x [..., K] @ weight[N, K].T
+        x, w = meta_value(node.args[0]), meta_value(node.args[1])
+        if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() >= 1 and w.dim() == 2:
+            return 2 * (x.numel() // max(x.shape[-1], 1)) * w.shape[0] * x.shape[-1]
+        return 0
     packet = getattr(target, "overloadpacket", None)
     fn = flop_registry.get(packet)
     if fn is None:

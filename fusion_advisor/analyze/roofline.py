@@ -268,6 +268,12 @@ def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     its class and dtype."""
     if op.category != "matmul" or not spec.matmul_rates:
         return None
+    if _short_target(op.target) == "linear" and len(op.inputs) >= 2 and len(op.inputs[1].shape) == 2:
+        # aten.linear (kept whole by an export): x [..., K] times weight [N, K] transposed, one mm of numel(x) / K rows
+        x, (n, k) = op.inputs[0], op.inputs[1].shape
+        if k <= 0 or n <= 0 or not x.shape or x.shape[-1] != k or x.numel < k:
+            return None
+        return matmul_time_us(spec.matmul_rates, "mm", x.numel // k, n, k, 1, op.dtype)
     how = _MATMUL_OPERANDS.get(_short_target(op.target))
     if how is None or len(op.inputs) < how[1] + 2:
         return None

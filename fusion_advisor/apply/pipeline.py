@@ -260,8 +260,8 @@ def _analyze(loaded: Any, backend: RewriteBackend, spec: Any, rules: Any) -> Any
 
     warns: list[str] = []
     if not backend.graphs:
-        warns.append("dynamo captured no graph (the whole forward ran eagerly, e.g. a cuDNN RNN): nothing to swap "
-                     "or compile by region; the whole-model variants are still tried")
+        warns.append("dynamo captured no graph (the whole forward ran eagerly: dynamo skipped it, or gave up on "
+                     "every frame): nothing to swap or compile by region; the whole-model variants are still tried")
     try:
         with warnings.catch_warnings(), quiet_torch_logs():
             warnings.simplefilter("ignore")
