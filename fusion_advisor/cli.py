@@ -540,6 +540,8 @@ def _print_apply_summary(result, paths: dict) -> None:
                       _escape(v.reason))
         out.print(t)
         gains = ", ".join(f"{x:.2f}x vs {k}" for k, x in result.speedups.items())
+        if result.confirmed and gains:  # the confirmation's interleaved rounds are the figure to quote
+            gains = f"confirmed {result.confirmed[1]:.2f}x vs {result.confirmed[0]}; in the search {gains}"
         chosen = result.chosen.spec.name if result.chosen is not None else "the model as written"
         out.print(f"plan: [bold]{_escape(chosen)}[/]" + (f" ({gains})" if gains else "")
                   + f": {_escape(result.chosen_reason)}")

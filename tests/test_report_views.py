@@ -288,3 +288,18 @@ def test_reduce_overhead_pays_for_copying_the_inputs_into_its_static_buffers():
     a.input_bytes = 6 * 10**9
     a.device_spec = {**a.device_spec, "memory_bandwidth_gbps": 4000.0}
     assert views.input_copy_us(a) == pytest.approx(3000.0)  # 12 GB moved at 4 TB/s
+
+
+def test_the_measured_line_quotes_the_confirmation_before_the_search(tmp_path):
+    # a new user read "1.46x vs torch.compile(model), measured by apply" while apply's own confirmation, in
+    # interleaved rounds, had measured 1.07x: the confirmed figure comes first, the search's is labelled as such
+    a = make_analysis()
+    doc = plan_doc(a)
+    doc["summary"].update(confirmed_against="torch.compile", confirmed_speedup=1.07)
+    frame = report.chains_frame(a)
+    line = views.verdict(a, frame, views.chain_groups(frame), views.apply_view(doc, a), tmp_path)["measured"][-1]
+    assert line["text"].startswith("2 ms per step: confirmed 1.07x vs torch.compile in interleaved rounds; "
+                                   "in the search, 2.00x vs eager, 1.25x vs torch.compile(model)")
+    doc["summary"].pop("confirmed_against")
+    plain = views.verdict(a, frame, views.chain_groups(frame), views.apply_view(doc, a), tmp_path)["measured"][-1]
+    assert "confirmed" not in plain["text"] and "2.00x vs eager" in plain["text"]

@@ -7,6 +7,8 @@ work (tests/test_plan.py's GPU case and benchmarks/apply/apply_models.py cover t
 
 from __future__ import annotations
 
+import statistics
+
 import textwrap
 from pathlib import Path
 
@@ -369,10 +371,12 @@ def test_a_wrong_variant_is_never_chosen_however_fast():
 def test_a_faster_variant_must_win_the_interleaved_confirmation(monkeypatch, confirmed):
     outcomes = [_fake_outcome("eager", 10.0, True), _fake_outcome("torch.compile", 8.0, True),
                 _fake_outcome("regions", 7.5)]
-    monkeypatch.setattr(search_mod, "_confirm", lambda inp, a, b: (confirmed, "7.6 ms vs 7.9 ms", None))
+    monkeypatch.setattr(search_mod, "_confirm", lambda inp, a, b: (confirmed, "7.6 ms vs 7.9 ms", None, 1.04))
     result = search_mod._choose(_inputs(), outcomes)
     assert result.chosen.spec.name == ("regions" if confirmed else "torch.compile")
     assert ("confirmed in interleaved rounds" in result.reason) is confirmed
+    # the headline quotes the confirmation (1.04x), not the search's single rounds (8.0 / 7.5 = 1.07x)
+    assert result.confirmed == (("torch.compile", 1.04) if confirmed else None)
     if not confirmed:
         assert "did not confirm in interleaved rounds" in result.reason
         assert "did not confirm against torch.compile" in outcomes[2].reason
@@ -437,8 +441,9 @@ def test_a_confirmation_that_is_lost_says_whether_the_challenger_was_faster(monk
     inp = search_mod.SearchInputs(harness=_RoundsHarness({"a": challenger, "b": [10.0, 14.0, 10.0, 10.0]}),
                                   kernels={}, analysis=None, regions=[], swaps=[])
     inp.harness.model = None
-    won, line, _ = search_mod._confirm(inp, _fake_outcome("a", 8.0), _fake_outcome("b", 10.0, True))
+    won, line, _, ratio = search_mod._confirm(inp, _fake_outcome("a", 8.0), _fake_outcome("b", 10.0, True))
     assert not won and says in line
+    assert ratio == pytest.approx(10.0 / statistics.median(challenger))
 
 
 def test_noisy_rounds_make_apply_warn_that_its_speedups_are_unreliable():

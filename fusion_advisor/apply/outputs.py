@@ -200,6 +200,8 @@ def plan_document(result: ApplyResult) -> dict[str, Any]:
             "what": "forward+backward" if result.backward else "forward",
             "chosen_ms": chosen.ms if chosen is not None else None,
             **{f"speedup_vs_{k.replace(' ', '_').replace('.', '_')}": v for k, v in speedups.items()},
+            **({"confirmed_against": result.confirmed[0], "confirmed_speedup": result.confirmed[1]}
+               if result.confirmed else {}),
         },
         "chosen": None if chosen is None else {
             "name": chosen.spec.name, "spec": chosen.spec.to_dict(), "reason": result.chosen_reason,

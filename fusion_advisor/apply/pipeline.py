@@ -152,6 +152,7 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
             progress=stage, only=options.variants, deadline=deadline, time_limit_s=options.time_limit_s))
     result.warnings += [n for n in harness.notes() if n not in result.warnings]
     result.variants, result.chosen, result.chosen_reason = found.variants, found.chosen, found.reason
+    result.confirmed = found.confirmed
     result.baseline, result.planned = found.baseline, found.planned
     noisy = noise_warning(found.variants)
     if noisy:

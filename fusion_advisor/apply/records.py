@@ -718,6 +718,7 @@ class ApplyResult:
     chosen: VariantOutcome | None = None
     chosen_reason: str = ""
     baseline: str = ""
+    confirmed: tuple[str, float] | None = None
     graph_breaks: list[GraphBreak] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     library_problems: dict[str, str] = field(default_factory=dict)

@@ -126,6 +126,9 @@ class SearchResult:
     baseline: str
     planned: Any = None
     swap_notes: dict[str, str] = field(default_factory=dict)
+    #: ``(best baseline, speed-up)`` the chosen variant showed over it in the interleaved confirmation rounds, when
+    #: one ran and it won: the figure a headline should quote (the search's single rounds can read a win too high).
+    confirmed: tuple[str, float] | None = None
 
 
 def baselines(device: str) -> list[VariantSpec]:
@@ -591,7 +594,7 @@ def _choose(inp: SearchInputs, outcomes: list[VariantOutcome]) -> SearchResult:
     # confirm against the best baseline in interleaved rounds
     with inp.progress(f"confirming {best.spec.name} against {best_base.spec.name} ({CONFIRM_ROUNDS} interleaved "
                       f"rounds)"):
-        won, line, planned = _confirm(inp, best, best_base)
+        won, line, planned, ratio = _confirm(inp, best, best_base)
     pick = best if won else best_base
     pick.status = CHOSEN
     if won:
@@ -601,11 +604,13 @@ def _choose(inp: SearchInputs, outcomes: list[VariantOutcome]) -> SearchResult:
         best.reason += f"; not chosen: it did not confirm against {best_base.spec.name}: {line}"
         reason = (f"{best_base.spec.name}: the best baseline; {best.spec.name} was faster in the search "
                   f"({best.ms:.4g} vs {best_base.ms:.4g} ms) but did not confirm in interleaved rounds ({line})")
-    return SearchResult(outcomes, pick, reason, baseline, planned if won else None)
+    return SearchResult(outcomes, pick, reason, baseline, planned if won else None,
+                        confirmed=(best_base.spec.name, ratio) if won else None)
 
 
-def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> tuple[bool, str, Any]:
-    """Time ``a`` and ``b`` in alternating rounds (both built, both warm); ``(a wins, line, a's model)``."""
+def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> tuple[bool, str, Any, float]:
+    """Time ``a`` and ``b`` in alternating rounds (both built, both warm); ``(a wins, line, a's model, b's median
+    over a's)`` (the ratio 0.0 when ``a`` raised)."""
     h = inp.harness
     reset_compiled_state()
     with warnings.catch_warnings(), quiet_torch_logs(), grad_mode_kept():
@@ -621,7 +626,7 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> tuple[b
                 ta.append(round_a())
                 tb.append(round_b())
         except Exception as e:  # the challenger failing now is a loss
-            return False, f"raised {type(e).__name__}: {first_line(str(e))}", None
+            return False, f"raised {type(e).__name__}: {first_line(str(e))}", None, 0.0
     ra, rb = VariantTiming(rounds_ms=ta), VariantTiming(rounds_ms=tb)
     summarize_rounds(ra)
     summarize_rounds(rb)
@@ -632,4 +637,4 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> tuple[b
     if not won:  # a challenger that was faster, but by less than the noise, is said to be so
         line += (f", a win under the {need:.1%} it needed (the larger of {MIN_WIN:.0%} and the rounds' spreads)"
                  if ra.ms < rb.ms else ", no faster")
-    return won, line, ma if won else None
+    return won, line, ma if won else None, rb.ms / ra.ms

@@ -322,6 +322,9 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
         for key, label in (("vs_eager", "eager"), ("vs_compile", "torch.compile(model)")):
             if is_num(m.get(key)):
                 parts.append(f"{fmt_speedup(m[key])} vs {label}")
+        if m.get("confirmed_against") and is_num(m.get("confirmed_speedup")):
+            parts.insert(0, f"confirmed {fmt_speedup(m['confirmed_speedup'])} vs {m['confirmed_against']} in "
+                            f"interleaved rounds; in the search")
         out["measured"].append({
             "what": f"the plan ({m['chosen']}), measured by apply on {m['device']}",
             "text": f"{m['chosen_ms']:.4g} ms per step" + (f": {', '.join(parts)}" if parts else "")
@@ -466,6 +469,8 @@ def apply_view(doc: dict[str, Any], analysis: Analysis | None) -> dict[str, Any]
         measured = {"chosen": str(chosen.get("name", "")), "chosen_ms": float(chosen_ms) if timed else float("nan"),
                     "timed": timed, "eager_ms": eager_ms, "compile_ms": comp_ms,
                     "vs_eager": _ratio(eager_ms, chosen_ms), "vs_compile": _ratio(comp_ms, chosen_ms),
+                    "confirmed_against": str(summary.get("confirmed_against") or ""),
+                    "confirmed_speedup": summary.get("confirmed_speedup"),
                     "device": f"{gpu} ({device})" if gpu else device,
                     "timer": next((r["timer"] for r in rows if r["timer"]), ""),
                     "what": str(summary.get("what", "forward")),
