@@ -110,7 +110,7 @@ def test_aten_linear_kept_whole_is_a_matmul_with_its_flops_and_measured_price():
     lin = g.call_function(torch.ops.aten.linear.default, (x, w, b))
     with FakeTensorMode():
         vals = (torch.empty(4, 64, 256), torch.empty(1024, 256), torch.empty(1024))
-        for node, v in zip((x, w, b), vals):
+        for node, v in zip((x, w, b), vals, strict=True):
             node.meta["val"] = v
         lin.meta["val"] = torch.empty(4, 64, 1024)
     op = _make_op("g0:linear", 0, lin)
