@@ -61,6 +61,16 @@ def run_guarded(fn: Callable[[], T], debug: bool) -> T:
         raise typer.Exit(1) from None
 
 
+def near_miss_line(near_misses: list) -> str:
+    """``"N near-miss(es), e.g.: kernel: reason; ..."``, a reason shared by several chains (every layer's
+    add_layernorm) said once with its count, three at most."""
+    said: dict[str, int] = {}
+    for n in near_misses:
+        said[f"{n.kernel}: {n.reason}"] = said.get(f"{n.kernel}: {n.reason}", 0) + 1
+    return f"{len(near_misses)} near-miss(es), e.g.: " + "; ".join(
+        f"{text} (x{count})" if count > 1 else text for text, count in list(said.items())[:3])
+
+
 def _escape(text: str) -> str:
     from rich.markup import escape
 
@@ -525,8 +535,7 @@ def _print_apply_summary(result, paths: dict) -> None:
             t.add_row(s.id, s.kernel, ",".join(s.chain_ids), o.decision, _escape(o.reason), src)
         out.print(t)
     if result.near_misses:
-        out.print(f"{len(result.near_misses)} near-miss(es), e.g.: "
-                  + _escape("; ".join(f"{n.kernel}: {n.reason}" for n in result.near_misses[:3])))
+        out.print(_escape(near_miss_line(result.near_misses)))
     if result.variants:
         what = "forward+backward" if result.backward else "forward"
         t = Table(title=f"whole-model variants, {what} ({result.variants[0].timing.timer if result.variants[0].timing else 'not timed'})")

@@ -910,3 +910,13 @@ def test_cli_apply_shows_each_variants_steps_in_a_log(tmp_path):
     assert lines[at + 1:at + 4] == ["  variant eager: building and running once (compile / capture) ...",
                                     "  variant eager: checking against the float64 reference ...",
                                     "  variant eager: timing (3 rounds) ..."], lines[at:at + 5]
+
+
+def test_a_near_miss_shared_by_every_layer_is_said_once_with_its_count():
+    from types import SimpleNamespace
+
+    from fusion_advisor.cli import near_miss_line
+
+    same = [SimpleNamespace(kernel="add_layernorm", reason="no op sequence matches") for _ in range(4)]
+    line = near_miss_line(same + [SimpleNamespace(kernel="rope", reason="shapes refused")])
+    assert line == ("5 near-miss(es), e.g.: add_layernorm: no op sequence matches (x4); rope: shapes refused")

@@ -339,8 +339,9 @@ def _link(backend: RewriteBackend, analysis: Any, options: ApplyOptions,
             continue
         names = by_pattern[c.pattern]
         problems = [f"{k}: {backend.library.problems[k]}" for k in names if k in backend.library.problems]
-        reason = (f"the analysis found a {c.pattern} chain ({len(c.targets)} ops) but no op sequence in it matches "
-                  f"the pattern of {', '.join(names)}" + (f" ({'; '.join(problems)})" if problems else ""))
+        article = "an" if c.pattern[:1] and c.pattern[0] in "aeiou" else "a"
+        reason = (f"the analysis found {article} {c.pattern} chain ({len(c.targets)} ops) but no op sequence in it "
+                  f"matches the pattern of {', '.join(names)}" + (f" ({'; '.join(problems)})" if problems else ""))
         near.append(NearMiss(names[0], c.pattern, c.graph_index, tuple(c.op_ids), (c.id,), c.source, c.module_path,
                              reason, "chain"))
     return sites, near
