@@ -267,13 +267,17 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
         t.add_row(*cells)
     out.print(t)
     from fusion_advisor.report.write import chains_frame, read_plan
-    from fusion_advisor.report.views import apply_command, plan_mismatches, predicted_compile_us
+    from fusion_advisor.report.views import (apply_command, input_copy_us, plan_mismatches, predicted_compile_us,
+                                             predicted_model_routes, whole_model_note)
 
     frame = chains_frame(analysis)
     eager, advised = float(frame["est_eager_us"].sum()), float(frame["est_after_route_us"].sum())
     if advised > 0:
+        routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu",
+                                        graph_input_copy_us=input_copy_us(analysis))
         out.print(f"predicted: {eager / advised:.2f}x vs eager, {predicted_compile_us(frame) / advised:.2f}x vs "
-                  "torch.compile(model) over the chains (roofline estimates; apply measures them)", highlight=False)
+                  f"torch.compile(model) over the chains{whole_model_note(routes, advised)} (roofline estimates; "
+                  "apply measures them)", highlight=False)
     out_dir = Path(paths["html"]).parent
     plan, _ = read_plan(out_dir)
     if plan is None:

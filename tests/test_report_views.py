@@ -303,3 +303,14 @@ def test_the_measured_line_quotes_the_confirmation_before_the_search(tmp_path):
     doc["summary"].pop("confirmed_against")
     plain = views.verdict(a, frame, views.chain_groups(frame), views.apply_view(doc, a), tmp_path)["measured"][-1]
     assert "confirmed" not in plain["text"] and "2.00x vs eager" in plain["text"]
+
+
+def test_the_predicted_line_names_a_whole_model_route_that_beats_the_chain_routes():
+    # a model of lone launch-bound kernels: every chain skipped (1.00x), one CUDA graph over the model 6x
+    routes = {"eager": 176.0, "torch.compile": 176.0, "reduce-overhead": 29.0, "best": "reduce-overhead"}
+    said = views.whole_model_note(routes, 176.0)
+    assert said == "; the whole model with CUDA graphs (reduce-overhead): 6.07x vs eager"
+    assert views.whole_model_note(routes, 29.5) == ""  # the chain routes get there already (within the margin)
+    assert views.whole_model_note({**routes, "best": "eager"}, 176.0) == ""
+    nan = {"eager": 10.0, "torch.compile": 9.0, "reduce-overhead": float("nan"), "best": "torch.compile"}
+    assert views.whole_model_note(nan, 10.0) == "; torch.compile(model): 1.11x vs eager"
