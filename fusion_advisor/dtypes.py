@@ -39,3 +39,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 def float_dtype(name: str) -> torch.dtype | None:
     """The torch dtype of a floating-point name of :data:`FLOAT_NAMES`, else None (``"int64"``, ``"tf32"``)."""
     return TORCH_DTYPES[name] if name in FLOAT_NAMES else None
+
+
+def float_itemsize(name: str, default: int = 4) -> int:
+    """Bytes per element of a floating-point name of :data:`FLOAT_NAMES` (``"bf16"`` -> 2), else ``default``."""
+    dtype = float_dtype(name)
+    return dtype.itemsize if dtype is not None else default

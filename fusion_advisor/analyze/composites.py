@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from fusion_advisor.analyze.records import OpInfo, SourceLoc, TensorMeta
 from fusion_advisor.analyze.sdpa import SdpaArgs, rule_backend
+from fusion_advisor.dtypes import float_itemsize
 
 #: aten name of the encoder layer's fast path.
 ENCODER_LAYER = "_transformer_encoder_layer_fwd"
@@ -46,9 +47,6 @@ ENCODER_LAYER_KERNELS = 9
 #: 19.0 adds in the model, i.e. 16.5 launches before the spec's in-model ``host_time_scale`` (1.152) multiplies them;
 #: native_layer_probe.json found the call's host time within 23-28 adds over five configurations in a tight loop.
 ENCODER_LAYER_HOST_LAUNCHES = 16.5
-
-
-_ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8}
 
 
 @dataclass(frozen=True)
@@ -101,7 +99,7 @@ def _meta(shape: tuple[int, ...], dtype: str) -> TensorMeta:
     numel = 1
     for d in shape:
         numel *= d
-    return TensorMeta(shape=shape, dtype=dtype, numel=numel, nbytes=numel * _ELEM_BYTES.get(dtype, 4))
+    return TensorMeta(shape=shape, dtype=dtype, numel=numel, nbytes=numel * float_itemsize(dtype))
 
 
 def _part(op: OpInfo, name: str, category: str, target: str, inputs: list[tuple[int, ...]],

@@ -63,6 +63,7 @@ from dataclasses import replace
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.devices.op_rates import ConvGeometry, conv_kernels, conv_time_us, matmul_time_us
 from fusion_advisor.devices.reduction_rates import REDUCE_OPS, reduction_time_us
+from fusion_advisor.dtypes import float_itemsize
 from fusion_advisor.analyze.composites import composite_host_launches, composite_parts
 from fusion_advisor.analyze.records import Chain, Estimate, OpInfo
 from fusion_advisor.analyze.sdpa import math_score_bytes
@@ -70,7 +71,6 @@ from fusion_advisor.analyze.sdpa import math_score_bytes
 _TENSOR_CORE_CATEGORIES = frozenset({"matmul", "conv", "attention", "recurrent"})
 #: Library ops whose memory ceiling is not the elementwise one (their kernels tile permuted operands themselves).
 _LIBRARY_CATEGORIES = frozenset({"matmul", "conv", "attention", "embedding", "recurrent"})
-_ITEMSIZE = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def attention_geometry(op: OpInfo) -> tuple[int, int, bool]:
@@ -103,7 +103,7 @@ def unaligned_matmul(op: OpInfo) -> bool:
     runs ``align1`` kernels (NVIDIA, cuBLAS docs, "Tensor Core Usage": leading dimensions multiple of 16 bytes)."""
     if not op.inputs or not op.outputs or not op.inputs[0].shape or not op.outputs[0].shape:
         return False
-    per_16_bytes = 16 // _ITEMSIZE.get(op.dtype, 4)
+    per_16_bytes = 16 // float_itemsize(op.dtype)
     return op.inputs[0].shape[-1] % per_16_bytes != 0 or op.outputs[0].shape[-1] % per_16_bytes != 0
 
 
@@ -143,7 +143,7 @@ def op_bytes(op: OpInfo) -> int:
     (:data:`SOFTMAX_PERSISTENT_ROW`)."""
     extra = 0
     if op.category == "attention" and op.variant == "math" and len(op.inputs) >= 2:
-        extra = math_score_bytes(op.inputs[0].shape, op.inputs[1].shape, _ITEMSIZE.get(op.dtype, 4),
+        extra = math_score_bytes(op.inputs[0].shape, op.inputs[1].shape, float_itemsize(op.dtype),
                                  mask=len(op.inputs) > 3)
     elif op.category == "softmax" and op.inputs and (not op.reduces_last_dim
                                                       or op.reduction_elems > SOFTMAX_PERSISTENT_ROW):

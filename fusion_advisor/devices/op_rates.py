@@ -29,6 +29,8 @@ import statistics
 from dataclasses import dataclass, fields
 from typing import Any, Iterable, Sequence
 
+from fusion_advisor.dtypes import float_itemsize
+
 #: Geometry classes (``conv_detail``) calibrate samples.
 CONV_CLASSES = ("conv1d", "conv2d", "conv3d", "conv2d_transpose", "conv3d_transpose", "conv2d_grouped",
                 "conv2d_depthwise")
@@ -46,7 +48,6 @@ DTYPE_FALLBACK = {"fp16": "bf16"}
 #: dtypes a table entry may name (the op graph's names, :mod:`fusion_advisor.dtypes`).
 RATE_DTYPES = ("fp32", "bf16", "fp16", "fp64")
 _CONV_DETAIL = re.compile(r"conv[123]d(_transpose|_grouped|_depthwise)?")
-_ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8}
 
 
 def _sig(x: float, digits: int = 4) -> float:
@@ -184,7 +185,7 @@ class ConvRate:
         n, k = self.c_out, self.c_in * self.kernel
         m = self.gflop * 1e9 / (2 * n * k)
         per_in, per_out = (1.0, self.stride) if "transpose" in self.detail else (self.stride, 1.0)
-        return (m * per_in * self.c_in + m * per_out * n + n * k) * _ITEMSIZE.get(self.dtype, 4)
+        return (m * per_in * self.c_in + m * per_out * n + n * k) * float_itemsize(self.dtype)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ConvRate":
@@ -272,7 +273,7 @@ def channels_unaligned(c_in_per_group: int, dtype: str) -> bool:
     bf16/fp16 channels): cuDNN then cannot use its vectorised channel loads, and a 3-channel stem runs at 14-25
     TFLOP/s where its aligned neighbours run at 90-220 (the H200 profiles of KernelBench's convolution files,
     benchmarks/results/h200/accuracy/reprofile/). Depthwise convolutions (one channel per group) are their own class."""
-    return c_in_per_group % max(16 // _ITEMSIZE.get(dtype, 4), 1) != 0
+    return c_in_per_group % max(16 // float_itemsize(dtype), 1) != 0
 
 
 @dataclass(frozen=True)
@@ -538,7 +539,7 @@ def conv_time_us(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layo
     if len(pool) < MODEL_MIN_SAMPLES:
         return geom.flops / (_nearest_tflops(pool, geom.features(), FEATURE_WEIGHTS) * 1e12) * 1e6
     table = fit_conv_table(tuple(pool))
-    item = _ITEMSIZE.get(dtype, 4)
+    item = float_itemsize(dtype)
     return table.time_us(float(geom.flops), float(geom.c_out_per_group),
                          float(geom.c_in_per_group * geom.kernel_volume), float(geom.elements * item),
                          channels_unaligned(geom.c_in_per_group, dtype),
@@ -596,7 +597,7 @@ MATMUL_CLASSES = ("mm", "bmm")
 MATMUL_WEIGHTS = (1.0, 1.0, 1.0, 0.5, 3.0)
 def matmul_aligned(n: int, k: int, dtype: str) -> bool:
     """Whether K and N are multiples of 16 bytes (cuBLAS's vectorised kernels need it)."""
-    per = 16 // _ITEMSIZE.get(dtype, 4)
+    per = 16 // float_itemsize(dtype)
     return n % per == 0 and k % per == 0
 
 
@@ -645,7 +646,7 @@ def matmul_features(m: int, n: int, k: int, batch: int, dtype: str) -> tuple[flo
 
 def _matmul_row(r: MatmulRate) -> tuple[float, float, float, float, bool, float]:
     flops = 2.0 * r.batch * r.m * r.n * r.k
-    nbytes = float(r.batch * (r.m * r.k + r.k * r.n + r.m * r.n) * _ITEMSIZE.get(r.dtype, 4))
+    nbytes = float(r.batch * (r.m * r.k + r.k * r.n + r.m * r.n) * float_itemsize(r.dtype))
     return flops, float(r.n), float(r.k), nbytes, not matmul_aligned(r.n, r.k, r.dtype), flops / (r.tflops * 1e6)
 
 
@@ -678,7 +679,7 @@ def matmul_time_us(rates: Sequence[MatmulRate], detail: str, m: int, n: int, k: 
     flops = 2.0 * batch * m * n * k
     if len(pool) < MODEL_MIN_SAMPLES:
         return flops / (_nearest_tflops(pool, matmul_features(m, n, k, batch, dtype), MATMUL_WEIGHTS) * 1e12) * 1e6
-    nbytes = float(batch * (m * k + k * n + m * n) * _ITEMSIZE.get(dtype, 4))
+    nbytes = float(batch * (m * k + k * n + m * n) * float_itemsize(dtype))
     return fit_matmul_table(tuple(pool)).time_us(flops, float(n), float(k), nbytes,
                                                  not matmul_aligned(n, k, dtype), matmul_point(m, n, k, batch))
 

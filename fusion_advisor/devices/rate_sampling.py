@@ -11,8 +11,9 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from fusion_advisor.devices.op_rates import (_ITEMSIZE, CONV_CLASSES, MATMUL_CLASSES, ConvGeometry, ConvRate,
+from fusion_advisor.devices.op_rates import (CONV_CLASSES, MATMUL_CLASSES, ConvGeometry, ConvRate,
                                              MatmulRate, _prod, _sig)
+from fusion_advisor.dtypes import float_dtype
 
 
 def _dim(rng: random.Random, lo: int, hi: int) -> int:
@@ -291,7 +292,7 @@ def measure_conv_rates(device: str, problems: Sequence[ConvProblem], timer: Call
             x = w = None  # noqa: F841 (free before the next problem)
         rates.append(ConvRate(p.detail, p.dtype, geom.c_in_per_group, geom.c_out_per_group, geom.kernel_volume,
                               geom.stride, geom.flops / 1e9, geom.flops / (ms * 1e-3) / 1e12, "nchw",
-                              geom.elements * _ITEMSIZE[p.dtype] / 1e6,
+                              geom.elements * float_dtype(p.dtype).itemsize / 1e6,
                               float(getattr(timing, "kernels_per_call", None) or 0.0)))
     if failed:
         skipped["conv_rates failed"] = f"{len(failed)} convolution(s) not measured, e.g. {failed[0]}"

@@ -39,7 +39,8 @@ from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any, Callable, Sequence
 
-from fusion_advisor.devices.op_rates import _ITEMSIZE, RATE_DTYPES, _entry, _field, _sig
+from fusion_advisor.devices.op_rates import RATE_DTYPES, _entry, _field, _sig
+from fusion_advisor.dtypes import float_itemsize
 
 #: Classes of :data:`REDUCTION_CLASSES` calibrate samples, and the meaning of each one's ``dims``.
 REDUCTION_DIMS = {
@@ -130,7 +131,7 @@ def reduction_bytes(op: str, dims: Sequence[int], dtype: str) -> float:
     a, b, c = dims
     numel = a * b * c
     out = a * c if op in ("reduce", "logsumexp") else numel
-    return float((numel + out) * _ITEMSIZE.get(dtype, 4))
+    return float((numel + out) * float_itemsize(dtype))
 
 
 # --- pricing ------------------------------------------------------------------------------------------------------
