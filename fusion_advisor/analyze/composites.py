@@ -66,11 +66,6 @@ class EncoderLayerShape:
         return self.batch * self.seq
 
 
-def is_composite(op: OpInfo) -> bool:
-    """Whether ``op`` is a native composite op this module prices (:data:`ENCODER_LAYER`)."""
-    return ENCODER_LAYER in op.target
-
-
 def encoder_layer_shape(inputs: tuple[TensorMeta, ...], heads: int) -> EncoderLayerShape | None:
     """The sizes of an encoder-layer call from its tensor inputs in argument order (``src [batch, seq, embed]``,
     ``qkv_weight [3 embed, embed]``, its bias, ``proj_weight``, its bias, the two norms' weights and biases,
@@ -117,15 +112,11 @@ def heads_variant(heads: int) -> str:
     return f"heads={heads}"
 
 
-def _variant_fields(variant: str) -> dict[str, str]:
-    return dict(part.split("=", 1) for part in variant.split(",") if "=" in part)
-
-
-def _heads(variant: str) -> int:
-    try:
-        return int(_variant_fields(variant).get("heads", "0"))
-    except ValueError:
-        return 0
+def _heads(op: OpInfo) -> int:
+    """The head count :func:`heads_variant` put in ``op``'s variant; 0 when it holds none (a report written
+    before)."""
+    name, _, value = op.variant.partition("=")
+    return int(value) if name == "heads" and value.isdigit() else 0
 
 
 #: Tensor arguments of :data:`ENCODER_LAYER` before its optional mask: src, the QKV and output projections' weights
@@ -141,12 +132,15 @@ def _masked(inputs: tuple[TensorMeta, ...]) -> bool:
     return len(inputs) > ENCODER_LAYER_TENSORS
 
 
+def _readable_layer(op: OpInfo) -> EncoderLayerShape | None:
+    """The sizes of an :data:`ENCODER_LAYER` record whose heads and shapes read; None for other ops."""
+    return encoder_layer_shape(op.inputs, _heads(op)) if ENCODER_LAYER in op.target else None
+
+
 def encoder_layer_parts(op: OpInfo) -> list[OpInfo]:
     """The ops one :data:`ENCODER_LAYER` call runs, as records the roofline prices (module docstring); empty for
     another op or when the call's shapes do not read as an encoder layer's (:func:`encoder_layer_shape`)."""
-    if ENCODER_LAYER not in op.target:
-        return []
-    s = encoder_layer_shape(op.inputs, _heads(op.variant))
+    s = _readable_layer(op)
     if s is None:
         return []
     b, n, e, h, f, t = s.batch, s.seq, s.embed, s.heads, s.ffn, s.tokens
@@ -185,16 +179,10 @@ def encoder_layer_parts(op: OpInfo) -> list[OpInfo]:
     ]
 
 
-def composite_parts(op: OpInfo) -> list[OpInfo]:
-    """The parts of a native composite op (:func:`encoder_layer_parts`); empty for other ops and for records whose
-    heads or shapes do not read (reports written before these were recorded)."""
-    return encoder_layer_parts(op)
-
-
 def composite_host_launches(op: OpInfo) -> float:
     """Host time of one call of a native composite op in eager launches (:data:`ENCODER_LAYER_HOST_LAUNCHES`); 0
-    for other ops and records :func:`composite_parts` cannot read."""
-    return ENCODER_LAYER_HOST_LAUNCHES if composite_parts(op) else 0.0
+    for other ops and records :func:`encoder_layer_parts` cannot read."""
+    return ENCODER_LAYER_HOST_LAUNCHES if _readable_layer(op) is not None else 0.0
 
 
 def _arg(args: tuple, kwargs: dict, index: int, name: str, default: object) -> object:

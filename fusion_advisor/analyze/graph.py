@@ -494,7 +494,7 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     steps = recurrent_flops = 0
     if category == "recurrent":
         variant, steps, recurrent_flops = recurrent_geometry(node)
-    # a native fast path (nn.TransformerEncoderLayer's, nn.MultiheadAttention's): one call, a whole layer
+    # a native fast path (nn.TransformerEncoderLayer's): one call, a whole layer (analyze/composites.py)
     composite = composite_record(_op_name(target), node.args, dict(node.kwargs), inputs) \
         if node.op == "call_function" else None
     if composite is not None:

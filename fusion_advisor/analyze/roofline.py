@@ -64,7 +64,7 @@ from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.devices.op_rates import ConvGeometry, conv_kernels, conv_time_us, matmul_time_us
 from fusion_advisor.devices.reduction_rates import REDUCE_OPS, reduction_time_us
 from fusion_advisor.dtypes import float_itemsize
-from fusion_advisor.analyze.composites import composite_host_launches, composite_parts
+from fusion_advisor.analyze.composites import composite_host_launches, encoder_layer_parts
 from fusion_advisor.analyze.records import Chain, Estimate, OpInfo
 from fusion_advisor.analyze.sdpa import math_score_bytes
 
@@ -403,7 +403,7 @@ def fit_keys(op: OpInfo, rated: bool) -> tuple[str, ...]:
 def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
     """Predicted eager device time of one op (us): :func:`base_op_us`, through its class's fitted curve when the
     spec has one (:meth:`DeviceSpec.op_time_fit` of :func:`fit_keys`)."""
-    parts = composite_parts(op)
+    parts = encoder_layer_parts(op)
     if parts:
         # a native composite (analyze/composites.py): its parts priced as their own ops, each through its class's
         # fit (its own class's curve is not applied: it was fitted against the one-kernel price)
