@@ -19,8 +19,9 @@ measured matmul surface, which holds split-K's kernels in its times; attention a
 norms through the reduction table; a fused attention part of a small layer is priced at its FLOPs over the
 backend's rate, with no kernel floor, as standalone attention ops are), and the host time is a fixed number of
 launches (:data:`ENCODER_LAYER_HOST_LAUNCHES`). Given a mask (``src_mask``, ``src_key_padding_mask``) the native
-attention does not fuse: QK^T, a masked softmax over the full score matrix and PV (``_native_multi_head_attention``'s branch
-for a mask, ``aten/src/ATen/native/transformers/attention.cpp``), which the parts then hold instead.
+attention does not fuse: QK^T, a masked softmax over the full score matrix and PV
+(``_native_multi_head_attention``'s branch for a mask, ``aten/src/ATen/native/transformers/attention.cpp``), which
+the parts then hold instead.
 
 Only the encoder layer: ``nn.MultiheadAttention`` skips its own fast path while it is traced
 (``_is_make_fx_tracing``), so the capture records its ordinary ops whatever eager runs. The layer itself takes its
