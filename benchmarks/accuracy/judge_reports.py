@@ -4,9 +4,11 @@ For every ``analyze --profile`` report under DIR: each chain's in-model eager pr
 host speed, ``fit_profiles.residuals``) against its measured time, and the model's total. Prints the share of
 chains within ±30%, of models within ±25%, of chains whose bound class equals the measured one and the median
 |log2 error| of chains; ``-v`` adds one line per model (worst under-prediction first), ``-vv`` its chains off by
-more than 30%.
+more than 30%. ``--measured-busy`` judges the host model alone: each op's predicted device time is replaced by its
+measured busy time (per call of its graph), so a chain's prediction is its measured busy time plus the idle time the
+host model predicts around it (for profiles taken on another GPU than SPEC's, or to compare idle-time sources).
 
-    python benchmarks/accuracy/judge_reports.py DIR SPEC [-v | -vv]
+    python benchmarks/accuracy/judge_reports.py DIR SPEC [-v | -vv] [--measured-busy]
 """
 
 from __future__ import annotations
@@ -19,7 +21,33 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fusion_advisor.devices import load_spec  # noqa: E402
-from fusion_advisor.devices.fit_profiles import read_report, report_folders, residuals  # noqa: E402
+from fusion_advisor.analyze.roofline import in_model_times  # noqa: E402
+from fusion_advisor.devices.fit_profiles import (ChainResidual, ModelResidual, model_eager_us,  # noqa: E402
+                                                 profiled_host, read_report, report_folders, residuals)
+
+
+def busy_residuals(rep, spec):
+    """:func:`residuals`' rows with each chain predicted as its measured busy time plus the host model's idle time
+    around it, the ops' device times set to their measured busy times."""
+    a, prof = rep.analysis, rep.analysis.profile
+    host = profiled_host(a, spec)
+    calls = rep.graph_calls
+    busy = {op_id: m.busy_us / max(calls.get(int(op_id[1:].split(":")[0]), 1.0), 1.0)
+            for op_id, m in prof.nodes.items() if op_id.startswith("g")}
+    times = in_model_times(a.chains, a.ops, host, device_us=busy)
+    rows = []
+    for c in a.chains:
+        m = prof.chains.get(c.id)
+        if m is None or m.time_us <= 0:
+            continue
+        b, i = times[c.id]
+        k = calls.get(c.graph_index, 1.0)
+        bound = "launch" if i > b else m.bound if m.bound != "launch" else "memory"
+        rows.append(ChainResidual(rep.name, "test", c.id, c.pattern, m.time_us, (b + i) * k, (b + i) * k, m.bound,
+                                  bound, bound))
+    model = ModelResidual(rep.name, "test", model_eager_us(prof), sum(r.after_us for r in rows),
+                          sum(r.after_us for r in rows))
+    return rows, model
 
 
 def within(pred: float, measured: float, band: float) -> bool:
@@ -29,10 +57,12 @@ def within(pred: float, measured: float, band: float) -> bool:
 def main() -> None:
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    folder, spec = Path(sys.argv[1]), load_spec(sys.argv[2])
+    args = [a for a in sys.argv[1:] if not a.startswith("-")]
+    folder, spec = Path(args[0]), load_spec(args[1])
     chains, models = [], []
     for f in report_folders([folder]):
-        rows, model = residuals(read_report(f), "test", spec, spec)
+        rep = read_report(f)
+        rows, model = busy_residuals(rep, spec) if "--measured-busy" in sys.argv else residuals(rep, "test", spec, spec)
         chains += rows
         models.append((model, rows))
     bounds = [r for r in chains if r.measured_bound]

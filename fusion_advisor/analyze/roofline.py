@@ -644,7 +644,8 @@ def eager_in_model_us(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) 
     return {cid: busy + idle for cid, (busy, idle) in in_model_times(chains, ops, spec).items()}
 
 
-def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> dict[str, tuple[float, float]]:
+def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec,
+                   device_us: dict[str, float] | None = None) -> dict[str, tuple[float, float]]:
     """``(device us, idle us)`` of every chain as it runs inside the whole model, keyed by chain id.
 
     :func:`estimate` prices a chain alone: each op ``max(t, launch)``. Inside a model the host may run ahead of the
@@ -660,7 +661,8 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> 
     :func:`op_launch_us`; views add :func:`view_host_us` and each ``nn.Module`` call entered ``module_call_us`` to
     the host time before the next launch (:func:`_module_calls`). A recurrent op issues its steps while the GPU
     runs them (:data:`RECURRENT_STEP_LAUNCHES` launches of host time per step): it takes the longer of its issue
-    and its device time.
+    and its device time. ``device_us`` (op id -> us) replaces the predicted device time of the ops it names: a
+    profile's measured busy times, to judge the host model apart from the device model.
     """
     idle: dict[str, float] = {}
     device: dict[str, float] = {}
@@ -676,7 +678,7 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> 
             continue
         if not launches(op):
             continue
-        device[op.id] = _op_time_us(op, spec)
+        device[op.id] = device_us[op.id] if device_us and op.id in device_us else _op_time_us(op, spec)
         if op.category == "recurrent" and op.sequential_steps > 0:
             # cuDNN issues each cell step's kernels from its own host loop while the GPU runs the steps before:
             # the GPU waits for the host's excess over its own time, not for the whole issue
