@@ -21,33 +21,32 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fusion_advisor.devices import load_spec  # noqa: E402
-from fusion_advisor.analyze.roofline import in_model_times  # noqa: E402
+from fusion_advisor.analyze.roofline import estimate_all, in_model_times  # noqa: E402
 from fusion_advisor.devices.fit_profiles import (ChainResidual, ModelResidual, model_eager_us,  # noqa: E402
                                                  profiled_host, read_report, report_folders, residuals)
 
 
 def busy_residuals(rep, spec):
     """:func:`residuals`' rows with each chain predicted as its measured busy time plus the host model's idle time
-    around it, the ops' device times set to their measured busy times."""
+    around it, and its bound class from those times (:func:`estimate_all`), the ops' device times set to their
+    measured busy times (per call of their graph)."""
     a, prof = rep.analysis, rep.analysis.profile
     host = profiled_host(a, spec)
     calls = rep.graph_calls
-    busy = {op_id: m.busy_us / max(calls.get(int(op_id[1:].split(":")[0]), 1.0), 1.0)
-            for op_id, m in prof.nodes.items() if op_id.startswith("g")}
+    busy = {o.id: prof.nodes[o.id].busy_us / max(calls.get(o.graph_index, 1.0), 1.0)
+            for o in a.ops if o.id in prof.nodes}
     times = in_model_times(a.chains, a.ops, host, device_us=busy)
+    bounds = estimate_all(a.chains, a.ops, host, device_us=busy)
     rows = []
     for c in a.chains:
         m = prof.chains.get(c.id)
         if m is None or m.time_us <= 0:
             continue
-        b, i = times[c.id]
-        k = calls.get(c.graph_index, 1.0)
-        bound = "launch" if i > b else m.bound if m.bound != "launch" else "memory"
-        rows.append(ChainResidual(rep.name, "test", c.id, c.pattern, m.time_us, (b + i) * k, (b + i) * k, m.bound,
-                                  bound, bound))
-    model = ModelResidual(rep.name, "test", model_eager_us(prof), sum(r.after_us for r in rows),
-                          sum(r.after_us for r in rows))
-    return rows, model
+        t = sum(times[c.id]) * calls.get(c.graph_index, 1.0)
+        rows.append(ChainResidual(rep.name, "test", c.id, c.pattern, m.time_us, t, t, m.bound, bounds[c.id].bound,
+                                  bounds[c.id].bound))
+    total = sum(r.after_us for r in rows)
+    return rows, ModelResidual(rep.name, "test", model_eager_us(prof), total, total)
 
 
 def within(pred: float, measured: float, band: float) -> bool:

@@ -621,14 +621,16 @@ def _bound(idle_us: float, busy_us: float, arithmetic_intensity: float, ridge: f
     return "compute" if arithmetic_intensity > ridge else "memory"
 
 
-def estimate_all(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> dict[str, Estimate]:
+def estimate_all(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec,
+                 device_us: dict[str, float] | None = None) -> dict[str, Estimate]:
     """:func:`estimate` for every chain of one model, keyed by chain id, with each chain's bound class as it runs
-    inside the model (:func:`in_model_times`): launch-bound only when the GPU waits for the host longer than it
-    computes there. Alone (:func:`estimate`) every short chain waits for its own launches; inside a model the host
-    often runs ahead of the GPU (while a long GEMM or convolution runs it issues the next ops), and a profile of
-    the model (:func:`fusion_advisor.analyze.profile.measured_bound`) sees those chains busy, not idle."""
+    inside the model (:func:`in_model_times`, ``device_us`` passed on): launch-bound only when the GPU waits for the
+    host longer than it computes there. Alone (:func:`estimate`) every short chain waits for its own launches;
+    inside a model the host often runs ahead of the GPU (while a long GEMM or convolution runs it issues the next
+    ops), and a profile of the model (:func:`fusion_advisor.analyze.profile.measured_bound`) sees those chains
+    busy, not idle."""
     by_id = {o.id: o for o in ops}
-    in_model = in_model_times(chains, ops, spec)
+    in_model = in_model_times(chains, ops, spec, device_us)
     out = {}
     for c in chains:
         est = estimate(c, by_id, spec)
