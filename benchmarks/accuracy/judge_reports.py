@@ -54,9 +54,9 @@ def within(pred: float, measured: float, band: float) -> bool:
 
 
 def main() -> None:
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
     args = [a for a in sys.argv[1:] if not a.startswith("-")]
+    if len(args) < 2:
+        sys.exit(__doc__)
     folder, spec = Path(args[0]), load_spec(args[1])
     chains, models = [], []
     for f in report_folders([folder]):
