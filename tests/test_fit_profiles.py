@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from fusion_advisor.analyze.pipeline import analyze
 from fusion_advisor.cli import app
-from fusion_advisor.devices import OpTimeFit, load_spec, parse_spec, spec_fields, spec_mapping
+from fusion_advisor.devices import AttentionRate, OpTimeFit, load_spec, parse_spec, spec_fields, spec_mapping
 from fusion_advisor.errors import DeviceSpecError, UserError
 from fusion_advisor.devices.fit_profiles import fit_curve, fit_from_profiles, read_report, summary, write_fit
 from fusion_advisor.analyze.records import ChainMeasurement, NodeMeasurement, OpInfo, SourceLoc, TensorMeta
@@ -173,6 +173,9 @@ def test_spec_field_round_trips_and_bad_entries_are_refused():
     spec = dataclasses.replace(base, op_time_fits={"conv": OpTimeFit(2.0, 0.9, 1.0, 100.0, 7)})
     again = parse_spec(spec_mapping(spec), "round trip")
     assert again.op_time_fits == spec.op_time_fits and again.tensor_tflops == base.tensor_tflops
+    # a calibrated spec's measured SDPA rates come back too (a tuple of them once failed the loader's list check)
+    rate = AttentionRate(backend="flash", dtype="bf16", seq=1024, head_dim=64, causal=True, tflops=300.0)
+    assert parse_spec(spec_mapping(dataclasses.replace(base, attention_rates=(rate,))), "t").attention_rates == (rate,)
     data = spec_mapping(base)
     for bad, match in (({"conv": {"scale": 2.0, "exponent": 3.0}}, "slope must lie"),
                        ({"conv": {"scale": 2.0, "slope": 1.0}}, "unknown key"),

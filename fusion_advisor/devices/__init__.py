@@ -520,7 +520,7 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
         data.pop("host_time_scale")
     if data.get("op_time_fit_dtypes"):
         data["op_time_fit_dtypes"] = list(data["op_time_fit_dtypes"])
-    for key in ("conv_rates", "matmul_rates", "reduction_rates"):
+    for key in ("conv_rates", "matmul_rates", "reduction_rates", "attention_rates"):
         if data.get(key):
             data[key] = [dict(r) for r in data[key]]
     for r in data.get("reduction_rates") or ():
