@@ -10,6 +10,11 @@
 3. ``--write``: the spec file rewritten: everything up to its ``op_time_fits`` kept as it is, then the measured
    fields above with their sources, then the fitted curves (one line each).
 
+A spec that is still a datasheet's (``h100``) takes its head from the calibration instead
+(``--header-from-calibrated``): the calibration's measured rates (copy bandwidth, matmul and attention TFLOP/s,
+launch overhead, recurrent steps, pooling, L2) under the shipped spec's name, with ``route_efficiency`` copied from
+``--route-efficiency-from`` (a spec that measured it) where the calibration has none.
+
 Usage (CPU): ``python benchmarks/accuracy/spec_from_calibration.py --calibrated CAL.yaml --fit DIR --test DIR
 --out OUTDIR [--conv-rates-from CAL2.yaml] [--merge-tables CAL3.yaml...] [--reductions CAL.yaml|PROBE.json...]
 [--write]``.
@@ -77,15 +82,42 @@ def base_spec(spec_name: str, calibrated: Path, conv_from: Path | None = None, m
                                cat_sweep_cap_bytes=cal.cat_sweep_cap_bytes or spec.cat_sweep_cap_bytes), cal
 
 
+#: Calibration fields :func:`spec_text` writes after the head (rescaled or merged); the head leaves them out.
+WRITTEN_AFTER_HEAD = ("elementwise_overhead", "kernel_busy_overhead", "scan_bandwidth", "cat_sweep", "view_overhead",
+                      "module_call", "activity_host", "conv_probe_kernels", "launch_overhead_by_class", "conv_rates",
+                      "matmul_rates", "reduction_rates", "host_time_scale", "op_time_fit")
+
+
+def header_from_calibration(spec_name: str, calibrated: Path, efficiency_from: str | None = None) -> str:
+    """The head of spec ``spec_name`` (its text up to the fields :func:`spec_text` writes) from a calibrate YAML:
+    every measured field of ``calibrated`` but those of :data:`WRITTEN_AFTER_HEAD`, under the shipped spec's
+    ``name`` and ``display_name``; ``route_efficiency`` and its source from the spec ``efficiency_from`` where the
+    calibration has none (calibrate does not measure it)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # a calibration's tables are thousands of entries
+    shipped = yaml.load((SPEC_DIR / f"{spec_name}.yaml").read_text(), Loader=loader)
+    data = yaml.load(calibrated.read_text(), Loader=loader)
+    head = {"name": shipped["name"], "display_name": shipped.get("display_name", shipped["name"])}
+    head.update({k: v for k, v in data.items()
+                 if k not in ("name", "display_name") and not k.startswith(WRITTEN_AFTER_HEAD)})
+    if efficiency_from and "route_efficiency" not in head:
+        donor = spec_mapping(load_spec(efficiency_from))
+        if donor.get("route_efficiency"):
+            head["route_efficiency"] = donor["route_efficiency"]
+            head["route_efficiency_source"] = (f"copied from the {efficiency_from} spec (a share of the fused roofline, "
+                                               f"not a rate): {donor.get('route_efficiency_source', '')}")
+    return yaml.safe_dump(head, sort_keys=False, width=120)
+
+
 def _flow(d) -> str:
     return yaml.safe_dump(d, default_flow_style=True, width=1000).strip()
 
 
 def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted: dict, fit_note: str,
               conv_path: Path | None = None, merge: tuple[Path, ...] = (), reductions: tuple[Path, ...] = (),
-              map_norms: tuple[Path, ...] = ()) -> str:
-    """The spec file: its text up to ``op_time_fits``, then the measured fields and the fitted curves."""
-    lines = (SPEC_DIR / f"{spec_name}.yaml").read_text().splitlines()
+              map_norms: tuple[Path, ...] = (), head: Path | None = None) -> str:
+    """The spec file: its text (or ``head``'s) up to ``op_time_fits``, then the measured fields and the fitted
+    curves."""
+    lines = (head or SPEC_DIR / f"{spec_name}.yaml").read_text().splitlines()
     cut = next((i for i, line in enumerate(lines) if line.startswith(("op_time_fits:", "elementwise_overhead_us:"))),
                len(lines))
     data = spec_mapping(base)
@@ -189,10 +221,18 @@ def main() -> int:
                     help="more such tables, measured when a spatial-1 norm input was a N x C x 1 x 1 map: their "
                          "spatial-1 BatchNorm / GroupNorm entries are dropped")
     ap.add_argument("--note", default="", help="op_time_fits_source text (the fit and test sets, the accuracy)")
+    ap.add_argument("--header-from-calibrated", action="store_true",
+                    help="the spec's head (rates, launch overhead) from the calibration, for a datasheet spec")
+    ap.add_argument("--route-efficiency-from", default=None, help="with --header-from-calibrated: the spec whose "
+                    "route_efficiency the head copies")
     ap.add_argument("--write", action="store_true", help="rewrite fusion_advisor/devices/<spec>.yaml")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    base, cal = base_spec(args.spec, args.calibrated, args.conv_rates_from, tuple(args.merge_tables),
+    head = None
+    if args.header_from_calibrated:
+        head = args.out / "head.yaml"
+        head.write_text(header_from_calibration(args.spec, args.calibrated, args.route_efficiency_from))
+    base, cal = base_spec(str(head) if head else args.spec, args.calibrated, args.conv_rates_from, tuple(args.merge_tables),
                           tuple(args.reductions), tuple(args.reductions_map_norms))
     base_path = args.out / "base.yaml"
     base_path.write_text(yaml.safe_dump(spec_mapping(base), sort_keys=False))
@@ -212,7 +252,7 @@ def main() -> int:
         fitted = yaml.safe_load(fitted_path.read_text())
         text = spec_text(args.spec, base, args.calibrated, load_spec(str(args.calibrated)).launch_overhead_us,
                          fitted, args.note, args.conv_rates_from, tuple(args.merge_tables), tuple(args.reductions),
-                         tuple(args.reductions_map_norms))
+                         tuple(args.reductions_map_norms), head)
         (SPEC_DIR / f"{args.spec}.yaml").write_text(text)
         load_spec(args.spec)  # it must load
         print(f"wrote {SPEC_DIR / f'{args.spec}.yaml'}")
