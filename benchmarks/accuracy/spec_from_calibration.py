@@ -12,8 +12,8 @@
 
 A spec that is still a datasheet's (``h100``) takes its head from the calibration instead
 (``--header-from-calibrated``): the calibration's measured rates (copy bandwidth, matmul and attention TFLOP/s,
-launch overhead, recurrent steps, pooling, L2) under the shipped spec's name, with ``route_efficiency`` copied from
-``--route-efficiency-from`` (a spec that measured it) where the calibration has none.
+launch overhead, recurrent steps, pooling, L2) under the shipped spec's name; with ``--reference`` (a spec whose
+accuracy was judged) only the fields that spec carries, and its ``route_efficiency`` (calibrate does not measure it).
 
 Usage (CPU): ``python benchmarks/accuracy/spec_from_calibration.py --calibrated CAL.yaml --fit DIR --test DIR
 --out OUTDIR [--conv-rates-from CAL2.yaml] [--merge-tables CAL3.yaml...] [--reductions CAL.yaml|PROBE.json...]
@@ -88,23 +88,23 @@ WRITTEN_AFTER_HEAD = ("elementwise_overhead", "kernel_busy_overhead", "scan_band
                       "matmul_rates", "reduction_rates", "host_time_scale", "op_time_fit")
 
 
-def header_from_calibration(spec_name: str, calibrated: Path, efficiency_from: str | None = None) -> str:
+def header_from_calibration(spec_name: str, calibrated: Path, reference: str | None = None) -> str:
     """The head of spec ``spec_name`` (its text up to the fields :func:`spec_text` writes) from a calibrate YAML:
-    every measured field of ``calibrated`` but those of :data:`WRITTEN_AFTER_HEAD`, under the shipped spec's
-    ``name`` and ``display_name``; ``route_efficiency`` and its source from the spec ``efficiency_from`` where the
-    calibration has none (calibrate does not measure it)."""
+    the measured fields of ``calibrated`` but those of :data:`WRITTEN_AFTER_HEAD`, under the shipped spec's
+    ``name`` and ``display_name``. With a ``reference`` spec (one whose accuracy was judged), only the fields it
+    carries, so the two predict alike, and its ``route_efficiency`` where the calibration has none (calibrate does
+    not measure it; a share of the roofline, not a rate)."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # a calibration's tables are thousands of entries
     shipped = yaml.load((SPEC_DIR / f"{spec_name}.yaml").read_text(), Loader=loader)
     data = yaml.load(calibrated.read_text(), Loader=loader)
+    ref = spec_mapping(load_spec(reference)) if reference else None
     head = {"name": shipped["name"], "display_name": shipped.get("display_name", shipped["name"])}
-    head.update({k: v for k, v in data.items()
-                 if k not in ("name", "display_name") and not k.startswith(WRITTEN_AFTER_HEAD)})
-    if efficiency_from and "route_efficiency" not in head:
-        donor = spec_mapping(load_spec(efficiency_from))
-        if donor.get("route_efficiency"):
-            head["route_efficiency"] = donor["route_efficiency"]
-            head["route_efficiency_source"] = (f"copied from the {efficiency_from} spec (a share of the fused roofline, "
-                                               f"not a rate): {donor.get('route_efficiency_source', '')}")
+    head.update({k: v for k, v in data.items() if k not in ("name", "display_name")
+                 and not k.startswith(WRITTEN_AFTER_HEAD)
+                 and (ref is None or k in ref or k.removesuffix("_source") in ref)})
+    if ref and ref.get("route_efficiency") and "route_efficiency" not in head:
+        head["route_efficiency"] = ref["route_efficiency"]
+        head["route_efficiency_source"] = f"copied from the {reference} spec: {ref.get('route_efficiency_source', '')}"
     return yaml.safe_dump(head, sort_keys=False, width=120)
 
 
@@ -223,15 +223,15 @@ def main() -> int:
     ap.add_argument("--note", default="", help="op_time_fits_source text (the fit and test sets, the accuracy)")
     ap.add_argument("--header-from-calibrated", action="store_true",
                     help="the spec's head (rates, launch overhead) from the calibration, for a datasheet spec")
-    ap.add_argument("--route-efficiency-from", default=None, help="with --header-from-calibrated: the spec whose "
-                    "route_efficiency the head copies")
+    ap.add_argument("--reference", default=None, help="with --header-from-calibrated: a judged spec whose fields "
+                    "(and route_efficiency) the head keeps")
     ap.add_argument("--write", action="store_true", help="rewrite fusion_advisor/devices/<spec>.yaml")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     head = None
     if args.header_from_calibrated:
         head = args.out / "head.yaml"
-        head.write_text(header_from_calibration(args.spec, args.calibrated, args.route_efficiency_from))
+        head.write_text(header_from_calibration(args.spec, args.calibrated, args.reference))
     base, cal = base_spec(str(head) if head else args.spec, args.calibrated, args.conv_rates_from, tuple(args.merge_tables),
                           tuple(args.reductions), tuple(args.reductions_map_norms))
     base_path = args.out / "base.yaml"
