@@ -9,6 +9,7 @@
 # table_probe_reductions_seed1.json.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+PROBE_BUDGET_S=${1:-120}
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python -c "import torch, triton, datetime; print('torch', torch.__version__, 'triton', triton.__version__, datetime.date.today())"
 } | tee "$OUT/gpu.txt"
@@ -20,7 +21,7 @@ for draw in ${2:-a b}; do
   echo "calibrate $draw: exit $? after $((SECONDS - t0)) s wall" | tee -a "$OUT/calibrate_$draw/calibrate.log"
   tail -3 "$OUT/calibrate_$draw/calibrate.log"
 done
-[ "${1:-120}" = 0 ] && exit 0
+[ "$PROBE_BUDGET_S" = 0 ] && exit 0
 timeout 200 python benchmarks/accuracy/table_probe.py --out "$OUT/table_probe_reductions_seed1.json" \
-  --seed 1 --conv-fp32 0 --mm-fp32 0 --reductions 2 --budget-s "${1:-120}"
+  --seed 1 --conv-fp32 0 --mm-fp32 0 --reductions 2 --budget-s "$PROBE_BUDGET_S"
 echo "probe: exit $?"

@@ -61,7 +61,8 @@ def main() -> None:
     chains, models = [], []
     for f in report_folders([folder]):
         rep = read_report(f)
-        rows, model = busy_residuals(rep, spec) if "--measured-busy" in sys.argv else residuals(rep, "test", spec, spec)
+        rows, model = (busy_residuals(rep, spec) if "--measured-busy" in sys.argv
+                       else residuals(rep, "test", spec, spec))
         chains += rows
         models.append((model, rows))
     bounds = [r for r in chains if r.measured_bound]

@@ -94,11 +94,11 @@ def header_from_calibration(spec_name: str, calibrated: Path, reference: str | N
     ``name`` and ``display_name``. With a ``reference`` spec (one whose accuracy was judged), only the fields it
     carries, so the two predict alike, and its ``route_efficiency`` where the calibration has none (calibrate does
     not measure it; a share of the roofline, not a rate)."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # a calibration's tables are thousands of entries
-    shipped = yaml.load((SPEC_DIR / f"{spec_name}.yaml").read_text(), Loader=loader)
-    data = yaml.load(calibrated.read_text(), Loader=loader)
+    shipped = load_spec(spec_name)
+    # the file as written (its sources and calibration block too); libyaml's loader: thousands of table entries
+    data = yaml.load(calibrated.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     ref = spec_mapping(load_spec(reference)) if reference else None
-    head = {"name": shipped["name"], "display_name": shipped.get("display_name", shipped["name"])}
+    head = {"name": shipped.name, "display_name": shipped.display_name}
     head.update({k: v for k, v in data.items() if k not in ("name", "display_name")
                  and not k.startswith(WRITTEN_AFTER_HEAD)
                  and (ref is None or k in ref or k.removesuffix("_source") in ref)})
@@ -232,8 +232,8 @@ def main() -> int:
     if args.header_from_calibrated:
         head = args.out / "head.yaml"
         head.write_text(header_from_calibration(args.spec, args.calibrated, args.reference))
-    base, cal = base_spec(str(head) if head else args.spec, args.calibrated, args.conv_rates_from, tuple(args.merge_tables),
-                          tuple(args.reductions), tuple(args.reductions_map_norms))
+    base, cal = base_spec(str(head) if head else args.spec, args.calibrated, args.conv_rates_from,
+                          tuple(args.merge_tables), tuple(args.reductions), tuple(args.reductions_map_norms))
     base_path = args.out / "base.yaml"
     base_path.write_text(yaml.safe_dump(spec_mapping(base), sort_keys=False))
     cmd = [sys.executable, "-m", "fusion_advisor.cli", "calibrate", *sum((["--from-profile", str(p)]
