@@ -564,6 +564,10 @@ def test_the_table_samples_late_cnn_stage_convolutions_and_large_matmuls():
     assert len({p.batch for p in late}) >= 4
     mm = matmul_plan({"fp32": 48}, max_elems=GPU_MAX_ELEMS, flop_range=GPU_MATMUL_FLOP_RANGE)
     assert max(2 * b * m * n * k for _, _, b, m, n, k in mm) > 2e11  # KernelBench's GEMMs reach 0.55 TFLOP
+    # classifier heads and recurrent steps (M of 2-10 rows), few outputs (N), tiny blocks (K): each dim below 16
+    for axis in range(3):
+        assert any(row[3 + axis] < 16 and min(row[3:]) == row[3 + axis] for row in mm if row[0] == "mm")
+    assert any(m < 16 and n * k >= 1 << 20 for d, _, _, m, n, k in mm if d == "mm")  # a head over wide features
 
 
 def test_a_concatenation_costs_each_input_the_sweep_of_the_largest():

@@ -25,10 +25,20 @@ def _dim(rng: random.Random, lo: int, hi: int) -> int:
     return max(lo, int(round(x)))
 
 
+#: Share of each class's sampled matmuls with one of M, N and K below 16 (:func:`_dim` over 1-15): a CNN's
+#: classifier head (M = the batch of 2-10 rows over 1000-25088 features), a recurrent cell's step (8 rows), a
+#: position-bias MLP's 3-24 outputs, a state-space scan's 3 x 3 blocks. cuBLAS runs them as GEMV-like or split-K
+#: kernels far from the surface fitted through dims of 16 and up: on the H200 VGG16's 10 x 25088 x 4096 addmm took
+#: 304 us where a table without them priced 149, its 10 x 4096 x 1000 one 43.6 us against 13.2
+#: (benchmarks/results/h200/accuracy/reprofile, seed 3).
+SMALL_DIM_SHARE = 0.25
+
+
 def matmul_plan(per_class: dict[str, int], seed: int = 0, max_elems: int = 64 << 20,
                 flop_range: tuple[float, float] = (1e8, 2e11)) -> list[tuple[str, str, int, int, int, int]]:
     """``per_class[dtype]`` seeded matmuls ``(detail, dtype, batch, M, N, K)`` per class of :data:`MATMUL_CLASSES`:
-    sizes log-uniform (:func:`_dim`), each operand within ``max_elems`` elements, FLOPs within ``flop_range``."""
+    sizes log-uniform over 16-16384 (:func:`_dim`), or, for :data:`SMALL_DIM_SHARE` of them, one of M, N and K
+    over 1-15; each operand within ``max_elems`` elements, FLOPs within ``flop_range``."""
     rng = random.Random(seed + 1)
     out = []
     for dtype, n in per_class.items():
@@ -36,7 +46,10 @@ def matmul_plan(per_class: dict[str, int], seed: int = 0, max_elems: int = 64 <<
             got = 0
             while got < n:
                 batch = 1 if detail == "mm" else rng.choice((2, 4, 8, 16, 32, 64, 128, 256))
-                m, nn, k = _dim(rng, 16, 16384), _dim(rng, 16, 16384), _dim(rng, 16, 16384)
+                dims = [_dim(rng, 16, 16384) for _ in range(3)]
+                if rng.random() < SMALL_DIM_SHARE:
+                    dims[rng.randrange(3)] = _dim(rng, 1, 15)
+                m, nn, k = dims
                 flops = 2 * batch * m * nn * k
                 if max(m * k, k * nn, m * nn) * batch > max_elems or not flop_range[0] <= flops <= flop_range[1]:
                     continue
