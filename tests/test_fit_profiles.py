@@ -262,6 +262,25 @@ def test_classes_priced_from_a_measured_table_keep_one_factor():
     assert free[0].fit.exponent < 1.0 and all(c.fit.exponent == 1.0 for c in rated)
 
 
+def test_a_memory_bound_op_beyond_the_fitted_sizes_keeps_the_microseconds_l2_saved_not_the_ratio():
+    from fusion_advisor.analyze.roofline import _op_time_us
+
+    fit = OpTimeFit(scale=0.8, exponent=1.0, min_us=1.0, max_us=20.0, samples=9)  # in-model ops partly in L2
+    assert fit(10.0, bounded_gain=True) == pytest.approx(8.0)  # inside the fitted range: the measured ratio
+    assert fit(3000.0) == pytest.approx(2400.0)  # a table correction scales
+    assert fit(3000.0, bounded_gain=True) == pytest.approx(2996.0)  # the 4 us the largest fitted op saved
+    slow = OpTimeFit(scale=1.5, exponent=1.0, min_us=1.0, max_us=20.0)
+    assert slow(3000.0, bounded_gain=True) == pytest.approx(4500.0)  # an overhead still scales
+    n = 4096 * 393216
+    x = TensorMeta((4096, 393216), "fp32", n, 4 * n)
+    op = OpInfo("g0:n0", 0, "aten.hardtanh.default", "pointwise", (x,), (x,), n, 4 * n, 4 * n, "",
+                SourceLoc("m.py", 1, "F.hardtanh(x)"))
+    spec = load_spec("h200")
+    roof = roofline_op_us(op, spec)
+    fitted = dataclasses.replace(spec, op_time_fits={"pointwise/hardtanh": fit})
+    assert _op_time_us(op, fitted) == pytest.approx(roof - 4.0)
+
+
 def test_a_model_is_judged_by_its_plain_wall_time_not_the_attributed_total(profiled):
     from fusion_advisor.devices.fit_profiles import model_eager_us
 

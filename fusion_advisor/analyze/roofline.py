@@ -414,7 +414,7 @@ def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
         # a pooling op priced by its measured window rate: the profile fits were learned against its bytes alone
         return t
     fit = spec.op_time_fit(fit_keys(op, rated=measured is not None), op.dtype)
-    return fit(t) if fit is not None else t
+    return fit(t, bounded_gain=measured is None) if fit is not None else t
 
 
 def _short_target(target: str) -> str:
