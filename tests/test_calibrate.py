@@ -139,6 +139,8 @@ def test_cpu_calibration_says_what_is_gpu_only(cpu_spec):
     assert spec.attention_rates == ()
     assert spec.strided_bandwidth_gbps == data["strided_bandwidth_gbps"] > 0  # a permuted copy runs on a CPU too
     assert "transpose(1, 2)" in spec.sources["strided_bandwidth"]
+    assert spec.broadcast_bandwidth_gbps == data["broadcast_bandwidth_gbps"] > 0  # x + bias[:, None, None] too
+    assert "[C, 1, 1]" in spec.sources["broadcast_bandwidth"]
 
 
 def test_gpu_spec_records_attention_rates_and_strided_bandwidth():

@@ -112,7 +112,8 @@ def _pointwise(permuted: bool, category: str = "pointwise"):
 
 
 def test_permuted_reads_use_the_strided_bandwidth():
-    h200 = dataclasses.replace(H200, elementwise_overhead_us=0.0, kernel_busy_overhead_us=0.0)  # bytes alone
+    h200 = dataclasses.replace(H200, elementwise_overhead_us=0.0, kernel_busy_overhead_us=0.0,  # bytes alone
+                               broadcast_bandwidth_gbps=0.0)  # (the cos table broadcasts: its own test below)
     strided = dataclasses.replace(h200, strided_bandwidth_gbps=1500.0)
     op, chain = _pointwise(permuted=True)
     nbytes = op.bytes_read + op.bytes_written
@@ -123,6 +124,27 @@ def test_permuted_reads_use_the_strided_bandwidth():
     # library ops keep their ceilings whatever the operand layout
     mm, chain3 = _pointwise(permuted=True, category="matmul")
     assert estimate(chain3, {mm.id: mm}, strided).eager_us == estimate(chain3, {mm.id: mm}, H200).eager_us
+
+
+def test_a_pointwise_op_broadcasting_an_input_runs_at_the_broadcast_bandwidth():
+    from fusion_advisor.analyze.roofline import roofline_op_us
+
+    plain = dataclasses.replace(H200, elementwise_overhead_us=0.0, kernel_busy_overhead_us=0.0,
+                                broadcast_bandwidth_gbps=0.0)
+    spec = dataclasses.replace(plain, broadcast_bandwidth_gbps=2500.0)
+    op, _ = _pointwise(permuted=False)  # x [2, 32, 2048, 128] * cos [2048, 128]
+    nbytes = op.bytes_read + op.bytes_written
+    assert op.reads_broadcast
+    assert roofline_op_us(op, spec) == pytest.approx(nbytes / 2500e9 * 1e6)
+    assert roofline_op_us(op, plain) == pytest.approx(nbytes / plain.memory_bandwidth_gbps / 1e3)  # not measured
+    same = dataclasses.replace(op, inputs=(op.inputs[0], op.outputs[0]))  # two full-size operands
+    assert not same.reads_broadcast and roofline_op_us(same, spec) == roofline_op_us(same, plain)
+    scalar = dataclasses.replace(op, inputs=(op.inputs[0], TensorMeta((), "bf16", 1, 2)))  # a 0-dim tensor
+    assert scalar.reads_broadcast
+    conv = dataclasses.replace(op, category="conv")  # a library op with a bias keeps its own ceiling
+    assert roofline_op_us(conv, spec) == roofline_op_us(conv, plain)
+    # the shipped H200 spec carries one, under its copy bandwidth (fitted from profiles)
+    assert 0 < H200.broadcast_bandwidth_gbps < H200.memory_bandwidth_gbps
 
 
 BASE = "name: s\nmemory_bandwidth_gbps: 100\ntensor_tflops: {bf16: 10}\nvector_tflops: {fp32: 1}\nlaunch_overhead_us: 1\n"

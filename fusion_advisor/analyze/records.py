@@ -130,6 +130,13 @@ class OpInfo:
         return any(not m.contiguous for m in self.inputs)
 
     @property
+    def reads_broadcast(self) -> bool:
+        """True when a tensor input has fewer elements than the largest output (a bias of ``[C, 1, 1]`` added to
+        ``[N, C, H, W]``, a 0-dim tensor, a mask of ``[1, 1, T, T]``): the op broadcasts it."""
+        out = max((m.numel for m in self.outputs), default=0)
+        return any(m.numel < out for m in self.inputs)
+
+    @property
     def is_view(self) -> bool:
         """True for ops that move no data (views and metadata-only ops)."""
         return self.category == "view"

@@ -202,6 +202,11 @@ class DeviceSpec:
             ``matmul``, ``normalization/native_group_norm``, ...: :func:`fusion_advisor.analyze.roofline.op_class_keys`),
             for classes whose calls cost the host more than an elementwise op's (cuDNN and cuBLAS set up their
             calls); other ops take ``launch_overhead_us``.
+        broadcast_bandwidth_gbps: optional, measured bandwidth (GB/s, read + written) of an eager elementwise kernel
+            with a broadcast input (``x + bias[:, None, None]``, ``x * scale`` of a 0-dim tensor): TensorIterator
+            leaves its vectorised contiguous loop for one that computes each operand's offset. The memory ceiling
+            of pointwise ops that read one (:attr:`fusion_advisor.analyze.records.OpInfo.reads_broadcast`); 0: not
+            measured (the copy bandwidth).
         scan_bandwidth_gbps: optional, measured bandwidth (GB/s, read + written) of PyTorch's eager scan kernels
             (``cumsum``, ``cumprod``; ``calibrate``): their memory ceiling
             (:func:`fusion_advisor.analyze.roofline.op_bandwidth_gbps`); 0: not measured (the copy bandwidth).
@@ -264,6 +269,7 @@ class DeviceSpec:
     activity_host_share: float = 0.0
     conv_probe_kernels: float = 0.0
     scan_bandwidth_gbps: float = 0.0
+    broadcast_bandwidth_gbps: float = 0.0
     cat_sweep_gbps: float = 0.0
     cat_sweep_cap_bytes: float = 0.0
 
@@ -422,6 +428,8 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
                                    "activities", positive=False),
         scan_bandwidth_gbps=_number(data.get("scan_bandwidth_gbps", 0.0), f"{origin}: scan_bandwidth_gbps", "GB/s",
                                     positive=False),
+        broadcast_bandwidth_gbps=_number(data.get("broadcast_bandwidth_gbps", 0.0),
+                                         f"{origin}: broadcast_bandwidth_gbps", "GB/s", positive=False),
         cat_sweep_gbps=_number(data.get("cat_sweep_gbps", 0.0), f"{origin}: cat_sweep_gbps", "GB/s", positive=False),
         cat_sweep_cap_bytes=_number(data.get("cat_sweep_cap_bytes", 0.0), f"{origin}: cat_sweep_cap_bytes", "bytes",
                                     positive=False),
@@ -522,7 +530,7 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
                 "kernel_busy_overhead_us", "conv_rates", "matmul_rates", "reduction_rates", "view_overhead_us",
                 "module_call_us", "launch_overhead_by_class",
                 "recurrent_step_us", "pool_window_gelem_s", "activity_host_share", "conv_probe_kernels",
-                "scan_bandwidth_gbps", "cat_sweep_gbps", "cat_sweep_cap_bytes"):
+                "scan_bandwidth_gbps", "broadcast_bandwidth_gbps", "cat_sweep_gbps", "cat_sweep_cap_bytes"):
         if not data.get(key):
             data.pop(key, None)
     if data.get("host_time_scale") == 1.0:

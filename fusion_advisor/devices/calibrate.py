@@ -61,8 +61,8 @@ from fusion_advisor.devices.rate_sampling import (TABLE_KERNEL_CALLS, TABLE_REP_
                                                   measure_convolutions, measure_matmuls, measure_recurrent_steps,
                                                   recurrent_probe)
 from fusion_advisor.devices.memory_rates import (BUSY_OVERHEAD_SOURCE, measure_kernel_busy_overhead_us,
-                                                 measure_cat_sweep, measure_pool_window_rate,
-                                                 measure_scan_gbps)
+                                                 measure_broadcast_gbps, measure_cat_sweep,
+                                                 measure_pool_window_rate, measure_scan_gbps)
 from fusion_advisor.dtypes import TORCH_DTYPES
 from fusion_advisor.errors import CalibrationError
 from fusion_advisor import files
@@ -136,6 +136,8 @@ class Calibration:
             (:func:`fusion_advisor.devices.memory_rates.measure_cat_sweep`), None when not measured.
         scan_gbps: bandwidth of an eager ``cumsum`` (GB/s, read + written, :func:`measure_scan_gbps`), None when
             not measured.
+        broadcast_gbps: bandwidth of an eager add broadcasting a ``[C, 1, 1]`` input (GB/s, read + written,
+            :func:`measure_broadcast_gbps`), None when not measured.
         not_measured: spec fields or grid points not measured, with the reason (e.g. GPU only).
         view_us: host time of one eager view op (us, :func:`measure_view_us`).
         module_call_us: host time of entering one ``nn.Module`` call (us, :func:`measure_module_call_us`).
@@ -178,6 +180,7 @@ class Calibration:
     attention_rates: list[dict[str, Any]] = field(default_factory=list)
     strided_gbps: float | None = None
     scan_gbps: float | None = None
+    broadcast_gbps: float | None = None
     cat_sweep: tuple[float, float] | None = None
     unaligned_tflops: dict[str, float] = field(default_factory=dict)
     elementwise_overhead_us: float | None = None
@@ -526,6 +529,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         if pool_rate is None:
             not_measured["pool_window_gelem_s"] = "no pooling probe ran longer than its bytes at copy bandwidth"
         scan = measure_scan_gbps(device, quick, kernel_timer if device == "cuda" else table_timer)
+        broadcast = measure_broadcast_gbps(device, quick, kernel_timer if device == "cuda" else table_timer)
         cat_sweep = None
         if device != "cuda":
             not_measured["cat_sweep_gbps"] = "GPU only (the grid of PyTorch's CUDA cat kernel)"
@@ -559,7 +563,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         device=device, device_name=name, date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), versions=_versions(),
         copy_gbps=copy, matmul_tflops=tflops, matmul_notes=notes, launch_us=launch, kernel_floor_us=floor,
         l2_bytes=l2, sizes=sizes, attention_tflops=attention, attention_rates=rates, strided_gbps=strided, scan_gbps=scan,
-        cat_sweep=cat_sweep,
+        broadcast_gbps=broadcast, cat_sweep=cat_sweep,
         unaligned_tflops=unaligned, elementwise_overhead_us=elementwise, kernel_busy_overhead_us=busy_overhead,
         not_measured=not_measured, view_us=view_us, module_call_us=module_us, conv_rates=conv_rates,
         launch_by_class=launch_by_class, activity=activity, step_seconds=seconds,
@@ -684,6 +688,12 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                      "devices.memory_rates.SCAN_SHAPES), the highest of bytes read + written over the "
                                      + ("summed kernel durations" if cal.device == "cuda" else cal.timer)}
            if cal.scan_gbps else {}),
+        **({"broadcast_bandwidth_gbps": round(cal.broadcast_gbps, 1),
+            "broadcast_bandwidth_source": f"{by}: torch.add of fp32 [N, C, H, W] and [C, 1, 1] tensors (fusion_advisor."
+                                          "devices.memory_rates.BROADCAST_SHAPES), the highest of bytes read + written "
+                                          "over the " + ("summed kernel durations" if cal.device == "cuda"
+                                                         else cal.timer)}
+           if cal.broadcast_gbps else {}),
         **({"cat_sweep_gbps": round(cal.cat_sweep[0], 1), "cat_sweep_cap_bytes": round(cal.cat_sweep[1]),
             "cat_sweep_source": (f"{by}: torch.cat along dim 1 of one fp32 10 x 928 x s x s map and 32 of 10 x 32 x s "
                                  "x s, s in 7, 14, 28, 56 (fusion_advisor.devices.memory_rates.measure_cat_sweep): "

@@ -86,6 +86,31 @@ def measure_scan_gbps(device: str, quick: bool, timer: Callable[[Callable[[], An
     return best
 
 
+#: The broadcast adds :func:`measure_broadcast_gbps` times: fp32 ``[N, C, H, W] + [C, 1, 1]`` (a convolution's bias
+#: added apart, as KernelBench's level-2 models write it), 256 MiB to 1 GiB on a GPU.
+BROADCAST_SHAPES = ((64, 64, 128, 128), (128, 128, 128, 128))
+BROADCAST_SHAPES_SMALL = ((4, 16, 64, 64),)
+
+
+def measure_broadcast_gbps(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Timing]) -> float:
+    """Bandwidth (GB/s, bytes read + written) of an eager elementwise add with a broadcast input: ``x + b`` of fp32
+    ``x`` :data:`BROADCAST_SHAPES` (:data:`BROADCAST_SHAPES_SMALL` on a CPU or with ``quick``) and ``b`` of
+    ``[C, 1, 1]``, into a preallocated output, each timed by ``timer``: the highest, a ceiling as the copy bandwidth
+    is. TensorIterator runs it in the loop that computes every operand's offset, not the vectorised contiguous one:
+    on the H200 such ops inside 83 KernelBench models ran at 2,540-2,860 GB/s against 4,250 for contiguous ones
+    (benchmarks/results/h200/accuracy/broadcast/)."""
+    best = 0.0
+    for shape in (BROADCAST_SHAPES if device == "cuda" and not quick else BROADCAST_SHAPES_SMALL):
+        x = torch.rand(shape, device=device, dtype=torch.float32)
+        b = torch.rand(shape[1], 1, 1, device=device, dtype=torch.float32)
+        out = torch.empty_like(x)
+        with torch.no_grad():
+            t = timer(lambda x=x, b=b, out=out: torch.add(x, b, out=out))
+        best = max(best, 2 * x.numel() * 4 / (t.median_ms * 1e-3) / 1e9)
+        del x, b, out
+    return best
+
+
 #: The concatenations :func:`measure_cat_sweep` times: one fp32 input of ``CAT_PROBE_FIRST`` channels and
 #: ``CAT_PROBE_INPUTS - 1`` of 32 joined along dim 1 at batch 10 and each of these feature-map sides, as a dense block
 #: joins its transition's output with its growing list of 32-channel layers (DenseNet-201: up to 33 inputs).
