@@ -113,7 +113,8 @@ def _pointwise(permuted: bool, category: str = "pointwise"):
 
 def test_permuted_reads_use_the_strided_bandwidth():
     h200 = dataclasses.replace(H200, elementwise_overhead_us=0.0, kernel_busy_overhead_us=0.0,  # bytes alone
-                               broadcast_bandwidth_gbps=0.0)  # (the cos table broadcasts: its own test below)
+                               broadcast_bandwidth_gbps=0.0,  # (the cos table broadcasts: its own test below)
+                               strided_bandwidth_gbps=0.0)
     strided = dataclasses.replace(h200, strided_bandwidth_gbps=1500.0)
     op, chain = _pointwise(permuted=True)
     nbytes = op.bytes_read + op.bytes_written
@@ -163,7 +164,11 @@ def test_spec_new_fields_load():
     plain = _spec("")
     assert plain.attention_rates == () and plain.strided_bandwidth_gbps == 0.0
     for name in ("h200", "h100", "a100", "l4", "cpu"):  # shipped specs carry no unmeasured numbers
-        assert load_spec(name).attention_rates == () and load_spec(name).strided_bandwidth_gbps == 0.0
+        shipped = load_spec(name)
+        assert shipped.attention_rates == ()
+        for field in ("strided_bandwidth", "broadcast_bandwidth"):
+            assert getattr(shipped, f"{field}_gbps") == 0.0 or (shipped.sources or {})[field].startswith(
+                ("measured", "fitted from analyze --profile runs"))
 
 
 @pytest.mark.parametrize("extra,message", [
