@@ -97,8 +97,8 @@ def measure_broadcast_gbps(device: str, quick: bool, timer: Callable[[Callable[[
     ``x`` :data:`BROADCAST_SHAPES` (:data:`BROADCAST_SHAPES_SMALL` on a CPU or with ``quick``) and ``b`` of
     ``[C, 1, 1]``, into a preallocated output, each timed by ``timer``: the highest, a ceiling as the copy bandwidth
     is. TensorIterator runs it in the loop that computes every operand's offset, not the vectorised contiguous one:
-    on the H200 such ops inside 83 KernelBench models ran at 2,540-2,860 GB/s against 4,250 for contiguous ones
-    (benchmarks/results/h200/accuracy/broadcast/)."""
+    on the H200 such ops inside 113 profiled KernelBench models ran at a median 2,570 GB/s against 4,250 for
+    contiguous ones (benchmarks/results/h200/accuracy/memory_rates/)."""
     best = 0.0
     for shape in (BROADCAST_SHAPES if device == "cuda" and not quick else BROADCAST_SHAPES_SMALL):
         x = torch.rand(shape, device=device, dtype=torch.float32)
