@@ -123,8 +123,8 @@ class OpTimeFit:
         ``bounded_gain`` (an op priced at its memory roofline): above the fitted range a curve under the roofline
         keeps the microseconds its largest fitted op saved, not the ratio. Inside a model a memory-bound op that
         beats the measured copy bandwidth reads some of its input from L2, where its producer left it; the bytes
-        L2 holds are bounded, so the gain is (a standalone 6.4 GB hardtanh priced at the 0.83x its in-model
-        fits of up to 23 us ran at took 1.0x its roofline on the H200)."""
+        L2 holds are bounded, and so is the gain: on the H200 a standalone 6.4 GB hardtanh took 1.0x its roofline
+        where its class's in-model fits (ops of up to 23 us) ran at 0.83x."""
         if roofline_us <= 0:
             return 0.0
         edge = min(max(roofline_us, self.min_us), self.max_us) if self.min_us > 0 else roofline_us
