@@ -120,7 +120,8 @@ class OpTimeFit:
     def __call__(self, roofline_us: float, bounded_gain: bool = False) -> float:
         """The fitted device time (us) of an op whose roofline time is ``roofline_us`` (0 stays 0).
 
-        ``bounded_gain`` (an op priced at its memory roofline): above the fitted range a curve under the roofline
+        ``bounded_gain`` (an op priced at its roofline, not from a measured table: in practice the memory-bound
+        classes, elementwise ops and copies): above the fitted range a curve under the roofline
         keeps the microseconds its largest fitted op saved, not the ratio. Inside a model a memory-bound op that
         beats the measured copy bandwidth reads some of its input from L2, where its producer left it; the bytes
         L2 holds are bounded, and so is the gain: on the H200 a standalone 6.4 GB hardtanh took 1.0x its roofline
