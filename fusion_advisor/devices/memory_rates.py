@@ -7,8 +7,9 @@ as the profiler sees it (``kernel_busy_overhead_us``)."""
 
 from __future__ import annotations
 
+import math
 import statistics
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -69,21 +70,33 @@ SCAN_SHAPES = ((4096, 16384), (16384, 16384), (8192, 32768))
 SCAN_SHAPES_SMALL = ((256, 4096),)
 
 
+def _best_fp32_gbps(shapes: Iterable[tuple[int, ...]], build: Callable[[tuple[int, ...]], Callable[[], Any]],
+                    timer: Callable[[Callable[[], Any]], Timing]) -> float:
+    """The highest bandwidth (GB/s) over ``shapes`` of the call ``build(shape)`` returns, timed by ``timer``, that
+    reads and writes one fp32 tensor of ``shape`` each (``2 * numel * 4`` bytes over the median time). Each shape's
+    tensors are freed before the next is built."""
+    best = 0.0
+    for shape in shapes:
+        call = build(shape)
+        with torch.no_grad():
+            t = timer(call)
+        best = max(best, 2 * math.prod(shape) * 4 / (t.median_ms * 1e-3) / 1e9)
+        del call
+    return best
+
+
 def measure_scan_gbps(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Timing]) -> float:
     """Bandwidth (GB/s, bytes read + written) of eager ``torch.cumsum`` along the last dim of fp32 tensors: the
     highest over :data:`SCAN_SHAPES` (:data:`SCAN_SHAPES_SMALL` on a CPU or with ``quick``), each timed by
     ``timer``: a ceiling, as the copy bandwidth is. On the H200 KernelBench's 32768 x 32768 cumsum ran its one scan
     kernel at 1908 GB/s, 45% of the copy bandwidth (benchmarks/results/h200/accuracy/reprofile/seed1/), and
     Inductor's own scan at 3323 GB/s; a 4096 x 16384 one at 1291 GB/s."""
-    best = 0.0
-    for shape in (SCAN_SHAPES if device == "cuda" and not quick else SCAN_SHAPES_SMALL):
+    def cumsum(shape: tuple[int, ...]) -> Callable[[], Any]:
         x = torch.rand(shape, device=device, dtype=torch.float32)
         out = torch.empty_like(x)
-        with torch.no_grad():
-            t = timer(lambda x=x, out=out: torch.cumsum(x, -1, out=out))
-        best = max(best, 2 * x.numel() * 4 / (t.median_ms * 1e-3) / 1e9)
-        del x, out
-    return best
+        return lambda: torch.cumsum(x, -1, out=out)
+
+    return _best_fp32_gbps(SCAN_SHAPES if device == "cuda" and not quick else SCAN_SHAPES_SMALL, cumsum, timer)
 
 
 #: The broadcast adds :func:`measure_broadcast_gbps` times: fp32 ``[N, C, H, W] + [C, 1, 1]`` (a convolution's bias
@@ -99,16 +112,14 @@ def measure_broadcast_gbps(device: str, quick: bool, timer: Callable[[Callable[[
     is. TensorIterator runs it in the loop that computes every operand's offset, not the vectorised contiguous one:
     on the H200 such ops inside 113 profiled KernelBench models ran at a median 2,570 GB/s against 4,250 for
     contiguous ones (benchmarks/results/h200/accuracy/memory_rates/)."""
-    best = 0.0
-    for shape in (BROADCAST_SHAPES if device == "cuda" and not quick else BROADCAST_SHAPES_SMALL):
+    def add_bias(shape: tuple[int, ...]) -> Callable[[], Any]:
         x = torch.rand(shape, device=device, dtype=torch.float32)
         b = torch.rand(shape[1], 1, 1, device=device, dtype=torch.float32)
         out = torch.empty_like(x)
-        with torch.no_grad():
-            t = timer(lambda x=x, b=b, out=out: torch.add(x, b, out=out))
-        best = max(best, 2 * x.numel() * 4 / (t.median_ms * 1e-3) / 1e9)
-        del x, b, out
-    return best
+        return lambda: torch.add(x, b, out=out)
+
+    return _best_fp32_gbps(BROADCAST_SHAPES if device == "cuda" and not quick else BROADCAST_SHAPES_SMALL, add_bias,
+                           timer)
 
 
 #: The concatenations :func:`measure_cat_sweep` times: one fp32 input of ``CAT_PROBE_FIRST`` channels and
