@@ -16,7 +16,8 @@ from fusion_advisor.analyze.roofline import (_module_calls, base_op_us, conv_det
 from fusion_advisor.devices import load_spec, parse_spec, spec_mapping
 from fusion_advisor.devices.op_rates import (CONV_CLASSES, ConvGeometry, ConvRate, MatmulRate, channels_unaligned,
                                              conv_kernels, conv_time_us, matmul_time_us)
-from fusion_advisor.devices.rate_sampling import (matmul_plan, measure_conv_rates, measure_matmul_rates,
+from fusion_advisor.devices.rate_sampling import (CLASS_MAX_FLOPS, CLASS_SHARE, GPU_MAX_ELEMS, matmul_plan,
+                                                  measure_conv_rates, measure_matmul_rates,
                                                   problem_geometry, sample_plan)
 from fusion_advisor.errors import DeviceSpecError
 
@@ -77,6 +78,16 @@ def test_conv_geometry_of_a_transposed_convolution():
     assert g.stride == pytest.approx(y.shape[2] * y.shape[3] / 64)
 
 
+def test_a_grouped_transposed_convolution_is_a_class_of_its_own():
+    x, w = torch.empty(2, 16, 8, 8), torch.empty(16, 8, 3, 5)  # 4 groups of 4 -> 8 channels
+    y = F.conv_transpose2d(x, w, stride=2, groups=4, dilation=(2, 1))
+    g = ConvGeometry.from_shapes(x.shape, w.shape, y.shape)
+    assert g.detail == "conv2d_transpose_grouped" and (g.c_in_per_group, g.c_out_per_group) == (4, 8)
+    x3, w3 = torch.empty(1, 8, 4, 4, 4), torch.empty(8, 1, 3, 3, 3)  # one channel per group: still grouped
+    g3 = ConvGeometry.from_shapes(x3.shape, w3.shape, F.conv_transpose3d(x3, w3, groups=8).shape)
+    assert g3.detail == "conv3d_transpose_grouped"
+
+
 def test_conv_geometry_refuses_what_is_not_a_convolution():
     assert ConvGeometry.from_shapes((2, 8), (8, 8), (2, 8)) is None
     assert ConvGeometry.from_shapes((2, 8, 4, 4), (8, 8, 1), (2, 8, 4, 4)) is None
@@ -125,6 +136,18 @@ def test_a_1d_class_with_no_measurements_is_priced_as_the_2d_class_cudnn_runs_it
     own = grouped + [dataclasses.replace(_rate(4, 16, 1.0), detail="conv1d_grouped")]
     assert conv_time_us(own, conv1d, "fp32") == pytest.approx(_us(conv1d, 1.0))  # its own class first
     assert conv_time_us(grouped, dataclasses.replace(conv1d, detail="conv3d_grouped"), "fp32") is None
+
+
+def test_a_grouped_transposed_class_falls_back_down_its_chain():
+    transposed = [dataclasses.replace(_rate(4, 16, 5.0), detail="conv2d_transpose"),
+                  dataclasses.replace(_rate(64, 64, 40.0), detail="conv2d_transpose")]
+    geom = ConvGeometry("conv1d_transpose_grouped", 4, 16, 1, 1.0, int(10e9))
+    # no grouped transposed entries (a spec calibrated before they were sampled): the transposed 2-D class
+    assert conv_time_us(transposed, geom, "fp32") == pytest.approx(
+        conv_time_us(transposed, dataclasses.replace(geom, detail="conv2d_transpose"), "fp32"))
+    grouped = transposed + [dataclasses.replace(_rate(4, 16, 1.0), detail="conv2d_transpose_grouped")]
+    assert conv_time_us(grouped, geom, "fp32") == pytest.approx(_us(geom, 1.0))  # the nearer class when measured
+    assert conv_time_us(transposed, dataclasses.replace(geom, detail="conv3d_transpose_grouped"), "fp32") is None
 
 
 def test_a_convolution_is_priced_from_the_table_not_the_roofline():
@@ -191,6 +214,14 @@ def test_every_sampled_convolution_is_of_its_class():
             w = torch.empty(p.c_out, p.c_in // p.groups, *p.kernel, device="meta")
             y = getattr(F, f"conv{d}d")(x, w, stride=p.stride, padding=p.padding, groups=p.groups)
         assert ConvGeometry.from_shapes(x.shape, w.shape, y.shape).detail == p.detail, p
+
+
+def test_grouped_transposed_samples_stay_under_their_flop_cap():
+    plan = sample_plan({"fp32": 200}, max_elems=GPU_MAX_ELEMS)
+    for detail, cap in CLASS_MAX_FLOPS.items():
+        drawn = [problem_geometry(p).flops for p in plan if p.detail == detail]
+        assert len(drawn) == round(200 * CLASS_SHARE[detail])
+        assert max(drawn) <= 4 * cap and min(drawn) < cap
 
 
 class _Timing:

@@ -31,9 +31,13 @@ from typing import Any, Iterable, Sequence
 
 from fusion_advisor.dtypes import float_itemsize
 
-#: Geometry classes (``conv_detail``) calibrate samples.
+#: Geometry classes (``conv_detail``) calibrate samples. A transposed convolution with groups is a class of its own:
+#: cuDNN runs it group by group in its legacy ``dgrad_engine`` kernels (two per group), and on the H200 an fp32 one
+#: ran at 0.9-1.5 TFLOP/s where the ungrouped transposed convolution of the same channels per group ran at 2.4-15
+#: (benchmarks/results/h200/accuracy/grouped_transpose/; KernelBench's level1_75 took 7.0 ms where the transposed
+#: class priced 1.14).
 CONV_CLASSES = ("conv1d", "conv2d", "conv3d", "conv2d_transpose", "conv3d_transpose", "conv2d_grouped",
-                "conv2d_depthwise")
+                "conv2d_depthwise", "conv2d_transpose_grouped", "conv3d_transpose_grouped")
 #: Measured convolutions an op's rate is interpolated from.
 NEIGHBOURS = 3
 #: Weight of each feature in the distance (log2 units): channels, kernel volume and stride decide the algorithm;
@@ -47,7 +51,7 @@ DTYPE_FALLBACK = {"fp16": "bf16"}
 
 #: dtypes a table entry may name (the op graph's names, :mod:`fusion_advisor.dtypes`).
 RATE_DTYPES = ("fp32", "bf16", "fp16", "fp64")
-_CONV_DETAIL = re.compile(r"conv[123]d(_transpose|_grouped|_depthwise)?")
+_CONV_DETAIL = re.compile(r"conv[123]d(_transpose_grouped|_transpose|_grouped|_depthwise)?")
 
 
 def _sig(x: float, digits: int = 4) -> float:
@@ -91,7 +95,8 @@ class ConvGeometry:
 
     Attributes:
         detail: ``conv<d>d`` plus ``_transpose`` (more output than input positions), ``_depthwise`` (one input
-            channel per group) or ``_grouped`` (groups > 1 otherwise).
+            channel per group) or ``_grouped`` (groups > 1 otherwise); ``_transpose_grouped`` for a transposed
+            convolution with groups > 1 (cuDNN runs it group by group: :data:`CONV_CLASSES`).
         c_in_per_group, c_out_per_group: channels per group.
         kernel_volume: product of the kernel's spatial extents.
         stride: input positions per output position (transposed: output per input), >= 1 in effect.
@@ -125,8 +130,8 @@ class ConvGeometry:
             groups = max(int(x[1]) // max(int(w[1]), 1), 1)
             c_in_g, c_out_g = int(w[1]), int(w[0]) // groups
         detail = f"conv{d}d" + ("_transpose" if transposed else "")
-        if not transposed and groups > 1:
-            detail += "_depthwise" if c_in_g == 1 else "_grouped"
+        if groups > 1:
+            detail += "_grouped" if transposed else ("_depthwise" if c_in_g == 1 else "_grouped")
         stride = (out_sp / in_sp) if transposed else (in_sp / out_sp)
         flops = int(conv_flop_count(list(x), list(w), list(y), transposed=transposed))
         return cls(detail, c_in_g, c_out_g, _prod(w[2:]), max(stride, 1.0), flops, _prod(x) + _prod(w) + _prod(y))
@@ -244,12 +249,15 @@ def _nearest_tflops(pool: Sequence[Any], features: Sequence[float], weights: Seq
 #: SwinMLP's spatial MLP (a grouped 1x1 Conv1d, 49 channels per group) ran 27-64 us of kernels per call on the H200
 #: where the roofline without a measured class gave 5-7 us; the conv2d_grouped fit gives 1.4x the measured time.
 CONV_CLASS_FALLBACK = {"conv1d_grouped": "conv2d_grouped", "conv1d_depthwise": "conv2d_depthwise",
-                       "conv1d_transpose": "conv2d_transpose"}
+                       "conv1d_transpose": "conv2d_transpose", "conv1d_transpose_grouped": "conv2d_transpose_grouped",
+                       "conv2d_transpose_grouped": "conv2d_transpose", "conv3d_transpose_grouped": "conv3d_transpose"}
 
 
 def _pool(rates: Sequence[Any], detail: str, dtype: str, layout: str = "") -> list[Any]:
     """The entries of ``rates`` of class ``detail`` and ``dtype`` (:data:`DTYPE_FALLBACK`'s when it has none), of
-    ``layout`` when given; a class with none takes its :data:`CONV_CLASS_FALLBACK` class's."""
+    ``layout`` when given; a class with none takes its :data:`CONV_CLASS_FALLBACK` class's, and so on down the
+    chain (a grouped transposed 1-D convolution: the grouped transposed 2-D class, else the transposed 2-D one,
+    in a spec calibrated before grouped transposed convolutions were sampled)."""
     def of(det: str) -> list[Any]:
         for dt in (dtype, DTYPE_FALLBACK.get(dtype)):
             pool = [r for r in rates if r.detail == det and r.dtype == dt and (not layout or r.layout == layout)]
@@ -257,7 +265,11 @@ def _pool(rates: Sequence[Any], detail: str, dtype: str, layout: str = "") -> li
                 return pool
         return []
 
-    return of(detail) or (of(CONV_CLASS_FALLBACK[detail]) if detail in CONV_CLASS_FALLBACK else [])
+    pool = of(detail)
+    while not pool and detail in CONV_CLASS_FALLBACK:
+        detail = CONV_CLASS_FALLBACK[detail]
+        pool = of(detail)
+    return pool
 
 
 #: Fewest measured convolutions (matmuls) of one class, dtype and layout before their time is a fitted

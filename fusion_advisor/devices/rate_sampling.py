@@ -217,7 +217,11 @@ GPU_FLOP_RANGE = (1e7, 2e11)
 
 #: Share of :func:`sample_plan`'s per-dtype count each class gets: the common 2-D convolution the most.
 CLASS_SHARE = {"conv1d": 0.25, "conv2d": 1.0, "conv3d": 0.5, "conv2d_transpose": 0.5, "conv3d_transpose": 0.5,
-               "conv2d_grouped": 0.375, "conv2d_depthwise": 0.25}
+               "conv2d_grouped": 0.375, "conv2d_depthwise": 0.25, "conv2d_transpose_grouped": 0.125,
+               "conv3d_transpose_grouped": 0.125}
+#: Most FLOPs a sampled convolution of these classes is drawn with (the range's top otherwise): a grouped
+#: transposed convolution runs at about 1 TFLOP/s in fp32 on the H200, so the range's 2e11 would take 0.2 s a call.
+CLASS_MAX_FLOPS = {"conv2d_transpose_grouped": 2e10, "conv3d_transpose_grouped": 2e10}
 
 
 def problem_geometry(p: ConvProblem) -> ConvGeometry:
@@ -238,9 +242,9 @@ def sample_plan(per_class: dict[str, int], seed: int = 0, max_elems: int = 64 <<
     """The convolutions calibrate measures: seeded random problems of every class of :data:`CONV_CLASSES` per
     dtype, ``per_class[dtype]`` times the class's :data:`CLASS_SHARE` (at least 2), interleaved (class by class,
     then dtype) so that a time budget cut anywhere leaves every class sampled. Each has a FLOP count drawn
-    log-uniformly from ``flop_range``, except the late-stage 2-D layers (:func:`_late_stage_problem`: their batch
-    is drawn, and those over 4x the range's top redrawn); input and output tensors stay within ``max_elems``
-    elements each."""
+    log-uniformly from ``flop_range`` (its top lowered to the class's :data:`CLASS_MAX_FLOPS`), except the
+    late-stage 2-D layers (:func:`_late_stage_problem`: their batch is drawn, and those over 4x the range's top
+    redrawn); input and output tensors stay within ``max_elems`` elements each."""
     rng = random.Random(seed)
     by: list[list[ConvProblem]] = []
     for dtype, n in per_class.items():
@@ -250,8 +254,9 @@ def sample_plan(per_class: dict[str, int], seed: int = 0, max_elems: int = 64 <<
             for _ in range(20 * count):  # redraw the few whose smallest size still overshoots the range 4x
                 if len(drawn) == count:
                     break
-                p = _problem(rng, detail, dtype, max_elems, flop_range)
-                if problem_geometry(p).flops <= 4 * flop_range[1]:
+                top = min(flop_range[1], CLASS_MAX_FLOPS.get(detail, flop_range[1]))
+                p = _problem(rng, detail, dtype, max_elems, (min(flop_range[0], top), top))
+                if problem_geometry(p).flops <= 4 * top:
                     drawn.append(p)
             by.append(drawn)
     out = []
