@@ -32,10 +32,10 @@ from typing import Any, Iterable, Sequence
 from fusion_advisor.dtypes import float_itemsize
 
 #: Geometry classes (``conv_detail``) calibrate samples. A transposed convolution with groups is a class of its own:
-#: cuDNN runs it group by group in its legacy ``dgrad_engine`` kernels (two per group), and on the H200 an fp32 one
-#: ran at 0.9-1.5 TFLOP/s where the ungrouped transposed convolution of the same channels per group ran at 2.4-15
-#: (benchmarks/results/h200/accuracy/grouped_transpose/; KernelBench's level1_75 took 7.0 ms where the transposed
-#: class priced 1.14).
+#: cuDNN often runs it group by group in its legacy ``dgrad_engine`` kernels, and in three of five fp32 probes on the
+#: H200 it ran at 0.9-1.5 TFLOP/s where the ungrouped transposed convolution of the same channels per group ran at
+#: 2.4-15 (benchmarks/results/h200/accuracy/grouped_transpose/; KernelBench's level1_75 took 7.0 ms where the
+#: transposed class priced 1.14).
 CONV_CLASSES = ("conv1d", "conv2d", "conv3d", "conv2d_transpose", "conv3d_transpose", "conv2d_grouped",
                 "conv2d_depthwise", "conv2d_transpose_grouped", "conv3d_transpose_grouped")
 #: Measured convolutions an op's rate is interpolated from.
