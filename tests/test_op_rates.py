@@ -216,6 +216,17 @@ def test_every_sampled_convolution_is_of_its_class():
         assert ConvGeometry.from_shapes(x.shape, w.shape, y.shape).detail == p.detail, p
 
 
+def test_transposed_samples_are_strided_and_padded_as_models_write_them():
+    plan = [p for p in sample_plan({"fp32": 200}) if p.transposed]
+    padded = [p for p in plan if any(p.padding)]
+    assert len(padded) >= len(plan) // 5 and all(p.stride > 1 for p in padded)
+    for p in padded[:20]:  # the geometry calibrate records is the one the convolution runs
+        x = torch.empty(p.batch, p.c_in, *p.spatial, device="meta")
+        w = torch.empty(p.c_in, p.c_out // p.groups, *p.kernel, device="meta")
+        y = getattr(F, f"conv_transpose{len(p.spatial)}d")(x, w, stride=p.stride, padding=p.padding, groups=p.groups)
+        assert problem_geometry(p) == ConvGeometry.from_shapes(x.shape, w.shape, y.shape)
+
+
 def test_grouped_transposed_samples_stay_under_their_flop_cap():
     plan = sample_plan({"fp32": 200}, max_elems=GPU_MAX_ELEMS)
     for detail, cap in CLASS_MAX_FLOPS.items():
