@@ -366,3 +366,20 @@ def test_each_host_bound_model_has_one_vote_in_the_host_time_scale(monkeypatch):
     assert fp.fit_host_time_scale(["a", "tiny"], None) is None  # one voter, but 12 ops: under MIN_HOST_SAMPLES
     monkeypatch.setattr(fp, "MIN_HOST_SAMPLES", 1)
     assert fp.fit_host_time_scale(["tiny"], None) is None  # few ops needed, but still nobody to vote
+
+
+def test_measured_bound_classes_are_judged_against_the_judged_specs_ceilings(profiled, tmp_path):
+    """The compute-or-memory part of a measured class holds no time (FLOPs over the peak against bytes over the
+    bandwidth): a report recorded against one spec's ceilings is reclassified against the spec it is judged on."""
+    from fusion_advisor.devices.fit_profiles import measured_bounds, residuals
+
+    rep = read_report(_write(_with_law(profiled, idle_us=0.0), tmp_path / "r"))  # every chain recorded "memory"
+    spec = parse_spec(spec_fields(profiled.device_spec), "test")
+    fast_memory = dataclasses.replace(spec, memory_bandwidth_gbps=1e12)
+    slow_memory = dataclasses.replace(spec, memory_bandwidth_gbps=1e-6)
+    with_flops = {c.id for c in rep.analysis.chains if c.flops > 0 and c.id in rep.analysis.profile.chains}
+    assert with_flops
+    assert {measured_bounds(rep, fast_memory)[cid] for cid in with_flops} == {"compute"}
+    assert set(measured_bounds(rep, slow_memory).values()) == {"memory"}
+    rows, _ = residuals(rep, "test", fast_memory, fast_memory)
+    assert {r.measured_bound for r in rows if r.chain_id in with_flops} == {"compute"}  # not the recorded class

@@ -22,8 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fusion_advisor.devices import load_spec  # noqa: E402
 from fusion_advisor.analyze.roofline import estimate_all, in_model_times  # noqa: E402
-from fusion_advisor.devices.fit_profiles import (ChainResidual, ModelResidual, model_eager_us,  # noqa: E402
-                                                 profiled_host, read_report, report_folders, residuals)
+from fusion_advisor.devices.fit_profiles import (ChainResidual, ModelResidual, measured_bounds,  # noqa: E402
+                                                 model_eager_us, profiled_host, read_report, report_folders,
+                                                 residuals)
 
 
 def busy_residuals(rep, spec):
@@ -37,14 +38,15 @@ def busy_residuals(rep, spec):
             for o in a.ops if o.id in prof.nodes}
     times = in_model_times(a.chains, a.ops, host, device_us=busy)
     bounds = estimate_all(a.chains, a.ops, host, device_us=busy)
+    measured = measured_bounds(rep, spec)
     rows = []
     for c in a.chains:
         m = prof.chains.get(c.id)
         if m is None or m.time_us <= 0:
             continue
         t = sum(times[c.id]) * calls.get(c.graph_index, 1.0)
-        rows.append(ChainResidual(rep.name, "test", c.id, c.pattern, m.time_us, t, t, m.bound, bounds[c.id].bound,
-                                  bounds[c.id].bound))
+        rows.append(ChainResidual(rep.name, "test", c.id, c.pattern, m.time_us, t, t, measured[c.id],
+                                  bounds[c.id].bound, bounds[c.id].bound))
     total = sum(r.after_us for r in rows)
     return rows, ModelResidual(rep.name, "test", model_eager_us(prof), total, total)
 

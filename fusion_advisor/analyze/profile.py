@@ -73,7 +73,7 @@ from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.errors import ProfileError
 from fusion_advisor.analyze.load import LoadedModel
 from fusion_advisor.analyze.records import Chain, ChainMeasurement, Estimate, NodeMeasurement, OpInfo, Profile
-from fusion_advisor.analyze.roofline import eager_in_model_us, roofline_busy_us
+from fusion_advisor.analyze.roofline import eager_in_model_us, measured_bound, roofline_busy_us
 
 #: Prefix of the profiler range around each op (``"fa:g0:mm_3"``) and the name of the range around each run.
 TAG_PREFIX = "fa:"
@@ -568,25 +568,6 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
 
 
 # --- per chain ------------------------------------------------------------------------------------------------
-
-
-def measured_bound(busy_us: float, idle_us: float, flops: int, nbytes: int, peak_tflops: float,
-                   bandwidth_gbps: float) -> str:
-    """Measured bound class of a chain (see :class:`~fusion_advisor.analyze.records.ChainMeasurement`).
-
-    ``"launch"`` when ``idle_us > busy_us``; else ``"compute"`` when the chain's FLOP/s over its busy time is a
-    larger fraction of ``peak_tflops`` than its bytes/s is of ``bandwidth_gbps``, else ``"memory"``; ``""`` when
-    nothing was measured (no time).
-    """
-    if busy_us + idle_us <= 0:
-        return ""
-    if idle_us > busy_us:
-        return "launch"
-    if busy_us <= 0:
-        return "launch"
-    compute_frac = flops / (busy_us * 1e-6) / (peak_tflops * 1e12) if peak_tflops > 0 else 0.0
-    memory_frac = nbytes / (busy_us * 1e-6) / (bandwidth_gbps * 1e9) if bandwidth_gbps > 0 else 0.0
-    return "compute" if compute_frac > memory_frac else "memory"
 
 
 def _chain_kernels(ms: list[NodeMeasurement]) -> tuple[str, ...]:

@@ -619,6 +619,28 @@ def _module_calls(prev: str, path: str) -> int:
     return len(new) - common
 
 
+def measured_bound(busy_us: float, idle_us: float, flops: int, nbytes: int, peak_tflops: float,
+                   bandwidth_gbps: float) -> str:
+    """Measured bound class of a chain (see :class:`~fusion_advisor.analyze.records.ChainMeasurement`).
+
+    ``"launch"`` when ``idle_us > busy_us``; else ``"compute"`` when the chain's FLOP/s over its busy time is a
+    larger fraction of ``peak_tflops`` than its bytes/s is of ``bandwidth_gbps``, else ``"memory"``; ``""`` when
+    nothing was measured (no time). The busy time cancels out of the compute-or-memory test: that part is the
+    chain's FLOPs over ``peak_tflops`` against its bytes over ``bandwidth_gbps``, so it is only as right as the
+    ceilings it is given (:func:`fusion_advisor.devices.fit_profiles.measured_bounds` reclassifies a profile
+    against the spec it is judged on).
+    """
+    if busy_us + idle_us <= 0:
+        return ""
+    if idle_us > busy_us:
+        return "launch"
+    if busy_us <= 0:
+        return "launch"
+    compute_frac = flops / (busy_us * 1e-6) / (peak_tflops * 1e12) if peak_tflops > 0 else 0.0
+    memory_frac = nbytes / (busy_us * 1e-6) / (bandwidth_gbps * 1e9) if bandwidth_gbps > 0 else 0.0
+    return "compute" if compute_frac > memory_frac else "memory"
+
+
 def _bound(idle_us: float, busy_us: float, arithmetic_intensity: float, ridge: float) -> str:
     """Launch-bound when the GPU idles longer than it is busy, else compute- or memory-bound by the ridge point."""
     if idle_us > busy_us:

@@ -42,8 +42,9 @@ from typing import Iterable
 from fusion_advisor.devices import DeviceSpec, OpTimeFit, parse_spec, spec_fields, spec_mapping
 from fusion_advisor.errors import CalibrationError, UserError
 from fusion_advisor.analyze.records import Analysis, Profile
-from fusion_advisor.analyze.roofline import (eager_in_model_us, estimate_all, fit_keys, launches, measured_op_us,
-                                             op_host_us, pool_window_us, roofline_op_us, view_host_us)
+from fusion_advisor.analyze.roofline import (eager_in_model_us, estimate, estimate_all, fit_keys, launches,
+                                             measured_bound, measured_op_us, op_host_us, pool_window_us,
+                                             roofline_op_us, view_host_us)
 
 #: Fewest measured ops a class needs before it gets a curve.
 MIN_SAMPLES = 3
@@ -430,20 +431,43 @@ def model_eager_us(prof: Profile) -> float:
     return wall if wall > 0 and math.isfinite(wall) else prof.total_us
 
 
+def measured_bounds(rep: ProfiledReport, spec: DeviceSpec) -> dict[str, str]:
+    """Each profiled chain's measured bound class against ``spec``'s ceilings (chain id -> class): launch-bound as
+    the profile measured it (idle over busy), else compute- or memory-bound by ``spec``'s peak and bandwidth
+    (:func:`fusion_advisor.analyze.roofline.measured_bound`, the chain's FLOPs and bytes per call of its graph
+    times the graph's calls). The profile recorded its classes against the spec it ran with; that part of the test
+    holds no time (the busy time cancels out), so a report profiled with a datasheet spec and judged on a
+    calibrated one of other ceilings would count their disagreement as the model's."""
+    a = rep.analysis
+    assert a.profile is not None
+    by_id = {o.id: o for o in a.ops}
+    out = {}
+    for c in a.chains:
+        m = a.profile.chains.get(c.id)
+        if m is None:
+            continue
+        k = rep.graph_calls.get(c.graph_index, 1.0)
+        out[c.id] = measured_bound(m.busy_us, m.idle_us, int(c.flops * k), int(c.eager_bytes * k),
+                                   estimate(c, by_id, spec).peak_tflops, spec.memory_bandwidth_gbps)
+    return out
+
+
 def residuals(rep: ProfiledReport, split: str, before: DeviceSpec, after: DeviceSpec
               ) -> tuple[list[ChainResidual], ModelResidual]:
-    """Chain and model residuals of ``rep`` on the spec ``before`` and ``after`` the fit."""
+    """Chain and model residuals of ``rep`` on the spec ``before`` and ``after`` the fit; the measured bound
+    classes against ``after``'s ceilings (:func:`measured_bounds`)."""
     prof = rep.analysis.profile
     assert prof is not None
     t0, b0 = _predicted(rep, before)
     t1, b1 = _predicted(rep, after)
+    measured = measured_bounds(rep, after)
     rows = []
     for c in rep.analysis.chains:
         m = prof.chains.get(c.id)
         if m is None or m.time_us <= 0:
             continue
-        rows.append(ChainResidual(rep.name, split, c.id, c.pattern, m.time_us, t0[c.id], t1[c.id], m.bound,
-                                  b0.get(c.id, ""), b1.get(c.id, "")))
+        rows.append(ChainResidual(rep.name, split, c.id, c.pattern, m.time_us, t0[c.id], t1[c.id],
+                                  measured.get(c.id, m.bound), b0.get(c.id, ""), b1.get(c.id, "")))
     model = ModelResidual(rep.name, split, model_eager_us(prof), sum(t0.values()), sum(t1.values()))
     return rows, model
 
