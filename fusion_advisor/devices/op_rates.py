@@ -131,7 +131,7 @@ class ConvGeometry:
             c_in_g, c_out_g = int(w[1]), int(w[0]) // groups
         detail = f"conv{d}d" + ("_transpose" if transposed else "")
         if groups > 1:
-            detail += "_grouped" if transposed else ("_depthwise" if c_in_g == 1 else "_grouped")
+            detail += "_depthwise" if c_in_g == 1 and not transposed else "_grouped"
         stride = (out_sp / in_sp) if transposed else (in_sp / out_sp)
         flops = int(conv_flop_count(list(x), list(w), list(y), transposed=transposed))
         return cls(detail, c_in_g, c_out_g, _prod(w[2:]), max(stride, 1.0), flops, _prod(x) + _prod(w) + _prod(y))
