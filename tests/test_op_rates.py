@@ -127,27 +127,22 @@ def test_few_measurements_price_at_the_nearest_measured_rates():
         conv_time_us(rates + nhwc, many, "fp32") / 2)  # each layout reads its own entries
 
 
-def test_a_1d_class_with_no_measurements_is_priced_as_the_2d_class_cudnn_runs_it_as():
-    grouped = [dataclasses.replace(_rate(4, 16, 5.0), detail="conv2d_grouped"),
-               dataclasses.replace(_rate(64, 64, 40.0), detail="conv2d_grouped")]
-    conv1d = ConvGeometry("conv1d_grouped", 4, 16, 1, 1.0, int(10e9))
-    assert conv_time_us(grouped, conv1d, "fp32") == pytest.approx(
-        conv_time_us(grouped, dataclasses.replace(conv1d, detail="conv2d_grouped"), "fp32"))
-    own = grouped + [dataclasses.replace(_rate(4, 16, 1.0), detail="conv1d_grouped")]
-    assert conv_time_us(own, conv1d, "fp32") == pytest.approx(_us(conv1d, 1.0))  # its own class first
-    assert conv_time_us(grouped, dataclasses.replace(conv1d, detail="conv3d_grouped"), "fp32") is None
-
-
-def test_a_grouped_transposed_class_falls_back_down_its_chain():
-    transposed = [dataclasses.replace(_rate(4, 16, 5.0), detail="conv2d_transpose"),
-                  dataclasses.replace(_rate(64, 64, 40.0), detail="conv2d_transpose")]
-    geom = ConvGeometry("conv1d_transpose_grouped", 4, 16, 1, 1.0, int(10e9))
-    # no grouped transposed entries (a spec calibrated before they were sampled): the transposed 2-D class
-    assert conv_time_us(transposed, geom, "fp32") == pytest.approx(
-        conv_time_us(transposed, dataclasses.replace(geom, detail="conv2d_transpose"), "fp32"))
-    grouped = transposed + [dataclasses.replace(_rate(4, 16, 1.0), detail="conv2d_transpose_grouped")]
-    assert conv_time_us(grouped, geom, "fp32") == pytest.approx(_us(geom, 1.0))  # the nearer class when measured
-    assert conv_time_us(transposed, dataclasses.replace(geom, detail="conv3d_transpose_grouped"), "fp32") is None
+@pytest.mark.parametrize("measured, asked, nearer, unrelated", [
+    # a 1-D class with no measurements: the 2-D class cuDNN runs it as
+    ("conv2d_grouped", "conv1d_grouped", "conv1d_grouped", "conv3d_grouped"),
+    # down a chain: a grouped transposed 1-D convolution takes the grouped transposed 2-D class, else (a spec
+    # calibrated before grouped transposed convolutions were sampled) the transposed 2-D one
+    ("conv2d_transpose", "conv1d_transpose_grouped", "conv2d_transpose_grouped", "conv3d_transpose_grouped"),
+])
+def test_a_class_with_no_measurements_is_priced_from_the_class_it_falls_back_to(measured, asked, nearer, unrelated):
+    table = [dataclasses.replace(_rate(4, 16, 5.0), detail=measured),
+             dataclasses.replace(_rate(64, 64, 40.0), detail=measured)]
+    geom = ConvGeometry(asked, 4, 16, 1, 1.0, int(10e9))
+    assert conv_time_us(table, geom, "fp32") == pytest.approx(
+        conv_time_us(table, dataclasses.replace(geom, detail=measured), "fp32"))
+    own = table + [dataclasses.replace(_rate(4, 16, 1.0), detail=nearer)]
+    assert conv_time_us(own, geom, "fp32") == pytest.approx(_us(geom, 1.0))  # the nearer class first
+    assert conv_time_us(table, dataclasses.replace(geom, detail=unrelated), "fp32") is None
 
 
 def test_a_convolution_is_priced_from_the_table_not_the_roofline():
