@@ -622,6 +622,8 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
     if "triton" in v:
         where += f", triton {v['triton']}"
     by = f"measured by fusion-advisor calibrate on {where}"
+    # the timer of the probes timed by their kernels on a GPU (kernel_timer), by the table timer elsewhere
+    kernel_time = "summed kernel durations" if cal.device == "cuda" else cal.timer
     s = cal.sizes
     tensor = {k: round(float(cal.matmul_tflops.get(k, base.peak_tflops(k, True))), 3)
               for k in ("bf16", "fp16", "tf32", "fp32")}
@@ -686,19 +688,17 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
         **({"scan_bandwidth_gbps": round(cal.scan_gbps, 1),
             "scan_bandwidth_source": f"{by}: torch.cumsum along the last dim of fp32 tensors (fusion_advisor."
                                      "devices.memory_rates.SCAN_SHAPES), the highest of bytes read + written over the "
-                                     + ("summed kernel durations" if cal.device == "cuda" else cal.timer)}
+                                     + kernel_time}
            if cal.scan_gbps else {}),
         **({"broadcast_bandwidth_gbps": round(cal.broadcast_gbps, 1),
             "broadcast_bandwidth_source": f"{by}: torch.add of fp32 [N, C, H, W] and [C, 1, 1] tensors (fusion_advisor."
                                           "devices.memory_rates.BROADCAST_SHAPES), the highest of bytes read + written "
-                                          "over the " + ("summed kernel durations" if cal.device == "cuda"
-                                                         else cal.timer)}
+                                          "over the " + kernel_time}
            if cal.broadcast_gbps else {}),
         **({"cat_sweep_gbps": round(cal.cat_sweep[0], 1), "cat_sweep_cap_bytes": round(cal.cat_sweep[1]),
             "cat_sweep_source": (f"{by}: torch.cat along dim 1 of one fp32 10 x 928 x s x s map and 32 of 10 x 32 x s "
                                  "x s, s in 7, 14, 28, 56 (fusion_advisor.devices.memory_rates.measure_cat_sweep): "
-                                 "per input, the time less the bytes at the copy bandwidth, "
-                                 + ("summed kernel durations" if cal.device == "cuda" else cal.timer)
+                                 "per input, the time less the bytes at the copy bandwidth, " + kernel_time
                                  + "; the rate at the smallest side, the cap the largest cost seen")}
            if cal.cat_sweep else {}),
         **({"strided_bandwidth_gbps": round(cal.strided_gbps, 1),
@@ -775,15 +775,13 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
         **({"recurrent_step_us": dict(cal.recurrent_step_us),
             "recurrent_step_us_source": (
                 f"{by}: nn.LSTM / nn.GRU / nn.RNN (input, hidden, layers, sequence, batch) = "
-                f"{tuple(cal.recurrent_probe)}, fp32, forward without grad, the call's "
-                + ("summed kernel durations" if cal.device == "cuda" else cal.timer)
+                f"{tuple(cal.recurrent_probe)}, fp32, forward without grad, the call's " + kernel_time
                 + " over its layers x sequence steps")}
            if cal.recurrent_step_us else {}),
         **({"pool_window_gelem_s": round(cal.pool_window_gelem_s, 1),
             "pool_window_gelem_s_source": (
                 f"{by}: fp32 max / avg pools 1-3d, kernel 2-8, stride 1-kernel "
-                "(fusion_advisor.devices.memory_rates.POOL_PROBES), each's "
-                + ("summed kernel durations" if cal.device == "cuda" else cal.timer)
+                "(fusion_advisor.devices.memory_rates.POOL_PROBES), each's " + kernel_time
                 + " less its bytes at the copy bandwidth, over its outputs x window elements; median over "
                 f"{len(cal.pool_probes)} probes")}
            if cal.pool_window_gelem_s else {}),
