@@ -21,22 +21,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from fusion_advisor.analyze.roofline import op_bytes  # noqa: E402
+from fusion_advisor.analyze.roofline import memory_read_kinds, op_bytes  # noqa: E402
 from fusion_advisor.devices.fit_profiles import read_report, report_folders  # noqa: E402
 
 #: Least measured device time (us) of an op counted: shorter kernels are dominated by their fixed cost.
 MIN_BUSY_US = 30.0
-#: How an op reads its inputs, in the order :func:`op_bandwidth_gbps` tests them.
+#: How an op reads its inputs: the first of its ``roofline.memory_read_kinds``, else contiguously.
 READS = ("permuted", "broadcast", "contiguous")
 
 
 def reads(op) -> str | None:
-    """``permuted``, ``broadcast`` or ``contiguous`` for an op priced at a memory roofline; None for others."""
-    if op.category == "copy" and op.name not in ("cat", "stack"):
-        return "permuted" if op.reads_permuted else "contiguous"
-    if op.category == "pointwise":
-        return "permuted" if op.reads_permuted else "broadcast" if op.reads_broadcast else "contiguous"
-    return None
+    """``permuted``, ``broadcast`` or ``contiguous`` (the rate ``roofline.op_bandwidth_gbps`` prices it at, where
+    the spec has all three) for a pointwise op or a copy that is not a concatenation; None for others."""
+    if op.category not in ("copy", "pointwise") or op.name in ("cat", "stack"):
+        return None
+    return next(iter(memory_read_kinds(op)), "contiguous")
 
 
 def rows_of(folder: Path) -> list[dict]:

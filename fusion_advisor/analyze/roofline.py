@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Callable
 
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.devices.op_rates import ConvGeometry, conv_kernels, conv_time_us, matmul_time_us
@@ -117,19 +118,32 @@ def is_scan(op: OpInfo) -> bool:
     return _short_target(op.target) in SCAN_OPS
 
 
+#: The eager memory-rate kinds an op may read its inputs as, in the order :func:`op_bandwidth_gbps` prefers them,
+#: each with its test: a scan (:func:`is_scan`), a non-library op reading a permuted input, a pointwise op
+#: broadcasting an input (:attr:`OpInfo.reads_broadcast`).
+_MEMORY_READ_KINDS: dict[str, Callable[[OpInfo], bool]] = {
+    "scan": is_scan,
+    "permuted": lambda op: op.category not in _LIBRARY_CATEGORIES and op.reads_permuted,
+    "broadcast": lambda op: op.category == "pointwise" and op.reads_broadcast,
+}
+
+
+def memory_read_kinds(op: OpInfo) -> tuple[str, ...]:
+    """The eager memory-rate kinds (:data:`_MEMORY_READ_KINDS`) that apply to ``op``, preferred first; empty for an
+    op that reads its inputs contiguously."""
+    return tuple(kind for kind, applies in _MEMORY_READ_KINDS.items() if applies(op))
+
+
 def op_bandwidth_gbps(op: OpInfo, spec: DeviceSpec) -> float:
-    """Memory ceiling (GB/s) of one op run eagerly: the spec's ``scan_bandwidth_gbps`` for a scan, its
-    ``strided_bandwidth_gbps`` for a non-library op reading a permuted input and its ``broadcast_bandwidth_gbps``
-    for a pointwise op broadcasting an input (:attr:`OpInfo.reads_broadcast`), where the spec measured them, else
-    the copy bandwidth. On the H200 the eager pointwise ops and copies inside 113 profiled KernelBench files ran
-    at a median 4,250 GB/s, those broadcasting an input at 2,570 and those reading a permuted view at 2,450
-    (benchmarks/results/h200/accuracy/memory_rates/)."""
-    if spec.scan_bandwidth_gbps > 0 and is_scan(op):
-        return spec.scan_bandwidth_gbps
-    if spec.strided_bandwidth_gbps > 0 and op.category not in _LIBRARY_CATEGORIES and op.reads_permuted:
-        return spec.strided_bandwidth_gbps
-    if spec.broadcast_bandwidth_gbps > 0 and op.category == "pointwise" and op.reads_broadcast:
-        return spec.broadcast_bandwidth_gbps
+    """Memory ceiling (GB/s) of one op run eagerly: the spec's rate of the first of its
+    :func:`memory_read_kinds` the spec measured (``scan_bandwidth_gbps``, ``strided_bandwidth_gbps``,
+    ``broadcast_bandwidth_gbps``), else the copy bandwidth. On the H200 the eager pointwise ops and copies inside
+    113 profiled KernelBench files ran at a median 4,250 GB/s, those broadcasting an input at 2,570 and those
+    reading a permuted view at 2,450 (benchmarks/results/h200/accuracy/memory_rates/)."""
+    for kind, gbps in (("scan", spec.scan_bandwidth_gbps), ("permuted", spec.strided_bandwidth_gbps),
+                       ("broadcast", spec.broadcast_bandwidth_gbps)):
+        if gbps > 0 and _MEMORY_READ_KINDS[kind](op):
+            return gbps
     return spec.memory_bandwidth_gbps
 
 
