@@ -15,7 +15,8 @@ from fusion_advisor.analyze.roofline import (_module_calls, base_op_us, conv_det
                                              op_host_us, op_launch_us, roofline_op_us)
 from fusion_advisor.devices import load_spec, parse_spec, spec_mapping
 from fusion_advisor.devices.op_rates import (CONV_CLASSES, ConvGeometry, ConvRate, MatmulRate, channels_unaligned,
-                                             conv_kernels, conv_time_us, matmul_time_us)
+                                             conv_kernels, conv_time_us, fit_matmul_table, matmul_point,
+                                             matmul_time_us)
 from fusion_advisor.devices.rate_sampling import (CLASS_MAX_FLOPS, CLASS_SHARE, GPU_MAX_ELEMS, matmul_plan,
                                                   measure_conv_rates, measure_matmul_rates,
                                                   problem_geometry, sample_plan)
@@ -167,9 +168,31 @@ def test_matmuls_take_their_operands_by_overload():
     assert measured_matmul_us(mm, SPEC) is None
 
 
+def test_a_matmul_is_priced_from_the_entries_of_its_second_operands_layout():
+    from fusion_advisor.analyze.roofline import matmul_layout
+
+    x, w_t, bias = _t((8, 1024)), dataclasses.replace(_t((1024, 256)), contiguous=False), _t((256,))
+    linear = _op("aten.addmm.default", "matmul", [bias, x, w_t], [_t((8, 256))], flops=2 * 8 * 1024 * 256)
+    mm = _op("aten.mm.default", "matmul", [x, _t((1024, 256))], [_t((8, 256))], flops=2 * 8 * 1024 * 256)
+    assert matmul_layout(w_t) == "nt" and matmul_layout(_t((1024, 256))) == "nn"
+    sizes = [(m, n, k) for m in (4, 8, 64, 512) for n in (128, 1024) for k in (256, 2048)]  # 16 of each layout
+    rates = tuple(MatmulRate("mm", "fp32", m, n, k, 1, 2 * m * n * k / (t * 1e6), layout)
+                  for m, n, k in sizes for layout, t in (("nn", 3.0 + k / 1000), ("nt", 3.0 + k / 100)))
+    spec = dataclasses.replace(SPEC, matmul_rates=rates)
+    assert measured_matmul_us(mm, spec) == pytest.approx(3.0 + 1.024, rel=0.25)
+    assert measured_matmul_us(linear, spec) == pytest.approx(3.0 + 10.24, rel=0.25)
+    # a table with too few entries of a layout to fit prices that layout from all of its class (older tables)
+    few = dataclasses.replace(SPEC, matmul_rates=tuple(r for r in rates if r.layout == "nn") + rates[1:4:2])
+    both = fit_matmul_table(tuple(few.matmul_rates))
+    assert measured_matmul_us(linear, few) == pytest.approx(
+        both.time_us(2 * 8 * 1024 * 256, 256, 1024, 4 * (8 * 1024 + 1024 * 256 + 8 * 256), False,
+                     matmul_point(8, 256, 1024, 1)))
+
+
 def test_the_tables_round_trip_through_a_spec_file_and_bad_entries_are_named():
     spec = dataclasses.replace(SPEC, conv_rates=(_rate(4, 16, 2.0),),
-                               matmul_rates=(MatmulRate("bmm", "bf16", 8, 16, 32, 4, 1.5),),
+                               matmul_rates=(MatmulRate("bmm", "bf16", 8, 16, 32, 4, 1.5),
+                                             MatmulRate("mm", "fp32", 8, 16, 32, 1, 0.5, "nt", 2.0)),
                                launch_overhead_by_class={"conv": 40.0}, view_overhead_us=1.5, module_call_us=3.0)
     back = parse_spec(spec_mapping(spec), "test")
     assert back.conv_rates == spec.conv_rates and back.matmul_rates == spec.matmul_rates
@@ -181,6 +204,10 @@ def test_the_tables_round_trip_through_a_spec_file_and_bad_entries_are_named():
     data = spec_mapping(spec)
     data["launch_overhead_by_class"] = {"conv": "fast"}
     with pytest.raises(DeviceSpecError, match="launch_overhead_by_class.conv"):
+        parse_spec(data, "bad.yaml")
+    data = spec_mapping(spec)
+    data["matmul_rates"][1]["layout"] = "tn"
+    with pytest.raises(DeviceSpecError, match=r"matmul_rates\[1\].*layout 'tn'"):
         parse_spec(data, "bad.yaml")
 
 
@@ -260,8 +287,12 @@ def test_measuring_the_tables_on_a_cpu_with_a_stub_timer():
     assert rates[0].mbytes == pytest.approx(geom.elements * 4 / 1e6)  # input, weight and output in fp32
     assert {r.kernels for r in rates} == {3.0}  # the timer's activity count is recorded
     mm = matmul_plan({"fp32": 2}, max_elems=1 << 12, flop_range=(1e3, 1e7))
+    calls.clear()
     mrates, _ = measure_matmul_rates("cpu", mm, timer, budget_s=60.0, dtypes={"fp32": torch.float32})
     assert len(mrates) == len(mm) and {r.detail for r in mrates} == {"mm", "bmm"}
+    assert [r.layout for r in mrates] == ["nn", "nt", "nn", "nt"] and {r.kernels for r in mrates} == {3.0}
+    for (_, _, batch, m, n, _, _), y in zip(mm, calls, strict=True):  # each call computed its [batch,] M x N
+        assert tuple(y.shape) == ((m, n) if batch == 1 else (batch, m, n))
     none, note = measure_conv_rates("cpu", plan, timer, budget_s=-1.0, dtypes={"fp32": torch.float32})
     assert not none and "budget" in note["conv_rates"]
 
@@ -602,18 +633,22 @@ def test_matmuls_with_enough_measurements_are_priced_from_a_fitted_surface():
 
 
 def test_the_table_samples_late_cnn_stage_convolutions_and_large_matmuls():
-    from fusion_advisor.devices.rate_sampling import GPU_MATMUL_FLOP_RANGE, GPU_MAX_ELEMS
+    from fusion_advisor.devices.rate_sampling import GPU_MATMUL_FLOP_RANGE, GPU_MAX_ELEMS, MATMUL_SAMPLES
 
     plan = sample_plan({"fp32": 200}, max_elems=GPU_MAX_ELEMS)
     late = [p for p in plan if p.detail == "conv2d" and p.spatial[0] in (7, 14) and p.c_in >= 256 and p.c_out <= 64]
     assert len(late) >= 20  # DenseNet's growth layers: deep K into 32 channels at 7 x 7 and 14 x 14
     assert len({p.batch for p in late}) >= 4
-    mm = matmul_plan({"fp32": 48}, max_elems=GPU_MAX_ELEMS, flop_range=GPU_MATMUL_FLOP_RANGE)
-    assert max(2 * b * m * n * k for _, _, b, m, n, k in mm) > 2e11  # KernelBench's GEMMs reach 0.55 TFLOP
+    mm = [row for row in matmul_plan(MATMUL_SAMPLES["cuda"][0], max_elems=GPU_MAX_ELEMS,
+                                     flop_range=GPU_MATMUL_FLOP_RANGE) if row[1] == "fp32"]  # what calibrate draws
+    assert max(2 * b * m * n * k for _, _, b, m, n, k, _ in mm) > 2e11  # KernelBench's GEMMs reach 0.55 TFLOP
     # classifier heads and recurrent steps (M of 2-10 rows), few outputs (N), tiny blocks (K): each dim below 16
     for axis in range(3):
-        assert any(row[3 + axis] < 16 and min(row[3:]) == row[3 + axis] for row in mm if row[0] == "mm")
-    assert any(m < 16 and n * k >= 1 << 20 for d, _, _, m, n, k in mm if d == "mm")  # a head over wide features
+        assert any(row[3 + axis] < 16 and min(row[3:6]) == row[3 + axis] for row in mm if row[0] == "mm")
+    # half of each class in nn.Linear's layout, with heads over wide features among them (cuBLAS's gemmSN_TN)
+    for detail in ("mm", "bmm"):
+        assert sum(row[6] == "nt" for row in mm if row[0] == detail) == MATMUL_SAMPLES["cuda"][0]["fp32"] // 2
+    assert sum(m < 16 and n * k >= 1 << 16 for d, _, _, m, n, k, lay in mm if d == "mm" and lay == "nt") >= 8
 
 
 def test_a_concatenation_costs_each_input_the_sweep_of_the_largest():

@@ -66,7 +66,7 @@ from fusion_advisor.devices.op_rates import ConvGeometry, conv_kernels, conv_tim
 from fusion_advisor.devices.reduction_rates import REDUCE_OPS, reduction_time_us
 from fusion_advisor.dtypes import float_itemsize
 from fusion_advisor.analyze.composites import composite_host_launches, encoder_layer_parts
-from fusion_advisor.analyze.records import Chain, Estimate, OpInfo
+from fusion_advisor.analyze.records import Chain, Estimate, OpInfo, TensorMeta
 from fusion_advisor.analyze.sdpa import math_score_bytes
 
 _TENSOR_CORE_CATEGORIES = frozenset({"matmul", "conv", "attention", "recurrent"})
@@ -281,10 +281,10 @@ _MATMUL_OPERANDS = {"mm": ("mm", 0), "addmm": ("mm", 1), "bmm": ("bmm", 0), "bad
 
 
 def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
-    """Eager device time of an ``mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` from the spec's measured
-    ``matmul_rates`` (us): the surface fitted through its class's measurements
-    (:func:`fusion_advisor.devices.op_rates.matmul_time_us`); None for other ops, or without a measured matmul of
-    its class and dtype."""
+    """Eager device time of an ``mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` (or an exported ``linear``) from the
+    spec's measured ``matmul_rates`` (us): the surface fitted through its class's measurements in the layout of its
+    second operand (:func:`matmul_layout`; :func:`fusion_advisor.devices.op_rates.matmul_time_us`); None for other
+    ops, or without a measured matmul of its class and dtype."""
     if op.category != "matmul" or not spec.matmul_rates:
         return None
     if _short_target(op.target) == "linear" and len(op.inputs) >= 2 and len(op.inputs[1].shape) == 2:
@@ -292,7 +292,7 @@ def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
         x, (n, k) = op.inputs[0], op.inputs[1].shape
         if k <= 0 or n <= 0 or not x.shape or x.shape[-1] != k or x.numel < k:
             return None
-        return matmul_time_us(spec.matmul_rates, "mm", x.numel // k, n, k, 1, op.dtype)
+        return matmul_time_us(spec.matmul_rates, "mm", x.numel // k, n, k, 1, op.dtype, "nt")
     how = _MATMUL_OPERANDS.get(_short_target(op.target))
     if how is None or len(op.inputs) < how[1] + 2:
         return None
@@ -303,7 +303,14 @@ def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     m, k, n = a[-2], a[-1], b[-1]
     if min(batch, m, n, k) <= 0:
         return None
-    return matmul_time_us(spec.matmul_rates, how[0], m, n, k, batch, op.dtype)
+    return matmul_time_us(spec.matmul_rates, how[0], m, n, k, batch, op.dtype, matmul_layout(op.inputs[how[1] + 1]))
+
+
+def matmul_layout(b: TensorMeta) -> str:
+    """The layout (:data:`fusion_advisor.devices.op_rates.MATMUL_LAYOUTS`) of a matmul's second operand ``b``
+    (``[..., K, N]``): ``nt`` where it is not contiguous (nn.Linear's ``weight.t()``, attention's
+    ``k.transpose(-2, -1)``), else ``nn``."""
+    return "nn" if b.contiguous else "nt"
 
 
 def _middle_dims(op: OpInfo) -> tuple[int, int, int] | None:

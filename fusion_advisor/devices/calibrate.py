@@ -752,9 +752,11 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
            if cal.conv_rates else {}),
         **({"matmul_rates": [asdict(r.rounded()) for r in cal.matmul_rates],
             "matmul_rates_source": (f"{by}: {len(cal.matmul_rates)} seeded matmuls (fusion_advisor.devices.rate_sampling."
-                                    "matmul_plan: torch.mm and torch.bmm, sizes log-uniform over 16-16384, a quarter "
-                                    "of them with one of M, N, K over 1-15, half multiples of 64 or powers of two; "
-                                    "fp32 with TF32 off), 2 B M N K FLOPs "
+                                    "matmul_plan: torch.mm and torch.bmm with B contiguous (layout nn), and for half of "
+                                    "them B a transposed view (nt: F.linear with a bias, torch.bmm of a transposed B), "
+                                    "sizes log-uniform over 16-16384, a quarter of the nt ones with M over 1-15 and a "
+                                    "quarter of the rest with one of M, N, K over 1-15, half multiples of 64 or powers "
+                                    "of two; fp32 with TF32 off), 2 B M N K FLOPs "
                                     "over "
                                     + (f"the summed kernel durations of {TABLE_KERNEL_CALLS} profiled calls (L2 warm)"
                                        if cal.device == "cuda" else

@@ -604,9 +604,19 @@ def count_conv_kernels(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str
 #: Matmul classes calibrate samples: ``mm`` (also prices ``addmm``: cuBLAS adds the bias in its epilogue) and
 #: ``bmm``.
 MATMUL_CLASSES = ("mm", "bmm")
+#: How a matmul's second operand ``B`` (``K x N``) lies in memory: ``nn``, contiguous (``torch.mm(a, b)``); ``nt``, a
+#: transposed view of a contiguous ``N x K`` tensor, as ``nn.Linear`` passes its weight (``addmm(bias, x, w.t())``)
+#: and attention its keys (``q @ k.transpose(-2, -1)``). cuBLAS picks other kernels for each: on the H200 a few-row
+#: ``nt`` GEMM (a classifier head, a recurrent cell's step) runs ``gemmSN_TN``, whose time grows with K at about
+#: 0.0105 us per unit of K (10 x 1920 x 10: 20.1 us, 10 x 4096 x 1000: 43.7, in the profiles of
+#: benchmarks/results/h200/accuracy/reprofile), where an ``nn`` one of the same rows ran 0.0025 us per unit
+#: (8 x 384 x 3743: 9.5 us, session-28 calibration).
+MATMUL_LAYOUTS = ("nn", "nt")
 #: Distance weights of :meth:`MatmulRate.features`: M, N, K, batch, alignment (an unaligned leading dimension
 #: sends cuBLAS to its align1 kernels: a different regime, kept apart).
 MATMUL_WEIGHTS = (1.0, 1.0, 1.0, 0.5, 3.0)
+
+
 def matmul_aligned(n: int, k: int, dtype: str) -> bool:
     """Whether K and N are multiples of 16 bytes (cuBLAS's vectorised kernels need it)."""
     per = 16 // float_itemsize(dtype)
@@ -616,7 +626,13 @@ def matmul_aligned(n: int, k: int, dtype: str) -> bool:
 @dataclass(frozen=True)
 class MatmulRate:
     """One measured matmul ``[batch, M, K] x [batch, K, N]``: class, dtype, sizes, achieved TFLOP/s (fp32 with
-    TF32 off, PyTorch's default for matmuls)."""
+    TF32 off, PyTorch's default for matmuls).
+
+    Attributes:
+        layout: ``B``'s layout (:data:`MATMUL_LAYOUTS`); ``nn`` in tables measured before it was recorded.
+        kernels: device activities one call issued, as the profiler counted them (cuBLAS's split-K GEMMs add a
+            reduction kernel); 0 where not recorded.
+    """
 
     detail: str
     dtype: str
@@ -625,6 +641,8 @@ class MatmulRate:
     k: int
     batch: int
     tflops: float
+    layout: str = "nn"
+    kernels: float = 0.0
 
     def features(self) -> tuple[float, float, float, float, float]:
         return matmul_features(self.m, self.n, self.k, self.batch, self.dtype)
@@ -638,16 +656,22 @@ class MatmulRate:
         """
         d = _entry(d, cls)
         rate = cls(str(d["detail"]), str(d["dtype"]), _field(d, "m", int), _field(d, "n", int), _field(d, "k", int),
-                   _field(d, "batch", int), _field(d, "tflops", float))
+                   _field(d, "batch", int), _field(d, "tflops", float), str(d.get("layout", "nn")),
+                   _field(d, "kernels", float, positive=False) if "kernels" in d else 0.0)
         if rate.detail not in MATMUL_CLASSES:
             raise ValueError(f"detail {rate.detail!r} is not one of {', '.join(MATMUL_CLASSES)}")
         if rate.dtype not in RATE_DTYPES:
             raise ValueError(f"dtype {rate.dtype!r} is not one of {', '.join(RATE_DTYPES)}")
+        if rate.layout not in MATMUL_LAYOUTS:
+            raise ValueError(f"layout {rate.layout!r} is not one of {', '.join(MATMUL_LAYOUTS)}")
+        if rate.kernels < 0:
+            raise ValueError(f"kernels must be 0 (not recorded) or positive, got {rate.kernels!r}")
         return rate
 
     def rounded(self) -> "MatmulRate":
         """This entry with its rate to 4 significant figures for a spec file."""
-        return MatmulRate(self.detail, self.dtype, self.m, self.n, self.k, self.batch, _sig(self.tflops))
+        return MatmulRate(self.detail, self.dtype, self.m, self.n, self.k, self.batch, _sig(self.tflops),
+                          self.layout, round(self.kernels, 2))
 
 
 def matmul_features(m: int, n: int, k: int, batch: int, dtype: str) -> tuple[float, float, float, float, float]:
@@ -664,7 +688,7 @@ def _matmul_row(r: MatmulRate) -> tuple[float, float, float, float, bool, float]
 
 @functools.lru_cache(maxsize=16)
 def fit_matmul_table(pool: tuple[MatmulRate, ...]) -> FittedTable:
-    """:class:`FittedTable` of the measured matmuls ``pool`` (one class and dtype): the GEMM roofline of
+    """:class:`FittedTable` of the measured matmuls ``pool`` (one class and dtype, one layout or both): the GEMM roofline of
     :class:`ConvTimeModel` with ``N``, ``K`` and ``M x N`` (times the batch) as they are.
 
     Raises:
@@ -675,17 +699,21 @@ def fit_matmul_table(pool: tuple[MatmulRate, ...]) -> FittedTable:
     return _fitted_table([_matmul_row(r) for r in pool], [matmul_point(r.m, r.n, r.k, r.batch) for r in pool])
 
 
-def matmul_time_us(rates: Sequence[MatmulRate], detail: str, m: int, n: int, k: int, batch: int, dtype: str
-                   ) -> float | None:
+def matmul_time_us(rates: Sequence[MatmulRate], detail: str, m: int, n: int, k: int, batch: int, dtype: str,
+                   layout: str = "nn") -> float | None:
     """Predicted device time (us) of a ``detail`` (``mm`` / ``bmm``) matmul ``[batch, M, K] x [batch, K, N]`` in
-    ``dtype``: the class's :class:`FittedTable` where the spec measured :data:`MODEL_MIN_SAMPLES` or more of its
-    class and dtype, else its FLOPs at the inverse-distance weighted rate of the nearest measured ones
-    (:data:`MATMUL_WEIGHTS`); None without a measured matmul of that class and dtype.
+    ``dtype`` with ``B`` in ``layout`` (:data:`MATMUL_LAYOUTS`): the class's :class:`FittedTable` where the spec
+    measured :data:`MODEL_MIN_SAMPLES` or more of its class and dtype, else its FLOPs at the inverse-distance
+    weighted rate of the nearest measured ones (:data:`MATMUL_WEIGHTS`); None without a measured matmul of that
+    class and dtype. The pool is the entries of ``layout`` where the table holds :data:`MODEL_MIN_SAMPLES` of them,
+    else all of the class and dtype (tables measured before layouts were recorded hold ``nn`` entries only).
 
     The fitted surface replaced the nearest neighbours as the matmul price in session 21: on 120 matmuls of a
     second seeded table (fitted on calibrate's 96), median |log2 error| 0.20 -> 0.09 for ``mm``, 0.30 -> 0.11 for
     ``bmm``; KernelBench's fp32 GEMMs over 1 ms within 30% of their profiled time 90% -> 97%."""
-    pool = _pool(rates, detail, dtype)
+    pool = _pool(rates, detail, dtype, layout)
+    if len(pool) < MODEL_MIN_SAMPLES:
+        pool = _pool(rates, detail, dtype)
     if not pool:
         return None
     flops = 2.0 * batch * m * n * k

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from fusion_advisor.devices.op_rates import (CONV_CLASSES, MATMUL_CLASSES, ConvGeometry, ConvRate,
+from fusion_advisor.devices.op_rates import (CONV_CLASSES, MATMUL_CLASSES, MATMUL_LAYOUTS, ConvGeometry, ConvRate,
                                              MatmulRate, _prod, _sig)
 from fusion_advisor.dtypes import float_dtype
 
@@ -32,37 +32,69 @@ def _dim(rng: random.Random, lo: int, hi: int) -> int:
 #: 304 us where a table without them priced 149, its 10 x 4096 x 1000 one 43.6 us against 13.2
 #: (benchmarks/results/h200/accuracy/reprofile, seed 3).
 SMALL_DIM_SHARE = 0.25
+#: Share of the ``nt`` matmuls (nn.Linear's layout) with M, the rows, over 1-15: a Linear over a small batch (a
+#: classifier head, a recurrent cell's step), which cuBLAS runs as ``gemmSN_TN``, its time growing with K
+#: (:data:`fusion_advisor.devices.op_rates.MATMUL_LAYOUTS`).
+FEW_ROWS_SHARE = 0.25
 
 
 def matmul_plan(per_class: dict[str, int], seed: int = 0, max_elems: int = 64 << 20,
-                flop_range: tuple[float, float] = (1e8, 2e11)) -> list[tuple[str, str, int, int, int, int]]:
-    """``per_class[dtype]`` seeded matmuls ``(detail, dtype, batch, M, N, K)`` per class of :data:`MATMUL_CLASSES`:
-    sizes log-uniform over 16-16384 (:func:`_dim`), or, for :data:`SMALL_DIM_SHARE` of them, one of M, N and K
-    over 1-15; each operand within ``max_elems`` elements, FLOPs within ``flop_range``."""
+                flop_range: tuple[float, float] = (1e8, 2e11)
+                ) -> list[tuple[str, str, int, int, int, int, str]]:
+    """``per_class[dtype]`` seeded matmuls ``(detail, dtype, batch, M, N, K, layout)`` per class of
+    :data:`MATMUL_CLASSES`, the layouts of :data:`MATMUL_LAYOUTS` in turn: sizes log-uniform over 16-16384
+    (:func:`_dim`), or, for :data:`FEW_ROWS_SHARE` of the ``nt`` ones, M over 1-15, or, for :data:`SMALL_DIM_SHARE`
+    of the rest, one of M, N and K over 1-15; each operand within ``max_elems`` elements, FLOPs within
+    ``flop_range``."""
     rng = random.Random(seed + 1)
     out = []
     for dtype, n in per_class.items():
         for detail in MATMUL_CLASSES:
             got = 0
             while got < n:
+                layout = MATMUL_LAYOUTS[got % len(MATMUL_LAYOUTS)]
                 batch = 1 if detail == "mm" else rng.choice((2, 4, 8, 16, 32, 64, 128, 256))
                 dims = [_dim(rng, 16, 16384) for _ in range(3)]
-                if rng.random() < SMALL_DIM_SHARE:
+                if layout == "nt" and rng.random() < FEW_ROWS_SHARE:
+                    dims[0] = _dim(rng, 1, 15)
+                elif rng.random() < SMALL_DIM_SHARE:
                     dims[rng.randrange(3)] = _dim(rng, 1, 15)
                 m, nn, k = dims
                 flops = 2 * batch * m * nn * k
                 if max(m * k, k * nn, m * nn) * batch > max_elems or not flop_range[0] <= flops <= flop_range[1]:
                     continue
-                out.append((detail, dtype, batch, m, nn, k))
+                out.append((detail, dtype, batch, m, nn, k, layout))
                 got += 1
     return out
 
 
-def measure_matmul_rates(device: str, plan: Sequence[tuple[str, str, int, int, int, int]],
+def _matmul_call(device: str, dt: Any, detail: str, batch: int, m: int, n: int, k: int, layout: str
+                 ) -> Callable[[], Any]:
+    """A call of one sampled matmul (see :func:`measure_matmul_rates`), its operands allocated."""
+    import torch
+    import torch.nn.functional as F
+
+    if detail == "mm":
+        a = torch.randn(m, k, device=device, dtype=dt)
+        if layout == "nt":
+            w, bias = torch.randn(n, k, device=device, dtype=dt), torch.randn(n, device=device, dtype=dt)
+            return lambda: F.linear(a, w, bias)
+        b = torch.randn(k, n, device=device, dtype=dt)
+        return lambda: torch.mm(a, b)
+    a = torch.randn(batch, m, k, device=device, dtype=dt)
+    b = (torch.randn(batch, n, k, device=device, dtype=dt).transpose(1, 2) if layout == "nt"
+         else torch.randn(batch, k, n, device=device, dtype=dt))
+    return lambda: torch.bmm(a, b)
+
+
+def measure_matmul_rates(device: str, plan: Sequence[tuple[str, str, int, int, int, int, str]],
                          timer: Callable[[Callable[[], Any]], Any], budget_s: float, dtypes: dict[str, Any]
                          ) -> tuple[list[MatmulRate], dict[str, str]]:
-    """Time each matmul of ``plan`` (``torch.mm`` / ``torch.bmm``) with ``timer`` until ``budget_s`` seconds
-    have passed, with PyTorch's default matmul precision (fp32 TF32 off) set for the measurement and restored."""
+    """Time each matmul of ``plan`` with ``timer`` until ``budget_s`` seconds have passed, with PyTorch's default
+    matmul precision (fp32 TF32 off) set for the measurement and restored: an ``nn`` ``mm`` as ``torch.mm(a, b)``,
+    an ``nt`` one as ``nn.Linear`` issues it (``F.linear(a, w, bias)``: ``addmm(bias, a, w.t())``), a ``bmm`` as
+    ``torch.bmm(a, b)`` with ``b`` a transposed view for ``nt``. Records the device activities per call where
+    ``timer`` counts them (``kernels_per_call``)."""
     import time
 
     import torch
@@ -74,25 +106,20 @@ def measure_matmul_rates(device: str, plan: Sequence[tuple[str, str, int, int, i
     torch.backends.cuda.matmul.allow_tf32 = False
     start = time.perf_counter()
     try:
-        for i, (detail, dtype, batch, m, n, k) in enumerate(plan):
+        for i, (detail, dtype, batch, m, n, k, layout) in enumerate(plan):
             if time.perf_counter() - start > budget_s:
                 skipped["matmul_rates"] = f"{len(plan) - i} of {len(plan)} matmuls left out: the {budget_s:g} s budget"
                 break
             dt = dtypes[dtype]
             try:
-                if detail == "mm":
-                    a, b = torch.randn(m, k, device=device, dtype=dt), torch.randn(k, n, device=device, dtype=dt)
-                    ms = timer(lambda a=a, b=b: torch.mm(a, b)).median_ms
-                else:
-                    a = torch.randn(batch, m, k, device=device, dtype=dt)
-                    b = torch.randn(batch, k, n, device=device, dtype=dt)
-                    ms = timer(lambda a=a, b=b: torch.bmm(a, b)).median_ms
+                timing = timer(_matmul_call(device, dt, detail, batch, m, n, k, layout))
             except (RuntimeError, ValueError) as e:
-                failed.append(f"{detail} {dtype} {batch}x{m}x{n}x{k}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+                failed.append(f"{detail} {layout} {dtype} {batch}x{m}x{n}x{k}: {type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:100]}")
                 continue
-            finally:
-                a = b = None  # noqa: F841
-            rates.append(MatmulRate(detail, dtype, m, n, k, batch, 2 * batch * m * n * k / (ms * 1e-3) / 1e12))
+            rates.append(MatmulRate(detail, dtype, m, n, k, batch,
+                                    2 * batch * m * n * k / (timing.median_ms * 1e-3) / 1e12, layout,
+                                    float(getattr(timing, "kernels_per_call", None) or 0.0)))
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
     if failed:
@@ -371,10 +398,12 @@ def measure_convolutions(device: str, quick: bool, timer: Callable[[Callable[[],
 #: FLOPs per sampled matmul on a GPU (log-uniform between): KernelBench's fp32 GEMMs run 0.05-0.55 TFLOP per call
 #: (a 16384 x 4096 x 4096 addmm: 10.8 ms on the H200), a CNN's classifier head a few MFLOP (10 x 1920 x 1000); a
 #: table that kept to 0.1-200 GFLOP and 64 M elements per operand priced both from neighbours 4-6 log2 units away.
-GPU_MATMUL_FLOP_RANGE = (1e6, 1e12)
+#: From 0.1 MFLOP: a classifier head of 10 outputs (DenseNet-201's 10 x 1920 x 10: 0.38 MFLOP, 20 us on the H200).
+GPU_MATMUL_FLOP_RANGE = (1e5, 1e12)
 #: Matmuls sampled per class of :data:`fusion_advisor.devices.op_rates.MATMUL_CLASSES` and dtype, and the time
-#: budget (s), by device and ``quick``.
-MATMUL_SAMPLES = {"cuda": ({"fp32": 64, "bf16": 16}, 10.0), "cuda-quick": ({"fp32": 6}, 3.0),
+#: budget (s), by device and ``quick``; half of each in either layout (:data:`MATMUL_LAYOUTS`). On the H200 the
+#: convolutions and 160 matmuls took 9.5 s together (session 28).
+MATMUL_SAMPLES = {"cuda": ({"fp32": 96, "bf16": 16}, 10.0), "cuda-quick": ({"fp32": 6}, 3.0),
                   "cpu": ({"fp32": 4}, 5.0), "cpu-quick": ({"fp32": 2}, 2.0)}
 
 
