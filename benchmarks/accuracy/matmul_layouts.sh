@@ -6,7 +6,7 @@
 # calibration's conv classes. Profiles are taken against the shipped spec of the GPU found.
 #   OUT=... bash benchmarks/accuracy/matmul_layouts.sh      (KernelBench files carried in .kb/)
 # Lands in $OUT: gpu.txt; calibrate/ (calibrated.yaml, calibrate.log); table_probe_mm_seed{1,2}.json;
-# profiles.tar.gz (profiles/<file stem>/report.json) and profiles_<stem>.log.
+# profiles.tar.gz (profiles/<file stem>/report.json and analyze.log): six files (a device call returns eight at most).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -26,7 +26,9 @@ for f in .kb/level1/72_*.py .kb/level1/73_*.py .kb/level1/75_*.py; do
   name=level1_$(basename "$f" .py)
   t0=$SECONDS
   timeout 150 python -m fusion_advisor.cli analyze "$f" --device cuda --profile --gpu $gpu \
-    --out "$OUT/profiles/$name" > "$OUT/profiles_$name.log" 2>&1
-  echo "$name: exit $? after $((SECONDS - t0)) s"
+    --out "$OUT/profiles/$name" > "$OUT/analyze_$name.log" 2>&1
+  rc=$?
+  mv "$OUT/analyze_$name.log" "$OUT/profiles/$name/analyze.log" 2>/dev/null
+  echo "$name: exit $rc after $((SECONDS - t0)) s"
 done
-cd "$OUT" && tar -czf profiles.tar.gz profiles/*/report.json && rm -rf profiles
+cd "$OUT" && tar -czf profiles.tar.gz profiles/*/report.json profiles/*/analyze.log && rm -rf profiles analyze_*.log

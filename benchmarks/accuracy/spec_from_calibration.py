@@ -16,7 +16,7 @@ launch overhead, recurrent steps, pooling, L2) under the shipped spec's name; wi
 accuracy was judged) only the fields that spec carries, and its ``route_efficiency`` (calibrate does not measure it).
 
 Usage (CPU): ``python benchmarks/accuracy/spec_from_calibration.py --calibrated CAL.yaml --fit DIR --test DIR
---out OUTDIR [--conv-rates-from CAL2.yaml] [--merge-tables CAL3.yaml...] [--reductions CAL.yaml|PROBE.json...]
+--out OUTDIR [--conv-rates-from CAL2.yaml] [--merge-tables CAL3.yaml|PROBE.json...] [--merge-matmuls CAL4.yaml|PROBE.json...] [--reductions CAL.yaml|PROBE.json...]
 [--write]``.
 """
 
@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from fusion_advisor.devices import SPEC_DIR, load_spec, spec_mapping  # noqa: E402
 from fusion_advisor.devices.fit_profiles import without_fits  # noqa: E402
+from fusion_advisor.devices.op_rates import ConvRate, MatmulRate  # noqa: E402
 from fusion_advisor.devices.reduction_rates import NORM_CLASSES, ReductionRate  # noqa: E402
 
 
@@ -56,20 +57,33 @@ def reduction_table(paths: tuple[Path, ...], map_norms: tuple[Path, ...] = ()) -
     return tuple(out)
 
 
+def _tables(path: Path):
+    """A calibrate YAML's spec, or a ``table_probe.py`` JSON's ``conv_rates`` and ``matmul_rates`` as a spec's
+    (on an empty copy of the CPU spec; only its tables are read)."""
+    if path.suffix != ".json":
+        return load_spec(str(path))
+    data = json.loads(path.read_text())
+    return dataclasses.replace(load_spec("cpu"), conv_rates=tuple(ConvRate.from_dict(d) for d in data["conv_rates"]),
+                               matmul_rates=tuple(MatmulRate.from_dict(d) for d in data["matmul_rates"]),
+                               reduction_rates=())
+
+
 def base_spec(spec_name: str, calibrated: Path, conv_from: Path | None = None, merge: tuple[Path, ...] = (),
-              reductions: tuple[Path, ...] = (), map_norms: tuple[Path, ...] = ()):
+              reductions: tuple[Path, ...] = (), map_norms: tuple[Path, ...] = (), merge_matmuls: tuple[Path, ...] = ()):
     """The shipped spec without its fits, with the calibration's tables, elementwise overhead and host costs
     (``conv_rates`` and the host cost per convolution activity from ``conv_from``'s calibration when given), the
     ``conv_rates``, ``matmul_rates`` and ``reduction_rates`` of each calibration in ``merge`` appended to its tables
-    (the shipped ``reduction_rates`` kept where no calibration measured any); the table of ``reductions`` and
+    (the shipped ``reduction_rates`` kept where no calibration measured any), and the ``matmul_rates`` alone of each
+    in ``merge_matmuls``; the table of ``reductions`` and
     ``map_norms`` (:func:`reduction_table`) instead where given."""
     spec = without_fits(load_spec(spec_name))
     cal = load_spec(str(calibrated)).at_host_speed(spec.launch_overhead_us)
     # the convolution table's activity counts and the host cost per activity come from the same calibration
     conv = load_spec(str(conv_from)).at_host_speed(spec.launch_overhead_us) if conv_from is not None else cal
-    extra = [load_spec(str(m)) for m in merge]
+    extra = [_tables(m) for m in merge]
+    matmuls = sum((_tables(m).matmul_rates for m in merge_matmuls), ())
     return dataclasses.replace(spec, conv_rates=conv.conv_rates + sum((m.conv_rates for m in extra), ()),
-                               matmul_rates=cal.matmul_rates + sum((m.matmul_rates for m in extra), ()),
+                               matmul_rates=cal.matmul_rates + sum((m.matmul_rates for m in extra), ()) + matmuls,
                                reduction_rates=(reduction_table(reductions, map_norms) or cal.reduction_rates
                                                 + sum((m.reduction_rates for m in extra), ()) or spec.reduction_rates),
                                elementwise_overhead_us=cal.elementwise_overhead_us,
@@ -114,7 +128,7 @@ def _flow(d) -> str:
 
 def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted: dict, fit_note: str,
               conv_path: Path | None = None, merge: tuple[Path, ...] = (), reductions: tuple[Path, ...] = (),
-              map_norms: tuple[Path, ...] = (), head: Path | None = None) -> str:
+              map_norms: tuple[Path, ...] = (), head: Path | None = None, merge_matmuls: tuple[Path, ...] = ()) -> str:
     """The spec file: its text (or ``head``'s) up to ``op_time_fits``, then the measured fields and the fitted
     curves."""
     lines = (head or SPEC_DIR / f"{spec_name}.yaml").read_text().splitlines()
@@ -173,8 +187,9 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
                'profiled calls (L2 warm)"')
     out.append("matmul_rates:")
     out += [f"  - {_flow(r)}" for r in data["matmul_rates"]]
-    mm_by = f"measured by fusion-advisor calibrate ({', '.join(map(str, (cal_path, *merge)))})"
-    out.append(f'matmul_rates_source: "{mm_by}: seeded torch.mm / torch.bmm, fp32 with TF32 off (PyTorch\'s default), '
+    mm_by = (f"measured by fusion-advisor calibrate ({', '.join(map(str, (cal_path, *merge)))})"
+             + (f" and the matmuls of {', '.join(map(str, merge_matmuls))}" if merge_matmuls else ""))
+    out.append(f'matmul_rates_source: "{mm_by}: seeded torch.mm / torch.bmm (B contiguous, nn, and in nn.Linear\'s layout, nt, where recorded), fp32 with TF32 off (PyTorch\'s default), '
                'summed kernel durations of 3 profiled calls (L2 warm)"')
     if data.get("reduction_rates"):
         out.append("# measured normalizations, softmaxes and reductions: an op's time is interpolated from its class's "
@@ -213,8 +228,10 @@ def main() -> int:
                     help="another calibrate YAML whose conv_rates to ship instead (a newer table measured on a host "
                          "whose host costs are not the ones the fit and test reports were profiled with)")
     ap.add_argument("--merge-tables", type=Path, nargs="*", default=[],
-                    help="more calibrate YAMLs whose conv_rates and matmul_rates are appended to the tables (one "
-                         "calibration's random draw moved single models by up to 0.3x)")
+                    help="more calibrate YAMLs (or table_probe.py JSONs) whose conv_rates and matmul_rates are "
+                         "appended to the tables (one calibration's random draw moved single models by up to 0.3x)")
+    ap.add_argument("--merge-matmuls", type=Path, nargs="*", default=[],
+                    help="more calibrate YAMLs or table_probe.py JSONs whose matmul_rates alone are appended")
     ap.add_argument("--reductions", type=Path, nargs="*", default=[],
                     help="calibrate YAMLs or table_probe.py JSONs whose reduction_rates, together, form the table")
     ap.add_argument("--reductions-map-norms", type=Path, nargs="*", default=[],
@@ -233,7 +250,8 @@ def main() -> int:
         head = args.out / "head.yaml"
         head.write_text(header_from_calibration(args.spec, args.calibrated, args.reference))
     base, cal = base_spec(str(head) if head else args.spec, args.calibrated, args.conv_rates_from,
-                          tuple(args.merge_tables), tuple(args.reductions), tuple(args.reductions_map_norms))
+                          tuple(args.merge_tables), tuple(args.reductions), tuple(args.reductions_map_norms),
+                          tuple(args.merge_matmuls))
     base_path = args.out / "base.yaml"
     base_path.write_text(yaml.safe_dump(spec_mapping(base), sort_keys=False))
     cmd = [sys.executable, "-m", "fusion_advisor.cli", "calibrate", *sum((["--from-profile", str(p)]
@@ -252,7 +270,7 @@ def main() -> int:
         fitted = yaml.safe_load(fitted_path.read_text())
         text = spec_text(args.spec, base, args.calibrated, load_spec(str(args.calibrated)).launch_overhead_us,
                          fitted, args.note, args.conv_rates_from, tuple(args.merge_tables), tuple(args.reductions),
-                         tuple(args.reductions_map_norms), head)
+                         tuple(args.reductions_map_norms), head, tuple(args.merge_matmuls))
         (SPEC_DIR / f"{args.spec}.yaml").write_text(text)
         load_spec(args.spec)  # it must load
         print(f"wrote {SPEC_DIR / f'{args.spec}.yaml'}")
