@@ -183,17 +183,18 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: 
     n_rows, vocab = x.shape[0], weight.shape[0]
     out_dtype = loss_dtype or x.dtype
     grad = compute_grad and reduction != "none"
-    empty = x.new_empty(0)
     step, acc_dtype = _chunk_plan(x, weight, softcap)
-    dx = torch.empty_like(x) if grad else empty
-    db = torch.zeros(vocab, dtype=torch.float32, device=x.device) if grad and bias is not None else empty
+    # each output a tensor of its own, the empty ones too: a custom op's outputs may not alias one another (torch.compile
+    # and every functionalising trace reject the op otherwise; an inference call returns three empties)
+    dx = torch.empty_like(x) if grad else x.new_empty(0)
+    db = torch.zeros(vocab, dtype=torch.float32, device=x.device) if grad and bias is not None else x.new_empty(0)
     if n_rows == 0:
-        dw = torch.zeros_like(weight) if grad else empty
+        dw = torch.zeros_like(weight) if grad else x.new_empty(0)
         if reduction == "none":
             return torch.empty(0, dtype=out_dtype, device=x.device), dx, dw, db
         loss = torch.full((), float("nan") if reduction == "mean" else 0.0, dtype=out_dtype, device=x.device)
         return loss, dx, dw, db.to(bias.dtype) if grad and bias is not None else db
-    dw = torch.empty(weight.shape, dtype=acc_dtype, device=x.device) if grad else empty
+    dw = torch.empty(weight.shape, dtype=acc_dtype, device=x.device) if grad else x.new_empty(0)
     loss_rows = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     n_valid = count_valid(target, ignore_index) if reduction == "mean" else loss_rows
     for start in range(0, n_rows, step):
@@ -247,10 +248,9 @@ def _fake_forward(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, b
     """The outputs' shapes and dtypes of :func:`_forward` (for tracing: the op is opaque to torch.compile)."""
     grad = compute_grad and reduction != "none"
     loss = x.new_empty((x.shape[0],) if reduction == "none" else (), dtype=loss_dtype or x.dtype)
-    empty = x.new_empty(0)
-    dx = torch.empty_like(x) if grad else empty
-    dw = torch.empty_like(weight) if grad else empty
-    db = torch.empty_like(bias) if grad and bias is not None else empty
+    dx = torch.empty_like(x) if grad else x.new_empty(0)
+    dw = torch.empty_like(weight) if grad else x.new_empty(0)
+    db = torch.empty_like(bias) if grad and bias is not None else x.new_empty(0)
     return loss, dx, dw, db
 
 
