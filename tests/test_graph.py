@@ -116,5 +116,8 @@ def test_aten_linear_kept_whole_is_a_matmul_with_its_flops_and_measured_price():
     op = _make_op("g0:linear", 0, lin)
     assert op.category == "matmul" and op.flops == 2 * 4 * 64 * 1024 * 256
     h200 = load_spec("h200")
+    # priced as nn.Linear runs it: B the weight's transposed view (layout nt)
     assert measured_matmul_us(op, h200) == pytest.approx(
-        matmul_time_us(h200.matmul_rates, "mm", 4 * 64, 1024, 256, 1, "fp32"))
+        matmul_time_us(h200.matmul_rates, "mm", 4 * 64, 1024, 256, 1, "fp32", "nt"))
+    assert measured_matmul_us(op, h200) != pytest.approx(
+        matmul_time_us(h200.matmul_rates, "mm", 4 * 64, 1024, 256, 1, "fp32", "nn"))

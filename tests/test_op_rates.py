@@ -212,16 +212,11 @@ def test_the_tables_round_trip_through_a_spec_file_and_bad_entries_are_named():
 def test_the_shipped_specs_have_measured_tables_for_every_conv_class():
     from fusion_advisor.devices.op_rates import _pool
 
-    # calibrated after grouped transposed convolutions became a class of their own: every class measured
-    h100 = load_spec("h100")
-    assert {r.detail for r in h100.conv_rates if r.dtype == "fp32"} == set(CONV_CLASSES)
-    # calibrated before (no H200 calibration since): those two classes priced down their fallback chain
-    h200 = load_spec("h200")
-    assert {r.detail for r in h200.conv_rates if r.dtype == "fp32"} == \
-        set(CONV_CLASSES) - {"conv2d_transpose_grouped", "conv3d_transpose_grouped"}
-    for spec in (h100, h200):
+    # both calibrated with grouped transposed convolutions as classes of their own, and matmuls in both layouts
+    for spec in (load_spec("h100"), load_spec("h200")):
+        assert {r.detail for r in spec.conv_rates if r.dtype == "fp32"} == set(CONV_CLASSES)
         assert all(_pool(spec.conv_rates, detail, "fp32") for detail in CONV_CLASSES)
-        assert {r.detail for r in spec.matmul_rates} == {"mm", "bmm"}
+        assert {(r.detail, r.layout) for r in spec.matmul_rates} == {(d, lay) for d in ("mm", "bmm") for lay in ("nn", "nt")}
         assert spec.launch_overhead_by_class["conv"] > spec.launch_overhead_us
 
 
