@@ -187,7 +187,8 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
                'profiled calls (L2 warm)"')
     out.append("matmul_rates:")
     out += [f"  - {_flow(r)}" for r in data["matmul_rates"]]
-    mm_by = (f"measured by fusion-advisor calibrate ({', '.join(map(str, (cal_path, *merge)))})"
+    with_matmuls = [m for m in merge if _tables(m).matmul_rates]  # a merged file of convolutions alone is not named
+    mm_by = (f"measured by fusion-advisor calibrate ({', '.join(map(str, (cal_path, *with_matmuls)))})"
              + (f" and the matmuls of {', '.join(map(str, merge_matmuls))}" if merge_matmuls else ""))
     out.append(f'matmul_rates_source: "{mm_by}: seeded torch.mm / torch.bmm (B contiguous, nn, and in nn.Linear\'s layout, nt, where recorded), fp32 with TF32 off (PyTorch\'s default), '
                'summed kernel durations of 3 profiled calls (L2 warm)"')
