@@ -642,6 +642,7 @@ def test_the_table_samples_late_cnn_stage_convolutions_and_large_matmuls():
     for detail in ("mm", "bmm"):
         assert sum(row[6] == "nt" for row in mm if row[0] == detail) == MATMUL_SAMPLES["cuda"][0]["fp32"] // 2
     assert sum(m < 16 and n * k >= 1 << 16 for d, _, _, m, n, k, lay in mm if d == "mm" and lay == "nt") >= 8
+    assert any(m < 16 and n * k >= 1 << 20 for d, _, _, m, n, k, lay in mm if d == "mm" and lay == "nt")  # a wide head
 
 
 def test_a_concatenation_costs_each_input_the_sweep_of_the_largest():

@@ -402,7 +402,8 @@ def measure_convolutions(device: str, quick: bool, timer: Callable[[Callable[[],
 GPU_MATMUL_FLOP_RANGE = (1e5, 1e12)
 #: Matmuls sampled per class of :data:`fusion_advisor.devices.op_rates.MATMUL_CLASSES` and dtype, and the time
 #: budget (s), by device and ``quick``; half of each in either layout (:data:`MATMUL_LAYOUTS`). On the H200 the
-#: convolutions and 160 matmuls took 9.5 s together (session 28).
+#: convolutions and these 224 matmuls took 16.4 s together, of a 56 s calibrate (session 29,
+#: benchmarks/results/h200/accuracy/matmul_layouts; 9.5 s before the grouped transposed classes and the nt half).
 MATMUL_SAMPLES = {"cuda": ({"fp32": 96, "bf16": 16}, 10.0), "cuda-quick": ({"fp32": 6}, 3.0),
                   "cpu": ({"fp32": 4}, 5.0), "cpu-quick": ({"fp32": 2}, 2.0)}
 
