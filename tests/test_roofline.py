@@ -37,16 +37,27 @@ SPEC = dataclasses.replace(H200, attention_rates=RATES)
     ("flash", 512, 80, False, 100.0, "rates"),        # nearest measured head dim
     ("math", 2048, 128, False, 20.0 + 20.0 * 2 / 3, "rates"),
     ("efficient", 2048, 128, False, 607.0, "attention_tflops"),  # no rates for it: the flat table
-    ("flash", 2048, 128, False, 790.0, "tensor_tflops"),          # fp16 below, no flat fp16 entry
+    ("flash", 2048, 128, False, 67.0, "tensor_tflops"),           # fp32 below: no fp32 rates, no flat fp32 entry
 ])
 def test_attention_peak_lookup(backend, seq, head_dim, causal, want, origin):
     spec = SPEC
     if origin == "tensor_tflops":
         spec = dataclasses.replace(SPEC, attention_tflops={"bf16": 607.0})
-        got = spec.attention_peak_tflops(backend, "fp16", seq, head_dim, causal)
+        got = spec.attention_peak_tflops(backend, "fp32", seq, head_dim, causal)
     else:
         got = spec.attention_peak_tflops(backend, "bf16", seq, head_dim, causal)
     assert got[0] == pytest.approx(want) and got[1] == origin
+
+
+def test_fp16_attention_takes_the_bf16_rates_where_it_has_none_of_its_own():
+    # calibrate times the grid in bf16 alone (fp16 ran at 0.93-1.04x its rate on the H200 and the H100)
+    assert SPEC.attention_peak_tflops("flash", "fp16", 2048, 128) == (600.0, "rates")
+    assert SPEC.attention_peak_tflops("math", "fp16", 4096, 128) == (40.0, "rates")
+    own = dataclasses.replace(SPEC, attention_rates=RATES + (_rate("flash", 2048, 550.0, dtype="fp16"),))
+    assert own.attention_peak_tflops("flash", "fp16", 2048, 128) == (550.0, "rates")  # its own entries first
+    assert own.attention_peak_tflops("flash", "bf16", 2048, 128) == (600.0, "rates")
+    # fp32 has no twin: without fp32 rates it takes the flat table, then the tensor-core peak
+    assert SPEC.attention_peak_tflops("flash", "fp32", 2048, 128)[1] != "rates"
 
 
 def _attention_op(variant: str, causal: bool = False, mask: bool = False, kernels: int = 1):

@@ -32,6 +32,9 @@ _RATE_KEYS = ("backend", "dtype", "seq", "head_dim", "causal", "masked", "tflops
 #: the names the op graph gives dtypes (:func:`fusion_advisor.dtypes.dtype_name`), plus tf32; another name would
 #: never match an op and its number would be silently unused.
 RATE_DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16")
+#: The 16-bit float dtype whose attention rates stand in for one a spec has none of: the GPU runs both on the same
+#: tensor-core kernels (:data:`fusion_advisor.devices.attention_rates.ATTENTION_DTYPES` says what was measured).
+HALF_TWIN = {"fp16": "bf16", "bf16": "fp16"}
 
 
 def _number(value: Any, where: str, unit: str, positive: bool = True) -> float:
@@ -309,7 +312,8 @@ class DeviceSpec:
         ``"tensor_tflops"``).
 
         Lookup: the :attr:`attention_rates` entries of ``backend`` and ``dtype`` (an empty ``backend``, not known,
-        is taken as ``flash``), of the same mask flag, then the same causal flag, when there are any (else the
+        is taken as ``flash``; for fp16 or bf16 without entries of its own, the other's: :data:`HALF_TWIN`), of the
+        same mask flag, then the same causal flag, when there are any (else the
         others), of the measured
         head dim nearest ``head_dim``; over their sequence lengths the rate is interpolated linearly in
         ``log(seq)`` and held constant beyond the measured ends. Without such entries: :attr:`attention_tflops`
@@ -321,6 +325,8 @@ class DeviceSpec:
 
         want = backend or "flash"
         rows = [r for r in self.attention_rates if r.backend == want and r.dtype == dtype]
+        if not rows and dtype in HALF_TWIN:  # calibrate times bf16 alone: fp16 runs at its rate
+            rows = [r for r in self.attention_rates if r.backend == want and r.dtype == HALF_TWIN[dtype]]
         if rows:
             rows = [r for r in rows if r.masked == bool(masked)] or rows
             same = [r for r in rows if r.causal == bool(causal)]

@@ -669,7 +669,8 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                        f"head_dim = {ATTENTION_MODEL_DIM}; masked entries (efficient, math) with an "
                                        "additive [B, 1, S, S] mask of the q dtype; 4 b h s^2 d FLOPs (halved when "
                                        f"causal) over the triton.testing.do_bench median ({ATTENTION_WARMUP_MS:g} ms "
-                                       f"warm-up, {ATTENTION_REP_MS:g} ms timed)")}
+                                       f"warm-up, {ATTENTION_REP_MS:g} ms timed); fp16 not timed, priced by the "
+                                       "bf16 entries (the same kernels' rate: attention_rates.ATTENTION_DTYPES)")}
            if cal.attention_rates else {}),
         **({"unaligned_tensor_tflops": {k: round(float(x), 3) for k, x in cal.unaligned_tflops.items()},
             "unaligned_tensor_tflops_source": (f"{by}: torch.mm of [{s.matmul_n}, {s.matmul_n}] x [{s.matmul_n}, "
