@@ -115,6 +115,17 @@ def test_closest_spec_of_an_unknown_gpu_is_by_bandwidth():
     assert closest_shipped_spec(_gpu_cal("Some New GPU", 1900.0)).name == "a100"
 
 
+def test_a_named_gpu_reads_its_own_spec_alone(monkeypatch):
+    # the H100 and H200 specs take seconds each to read: a GPU whose name names a shipped spec reads that one only
+    import fusion_advisor.devices.calibrate as cal_mod
+
+    read = []
+    monkeypatch.setattr(cal_mod, "load_spec", lambda name: read.append(name) or load_spec(name))
+    assert closest_shipped_spec(_gpu_cal("NVIDIA H100 80GB HBM3")).name == "h100" and read == ["h100"]
+    read.clear()
+    assert closest_shipped_spec(_gpu_cal("NVIDIA A100-SXM4-80GB", 5000.0)).name == "a100" and read == ["a100"]
+
+
 def test_cli_calibrate(tmp_path):
     runner = CliRunner()
     out = tmp_path / "c.yaml"

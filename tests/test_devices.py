@@ -123,3 +123,18 @@ def test_good_optional_measured_fields_load(tmp_path):
     assert s.pool_window_gelem_s == 950.0 and load_spec("cpu").pool_window_gelem_s == 0.0
     assert (s.elementwise_overhead_us, s.strided_bandwidth_gbps) == (0.0, 40.0)
     assert s.unaligned_tensor_tflops == {"bf16": 3.0, "fp16": 3.5}
+
+
+def test_a_spec_file_is_parsed_once_per_text(tmp_path):
+    # the shipped GPU specs take seconds to build; every analysis of a process shares one parse of a file's text
+    assert load_spec("h200") is load_spec("h200")
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nmemory_bandwidth_gbps: 100\ntensor_tflops: {bf16: 10}\nvector_tflops: {fp32: 1}\n"
+                    "launch_overhead_us: 1\n")
+    first = load_spec(str(spec))
+    assert load_spec(str(spec)) is first
+    spec.write_text(spec.read_text().replace("100", "200"))  # same size, maybe the same timestamp: read again
+    assert load_spec(str(spec)).memory_bandwidth_gbps == 200
+    spec.write_text(spec.read_text().replace("launch_overhead_us: 1", "launch_overhead_us: -1"))
+    with pytest.raises(DeviceSpecError):  # an invalid text is never served from an earlier parse
+        load_spec(str(spec))

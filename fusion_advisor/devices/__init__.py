@@ -634,7 +634,9 @@ def parse_spec(data: Any, origin: str) -> DeviceSpec:
 
 
 def load_spec(name_or_path: str) -> DeviceSpec:
-    """Load a shipped spec by name (``"h200"``) or a spec YAML by path.
+    """Load a shipped spec by name (``"h200"``) or a spec YAML by path. The spec returned is shared by every call
+    that reads the same file text in this process (:data:`_LOADED`): treat it as read-only (``dataclasses.replace``
+    makes a changed copy).
 
     Raises:
         DeviceSpecError: unknown name (the message lists the shipped ones), unreadable or invalid YAML.
@@ -651,10 +653,27 @@ def load_spec(name_or_path: str) -> DeviceSpec:
                 "or give the path of a spec YAML"
             )
     try:
-        # libyaml's loader where PyYAML has it: the H200 spec's rate tables are ~5,000 entries (1.7 s in pure Python)
-        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        text = path.read_text()
     except OSError as e:
         raise DeviceSpecError(f"{origin}: cannot read: {e.strerror}") from e
+    key = (origin, text)
+    if key in _LOADED:
+        return _LOADED[key]
+    try:
+        # libyaml's loader where PyYAML has it: the H200 spec's rate tables are ~5,000 entries (1.7 s in pure Python)
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as e:
         raise DeviceSpecError(f"{origin}: invalid YAML: {e}") from e
-    return _parse(data, origin)
+    spec = _parse(data, origin)
+    if len(_LOADED) >= _LOADED_MAX:
+        _LOADED.pop(next(iter(_LOADED)))
+    _LOADED[key] = spec
+    return spec
+
+
+#: Specs :func:`load_spec` parsed in this process, by origin and file text (a file rewritten is parsed again,
+#: whatever its timestamp says). Nothing writes to a loaded spec's tables, so one parse serves every analysis of a
+#: process: the shipped H200 and H100 specs take 1-2 s each to read (their rate tables' ~77,000 YAML scalars
+#: built into Python objects, even by libyaml's loader).
+_LOADED: dict[tuple[str, str], DeviceSpec] = {}
+_LOADED_MAX = 8
