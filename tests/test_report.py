@@ -306,6 +306,21 @@ def test_html_size_3000_chains(tmp_path):
     assert len(pd.read_csv(paths["chains_csv"])) == len(a.chains)
 
 
+def test_html_lists_a_specs_rate_tables_by_their_size(tmp_path):
+    """The shipped GPU specs hold thousands of measured rates: report.html names their count, report.json keeps them
+    (an analysis of a 216-op model wrote a 1.6 MB page, 1.35 MB of it the spec's tables, before)."""
+    from fusion_advisor.devices import load_spec
+
+    a = make_analysis()
+    a.device_spec = load_spec("h200").to_dict()
+    paths = report.write_report(a, tmp_path)
+    html = paths["html"].read_text(encoding="utf-8")
+    n = len(a.device_spec["conv_rates"])
+    assert n > 1000 and f"{n:,} entries of detail, dtype, c_in" in html
+    assert paths["html"].stat().st_size < 400 * 1024
+    assert len(json.loads(paths["json"].read_text())["device_spec"]["conv_rates"]) == n
+
+
 # --- summary ------------------------------------------------------------------------------------------------
 
 
