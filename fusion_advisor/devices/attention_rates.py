@@ -29,7 +29,7 @@ ATTENTION_CONFIGS = (("flash", "", False), ("flash", "", True), ("cudnn", "", Fa
 #: spec prices fp16 attention by the bf16 entries (:data:`fusion_advisor.devices.HALF_TWIN`). Measured over the
 #: full grid (64 fp16 / bf16 pairs per GPU, 2026-12-06): fp16 over bf16 0.93-1.04, median 1.00 on the H200
 #: (benchmarks/results/h200/accuracy/matmul_layouts/calibrate/calibrated.yaml) and 0.93-1.03, median 1.00 on the
-#: H100 (benchmarks/results/h100/accuracy/calibrate_time/calibrated.yaml); leaving it out saved 64 of the grid's
+#: H100 (benchmarks/results/h100/accuracy/calibrate_time/before/calibrated.yaml); leaving it out saved 64 of the grid's
 #: 192 points, seconds of calibrate's minute.
 ATTENTION_DTYPES = ("bf16", "fp32")
 ATTENTION_SEQS = (512, 1024, 2048, 4096)
