@@ -296,7 +296,9 @@ _KERNEL_ARG_HELP = (
     "Kernel file (.py) defining kernel_fn, reference_fn and get_inputs(), or a kernel_library module "
     "(rmsnorm, kernel_library.rmsnorm)."
 )
-_TOL_HELP = "{} tolerance for every output and gradient. Default: by output dtype (fusion_advisor.tolerances)."
+_TOL_HELP = ("{} tolerance for every output and gradient, replacing the error policy. Default: the error policy "
+             "(each tensor's error against a float64 reference within a few times that of the reference run in the "
+             "inputs' own dtype, plus a rounding floor; fusion_advisor.verification.policy).")
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
