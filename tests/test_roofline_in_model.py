@@ -41,7 +41,18 @@ def test_short_ops_behind_a_long_kernel_wait_for_no_launch():
 def test_a_run_of_short_ops_waits_for_every_launch():
     ops = [_op(i, 1.0) for i in range(4)]
     got = eager_in_model_us([_chain("c0", ops)], ops, SPEC)
-    assert got["c0"] == pytest.approx(4 * 1.0 + 3 * 9.0)  # after each 1-us kernel the GPU waits 9 us
+    # after each 1-us kernel the GPU waits 9 us, and so does the first: the run before drained the GPU 9 us before
+    # this run's first launch (a host-bound loop; assuming the GPU still busy there priced it 4 + 3 * 9)
+    assert got["c0"] == pytest.approx(4 * 1.0 + 4 * 9.0)
+
+
+def test_a_run_ending_in_a_long_kernel_covers_the_next_runs_first_launch():
+    # steady state of a loop over the model: the 100-us kernel that ends a run still runs when the next run's
+    # first op is issued, so that op waits for no launch; the short op after the long one in the same run does
+    ops = [_op(0, 1.0), _op(1, 100.0), _op(2, 1.0)]
+    got = in_model_times([_chain("c0", ops[:1]), _chain("c1", ops[1:2]), _chain("c2", ops[2:])], ops, SPEC)
+    assert got["c0"] == pytest.approx((1.0, 0.0))
+    assert got["c1"] == pytest.approx((100.0, 0.0)) and got["c2"] == pytest.approx((1.0, 0.0))
 
 
 def test_measured_device_times_replace_the_predicted_ones_for_the_ops_they_name():
@@ -89,7 +100,8 @@ def test_unaligned_rate_is_validated(tmp_path):
 
 def test_an_op_launching_several_kernels_waits_for_each_launch():
     ops = [_op(0, 1.0), dataclasses.replace(_op(1, 1.0), eager_kernels=12)]  # SDPA's math backend: a dozen launches
-    assert eager_in_model_us([_chain("c0", ops)], ops, SPEC)["c0"] == pytest.approx(2.0 + 120.0 - 1.0)
+    # the 12 launches wait 120 - 1 us after op0's kernel; op0 waits 10 - 1 after the run before
+    assert eager_in_model_us([_chain("c0", ops)], ops, SPEC)["c0"] == pytest.approx(2.0 + 120.0 - 1.0 + 9.0)
 
 
 def test_elementwise_kernels_pay_the_measured_overhead_memcpy_and_library_ops_do_not():

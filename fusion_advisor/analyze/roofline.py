@@ -705,7 +705,10 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec,
     its host time per kernel it launches (ops on empty tensors launch nothing and cost no host time here); an op's
     kernel starts when it is issued or when the GPU finished the previous kernel, whichever is later; the GPU's
     wait for an op (capped by the host time issuing it) is that op's idle time. As in a loop over the model (what
-    ``analyze --profile`` measures), the first op is issued while the previous run's kernels still run. A chain's
+    ``analyze --profile`` measures), the times are those of a run after another: the replay runs the ops twice and
+    keeps the second pass, whose first op finds the GPU still busy with the run before where that run kept it busy
+    (a GPU-bound model) and idle where the host set the pace (a host-bound one: it drained after the last launch;
+    assuming it busy gave every host-bound model's first op no idle time at all). A chain's
     time is its ops' predicted device time (:func:`_op_time_us`) plus their idle times. This is what ``analyze --profile`` compares with the
     measured chain time; routing keeps :func:`estimate`'s per-chain numbers. Host time per kernel is
     :func:`op_launch_us`; views add :func:`view_host_us` and each ``nn.Module`` call entered ``module_call_us`` to
@@ -716,10 +719,9 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec,
     """
     idle: dict[str, float] = {}
     device: dict[str, float] = {}
-    # steady state of repeated runs: the first op is issued while the previous run's kernels still run
-    host, gpu_free = 0.0, max(ops[0].eager_kernels, 1) * op_launch_us(ops[0], spec) if ops else 0.0
+    host = gpu_free = 0.0
     prev_path, pending = "", 0.0  # host time of views and module calls not yet followed by a launch
-    for op in ops:
+    for op in ops + ops:  # a run, then the run after it (steady state): the second pass's times are kept
         calls = _module_calls(prev_path, op.module_path)
         prev_path = op.module_path
         pending += calls * spec.module_call_us * spec.host_time_scale
@@ -728,7 +730,8 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec,
             continue
         if not launches(op):
             continue
-        device[op.id] = device_us[op.id] if device_us and op.id in device_us else _op_time_us(op, spec)
+        if op.id not in device:  # priced once: the second pass replays the first's device times
+            device[op.id] = device_us[op.id] if device_us and op.id in device_us else _op_time_us(op, spec)
         if op.category == "recurrent" and op.sequential_steps > 0:
             # cuDNN issues each cell step's kernels from its own host loop while the GPU runs the steps before:
             # the GPU waits for the host's excess over its own time, not for the whole issue
@@ -741,8 +744,7 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec,
         issue = op_host_us(op, spec) + pending  # SDPA's math: a dozen kernels
         pending = 0.0
         host += issue
-        if host > gpu_free:
-            idle[op.id] = min(host - gpu_free, issue)
+        idle[op.id] = min(host - gpu_free, issue) if host > gpu_free else 0.0
         gpu_free = max(host, gpu_free) + device[op.id]
     # ops that launch nothing cost nothing (views are in no chain; an op on empty tensors has no time)
     return {c.id: (sum(device.get(i, 0.0) for i in c.op_ids), sum(idle.get(i, 0.0) for i in c.op_ids))
