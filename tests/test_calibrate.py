@@ -178,6 +178,9 @@ def test_gpu_spec_records_attention_rates_and_strided_bandwidth():
                               not_measured={"attention_rates cudnn fp32": "RuntimeError: No available kernel"})
     data = spec_dict(cal)
     assert data["attention_rates"] == rates and "sdpa_kernel" in data["attention_rates_source"]
+    assert "fp16 not timed, priced by the bf16 entries" in data["attention_rates_source"]
+    timed = dataclasses.replace(cal, attention_rates=rates + [dict(rates[0], dtype="fp16")])
+    assert "fp16 not timed" not in spec_dict(timed)["attention_rates_source"]  # a pre-Ampere GPU times it
     assert data["strided_bandwidth_gbps"] == 1612.3
     assert data["calibration"]["not_measured"] == {"attention_rates cudnn fp32": "RuntimeError: No available kernel"}
     assert yaml.safe_load(render_spec(data)) == data
@@ -254,3 +257,14 @@ def test_pool_window_rate_is_measured_and_written(cpu_spec):
     probes = data["calibration"]["pool_probes"]
     assert {p["op"] for p in probes} >= {"max_pool2d", "avg_pool2d", "max_pool3d", "avg_pool1d"}
     assert all(p["time_us"] > 0 and p["window_reads"] > 0 for p in probes)
+
+
+def test_the_sdpa_grid_times_fp16_only_where_bf16_is_not_native(monkeypatch):
+    # sm80+: fp16 runs at bf16's rate and is priced by its entries; a T4 or V100 emulates bf16, so fp16 is timed
+    from fusion_advisor.devices import attention_rates as ar
+
+    monkeypatch.setattr(ar.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ar.torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert ar.grid_dtypes() == ("bf16", "fp32")
+    monkeypatch.setattr(ar.torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    assert ar.grid_dtypes() == ("fp16", "bf16", "fp32")

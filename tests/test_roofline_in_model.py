@@ -55,6 +55,18 @@ def test_a_run_ending_in_a_long_kernel_covers_the_next_runs_first_launch():
     assert got["c1"] == pytest.approx((100.0, 0.0)) and got["c2"] == pytest.approx((1.0, 0.0))
 
 
+def test_each_run_enters_the_model_from_its_top_level_and_leaves_nothing_pending():
+    # module calls are counted from the top level at every run's start (a wrapper's `self.net(x)`), and host time a
+    # run's trailing views spend is not charged to the next run's first launch (the measured replay counts an op's
+    # wait only from its graph's start)
+    spec = dataclasses.replace(SPEC, module_call_us=5.0, view_overhead_us=20.0, host_time_scale=1.0)
+    ops = [dataclasses.replace(_op(i, 1.0), module_path="net") for i in range(2)]
+    view = dataclasses.replace(_op(2, 0.0), target="aten.view.default", category="view", module_path="net")
+    got = in_model_times([_chain("c0", ops[:1]), _chain("c1", ops[1:])], ops + [view], spec)
+    assert got["c0"] == pytest.approx((1.0, 10.0 + 5.0 - 1.0))  # its launch and the call into `net`, less op1's us
+    assert got["c1"] == pytest.approx((1.0, 9.0))
+
+
 def test_measured_device_times_replace_the_predicted_ones_for_the_ops_they_name():
     """The host model judged alone (benchmarks/accuracy/judge_reports.py --measured-busy): with op0 measured at
     5 us instead of its predicted 100, the short ops behind it wait for their launches again."""

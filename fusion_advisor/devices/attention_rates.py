@@ -32,6 +32,17 @@ ATTENTION_CONFIGS = (("flash", "", False), ("flash", "", True), ("cudnn", "", Fa
 #: H100 (benchmarks/results/h100/accuracy/calibrate_time/before/calibrated.yaml); leaving it out saved 64 of the grid's
 #: 192 points, seconds of calibrate's minute.
 ATTENTION_DTYPES = ("bf16", "fp32")
+#: Compute capability from which bf16 runs on the tensor cores (Ampere): below it flash and memory-efficient
+#: attention refuse or emulate bf16, so fp16, the dtype such GPUs run, is timed as well (:func:`grid_dtypes`).
+NATIVE_BF16_CAPABILITY = (8, 0)
+
+
+def grid_dtypes() -> tuple[str, ...]:
+    """The dtypes the SDPA grid times on this GPU: :data:`ATTENTION_DTYPES`, plus fp16 below
+    :data:`NATIVE_BF16_CAPABILITY` (a T4's or V100's bf16 rates would misprice its fp16 attention)."""
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < NATIVE_BF16_CAPABILITY:
+        return ("fp16",) + ATTENTION_DTYPES
+    return ATTENTION_DTYPES
 ATTENTION_SEQS = (512, 1024, 2048, 4096)
 ATTENTION_HEAD_DIMS = (64, 128)
 #: batch x seq of every grid point (8 x 1024 tokens: batch 16 at 512, 2 at 4096).
@@ -72,11 +83,12 @@ def attention_flops(b: int, h: int, s: int, d: int, causal: bool) -> int:
 
 def measure_attention_rates(timer: Callable[[Callable[[], Any]], Timing] | None = None,
                             seqs: tuple[int, ...] = ATTENTION_SEQS, head_dims: tuple[int, ...] = ATTENTION_HEAD_DIMS,
-                            dtypes: tuple[str, ...] = ATTENTION_DTYPES,
+                            dtypes: tuple[str, ...] | None = None,
                             configs: tuple[tuple[str, str, bool], ...] = ATTENTION_CONFIGS,
                             ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """SDPA TFLOP/s per backend forced with ``torch.nn.attention.sdpa_kernel`` over the grid (see the module
-    docstring); default timer: ``time_cuda`` with :data:`ATTENTION_WARMUP_MS` / :data:`ATTENTION_REP_MS`.
+    docstring); default timer: ``time_cuda`` with :data:`ATTENTION_WARMUP_MS` / :data:`ATTENTION_REP_MS`; default
+    dtypes: :func:`grid_dtypes`.
 
     Returns:
         ``(rates, not_measured)``: rates as ``attention_rates`` entries (``backend``, ``dtype``, ``seq``,
@@ -95,6 +107,7 @@ def measure_attention_rates(timer: Callable[[Callable[[], Any]], Timing] | None 
     members = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
                "math": "MATH"}
     timer = timer or (lambda fn: time_cuda(fn, warmup_ms=ATTENTION_WARMUP_MS, rep_ms=ATTENTION_REP_MS))
+    dtypes = dtypes or grid_dtypes()
     sdpa = torch.nn.functional.scaled_dot_product_attention
     rates: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}

@@ -674,8 +674,10 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                        f"head_dim = {ATTENTION_MODEL_DIM}; masked entries (efficient, math) with an "
                                        "additive [B, 1, S, S] mask of the q dtype; 4 b h s^2 d FLOPs (halved when "
                                        f"causal) over the triton.testing.do_bench median ({ATTENTION_WARMUP_MS:g} ms "
-                                       f"warm-up, {ATTENTION_REP_MS:g} ms timed); fp16 not timed, priced by the "
-                                       "bf16 entries (the same kernels' rate: attention_rates.ATTENTION_DTYPES)")}
+                                       f"warm-up, {ATTENTION_REP_MS:g} ms timed)"
+                                       + ("" if any(r.get("dtype") == "fp16" for r in cal.attention_rates) else
+                                          "; fp16 not timed, priced by the bf16 entries (the same kernels' rate: "
+                                          "attention_rates.ATTENTION_DTYPES)"))}
            if cal.attention_rates else {}),
         **({"unaligned_tensor_tflops": {k: round(float(x), 3) for k, x in cal.unaligned_tflops.items()},
             "unaligned_tensor_tflops_source": (f"{by}: torch.mm of [{s.matmul_n}, {s.matmul_n}] x [{s.matmul_n}, "
@@ -820,7 +822,8 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
 
 def render_spec(data: dict[str, Any]) -> str:
     """The YAML text of a spec mapping, the calibrate marker on its first line."""
-    # libyaml's emitter where PyYAML has it: the same text as safe_dump's, 0.3 s instead of 1.7 for a GPU spec's tables
+    # libyaml's emitter where PyYAML has it: 0.3 s instead of 1.7 for a GPU spec's tables, the same text as safe_dump's
+    # for every shipped spec (characters beyond the BMP are escaped differently; they load back the same)
     body = yaml.dump(data, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False,
                      default_flow_style=False, width=120, allow_unicode=True)
     usage = "# Written by `fusion-advisor calibrate`; use it with `fusion-advisor analyze --gpu THIS.yaml`.\n"
