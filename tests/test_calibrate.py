@@ -29,11 +29,9 @@ def cpu_spec(tmp_path_factory):
     steps: list[str] = []
     measured: list[Calibration] = []
     measure = calibrate_module.measure
-    calibrate_module.measure = lambda *a, **k: measured.append(measure(*a, **k)) or measured[-1]
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # a module-scoped fixture: no monkeypatch fixture
+        mp.setattr(calibrate_module, "measure", lambda *a, **k: measured.append(measure(*a, **k)) or measured[-1])
         written, data = calibrate(path, device="cpu", quick=True, progress=steps.append)
-    finally:
-        calibrate_module.measure = measure
     assert written == path
     # progress: one line per measurement as it starts, numbered to the last one
     assert steps[0].startswith("copy bandwidth (cpu) (1 of ")

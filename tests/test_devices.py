@@ -10,6 +10,7 @@ def test_shipped_specs():
     assert {"h200", "h100", "a100", "l4", "cpu"} <= set(available_specs())
     for name in available_specs():
         spec = load_spec(name)
+        assert spec.name == name  # calibrate finds a GPU's spec by its file name (closest_shipped_spec)
         assert spec.memory_bandwidth_gbps > 0 and spec.launch_overhead_us >= 0
         assert spec.source and spec.sources.get("memory_bandwidth")
 

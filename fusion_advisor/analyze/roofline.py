@@ -720,36 +720,35 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec,
     idle: dict[str, float] = {}
     device: dict[str, float] = {}
     host = gpu_free = 0.0
-    prev_path, pending = "", 0.0  # host time of views and module calls not yet followed by a launch
-    for i, op in enumerate(ops + ops):  # a run, then the run after it (steady state): the second pass's times kept
-        if i == len(ops):
-            # each run enters the model from its top level, and what its last launch left pending (trailing views)
-            # is not the next run's: the measured replay counts an op's wait only from its graph's start
-            prev_path, pending = "", 0.0
-        calls = _module_calls(prev_path, op.module_path)
-        prev_path = op.module_path
-        pending += calls * spec.module_call_us * spec.host_time_scale
-        if op.is_view:
-            pending += view_host_us(op, spec)
-            continue
-        if not launches(op):
-            continue
-        if op.id not in device:  # priced once: the second pass replays the first's device times
-            device[op.id] = device_us[op.id] if device_us and op.id in device_us else _op_time_us(op, spec)
-        if op.category == "recurrent" and op.sequential_steps > 0:
-            # cuDNN issues each cell step's kernels from its own host loop while the GPU runs the steps before:
-            # the GPU waits for the host's excess over its own time, not for the whole issue
-            start = host + pending
-            issue = op_host_us(op, spec)
-            span = max(device[op.id], issue)
-            idle[op.id] = max(0.0, start - gpu_free) + span - device[op.id]
-            host, gpu_free, pending = start + issue, max(start, gpu_free) + span, 0.0
-            continue
-        issue = op_host_us(op, spec) + pending  # SDPA's math: a dozen kernels
-        pending = 0.0
-        host += issue
-        idle[op.id] = min(host - gpu_free, issue) if host > gpu_free else 0.0
-        gpu_free = max(host, gpu_free) + device[op.id]
+    for _ in range(2):  # a run, then the run after it (steady state): the second pass's times are kept
+        # each run enters the model from its top level, and what its last launch left pending (trailing views) is
+        # not the next run's: the measured replay counts an op's wait only from its graph's start
+        prev_path, pending = "", 0.0  # host time of views and module calls not yet followed by a launch
+        for op in ops:
+            calls = _module_calls(prev_path, op.module_path)
+            prev_path = op.module_path
+            pending += calls * spec.module_call_us * spec.host_time_scale
+            if op.is_view:
+                pending += view_host_us(op, spec)
+                continue
+            if not launches(op):
+                continue
+            if op.id not in device:  # priced once: the second pass replays the first's device times
+                device[op.id] = device_us[op.id] if device_us and op.id in device_us else _op_time_us(op, spec)
+            if op.category == "recurrent" and op.sequential_steps > 0:
+                # cuDNN issues each cell step's kernels from its own host loop while the GPU runs the steps before:
+                # the GPU waits for the host's excess over its own time, not for the whole issue
+                start = host + pending
+                issue = op_host_us(op, spec)
+                span = max(device[op.id], issue)
+                idle[op.id] = max(0.0, start - gpu_free) + span - device[op.id]
+                host, gpu_free, pending = start + issue, max(start, gpu_free) + span, 0.0
+                continue
+            issue = op_host_us(op, spec) + pending  # SDPA's math: a dozen kernels
+            pending = 0.0
+            host += issue
+            idle[op.id] = min(host - gpu_free, issue) if host > gpu_free else 0.0
+            gpu_free = max(host, gpu_free) + device[op.id]
     # ops that launch nothing cost nothing (views are in no chain; an op on empty tensors has no time)
     return {c.id: (sum(device.get(i, 0.0) for i in c.op_ids), sum(idle.get(i, 0.0) for i in c.op_ids))
             for c in chains}

@@ -35,14 +35,6 @@ ATTENTION_DTYPES = ("bf16", "fp32")
 #: Compute capability from which bf16 runs on the tensor cores (Ampere): below it flash and memory-efficient
 #: attention refuse or emulate bf16, so fp16, the dtype such GPUs run, is timed as well (:func:`grid_dtypes`).
 NATIVE_BF16_CAPABILITY = (8, 0)
-
-
-def grid_dtypes() -> tuple[str, ...]:
-    """The dtypes the SDPA grid times on this GPU: :data:`ATTENTION_DTYPES`, plus fp16 below
-    :data:`NATIVE_BF16_CAPABILITY` (a T4's or V100's bf16 rates would misprice its fp16 attention)."""
-    if torch.cuda.is_available() and torch.cuda.get_device_capability() < NATIVE_BF16_CAPABILITY:
-        return ("fp16",) + ATTENTION_DTYPES
-    return ATTENTION_DTYPES
 ATTENTION_SEQS = (512, 1024, 2048, 4096)
 ATTENTION_HEAD_DIMS = (64, 128)
 #: batch x seq of every grid point (8 x 1024 tokens: batch 16 at 512, 2 at 4096).
@@ -54,6 +46,14 @@ ATTENTION_MODEL_DIM = 2048
 #: benchmarks/results/h200/accuracy/reprofile/reduction_tables); each point's kernel is 0.05-3 ms, so 10 ms timed
 #: is still 3 or more calls.
 ATTENTION_WARMUP_MS, ATTENTION_REP_MS = 3.0, 10.0
+
+
+def grid_dtypes() -> tuple[str, ...]:
+    """The dtypes the SDPA grid times on this GPU: :data:`ATTENTION_DTYPES`, plus fp16 below
+    :data:`NATIVE_BF16_CAPABILITY` (a T4's or V100's bf16 rates would misprice its fp16 attention)."""
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < NATIVE_BF16_CAPABILITY:
+        return ("fp16",) + ATTENTION_DTYPES
+    return ATTENTION_DTYPES
 
 
 def measure_attention_tflops(dtype: str, timer: Callable[[Callable[[], Any]], Timing],
