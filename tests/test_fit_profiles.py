@@ -291,14 +291,13 @@ def test_a_model_is_judged_by_its_plain_wall_time_not_the_attributed_total(profi
     assert model_eager_us(unmeasured) == prof.total_us
 
 
-def test_the_host_time_scale_is_fitted_from_ops_the_gpu_waited_for(profiled, tmp_path, monkeypatch):
-    import fusion_advisor.devices.fit_profiles as fp
+def _host_timed(lawful, spec):
+    """``lawful`` with every launching op's measured host time 1.5x its price on ``spec`` (views before it
+    included), the graph's first op's 9x."""
     from fusion_advisor.analyze.roofline import launches, op_host_us, view_host_us
 
-    spec = parse_spec(spec_fields(profiled.device_spec), "test")
-    lawful = _with_law(profiled)
     nodes, pending, first = dict(lawful.profile.nodes), 0.0, True
-    for op in lawful.ops:  # every op's host time 1.5x its price (views before it included), the first 9x
+    for op in lawful.ops:
         if op.is_view:
             pending += view_host_us(op, spec)
             continue
@@ -307,7 +306,16 @@ def test_the_host_time_scale_is_fitted_from_ops_the_gpu_waited_for(profiled, tmp
                                                * (op_host_us(op, spec) + pending))
             first = False
         pending = 0.0 if launches(op) else pending
-    timed = dataclasses.replace(lawful, profile=dataclasses.replace(lawful.profile, nodes=nodes))
+    return dataclasses.replace(lawful, profile=dataclasses.replace(lawful.profile, nodes=nodes))
+
+
+def test_the_host_time_scale_is_fitted_from_ops_the_gpu_waited_for(profiled, tmp_path, monkeypatch):
+    import fusion_advisor.devices.fit_profiles as fp
+
+    spec = parse_spec(spec_fields(profiled.device_spec), "test")
+    lawful = _with_law(profiled)
+    timed = _host_timed(lawful, spec)
+    nodes = timed.profile.nodes
     fit = [_write(timed, tmp_path / "fit" / f"m{i}") for i in range(4)]
     monkeypatch.setattr(fp, "MIN_HOST_SAMPLES", 1)
     monkeypatch.setattr(fp, "MIN_MODEL_HOST_SAMPLES", 1)
@@ -383,3 +391,40 @@ def test_measured_bound_classes_are_judged_against_the_judged_specs_ceilings(pro
     assert set(measured_bounds(rep, slow_memory).values()) == {"memory"}
     rows, _ = residuals(rep, "test", fast_memory, fast_memory)
     assert {r.measured_bound for r in rows if r.chain_id in with_flops} == {"compute"}  # not the recorded class
+
+
+def test_the_cold_host_scale_is_fitted_from_the_cold_ops_one_vote_per_model(monkeypatch):
+    import fusion_advisor.devices.fit_profiles as fp
+
+    # cold ops at 3x their warm price in two models, 2x in a third, 2.5x twice in a fourth
+    samples = {"a": [(30.0, 10.0)], "b": [(30.0, 10.0)], "c": [(20.0, 10.0)], "d": [(25.0, 10.0)] * 2, "none": []}
+    monkeypatch.setattr(fp, "host_samples", lambda rep, spec, cold=False: samples[rep] if cold else [])
+    monkeypatch.setattr(fp, "COLD_SHRINK_MODELS", 0.0)
+    scale, ops, models = fp.fit_cold_host_scale(list(samples), None)
+    assert (ops, models) == (5, 4) and scale == pytest.approx(math.exp((math.log(2.5) + math.log(3.0)) / 2))
+    monkeypatch.setattr(fp, "COLD_SHRINK_MODELS", 4.0)  # four models: half the way to 1 in log space
+    assert fp.fit_cold_host_scale(list(samples), None)[0] == pytest.approx(scale ** 0.5)
+    assert fp.fit_cold_host_scale(["a", "b", "none"], None) is None  # two models with a cold op: too few
+
+
+def test_host_samples_split_warm_and_cold_ops(profiled, tmp_path, monkeypatch):
+    import fusion_advisor.analyze.roofline as rf
+    import fusion_advisor.devices.fit_profiles as fp
+
+    spec = parse_spec(spec_fields(profiled.device_spec), "test")
+    rep = read_report(_write(_host_timed(_with_law(profiled), spec), tmp_path / "m"))
+    warm = fp.host_samples(rep, spec)
+    assert warm and fp.host_samples(rep, spec, cold=True) == []  # a small model runs every aten op within 64 launches
+    monkeypatch.setattr(rf, "COLD_REUSE_LAUNCHES", 0)  # every op cold
+    assert fp.host_samples(rep, spec, cold=True) == warm and fp.host_samples(rep, spec) == []
+
+
+def test_a_cold_host_scale_is_read_written_and_removed_with_the_fits(profiled):
+    from fusion_advisor.devices.fit_profiles import without_fits
+
+    spec = parse_spec(spec_fields(profiled.device_spec), "test")
+    cold = parse_spec({**spec_mapping(spec), "cold_host_scale": 2.5}, "t")
+    assert cold.cold_host_scale == 2.5 and spec_mapping(cold)["cold_host_scale"] == 2.5
+    assert "cold_host_scale" not in spec_mapping(spec) and without_fits(cold).cold_host_scale == 1.0
+    with pytest.raises(DeviceSpecError, match="cold_host_scale"):
+        parse_spec({**spec_mapping(spec), "cold_host_scale": -1}, "t")

@@ -245,3 +245,35 @@ def test_a_window_priced_pool_takes_no_profile_fit():
     assert _op_time_us(_pool(0), spec) == pytest.approx(2.0 * roofline_op_us(_pool(0), spec))  # the fit applies
     priced = dataclasses.replace(spec, pool_window_gelem_s=500.0)
     assert _op_time_us(_pool(9), priced) == pytest.approx(roofline_op_us(_pool(9), priced))  # the window rate only
+
+
+def _model_with_one_mul(n: int, at: int) -> list[OpInfo]:
+    """``n`` 1-us adds with a 1-us mul in place of the ``at``-th."""
+    ops = [_op(i, 1.0) for i in range(n)]
+    ops[at] = dataclasses.replace(ops[at], target="aten.mul.Tensor")
+    return ops
+
+
+def test_an_aten_op_the_model_has_not_run_for_many_launches_is_cold():
+    from fusion_advisor.analyze.roofline import COLD_REUSE_LAUNCHES, cold_ops
+
+    n = COLD_REUSE_LAUNCHES + 6
+    assert cold_ops(_model_with_one_mul(n, 10)) == {"g0:op10"}  # once per run: n launches since its last call
+    twice = _model_with_one_mul(n, 10)
+    twice[45] = dataclasses.replace(twice[45], target="aten.mul.Tensor")
+    assert cold_ops(twice) == set()  # 35 launches apart, and 35 from the run before's second to this run's first
+    short = _model_with_one_mul(COLD_REUSE_LAUNCHES, 3)
+    assert cold_ops(short) == set()  # a model of 64 launches runs every aten op within 64 of its last call
+    view = dataclasses.replace(_op(99, 0.0), target="aten.view.default", category="view")
+    assert cold_ops(_model_with_one_mul(n, 10) + [view] * 10) == {"g0:op10"}  # views launch nothing: not counted
+
+
+def test_a_cold_op_costs_the_cold_host_scale_times_its_host_time():
+    # a host-bound loop: every 1-us kernel waits 9 us for its 10-us launch; the cold mul's launch costs 3x
+    n = 70
+    ops = _model_with_one_mul(n, 10)
+    chains = [_chain(f"c{i}", [o]) for i, o in enumerate(ops)]
+    warm = in_model_times(chains, ops, SPEC)
+    assert warm["c10"] == pytest.approx((1.0, 9.0))
+    cold = in_model_times(chains, ops, dataclasses.replace(SPEC, cold_host_scale=3.0))
+    assert cold["c10"] == pytest.approx((1.0, 29.0)) and cold["c11"] == pytest.approx((1.0, 9.0))

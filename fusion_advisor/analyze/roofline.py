@@ -51,7 +51,9 @@ matmuls (:func:`measured_matmul_us`), instead of the tensor-core roofline; a fit
 Host time per kernel is the spec's ``launch_overhead_us``, or its measured ``launch_overhead_by_class`` entry for the
 op's class (:func:`op_launch_us`). Inside a model (:func:`in_model_times`) the host also spends the spec's measured
 ``view_overhead_us`` per view op
-and ``module_call_us`` per ``nn.Module`` call entered, before the next launch; the bound class a chain gets from
+and ``module_call_us`` per ``nn.Module`` call entered, before the next launch, and an op whose aten op has not run
+for more than :data:`COLD_REUSE_LAUNCHES` launches (:func:`cold_ops`: a classifier head's ``mean`` and ``addmm``, once
+per run) costs the spec's ``cold_host_scale`` times its price; the bound class a chain gets from
 :func:`estimate_all` is the one it has there.
 """
 
@@ -536,6 +538,32 @@ def launches(op: OpInfo) -> bool:
     return not op.outputs or any(o.numel > 0 for o in op.outputs)
 
 
+#: Launches after which an aten op's host path is cold: an op whose aten op (``OpInfo.target``) last ran more launches
+#: before it than this costs the spec's ``cold_host_scale`` times its tight-loop price inside a model. In the stamped
+#: replays of the H200 and H100 profiles (benchmarks/results/h200/accuracy/reprofile, h100/accuracy/profiles), ops
+#: the GPU waited for cost 0.95-1.13x their model's median measured-over-priced host time when their aten op had run
+#: 1 to 64 launches before (5,366 ops), 2.2-2.8x at 65-128 launches (21 ops) and 3.4-3.7x at 257-512 (13 ops): the
+#: mean and addmm of a CNN's classifier head, DenseNet's one max pool, its three average pools; none between 33 and 64
+#: launches came out above 1.13x (the instruction and data caches a tight loop keeps warm are cold again).
+COLD_REUSE_LAUNCHES = 64
+
+
+def cold_ops(ops: list[OpInfo]) -> frozenset[str]:
+    """Ids of the launching ops of one model (``ops`` in execution order) whose aten op last ran more than
+    :data:`COLD_REUSE_LAUNCHES` launches before them, counting on from the run before (a model called in a loop):
+    an aten op the model runs once is its whole run of launches from its last call."""
+    launching = [op for op in ops if not op.is_view and launches(op)]
+    last: dict[str, int] = {}
+    for i, op in enumerate(launching):  # where each aten op ran last in the run before
+        last[op.target] = i - len(launching)
+    cold = set()
+    for i, op in enumerate(launching):
+        if i - last[op.target] > COLD_REUSE_LAUNCHES:
+            cold.add(op.id)
+        last[op.target] = i
+    return frozenset(cold)
+
+
 #: Fixed device time of one kernel replayed from a CUDA graph, us, where the spec measures none
 #: (``elementwise_overhead_us``): what ``calibrate`` measured per eager elementwise kernel on the H200
 #: (benchmarks/results/h200/accuracy/calibrated_spec.yaml: 2.332 us). Without a floor a tiny chain's graph time was
@@ -712,24 +740,27 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec,
     time is its ops' predicted device time (:func:`_op_time_us`) plus their idle times. This is what ``analyze --profile`` compares with the
     measured chain time; routing keeps :func:`estimate`'s per-chain numbers. Host time per kernel is
     :func:`op_launch_us`; views add :func:`view_host_us` and each ``nn.Module`` call entered ``module_call_us`` to
-    the host time before the next launch (:func:`_module_calls`). A recurrent op issues its steps while the GPU
+    the host time before the next launch (:func:`_module_calls`); an op whose aten op has not run for more than
+    :data:`COLD_REUSE_LAUNCHES` launches (:func:`cold_ops`) costs ``cold_host_scale`` times its own and its views'
+    host time, as :func:`fusion_advisor.devices.fit_profiles.fit_cold_host_scale` measures it. A recurrent op issues its steps while the GPU
     runs them (:data:`RECURRENT_STEP_LAUNCHES` launches of host time per step): it takes the longer of its issue
     and its device time. ``device_us`` (op id -> us) replaces the predicted device time of the ops it names: a
     profile's measured busy times, to judge the host model apart from the device model.
     """
     idle: dict[str, float] = {}
     device: dict[str, float] = {}
+    cold = cold_ops(ops) if spec.cold_host_scale != 1.0 else frozenset()
     host = gpu_free = 0.0
     for _ in range(2):  # a run, then the run after it (steady state): the second pass's times are kept
         # each run enters the model from its top level, and what its last launch left pending (trailing views) is
         # not the next run's: the measured replay counts an op's wait only from its graph's start
-        prev_path, pending = "", 0.0  # host time of views and module calls not yet followed by a launch
+        prev_path, pending, views = "", 0.0, 0.0  # host time of module calls and views not yet followed by a launch
         for op in ops:
             calls = _module_calls(prev_path, op.module_path)
             prev_path = op.module_path
             pending += calls * spec.module_call_us * spec.host_time_scale
             if op.is_view:
-                pending += view_host_us(op, spec)
+                views += view_host_us(op, spec)
                 continue
             if not launches(op):
                 continue
@@ -738,14 +769,15 @@ def in_model_times(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec,
             if op.category == "recurrent" and op.sequential_steps > 0:
                 # cuDNN issues each cell step's kernels from its own host loop while the GPU runs the steps before:
                 # the GPU waits for the host's excess over its own time, not for the whole issue
-                start = host + pending
+                start = host + pending + views
                 issue = op_host_us(op, spec)
                 span = max(device[op.id], issue)
                 idle[op.id] = max(0.0, start - gpu_free) + span - device[op.id]
-                host, gpu_free, pending = start + issue, max(start, gpu_free) + span, 0.0
+                host, gpu_free, pending, views = start + issue, max(start, gpu_free) + span, 0.0, 0.0
                 continue
-            issue = op_host_us(op, spec) + pending  # SDPA's math: a dozen kernels
-            pending = 0.0
+            own = op_host_us(op, spec) + views  # SDPA's math: a dozen kernels
+            issue = (own * spec.cold_host_scale if op.id in cold else own) + pending
+            pending = views = 0.0
             host += issue
             idle[op.id] = min(host - gpu_free, issue) if host > gpu_free else 0.0
             gpu_free = max(host, gpu_free) + device[op.id]

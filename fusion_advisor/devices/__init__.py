@@ -169,6 +169,11 @@ class DeviceSpec:
             inside a model over the tight-loop price calibrate measured (``launch_overhead_us``, its by-class
             entries, views and module calls all take it; a recurrent layer's step loop, cuDNN's own, does not).
             1: not fitted.
+        cold_host_scale: optional, fitted from ``analyze --profile`` runs
+            (:func:`fusion_advisor.devices.fit_profiles.fit_cold_host_scale`): the host time inside a model of an op
+            whose aten op has not run for more than ``roofline.COLD_REUSE_LAUNCHES`` launches (a classifier head's
+            ``addmm``, once per run), over the in-model price of the same op run often (``host_time_scale``'s).
+            1: not fitted.
         kernel_busy_overhead_us: optional, the same as the profiler sees it: an eager kernel's own duration beyond
             its bytes, without the gap to the next kernel, measured by ``calibrate``
             (:func:`fusion_advisor.devices.memory_rates.measure_kernel_busy_overhead_us`); an eager op's device time
@@ -259,6 +264,7 @@ class DeviceSpec:
     elementwise_overhead_us: float = 0.0
     kernel_busy_overhead_us: float = 0.0
     host_time_scale: float = 1.0
+    cold_host_scale: float = 1.0
     route_efficiency: dict[str, dict[str, float]] = field(default_factory=dict)
     op_time_fits: dict[str, OpTimeFit] = field(default_factory=dict)
     op_time_fit_dtypes: tuple[str, ...] = ()
@@ -416,6 +422,8 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
                                         f"{origin}: kernel_busy_overhead_us", "us", positive=False),
         host_time_scale=_number(data.get("host_time_scale", 1.0), f"{origin}: host_time_scale",
                                 "in-model over tight-loop host time"),
+        cold_host_scale=_number(data.get("cold_host_scale", 1.0), f"{origin}: cold_host_scale",
+                                "cold over warm in-model host time"),
         route_efficiency=efficiency,
         op_time_fits=fits,
         op_time_fit_dtypes=tuple(fit_dtypes),
@@ -540,8 +548,9 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
                 "scan_bandwidth_gbps", "broadcast_bandwidth_gbps", "cat_sweep_gbps", "cat_sweep_cap_bytes"):
         if not data.get(key):
             data.pop(key, None)
-    if data.get("host_time_scale") == 1.0:
-        data.pop("host_time_scale")
+    for key in ("host_time_scale", "cold_host_scale"):
+        if data.get(key) == 1.0:
+            data.pop(key)
     if data.get("op_time_fit_dtypes"):
         data["op_time_fit_dtypes"] = list(data["op_time_fit_dtypes"])
     for key in ("conv_rates", "matmul_rates", "reduction_rates", "attention_rates"):

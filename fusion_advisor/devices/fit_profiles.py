@@ -19,7 +19,8 @@ from the op's roofline time ``r`` to its measured busy time ``t``:
   (:meth:`fusion_advisor.devices.DeviceSpec.op_time_fit`).
 
 The host term's prices are calibrate's; one factor on all of them is fitted here (:func:`fit_host_time_scale`:
-what the ops the GPU waited for measured on the host, over their price at the profile's host speed).
+what the ops the GPU waited for measured on the host, over their price at the profile's host speed), and one more on
+the ops whose aten op had not run for many launches (:func:`fit_cold_host_scale`: a classifier head's ``addmm``).
 
 A graph run ``k`` times per model call (a graph break in a loop over layers) has its ops measured summed over
 the ``k`` calls: ``k`` is read back from the report (its chains' in-model prediction over one call's) and the
@@ -42,9 +43,9 @@ from typing import Iterable
 from fusion_advisor.devices import DeviceSpec, OpTimeFit, parse_spec, spec_fields, spec_mapping
 from fusion_advisor.errors import CalibrationError, UserError
 from fusion_advisor.analyze.records import Analysis, Profile
-from fusion_advisor.analyze.roofline import (eager_in_model_us, estimate, estimate_all, fit_keys, launches,
-                                             measured_bound, measured_op_us, op_host_us, pool_window_us,
-                                             roofline_op_us, view_host_us)
+from fusion_advisor.analyze.roofline import (COLD_REUSE_LAUNCHES, cold_ops, eager_in_model_us, estimate,
+                                             estimate_all, fit_keys, launches, measured_bound, measured_op_us,
+                                             op_host_us, pool_window_us, roofline_op_us, view_host_us)
 
 #: Fewest measured ops a class needs before it gets a curve.
 MIN_SAMPLES = 3
@@ -67,6 +68,11 @@ MIN_HOST_SAMPLES = 20
 #: Fewest such ops a report needs to vote in the host time scale (a level-2 file's two or three waited ops say
 #: little of how a host-bound model's host runs).
 MIN_MODEL_HOST_SAMPLES = 10
+#: Fewest models with a cold op the GPU waited for (:func:`fit_cold_host_scale`) before a cold host scale is fitted,
+#: and the prior weight, in models, of "no cold cost": every host-bound model profiled on the H200 and the H100 had
+#: its cold ops at 2-5x their warm price (benchmarks/results/h200/accuracy/reprofile/README.md, session 31), so the
+#: prior is one model's, not the host time scale's five.
+MIN_COLD_MODELS, COLD_SHRINK_MODELS = 3, 1.0
 #: Accuracy bands of the summary (the issue's targets): chain within +-30 %, model within +-25 %, chain within 2x.
 CHAIN_BAND, MODEL_BAND, WIDE_BAND = 0.30, 0.25, 2.0
 
@@ -247,9 +253,9 @@ def read_report(path: Path) -> ProfiledReport:
 def without_fits(spec: DeviceSpec) -> DeviceSpec:
     """``spec`` with nothing fitted from profiles (no op-class curves, a host time scale of 1): the plain roofline
     and calibrated host prices the fit starts from."""
-    if not spec.op_time_fits and spec.host_time_scale == 1.0:
+    if not spec.op_time_fits and spec.host_time_scale == 1.0 and spec.cold_host_scale == 1.0:
         return spec
-    return replace(spec, op_time_fits={}, op_time_fit_dtypes=(), host_time_scale=1.0)
+    return replace(spec, op_time_fits={}, op_time_fit_dtypes=(), host_time_scale=1.0, cold_host_scale=1.0)
 
 
 # --- fitting -------------------------------------------------------------------------------------------------
@@ -274,8 +280,9 @@ def op_samples(rep: ProfiledReport, spec: DeviceSpec) -> list[OpSample]:
     return out
 
 
-def host_samples(rep: ProfiledReport, spec: DeviceSpec) -> list[tuple[float, float]]:
-    """``(measured, priced)`` host time (us per call) of every op of ``rep`` the GPU waited for: its measured
+def host_samples(rep: ProfiledReport, spec: DeviceSpec, cold: bool = False) -> list[tuple[float, float]]:
+    """``(measured, priced)`` host time (us per call) of every warm op of ``rep`` the GPU waited for (``cold``:
+    every cold one instead, :func:`fusion_advisor.analyze.roofline.cold_ops`): its measured
     :attr:`NodeMeasurement.host_us` (the stamped replay's, per call of its graph) and its price on ``spec`` at the
     profile's host speed (:func:`fusion_advisor.analyze.roofline.op_host_us` plus the views since the previous
     launch, as the replay charges them; module calls left out: the stamped graphs make none).
@@ -286,6 +293,7 @@ def host_samples(rep: ProfiledReport, spec: DeviceSpec) -> list[tuple[float, flo
     a = rep.analysis
     assert a.profile is not None
     host_spec = profiled_host(a, spec)
+    cold_ids = cold_ops(a.ops)
     nodes, out, pending, started = a.profile.nodes, [], 0.0, set()
     for op in a.ops:
         if op.is_view:
@@ -296,7 +304,8 @@ def host_samples(rep: ProfiledReport, spec: DeviceSpec) -> list[tuple[float, flo
         first, priced, pending = op.graph_index not in started, op_host_us(op, host_spec) + pending, 0.0
         started.add(op.graph_index)
         m = nodes.get(op.id)
-        if first or m is None or m.host_us <= 0 or m.idle_us <= 0 or op.category == "recurrent" or priced <= 0:
+        if first or m is None or m.host_us <= 0 or m.idle_us <= 0 or op.category == "recurrent" or priced <= 0 \
+                or (op.id in cold_ids) != cold:
             continue
         out.append((m.host_us / rep.graph_calls.get(op.graph_index, 1.0), priced))
     return out
@@ -321,6 +330,23 @@ def fit_host_time_scale(reports: list[ProfiledReport], spec: DeviceSpec) -> tupl
         return None
     votes = [_weighted_median([math.log(m / p) for m, p in ps], [m ** WEIGHT_POWER for m, _ in ps]) for ps in voters]
     return math.exp(statistics.median(votes) * len(votes) / (len(votes) + SHRINK_SAMPLES)), ops
+
+
+def fit_cold_host_scale(reports: list[ProfiledReport], spec: DeviceSpec) -> tuple[float, int, int] | None:
+    """The host time of a cold op inside a model over its warm in-model price (:attr:`DeviceSpec.cold_host_scale`),
+    the ops and the models it rests on: per report, the weighted median of ``log(measured / priced)`` over its cold
+    :func:`host_samples` (``spec`` carries the fitted :attr:`DeviceSpec.host_time_scale`, so the price is a warm op's
+    in the model); the median over the reports that have one, shrunk toward 1 by :data:`COLD_SHRINK_MODELS`. None
+    with fewer than :data:`MIN_COLD_MODELS` such reports.
+
+    A tight loop of one call keeps its code and data in the CPU's caches; inside a model an aten op the model runs
+    once per call finds them cold (:data:`fusion_advisor.analyze.roofline.COLD_REUSE_LAUNCHES`)."""
+    voters = [ps for ps in (host_samples(r, spec, cold=True) for r in reports) if ps]
+    if len(voters) < MIN_COLD_MODELS:
+        return None
+    votes = [_weighted_median([math.log(m / p) for m, p in ps], [m ** WEIGHT_POWER for m, _ in ps]) for ps in voters]
+    shrink = len(votes) / (len(votes) + COLD_SHRINK_MODELS)
+    return math.exp(statistics.median(votes) * shrink), sum(len(ps) for ps in voters), len(voters)
 
 
 def _weighted_median(values: list[float], weights: list[float]) -> float:
@@ -574,6 +600,7 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
     base = without_fits(base)
     fit_set, test_set, how = split_reports(reports, tests)
     host = fit_host_time_scale(fit_set, base)
+    cold = fit_cold_host_scale(fit_set, replace(base, host_time_scale=host[0]) if host else base)
     samples = [s for r in fit_set for s in op_samples(r, base)]
     if not samples:
         raise UserError("no op in the fit set has a measured time above zero: nothing to fit")
@@ -584,7 +611,8 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
     # the fits hold for the dtypes they were measured on: an fp32-only fit set leaves bf16 ops on the roofline
     dtypes = tuple(sorted({s.keys[0].rsplit("/", 1)[-1] for s in samples}))
     fitted = replace(base, op_time_fits={c.key: c.fit for c in classes}, op_time_fit_dtypes=dtypes,
-                     host_time_scale=round(host[0], 4) if host else 1.0)
+                     host_time_scale=round(host[0], 4) if host else 1.0,
+                     cold_host_scale=round(cold[0], 4) if cold else 1.0)
     chains: list[ChainResidual] = []
     models: list[ModelResidual] = []
     for split, group in (("fit", fit_set), ("test", test_set)):
@@ -599,7 +627,10 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
         f"{MIN_MODEL_HOST_SAMPLES} or more (measured over priced host time)"
         if host else f"host time scale 1: no model with {MIN_MODEL_HOST_SAMPLES} or more ops the GPU waited for "
         f"with a measured host time, or fewer than {MIN_HOST_SAMPLES} such ops in all (profiles from before it was "
-        "recorded have none)"]
+        "recorded have none)",
+        f"cold host scale {cold[0]:.3f} from {cold[1]} op(s) of {cold[2]} model(s) whose aten op had not run for more "
+        f"than {COLD_REUSE_LAUNCHES} launches (measured over the warm in-model price)"
+        if cold else f"cold host scale 1: fewer than {MIN_COLD_MODELS} models with a cold op the GPU waited for"]
     if any(k > 1 for r in every for k in r.graph_calls.values()):
         notes.append("graphs run several times per model call: their ops' measured times divided by the calls")
     return FitResult(spec=fitted, base=base, classes=classes, fit_reports=tuple(r.name for r in fit_set),
@@ -626,6 +657,11 @@ def fitted_spec_data(result: FitResult, date: str) -> dict:
         data["host_time_scale_source"] = (
             f"fitted by fusion-advisor calibrate --from-profile on {date} from the host time the fit set's ops "
             "measured where the GPU waited for them, over their calibrated price (fit_profiles.fit_host_time_scale)")
+    if result.spec.cold_host_scale != 1.0:
+        data["cold_host_scale_source"] = (
+            f"fitted by fusion-advisor calibrate --from-profile on {date} from the host time the fit set's ops whose "
+            f"aten op had not run for more than {COLD_REUSE_LAUNCHES} launches measured where the GPU waited for them, "
+            "over their warm in-model price (fit_profiles.fit_cold_host_scale)")
     if not str(data.get("name", "")).endswith("-fitted"):
         data["name"] = f"{data['name']}-fitted"
     data["fit"] = {
