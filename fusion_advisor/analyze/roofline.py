@@ -541,10 +541,10 @@ def launches(op: OpInfo) -> bool:
 #: Launches after which an aten op's host path is cold: an op whose aten op (``OpInfo.target``) last ran more launches
 #: before it than this costs the spec's ``cold_host_scale`` times its tight-loop price inside a model. In the stamped
 #: replays of the H200 and H100 profiles (benchmarks/results/h200/accuracy/reprofile, h100/accuracy/profiles), ops
-#: the GPU waited for cost 0.95-1.13x their model's median measured-over-priced host time when their aten op had run
-#: 1 to 64 launches before (5,366 ops), 2.2-2.8x at 65-128 launches (21 ops) and 3.4-3.7x at 257-512 (13 ops): the
-#: mean and addmm of a CNN's classifier head, DenseNet's one max pool, its three average pools; none between 33 and 64
-#: launches came out above 1.13x (the instruction and data caches a tight loop keeps warm are cold again).
+#: the GPU waited for cost 0.88-1.13x their model's median measured-over-priced host time (the median of each bucket
+#: of 1, 2, 3-4, ..., 33-64 launches) when their aten op had run 1 to 64 launches before (4,635 ops), 2.2-2.8x at
+#: 65-128 launches (21 ops) and 3.4-3.7x at 257-512 (13 ops): the mean and addmm of a CNN's classifier head,
+#: DenseNet's one max pool, its three average pools (the caches a tight loop keeps warm are cold again).
 COLD_REUSE_LAUNCHES = 64
 
 
