@@ -783,7 +783,7 @@ def _calibrate_from_profile(paths: List[Path], test: Optional[List[Path]], base:
     top = ", ".join(f"{c.key} {c.median_ratio:.3g}x" for c in coarse[:8])
     typer.echo(f"fitted {len(result.classes)} op class curve(s) from {result.samples} measured op(s); measured "
                f"over roofline time, median per category: {top} (every class: {written['classes'].name})")
-    for note in result.notes[:1]:
+    for note in result.notes:  # the split, reports skipped, the host and cold host scales (or why they stay 1)
         typer.echo(note)
     typer.echo(f"wrote {written['spec']} and {written['residuals'].name}, {written['models'].name}, "
                f"{written['classes'].name} beside it; use it with: fusion-advisor analyze --gpu {written['spec']}")

@@ -428,3 +428,33 @@ def test_a_cold_host_scale_is_read_written_and_removed_with_the_fits(profiled):
     assert "cold_host_scale" not in spec_mapping(spec) and without_fits(cold).cold_host_scale == 1.0
     with pytest.raises(DeviceSpecError, match="cold_host_scale"):
         parse_spec({**spec_mapping(spec), "cold_host_scale": -1}, "t")
+
+
+def test_fit_from_profiles_fits_the_cold_scale_over_the_fitted_host_scale_and_writes_it(reports, monkeypatch):
+    import fusion_advisor.devices.fit_profiles as fp
+
+    seen = []
+    monkeypatch.setattr(fp, "fit_host_time_scale", lambda reps, spec: (1.25, 40))
+    monkeypatch.setattr(fp, "fit_cold_host_scale",
+                        lambda reps, spec: seen.append(spec.host_time_scale) or (2.5, 7, 3))
+    root, _, _ = reports
+    result = fp.fit_from_profiles([root / "fit"], [root / "test"])
+    assert seen == [1.25] and result.spec.cold_host_scale == 2.5 and result.spec.host_time_scale == 1.25
+    assert any(n.startswith("cold host scale 2.500 from 7 op(s) of 3 model(s)") for n in result.notes)
+    data = fp.fitted_spec_data(result, "2026-12-06")
+    assert data["cold_host_scale"] == 2.5 and "fit_cold_host_scale" in data["cold_host_scale_source"]
+    monkeypatch.setattr(fp, "fit_cold_host_scale", lambda reps, spec: None)
+    plain = fp.fit_from_profiles([root / "fit"], [root / "test"])
+    assert plain.spec.cold_host_scale == 1.0 and "cold_host_scale" not in fp.fitted_spec_data(plain, "2026-12-06")
+    assert any(n.startswith("cold host scale 1: fewer than") for n in plain.notes)
+
+
+def test_without_fits_drops_the_fitted_fields_sources(profiled):
+    from fusion_advisor.devices.fit_profiles import without_fits
+
+    spec = parse_spec({**spec_mapping(parse_spec(spec_fields(profiled.device_spec), "t")), "host_time_scale": 1.2,
+                       "host_time_scale_source": "fitted", "cold_host_scale": 2.0, "cold_host_scale_source": "fitted"},
+                      "t")
+    plain = without_fits(spec)
+    assert "host_time_scale" not in plain.sources and "cold_host_scale" not in plain.sources
+    assert "host_time_scale_source" not in spec_mapping(plain) and "cold_host_scale_source" not in spec_mapping(plain)

@@ -264,8 +264,10 @@ def test_an_aten_op_the_model_has_not_run_for_many_launches_is_cold():
     assert cold_ops(twice) == set()  # 35 launches apart, and 35 from the run before's second to this run's first
     short = _model_with_one_mul(COLD_REUSE_LAUNCHES, 3)
     assert cold_ops(short) == set()  # a model of 64 launches runs every aten op within 64 of its last call
-    view = dataclasses.replace(_op(99, 0.0), target="aten.view.default", category="view")
+    view = dataclasses.replace(_op(99, 1.0), target="aten.view.default", category="view")
+    assert view.outputs[0].numel > 0
     assert cold_ops(_model_with_one_mul(n, 10) + [view] * 10) == {"g0:op10"}  # views launch nothing: not counted
+    assert cold_ops(_model_with_one_mul(n, 10), repeated_graphs={0}) == set()  # a graph run again in each call
 
 
 def test_a_cold_op_costs_the_cold_host_scale_times_its_host_time():
@@ -277,3 +279,16 @@ def test_a_cold_op_costs_the_cold_host_scale_times_its_host_time():
     assert warm["c10"] == pytest.approx((1.0, 9.0))
     cold = in_model_times(chains, ops, dataclasses.replace(SPEC, cold_host_scale=3.0))
     assert cold["c10"] == pytest.approx((1.0, 29.0)) and cold["c11"] == pytest.approx((1.0, 9.0))
+
+
+def test_the_cold_scale_takes_the_views_before_the_op_not_the_module_calls():
+    # what fit_cold_host_scale measures: the op's host time with the views issued before it, no module call (the
+    # stamped graphs make none)
+    spec = dataclasses.replace(SPEC, view_overhead_us=2.0, module_call_us=5.0, host_time_scale=1.0,
+                               cold_host_scale=3.0)
+    ops = _model_with_one_mul(70, 10)
+    view = dataclasses.replace(_op(99, 1.0), id="g0:view", target="aten.view.default", category="view")
+    ops[10] = dataclasses.replace(ops[10], module_path="head")  # entered from the top level: one module call
+    ops.insert(10, view)
+    got = in_model_times([_chain("c", [ops[11]])], ops, spec)["c"]
+    assert got == pytest.approx((1.0, 3.0 * (10.0 + 2.0) + 5.0 - 1.0))

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Collection
 
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.devices.op_rates import ConvGeometry, conv_kernels, conv_time_us, matmul_time_us
@@ -539,7 +539,9 @@ def launches(op: OpInfo) -> bool:
 
 
 #: Launches after which an aten op's host path is cold: an op whose aten op (``OpInfo.target``) last ran more launches
-#: before it than this costs the spec's ``cold_host_scale`` times its tight-loop price inside a model. In the stamped
+#: before it than this costs the spec's ``cold_host_scale`` times its warm in-model host time (its price times
+#: ``host_time_scale``, the views before it included) inside a model (:func:`in_model_times`; :func:`estimate`, which
+#: prices a chain alone, in a loop of its own, does not charge it). In the stamped
 #: replays of the H200 and H100 profiles (benchmarks/results/h200/accuracy/reprofile, h100/accuracy/profiles), ops
 #: the GPU waited for cost 0.88-1.13x their model's median measured-over-priced host time (the median of each bucket
 #: of 1, 2, 3-4, ..., 33-64 launches) when their aten op had run 1 to 64 launches before (4,635 ops), 2.2-2.8x at
@@ -548,17 +550,22 @@ def launches(op: OpInfo) -> bool:
 COLD_REUSE_LAUNCHES = 64
 
 
-def cold_ops(ops: list[OpInfo]) -> frozenset[str]:
+def cold_ops(ops: list[OpInfo], repeated_graphs: Collection[int] = ()) -> frozenset[str]:
     """Ids of the launching ops of one model (``ops`` in execution order) whose aten op last ran more than
     :data:`COLD_REUSE_LAUNCHES` launches before them, counting on from the run before (a model called in a loop):
-    an aten op the model runs once is its whole run of launches from its last call."""
+    an aten op the model runs once is its whole run of launches from its last call. Launches are ops here, as
+    :func:`in_model_times` issues them (a recurrent layer's thousands of step launches count as one).
+
+    Every graph is taken to run once per model call, as :func:`in_model_times` runs it; a graph a profile saw run
+    several times (``repeated_graphs``: a graph break inside a loop over layers) runs its ops again within its own
+    launches, so none of them is cold (an op after it may be colder than counted)."""
     launching = [op for op in ops if not op.is_view and launches(op)]
     last: dict[str, int] = {}
     for i, op in enumerate(launching):  # where each aten op ran last in the run before
         last[op.target] = i - len(launching)
     cold = set()
     for i, op in enumerate(launching):
-        if i - last[op.target] > COLD_REUSE_LAUNCHES:
+        if i - last[op.target] > COLD_REUSE_LAUNCHES and op.graph_index not in repeated_graphs:
             cold.add(op.id)
         last[op.target] = i
     return frozenset(cold)
