@@ -187,6 +187,28 @@ def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
 
+#: float64 copies of a tensor :func:`judge` holds at its peak (the difference, its finite gather, the absolute and
+#: relative differences, :func:`sqnr_db`'s two): where that many do not fit in a GPU's free memory the tensor is
+#: judged on the CPU. A 128 x 128 x 256 x 256 fp32 output (KernelBench's SqueezeNetFireModule) needs 8 GiB per copy;
+#: judged on an 80 GB H100 beside its model's eager and float64 outputs, apply stopped with an out-of-memory error.
+JUDGE_FLOAT64_COPIES = 6
+
+
+def judge_on_cpu(numel: int, free_bytes: int) -> bool:
+    """Whether a tensor of ``numel`` elements is judged on the CPU: its :data:`JUDGE_FLOAT64_COPIES` float64
+    copies (bytes) do not fit in ``free_bytes`` of its device's free memory."""
+    return JUDGE_FLOAT64_COPIES * 8 * numel > free_bytes
+
+
+def _judging_device(x: torch.Tensor) -> torch.device:
+    """Where :func:`judge` compares ``x``: its own device, or the CPU for a CUDA tensor too large to judge beside
+    what the GPU holds (:func:`judge_on_cpu`)."""
+    if x.device.type != "cuda":
+        return x.device
+    free, _ = torch.cuda.mem_get_info(x.device)
+    return torch.device("cpu") if judge_on_cpu(x.numel(), free) else x.device
+
+
 def judge(candidate: torch.Tensor, reference: torch.Tensor, eager: torch.Tensor | None, label: str = "output",
           norm_factor: float = NORM_ERROR_FACTOR, max_factor: float = MAX_ERROR_FACTOR,
           tf32: bool = False) -> Judgement:
@@ -204,6 +226,9 @@ def judge(candidate: torch.Tensor, reference: torch.Tensor, eager: torch.Tensor 
     Returns:
         A :class:`Judgement`. Shapes that differ, and NaN / inf where the reference is finite (or finite where it
         is not, or another kind of non-finite value), always fail. Integer and bool tensors must be equal.
+
+    Compared on ``candidate``'s device, or on the CPU where its float64 work would not fit in the GPU's free memory
+    (:func:`judge_on_cpu`).
     """
     if tuple(candidate.shape) != tuple(reference.shape):
         return Judgement(False, math.inf, math.inf, None, None, 0.0, 0.0,
@@ -215,6 +240,7 @@ def judge(candidate: torch.Tensor, reference: torch.Tensor, eager: torch.Tensor 
                          f"{label}: {'equal' if same else 'differs from'} the reference ({candidate.dtype}: exact)",
                          0.0 if same else math.inf, 0.0 if same else math.inf, math.inf if same else -math.inf)
     x = candidate.detach()
+    x = x.to(_judging_device(x))
     ref = reference.detach().to(device=x.device, dtype=torch.float64)
     fin_ref, fin_x = torch.isfinite(ref), torch.isfinite(x)
     misplaced = fin_ref != fin_x

@@ -111,3 +111,16 @@ def test_judge_outputs_walks_structures_and_names_leaves():
     # explicit tolerances compare element-wise
     v = judge_outputs(x.float() + 1e-3, x, None, atol=1e-2, rtol=0.0)
     assert v.ok and "atol 0.01" in v.lines[0]
+
+
+def test_a_tensor_whose_float64_work_does_not_fit_the_gpu_is_judged_on_the_cpu(monkeypatch):
+    import fusion_advisor.verification.policy as policy
+
+    # KernelBench's SqueezeNetFireModule: a 128 x 128 x 256 x 256 output, six float64 copies of 8 GiB
+    numel = 128 * 128 * 256 * 256
+    assert policy.judge_on_cpu(numel, free_bytes=6 * 2**30)  # what an H100 had left beside the model's outputs
+    assert not policy.judge_on_cpu(numel, free_bytes=60 * 2**30)
+    asked = []
+    monkeypatch.setattr(policy, "_judging_device", lambda x: asked.append(x.numel()) or torch.device("cpu"))
+    x = torch.randn(64)
+    assert policy.judge(x, x.double(), x).ok and asked == [64]  # every floating judgement asks where to run
