@@ -187,26 +187,41 @@ def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
 
-#: float64 copies of a tensor :func:`judge` holds at its peak (the difference, its finite gather, the absolute and
-#: relative differences, :func:`sqnr_db`'s two): where that many do not fit in a GPU's free memory the tensor is
-#: judged on the CPU. A 128 x 128 x 256 x 256 fp32 output (KernelBench's SqueezeNetFireModule) needs 8 GiB per copy;
-#: judged on an 80 GB H100 beside its model's eager and float64 outputs, apply stopped with an out-of-memory error.
-JUDGE_FLOAT64_COPIES = 6
+#: Elements :func:`judge` compares at a time: its float64 temporaries (the difference, masks, relative errors) are a
+#: few copies of one chunk (256 MiB each), not of the whole tensor. Whole-tensor temporaries asked an 80 GB H100 for
+#: 8 GiB more beside a model's eager and float64 outputs (KernelBench's SqueezeNetFireModule returns a
+#: 128 x 128 x 256 x 256 fp32 tensor) and apply stopped out of memory.
+JUDGE_CHUNK = 1 << 25
 
 
-def judge_on_cpu(numel: int, free_bytes: int) -> bool:
-    """Whether a tensor of ``numel`` elements is judged on the CPU: its :data:`JUDGE_FLOAT64_COPIES` float64
-    copies (bytes) do not fit in ``free_bytes`` of its device's free memory."""
-    return JUDGE_FLOAT64_COPIES * 8 * numel > free_bytes
+@dataclass
+class _ErrorSums:
+    """Running sums of :func:`_errors` over chunks: squared error and reference, their maxima, elements counted."""
 
+    d2: float = 0.0
+    r2: float = 0.0
+    d_max: float = 0.0
+    r_max: float = 0.0
+    n: int = 0
 
-def _judging_device(x: torch.Tensor) -> torch.device:
-    """Where :func:`judge` compares ``x``: its own device, or the CPU for a CUDA tensor too large to judge beside
-    what the GPU holds (:func:`judge_on_cpu`)."""
-    if x.device.type != "cuda":
-        return x.device
-    free, _ = torch.cuda.mem_get_info(x.device)
-    return torch.device("cpu") if judge_on_cpu(x.numel(), free) else x.device
+    def add(self, d: torch.Tensor, r: torch.Tensor) -> None:
+        """Add the differences ``d`` and reference values ``r`` (float64, the counted elements only)."""
+        if d.numel():
+            self.d2 += float((d * d).sum())
+            self.r2 += float((r * r).sum())
+            self.d_max = max(self.d_max, float(d.abs().max()))
+            self.r_max = max(self.r_max, float(r.abs().max()))
+            self.n += d.numel()
+
+    def errors(self) -> tuple[float, float]:
+        """(norm-wise, max-wise) error, as :func:`_errors` gives them."""
+        if self.n == 0:
+            return 0.0, 0.0
+        d_norm, r_norm = math.sqrt(self.d2), math.sqrt(self.r2)
+        if r_norm == 0.0:  # an all-zero reference: the errors are absolute
+            return d_norm, self.d_max
+        tiny = torch.finfo(torch.float64).tiny
+        return d_norm / max(r_norm, tiny), self.d_max / max(self.r_max, tiny)
 
 
 def judge(candidate: torch.Tensor, reference: torch.Tensor, eager: torch.Tensor | None, label: str = "output",
@@ -227,8 +242,7 @@ def judge(candidate: torch.Tensor, reference: torch.Tensor, eager: torch.Tensor 
         A :class:`Judgement`. Shapes that differ, and NaN / inf where the reference is finite (or finite where it
         is not, or another kind of non-finite value), always fail. Integer and bool tensors must be equal.
 
-    Compared on ``candidate``'s device, or on the CPU where its float64 work would not fit in the GPU's free memory
-    (:func:`judge_on_cpu`).
+    Compared on ``candidate``'s device, :data:`JUDGE_CHUNK` elements at a time.
     """
     if tuple(candidate.shape) != tuple(reference.shape):
         return Judgement(False, math.inf, math.inf, None, None, 0.0, 0.0,
@@ -239,46 +253,67 @@ def judge(candidate: torch.Tensor, reference: torch.Tensor, eager: torch.Tensor 
         return Judgement(same, 0.0 if same else math.inf, 0.0 if same else math.inf, None, None, 0.0, 0.0,
                          f"{label}: {'equal' if same else 'differs from'} the reference ({candidate.dtype}: exact)",
                          0.0 if same else math.inf, 0.0 if same else math.inf, math.inf if same else -math.inf)
-    x = candidate.detach()
-    x = x.to(_judging_device(x))
-    ref = reference.detach().to(device=x.device, dtype=torch.float64)
-    fin_ref, fin_x = torch.isfinite(ref), torch.isfinite(x)
-    misplaced = fin_ref != fin_x
-    nonfinite = ~fin_ref & ~fin_x  # where both are non-finite they must be the same kind (NaN, +inf, -inf)
-    if nonfinite.any():
-        xr, rr = x[nonfinite].double(), ref[nonfinite]
-        misplaced[nonfinite] = ~((torch.isnan(xr) & torch.isnan(rr)) | (xr == rr))
-    if misplaced.any():
-        flat = misplaced.reshape(-1).nonzero()[0, 0].item()
-        n_bad = int(misplaced.sum())
-        n_nan = int((torch.isnan(x) & fin_ref).sum())
-        first = (f"index {unravel(flat, x.shape)}: candidate {_fmt(x.reshape(-1)[flat].item())}, float64 "
-                 f"{_fmt(ref.reshape(-1)[flat].item())}")
+    x = candidate.detach().reshape(-1)  # flat: a copy only of a non-contiguous view, in its own dtype
+    r_all = reference.detach().reshape(-1)  # cast and moved to x's device a chunk at a time
+    e_all = None
+    if eager is not None and tuple(eager.shape) == tuple(candidate.shape) and eager.dtype.is_floating_point:
+        e_all = eager.detach().reshape(-1)
+    n_bad = n_nan = 0
+    first_bad = -1
+    errs, e_errs = _ErrorSums(), _ErrorSums()
+    max_abs = max_rel = 0.0
+    w = -1
+    for a in range(0, x.numel(), JUDGE_CHUNK):
+        xc = x[a:a + JUDGE_CHUNK]
+        rc = r_all[a:a + JUDGE_CHUNK].to(device=x.device, dtype=torch.float64)
+        fin_ref, fin_x = torch.isfinite(rc), torch.isfinite(xc)
+        misplaced = fin_ref != fin_x
+        nonfinite = ~fin_ref & ~fin_x  # where both are non-finite they must be the same kind (NaN, +inf, -inf)
+        if nonfinite.any():
+            xr, rr = xc[nonfinite].double(), rc[nonfinite]
+            misplaced[nonfinite] = ~((torch.isnan(xr) & torch.isnan(rr)) | (xr == rr))
+        if misplaced.any():
+            n_bad += int(misplaced.sum())
+            n_nan += int((torch.isnan(xc) & fin_ref).sum())
+            if first_bad < 0:
+                first_bad = a + int(misplaced.nonzero()[0, 0])
+        if n_bad:
+            continue  # the verdict is a failure: only the misplaced elements are still counted
+        diff = (xc.double() - rc).where(fin_ref, torch.zeros((), dtype=torch.float64, device=x.device))
+        errs.add(diff[fin_ref], rc[fin_ref])
+        if e_all is not None:
+            ec = e_all[a:a + JUDGE_CHUNK].to(x.device)
+            e_fin = torch.isfinite(ec) & fin_ref
+            e_errs.add((ec.double() - rc)[e_fin], rc[e_fin])
+        diff = diff.abs()
+        i = int(diff.argmax())
+        if float(diff[i]) > max_abs or w < 0:
+            max_abs, w = float(diff[i]), a + i
+        rel = (diff / rc.abs()).where(fin_ref & (rc != 0), torch.zeros((), dtype=torch.float64, device=x.device))
+        max_rel = max(max_rel, float(rel.max()))
+    if n_bad:
+        first = (f"index {unravel(first_bad, candidate.shape)}: candidate {_fmt(x[first_bad].item())}, float64 "
+                 f"{_fmt(float(r_all[first_bad].item()))}")
         return Judgement(False, math.inf, math.inf, None, None, 0.0, 0.0,
                          f"{label}: {n_bad} of {x.numel()} elements non-finite where float64 is not, or the reverse; "
                          f"first at {first}", math.inf, math.inf, -math.inf, misplaced=n_bad, nan_misplaced=n_nan,
                          first_misplaced=first)
-    norm_err, max_err = _errors(x, ref, fin_ref)
-    floor_norm, floor_max = error_floor(x.dtype, tf32)
+    norm_err, max_err = errs.errors()
+    floor_norm, floor_max = error_floor(candidate.dtype, tf32)
     e_norm = e_max = None
-    e = None
-    if eager is not None and tuple(eager.shape) == tuple(x.shape) and eager.dtype.is_floating_point:
-        e = eager.detach().to(x.device)
-        e_fin = torch.isfinite(e) & fin_ref
-        e_norm, e_max = _errors(e, ref, e_fin)
+    if e_all is not None:
+        e_norm, e_max = e_errs.errors()
     limit_norm = norm_factor * (e_norm or 0.0) + floor_norm
     limit_max = max_factor * (e_max or 0.0) + floor_max
     ok = norm_err <= limit_norm and max_err <= limit_max
-    diff = (x.double() - ref).abs().where(fin_ref, torch.zeros((), dtype=torch.float64, device=x.device))
-    max_abs = float(diff.max()) if x.numel() else 0.0
-    rel = (diff / ref.abs()).where(fin_ref & (ref != 0), torch.zeros((), dtype=torch.float64, device=x.device))
-    max_rel = float(rel.max()) if x.numel() else 0.0
     worst = ""
-    if x.numel():
-        w = int(diff.reshape(-1).argmax())
-        worst = (f"index {unravel(w, x.shape)}: candidate {_fmt(x.reshape(-1)[w].item())}, float64 "
-                 f"{_fmt(ref.reshape(-1)[w].item())}"
-                 + (f", eager {_fmt(e.reshape(-1)[w].item())}" if e is not None else ""))
+    if w >= 0:
+        worst = (f"index {unravel(w, candidate.shape)}: candidate {_fmt(x[w].item())}, float64 "
+                 f"{_fmt(float(r_all[w].item()))}"
+                 + (f", eager {_fmt(e_all[w].item())}" if e_all is not None else ""))
+    # SQNR over the elements finite in both (no element is misplaced here: those are the reference's finite ones)
+    noise, signal = math.sqrt(errs.d2), math.sqrt(errs.r2)
+    sqnr = math.inf if noise == 0.0 else -math.inf if signal == 0.0 else 20.0 * math.log10(signal / noise)
     eager_text = (f"eager {e_norm:.3g} / {e_max:.3g}" if e_norm is not None else "no eager computation")
     what = "within" if ok else "beyond"
     floor_name = "TF32" if tf32 and x.dtype == torch.float32 else dtype_text(x.dtype)
@@ -286,7 +321,7 @@ def judge(candidate: torch.Tensor, reference: torch.Tensor, eager: torch.Tensor 
               f"{what} the limits {limit_norm:.3g} / {limit_max:.3g} "
               f"({norm_factor:g}x / {max_factor:g}x eager + {floor_name} floor)")
     return Judgement(ok, norm_err, max_err, e_norm, e_max, limit_norm, limit_max, reason, max_abs, max_rel,
-                     sqnr_db(x, ref), worst)
+                     sqnr, worst)
 
 
 # --- judging a whole (nested) output ------------------------------------------------------------------------
