@@ -170,19 +170,6 @@ def sqnr_db(candidate: torch.Tensor, reference: torch.Tensor) -> float:
     return 20.0 * math.log10(signal / noise)
 
 
-def _errors(x: torch.Tensor, ref: torch.Tensor, finite: torch.Tensor) -> tuple[float, float]:
-    """(norm-wise, max-wise) error of ``x`` against ``ref`` over ``finite`` elements (see the module doc)."""
-    d = (x.double() - ref)[finite]
-    r = ref[finite]
-    if d.numel() == 0:
-        return 0.0, 0.0
-    ref_norm, ref_max = float(r.norm()), float(r.abs().max())
-    if ref_norm == 0.0:  # an all-zero reference: the errors are absolute
-        return float(d.norm()), float(d.abs().max())
-    tiny = torch.finfo(torch.float64).tiny
-    return float(d.norm()) / max(ref_norm, tiny), float(d.abs().max()) / max(ref_max, tiny)
-
-
 def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
@@ -196,7 +183,8 @@ JUDGE_CHUNK = 1 << 25
 
 @dataclass
 class _ErrorSums:
-    """Running sums of :func:`_errors` over chunks: squared error and reference, their maxima, elements counted."""
+    """Running sums over chunks of the differences ``d`` from the float64 reference ``r`` (the elements where it is
+    finite): squared error and reference, their largest magnitudes, elements counted (see the module doc)."""
 
     d2: float = 0.0
     r2: float = 0.0
@@ -214,7 +202,8 @@ class _ErrorSums:
             self.n += d.numel()
 
     def errors(self) -> tuple[float, float]:
-        """(norm-wise, max-wise) error, as :func:`_errors` gives them."""
+        """(norm-wise, max-wise) error: ``||d|| / ||r||`` and ``max|d| / max|r|``; absolute where the reference is all
+        zero; (0, 0) over no element."""
         if self.n == 0:
             return 0.0, 0.0
         d_norm, r_norm = math.sqrt(self.d2), math.sqrt(self.r2)
