@@ -162,7 +162,11 @@ def sqnr_db(candidate: torch.Tensor, reference: torch.Tensor) -> float:
     equal, ``-inf`` for a zero reference with a nonzero error; over elements finite in both."""
     x, r = candidate.detach().double(), reference.detach().double().to(candidate.device)
     fin = torch.isfinite(x) & torch.isfinite(r)
-    noise, signal = float((x - r)[fin].norm()), float(r[fin].norm())
+    return _sqnr(float((x - r)[fin].norm()), float(r[fin].norm()))
+
+
+def _sqnr(noise: float, signal: float) -> float:
+    """``20 log10(signal / noise)`` in dB (norms): ``inf`` without noise, ``-inf`` for noise on a zero signal."""
     if noise == 0.0:
         return math.inf
     if signal == 0.0:
@@ -301,8 +305,7 @@ def judge(candidate: torch.Tensor, reference: torch.Tensor, eager: torch.Tensor 
                  f"{_fmt(float(r_all[w].item()))}"
                  + (f", eager {_fmt(e_all[w].item())}" if e_all is not None else ""))
     # SQNR over the elements finite in both (no element is misplaced here: those are the reference's finite ones)
-    noise, signal = math.sqrt(errs.d2), math.sqrt(errs.r2)
-    sqnr = math.inf if noise == 0.0 else -math.inf if signal == 0.0 else 20.0 * math.log10(signal / noise)
+    sqnr = _sqnr(math.sqrt(errs.d2), math.sqrt(errs.r2))
     eager_text = (f"eager {e_norm:.3g} / {e_max:.3g}" if e_norm is not None else "no eager computation")
     what = "within" if ok else "beyond"
     floor_name = "TF32" if tf32 and x.dtype == torch.float32 else dtype_text(x.dtype)
