@@ -121,3 +121,108 @@ def test_aten_linear_kept_whole_is_a_matmul_with_its_flops_and_measured_price():
         matmul_time_us(h200.matmul_rates, "mm", 4 * 64, 1024, 256, 1, "fp32", "nt"))
     assert measured_matmul_us(op, h200) != pytest.approx(
         matmul_time_us(h200.matmul_rates, "mm", 4 * 64, 1024, 256, 1, "fp32", "nn"))
+
+
+class _Call(torch.nn.Module):
+    def __init__(self, fn, *modules):
+        super().__init__()
+        self.fn, self.mods = fn, torch.nn.ModuleList(modules)
+
+    def forward(self, *xs):
+        return self.fn(self.mods, *xs)
+
+
+@pytest.mark.parametrize("fn, modules, shapes", [
+    (lambda m, x: m[0](x), [torch.nn.Conv1d(4, 6, 3)], [(2, 4, 16)]),
+    (lambda m, x: m[0](x), [torch.nn.Conv2d(4, 6, 3, stride=2, groups=2)], [(2, 4, 16, 16)]),
+    (lambda m, x: m[0](x), [torch.nn.Conv3d(4, 6, 3)], [(1, 4, 6, 6, 6)]),
+    (lambda m, x: m[0](x), [torch.nn.ConvTranspose1d(4, 6, 3, stride=2)], [(2, 4, 16)]),
+    (lambda m, x: m[0](x), [torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1)], [(2, 4, 8, 8)]),
+    (lambda m, x: m[0](x), [torch.nn.ConvTranspose3d(4, 6, 3)], [(1, 4, 4, 4, 4)]),
+    (lambda m, a, b: torch.matmul(a, b), [], [(3, 8, 16), (16, 5)]),
+    (lambda m, a, b: a @ b, [], [(2, 3, 8, 16), (2, 3, 16, 5)]),
+    (lambda m, a, b: torch.einsum("bij,bjk->bik", a, b), [], [(3, 8, 16), (3, 16, 5)]),
+])
+def test_ops_an_export_keeps_whole_count_their_flops(fn, modules, shapes):
+    """An export keeps composite ops whole that dynamo's graphs lower (``aten.conv2d``, ``aten.conv_transpose2d``,
+    ``aten.matmul``, ``aten.einsum``, ``aten.scaled_dot_product_attention``); analyze falls back to an export when
+    dynamo fails (on the meta device, a ``torch.tensor(..., device=x.device)`` in forward). Each keeps the FLOPs
+    ``torch.utils.flop_counter`` counts for the call run eagerly, not 0 (KernelBench level-2 ConvTranspose2d +
+    Min: 0 FLOPs for a 137 GFLOP convolution, so a compute-heavy chain read as memory-bound)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fusion_advisor.analyze.capture import capture
+    from fusion_advisor.analyze.graph import HEAVY, build_op_graph
+    from fusion_advisor.analyze.load import LoadedModel
+
+    model = _Call(fn, *modules).eval()
+    inputs = tuple(torch.randn(s) for s in shapes)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(*inputs)
+    cap = capture(LoadedModel("m", "<test>", "test", model, inputs, "cpu", ""), methods=("export",))
+    heavy = [o for o in build_op_graph(cap).ops if o.category in HEAVY]
+    assert len(heavy) == 1, [o.target for o in heavy]
+    assert counter.get_total_flops() > 0 and heavy[0].flops == counter.get_total_flops()
+
+
+def test_exported_attention_counts_its_flops():
+    """``aten.scaled_dot_product_attention`` kept whole by an export: QK^T and PV, 2 FLOPs per multiply-add (the
+    flop counter counts none for the CPU kernel eager runs, so the count is written out)."""
+    from fusion_advisor.analyze.capture import capture
+    from fusion_advisor.analyze.graph import build_op_graph
+    from fusion_advisor.analyze.load import LoadedModel
+
+    model = _Call(lambda m, q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    inputs = (torch.randn(2, 4, 32, 16), torch.randn(2, 4, 24, 16), torch.randn(2, 4, 24, 8))
+    cap = capture(LoadedModel("m", "<test>", "test", model, inputs, "cpu", ""), methods=("export",))
+    (op,) = [o for o in build_op_graph(cap).ops if o.category == "attention"]
+    assert op.flops == 2 * 2 * 4 * 32 * 24 * (16 + 8)
+
+
+def test_elementwise_min_and_max_are_pointwise_not_reductions():
+    """``torch.min(x, y)`` is ``aten.min.other`` in an export (``aten.minimum`` in dynamo's graphs): elementwise, so
+    it fuses into its neighbours' chain; ``aten.min.dim`` and ``aten.max.default`` reduce."""
+    from fusion_advisor.analyze.graph import categorize
+
+    aten = torch.ops.aten
+    assert categorize(aten.min.other) == categorize(aten.max.other) == categorize(aten.minimum.default) == "pointwise"
+    assert categorize(aten.min.dim) == categorize(aten.max.default) == categorize(aten.amax.default) == "reduction"
+
+
+@pytest.mark.parametrize("equation, shapes, flops", [
+    ("ij,jk->ik", [(4, 5), (5, 6)], 2 * 4 * 5 * 6),
+    ("bij,bjk->bik", [(3, 4, 5), (3, 5, 6)], 2 * 3 * 4 * 5 * 6),
+    ("i,i->", [(7,), (7,)], 2 * 7),
+    ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)], 2 * 2 * 3 * 4 + 2 * 2 * 4 * 5),  # left to right: (ij,jk)->ik, then kl
+    ("bij,bjk->bik", [(1, 4, 5), (3, 5, 6)], 2 * 3 * 4 * 5 * 6),  # a broadcast batch
+    ("...ij,...jk->...ik", [(3, 4, 5), (3, 5, 6)], 0),  # an ellipsis: not read
+    ("ij,jk", [(4, 5), (5, 6)], 0),  # no output subscripts: not read
+    ("ij,jk->ik", [(4, 5), (7, 6)], 0),  # sizes disagree
+])
+def test_einsum_flops(equation, shapes, flops):
+    from fusion_advisor.analyze.graph import einsum_flops
+
+    assert einsum_flops(equation, shapes) == flops
+
+
+@pytest.mark.parametrize("shapes, how", [
+    ([(3, 8, 16), (16, 5)], ("mm", 24, 5, 16, 1)),  # folded to one mm of 24 rows, as torch.matmul runs it
+    ([(2, 3, 8, 16), (2, 3, 16, 5)], ("bmm", 8, 5, 16, 6)),
+])
+def test_exported_matmul_priced_from_the_measured_table(shapes, how):
+    from fusion_advisor.analyze.capture import capture
+    from fusion_advisor.analyze.graph import build_op_graph
+    from fusion_advisor.analyze.load import LoadedModel
+    from fusion_advisor.analyze.roofline import measured_matmul_us
+    from fusion_advisor.devices import load_spec
+    from fusion_advisor.devices.op_rates import matmul_time_us
+
+    model = _Call(lambda m, a, b: torch.matmul(a, b))
+    inputs = tuple(torch.randn(s) for s in shapes)
+    cap = capture(LoadedModel("m", "<test>", "test", model, inputs, "cpu", ""), methods=("export",))
+    (op,) = [o for o in build_op_graph(cap).ops if o.category == "matmul"]
+    assert op.target == "aten.matmul.default"
+    h200 = load_spec("h200")
+    cls, m, n, k, batch = how
+    assert measured_matmul_us(op, h200) == pytest.approx(
+        matmul_time_us(h200.matmul_rates, cls, m, n, k, batch, "fp32", "nn"))

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 import networkx as nx
 import torch
 import torch.fx
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import conv_flop_count, flop_registry
 
 from fusion_advisor.analyze.capture import Capture, source_of
 from fusion_advisor.analyze.composites import composite_record
@@ -55,7 +55,8 @@ _BY_NAME: dict[str, set[str]] = {
     # element-wise ops that torch does not tag pointwise (the rest are found by torch.Tag.pointwise)
     "pointwise": {"floor_divide", "hardswish", "hardswish_backward", "log_sigmoid_forward", "log_sigmoid_backward",
                   "prelu", "_prelu_kernel", "rrelu_with_noise", "where", "glu", "native_dropout", "dropout"},
-    "matmul": {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "matmul", "dot", "mv", "addmv", "_int_mm", "linear"},
+    "matmul": {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "matmul", "dot", "mv", "addmv", "_int_mm", "linear",
+               "einsum"},
     "conv": {"convolution", "_convolution", "cudnn_convolution", "convolution_overrideable", "_slow_conv2d_forward",
              "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"},
     "attention": {"attention", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -134,8 +135,10 @@ def categorize(target: Any) -> str:
     if target is operator.getitem:
         return "view"
     name = _op_name(target)
+    pointwise = isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
     if name in _NAME_TO_CATEGORY:
-        return _NAME_TO_CATEGORY[name]
+        # ``aten.min.other`` / ``aten.max.other`` (an export's ``torch.min(x, y)``) are elementwise, not reductions
+        return "pointwise" if pointwise and _NAME_TO_CATEGORY[name] == "reduction" else _NAME_TO_CATEGORY[name]
     if isinstance(target, torch._ops.OpOverload):
         if torch.Tag.pointwise in target.tags:
             return "pointwise"
@@ -156,8 +159,62 @@ def _materialize(arg: Any) -> Any:
     return torch.fx.node.map_aggregate(arg, meta_value)
 
 
+#: Convolutions an export keeps whole (``torch.export`` preserves these composite ops; dynamo's graphs lower them
+#: to ``aten.convolution``), with whether each is transposed.
+_WHOLE_CONVS = {"conv1d": False, "conv2d": False, "conv3d": False,
+                "conv_transpose1d": True, "conv_transpose2d": True, "conv_transpose3d": True}
+
+
+def einsum_flops(equation: str, shapes: list[tuple[int, ...]]) -> int:
+    """FLOPs of ``torch.einsum(equation, *operands)`` contracted left to right, pairwise (2 per multiply-add): each
+    step multiplies the running result by the next operand over every index either holds, then keeps the indices a
+    later operand or the output still needs. 0 where the equation does not read (an ellipsis, a missing ``->``, a
+    subscript count or size that does not match the shapes). Source: the cost model of ``opt_einsum``'s pairwise
+    contractions (Smith & Gray, "opt_einsum", JOSS 2018), in the operand order written, as ``torch.einsum`` runs it
+    without ``opt_einsum``."""
+    if "..." in equation or "->" not in equation:
+        return 0
+    lhs, out = equation.replace(" ", "").split("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes) or any(len(s) != len(shape) for s, shape in zip(terms, shapes)):
+        return 0
+    size: dict[str, int] = {}
+    for term, shape in zip(terms, shapes):
+        for letter, n in zip(term, shape):
+            if size.setdefault(letter, int(n)) != int(n) and 1 not in (n, size[letter]):
+                return 0
+            size[letter] = max(size[letter], int(n))
+    flops, held = 0, set(terms[0])
+    for i, term in enumerate(terms[1:], start=1):
+        both = held | set(term)
+        n = 1
+        for letter in both:
+            n *= size[letter]
+        flops += 2 * n
+        later = set(out).union(*terms[i + 1:]) if i + 1 < len(terms) else set(out)
+        held = {letter for letter in both if letter in later}
+    return flops
+
+
 def _matmul_like_flops(target: Any, node: torch.fx.Node, out: Any) -> int:
-    if _op_name(target) == "attention":  # our opaque SDPA: QK^T and PV, 2 FLOPs per multiply-add
+    name = _op_name(target)
+    if name in _WHOLE_CONVS:  # an exported conv2d / conv_transpose2d...: input, weight, bias, ...
+        x, w = meta_value(node.args[0]), meta_value(node.args[1])
+        if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and isinstance(out, torch.Tensor):
+            return int(conv_flop_count(list(x.shape), list(w.shape), list(out.shape), transposed=_WHOLE_CONVS[name]))
+        return 0
+    if name == "matmul":  # an exported torch.matmul: [..., M, K] @ [..., K, N], 2 FLOPs per multiply-add
+        a = meta_value(node.args[0])
+        if isinstance(a, torch.Tensor) and isinstance(out, torch.Tensor) and a.dim() >= 1:
+            return 2 * max(out.numel(), 1) * a.shape[-1]
+        return 0
+    if name == "einsum" and node.args and isinstance(node.args[0], str):
+        operands = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (list, tuple)) else node.args[1:]
+        values = [meta_value(a) for a in operands]
+        if all(isinstance(v, torch.Tensor) for v in values):
+            return einsum_flops(node.args[0], [tuple(v.shape) for v in values])
+        return 0
+    if name in ("attention", "scaled_dot_product_attention"):  # QK^T and PV, 2 FLOPs per multiply-add
         q, k, v = (meta_value(a) for a in node.args[:3])
         # batch x heads of the output: SDPA broadcasts q's, k's and v's leading dims
         batch = out.numel() // max(out.shape[-2] * out.shape[-1], 1) if isinstance(out, torch.Tensor) else \
@@ -166,7 +223,7 @@ def _matmul_like_flops(target: Any, node: torch.fx.Node, out: Any) -> int:
         causal = node.kwargs.get("is_causal", node.args[5] if len(node.args) > 5 else False)
         # a causal flash kernel skips the masked upper triangle: about half the work when q and k are as long
         return flops // 2 if causal is True and q.shape[-2] == k.shape[-2] else flops
-    if _op_name(target) == "linear":  # aten.linear (an export keeps it whole): x [..., K] @ weight[N, K].T
+    if name == "linear":  # aten.linear (an export keeps it whole): x [..., K] @ weight[N, K].T
         x, w = meta_value(node.args[0]), meta_value(node.args[1])
         if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() >= 1 and w.dim() == 2:
             return 2 * (x.numel() // max(x.shape[-1], 1)) * w.shape[0] * x.shape[-1]

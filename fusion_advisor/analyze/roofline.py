@@ -283,9 +283,9 @@ _MATMUL_OPERANDS = {"mm": ("mm", 0), "addmm": ("mm", 1), "bmm": ("bmm", 0), "bad
 
 
 def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
-    """Eager device time of an ``mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` (or an exported ``linear``) from the
-    spec's measured ``matmul_rates`` (us): the surface fitted through its class's measurements in the layout of its
-    second operand (:func:`matmul_layout`; :func:`fusion_advisor.devices.op_rates.matmul_time_us`); None for other
+    """Eager device time of an ``mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` (or an exported ``linear`` or ``matmul``)
+    from the spec's measured ``matmul_rates`` (us): the surface fitted through its class's measurements in the layout
+    of its second operand (:func:`matmul_layout`; :func:`fusion_advisor.devices.op_rates.matmul_time_us`); None for other
     ops, or without a measured matmul of its class and dtype."""
     if op.category != "matmul" or not spec.matmul_rates:
         return None
@@ -295,6 +295,18 @@ def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
         if k <= 0 or n <= 0 or not x.shape or x.shape[-1] != k or x.numel < k:
             return None
         return matmul_time_us(spec.matmul_rates, "mm", x.numel // k, n, k, 1, op.dtype, "nt")
+    if _short_target(op.target) == "matmul" and len(op.inputs) >= 2:
+        # aten.matmul (kept whole by an export): [..., M, K] @ [K, N] as one mm of numel / K rows, or batched
+        # [..., M, K] @ [..., K, N] of equal batch dims as one bmm, as torch.matmul runs them
+        a, b = op.inputs[0].shape, op.inputs[1].shape
+        if len(a) < 2 or len(b) < 2 or a[-1] != b[-2] or min(*a, *b) <= 0:
+            return None
+        layout = matmul_layout(op.inputs[1])
+        if len(b) == 2:
+            return matmul_time_us(spec.matmul_rates, "mm", math.prod(a[:-1]), b[-1], a[-1], 1, op.dtype, layout)
+        if tuple(a[:-2]) != tuple(b[:-2]):
+            return None
+        return matmul_time_us(spec.matmul_rates, "bmm", a[-2], b[-1], a[-1], math.prod(a[:-2]), op.dtype, layout)
     how = _MATMUL_OPERANDS.get(_short_target(op.target))
     if how is None or len(op.inputs) < how[1] + 2:
         return None
