@@ -176,11 +176,11 @@ def einsum_flops(equation: str, shapes: list[tuple[int, ...]]) -> int:
         return 0
     lhs, out = equation.replace(" ", "").split("->")
     terms = lhs.split(",")
-    if len(terms) != len(shapes) or any(len(s) != len(shape) for s, shape in zip(terms, shapes)):
+    if len(terms) != len(shapes) or any(len(s) != len(shape) for s, shape in zip(terms, shapes, strict=True)):
         return 0
     size: dict[str, int] = {}
-    for term, shape in zip(terms, shapes):
-        for letter, n in zip(term, shape):
+    for term, shape in zip(terms, shapes, strict=True):
+        for letter, n in zip(term, shape, strict=True):
             if size.setdefault(letter, int(n)) != int(n) and 1 not in (n, size[letter]):
                 return 0
             size[letter] = max(size[letter], int(n))
