@@ -268,13 +268,15 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
     out.print(t)
     from fusion_advisor.report.write import chains_frame, read_plan
     from fusion_advisor.report.views import (apply_command, input_copy_us, plan_mismatches, predicted_compile_us,
-                                             predicted_model_routes, whole_model_note)
+                                             predicted_model_routes, unused_eager_us, whole_model_note)
 
     frame = chains_frame(analysis)
-    eager, advised = float(frame["est_eager_us"].sum()), float(frame["est_after_route_us"].sum())
+    advised = float(frame["est_after_route_us"].sum())
     if advised > 0:
         routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu",
-                                        graph_input_copy_us=input_copy_us(analysis))
+                                        graph_input_copy_us=input_copy_us(analysis),
+                                        unused_us=unused_eager_us(analysis))
+        eager = routes["eager"]
         out.print(f"predicted: {eager / advised:.2f}x vs eager, {predicted_compile_us(frame) / advised:.2f}x vs "
                   f"torch.compile(model) over the chains{whole_model_note(routes, advised)} (roofline estimates; "
                   "apply measures them)", highlight=False)

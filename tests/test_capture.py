@@ -253,3 +253,90 @@ def test_an_exported_recurrent_layer_is_priced_as_the_opaque_one(tmp_path):
         ops[recurrent] = [o for o in a.ops if o.category == "recurrent"]
     assert [(o.variant, o.sequential_steps, o.flops) for o in ops[False]] == \
         [(o.variant, o.sequential_steps, o.flops) for o in ops[True]] == [("gru", 10, 2 * 15 * 48 * (8 + 16 + 16 + 16))]
+
+
+class _DeadWork(nn.Module):
+    """A computed, discarded product (line ``dead``) and nn.MultiheadAttention's head-averaged weights, which it
+    computes whenever ``need_weights`` is left at its default, here discarded."""
+
+    def __init__(self, need_weights: bool = True):
+        super().__init__()
+        self.attn, self.need_weights = nn.MultiheadAttention(32, 4, batch_first=True), need_weights
+
+    def forward(self, x):
+        _scores = x @ x.transpose(1, 2)  # dead: computed, never used
+        out, _ = self.attn(x, x, x, need_weights=self.need_weights)
+        return out
+
+
+def _loaded(model, inputs, device="meta"):
+    from fusion_advisor.analyze.load import LoadedModel
+
+    return LoadedModel("m", "<test>", "test", model.to(device).eval(), tuple(x.to(device) for x in inputs), device, "")
+
+
+def test_unused_nodes_are_the_eager_work_no_output_depends_on():
+    from fusion_advisor.analyze.capture import unused_nodes
+
+    x = torch.randn(2, 16, 32)
+    dead = {str(n.target) for n in unused_nodes(_loaded(_DeadWork(), (x,)))}
+    assert "aten.bmm.default" in dead and "aten.mean.dim" in dead  # the product, the weights' average over heads
+    # need_weights=False: the fused path, no weights averaged; the product is still dead
+    dead = {str(n.target) for n in unused_nodes(_loaded(_DeadWork(need_weights=False), (x,)))}
+    assert "aten.bmm.default" in dead and "aten.mean.dim" not in dead
+    # everything used, and in-place updates of state (BatchNorm's running statistics in training) count as used
+    bn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    assert unused_nodes(_loaded(bn.train(), (torch.randn(2, 3, 8, 8),))) == []
+    # on a cpu device nothing is looked for (the trace would run the model once more at full size)
+    assert unused_nodes(_loaded(_DeadWork(), (x,), device="cpu")) == []
+
+
+def test_unused_work_is_priced_named_and_paid_by_the_eager_route_only(tmp_path):
+    import pytest
+
+    from fusion_advisor.analyze.pipeline import analyze
+    from fusion_advisor.analyze.records import Analysis
+    from fusion_advisor.report import views
+    from fusion_advisor.report.write import chains_frame
+
+    f = tmp_path / "dead.py"
+    f.write_text(
+        "import torch\n"
+        "class Model(torch.nn.Module):\n"
+        "    def forward(self, x, w):\n"
+        "        unused = torch.relu(x @ w)\n"
+        "        return x * 2\n"
+        "def get_inputs():\n"
+        "    return [torch.randn(2048, 2048), torch.randn(2048, 2048)]\n"
+        "def get_init_inputs():\n"
+        "    return []\n")
+    a = analyze(f, device="meta", gpu="h200")
+    assert a.unused is not None and a.unused.ops == 2 and a.unused.lines == ["dead.py:4"]
+    assert a.unused.flops == 2 * 2048 ** 3 + 2048 ** 2 and a.unused.eager_us > 0
+    assert any("eager runs 2 op(s)" in w and "dead.py:4" in w for w in a.warnings)
+    assert Analysis.from_dict(a.to_dict()).unused == a.unused  # report.json keeps it
+    frame = chains_frame(a)
+    routes = views.predicted_model_routes(frame, unused_us=views.unused_eager_us(a))
+    assert routes["eager"] == pytest.approx(float(frame["est_eager_us"].sum()) + a.unused.eager_us)
+    assert routes["torch.compile"] == pytest.approx(views.predicted_model_routes(frame)["torch.compile"])
+    # a model with nothing unused, and a cpu device (not looked for): no record, no warning
+    f.write_text(f.read_text().replace("unused = torch.relu(x @ w)", "x = torch.relu(x @ w)"))
+    assert analyze(f, device="meta", gpu="h200").unused is None
+    assert analyze(f, device="cpu", gpu="h200").unused is None
+
+
+def test_unused_nodes_not_looked_for_in_a_model_with_a_recurrent_layer():
+    """make_fx would unroll the cuDNN layer step by step (minutes for KernelBench's LSTMs): no claim."""
+    from fusion_advisor.analyze.capture import unused_nodes
+
+    class Rnn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm, self.fc = nn.LSTM(8, 8, batch_first=True), nn.Linear(8, 4)
+
+        def forward(self, x):
+            out, (h, _) = self.lstm(x)
+            self.fc(out[:, -1])  # dead, but not looked for
+            return h
+
+    assert unused_nodes(_loaded(Rnn(), (torch.randn(2, 5, 8),))) == []

@@ -458,3 +458,21 @@ def test_without_fits_drops_the_fitted_fields_sources(profiled):
     plain = without_fits(spec)
     assert "host_time_scale" not in plain.sources and "cold_host_scale" not in plain.sources
     assert "host_time_scale_source" not in spec_mapping(plain) and "cold_host_scale_source" not in spec_mapping(plain)
+
+
+def test_a_models_prediction_adds_the_eager_work_no_output_uses(profiled, tmp_path):
+    """The model as written runs the work no output uses (``Analysis.unused``) and no chain holds it: the model's
+    residual adds its eager time, the chains' residuals do not change."""
+    from fusion_advisor.analyze.records import UnusedWork
+    from fusion_advisor.devices import load_spec
+    from fusion_advisor.devices.fit_profiles import read_report, residuals
+
+    spec = load_spec("h200")
+    rep = read_report(_write(profiled, tmp_path / "plain"))
+    rows, model = residuals(rep, "test", spec, spec)
+    dead = dataclasses.replace(rep, analysis=dataclasses.replace(
+        rep.analysis, unused=UnusedWork(ops=1, eager_us=1234.5, flops=0, bytes=8, lines=["m.py:3"])))
+    rows2, model2 = residuals(dead, "test", spec, spec)
+    assert model2.before_us == pytest.approx(model.before_us + 1234.5)
+    assert model2.after_us == pytest.approx(model.after_us + 1234.5)
+    assert [r.after_us for r in rows2] == [r.after_us for r in rows]

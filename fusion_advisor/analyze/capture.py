@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import operator
 import os
 import traceback
 import warnings
@@ -418,6 +419,54 @@ def capture(loaded: LoadedModel, methods: tuple[str, ...] = METHODS, recurrent: 
                 result.warnings.insert(0, note)
         return result
     raise CaptureError(f"{loaded.file}: no method could capture the model:\n  " + "\n  ".join(failures))
+
+
+def unused_nodes(loaded: LoadedModel) -> list[torch.fx.Node]:
+    """The aten calls one eager forward makes whose results nothing the model returns or changes depends on: work
+    eager runs for nothing, which dynamo drops from its graphs (so ``torch.compile(model)`` never runs it). A value
+    computed and discarded (``out, _ = attn(x, x, x)``: ``nn.MultiheadAttention`` averages its attention weights
+    over the heads whether or not they are used; a state the forward computes but does not return).
+
+    The forward is traced whole by ``make_fx`` (every call dispatched, none eliminated); a node is used when the
+    output or an impure node (in-place, random, side effects: :meth:`torch.fx.Node.is_impure`) depends on it.
+    Empty on a ``cpu`` device (the trace would run the model once more at full size), for a model holding an
+    ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` (the trace would unroll it step by step: KernelBench's 6-layer, 512-step
+    LSTM took 275 s on the meta device) and when the trace fails (data-dependent control flow on the meta device,
+    Python the tracer cannot follow): no claim then."""
+    if loaded.device == "cpu" or any(isinstance(m, torch.nn.RNNBase) for m in loaded.module.modules()):
+        return []
+    import inspect
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    params = inspect.signature(make_fx).parameters  # the user's lines and modules, where this torch records them
+    meta = {k: True for k in ("record_stack_traces", "record_module_stack") if k in params}
+    try:
+        with torch.no_grad(), warnings.catch_warnings(), quiet_torch_logs():
+            warnings.simplefilter("ignore")
+            gm = make_fx(loaded.module, tracing_mode="real", **meta)(*loaded.inputs)
+    except Exception:  # a trace that fails makes no claim
+        return []
+    roots = [n for n in gm.graph.nodes if n.op == "output" or (n.op == "call_function" and n.is_impure())]
+    used: set[torch.fx.Node] = set()
+    while roots:
+        node = roots.pop()
+        if node not in used:
+            used.add(node)
+            roots.extend(node.all_input_nodes)
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n not in used and not _no_work(n)]
+
+
+#: Calls that allocate and compute nothing (a kernel's scratch buffer: BatchNorm's reserve space).
+_ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty"})
+
+
+def _no_work(node: torch.fx.Node) -> bool:
+    """An element taken from a multi-output call (the call itself is what runs) or an allocation."""
+    if node.target is operator.getitem:
+        return True
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and schema.name.split("::")[-1] in _ALLOCATIONS
 
 
 #: Below this share of the forward's aten calls in the captured graphs, the report says the analysis is partial.

@@ -537,6 +537,13 @@ def pool_window(node: torch.fx.Node, name: str) -> int:
     return window if len(sizes) == dims else 0
 
 
+def unused_ops(nodes: Iterable[torch.fx.Node]) -> list[OpInfo]:
+    """Op records of the eager calls no output depends on (:func:`fusion_advisor.analyze.capture.unused_nodes`), ids
+    ``unused:<node name>`` and graph index -1 (they are in no captured graph); views left out."""
+    ops = [_make_op(f"unused:{n.name}", -1, n) for n in nodes if n.op == "call_function"]
+    return [o for o in ops if not o.is_view]
+
+
 def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     target = node.target
     category = categorize(target) if node.op == "call_function" else "other"

@@ -15,14 +15,14 @@ import torch
 
 from fusion_advisor.memory import available_bytes
 from fusion_advisor.stages import Stage, no_progress, stage_timer
-from fusion_advisor.analyze.capture import Capture, capture
+from fusion_advisor.analyze.capture import Capture, capture, unused_nodes
 from fusion_advisor.analyze.chains import build_chains
 from fusion_advisor.devices import DeviceSpec, load_spec
 from fusion_advisor.errors import ModelRunError
-from fusion_advisor.analyze.graph import build_op_graph
+from fusion_advisor.analyze.graph import build_op_graph, unused_ops
 from fusion_advisor.analyze.load import LoadedModel, load_model
-from fusion_advisor.analyze.records import Analysis
-from fusion_advisor.analyze.roofline import estimate_all
+from fusion_advisor.analyze.records import Analysis, UnusedWork
+from fusion_advisor.analyze.roofline import eager_alone_us, estimate_all
 from fusion_advisor.verification.trees import tensor_leaves
 from fusion_advisor.analyze.route import route_all
 from fusion_advisor.analyze.rules import load_rules
@@ -145,6 +145,8 @@ def analyze(
             cap = capture(loaded)
     if on_capture is not None:
         on_capture(cap)
+    with timed("unused"):
+        unused = unused_nodes(loaded)
     profile_fn = None
     if profile:
         from fusion_advisor.analyze.profile import profile_model
@@ -153,7 +155,8 @@ def analyze(
             return profile_model(loaded, cap, og.ops, chains, estimates, spec, runs=profile_runs,
                                  trace_path=Path(trace) if trace is not None else None)
 
-    analysis = analyze_capture(loaded, cap, spec, rules, timed, notes=spec_notes, profile_fn=profile_fn)
+    analysis = analyze_capture(loaded, cap, spec, rules, timed, notes=spec_notes, profile_fn=profile_fn,
+                               unused=unused)
     analysis.timings_s = timings
     return analysis
 
@@ -254,7 +257,8 @@ def _mixed_dtype_products(ops: list) -> list[str]:
 
 def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: Any,
                     timed: Callable[[str], contextlib.AbstractContextManager] | None = None,
-                    notes: list[str] | None = None, profile_fn: Callable[..., Any] | None = None) -> Analysis:
+                    notes: list[str] | None = None, profile_fn: Callable[..., Any] | None = None,
+                    unused: list[torch.fx.Node] | None = None) -> Analysis:
     """The analysis stages after capture, written once for ``analyze`` and ``apply``: op graph -> chains ->
     roofline -> routes (and, with ``profile_fn(op_graph, chains, estimates) -> Profile``, the measurement and
     the routes again, since rules may match the measured bound class).
@@ -263,6 +267,8 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
         loaded: the loaded model; cap: its capture; spec: the device spec; rules: the :class:`RuleSet`.
         timed: context-manager factory called with each stage's name (progress and stage times).
         notes: extra warnings for the report (e.g. about the device spec).
+        unused: the eager calls no output depends on (:func:`fusion_advisor.analyze.capture.unused_nodes`), priced
+            into :attr:`Analysis.unused` and named in a warning.
     """
     timed = timed or no_progress
     with timed("graph"):
@@ -272,6 +278,7 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
     with timed("route"):
         estimates = estimate_all(chains, og.ops, spec)
         decisions = route_all(chains, estimates, rules, device_kind=spec.kind)
+    work = unused_work(unused or [], spec)
     measured = None
     if profile_fn is not None:
         with timed("profile"):
@@ -289,7 +296,7 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
         capture_method=cap.method,
         graph_breaks=cap.breaks,
         warnings=(cap.warnings + loaded.notes + list(notes or []) + og.notes + _mixed_dtype_products(og.ops)
-                  + _all_skip_check(chains, estimates, decisions)),
+                  + _all_skip_check(chains, estimates, decisions) + ([unused_note(work, spec)] if work else [])),
         ops=og.ops,
         chains=chains,
         estimates=estimates,
@@ -297,4 +304,31 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
         versions=versions(),
         profile=measured,
         input_bytes=sum(x.numel() * x.element_size() for x in tensor_leaves(loaded.inputs)),
+        unused=work,
     )
+
+
+def unused_work(nodes: list[torch.fx.Node], spec: DeviceSpec) -> UnusedWork | None:
+    """The eager calls no output depends on, priced on ``spec`` (:func:`eager_alone_us`, each op alone: the work
+    has no neighbours to overlap with that the analysis knows), their source lines costliest first; ``None`` when
+    none of them launches a kernel."""
+    ops = [o for o in unused_ops(nodes) if eager_alone_us(o, spec) > 0]
+    if not ops:
+        return None
+    by_line: dict[str, float] = {}
+    for o in ops:
+        where = f"{Path(o.source.file).name}:{o.source.line}" if o.source.file else "?"
+        by_line[where] = by_line.get(where, 0.0) + eager_alone_us(o, spec)
+    return UnusedWork(ops=len(ops), eager_us=sum(by_line.values()), flops=sum(o.flops for o in ops),
+                      bytes=sum(o.bytes_read + o.bytes_written for o in ops),
+                      lines=sorted(by_line, key=lambda k: -by_line[k]))
+
+
+def unused_note(work: UnusedWork, spec: DeviceSpec) -> str:
+    """The report's warning about :class:`UnusedWork`."""
+    where = ", ".join(work.lines[:3]) + (f" and {len(work.lines) - 3} more" if len(work.lines) > 3 else "")
+    return (f"eager runs {work.ops} op(s) whose results nothing the model returns uses ({where}): "
+            f"{work.eager_us:.0f} us predicted on {spec.name}, {work.flops / 1e9:.3g} GFLOP, "
+            f"{work.bytes / 1e6:.3g} MB moved. torch.compile(model) and apply's variants drop them (dynamo removes "
+            "dead code); eager pays for them. The chains below hold only the used work; the whole-model eager "
+            "prediction adds this. Removing the code (or asking for less, e.g. need_weights=False) saves it eagerly")

@@ -451,6 +451,26 @@ class Profile:
     graph_calls: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class UnusedWork:
+    """Work one eager forward runs whose result nothing the model returns or changes depends on
+    (:func:`fusion_advisor.analyze.capture.unused_nodes`): eager pays for it, dynamo's graphs (so
+    ``torch.compile(model)``, CUDA graphs through it, and apply's variants) do not run it.
+
+    Attributes:
+        ops: the kernel-launching ops (aten calls) of that work.
+        eager_us: their eager time on the spec, each op alone (:func:`fusion_advisor.analyze.roofline.eager_alone_us`).
+        flops, bytes: their FLOPs and the bytes they read and write.
+        lines: the user's source lines they come from (``file:line``), costliest first.
+    """
+
+    ops: int
+    eager_us: float
+    flops: int
+    bytes: int
+    lines: list[str] = field(default_factory=list)
+
+
 @dataclass
 class Analysis:
     """Everything ``analyze`` found, ready for the report.
@@ -477,6 +497,8 @@ class Analysis:
         input_bytes: bytes of the model's tensor inputs (the example inputs), which CUDA-graph replay through
             ``torch.compile(mode="reduce-overhead")`` copies into its static input buffers on every call; 0 in
             reports written before it was recorded.
+        unused: work the eager forward runs for nothing (:class:`UnusedWork`), ``None`` when there is none, when it
+            was not looked for (a ``cpu`` device, a forward the tracer could not follow) or in reports written before.
     """
 
     model_name: str
@@ -498,6 +520,7 @@ class Analysis:
     inductor_code: dict[str, InductorCode] = field(default_factory=dict)
     profile: Profile | None = None
     input_bytes: int = 0
+    unused: UnusedWork | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Analysis":

@@ -666,6 +666,14 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     )
 
 
+def eager_alone_us(op: OpInfo, spec: DeviceSpec) -> float:
+    """Eager time (us) of ``op`` run on its own: the longer of its device time and its host time (0 for a view or an
+    op that launches nothing), as :func:`estimate` prices each op of a chain."""
+    if op.is_view or not launches(op):
+        return 0.0
+    return max(_op_time_us(op, spec), op_host_us(op, spec))
+
+
 def roofline_busy_us(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> float:
     """Pure roofline device time of ``chain`` run op by op, no launch term: per op ``max(FLOPs / peak, bytes /
     bandwidth)`` summed (us). The floor a measured eager run of the chain can approach."""

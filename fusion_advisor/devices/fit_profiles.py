@@ -487,7 +487,8 @@ def measured_bounds(rep: ProfiledReport, spec: DeviceSpec) -> dict[str, str]:
 def residuals(rep: ProfiledReport, split: str, before: DeviceSpec, after: DeviceSpec
               ) -> tuple[list[ChainResidual], ModelResidual]:
     """Chain and model residuals of ``rep`` on the spec ``before`` and ``after`` the fit; the measured bound
-    classes against ``after``'s ceilings (:func:`measured_bounds`)."""
+    classes against ``after``'s ceilings (:func:`measured_bounds`). A model's prediction is its chains' plus the
+    eager time of the work no output uses (:attr:`Analysis.unused`, as analysed: eager runs it, no chain holds it)."""
     prof = rep.analysis.profile
     assert prof is not None
     t0, b0 = _predicted(rep, before)
@@ -500,7 +501,10 @@ def residuals(rep: ProfiledReport, split: str, before: DeviceSpec, after: Device
             continue
         rows.append(ChainResidual(rep.name, split, c.id, c.pattern, m.time_us, t0[c.id], t1[c.id],
                                   measured.get(c.id, m.bound), b0.get(c.id, ""), b1.get(c.id, "")))
-    model = ModelResidual(rep.name, split, model_eager_us(prof), sum(t0.values()), sum(t1.values()))
+    # the model as written also runs the work no output uses, which no chain holds (priced when analysed)
+    unused = rep.analysis.unused.eager_us if rep.analysis.unused is not None else 0.0
+    model = ModelResidual(rep.name, split, model_eager_us(prof), sum(t0.values()) + unused,
+                          sum(t1.values()) + unused)
     return rows, model
 
 

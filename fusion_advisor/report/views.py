@@ -179,16 +179,23 @@ def input_copy_us(analysis: Analysis) -> float:
     return 2.0 * analysis.input_bytes / (bw * 1e9) * 1e6 if bw > 0 else 0.0
 
 
-def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_copy_us: float = 0.0
-                           ) -> dict[str, Any]:
-    """The predicted time (us) of the whole model as written (``eager``: sum of ``est_eager_us``), under
+def unused_eager_us(analysis: Analysis) -> float:
+    """Eager time (us) of the work no output uses (:attr:`Analysis.unused`), which only the eager route pays; 0
+    when there is none or it was not looked for."""
+    return analysis.unused.eager_us if analysis.unused is not None else 0.0
+
+
+def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_copy_us: float = 0.0,
+                           unused_us: float = 0.0) -> dict[str, Any]:
+    """The predicted time (us) of the whole model as written (``eager``: sum of ``est_eager_us`` plus
+    ``unused_us``, the work no output uses that eager runs and dynamo drops, :func:`unused_eager_us`), under
     ``torch.compile(model)`` (:func:`predicted_compile_us`) and under ``torch.compile(model, mode="reduce-overhead")``
     (Inductor's code replayed from CUDA graphs: every chain at ``est_cudagraphs_us``, the launch floor gone, plus
     ``graph_input_copy_us``, :func:`input_copy_us`; GPU specs only), and ``best``: the route predicted fastest,
     where a route counts as faster than a simpler one only beyond :data:`ROUTE_MARGIN`. Returns ``{"eager": us,
     "torch.compile": us, "reduce-overhead": us or NaN, "best": name}``."""
     compiled = predicted_compile_series(frame) if len(frame) else pd.Series(dtype=float)
-    times = {"eager": _sum(frame, "est_eager_us"), "torch.compile": float(compiled.sum(skipna=True))}
+    times = {"eager": _sum(frame, "est_eager_us") + unused_us, "torch.compile": float(compiled.sum(skipna=True))}
     graphed = frame["est_cudagraphs_us"] if "est_cudagraphs_us" in frame else None
     times["reduce-overhead"] = (float(pd.concat([graphed.astype(float), compiled], axis=1).min(axis=1)
                                       .sum(skipna=True)) + graph_input_copy_us
@@ -308,7 +315,8 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
             out_dir: Path | None) -> dict[str, Any]:
     """The first screen (see the module docstring). Times in us; speed-ups as ratios (old / new time)."""
     model_routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu",
-                                          graph_input_copy_us=input_copy_us(analysis))
+                                          graph_input_copy_us=input_copy_us(analysis),
+                                          unused_us=unused_eager_us(analysis))
     eager, compiled = model_routes["eager"], model_routes["torch.compile"]
     advised = _sum(frame, "est_after_route_us")
     routed = frame[frame["route"].isin([r for r in ROUTES if r != "skip"])]
