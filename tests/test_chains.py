@@ -224,3 +224,24 @@ def test_a_pointwise_chain_read_only_by_a_pool_is_its_prologue():
     e_relu, e_tanh = (estimate(c, ops, load_spec("h200")) for c in (relu, tanh))
     assert e_relu.compile_us == e_relu.compute_us < e_relu.eager_us  # its memory pass goes into the pool's kernel
     assert e_tanh.compile_us == e_tanh.eager_us  # a single kernel of its own, as under eager
+
+
+class _BiasGelu(nn.Module):
+    def __init__(self, extra: bool):
+        super().__init__()
+        self.bias, self.extra = nn.Parameter(torch.zeros(64)), extra
+
+    def forward(self, x):
+        y = x + self.bias
+        if self.extra:  # KernelBench's ConvTranspose2d_Add_Min_GELU_Multiply: min and a scale around the GELU
+            y = torch.minimum(y, torch.zeros(()))
+        y = F.gelu(y)
+        return y * 2.0 if self.extra else y
+
+
+def test_bias_gelu_names_only_the_chain_the_library_kernel_computes():
+    """gelu(x + bias) alone is ``bias_gelu`` (the library kernel's pattern, which the rules may route to it); with a
+    min and a scale in the chain the kernel cannot replace it, so it is a ``gelu`` chain."""
+    x = torch.randn(8, 64)
+    assert [c.pattern for c in _chains(_BiasGelu(extra=False), x)[1]] == ["bias_gelu"]
+    assert [c.pattern for c in _chains(_BiasGelu(extra=True), x)[1] if c.kind == "fusible"] == ["gelu"]

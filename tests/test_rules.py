@@ -214,3 +214,22 @@ def test_a_launch_bound_native_encoder_layer_goes_to_cuda_graphs(bound, rule, ro
     assert (d.rule_id, d.route) == (rule, route)
     if route == "cudagraphs":
         assert "9 kernels issued by one native call" in d.reason
+
+
+@pytest.mark.parametrize("row_elems, rule, route", [(32000, "triton-softmax-lone", "triton"),
+                                                     (1024, "skip-single-kernel", "skip")])
+def test_a_lone_wide_row_softmax_goes_to_the_library_kernel(row_elems, rule, route):
+    """One eager softmax kernel is not a one-pass one: over wide rows the library's ran 1.45-1.83x torch.compile
+    (whose lone softmax is eager's speed); over short rows the lone kernel is left alone."""
+    from kernel_library.registry import load_all
+
+    lone = _chain(eager_kernels=1, op_ids=("g0:a",), targets=("aten._softmax",), row_elems=row_elems)
+    d = route_chain(lone, _est(), load_rules([]), kernels=load_all())
+    assert (d.rule_id, d.route) == (rule, route)
+
+
+def test_a_launch_bound_recurrent_layer_goes_to_a_cuda_graph_and_a_device_bound_one_is_left():
+    rnn = _chain(kind="heavy", pattern="recurrent", categories=("recurrent",), eager_kernels=1, row_elems=0,
+                 op_ids=("g0:lstm",), targets=("fusion_advisor_capture.recurrent",))
+    assert route_chain(rnn, _est(bound="launch"), load_rules([]), {}).route == "cudagraphs"
+    assert route_chain(rnn, _est(bound="compute"), load_rules([]), {}).rule_id == "skip-recurrent"

@@ -184,8 +184,8 @@ def _pattern(og: OpGraph, member_ids: list[str]) -> str:
     if has("gelu"):
         if gated_mul() and len(names) <= 3:
             return "geglu"
-        if has("add"):
-            return "bias_gelu"
+        if set(names) <= {"add", "gelu"} and any(o.name == "add" and len(o.inputs) == 2 for o in ops):
+            return "bias_gelu"  # gelu(x + bias) and nothing else: what the library kernel computes
         return "gelu"
     if has("cat") and has("neg") and has("mul") and has("add"):
         return "rope"

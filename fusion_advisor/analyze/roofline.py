@@ -639,12 +639,10 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     # replayed from a CUDA graph a kernel costs no launch, but still its fixed device time
     floor = spec.elementwise_overhead_us or GRAPH_KERNEL_FLOOR_US
     kernels = sum(max(ops[i].eager_kernels, 1) for i in chain.op_ids if launches(ops[i]))
+    # a recurrent layer's cell steps too: apply's whole-model CUDA graph (torch.cuda.graph) captures cuDNN's
+    # launches (KernelBench's LSTM/GRU files 3.4-8.8x eager on the H200); torch.compile's reduce-overhead does not
+    # reach them (report.views.predicted_model_routes prices that route apart)
     cudagraphs_us = at(compile_eff, floor) if fusible else max(busy_us, kernels * floor)
-    if any(ops[i].category == "recurrent" for i in chain.op_ids):
-        # torch.compile (reduce-overhead too) breaks the graph at nn.LSTM / nn.GRU / nn.RNN (dynamo's allow_rnn is
-        # off by default): the layer runs eagerly, its host-bound steps included (measured on the H200: 37_LSTMCn
-        # 45.9 ms eager, 46.0 under reduce-overhead)
-        cudagraphs_us = eager_us
     if chain.prologue_of and any_work:  # Inductor reads the pool's input through this chain: no pass of its own
         compile_us = cudagraphs_us = compute_us
     ridge = peak_tflops * 1e12 / (spec.memory_bandwidth_gbps * 1e9)

@@ -190,13 +190,19 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
     """The predicted time (us) of the whole model as written (``eager``: sum of ``est_eager_us`` plus
     ``unused_us``, the work no output uses that eager runs and dynamo drops, :func:`unused_eager_us`), under
     ``torch.compile(model)`` (:func:`predicted_compile_us`) and under ``torch.compile(model, mode="reduce-overhead")``
-    (Inductor's code replayed from CUDA graphs: every chain at ``est_cudagraphs_us``, the launch floor gone, plus
+    (Inductor's code replayed from CUDA graphs: every chain at ``est_cudagraphs_us``, the launch floor gone, but a
+    recurrent layer as written: dynamo breaks the graph there; plus
     ``graph_input_copy_us``, :func:`input_copy_us`; GPU specs only), and ``best``: the route predicted fastest,
     where a route counts as faster than a simpler one only beyond :data:`ROUTE_MARGIN`. Returns ``{"eager": us,
     "torch.compile": us, "reduce-overhead": us or NaN, "best": name}``."""
     compiled = predicted_compile_series(frame) if len(frame) else pd.Series(dtype=float)
     times = {"eager": _sum(frame, "est_eager_us") + unused_us, "torch.compile": float(compiled.sum(skipna=True))}
     graphed = frame["est_cudagraphs_us"] if "est_cudagraphs_us" in frame else None
+    if graphed is not None and "pattern" in frame:
+        # torch.compile breaks its graph at nn.LSTM / nn.GRU / nn.RNN (dynamo's allow_rnn is off by default): the
+        # layer runs eagerly under reduce-overhead, its host-bound steps included (measured on the H200: 37_LSTMCn
+        # 45.9 ms eager, 46.0 under reduce-overhead); only a whole-model torch.cuda.graph (apply's) replays them
+        graphed = graphed.where(frame["pattern"] != "recurrent", frame["est_eager_us"])
     times["reduce-overhead"] = (float(pd.concat([graphed.astype(float), compiled], axis=1).min(axis=1)
                                       .sum(skipna=True)) + graph_input_copy_us
                                 if gpu and graphed is not None and len(frame) else float("nan"))
