@@ -473,7 +473,7 @@ def apply_cmd(
                                        "Default: every variant."),
     keep_unmeasured: bool = typer.Option(False, "--keep-unmeasured", help="Allow a verified variant that could not "
                                          "be timed (library kernels under the CPU interpreter) to be chosen."),
-    seeds: int = typer.Option(2, help="Fresh random input draws per swap verification."),
+    seeds: int = typer.Option(2, min=1, help="Fresh random input draws per swap verification."),
     out: Optional[Path] = typer.Option(None, help="Output directory. Default: reports/<model name>/."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:

@@ -352,3 +352,22 @@ def test_unused_nodes_not_looked_for_in_a_model_with_a_recurrent_layer():
             return h
 
     assert unused_nodes(_loaded(Rnn(), (torch.randn(2, 5, 8),))) == []
+
+
+def test_a_capture_failure_names_its_cause_even_past_the_cut():
+    from fusion_advisor.analyze.capture import failure_text
+
+    try:
+        try:
+            raise AssertionError("convert all Tensors to FakeTensors first")
+        except AssertionError as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as e:
+        assert failure_text(e) == ("RuntimeError: wrapped (caused by AssertionError: convert all Tensors to "
+                                   "FakeTensors first)")
+    # dynamo's fake-tensor errors hold the cause in a long message, past the one-line cut
+    long = RuntimeError("Dynamo failed to run FX node with fake tensors: " + "x " * 200
+                        + "got AssertionError('Please convert all Tensors to FakeTensors first')\n  Hint: ...")
+    assert failure_text(long).endswith("(caused by AssertionError('Please convert all Tensors to FakeTensors first') "
+                                       "Hint: ...)")
+    assert failure_text(RuntimeError("short: got ValueError('x')")) == "RuntimeError: short: got ValueError('x')"

@@ -436,3 +436,23 @@ def test_short_path():
     assert report.short_path(SITE_FILE) == "transformers/models/llama/modeling_llama.py"
     assert report.short_path("C:\\py\\Lib\\site-packages\\torch\\nn\\f.py") == "torch/nn/f.py"
     assert report.short_path("/home/u/model.py") == "/home/u/model.py"
+
+
+
+@pytest.mark.parametrize("refused", ["mkdir", "write"])
+def test_a_folder_that_cannot_be_written_is_a_user_error_not_an_internal_one(tmp_path, monkeypatch, refused):
+    """/proc and /sys pass the permission check and refuse the write: a message naming --out, not a traceback."""
+    from fusion_advisor.errors import UserError
+    from fusion_advisor.report import write
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    if refused == "mkdir":
+        monkeypatch.setattr(Path, "mkdir", refuse)
+        want = "cannot write the report there: Permission denied"
+    else:
+        monkeypatch.setattr(write, "atomic_write_bytes", refuse)
+        want = "cannot write chains.csv there: Permission denied"
+    with pytest.raises(UserError, match=f"--out .*{want}"):
+        write.write_report(make_analysis(), tmp_path / "out")

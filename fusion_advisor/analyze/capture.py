@@ -19,6 +19,7 @@ import io
 import logging
 import operator
 import os
+import re
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -247,6 +248,25 @@ def first_line(text: str, limit: int = 300) -> str:
     return (cut.rsplit(" ", 1)[0] if " " in cut[limit // 2:] else cut) + "..."
 
 
+def failure_text(e: BaseException) -> str:
+    """``"Type: message"`` of an exception on one line, and of the exception that caused it (the innermost of its
+    ``__cause__`` chain) where that is another: dynamo wraps the error that stopped it, and the wrapper's message,
+    cut to one line, ends before the cause ("... got...")."""
+    text = f"{type(e).__name__}: {first_line(str(e))}"
+    root, seen = e, {id(e)}
+    while root.__cause__ is not None and id(root.__cause__) not in seen:
+        root = root.__cause__
+        seen.add(id(root))
+    if root is not e:
+        return f"{text} (caused by {type(root).__name__}: {first_line(str(root), 200)})"
+    # dynamo's fake-tensor failures carry their cause in the message ("...): got AssertionError('...')"), which
+    # the cut to one line may have dropped
+    message = " ".join(str(e).split())
+    cause = re.search(r"\bgot (\w+(?:Error|Exception)\(.*)", message)
+    cut = len(first_line(message)) < len(message)
+    return f"{text} (caused by {first_line(cause.group(1), 200)})" if cause and cut else text
+
+
 def user_loc(stack: list[traceback.FrameSummary] | None) -> SourceLoc:
     """Innermost frame of ``stack`` outside torch itself."""
     if not stack:
@@ -408,7 +428,7 @@ def capture(loaded: LoadedModel, methods: tuple[str, ...] = METHODS, recurrent: 
                 result = (_capture_dynamo(loaded.module, loaded.inputs, recurrent) if method == "dynamo"
                           else _CAPTURERS[method](loaded.module, loaded.inputs))
         except Exception as e:  # each capture method fails in its own ways; try the next
-            failures.append(f"{method}: {type(e).__name__}: {first_line(str(e))}")
+            failures.append(f"{method}: {failure_text(e)}")
             if method == methods[0]:
                 run_eagerly(loaded)  # a model that fails on its own inputs gets that message, not a capture one
             continue

@@ -48,6 +48,7 @@ import fusion_advisor
 from fusion_advisor.analyze.records import (  # route names and bound classes, in the order the report lists them
     BOUNDS, ROUTES, Analysis, Chain, ChainMeasurement, Decision, Estimate, OpInfo, SourceLoc, TensorMeta,
 )
+from fusion_advisor.errors import UserError
 from fusion_advisor.files import atomic_write_bytes, check_folder
 from fusion_advisor.report.spec import first, flatten, scalar_text, spec_view
 from fusion_advisor.units import fmt_bytes, fmt_float, fmt_flops, fmt_int, fmt_speedup, fmt_us, is_num  # noqa: F401
@@ -719,8 +720,6 @@ def load_report(out_dir: Path) -> Analysis:
     Raises:
         UserError: no report.json, one fusion-advisor did not write, or one that does not parse.
     """
-    from fusion_advisor.errors import UserError
-
     path = Path(out_dir) / FILE_NAMES["json"]
     if not path.is_file():
         raise UserError(f"{out_dir}: no {FILE_NAMES['json']} (a folder written by `fusion-advisor analyze` or "
@@ -780,14 +779,24 @@ def write_report(analysis: Analysis, out_dir: Path) -> dict[str, Path]:
     its variants, swaps, measured whole-model times and plan beside the analysis: one report per model folder.
     All four are rendered in memory first (a rendering error writes nothing), then each is written atomically
     (:func:`atomic_write_bytes`). Returns ``{"html", "chains_csv", "ops_csv", "json"}`` -> path.
+
+    Raises:
+        UserError: the folder cannot be made or a file written there (an OSError the permission bits did not
+            foretell: ``/proc``, ``/sys``, a full disk).
     """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a folder the permission bits call writable that is not (/proc, /sys, a full disk)
+        raise UserError(f"--out {out_dir}: cannot write the report there: {e.strerror or e}") from e
     plan, note = read_plan(out_dir)
     contents = render_files(analysis, out_dir, plan, note)
     paths: dict[str, Path] = {}
     for key in ("chains_csv", "ops_csv", "json", "html"):
         path = out_dir / FILE_NAMES[key]
-        atomic_write_bytes(path, contents[key])
+        try:
+            atomic_write_bytes(path, contents[key])
+        except OSError as e:
+            raise UserError(f"--out {out_dir}: cannot write {path.name} there: {e.strerror or e}") from e
         paths[key] = path
     return {key: paths[key] for key in FILE_NAMES}
