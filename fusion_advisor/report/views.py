@@ -237,8 +237,9 @@ def _sum(frame: pd.DataFrame, col: str) -> float:
 
 def apply_command(analysis: Analysis, out_dir: Path | None) -> str:
     """The shell command that carries the advice out on the analysed model: ``fusion-advisor apply ... --verify``
-    with the analysis' model file, dtype, device spec and user rules, writing into the report's folder (so the
-    results join this report)."""
+    with the analysis' model file, dtype, device spec (always named when it is a shipped one: apply's own default
+    is the cpu spec on a machine without a GPU, whose routes differ) and user rules, writing into the report's
+    folder (so the results join this report)."""
     from fusion_advisor.devices import available_specs
 
     parts = ["fusion-advisor", "apply"]
@@ -252,7 +253,7 @@ def apply_command(analysis: Analysis, out_dir: Path | None) -> str:
         shipped = set(available_specs())
     except Exception:  # noqa: BLE001 - a command without --gpu is still a command
         shipped = set()
-    if spec in shipped and spec != "h200":
+    if spec in shipped:  # always named: apply on a machine without a GPU would take the cpu spec by default
         parts += ["--gpu", spec]
     for r in analysis.rules_files:
         path = str(r.get("file", "") if isinstance(r, dict) else r)
