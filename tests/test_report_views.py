@@ -59,6 +59,14 @@ def test_repeated_layers_form_one_group_with_totals():
     assert sorted(c for g in groups for c in g["ids"]) == sorted(c.id for c in a.chains)
 
 
+def test_two_chains_of_one_layer_are_times_not_layers():
+    """Two copies on one source line of one block (KernelBench's MiniGPTBlock) are not two layers."""
+    a = layered(2)
+    a.chains = [replace(c, module_path="model.layers.0") if c.id == "c11" else c for c in a.chains]
+    g = next(g for g in views.chain_groups(report.chains_frame(a)) if "c1" in g["ids"])
+    assert g["count"] == 2 and views.group_title(g) == "rmsnorm x2 times (model.layers.*)"
+
+
 def test_group_span_text():
     assert views._span(["0", "1", "2", "5", "7", "8"]) == "0-2, 5, 7-8"
     assert views._span(["", ""]) == ""

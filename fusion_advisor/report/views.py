@@ -91,6 +91,7 @@ def chain_groups(frame: pd.DataFrame) -> list[dict[str, Any]]:
             vals = [m[col] for m in members if is_num(m[col])]
             totals[col] = float(sum(vals)) if vals else float("nan")
         layers = [layer_index(str(m["module_path"] or "")) for m in members]
+        one_per_layer = all(layers) and len(set(layers)) == len(layers)
         saving = sum(max(m["est_eager_us"] - m["est_after_route_us"], 0.0) for m in members
                      if is_num(m["est_eager_us"]) and is_num(m["est_after_route_us"]))
         src = str(first["source"] or "")
@@ -103,6 +104,7 @@ def chain_groups(frame: pd.DataFrame) -> list[dict[str, Any]]:
             "totals": totals,
             "module_pattern": layer_pattern(str(first["module_path"] or "")),
             "layers": _span(layers),
+            "one_per_layer": one_per_layer,
             "saving_after_route_us": saving,
             "file": src.rsplit(":", 1)[0].replace("\\", "/").rsplit("/", 1)[-1] if src else "",
             "line": src.rsplit(":", 1)[1] if ":" in src else "",
@@ -134,7 +136,8 @@ def group_title(g: dict[str, Any]) -> str:
     if g["count"] == 1:
         return pattern
     where = f" ({g['module_pattern']})" if g["module_pattern"] else ""
-    unit = "layers" if g["layers"] else "times"
+    # "x2 layers" only where each member sits in a layer of its own (two copies on one line of one block: "x2 times")
+    unit = "layers" if g.get("one_per_layer", bool(g["layers"])) else "times"
     return f"{pattern} x{g['count']} {unit}{where}"
 
 
