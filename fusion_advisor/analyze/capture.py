@@ -441,19 +441,21 @@ def capture(loaded: LoadedModel, methods: tuple[str, ...] = METHODS, recurrent: 
     raise CaptureError(f"{loaded.file}: no method could capture the model:\n  " + "\n  ".join(failures))
 
 
-def unused_nodes(loaded: LoadedModel) -> list[torch.fx.Node]:
+def unused_nodes(loaded: LoadedModel | None) -> list[torch.fx.Node]:
     """The aten calls one eager forward makes whose results nothing the model returns or changes depends on: work
     eager runs for nothing, which dynamo drops from its graphs (so ``torch.compile(model)`` never runs it). A value
     computed and discarded (``out, _ = attn(x, x, x)``: ``nn.MultiheadAttention`` averages its attention weights
     over the heads whether or not they are used; a state the forward computes but does not return).
 
-    The forward is traced whole by ``make_fx`` (every call dispatched, none eliminated); a node is used when the
-    output or an impure node (in-place, random, side effects: :meth:`torch.fx.Node.is_impure`) depends on it.
-    Empty on a ``cpu`` device (the trace would run the model once more at full size), for a model holding an
-    ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` (the trace would unroll it step by step: KernelBench's 6-layer, 512-step
-    LSTM took 275 s on the meta device) and when the trace fails (data-dependent control flow on the meta device,
-    Python the tracer cannot follow): no claim then."""
-    if loaded.device == "cpu" or any(isinstance(m, torch.nn.RNNBase) for m in loaded.module.modules()):
+    The forward is traced whole by ``make_fx`` on the meta device (every call dispatched, none eliminated, nothing
+    computed or held in memory); a node is used when the output or an impure node (in-place, random, side effects:
+    :meth:`torch.fx.Node.is_impure`) depends on it. Empty for a model not on the meta device (``None`` too: the
+    pipeline builds the model again there, :func:`fusion_advisor.analyze.pipeline._on_meta`; a real trace would
+    hold every intermediate tensor), for a model holding an ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` (the trace would
+    unroll it step by step: KernelBench's 6-layer, 512-step LSTM took 275 s) and when the trace fails
+    (data-dependent control flow, Python the tracer cannot follow): no claim then."""
+    if loaded is None or loaded.device != "meta" \
+            or any(isinstance(m, torch.nn.RNNBase) for m in loaded.module.modules()):
         return []
     import inspect
 

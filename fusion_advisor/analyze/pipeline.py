@@ -146,7 +146,7 @@ def analyze(
     if on_capture is not None:
         on_capture(cap)
     with timed("unused"):
-        unused = unused_nodes(loaded)
+        unused = unused_nodes(_on_meta(loaded, model_path, dtype))
     profile_fn = None
     if profile:
         from fusion_advisor.analyze.profile import profile_model
@@ -190,6 +190,17 @@ def _load(model_path: str | Path | None, device: str, dtype: str, auto_device: b
         loaded.notes.append(f"{loaded.file}: built and analysed on the CPU, not the meta device: building the "
                             f"model reads tensor values ({_first_words(e)}); shapes and costs are the same")
         return loaded
+
+
+def _on_meta(loaded: LoadedModel, model_path: str | Path | None, dtype: str) -> LoadedModel | None:
+    """``loaded`` when it is on the meta device, else the same model built again there (no weights, no compute:
+    what :func:`fusion_advisor.analyze.capture.unused_nodes` traces); None when it cannot be built there."""
+    if loaded.device == "meta":
+        return loaded
+    try:
+        return load_model(model_path, device="meta", dtype=dtype)
+    except Exception:  # noqa: BLE001 - a model that cannot be built on meta makes no claim about unused work
+        return None
 
 
 def _on_cpu_instead(model_path: str | Path | None, dtype: str, meta: LoadedModel, e: BaseException) -> LoadedModel:

@@ -498,7 +498,8 @@ class Analysis:
             ``torch.compile(mode="reduce-overhead")`` copies into its static input buffers on every call; 0 in
             reports written before it was recorded.
         unused: work the eager forward runs for nothing (:class:`UnusedWork`), ``None`` when there is none, when it
-            was not looked for (a ``cpu`` device, a forward the tracer could not follow) or in reports written before.
+            was not looked for (a model that cannot be built on the meta device, a recurrent layer, a forward the
+            tracer could not follow) or in reports written before.
     """
 
     model_name: str
