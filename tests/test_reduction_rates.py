@@ -70,6 +70,20 @@ def test_nearer_entries_weigh_more():
     assert t == pytest.approx(KERNEL_US + near_eff * _stream_us("reduce", (1024, 64, 2)), rel=0.05)
 
 
+def test_an_op_far_beyond_every_entry_streams_at_copy_bandwidth():
+    """Small entries carry their fixed costs in their efficiency (4x their bytes at copy bandwidth here); an op 12
+    log2 units beyond them (a 10.7 GB mean over 4 attention heads) is priced at the copy roofline, while one near
+    them keeps their efficiency."""
+    small = [_rate("reduce", (1, n, 50176), 4.0 * _stream_us("reduce", (1, n, 50176)) + KERNEL_US)
+             for n in (2, 5, 8)]
+    far = (2, 4, 1 << 28)
+    t = reduction_time_us(small, "reduce", far, "fp32", COPY_GBPS, KERNEL_US)
+    assert t == pytest.approx(KERNEL_US + _stream_us("reduce", far), rel=0.01)
+    near = (1, 4, 50176)
+    t = reduction_time_us(small, "reduce", near, "fp32", COPY_GBPS, KERNEL_US)
+    assert t == pytest.approx(KERNEL_US + 4.0 * _stream_us("reduce", near), rel=0.01)
+
+
 def test_layer_norm_reads_only_entries_of_its_kernel_path_where_there_are_enough():
     assert reduction_path("layer_norm", (10, 768, 1)) and not reduction_path("layer_norm", (10, 78, 1))
     assert reduction_path("softmax", (10, 78, 1))

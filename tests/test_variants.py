@@ -703,3 +703,16 @@ def test_whole_model_graph_replays_copies_inputs_clones_outputs_and_guards_its_s
     assert graphed.notes == ["a call with other input shapes than the captured ones: ran eagerly"]
     graphed(a)  # grad mode, parameters that require grad: eagerly
     assert any("no autograd" in n for n in graphed.notes)
+
+
+def test_free_gpu_memory_counts_what_the_caching_allocator_holds_unused(monkeypatch):
+    """After a float64 check the allocator keeps its blocks reserved; the driver reports them taken, but PyTorch
+    hands them out again: apply refused a 6 GiB-input softmax with 0.6 GiB 'free' on an idle 80 GB card."""
+    import torch
+
+    from fusion_advisor.memory import available_bytes
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (600 << 20, 80 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev=None: 70 << 30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev=None: 6 << 30)
+    assert available_bytes("cuda") == (600 << 20) + (64 << 30)

@@ -139,6 +139,13 @@ def reduction_bytes(op: str, dims: Sequence[int], dtype: str) -> float:
 #: Entries an op's time is interpolated from, and the Gaussian width of their weights (log2 units of the dims).
 REDUCTION_NEIGHBOURS = 6
 REDUCTION_WIDTH = 1.5
+#: Distance (log2 units of the dims) at which the copy roofline weighs as much as one measured entry: an op far from
+#: every entry of its class streams at about copy bandwidth, not at the efficiency of small entries whose fixed
+#: costs dominate. nn.MultiheadAttention's mean of its weights over 4 heads of [2, 4, 16384, 16384] (10.7 GB), 12.4
+#: units from the nearest 1-2 MB entries, was priced at 2.6x its bytes at copy bandwidth: 13.1 ms on the h100 spec,
+#: where an H100 profile leaves it at most 5.4 ms (the model's 21.6 ms less its chains' 16.2); now 4.9. At 6 units
+#: no op of the profiled accuracy sets moves (at 3 and 4.5, ops 2-4 units from the table did).
+COPY_PRIOR_DISTANCE = 6.0
 #: Least share of an entry's time its streaming part may be (the rest its kernels' fixed cost).
 MIN_STREAM_SHARE = 0.25
 
@@ -196,7 +203,9 @@ def reduction_time_us(rates: Sequence[ReductionRate], op: str, dims: Sequence[in
     profile measures it), and a streaming part, the rest (at least :data:`MIN_STREAM_SHARE` of it), whose ratio to
     the entry's bytes at ``copy_gbps`` is its efficiency. The op takes the Gaussian-weighted means (width
     :data:`REDUCTION_WIDTH` in log2 of the dims) of the kernels and the log efficiency of its
-    :data:`REDUCTION_NEIGHBOURS` nearest entries: ``kernels x kernel_us + bytes / copy_gbps x efficiency``."""
+    :data:`REDUCTION_NEIGHBOURS` nearest entries, the log efficiency pulled toward the copy roofline's (0) by a
+    weight of an entry :data:`COPY_PRIOR_DISTANCE` away (nothing near the table, all of it far beyond):
+    ``kernels x kernel_us + bytes / copy_gbps x efficiency``."""
     pool = _pool(rates, op, dims, dtype)
     if not pool or copy_gbps <= 0:
         return None
@@ -205,8 +214,9 @@ def reduction_time_us(rates: Sequence[ReductionRate], op: str, dims: Sequence[in
     weights = [math.exp(-(d / REDUCTION_WIDTH) ** 2) + 1e-12 for d, _ in near]
     total = sum(weights)
     kernels = sum(w * pool[i].kernels for w, (_, i) in zip(weights, near, strict=True)) / total
+    prior = math.exp(-(COPY_PRIOR_DISTANCE / REDUCTION_WIDTH) ** 2)  # the copy roofline: log efficiency 0
     log_eff = sum(w * _log_efficiency(pool[i], copy_gbps, kernel_us)
-                  for w, (_, i) in zip(weights, near, strict=True)) / total
+                  for w, (_, i) in zip(weights, near, strict=True)) / (total + prior)
     stream_us = reduction_bytes(op, dims, dtype) / (copy_gbps * 1e3)
     return kernels * kernel_us + stream_us * math.exp(log_eff)
 
