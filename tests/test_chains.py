@@ -245,3 +245,20 @@ def test_bias_gelu_names_only_the_chain_the_library_kernel_computes():
     x = torch.randn(8, 64)
     assert [c.pattern for c in _chains(_BiasGelu(extra=False), x)[1]] == ["bias_gelu"]
     assert [c.pattern for c in _chains(_BiasGelu(extra=True), x)[1] if c.kind == "fusible"] == ["gelu"]
+
+
+def test_log_softmax_is_not_a_softmax_chain():
+    """A lone log_softmax (KernelBench's 24_LogSoftmax) is ``log_softmax``: the softmax rules route ``softmax``
+    chains to the library's softmax kernel, which does not compute it; with nll_loss it is ``cross_entropy``."""
+    x = torch.randn(8, 4096)
+    assert [c.pattern for c in _chains(_Call(lambda t: torch.log_softmax(t, -1)), x)[1]] == ["log_softmax"]
+    assert [c.pattern for c in _chains(_Call(lambda t: torch.softmax(t, -1)), x)[1]] == ["softmax"]
+
+
+class _Call(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)

@@ -163,6 +163,8 @@ def _pattern(og: OpGraph, member_ids: list[str]) -> str:
 
     if has("_log_softmax") and (has("nll_loss_forward") or has("nll_loss2d_forward")):
         return "cross_entropy"
+    if has("_log_softmax"):
+        return "log_softmax"  # not a softmax: no library kernel computes it, so no softmax rule may take it
     if has("native_layer_norm") or has("layer_norm"):
         return "add_layernorm" if residual_add() else "layernorm"
     if has("mean") and has("rsqrt") and (has("pow") or has("mul")):

@@ -156,7 +156,8 @@ _RULE_FIELDS = ("id", "description", "match", "route", "kernel", "bound", "reaso
 def _known_patterns() -> frozenset[str]:
     from kernel_library.registry import KNOWN_PATTERNS
 
-    generic = {"pointwise", "reduction", "normalization", "softmax", "copy", "gelu", "softmax_not_last_dim",
+    generic = {"pointwise", "reduction", "normalization", "softmax", "log_softmax", "copy", "gelu",
+               "softmax_not_last_dim",
                "matmul", "conv", "attention", "embedding", "recurrent"}
     return frozenset(KNOWN_PATTERNS) | generic
 
