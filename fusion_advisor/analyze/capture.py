@@ -447,8 +447,10 @@ def unused_nodes(loaded: LoadedModel | None) -> list[torch.fx.Node]:
     computed and discarded (``out, _ = attn(x, x, x)``: ``nn.MultiheadAttention`` averages its attention weights
     over the heads whether or not they are used; a state the forward computes but does not return).
 
-    The forward is traced whole by ``make_fx`` on the meta device (every call dispatched, none eliminated, nothing
-    computed or held in memory); a node is used when the output or an impure node (in-place, random, side effects:
+    The forward is traced whole by ``make_fx`` on the meta device, before dispatch (``pre_dispatch``: the calls as
+    the code makes them, ``aten.linear``, ``aten.matmul``, SDPA, none eliminated, nothing computed or held in
+    memory; traced after dispatch, SDPA's math decomposition on meta left two dead casts of its own in the built-in
+    model); a node is used when the output or an impure node (in-place, random, side effects:
     :meth:`torch.fx.Node.is_impure`) depends on it. Empty for a model not on the meta device (``None`` too: the
     pipeline builds the model again there, :func:`fusion_advisor.analyze.pipeline._on_meta`; a real trace would
     hold every intermediate tensor), for a model holding an ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` (the trace would
@@ -466,7 +468,7 @@ def unused_nodes(loaded: LoadedModel | None) -> list[torch.fx.Node]:
     try:
         with torch.no_grad(), warnings.catch_warnings(), quiet_torch_logs():
             warnings.simplefilter("ignore")
-            gm = make_fx(loaded.module, tracing_mode="real", **meta)(*loaded.inputs)
+            gm = make_fx(loaded.module, tracing_mode="real", pre_dispatch=True, **meta)(*loaded.inputs)
     except Exception:  # a trace that fails makes no claim
         return []
     roots = [n for n in gm.graph.nodes if n.op == "output" or (n.op == "call_function" and n.is_impure())]
