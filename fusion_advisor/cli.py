@@ -85,6 +85,7 @@ def _progress(name: str) -> Iterator[None]:
     labels = {
         "load": "loading the model and its inputs",
         "capture": "capturing graphs (dynamo + AOTAutograd)",
+        "unused": "looking for work no output uses (one forward traced on meta)",
         "graph": "building the op graph",
         "chains": "cutting chains",
         "route": "estimating and routing",
@@ -271,12 +272,11 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
                                              predicted_model_routes, unused_eager_us, whole_model_note)
 
     frame = chains_frame(analysis)
-    advised = float(frame["est_after_route_us"].sum())
-    if advised > 0:
+    eager, advised = float(frame["est_eager_us"].sum()), float(frame["est_after_route_us"].sum())
+    if advised > 0:  # over the chains; the whole-model route (whole_model_note) also weighs the unused work
         routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu",
                                         graph_input_copy_us=input_copy_us(analysis),
                                         unused_us=unused_eager_us(analysis))
-        eager = routes["eager"]
         out.print(f"predicted: {eager / advised:.2f}x vs eager, {predicted_compile_us(frame) / advised:.2f}x vs "
                   f"torch.compile(model) over the chains{whole_model_note(routes, advised)} (roofline estimates; "
                   "apply measures them)", highlight=False)

@@ -20,7 +20,9 @@ def available_bytes(device: str | torch.device = "cpu") -> int:
     if kind == "cuda":
         try:
             dev = torch.device(device)
-            cached = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+            # reserved blocks not in use, less the unused tails of split blocks (no large allocation fits there)
+            split = torch.cuda.memory_stats(dev).get("inactive_split_bytes.all.current", 0)
+            cached = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev) - split
             return int(torch.cuda.mem_get_info(dev)[0]) + max(int(cached), 0)
         except Exception:  # no CUDA runtime to ask
             return 1 << 62

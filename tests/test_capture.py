@@ -339,8 +339,23 @@ def test_unused_work_is_priced_named_and_paid_by_the_eager_route_only(tmp_path):
     assert routes["torch.compile"] == pytest.approx(views.predicted_model_routes(frame)["torch.compile"])
     # on a cpu device the model is built again on meta and traced there: the same finding
     assert analyze(f, device="cpu", gpu="h200").unused == a.unused
+    # work the trace's output does not show but dynamo keeps (a dataclass returned, a tensor kept on the module):
+    # the captured graphs hold an op of the same line and shape, so it is not unused
+    f.write_text(
+        "import dataclasses\nimport torch\n"
+        "@dataclasses.dataclass\nclass Out:\n    y: torch.Tensor\n"
+        "class Model(torch.nn.Module):\n"
+        "    def forward(self, x, w):\n"
+        "        self.kept = torch.relu(x @ w)\n"
+        "        return Out(y=x * 2)\n"
+        "def get_inputs():\n"
+        "    return [torch.randn(2048, 2048), torch.randn(2048, 2048)]\n"
+        "def get_init_inputs():\n"
+        "    return []\n")
+    kept = analyze(f, device="meta", gpu="h200")
+    assert kept.unused is None and any(c.pattern == "matmul" for c in kept.chains)
     # a model with nothing unused: no record, no warning
-    f.write_text(f.read_text().replace("unused = torch.relu(x @ w)", "x = torch.relu(x @ w)"))
+    f.write_text(f.read_text().replace("self.kept = torch.relu(x @ w)", "x = torch.relu(x @ w)"))
     a = analyze(f, device="meta", gpu="h200")
     assert a.unused is None and not any("eager runs" in w for w in a.warnings)
 

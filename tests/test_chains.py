@@ -241,10 +241,24 @@ class _BiasGelu(nn.Module):
 
 def test_bias_gelu_names_only_the_chain_the_library_kernel_computes():
     """gelu(x + bias) alone is ``bias_gelu`` (the library kernel's pattern, which the rules may route to it); with a
-    min and a scale in the chain the kernel cannot replace it, so it is a ``gelu`` chain."""
+    min and a scale in the chain the kernel cannot replace it, so it is a ``gelu`` chain; so are gelu(x) + bias (the
+    add after the GELU) and gelu(x + y) with y as large as x (the kernel takes a 1-D bias over the last dim)."""
     x = torch.randn(8, 64)
     assert [c.pattern for c in _chains(_BiasGelu(extra=False), x)[1]] == ["bias_gelu"]
     assert [c.pattern for c in _chains(_BiasGelu(extra=True), x)[1] if c.kind == "fusible"] == ["gelu"]
+    bias = torch.randn(64)
+    assert [c.pattern for c in _chains(_Call2(lambda t, b: F.gelu(t) + b), x, bias)[1]] == ["gelu"]
+    assert [c.pattern for c in _chains(_Call2(lambda t, y: F.gelu(t + y)), x, torch.randn(8, 64))[1]] == ["gelu"]
+    assert [c.pattern for c in _chains(_Call2(lambda t, b: F.gelu(t + b)), x, bias)[1]] == ["bias_gelu"]
+
+
+class _Call2(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x, y):
+        return self.fn(x, y)
 
 
 def test_log_softmax_is_not_a_softmax_chain():

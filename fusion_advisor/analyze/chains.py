@@ -177,6 +177,14 @@ def _pattern(og: OpGraph, member_ids: list[str]) -> str:
         added = any(o.target.startswith("aten.add.Tensor") and len(o.inputs) == 2 for o in ops)
         masked = added or has("where") or has("masked_fill")
         return "masked_softmax" if masked else "softmax"
+    def bias_add(o: OpInfo) -> bool:
+        """``x + bias`` feeding the chain's GELU, ``bias`` 1-D over ``x``'s last dim: the library's bias_gelu."""
+        if o.name != "add" or len(o.inputs) != 2:
+            return False
+        x, b = sorted(o.inputs, key=lambda m: len(m.shape), reverse=True)
+        feeds_gelu = any(og.op(s).name == "gelu" for s in og.data_succs(o.id) if s in member_set)
+        return feeds_gelu and len(b.shape) == 1 and len(x.shape) >= 1 and b.shape[0] == x.shape[-1]
+
     def gated_mul() -> bool:
         """A mul of two tensors (the GLU gate); ``silu(x) * 2.0`` scales by a scalar and gates nothing."""
         return any(o.target.startswith("aten.mul.Tensor") and len(o.inputs) == 2 for o in ops)
@@ -186,7 +194,7 @@ def _pattern(og: OpGraph, member_ids: list[str]) -> str:
     if has("gelu"):
         if gated_mul() and len(names) <= 3:
             return "geglu"
-        if set(names) <= {"add", "gelu"} and any(o.name == "add" and len(o.inputs) == 2 for o in ops):
+        if set(names) <= {"add", "gelu"} and any(bias_add(o) for o in ops):
             return "bias_gelu"  # gelu(x + bias) and nothing else: what the library kernel computes
         return "gelu"
     if has("cat") and has("neg") and has("mul") and has("add"):

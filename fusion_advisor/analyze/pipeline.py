@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import platform
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -289,7 +290,7 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
     with timed("route"):
         estimates = estimate_all(chains, og.ops, spec)
         decisions = route_all(chains, estimates, rules, device_kind=spec.kind)
-    work = unused_work(unused or [], spec)
+    work = unused_work(unused or [], spec, og.ops)
     measured = None
     if profile_fn is not None:
         with timed("profile"):
@@ -319,11 +320,27 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
     )
 
 
-def unused_work(nodes: list[torch.fx.Node], spec: DeviceSpec) -> UnusedWork | None:
+def _site(op: Any) -> tuple[str, tuple[int, ...]]:
+    """Where an op came from and what it made: ``(file:line, first output's shape)``."""
+    where = f"{Path(op.source.file).name}:{op.source.line}" if op.source.file else "?"
+    return where, tuple(op.outputs[0].shape) if op.outputs else ()
+
+
+def unused_work(nodes: list[torch.fx.Node], spec: DeviceSpec, captured: list[Any] = ()) -> UnusedWork | None:
     """The eager calls no output depends on, priced on ``spec`` (:func:`eager_alone_us`, each op alone: the work
     has no neighbours to overlap with that the analysis knows), their source lines costliest first; ``None`` when
-    none of them launches a kernel."""
-    ops = [o for o in unused_ops(nodes) if eager_alone_us(o, spec) > 0]
+    none of them launches a kernel.
+
+    A call is left out where the captured graphs hold an op of the same line and output shape (``captured``, the
+    op graph's records; each held op answers for one call): dynamo kept it, so it is used after all, in a way the
+    trace's output does not show (a dataclass returned, a tensor kept on the module or in a list it owns)."""
+    kept = Counter(_site(o) for o in captured if not o.is_view)
+    ops = []
+    for o in unused_ops(nodes):
+        if kept[_site(o)] > 0:
+            kept[_site(o)] -= 1
+        elif eager_alone_us(o, spec) > 0:
+            ops.append(o)
     if not ops:
         return None
     by_line: dict[str, float] = {}
@@ -340,6 +357,7 @@ def unused_note(work: UnusedWork, spec: DeviceSpec) -> str:
     where = ", ".join(work.lines[:3]) + (f" and {len(work.lines) - 3} more" if len(work.lines) > 3 else "")
     return (f"eager runs {work.ops} op(s) whose results nothing the model returns uses ({where}): "
             f"{work.eager_us:.0f} us predicted on {spec.name}, {work.flops / 1e9:.3g} GFLOP, "
-            f"{work.bytes / 1e6:.3g} MB moved. torch.compile(model) and apply's variants drop them (dynamo removes "
-            "dead code); eager pays for them. The chains below hold only the used work; the whole-model eager "
-            "prediction adds this. Removing the code (or asking for less, e.g. need_weights=False) saves it eagerly")
+            f"{work.bytes / 1e6:.3g} MB moved. torch.compile(model) and apply's dynamo-based variants drop them "
+            "(dynamo removes dead code); the model as written, and a CUDA graph of it, pay for them. The chains "
+            "below hold only the used work; the whole-model eager prediction adds this. Removing the code (or "
+            "asking for less, e.g. need_weights=False) saves it in every variant")

@@ -454,8 +454,9 @@ class Profile:
 @dataclass(frozen=True)
 class UnusedWork:
     """Work one eager forward runs whose result nothing the model returns or changes depends on
-    (:func:`fusion_advisor.analyze.capture.unused_nodes`): eager pays for it, dynamo's graphs (so
-    ``torch.compile(model)``, CUDA graphs through it, and apply's variants) do not run it.
+    (:func:`fusion_advisor.analyze.capture.unused_nodes`): the model as written pays for it (and a CUDA graph
+    captured of it, apply's ``torch.cuda.graph`` variant), dynamo's graphs (so ``torch.compile(model)``, its CUDA
+    graphs, and apply's dynamo-based variants) do not run it.
 
     Attributes:
         ops: the kernel-launching ops (aten calls) of that work.

@@ -240,9 +240,9 @@ def _sum(frame: pd.DataFrame, col: str) -> float:
 
 def apply_command(analysis: Analysis, out_dir: Path | None) -> str:
     """The shell command that carries the advice out on the analysed model: ``fusion-advisor apply ... --verify``
-    with the analysis' model file, dtype, device spec (always named when it is a shipped one: apply's own default
-    is the cpu spec on a machine without a GPU, whose routes differ) and user rules, writing into the report's
-    folder (so the results join this report)."""
+    with the analysis' model file, dtype, device spec (named unless it is the default ``h200``: apply on a machine
+    without a GPU measures that machine and prices it with the ``cpu`` spec, by design) and user rules, writing
+    into the report's folder (so the results join this report)."""
     from fusion_advisor.devices import available_specs
 
     parts = ["fusion-advisor", "apply"]
@@ -256,7 +256,7 @@ def apply_command(analysis: Analysis, out_dir: Path | None) -> str:
         shipped = set(available_specs())
     except Exception:  # noqa: BLE001 - a command without --gpu is still a command
         shipped = set()
-    if spec in shipped:  # always named: apply on a machine without a GPU would take the cpu spec by default
+    if spec in shipped and spec != "h200":
         parts += ["--gpu", spec]
     for r in analysis.rules_files:
         path = str(r.get("file", "") if isinstance(r, dict) else r)
@@ -327,7 +327,9 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
     model_routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu",
                                           graph_input_copy_us=input_copy_us(analysis),
                                           unused_us=unused_eager_us(analysis))
-    eager, compiled = model_routes["eager"], model_routes["torch.compile"]
+    # the advice's gain is over the chains: the unused work (in model_routes' eager) only torch.compile(model) or a
+    # dynamo-based apply variant drops, never a chain's route
+    eager, compiled = _sum(frame, "est_eager_us"), model_routes["torch.compile"]
     advised = _sum(frame, "est_after_route_us")
     routed = frame[frame["route"].isin([r for r in ROUTES if r != "skip"])]
     out: dict[str, Any] = {

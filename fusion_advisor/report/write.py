@@ -111,7 +111,8 @@ CHAIN_COLUMNS: dict[str, str] = {
     "est_triton_us": "The same for the library kernel's measured share (us); meaningful for chains a kernel replaces.",
     "est_cudagraphs_us": "Estimated time replayed from a CUDA graph with Inductor's code: est_compile_us without the "
     "launch floor, each kernel still at least its fixed device time (the spec's elementwise_overhead_us, else "
-    "2.3 us) (us).",
+    "2.3 us) (us); for a cuDNN recurrent layer, its steps' device time (apply's torch.cuda.graph of the whole "
+    "model; torch.compile's reduce-overhead runs the layer as written).",
     "est_after_route_us": "Estimated time after routing (us): the fused kernel at the share of the roofline the "
     "route's code reaches on this kind of chain (the device spec's measured route_efficiency; the roofline "
     "where unmeasured) for 'torch.compile' and 'triton', the same without the launch floor for 'cudagraphs', "
