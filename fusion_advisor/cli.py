@@ -268,15 +268,13 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
         t.add_row(*cells)
     out.print(t)
     from fusion_advisor.report.write import chains_frame, read_plan
-    from fusion_advisor.report.views import (apply_command, input_copy_us, plan_mismatches, predicted_compile_us,
-                                             predicted_model_routes, unused_eager_us, whole_model_note)
+    from fusion_advisor.report.views import (analysis_model_routes, apply_command, plan_mismatches,
+                                             predicted_compile_us, whole_model_note)
 
     frame = chains_frame(analysis)
     eager, advised = float(frame["est_eager_us"].sum()), float(frame["est_after_route_us"].sum())
     if advised > 0:  # over the chains; the whole-model route (whole_model_note) also weighs the unused work
-        routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu",
-                                        graph_input_copy_us=input_copy_us(analysis),
-                                        unused_us=unused_eager_us(analysis))
+        routes = analysis_model_routes(analysis, frame)
         out.print(f"predicted: {eager / advised:.2f}x vs eager, {predicted_compile_us(frame) / advised:.2f}x vs "
                   f"torch.compile(model) over the chains{whole_model_note(routes, advised)} (roofline estimates; "
                   "apply measures them)", highlight=False)

@@ -334,7 +334,7 @@ def test_unused_work_is_priced_named_and_paid_by_the_eager_route_only(tmp_path):
     assert any("eager runs 2 op(s)" in w and "dead.py:4" in w for w in a.warnings)
     assert Analysis.from_dict(a.to_dict()).unused == a.unused  # report.json keeps it
     frame = chains_frame(a)
-    routes = views.predicted_model_routes(frame, unused_us=views.unused_eager_us(a))
+    routes = views.analysis_model_routes(a, frame)
     assert routes["eager"] == pytest.approx(float(frame["est_eager_us"].sum()) + a.unused.eager_us)
     assert routes["torch.compile"] == pytest.approx(views.predicted_model_routes(frame)["torch.compile"])
     # on a cpu device the model is built again on meta and traced there: the same finding

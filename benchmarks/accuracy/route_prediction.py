@@ -25,8 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from fusion_advisor.analyze.pipeline import analyze  # noqa: E402
-from fusion_advisor.report.views import (MODEL_ROUTES, input_copy_us, predicted_model_routes,  # noqa: E402
-                                         unused_eager_us)
+from fusion_advisor.report.views import MODEL_ROUTES, analysis_model_routes  # noqa: E402
 from fusion_advisor.report.write import chains_frame  # noqa: E402
 
 
@@ -52,8 +51,7 @@ def main() -> int:
             seen.add(rec["name"])
             path = None if rec["name"] == "builtin" else args.kernelbench / rec["level"] / f"{rec['name']}.py"
             a = analyze(path, gpu=args.gpu)
-            pred = predicted_model_routes(chains_frame(a), graph_input_copy_us=input_copy_us(a),
-                                          unused_us=unused_eager_us(a))
+            pred = analysis_model_routes(a, chains_frame(a))
             meas = measured(rec)
             best = min(meas, key=meas.get)
             got = meas.get(pred["best"], float("inf"))

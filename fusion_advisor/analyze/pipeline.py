@@ -335,18 +335,16 @@ def unused_work(nodes: list[torch.fx.Node], spec: DeviceSpec, captured: list[Any
     op graph's records; each held op answers for one call): dynamo kept it, so it is used after all, in a way the
     trace's output does not show (a dataclass returned, a tensor kept on the module or in a list it owns)."""
     kept = Counter(_site(o) for o in captured if not o.is_view)
-    ops = []
+    ops, by_line = [], Counter()
     for o in unused_ops(nodes):
-        if kept[_site(o)] > 0:
-            kept[_site(o)] -= 1
-        elif eager_alone_us(o, spec) > 0:
+        site, us = _site(o), eager_alone_us(o, spec)
+        if kept[site] > 0:
+            kept[site] -= 1
+        elif us > 0:
             ops.append(o)
+            by_line[site[0]] += us
     if not ops:
         return None
-    by_line: dict[str, float] = {}
-    for o in ops:
-        where = f"{Path(o.source.file).name}:{o.source.line}" if o.source.file else "?"
-        by_line[where] = by_line.get(where, 0.0) + eager_alone_us(o, spec)
     return UnusedWork(ops=len(ops), eager_us=sum(by_line.values()), flops=sum(o.flops for o in ops),
                       bytes=sum(o.bytes_read + o.bytes_written for o in ops),
                       lines=sorted(by_line, key=lambda k: -by_line[k]))

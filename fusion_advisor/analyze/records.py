@@ -524,6 +524,12 @@ class Analysis:
     input_bytes: int = 0
     unused: UnusedWork | None = None
 
+    @property
+    def unused_us(self) -> float:
+        """Eager time (us) of the work no output uses (:attr:`unused`), which only the model as written pays; 0
+        when there is none or it was not looked for."""
+        return self.unused.eager_us if self.unused is not None else 0.0
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Analysis":
         """The analysis of a :meth:`to_dict` document (report.json): every record rebuilt from its fields, keys

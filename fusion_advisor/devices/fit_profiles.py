@@ -502,7 +502,7 @@ def residuals(rep: ProfiledReport, split: str, before: DeviceSpec, after: Device
         rows.append(ChainResidual(rep.name, split, c.id, c.pattern, m.time_us, t0[c.id], t1[c.id],
                                   measured.get(c.id, m.bound), b0.get(c.id, ""), b1.get(c.id, "")))
     # the model as written also runs the work no output uses, which no chain holds (priced when analysed)
-    unused = rep.analysis.unused.eager_us if rep.analysis.unused is not None else 0.0
+    unused = rep.analysis.unused_us
     model = ModelResidual(rep.name, split, model_eager_us(prof), sum(t0.values()) + unused,
                           sum(t1.values()) + unused)
     return rows, model

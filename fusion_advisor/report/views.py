@@ -137,7 +137,7 @@ def group_title(g: dict[str, Any]) -> str:
         return pattern
     where = f" ({g['module_pattern']})" if g["module_pattern"] else ""
     # "x2 layers" only where each member sits in a layer of its own (two copies on one line of one block: "x2 times")
-    unit = "layers" if g.get("one_per_layer", bool(g["layers"])) else "times"
+    unit = "layers" if g["one_per_layer"] else "times"
     return f"{pattern} x{g['count']} {unit}{where}"
 
 
@@ -182,16 +182,10 @@ def input_copy_us(analysis: Analysis) -> float:
     return 2.0 * analysis.input_bytes / (bw * 1e9) * 1e6 if bw > 0 else 0.0
 
 
-def unused_eager_us(analysis: Analysis) -> float:
-    """Eager time (us) of the work no output uses (:attr:`Analysis.unused`), which only the eager route pays; 0
-    when there is none or it was not looked for."""
-    return analysis.unused.eager_us if analysis.unused is not None else 0.0
-
-
 def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_copy_us: float = 0.0,
                            unused_us: float = 0.0) -> dict[str, Any]:
     """The predicted time (us) of the whole model as written (``eager``: sum of ``est_eager_us`` plus
-    ``unused_us``, the work no output uses that eager runs and dynamo drops, :func:`unused_eager_us`), under
+    ``unused_us``, the work no output uses that eager runs and dynamo drops, :attr:`Analysis.unused_us`), under
     ``torch.compile(model)`` (:func:`predicted_compile_us`) and under ``torch.compile(model, mode="reduce-overhead")``
     (Inductor's code replayed from CUDA graphs: every chain at ``est_cudagraphs_us``, the launch floor gone, but a
     recurrent layer as written: dynamo breaks the graph there; plus
@@ -215,6 +209,13 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
         if is_num(t) and t < times[best] * (1.0 - ROUTE_MARGIN):
             best = route
     return {**times, "best": best}
+
+
+def analysis_model_routes(analysis: Analysis, frame: pd.DataFrame) -> dict[str, Any]:
+    """:func:`predicted_model_routes` of an analysis (``frame``: its :func:`chains_frame`): CUDA graphs on a GPU
+    spec only, the input copy of :func:`input_copy_us`, the unused work's eager time."""
+    return predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu",
+                                  graph_input_copy_us=input_copy_us(analysis), unused_us=analysis.unused_us)
 
 
 def whole_model_note(model_routes: dict[str, Any], advised_us: float) -> str:
@@ -324,9 +325,7 @@ def advice(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]], plan: dict[str, Any] | None,
             out_dir: Path | None) -> dict[str, Any]:
     """The first screen (see the module docstring). Times in us; speed-ups as ratios (old / new time)."""
-    model_routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu",
-                                          graph_input_copy_us=input_copy_us(analysis),
-                                          unused_us=unused_eager_us(analysis))
+    model_routes = analysis_model_routes(analysis, frame)
     # the advice's gain is over the chains: the unused work (in model_routes' eager) only torch.compile(model) or a
     # dynamo-based apply variant drops, never a chain's route
     eager, compiled = _sum(frame, "est_eager_us"), model_routes["torch.compile"]
