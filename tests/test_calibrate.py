@@ -266,3 +266,17 @@ def test_the_sdpa_grid_times_fp16_only_where_bf16_is_not_native(monkeypatch):
     assert ar.grid_dtypes() == ("bf16", "fp32")
     monkeypatch.setattr(ar.torch.cuda, "get_device_capability", lambda *a: (7, 5))
     assert ar.grid_dtypes() == ("fp16", "bf16", "fp32")
+
+
+def test_a_slow_rate_keeps_its_significant_figures(cpu_spec):
+    """A loaded CPU's bf16 matmul can run under 0.0005 TFLOP/s: rounded to three decimals it was 0, and the spec
+    calibrate wrote failed its own loader ("a calibrate bug")."""
+    import dataclasses
+
+    _, _, cal = cpu_spec
+    slow = dataclasses.replace(cal, matmul_tflops={**cal.matmul_tflops, "bf16": 0.000412})
+    data = spec_dict(slow)
+    assert data["tensor_tflops"]["bf16"] == 0.000412
+    from fusion_advisor.devices import parse_spec
+
+    assert parse_spec(data, "t").tensor_tflops["bf16"] == 0.000412  # the loader takes it

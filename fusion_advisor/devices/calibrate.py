@@ -200,6 +200,12 @@ class Calibration:
     activity: ActivityHostCost | None = None
 
 
+def _rate(tflops: float) -> float:
+    """A measured TFLOP/s as written to a spec: six significant figures (three decimals rounded a loaded CPU's
+    0.0004 TFLOP/s bf16 matmul to 0, which the spec's loader refuses)."""
+    return float(f"{tflops:.6g}")
+
+
 def _versions() -> dict[str, str]:
     out = {"torch": str(torch.__version__)}
     try:
@@ -628,7 +634,8 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
     # the timer of the probes timed by their kernels on a GPU (kernel_timer), by the table timer elsewhere
     kernel_time = "summed kernel durations" if cal.device == "cuda" else cal.timer
     s = cal.sizes
-    tensor = {k: round(float(cal.matmul_tflops.get(k, base.peak_tflops(k, True))), 3)
+    # significant figures, not decimals: a loaded CPU's bf16 matmul at 0.0004 TFLOP/s must not round to 0
+    tensor = {k: _rate(float(cal.matmul_tflops.get(k, base.peak_tflops(k, True))))
               for k in ("bf16", "fp16", "tf32", "fp32")}
     copied = [k for k in tensor if k not in cal.matmul_tflops]
     tensor_src = (f"{by}: torch.mm of {s.matmul_n}x{s.matmul_n} operands, 2n^3 FLOPs over the {cal.timer}"
@@ -642,7 +649,7 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
     vector_src = f"copied from the shipped spec {base.name} (not measured by calibrate)"
     if cal.device == "cpu" and "fp32" in cal.matmul_tflops:
         # a CPU's matmuls run on the same vector units: its elementwise rate cannot exceed its measured matmul rate
-        cap = round(float(cal.matmul_tflops["fp32"]), 3)
+        cap = _rate(float(cal.matmul_tflops["fp32"]))
         if any(x > cap for x in vector.values()):
             vector = {k: min(x, cap) for k, x in vector.items()}
             vector_src += f", capped at the measured fp32 matmul rate {cap} TFLOP/s (the same vector units run both)"
@@ -661,7 +668,7 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
         "tensor_tflops_source": tensor_src,
         "vector_tflops": vector,
         "vector_tflops_source": vector_src,
-        **({"attention_tflops": {k: round(float(x), 3) for k, x in cal.attention_tflops.items()},
+        **({"attention_tflops": {k: _rate(float(x)) for k, x in cal.attention_tflops.items()},
             "attention_tflops_source": (f"{by}: F.scaled_dot_product_attention, non-causal, q/k/v of shape "
                                         f"{tuple(cal.attention_shape)} (batch, heads, seq, head_dim), "
                                         f"4 b h s^2 d FLOPs over the {cal.timer}")}
@@ -677,7 +684,7 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                           "; fp16 not timed, priced by the bf16 entries (the same kernels' rate: "
                                           "attention_rates.ATTENTION_DTYPES)"))}
            if cal.attention_rates else {}),
-        **({"unaligned_tensor_tflops": {k: round(float(x), 3) for k, x in cal.unaligned_tflops.items()},
+        **({"unaligned_tensor_tflops": {k: _rate(float(x)) for k, x in cal.unaligned_tflops.items()},
             "unaligned_tensor_tflops_source": (f"{by}: torch.mm of [{s.matmul_n}, {s.matmul_n}] x [{s.matmul_n}, "
                                                f"{s.matmul_n - 1}] (output columns not a multiple of 16 bytes), "
                                                f"2 n^2 (n - 1) FLOPs over the {cal.timer}")}
