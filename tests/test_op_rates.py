@@ -696,3 +696,26 @@ def test_a_correction_that_would_only_fit_noise_is_refused():
     smooth = [0.5 * math.sin(p[0] / 2) for p in points]
     assert fit_local_correction(points, smooth) is not None
     assert fit_local_correction(points[:2 * CORRECTION_NEIGHBOURS - 1], smooth) is None  # too few entries
+
+
+def test_below_the_table_an_op_is_never_priced_over_a_measured_entry_that_does_more():
+    from fusion_advisor.devices.op_rates import ConvTimeModel, conv_point, fit_conv_table
+
+    # a surface whose fixed time (12 us) is above the table's smallest measured entry (4 us at 40 MFLOP)
+    truth = ConvTimeModel(peak_tflops=250.0, n_half=40.0, k_half=80.0, mn_half=2e5, gbps=2500.0, fixed_us=12.0)
+    rng = random.Random(1)
+    shapes = [(rng.choice((16, 64, 256)), rng.choice((32, 128, 512)), rng.choice((1, 9)), 10 ** rng.uniform(0, 2),
+               10 ** rng.uniform(1, 3)) for _ in range(60)]
+    rates = _synthetic_rates(truth, shapes)
+    small = ConvRate("conv2d", "fp32", 96, 16, 1, 1.0, 0.04, 0.04e9 / 4e-6 / 1e12, "nchw", 5.0)  # 4 us
+    table = fit_conv_table(tuple(rates + [small]))
+    tiny = (0.3e6, 4.0, 96.0, 0.3e6, False)  # a squeeze-and-excite 1x1 convolution: below every entry
+    point = conv_point(96, 4, 1, 1.0, 0.3e6)
+    assert table.model.time_us(*tiny) > 8.0  # the surface alone extrapolates its fixed time
+    assert table.time_us(*tiny, point) == pytest.approx(4.0, rel=1e-3)  # bounded by the 4 us entry that does more
+    assert table.dominating_us(0.3e6, 4.0, 96.0, 0.3e6, True) == math.inf  # unaligned: no entry of its kind
+    inside = (shapes[0][3] * 1e9, float(shapes[0][1]), float(shapes[0][0] * shapes[0][2]), shapes[0][4] * 1e6, False)
+    at = conv_point(shapes[0][0], shapes[0][1], shapes[0][2], 1.0, inside[0])
+    # inside the table's range the surface stands, even where a larger entry ran faster
+    assert table.time_us(*inside, at) == pytest.approx(table.model.time_us(*inside)
+                                                       * (table.correction.factor(at) if table.correction else 1.0))

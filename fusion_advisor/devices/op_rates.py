@@ -506,30 +506,53 @@ def fit_local_correction(points: Sequence[tuple[float, ...]], residuals: Sequenc
     return LocalCorrection(tuple(map(tuple, points)), tuple(residuals))
 
 
+#: A table row as the fit takes it: FLOPs, N, K, bytes, unaligned, measured time (us).
+TableRow = tuple[float, float, float, float, bool, float]
+
+
 @dataclass(frozen=True)
 class FittedTable:
-    """A measured table's time surface: the fitted roofline, and its local correction where one helps.
+    """A measured table's time surface: the fitted roofline, and its local correction where one helps; below the
+    table's smallest entry, never above a measured entry that does at least as much.
+
+    Below the table the surface extrapolates its ``fixed_us``, which the fit sets where the time goes (the table's
+    larger entries, :data:`FIT_WEIGHT_POWER`), not at the smallest calls: the H200's fp32 2-D convolution surface
+    has 11.3 us fixed while its table holds entries of 4.2 us, and EfficientNet-B2's squeeze-and-excite 1x1
+    convolutions on 2 x C x 1 x 1 maps (0.3-3 MFLOP) were priced 10-13 us against 2.6-6 us measured. An op with
+    fewer FLOPs or fewer bytes than every entry is priced at most the least measured time of an entry at least as
+    large in FLOPs, N, K and bytes, with the same channel alignment (:meth:`dominating_us`); inside the table's
+    range the surface and its correction stand (cuDNN's heuristics make neighbouring shapes run 2-10x apart, so a
+    larger entry that ran fast bounds nothing there).
 
     Attributes:
         model: :class:`ConvTimeModel` fitted through the table (:func:`fit_gemm_model`).
         correction: :class:`LocalCorrection` of its residuals, or None.
+        rows: the measured entries (:data:`TableRow`); empty: no bound.
     """
 
     model: ConvTimeModel
     correction: LocalCorrection | None
+    rows: tuple[TableRow, ...] = ()
 
     def time_us(self, flops: float, n: float, k: float, nbytes: float, unaligned: bool, point: Sequence[float]
                 ) -> float:
         """Device time (us) of a GEMM of ``flops``, ``n`` and ``k`` moving ``nbytes``, at feature ``point``."""
         t = self.model.time_us(flops, n, k, nbytes, unaligned)
-        return t * self.correction.factor(point) if self.correction is not None else t
+        t = t * self.correction.factor(point) if self.correction is not None else t
+        below = self.rows and (flops < min(r[0] for r in self.rows) or nbytes < min(r[3] for r in self.rows))
+        return min(t, self.dominating_us(flops, n, k, nbytes, unaligned)) if below else t
+
+    def dominating_us(self, flops: float, n: float, k: float, nbytes: float, unaligned: bool) -> float:
+        """The least measured time (us) of an entry with at least ``flops``, ``n``, ``k`` and ``nbytes`` and the
+        same alignment; infinity where none is."""
+        return min((r[5] for r in self.rows if r[0] >= flops and r[1] >= n and r[2] >= k and r[3] >= nbytes
+                    and r[4] == unaligned), default=math.inf)
 
 
-def _fitted_table(rows: Sequence[tuple[float, float, float, float, bool, float]],
-                  points: Sequence[tuple[float, ...]]) -> FittedTable:
+def _fitted_table(rows: Sequence[TableRow], points: Sequence[tuple[float, ...]]) -> FittedTable:
     model = fit_gemm_model(rows)
     residuals = [math.log(r[5] / model.time_us(*r[:5])) for r in rows]
-    return FittedTable(model, fit_local_correction(points, residuals))
+    return FittedTable(model, fit_local_correction(points, residuals), tuple(rows))
 
 
 @functools.lru_cache(maxsize=64)
