@@ -476,3 +476,64 @@ def test_a_models_prediction_adds_the_eager_work_no_output_uses(profiled, tmp_pa
     assert model2.before_us == pytest.approx(model.before_us + 1234.5)
     assert model2.after_us == pytest.approx(model.after_us + 1234.5)
     assert [r.after_us for r in rows2] == [r.after_us for r in rows]
+
+
+def test_the_view_host_scale_is_fitted_from_ops_after_views_one_vote_per_model(monkeypatch):
+    import fusion_advisor.devices.fit_profiles as fp
+
+    # (measured, own price, views' price): views at 2x their price in one model, 2 ** 1.5 in another; a third
+    # model's ops follow no view; a fourth has too few ops to vote
+    def ops(scale, n=12):
+        return [(10.0 + scale * v, 10.0, v) for v in (2.0, 4.0, 6.0)] * (n // 3)
+
+    samples = {"a": ops(2.0), "b": ops(2 ** 1.5), "plain": [(12.0, 10.0, 0.0)] * 30, "few": ops(8.0, n=3)}
+    monkeypatch.setattr(fp, "_waited_ops", lambda rep, spec, cold=False: samples[rep])
+    monkeypatch.setattr(fp, "VIEW_SHRINK_MODELS", 0.0)
+    scale, n, models = fp.fit_view_host_scale(list(samples), None)
+    assert (n, models) == (24, 2) and scale == pytest.approx(2 ** 1.25)  # the median of the two votes, in log
+    monkeypatch.setattr(fp, "VIEW_SHRINK_MODELS", 2.0)  # two voters: half the way to 1 in log space
+    assert fp.fit_view_host_scale(list(samples), None)[0] == pytest.approx(2 ** 0.625)
+    assert fp.fit_view_host_scale(["plain", "few"], None) is None  # nobody votes
+
+
+def test_a_view_host_scale_prices_views_alone_and_is_read_written_and_removed_with_the_fits(profiled):
+    from fusion_advisor.analyze.roofline import op_host_us, view_host_us
+    from fusion_advisor.devices.fit_profiles import without_fits
+
+    spec = dataclasses.replace(parse_spec(spec_fields(profiled.device_spec), "test"), view_overhead_us=2.0)
+    scaled = dataclasses.replace(spec, view_host_scale=3.0)
+    view = OpInfo(id="v", graph_index=0, target="aten.view.default", category="view", inputs=(), outputs=(), flops=0,
+                  bytes_read=0, bytes_written=0, module_path="", source=SourceLoc("", 0, ""))
+    op = next(o for o in profiled.ops if not o.is_view)
+    assert view_host_us(view, scaled) == pytest.approx(3.0 * view_host_us(view, spec)) and view_host_us(view, spec) > 0
+    assert op_host_us(op, scaled) == op_host_us(op, spec)
+    text = parse_spec({**spec_mapping(spec), "view_host_scale": 1.75}, "t")
+    assert text.view_host_scale == 1.75 and spec_mapping(text)["view_host_scale"] == 1.75
+    assert "view_host_scale" not in spec_mapping(spec) and without_fits(text).view_host_scale == 1.0
+    with pytest.raises(DeviceSpecError, match="view_host_scale"):
+        parse_spec({**spec_mapping(spec), "view_host_scale": 0}, "t")
+
+
+def test_the_host_and_view_scales_are_fitted_in_turn_and_written(reports, monkeypatch):
+    import fusion_advisor.devices.fit_profiles as fp
+
+    seen = []
+
+    def host(reps, spec):
+        seen.append(("host", spec.view_host_scale))
+        return (1.25, 40)
+
+    def view(reps, spec):
+        seen.append(("view", spec.host_time_scale))
+        return (2.0, 30, 2)
+
+    monkeypatch.setattr(fp, "fit_host_time_scale", host)
+    monkeypatch.setattr(fp, "fit_view_host_scale", view)
+    root, _, _ = reports
+    result = fp.fit_from_profiles([root / "fit"], [root / "test"])
+    # each fit over the other's last value: the host time scale prices the views before an op too
+    assert seen == [("host", 1.0), ("view", 1.25)] + [("host", 2.0), ("view", 1.25)] * (fp.HOST_FIT_ROUNDS - 1)
+    assert result.spec.view_host_scale == 2.0 and result.spec.host_time_scale == 1.25
+    assert any(n.startswith("view host scale 2.000 from 30 op(s) after a view of 2 model(s)") for n in result.notes)
+    data = fp.fitted_spec_data(result, "2026-12-06")
+    assert data["view_host_scale"] == 2.0 and "fit_view_host_scale" in data["view_host_scale_source"]

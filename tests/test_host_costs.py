@@ -111,7 +111,7 @@ def test_getitem_of_a_tuple_output_costs_no_host_time():
     getitem = [o for o in ops if "getitem" in o.target]
     assert getitem and all(view_host_us(o, spec) == 0.0 for o in getitem)
     t = [o for o in _captured_ops(host_probes("cpu")["matmul/addmm"]) if o.is_view]
-    assert [view_host_us(o, spec) for o in t] == [spec.view_overhead_us * spec.host_time_scale]
+    assert [view_host_us(o, spec) for o in t] == [spec.view_overhead_us * spec.host_time_scale * spec.view_host_scale]
 
 
 def test_module_call_is_half_the_median_difference_of_two_nested_calls(monkeypatch):

@@ -99,7 +99,8 @@ def base_spec(spec_name: str, calibrated: Path, conv_from: Path | None = None, m
 #: Calibration fields :func:`spec_text` writes after the head (rescaled or merged); the head leaves them out.
 WRITTEN_AFTER_HEAD = ("elementwise_overhead", "kernel_busy_overhead", "scan_bandwidth", "cat_sweep", "view_overhead",
                       "module_call", "activity_host", "conv_probe_kernels", "launch_overhead_by_class", "conv_rates",
-                      "matmul_rates", "reduction_rates", "host_time_scale", "cold_host_scale", "op_time_fit")
+                      "matmul_rates", "reduction_rates", "host_time_scale", "cold_host_scale", "view_host_scale",
+                      "op_time_fit")
 
 
 def header_from_calibration(spec_name: str, calibrated: Path, reference: str | None = None) -> str:
@@ -213,6 +214,10 @@ def spec_text(spec_name: str, base, cal_path: Path, cal_launch_us: float, fitted
         out.append(f"cold_host_scale: {fitted['cold_host_scale']}   # in-model host time of an op whose aten op had not "
                    "run for many launches, over a warm op's (see cold_host_scale_source)")
         out.append(f'cold_host_scale_source: "{fitted["cold_host_scale_source"]} (the fit set: op_time_fits_source)"')
+    if fitted.get("view_host_scale", 1.0) != 1.0:
+        out.append(f"view_host_scale: {fitted['view_host_scale']}   # in-model host time of a view op over its "
+                   "calibrated price (see view_host_scale_source)")
+        out.append(f'view_host_scale_source: "{fitted["view_host_scale_source"]} (the fit set: op_time_fits_source)"')
     out.append("op_time_fits:                    # eager time per op class over the measured rates above, fitted "
                "from analyze --profile runs (see op_time_fits_source)")
     out += [f"  {k}: {_flow(f)}" for k, f in fitted["op_time_fits"].items()]

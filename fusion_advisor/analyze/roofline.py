@@ -539,10 +539,11 @@ def conv_activity_host_us(op: OpInfo, spec: DeviceSpec, base_us: float) -> float
 
 
 def view_host_us(op: OpInfo, spec: DeviceSpec) -> float:
-    """Host time (us) of an eager view op: ``view_overhead_us`` (times ``host_time_scale``), except for the
-    graph's ``getitem`` of a tuple output (``_native_batch_norm_legit``'s, ``max_pool2d_with_indices``'s), which
-    model code never dispatches: the aten op returned the tuple."""
-    return 0.0 if "getitem" in op.target else spec.view_overhead_us * spec.host_time_scale
+    """Host time (us) of an eager view op: ``view_overhead_us`` times ``host_time_scale`` and ``view_host_scale``
+    (fitted from profiles: a view inside a model over its tight-loop price), except for the graph's ``getitem`` of
+    a tuple output (``_native_batch_norm_legit``'s, ``max_pool2d_with_indices``'s), which model code never
+    dispatches: the aten op returned the tuple."""
+    return 0.0 if "getitem" in op.target else spec.view_overhead_us * spec.host_time_scale * spec.view_host_scale
 
 
 def launches(op: OpInfo) -> bool:

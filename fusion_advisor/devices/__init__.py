@@ -174,6 +174,11 @@ class DeviceSpec:
             whose aten op has not run for more than ``roofline.COLD_REUSE_LAUNCHES`` launches (a classifier head's
             ``addmm``, once per run), over the in-model price of the same op run often (``host_time_scale``'s).
             1: not fitted.
+        view_host_scale: optional, fitted from ``analyze --profile`` runs
+            (:func:`fusion_advisor.devices.fit_profiles.fit_view_host_scale`): the host time of a view op inside a
+            model over its tight-loop price (``view_overhead_us`` times ``host_time_scale``): the captured graph
+            issues every view its aten ops take (``nn.Linear`` on a 3-D input: a ``view``, a ``t`` and a
+            ``view`` around its ``addmm``), each a dispatcher call of its own. 1: not fitted.
         kernel_busy_overhead_us: optional, the same as the profiler sees it: an eager kernel's own duration beyond
             its bytes, without the gap to the next kernel, measured by ``calibrate``
             (:func:`fusion_advisor.devices.memory_rates.measure_kernel_busy_overhead_us`); an eager op's device time
@@ -265,6 +270,7 @@ class DeviceSpec:
     kernel_busy_overhead_us: float = 0.0
     host_time_scale: float = 1.0
     cold_host_scale: float = 1.0
+    view_host_scale: float = 1.0
     route_efficiency: dict[str, dict[str, float]] = field(default_factory=dict)
     op_time_fits: dict[str, OpTimeFit] = field(default_factory=dict)
     op_time_fit_dtypes: tuple[str, ...] = ()
@@ -424,6 +430,8 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
                                 "in-model over tight-loop host time"),
         cold_host_scale=_number(data.get("cold_host_scale", 1.0), f"{origin}: cold_host_scale",
                                 "cold over warm in-model host time"),
+        view_host_scale=_number(data.get("view_host_scale", 1.0), f"{origin}: view_host_scale",
+                                "in-model over tight-loop view host time"),
         route_efficiency=efficiency,
         op_time_fits=fits,
         op_time_fit_dtypes=tuple(fit_dtypes),
@@ -548,7 +556,7 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
                 "scan_bandwidth_gbps", "broadcast_bandwidth_gbps", "cat_sweep_gbps", "cat_sweep_cap_bytes"):
         if not data.get(key):
             data.pop(key, None)
-    for key in ("host_time_scale", "cold_host_scale"):
+    for key in ("host_time_scale", "cold_host_scale", "view_host_scale"):
         if data.get(key) == 1.0:
             data.pop(key)
     if data.get("op_time_fit_dtypes"):

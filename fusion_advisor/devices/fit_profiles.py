@@ -255,13 +255,13 @@ def read_report(path: Path) -> ProfiledReport:
 def without_fits(spec: DeviceSpec) -> DeviceSpec:
     """``spec`` with nothing fitted from profiles (no op-class curves, host and cold host scales of 1, and none of
     their sources): the plain roofline and calibrated host prices the fit starts from."""
-    fitted = ("op_time_fits", "host_time_scale", "cold_host_scale")
+    fitted = ("op_time_fits", "host_time_scale", "cold_host_scale", "view_host_scale")
     sources = {k: v for k, v in (spec.sources or {}).items() if k not in fitted}
     if not spec.op_time_fits and spec.host_time_scale == 1.0 and spec.cold_host_scale == 1.0 \
-            and sources == (spec.sources or {}):
+            and spec.view_host_scale == 1.0 and sources == (spec.sources or {}):
         return spec
     return replace(spec, op_time_fits={}, op_time_fit_dtypes=(), host_time_scale=1.0, cold_host_scale=1.0,
-                   sources=sources)
+                   view_host_scale=1.0, sources=sources)
 
 
 # --- fitting -------------------------------------------------------------------------------------------------
@@ -296,6 +296,12 @@ def host_samples(rep: ProfiledReport, spec: DeviceSpec, cold: bool = False) -> l
     Only ops with idle time count (the host was what the GPU waited for there; where the GPU was the bottleneck the
     host time decides nothing measured), not a graph's first op (it carries the graph's entry, 70-160 us on the
     H200, which the module called as written does not pay) and not a recurrent layer (cuDNN's own step loop)."""
+    return [(m, own + views) for m, own, views in _waited_ops(rep, spec, cold)]
+
+
+def _waited_ops(rep: ProfiledReport, spec: DeviceSpec, cold: bool = False) -> list[tuple[float, float, float]]:
+    """:func:`host_samples`' ops as ``(measured, own price, views' price)``: the op's own host price and that of
+    the views since the previous launch apart."""
     a = rep.analysis
     assert a.profile is not None
     host_spec = profiled_host(a, spec)
@@ -307,13 +313,13 @@ def host_samples(rep: ProfiledReport, spec: DeviceSpec, cold: bool = False) -> l
             continue
         if not launches(op):
             continue
-        first, priced, pending = op.graph_index not in started, op_host_us(op, host_spec) + pending, 0.0
+        first, own, views, pending = op.graph_index not in started, op_host_us(op, host_spec), pending, 0.0
         started.add(op.graph_index)
         m = nodes.get(op.id)
-        if first or m is None or m.host_us <= 0 or m.idle_us <= 0 or op.category == "recurrent" or priced <= 0 \
+        if first or m is None or m.host_us <= 0 or m.idle_us <= 0 or op.category == "recurrent" or own + views <= 0 \
                 or (op.id in cold_ids) != cold:
             continue
-        out.append((m.host_us / rep.graph_calls.get(op.graph_index, 1.0), priced))
+        out.append((m.host_us / rep.graph_calls.get(op.graph_index, 1.0), own, views))
     return out
 
 
@@ -336,6 +342,62 @@ def fit_host_time_scale(reports: list[ProfiledReport], spec: DeviceSpec) -> tupl
         return None
     votes = [_weighted_median([math.log(m / p) for m, p in ps], [m ** WEIGHT_POWER for m, _ in ps]) for ps in voters]
     return math.exp(statistics.median(votes) * len(votes) / (len(votes) + SHRINK_SAMPLES)), ops
+
+
+#: The view host scales :func:`fit_view_host_scale` tries: 0.25x to 8x in steps of 2 ** (1/16).
+VIEW_SCALE_GRID = tuple(2.0 ** (i / 16) for i in range(-32, 49))
+#: Prior weight, in models, of "views cost their price" (:func:`fit_view_host_scale`): few models are host-bound
+#: through their views (on the H200 fit sets two: SwinMLP and SwinTransformerV2, 81 and 255 ops, each vote a
+#: 2-3x scale that lowers its median |log error| 2-5x), so one model's prior, as the cold host scale's, not the
+#: host time scale's five.
+VIEW_SHRINK_MODELS = 1.0
+
+
+def fit_view_host_scale(reports: list[ProfiledReport], spec: DeviceSpec) -> tuple[float, int, int] | None:
+    """The host time of a view op inside a model over its price (:attr:`DeviceSpec.view_host_scale`), the ops and
+    the models it rests on: per report, over its warm ops the GPU waited for that follow one or more priced views
+    (:func:`host_samples`' ops), the scale ``v`` (of :data:`VIEW_SCALE_GRID`) whose price ``own + v * views``
+    leaves the least weighted median ``|log(measured / price)|`` (weights as :func:`fit_host_time_scale`'s); the
+    median over the reports with :data:`MIN_MODEL_HOST_SAMPLES` or more such ops, shrunk toward 1 in log by their
+    number (:data:`VIEW_SHRINK_MODELS`). ``spec`` carries the fitted host time scale, so the
+    own price is the op's in-model one. None when no report votes.
+
+    calibrate prices a view as code writes it in a tight loop (``x.view(...)``, one Python call); the captured
+    graph issues each view its aten ops take, a dispatcher call of its own (``nn.Linear`` on a 3-D input: ``view``,
+    ``t``, ``addmm``, ``view``): on the H200 profiles of 2026-12-03, with each model's own host scale free, the
+    least-squares cost of a view came to 4-13 us at the calibrating host's speed, against its 2.6 us price
+    (benchmarks/results/h200/accuracy/view_host/README.md)."""
+    voters = []
+    for rep in reports:
+        ops = [(m, own, views) for m, own, views in _waited_ops(rep, spec) if views > 0]
+        if len(ops) >= MIN_MODEL_HOST_SAMPLES:
+            voters.append(ops)
+    if not voters:
+        return None
+    votes = []
+    for ops in voters:
+        weights = [m ** WEIGHT_POWER for m, _, _ in ops]
+        err = {v: _weighted_median([abs(math.log(m / (own + v * views))) for m, own, views in ops], weights)
+               for v in VIEW_SCALE_GRID}
+        votes.append(math.log(min(VIEW_SCALE_GRID, key=lambda v: (err[v], abs(math.log(v))))))
+    shrink = len(votes) / (len(votes) + VIEW_SHRINK_MODELS)
+    return math.exp(statistics.median(votes) * shrink), sum(len(ops) for ops in voters), len(voters)
+
+
+#: Rounds of :func:`fit_host_scales`: the host time scale prices the views too, so each fit moves the other.
+HOST_FIT_ROUNDS = 3
+
+
+def fit_host_scales(reports: list[ProfiledReport], spec: DeviceSpec
+                    ) -> tuple[tuple[float, int] | None, tuple[float, int, int] | None]:
+    """The host time scale (:func:`fit_host_time_scale`) and the view host scale (:func:`fit_view_host_scale`),
+    fitted in turn :data:`HOST_FIT_ROUNDS` times, each over the other's last value (the host time scale's price of an
+    op includes the views before it)."""
+    host = view = None
+    for _ in range(HOST_FIT_ROUNDS):
+        host = fit_host_time_scale(reports, replace(spec, view_host_scale=view[0] if view else 1.0))
+        view = fit_view_host_scale(reports, replace(spec, host_time_scale=host[0] if host else 1.0))
+    return host, view
 
 
 def fit_cold_host_scale(reports: list[ProfiledReport], spec: DeviceSpec) -> tuple[float, int, int] | None:
@@ -609,8 +671,9 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
         base = reports[0].spec
     base = without_fits(base)
     fit_set, test_set, how = split_reports(reports, tests)
-    host = fit_host_time_scale(fit_set, base)
-    cold = fit_cold_host_scale(fit_set, replace(base, host_time_scale=host[0]) if host else base)
+    host, view = fit_host_scales(fit_set, base)
+    warm = replace(base, host_time_scale=host[0] if host else 1.0, view_host_scale=view[0] if view else 1.0)
+    cold = fit_cold_host_scale(fit_set, warm)
     samples = [s for r in fit_set for s in op_samples(r, base)]
     if not samples:
         raise UserError("no op in the fit set has a measured time above zero: nothing to fit")
@@ -622,7 +685,8 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
     dtypes = tuple(sorted({s.keys[0].rsplit("/", 1)[-1] for s in samples}))
     fitted = replace(base, op_time_fits={c.key: c.fit for c in classes}, op_time_fit_dtypes=dtypes,
                      host_time_scale=round(host[0], 4) if host else 1.0,
-                     cold_host_scale=round(cold[0], 4) if cold else 1.0)
+                     cold_host_scale=round(cold[0], 4) if cold else 1.0,
+                     view_host_scale=round(view[0], 4) if view else 1.0)
     chains: list[ChainResidual] = []
     models: list[ModelResidual] = []
     for split, group in (("fit", fit_set), ("test", test_set)):
@@ -638,6 +702,10 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
         if host else f"host time scale 1: no model with {MIN_MODEL_HOST_SAMPLES} or more ops the GPU waited for "
         f"with a measured host time, or fewer than {MIN_HOST_SAMPLES} such ops in all (profiles from before it was "
         "recorded have none)",
+        f"view host scale {view[0]:.3f} from {view[1]} op(s) after a view of {view[2]} model(s) (measured over "
+        "priced host time, the op's own price at the host time scale)"
+        if view else f"view host scale 1: no model with {MIN_MODEL_HOST_SAMPLES} or more ops after a view the GPU "
+        "waited for",
         f"cold host scale {cold[0]:.3f} from {cold[1]} op(s) of {cold[2]} model(s) whose aten op had not run for more "
         f"than {COLD_REUSE_LAUNCHES} launches (measured over the warm in-model price)"
         if cold else f"cold host scale 1: fewer than {MIN_COLD_MODELS} models with a cold op the GPU waited for"]
@@ -672,6 +740,11 @@ def fitted_spec_data(result: FitResult, date: str) -> dict:
             f"fitted by fusion-advisor calibrate --from-profile on {date} from the host time the fit set's ops whose "
             f"aten op had not run for more than {COLD_REUSE_LAUNCHES} launches measured where the GPU waited for them, "
             "over their warm in-model price (fit_profiles.fit_cold_host_scale)")
+    if result.spec.view_host_scale != 1.0:
+        data["view_host_scale_source"] = (
+            f"fitted by fusion-advisor calibrate --from-profile on {date} from the host time the fit set's ops after "
+            "one or more views measured where the GPU waited for them, less their own in-model price, over the views' "
+            "calibrated price (fit_profiles.fit_view_host_scale)")
     if not str(data.get("name", "")).endswith("-fitted"):
         data["name"] = f"{data['name']}-fitted"
     data["fit"] = {
