@@ -266,7 +266,8 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
             cells += [f"{m.time_us:,.1f}" + (" !" if m.flagged else "") if m and m.time_us > 0 else "-",
                       m.bound if m else "-"]
         t.add_row(*cells)
-    out.print(t)
+    if ranked:  # --top 0 (or a model without chains): no empty table
+        out.print(t)
     from fusion_advisor.report.write import chains_frame, read_plan
     from fusion_advisor.report.views import (analysis_model_routes, apply_command, plan_mismatches,
                                              predicted_compile_us, whole_model_note)

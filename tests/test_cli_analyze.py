@@ -32,6 +32,12 @@ def test_analyze_writes_reports(tmp_path):
     assert "Top" in r.output and "launch" in r.output
 
 
+def test_top_zero_prints_no_chain_table(tmp_path):
+    r = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(tmp_path / "rep"), "--top", "0")
+    assert r.exit_code == 0, r.output
+    assert "chains by estimated saving" not in r.output and "Totals" in r.output
+
+
 def test_user_rules_come_first(tmp_path):
     rules = tmp_path / "mine.yaml"
     rules.write_text(
