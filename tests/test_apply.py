@@ -920,3 +920,36 @@ def test_a_near_miss_shared_by_every_layer_is_said_once_with_its_count():
     same = [SimpleNamespace(kernel="add_layernorm", reason="no op sequence matches") for _ in range(4)]
     line = near_miss_line(same + [SimpleNamespace(kernel="rope", reason="shapes refused")])
     assert line == ("5 near-miss(es), e.g.: add_layernorm: no op sequence matches (x4); rope: shapes refused")
+
+
+def test_the_recorded_site_values_are_released_after_the_swap_checks(tmp_path, monkeypatch):
+    """The sites' recorded inputs and outputs (as large as the model's activations: 12 GiB for KernelBench's
+    4096 x 393216 softmax) serve the swap checks alone; the whole-model variants must find that memory free."""
+    import fusion_advisor.apply.pipeline as pipeline
+
+    model = _write(tmp_path, "softmax", """
+import torch
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=-1)
+
+def get_inputs():
+    return [torch.randn(4, 2048, generator=torch.Generator().manual_seed(0))]
+
+def get_init_inputs():
+    return []
+""")
+    seen, capture, verify_all = {}, pipeline._capture, pipeline._verify_all
+
+    def recorded(*args, **kwargs):  # what the swap checks found recorded
+        seen["names"] = sorted(n for vals in args[2].values.values() for n in vals)
+        return verify_all(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "_capture", lambda *a: seen.setdefault("backend", capture(*a)))
+    monkeypatch.setattr(pipeline, "_verify_all", recorded)
+    result = apply(model, ApplyOptions(verify=True, candidates="all", kernels=("softmax",), seeds=1,
+                                       variants=("eager",)), device="cpu")
+    assert [s.kernel for s in result.sites] == ["softmax"] and seen["names"]  # the check had the site's values
+    backend = seen["backend"]
+    assert backend.values == {} and not backend.record_values  # released, and nothing recorded again

@@ -178,6 +178,7 @@ class RewriteBackend(DynamoBackend):
             wanted.update(n.name for n in m.binds)
             wanted.update(n.name for n in m.out_nodes)
         store = self.values.setdefault(index, {})
+        backend = self
 
         class _Recorder(torch.fx.Interpreter):
             def run_node(self, n: Node) -> Any:
@@ -188,11 +189,19 @@ class RewriteBackend(DynamoBackend):
                 return out
 
         def run(*args: Any) -> Any:
-            if len(store) < len(wanted):
+            if backend.record_values and len(store) < len(wanted):
                 return _Recorder(aten).run(*args)
             return aten(*args)
 
         return run
+
+    def release_values(self) -> None:
+        """Drop the recorded values (:attr:`values`: every matched site's inputs and outputs, as large as the
+        model's activations) and record no more."""
+        for store in self.values.values():
+            store.clear()
+        self.values.clear()
+        self.record_values = False
 
     # summaries
     def sites(self) -> list[SwapSite]:

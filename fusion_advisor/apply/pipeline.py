@@ -130,6 +130,7 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     with timed("swaps"):
         outcomes = _verify_all(sites, matches, backend, kernels, options, backward, stage,
                                swaps_until=start + (deadline - start) / 2)
+    backend.release_values()  # the sites' recorded inputs and outputs served the swap checks alone
     result = ApplyResult(
         model_name=loaded.name, model_file=loaded.file, convention=loaded.convention, device=loaded.device,
         dtype=loaded.dtype, options=options, backward=backward, sites=sites, outcomes=outcomes, near_misses=near,
