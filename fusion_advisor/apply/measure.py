@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import time
 from typing import Any, Callable, Sequence
 
@@ -159,9 +160,10 @@ class ModelHarness:
         self.input_bytes = tensor_bytes(loaded.inputs)
         self.model_bytes = tensor_bytes([*self.model.parameters(), *self.model.buffers()])
         if self.device == "cuda":
-            # cached segments the earlier stages freed (the swap checks' float64 copies) go back to the driver: a
-            # segment split around a live tensor counts nothing free (available_bytes), and KernelBench's
-            # 6 GiB softmax found 0.6 GiB "free" of an 80 GB card after its swap check
+            # what the earlier stages left (the swap checks' float64 copies, some held in reference cycles until
+            # the collector runs) freed, and its cached segments given back to the driver: KernelBench's 6 GiB
+            # softmax found 0.6 GiB free of an 80 GB card after its swap check (18 GiB allocated, 78 reserved)
+            gc.collect()
             torch.cuda.empty_cache()
         free = available_bytes(self.device)  # the model and its example inputs already hold theirs
         # the copy of the inputs each call gets must fit beside them, or the first eager call is killed

@@ -34,6 +34,7 @@ swap is kept only with ``keep_unmeasured``."""
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from typing import Any, Callable, Sequence
@@ -133,8 +134,10 @@ def verify_swap(entry: Any, original: Callable[..., Any], captured: list[Any], n
                                  grad_args=grad_args, grad_seed=n, kernel_name="the kernel",
                                  reference_name="the pattern", eager_name="the original ops")
         except torch.cuda.OutOfMemoryError as e:
-            torch.cuda.empty_cache()
             ok, line = False, f"{case}: out of GPU memory: {str(e).splitlines()[0]}"
+            del e
+            gc.collect()  # the failed case's tensors, held by its traceback's frames until the collector runs
+            torch.cuda.empty_cache()
         except ReferenceFailed as e:
             ok, line = False, f"{case}: neither the pattern nor the original ops run on these inputs: {e}"
         except Exception as e:  # a fault of the verification itself: the swap is not verified, with the reason
