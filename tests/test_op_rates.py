@@ -719,3 +719,16 @@ def test_below_the_table_an_op_is_never_priced_over_a_measured_entry_that_does_m
     # inside the table's range the surface stands, even where a larger entry ran faster
     assert table.time_us(*inside, at) == pytest.approx(table.model.time_us(*inside)
                                                        * (table.correction.factor(at) if table.correction else 1.0))
+
+
+def test_a_matmul_below_its_table_is_bounded_by_entries_of_its_own_layout():
+    from fusion_advisor.devices.op_rates import ConvTimeModel, FittedTable
+
+    surface = ConvTimeModel(peak_tflops=250.0, n_half=40.0, k_half=80.0, mn_half=2e5, gbps=2500.0, fixed_us=12.0)
+    rows = ((2 * 253 * 960 * 256, 960.0, 256.0, 2e6, False, 5.4),   # nn, 5.4 us
+            (2 * 4 * 960 * 256, 960.0, 256.0, 1e6, False, 2.2))     # nt (gemmSN_TN), 2.2 us
+    table = FittedTable(surface, None, rows, ("nn", "nt"))
+    tiny = (2 * 2 * 64 * 256, 64.0, 256.0, 7e4, False)
+    assert table.time_us(*tiny, (), "nn") == pytest.approx(5.4)  # not the nt entry's 2.2
+    assert table.time_us(*tiny, (), "nt") == pytest.approx(2.2)
+    assert FittedTable(surface, None, rows).time_us(*tiny, ()) == pytest.approx(2.2)  # a conv table: one layout

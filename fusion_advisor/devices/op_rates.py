@@ -528,31 +528,40 @@ class FittedTable:
         model: :class:`ConvTimeModel` fitted through the table (:func:`fit_gemm_model`).
         correction: :class:`LocalCorrection` of its residuals, or None.
         rows: the measured entries (:data:`TableRow`); empty: no bound.
+        layouts: each row's layout of ``B`` (:data:`MATMUL_LAYOUTS`) where the table mixes them (a matmul table);
+            empty for a convolution table (one layout per pool). A bound takes rows of the op's layout alone: an
+            ``nn`` entry says nothing of the ``nt`` kernels cuBLAS picks for the same sizes.
     """
 
     model: ConvTimeModel
     correction: LocalCorrection | None
     rows: tuple[TableRow, ...] = ()
+    layouts: tuple[str, ...] = ()
 
-    def time_us(self, flops: float, n: float, k: float, nbytes: float, unaligned: bool, point: Sequence[float]
-                ) -> float:
-        """Device time (us) of a GEMM of ``flops``, ``n`` and ``k`` moving ``nbytes``, at feature ``point``."""
+    def time_us(self, flops: float, n: float, k: float, nbytes: float, unaligned: bool, point: Sequence[float],
+                layout: str = "") -> float:
+        """Device time (us) of a GEMM of ``flops``, ``n`` and ``k`` moving ``nbytes``, at feature ``point``
+        (``layout``: the op's layout of ``B``, for a matmul table)."""
         t = self.model.time_us(flops, n, k, nbytes, unaligned)
         t = t * self.correction.factor(point) if self.correction is not None else t
         below = self.rows and (flops < min(r[0] for r in self.rows) or nbytes < min(r[3] for r in self.rows))
-        return min(t, self.dominating_us(flops, n, k, nbytes, unaligned)) if below else t
+        return min(t, self.dominating_us(flops, n, k, nbytes, unaligned, layout)) if below else t
 
-    def dominating_us(self, flops: float, n: float, k: float, nbytes: float, unaligned: bool) -> float:
-        """The least measured time (us) of an entry with at least ``flops``, ``n``, ``k`` and ``nbytes`` and the
-        same alignment; infinity where none is."""
-        return min((r[5] for r in self.rows if r[0] >= flops and r[1] >= n and r[2] >= k and r[3] >= nbytes
-                    and r[4] == unaligned), default=math.inf)
+    def dominating_us(self, flops: float, n: float, k: float, nbytes: float, unaligned: bool,
+                      layout: str = "") -> float:
+        """The least measured time (us) of an entry with at least ``flops``, ``n``, ``k`` and ``nbytes``, the same
+        alignment and (where the table records layouts and ``layout`` is given) the same layout; infinity where
+        none is."""
+        same = (lambda i: self.layouts[i] == layout) if self.layouts and layout else (lambda i: True)
+        return min((r[5] for i, r in enumerate(self.rows) if r[0] >= flops and r[1] >= n and r[2] >= k
+                    and r[3] >= nbytes and r[4] == unaligned and same(i)), default=math.inf)
 
 
-def _fitted_table(rows: Sequence[TableRow], points: Sequence[tuple[float, ...]]) -> FittedTable:
+def _fitted_table(rows: Sequence[TableRow], points: Sequence[tuple[float, ...]],
+                  layouts: Sequence[str] = ()) -> FittedTable:
     model = fit_gemm_model(rows)
     residuals = [math.log(r[5] / model.time_us(*r[:5])) for r in rows]
-    return FittedTable(model, fit_local_correction(points, residuals), tuple(rows))
+    return FittedTable(model, fit_local_correction(points, residuals), tuple(rows), tuple(layouts))
 
 
 @functools.lru_cache(maxsize=64)
@@ -726,7 +735,8 @@ def fit_matmul_table(pool: tuple[MatmulRate, ...]) -> FittedTable:
     """
     if not pool:
         raise ValueError("fit_matmul_table needs at least one measured matmul")
-    return _fitted_table([_matmul_row(r) for r in pool], [matmul_point(r.m, r.n, r.k, r.batch, r.layout) for r in pool])
+    return _fitted_table([_matmul_row(r) for r in pool], [matmul_point(r.m, r.n, r.k, r.batch, r.layout) for r in pool],
+                         [r.layout for r in pool])
 
 
 def matmul_time_us(rates: Sequence[MatmulRate], detail: str, m: int, n: int, k: int, batch: int, dtype: str,
@@ -756,8 +766,8 @@ def matmul_time_us(rates: Sequence[MatmulRate], detail: str, m: int, n: int, k: 
     if not any(r.layout == layout for r in pool):
         layout = "nn"
     nbytes = float(batch * (m * k + k * n + m * n) * float_itemsize(dtype))
-    return fit_matmul_table(tuple(pool)).time_us(flops, float(n), float(k), nbytes,
-                                                 not matmul_aligned(n, k, dtype), matmul_point(m, n, k, batch, layout))
+    return fit_matmul_table(tuple(pool)).time_us(flops, float(n), float(k), nbytes, not matmul_aligned(n, k, dtype),
+                                                 matmul_point(m, n, k, batch, layout), layout)
 
 
 # --- recurrent layers ---------------------------------------------------------------------------------------------
