@@ -124,7 +124,7 @@ def verify_swap(entry: Any, original: Callable[..., Any], captured: list[Any], n
                  for i, a in enumerate(captured)]
     labels = [f"input '{names[i]}'" if i < len(names) else f"input {i}" for i in range(len(captured))]
     abs_max, rel_max, gabs_max, grel_max = 0.0, 0.0, 0.0, 0.0
-    any_errs = False
+    any_errs = out_of_memory = False
     cases = _cases(captured, seeds)
     for n, (case, make) in enumerate(cases[:1] if captured_only else cases):
         result.cases.append(case)
@@ -135,9 +135,7 @@ def verify_swap(entry: Any, original: Callable[..., Any], captured: list[Any], n
                                  reference_name="the pattern", eager_name="the original ops")
         except torch.cuda.OutOfMemoryError as e:
             ok, line = False, f"{case}: out of GPU memory: {str(e).splitlines()[0]}"
-            del e
-            gc.collect()  # the failed case's tensors, held by its traceback's frames until the collector runs
-            torch.cuda.empty_cache()
+            out_of_memory = True
         except ReferenceFailed as e:
             ok, line = False, f"{case}: neither the pattern nor the original ops run on these inputs: {e}"
         except Exception as e:  # a fault of the verification itself: the swap is not verified, with the reason
@@ -159,6 +157,10 @@ def verify_swap(entry: Any, original: Callable[..., Any], captured: list[Any], n
             break
     else:
         result.verified = True
+    if out_of_memory:  # out of the handler, so the case's exception and the frames and tensors it held are gone
+        args = outcome = None
+        gc.collect()
+        torch.cuda.empty_cache()
     if any_errs:
         result.max_abs_err, result.max_rel_err = abs_max, rel_max
         if result.backward_checked:

@@ -326,8 +326,10 @@ def check_case(case: str, kernel_fn: Callable[..., Any], reference_fn: Callable[
                      f"{_first_line(failures[-1])}); compared against {eager_name} in the inputs' own dtypes")
         ref = eager
     else:
-        last = eager_exc or failures[-1]
-        raise ReferenceFailed(f"{reference_name} raised {type(last).__name__}: {last}", last)
+        # the last failure leaves with the exception and no local keeps it (a local would close the cycle below)
+        failures[:] = [eager_exc or failures[-1]]
+        eager_exc = None
+        raise ReferenceFailed(f"{reference_name} raised {type(failures[0]).__name__}: {failures[0]}", failures.pop())
     if eager is None and eager_exc is not None:
         outcome.note(f"{eager_name} does not run in the inputs' own dtypes ({type(eager_exc).__name__}: "
                      f"{_first_line(eager_exc)}): the dtype floors alone bound the error")
