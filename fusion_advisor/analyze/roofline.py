@@ -50,7 +50,7 @@ matmuls (:func:`measured_matmul_us`), instead of the tensor-core roofline; a fit
 
 Host time per kernel is the spec's ``launch_overhead_us``, or its measured ``launch_overhead_by_class`` entry for the
 op's class (:func:`op_launch_us`). Inside a model (:func:`in_model_times`) the host also spends the spec's measured
-``view_overhead_us`` per view op
+``view_overhead_us`` per view op (times the fitted ``view_host_scale``: :func:`view_host_us`)
 and ``module_call_us`` per ``nn.Module`` call entered, before the next launch, and an op whose aten op has not run
 for more than :data:`COLD_REUSE_LAUNCHES` launches (:func:`cold_ops`: a classifier head's ``mean`` and ``addmm``, once
 per run) costs the spec's ``cold_host_scale`` times its price; the bound class a chain gets from

@@ -176,7 +176,8 @@ class DeviceSpec:
             1: not fitted.
         view_host_scale: optional, fitted from ``analyze --profile`` runs
             (:func:`fusion_advisor.devices.fit_profiles.fit_view_host_scale`): the host time of a view op inside a
-            model over its tight-loop price (``view_overhead_us`` times ``host_time_scale``): the captured graph
+            model over its in-model price without it (``view_overhead_us``, calibrate's tight-loop price, times
+            ``host_time_scale``): the captured graph
             issues every view its aten ops take (``nn.Linear`` on a 3-D input: a ``view``, a ``t`` and a
             ``view`` around its ``addmm``), each a dispatcher call of its own. 1: not fitted.
         kernel_busy_overhead_us: optional, the same as the profiler sees it: an eager kernel's own duration beyond

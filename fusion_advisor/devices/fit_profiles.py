@@ -253,8 +253,8 @@ def read_report(path: Path) -> ProfiledReport:
 
 
 def without_fits(spec: DeviceSpec) -> DeviceSpec:
-    """``spec`` with nothing fitted from profiles (no op-class curves, host and cold host scales of 1, and none of
-    their sources): the plain roofline and calibrated host prices the fit starts from."""
+    """``spec`` with nothing fitted from profiles (no op-class curves, host, view host and cold host scales of 1, and
+    none of their sources): the plain roofline and calibrated host prices the fit starts from."""
     fitted = ("op_time_fits", "host_time_scale", "cold_host_scale", "view_host_scale")
     sources = {k: v for k, v in (spec.sources or {}).items() if k not in fitted}
     if not spec.op_time_fits and spec.host_time_scale == 1.0 and spec.cold_host_scale == 1.0 \
