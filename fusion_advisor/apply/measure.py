@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import gc
 import time
 from typing import Any, Callable, Sequence
 
@@ -39,7 +38,7 @@ import torch
 
 from fusion_advisor.apply.records import TIMER_CPU, TIMER_GPU, VariantCheck, VariantTiming
 from fusion_advisor.errors import ModelRunError
-from fusion_advisor.memory import available_bytes, gib, tensor_bytes
+from fusion_advisor.memory import available_bytes, gib, release_cuda_memory, tensor_bytes
 from fusion_advisor.analyze.capture import first_line
 from fusion_advisor.verification.inputs import upcast
 from fusion_advisor.verification.kernel import KeepFloat64
@@ -160,11 +159,9 @@ class ModelHarness:
         self.input_bytes = tensor_bytes(loaded.inputs)
         self.model_bytes = tensor_bytes([*self.model.parameters(), *self.model.buffers()])
         if self.device == "cuda":
-            # what the earlier stages left (the swap checks' float64 copies, some held in reference cycles until
-            # the collector runs) freed, and its cached segments given back to the driver: KernelBench's 6 GiB
-            # softmax found 0.6 GiB free of an 80 GB card after its swap check (18 GiB allocated, 78 reserved)
-            gc.collect()
-            torch.cuda.empty_cache()
+            # what the earlier stages left (the swap checks' float64 copies) freed before free memory is counted:
+            # KernelBench's 6 GiB softmax found 0.6 GiB free of an 80 GB card after its swap check
+            release_cuda_memory()
         free = available_bytes(self.device)  # the model and its example inputs already hold theirs
         # the copy of the inputs each call gets must fit beside them, or the first eager call is killed
         if self.input_bytes > 0.9 * free:

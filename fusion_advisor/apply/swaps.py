@@ -34,7 +34,6 @@ swap is kept only with ``keep_unmeasured``."""
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 from typing import Any, Callable, Sequence
@@ -45,6 +44,7 @@ from fusion_advisor.apply.records import (
     KEPT, KEPT_EAGER_REST, NOT_KEPT, NOT_MEASURED_NOTE, NOT_VERIFIED, REJECTED, TIMER_GPU, TIMER_NONE, SwapTiming,
     SwapVerification,
 )
+from fusion_advisor.memory import release_cuda_memory
 from fusion_advisor.verification.inputs import HARD_CASES, fresh_like, hard_variants
 from fusion_advisor.verification.kernel import ReferenceFailed, check_case
 from fusion_advisor.verification.policy import compare_outputs
@@ -159,8 +159,7 @@ def verify_swap(entry: Any, original: Callable[..., Any], captured: list[Any], n
         result.verified = True
     if out_of_memory:  # out of the handler, so the case's exception and the frames and tensors it held are gone
         args = outcome = None
-        gc.collect()
-        torch.cuda.empty_cache()
+        release_cuda_memory()
     if any_errs:
         result.max_abs_err, result.max_rel_err = abs_max, rel_max
         if result.backward_checked:

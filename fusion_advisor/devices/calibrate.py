@@ -634,7 +634,6 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
     # the timer of the probes timed by their kernels on a GPU (kernel_timer), by the table timer elsewhere
     kernel_time = "summed kernel durations" if cal.device == "cuda" else cal.timer
     s = cal.sizes
-    # significant figures, not decimals: a loaded CPU's bf16 matmul at 0.0004 TFLOP/s must not round to 0
     tensor = {k: _rate(float(cal.matmul_tflops.get(k, base.peak_tflops(k, True))))
               for k in ("bf16", "fp16", "tf32", "fp32")}
     copied = [k for k in tensor if k not in cal.matmul_tflops]

@@ -544,8 +544,13 @@ class FittedTable:
         (``layout``: the op's layout of ``B``, for a matmul table)."""
         t = self.model.time_us(flops, n, k, nbytes, unaligned)
         t = t * self.correction.factor(point) if self.correction is not None else t
-        below = self.rows and (flops < min(r[0] for r in self.rows) or nbytes < min(r[3] for r in self.rows))
+        below = self.rows and (flops < self._least[0] or nbytes < self._least[1])
         return min(t, self.dominating_us(flops, n, k, nbytes, unaligned, layout)) if below else t
+
+    @functools.cached_property
+    def _least(self) -> tuple[float, float]:
+        """The table's least FLOPs and least bytes (its lower edge), found once per table."""
+        return min(r[0] for r in self.rows), min(r[3] for r in self.rows)
 
     def dominating_us(self, flops: float, n: float, k: float, nbytes: float, unaligned: bool,
                       layout: str = "") -> float:
