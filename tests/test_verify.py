@@ -308,7 +308,10 @@ def test_a_reference_that_fails_in_float64_leaves_no_tensor_in_a_reference_cycle
     from fusion_advisor.verification.kernel import ReferenceFailed
 
     def left_in_cycles(run) -> list[torch.Tensor]:
+        """The tensors ``run`` leaves in cycles only the collector frees. Tensors alive before it are held here, so
+        ones another test left behind (under pytest-xdist, fake tensors a cache lets go mid-run) are never counted."""
         gc.collect()
+        alive_before = [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)]
         gc.disable()
         try:
             run()
@@ -319,6 +322,7 @@ def test_a_reference_that_fails_in_float64_leaves_no_tensor_in_a_reference_cycle
             gc.set_debug(0)
             gc.garbage.clear()
             gc.enable()
+            del alive_before
 
     def falls_back():
         outcome = check_case("case", lambda x: x * 3, reference, [torch.randn(64, 64)])
