@@ -29,6 +29,7 @@ time (torch.profiler) are taken once, after the timed rounds.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import time
@@ -262,23 +263,26 @@ class ModelHarness:
             self.reference_note = f"no float64 copy of the model ({type(e).__name__}: {first_line(str(e), 160)})"
             return None
         named = [(n, p) for n, p in model64.named_parameters() if p.requires_grad] if self.backward else []
-        try:
-            def run_all(model: torch.nn.Module = model64) -> dict[str, _Run]:
-                return {name: self.run(model, [upcast(x) for x in xs], [p for _, p in named],
-                                       [n for n, _ in named]) for name, xs in self.sets}
-            try:  # float64 throughout: the model's own .float() / dtype=torch.float32 casts kept at float64
-                with KeepFloat64():
-                    ref = run_all()
-            except Exception:  # a model whose casts matter to it (mixed-dtype ops): float64 as written
-                ref = run_all()
-        except Exception as e:  # an op without float64 support, out of memory, ...
-            if isinstance(e, torch.cuda.OutOfMemoryError):
-                torch.cuda.empty_cache()
-            self.reference_note = (f"the float64 copy of the model does not run ({type(e).__name__}: "
-                                   f"{first_line(str(e), 160)})")
+        ref: dict[str, _Run] | None = None
+        failure, out_of_memory = "", False
+        # float64 throughout (the model's own .float() / dtype=torch.float32 casts kept at float64), then, for a
+        # model whose casts matter to it (mixed-dtype ops), float64 as written
+        for casts in (KeepFloat64, contextlib.nullcontext):
+            try:
+                with casts():
+                    ref = {name: self.run(model64, [upcast(x) for x in xs], [p for _, p in named],
+                                          [n for n, _ in named]) for name, xs in self.sets}
+            except Exception as e:  # an op without float64 support, out of memory, ...
+                failure = f"{type(e).__name__}: {first_line(str(e), 160)}"
+                out_of_memory = isinstance(e, torch.cuda.OutOfMemoryError)
+            if ref is not None or out_of_memory:  # a second float64 run would need as much memory
+                break
+            release_cuda_memory()  # out of the handler, whose exception held the failed run's frames and tensors
+        del model64, named
+        if ref is None:
+            release_cuda_memory()
+            self.reference_note = f"the float64 copy of the model does not run ({failure})"
             return None
-        finally:
-            del model64
         eager = self.eager()
         for name, run in ref.items():
             for (label, r), (_, e) in zip(run.tensors, eager[name].tensors):
@@ -316,13 +320,16 @@ class ModelHarness:
         worst_ratio = -1.0
         for name, xs in self.sets:
             out.input_sets.append(name)
+            got, out_of_memory = None, False
             try:
                 got = self.run(fn, xs)
             except Exception as e:  # the variant raised: it fails, with the reason
-                if isinstance(e, torch.cuda.OutOfMemoryError):
-                    torch.cuda.empty_cache()
                 out.passed = False
                 out.details.append(f"{name}: raised {type(e).__name__}: {first_line(str(e))}")
+                out_of_memory = isinstance(e, torch.cuda.OutOfMemoryError)
+            if got is None:
+                if out_of_memory:  # out of the handler, whose exception held the variant's frames
+                    release_cuda_memory()
                 return out
             e_run = eager[name]
             if len(got.tensors) != len(e_run.tensors):
@@ -436,10 +443,13 @@ class ModelHarness:
             if self.device == "cuda":
                 self._memory_and_device_time(fn, timing)
         except Exception as e:  # a variant that fails while timed (out of memory, ...) has no number
-            if isinstance(e, torch.cuda.OutOfMemoryError):
-                torch.cuda.empty_cache()
             timing.ms = None
             timing.error = f"{type(e).__name__}: {first_line(str(e))}"
+            out_of_memory = isinstance(e, torch.cuda.OutOfMemoryError)
+        else:
+            out_of_memory = False
+        if out_of_memory:  # out of the handler, whose exception held the timed frames
+            release_cuda_memory()
         return timing
 
     def _memory_and_device_time(self, fn: Callable[..., Any], timing: VariantTiming) -> None:

@@ -44,6 +44,7 @@ from fusion_advisor.apply.variants import PlannedModel
 from fusion_advisor.analyze.capture import first_line, quiet_torch_logs, source_of
 from fusion_advisor.analyze.graph import module_path_of
 from fusion_advisor.analyze.records import SourceLoc
+from fusion_advisor.memory import release_cuda_memory
 from fusion_advisor.verification.trees import tensor_leaves
 
 
@@ -455,6 +456,7 @@ def _verify_and_time(s: SwapSite, m: Match, entry: Any, args: list[Any], outs: l
     timing = None
     if ver.verified:
         cache_key = f"{s.signature}|{backward}|{rg}"
+        failure, out_of_memory = "", False
         try:
             timing = timing_cache.get(cache_key)
             if timing is None:
@@ -464,10 +466,12 @@ def _verify_and_time(s: SwapSite, m: Match, entry: Any, args: list[Any], outs: l
                     timing = bench_swap(entry, extract_subgraph(m), args, backward, rg)
             timing_cache[cache_key] = timing
         except Exception as e:  # a kernel that fails (or runs out of memory) while timed is rejected
-            if isinstance(e, torch.cuda.OutOfMemoryError):
-                torch.cuda.empty_cache()
-            return SwapOutcome(s.id, REJECTED, f"timing raised {type(e).__name__}: {first_line(str(e))}",
-                                  ver, None)
+            failure = f"timing raised {type(e).__name__}: {first_line(str(e))}"
+            out_of_memory = isinstance(e, torch.cuda.OutOfMemoryError)
+        if failure:
+            if out_of_memory:  # out of the handler, whose exception held the timed frames
+                release_cuda_memory()
+            return SwapOutcome(s.id, REJECTED, failure, ver, None)
     decision, reason = decide(ver, timing, options.margin, options.keep_unmeasured)
     return SwapOutcome(s.id, decision, reason, ver, timing)
 

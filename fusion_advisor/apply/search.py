@@ -46,6 +46,7 @@ from fusion_advisor.apply.records import (
 )
 from fusion_advisor.apply.variants import PlannedModel
 from fusion_advisor.analyze.capture import first_line, quiet_torch_logs
+from fusion_advisor.memory import release_cuda_memory
 
 #: Names of the baselines (what ``torch.compile`` gives in one line, and the model as written).
 EAGER, COMPILE, REDUCE_OVERHEAD = "eager", "torch.compile", "torch.compile reduce-overhead"
@@ -153,14 +154,18 @@ def evaluate(spec: VariantSpec, inp: SearchInputs, baseline: bool = False) -> Va
     timing = VariantTiming(timer=h.timer)
     with CudagraphSkips() as skips, warnings.catch_warnings(), quiet_torch_logs(), grad_mode_kept():
         warnings.simplefilter("ignore")
+        failure, out_of_memory = "", False
         try:
             with inp.progress(f"variant {spec.name}: building and running once (compile / capture)"):
                 model = PlannedModel(h.model, spec, inp.kernels, cudnn_thread=True)
                 timing.first_call_s = h.first_call(model)
         except Exception as e:  # a compiler or capture failure is this variant's, not the run's
-            if isinstance(e, torch.cuda.OutOfMemoryError):
-                torch.cuda.empty_cache()
-            out.status, out.reason = FAILED, f"failed on its first call: {type(e).__name__}: {first_line(str(e))}"
+            failure = f"failed on its first call: {type(e).__name__}: {first_line(str(e))}"
+            out_of_memory = isinstance(e, torch.cuda.OutOfMemoryError)
+        if failure:
+            if out_of_memory:  # out of the handler, whose exception held the failed call's frames
+                release_cuda_memory()
+            out.status, out.reason = FAILED, failure
             return out
         with inp.progress(f"variant {spec.name}: checking against the float64 reference"):
             out.check = h.check(model)
