@@ -66,7 +66,10 @@ SCALAR_FLOAT_DTYPE = torch.float32
 
 def tolerance_for(dtype: torch.dtype, tf32: bool = False) -> tuple[float, float]:
     """(atol, rtol) for comparing an output of ``dtype`` element-wise; ``tf32`` selects the TF32 matmul tolerance
-    for fp32. Integer and bool outputs must match exactly: ``(0.0, 0.0)``."""
+    for fp32. A complex dtype gets that of its parts (complex64: float32's). Integer and bool outputs must match
+    exactly: ``(0.0, 0.0)``."""
+    if dtype.is_complex:
+        dtype = dtype.to_real()
     if tf32 and dtype == torch.float32:
         return TF32_TOLERANCE
     if not dtype.is_floating_point:
@@ -465,6 +468,14 @@ def judge_outputs(actual: Any, reference: Any, eager: Any, label: str = "output"
 # --- element-wise comparison --------------------------------------------------------------------------------
 
 
+def _real_pairs(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (shape ``S``) as ``S + (2,)`` real and imaginary parts: a view of a complex tensor (copied only where its
+    conjugate bit is set), a real tensor stacked with zeros."""
+    if t.is_complex():
+        return torch.view_as_real(t.resolve_conj())
+    return torch.stack([t, torch.zeros_like(t)], dim=-1)
+
+
 def _compare_leaf(a: Any, e: Any, atol: float | None, rtol: float | None,
                   label: str) -> tuple[bool, float, float, list[str]]:
     if a is None or e is None:
@@ -488,8 +499,9 @@ def _compare_leaf(a: Any, e: Any, atol: float | None, rtol: float | None,
     n = ta.numel()
     if n == 0:
         return True, 0.0, 0.0, [f"{label}: ok (empty)"]
-    if ta.is_complex() or te.is_complex():
-        ta, te = torch.view_as_real(ta.to(torch.complex128)), torch.view_as_real(te.to(torch.complex128))
+    parts = ""
+    if ta.is_complex() or te.is_complex():  # (real, imaginary) pairs in their own precision: float64 by the chunk
+        ta, te, n, parts = _real_pairs(ta), _real_pairs(te), 2 * n, " real and imaginary parts"
 
     if not (ta.is_floating_point() or te.is_floating_point()):
         return _compare_exact(ta, te, label)
@@ -538,7 +550,7 @@ def _compare_leaf(a: Any, e: Any, atol: float | None, rtol: float | None,
         ]
 
     shape = ta.shape
-    details = [f"{label}: MISMATCH in {n_special + n_finite} of {n} elements ({describe(a)}; {tol_text})"]
+    details = [f"{label}: MISMATCH in {n_special + n_finite} of {n}{parts or ' elements'} ({describe(a)}; {tol_text})"]
     if n_nan:
         details.append(
             f"{label}: {n_nan} elements are NaN where the reference is not (first at index "
