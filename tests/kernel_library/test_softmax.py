@@ -133,6 +133,26 @@ def test_fully_masked_row_gradient_is_zero():
     assert torch.equal(x.grad[0], torch.zeros(50, device=DEVICE))
 
 
+@pytest.mark.parametrize("config", [None, LOOPED], ids=["single", "looped"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_constant_upstream_gradient_gives_no_gradient_from_rounded_outputs(dtype, config):
+    """softmax's Jacobian sends a constant ``dy`` to 0; the saved ``y``, rounded to ``dtype``, need not sum to 1, and
+    ``y * (dy - sum(y * dy))`` left ``c * y * (1 - sum(y))``: about 4e-3 of ``c`` on these peaked bf16 rows, the same
+    cancellation that made a [5, 3] bf16 gradient 6x further from float64 than the fp32-computed softmax's on a GPU.
+    Dividing by ``sum(y)`` leaves fp32 rounding alone."""
+    x = rand((6, 300 if config else 3), dtype, std=3.0, seed=11)
+    x[:, 1] = 8.0  # peaked rows: one y near 1
+    c = 5.0
+    if config is None:
+        x_k = x.detach().clone().requires_grad_()
+        sm.kernel_fn(x_k).backward(torch.full(x.shape, c, dtype=dtype, device=DEVICE))
+        dx = x_k.grad
+    else:
+        y = sm._softmax_fwd_launch(x, 1.0, None, False, config=config)
+        dx = sm._softmax_bwd_launch(y, torch.full(x.shape, c, dtype=dtype, device=DEVICE), 1.0, config=config)
+    assert dx.abs().max() <= 1e-5 * c, dx.abs().max()
+
+
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the interpreter's numpy sees inf - inf
 @pytest.mark.parametrize("config", [None, LOOPED], ids=["single", "looped"])
 def test_nan_and_pos_inf_propagate_like_torch(config):
