@@ -95,6 +95,7 @@ def _progress(name: str) -> Iterator[None]:
         "verify": "verifying (and on a GPU timing) the candidate swaps",
         "whole model": "checking the patched model against the original (on a GPU: timing it)",
         "swaps": "verifying the candidate swaps, one at a time (timing them where there is a GPU)",
+        "swap sites": "listing the swap sites (a dry run: nothing is verified or timed)",
         "variants": "whole-model variants: each built, checked against float64, then timed",
     }
     label = labels.get(name, name)
@@ -525,6 +526,8 @@ def _check_apply_out(out_dir: Path) -> None:
 def _print_apply_summary(result, paths: dict) -> None:
     from rich.table import Table
 
+    from fusion_advisor.apply.outputs import speedup_line
+
     out = Console(width=None if sys.stdout.isatty() else 160)
     for b in result.graph_breaks:  # as analyze prints them: apply captures the same graphs
         out.print(f"[yellow]graph break[/] at {_escape(str(b.source))}: {_escape(b.reason)}")
@@ -555,9 +558,7 @@ def _print_apply_summary(result, paths: dict) -> None:
                       f"{tm.first_call_s:.2f}" if tm and tm.first_call_s is not None else "",
                       _escape(v.reason))
         out.print(t)
-        gains = ", ".join(f"{x:.2f}x vs {k}" for k, x in result.speedups.items())
-        if result.confirmed and gains:  # the confirmation's interleaved rounds are the figure to quote
-            gains = f"confirmed {result.confirmed[1]:.2f}x vs {result.confirmed[0]}; in the search {gains}"
+        gains = speedup_line(result)
         chosen = result.chosen.spec.name if result.chosen is not None else "the model as written"
         out.print(f"plan: [bold]{_escape(chosen)}[/]" + (f" ({gains})" if gains else "")
                   + f": {_escape(result.chosen_reason)}")
@@ -565,8 +566,11 @@ def _print_apply_summary(result, paths: dict) -> None:
         out.print("dry run: no variant verified or timed (add --verify to choose one)")
     rebuild = (f"rebuild with fusion_advisor.load_plan(model, '{paths['plan']}')" if result.chosen is not None else
                "no variant was chosen, so load_plan would run the model as written")
-    out.print(f"report: {paths['html']} (analysis and apply's results; also plan.yaml, variants.csv, swaps.csv in "
-              f"{Path(paths['plan']).parent}); {rebuild}")
+    folder = Path(paths["plan"]).parent
+    report = (f"report: {paths['html']} (analysis and apply's results; also plan.yaml, variants.csv, swaps.csv in "
+              f"{folder})" if "html" in paths else f"written: plan.yaml, variants.csv, swaps.csv in {folder} (no "
+              f"report.html: see the warning above)")
+    out.print(f"{report}; {rebuild}")
 
 
 # --- diff ---------------------------------------------------------------------------------------------------

@@ -371,12 +371,13 @@ def test_a_wrong_variant_is_never_chosen_however_fast():
 def test_a_faster_variant_must_win_the_interleaved_confirmation(monkeypatch, confirmed):
     outcomes = [_fake_outcome("eager", 10.0, True), _fake_outcome("torch.compile", 8.0, True),
                 _fake_outcome("regions", 7.5)]
-    monkeypatch.setattr(search_mod, "_confirm", lambda inp, a, b: (confirmed, "7.6 ms vs 7.9 ms", None, 1.04))
+    monkeypatch.setattr(search_mod, "_confirm",
+                        lambda inp, a, b: search_mod.Confirmation(confirmed, "7.6 ms vs 7.9 ms", None, 1.04, 0.03))
     result = search_mod._choose(_inputs(), outcomes)
     assert result.chosen.spec.name == ("regions" if confirmed else "torch.compile")
     assert ("confirmed in interleaved rounds" in result.reason) is confirmed
     # the headline quotes the confirmation (1.04x), not the search's single rounds (8.0 / 7.5 = 1.07x)
-    assert result.confirmed == (("torch.compile", 1.04) if confirmed else None)
+    assert result.confirmed == (("torch.compile", 1.04) if confirmed else None) and result.confirmation_spread == 0.03
     if not confirmed:
         assert "did not confirm in interleaved rounds" in result.reason
         assert "did not confirm against torch.compile" in outcomes[2].reason
@@ -441,9 +442,11 @@ def test_a_confirmation_that_is_lost_says_whether_the_challenger_was_faster(monk
     inp = search_mod.SearchInputs(harness=_RoundsHarness({"a": challenger, "b": [10.0, 14.0, 10.0, 10.0]}),
                                   kernels={}, analysis=None, regions=[], swaps=[])
     inp.harness.model = None
-    won, line, _, ratio = search_mod._confirm(inp, _fake_outcome("a", 8.0), _fake_outcome("b", 10.0, True))
+    won, line, _, ratio, spread = search_mod._confirm(inp, _fake_outcome("a", 8.0), _fake_outcome("b", 10.0, True))
     assert not won and says in line
     assert ratio == pytest.approx(10.0 / statistics.median(challenger))
+    a_spread = (max(challenger) - min(challenger)) / statistics.median(challenger)
+    assert spread == pytest.approx(max(a_spread, 0.4))  # b: (14 - 10) / 10
 
 
 def test_noisy_rounds_make_apply_warn_that_its_speedups_are_unreliable():
@@ -455,8 +458,32 @@ def test_noisy_rounds_make_apply_warn_that_its_speedups_are_unreliable():
     noisy = _fake_outcome("torch.compile +freezing", 0.45)
     noisy.timing.spread = 141.7
     line = noise_warning(quiet + [noisy, _fake_outcome("not timed", None)])
-    assert "1 of 3 timed variants" in line and "torch.compile +freezing, 14170%" in line
+    assert "1 of 3 timed variants' rounds spread" in line and "torch.compile +freezing, 14170%" in line
     assert f"{NOISY_SPREAD:.0%}" in line and "re-run apply on an idle machine" in line
+    # a confirmation's noisy rounds (a new user's LeNet5: 71.6% and 70.4%) warn too, though every variant agreed
+    assert noise_warning(quiet, 0.1) == ""
+    line = noise_warning(quiet, 0.716)
+    assert "0 of 2 timed variants' rounds, and the final confirmation's" in line and "interleaved rounds, 72%" in line
+
+
+def test_a_speedup_from_noisy_rounds_is_marked_where_it_is_quoted(tmp_path):
+    """The headline ratios say which rest on noisy rounds (a new user read "7.03x vs torch.compile" from rounds of
+    611, 41091 and 4777 ms, for a model dynamo captured nothing of), the CLI line and summary.json alike."""
+    from fusion_advisor.apply.outputs import plan_document, speedup_line
+
+    result = apply(_softmaxes_model(tmp_path), ApplyOptions(verify=True, time_rounds=1, variants=("eager",)),
+                   device="cpu")
+    eager, compiled = _fake_outcome("eager", 200.0, True), _fake_outcome("torch.compile", 4777.0, True)
+    compiled.timing.rounds_ms, compiled.timing.spread = [611.0, 41091.0, 4777.0], (41091.0 - 611.0) / 4777.0
+    eager.status = R.CHOSEN
+    result.variants, result.chosen = [eager, compiled], eager
+    assert result.speedups == {"eager": 1.0, "torch.compile": pytest.approx(23.885)}
+    assert result.noisy_speedups == {"torch.compile": pytest.approx(8.474, abs=1e-3)}
+    assert plan_document(result)["summary"]["noisy_speedups"] == {"torch.compile": pytest.approx(8.474, abs=1e-3)}
+    assert speedup_line(result) == "1.00x vs eager, 23.89x vs torch.compile (noisy: rounds spread 847%)"
+    html = write_outputs(result, tmp_path / "out")["html"].read_text()
+    assert "not reliable (noisy: rounds spread 847%)" in html and "vs torch.compile(model) (noisy: rounds" in html
+    assert "vs eager (noisy" not in html
 
 
 def test_unmeasured_swaps_are_chosen_only_when_asked():
@@ -771,3 +798,21 @@ def test_out_of_gpu_memory_apply_frees_memory_once_out_of_its_handler(tmp_path, 
     timed = [o for o in result.outcomes.values() if "timing raised OutOfMemoryError" in o.reason]
     assert timed and all(o.decision == R.REJECTED for o in timed)
     assert len(released) > 4 and set(released) == {None}
+
+
+def test_a_report_that_fails_to_render_costs_the_run_only_its_html(tmp_path, monkeypatch):
+    """write_outputs said "plan.yaml, variants.csv and swaps.csv were written" when report.html failed to render,
+    then raised KeyError looking for the html it had not rendered."""
+    from fusion_advisor.report import write
+
+    result = apply(_softmaxes_model(tmp_path), ApplyOptions(verify=True, time_rounds=1, variants=("eager",)),
+                   device="cpu")
+
+    def broken(*args, **kwargs):
+        raise ValueError("a template error")
+
+    monkeypatch.setattr(write, "render_files", broken)  # write_outputs imports it when it runs
+    paths = write_outputs(result, tmp_path / "out")
+    assert set(paths) == {"swaps_csv", "variants_csv", "plan"} and all(p.is_file() for p in paths.values())
+    assert not (tmp_path / "out" / "report.html").exists()
+    assert any("report.html could not be rendered (ValueError: a template error)" in w for w in result.warnings)

@@ -138,6 +138,18 @@ def _num(x: float | None) -> float | str:
     return "" if x is None or not math.isfinite(x) else float(x)
 
 
+def speedup_line(result: ApplyResult) -> str:
+    """The chosen variant's speed-ups as a headline quotes them: ``"1.70x vs eager, 1.02x vs torch.compile"``; the
+    confirmation's figure first where one ran and won; a ratio resting on noisy rounds
+    (:attr:`ApplyResult.noisy_speedups`) says so beside it. ``""`` without a timed choice."""
+    noisy = result.noisy_speedups
+    gains = ", ".join(f"{x:.2f}x vs {k}" + (f" (noisy: rounds spread {noisy[k]:.0%})" if k in noisy else "")
+                      for k, x in result.speedups.items())
+    if result.confirmed and gains:  # the confirmation's interleaved rounds are the figure to quote
+        gains = f"confirmed {result.confirmed[1]:.2f}x vs {result.confirmed[0]}; in the search {gains}"
+    return gains
+
+
 def plan_document(result: ApplyResult) -> dict[str, Any]:
     """The plan.yaml document: every decision of ``result`` (see :mod:`fusion_advisor.apply.plan`)."""
     import fusion_advisor
@@ -202,6 +214,9 @@ def plan_document(result: ApplyResult) -> dict[str, Any]:
             **{f"speedup_vs_{k.replace(' ', '_').replace('.', '_')}": v for k, v in speedups.items()},
             **({"confirmed_against": result.confirmed[0], "confirmed_speedup": result.confirmed[1]}
                if result.confirmed else {}),
+            # baseline -> the larger rounds' spread behind its speed-up, where over NOISY_SPREAD: not to be quoted
+            **({"noisy_speedups": result.noisy_speedups} if result.noisy_speedups else {}),
+            **({"confirmation_spread": result.confirmation_spread} if result.confirmation_spread is not None else {}),
         },
         "chosen": None if chosen is None else {
             "name": chosen.spec.name, "spec": chosen.spec.to_dict(), "reason": result.chosen_reason,
@@ -323,9 +338,11 @@ def write_outputs(result: ApplyResult, out_dir: str | Path) -> dict[str, Path]:
         raise UserError(f"--out {out_dir}: would overwrite the model file {model_file}")
     out_dir.mkdir(parents=True, exist_ok=True)
     with _sigint_deferred():
-        for key in ("swaps_csv", "variants_csv", "plan", *[k for k in report_keys if k != "html"], "html"):
+        # report.html last (it links the others); none when it could not be rendered
+        for key in ("swaps_csv", "variants_csv", "plan", *[k for k in report_keys if k != "html"],
+                    *[k for k in report_keys if k == "html"]):
             atomic_write_bytes(paths[key], contents[key])
-    return paths
+    return {k: p for k, p in paths.items() if k in contents}
 
 
 @contextlib.contextmanager

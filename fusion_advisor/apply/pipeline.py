@@ -33,8 +33,8 @@ from fusion_advisor.apply.backend import RewriteBackend
 from fusion_advisor.apply.match import Match
 from fusion_advisor.apply.measure import ModelHarness
 from fusion_advisor.apply.records import (
-    NOT_KEPT, NOT_TRIED, NOT_VERIFIED, REJECTED, ApplyOptions, ApplyResult, NearMiss, Region, SwapOutcome, SwapSite,
-    SwapVerification,
+    NOISY_SPREAD, NOT_KEPT, NOT_TRIED, NOT_VERIFIED, REJECTED, ApplyOptions, ApplyResult, NearMiss, Region,
+    SwapOutcome, SwapSite, SwapVerification,
 )
 from fusion_advisor.apply.regions import describe_regions
 from fusion_advisor.apply.rewrite import extract_subgraph, grad_flags
@@ -128,7 +128,7 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
         sites, near = _link(backend, analysis, options, links)
         regions = _regions(backend, analysis, links)
     matches = {m.site.id: m for g in backend.graphs for m in g.matches}
-    with timed("swaps"):
+    with timed("swaps" if options.verify else "swap sites"):
         outcomes = _verify_all(sites, matches, backend, kernels, options, backward, stage,
                                swaps_until=start + (deadline - start) / 2)
     backend.release_values()  # the sites' recorded inputs and outputs served the swap checks alone
@@ -154,9 +154,9 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
             progress=stage, only=options.variants, deadline=deadline, time_limit_s=options.time_limit_s))
     result.warnings += [n for n in harness.notes() if n not in result.warnings]
     result.variants, result.chosen, result.chosen_reason = found.variants, found.chosen, found.reason
-    result.confirmed = found.confirmed
+    result.confirmed, result.confirmation_spread = found.confirmed, found.confirmation_spread
     result.baseline, result.planned = found.baseline, found.planned
-    noisy = noise_warning(found.variants)
+    noisy = noise_warning(found.variants, found.confirmation_spread)
     if noisy:
         result.warnings.append(noisy)
     if result.planned is None and result.chosen is not None:  # built lazily: compiles on its first call
@@ -165,22 +165,23 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     return result
 
 
-#: A timed variant whose rounds spread more than this (max - min over the median) makes apply warn that its
-#: speed-ups are not to be trusted: on an idle GPU the rounds agree within a few percent (benchmarks/results/h200).
-NOISY_SPREAD = 0.25
-
-
-def noise_warning(variants: list[Any]) -> str:
-    """A warning when some timed variant's rounds spread more than :data:`NOISY_SPREAD` (the machine busy, or its
-    clocks changing), naming the worst; ``""`` when the timings agree."""
+def noise_warning(variants: list[Any], confirmation_spread: float | None = None) -> str:
+    """A warning when some timed variant's rounds, or the final confirmation's (``confirmation_spread``, the
+    larger of its two variants'), spread more than :data:`NOISY_SPREAD` (the machine busy, or its clocks
+    changing), naming the worst; ``""`` when the timings agree."""
     spread = [(v.timing.spread, v.spec.name) for v in variants
               if v.timing is not None and v.timing.spread is not None and v.timing.ms]
+    timed = len(spread)
+    if confirmation_spread is not None:
+        spread.append((confirmation_spread, "the confirmation's interleaved rounds"))
     if not spread or max(spread)[0] <= NOISY_SPREAD:
         return ""
     worst, name = max(spread)
-    n = sum(1 for s, _ in spread if s > NOISY_SPREAD)
-    return (f"timings are noisy: {n} of {len(spread)} timed variants' rounds spread more than {NOISY_SPREAD:.0%} "
-            f"(worst {name}, {worst:.0%}); the machine is busy or its clocks vary, so the speed-ups below and the "
+    n = sum(1 for s, name in spread[:timed] if s > NOISY_SPREAD)
+    confirmation = (", and the final confirmation's" if confirmation_spread is not None
+                    and confirmation_spread > NOISY_SPREAD else "")
+    return (f"timings are noisy: {n} of {timed} timed variants' rounds{confirmation} spread more than "
+            f"{NOISY_SPREAD:.0%} (worst {name}, {worst:.0%}); the machine is busy or its clocks vary, so the speed-ups below and the "
             f"choice between close variants are not reliable; re-run apply on an idle machine")
 
 

@@ -559,6 +559,10 @@ class VariantTiming:
     error: str = ""
 
 
+#: A timed variant whose rounds spread more than this (max - min over the median) makes apply warn that its
+#: speed-ups are not to be trusted: on an idle GPU the rounds agree within a few percent (benchmarks/results/h200).
+NOISY_SPREAD = 0.25
+
 # variant statuses
 CHOSEN = "chosen"
 CORRECT = "correct"
@@ -719,6 +723,7 @@ class ApplyResult:
     chosen_reason: str = ""
     baseline: str = ""
     confirmed: tuple[str, float] | None = None
+    confirmation_spread: float | None = None
     graph_breaks: list[GraphBreak] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     library_problems: dict[str, str] = field(default_factory=dict)
@@ -742,3 +747,20 @@ class ApplyResult:
             return {}
         return {v.spec.name: v.ms / self.chosen.ms for v in self.variants
                 if v.baseline and v.ms is not None and v.correct}
+
+    @property
+    def noisy_speedups(self) -> dict[str, float]:
+        """The baselines of :attr:`speedups` whose ratio rests on rounds spread more than :data:`NOISY_SPREAD`
+        (theirs or the chosen variant's), with the larger spread (``{"torch.compile": 8.47}``): figures a headline
+        must not quote bare (on a busy 2-core CPU a new user read "7.03x vs torch.compile" for a model dynamo
+        captured nothing of, eager and torch.compile running the same code, from rounds of 611, 41091, 4777 ms)."""
+        if self.chosen is None or self.chosen.timing is None:
+            return {}
+        mine = self.chosen.timing.spread or 0.0
+        out = {}
+        for v in self.variants:
+            if v.spec.name in self.speedups and v.timing is not None:
+                spread = max(mine, v.timing.spread or 0.0)
+                if spread > NOISY_SPREAD:
+                    out[v.spec.name] = spread
+        return out

@@ -33,7 +33,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 
@@ -130,6 +130,8 @@ class SearchResult:
     #: ``(best baseline, speed-up)`` the chosen variant showed over it in the interleaved confirmation rounds, when
     #: one ran and it won: the figure a headline should quote (the search's single rounds can read a win too high).
     confirmed: tuple[str, float] | None = None
+    #: The larger of the two variants' spreads over the confirmation's rounds, when one ran to its end.
+    confirmation_spread: float | None = None
 
 
 def baselines(device: str) -> list[VariantSpec]:
@@ -599,7 +601,7 @@ def _choose(inp: SearchInputs, outcomes: list[VariantOutcome]) -> SearchResult:
     # confirm against the best baseline in interleaved rounds
     with inp.progress(f"confirming {best.spec.name} against {best_base.spec.name} ({CONFIRM_ROUNDS} interleaved "
                       f"rounds)"):
-        won, line, planned, ratio = _confirm(inp, best, best_base)
+        won, line, planned, ratio, spread = _confirm(inp, best, best_base)
     pick = best if won else best_base
     pick.status = CHOSEN
     if won:
@@ -610,14 +612,26 @@ def _choose(inp: SearchInputs, outcomes: list[VariantOutcome]) -> SearchResult:
         reason = (f"{best_base.spec.name}: the best baseline; {best.spec.name} was faster in the search "
                   f"({best.ms:.4g} vs {best_base.ms:.4g} ms) but did not confirm in interleaved rounds ({line})")
     return SearchResult(outcomes, pick, reason, baseline, planned if won else None,
-                        confirmed=(best_base.spec.name, ratio) if won else None)
+                        confirmed=(best_base.spec.name, ratio) if won else None, confirmation_spread=spread)
 
 
-def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> tuple[bool, str, Any, float]:
-    """Time ``a`` and ``b`` in alternating rounds (both built, both warm); ``(a wins, line, a's model, b's median
-    over a's)`` (the ratio 0.0 when ``a`` raised)."""
+class Confirmation(NamedTuple):
+    """:func:`_confirm`'s outcome: whether ``a`` won, the line saying so, ``a``'s model when it won, ``b``'s median
+    over ``a``'s (0.0 when ``a`` raised) and the larger of the two variants' spreads over the rounds (``None`` when
+    ``a`` raised)."""
+
+    won: bool
+    line: str
+    model: Any
+    ratio: float
+    spread: float | None
+
+
+def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> Confirmation:
+    """Time ``a`` and ``b`` in alternating rounds (both built, both warm)."""
     h = inp.harness
     reset_compiled_state()
+    failure, out_of_memory = "", False
     with warnings.catch_warnings(), quiet_torch_logs(), grad_mode_kept():
         warnings.simplefilter("ignore")
         try:
@@ -631,7 +645,12 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> tuple[b
                 ta.append(round_a())
                 tb.append(round_b())
         except Exception as e:  # the challenger failing now is a loss
-            return False, f"raised {type(e).__name__}: {first_line(str(e))}", None, 0.0
+            failure = f"raised {type(e).__name__}: {first_line(str(e))}"
+            out_of_memory = isinstance(e, torch.cuda.OutOfMemoryError)
+    if failure:
+        if out_of_memory:  # out of the handler, whose exception held the failed call's frames
+            release_cuda_memory()
+        return Confirmation(False, failure, None, 0.0, None)
     ra, rb = VariantTiming(rounds_ms=ta), VariantTiming(rounds_ms=tb)
     summarize_rounds(ra)
     summarize_rounds(rb)
@@ -642,4 +661,4 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> tuple[b
     if not won:  # a challenger that was faster, but by less than the noise, is said to be so
         line += (f", a win under the {need:.1%} it needed (the larger of {MIN_WIN:.0%} and the rounds' spreads)"
                  if ra.ms < rb.ms else ", no faster")
-    return won, line, ma if won else None, rb.ms / ra.ms
+    return Confirmation(won, line, ma if won else None, rb.ms / ra.ms, max(ra.spread or 0.0, rb.spread or 0.0))

@@ -357,7 +357,7 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
         parts = []
         for key, label in (("vs_eager", "eager"), ("vs_compile", "torch.compile(model)")):
             if is_num(m.get(key)):
-                parts.append(f"{fmt_speedup(m[key])} vs {label}")
+                parts.append(f"{fmt_speedup(m[key])} vs {label}{m['noisy'].get(key, '')}")
         if m.get("confirmed_against") and is_num(m.get("confirmed_speedup")):
             parts.insert(0, f"confirmed {fmt_speedup(m['confirmed_speedup'])} vs {m['confirmed_against']} in "
                             f"interleaved rounds; in the search")
@@ -370,6 +370,14 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
 
 
 # --- apply's results -------------------------------------------------------------------------------------------
+
+
+def _noisy_notes(summary: dict) -> dict[str, str]:
+    """``{"vs_eager": " (noisy: rounds spread 847%)", ...}`` for the measured ratios a plan's summary marks as
+    resting on noisy rounds (``noisy_speedups``: baseline name -> spread); absent keys are clean."""
+    noisy = _dict(summary.get("noisy_speedups"))
+    keys = {"eager": "vs_eager", "torch.compile": "vs_compile"}
+    return {keys[k]: f" (noisy: rounds spread {v:.0%})" for k, v in noisy.items() if k in keys and is_num(v)}
 
 
 def read_plan_document(path: Path) -> tuple[dict[str, Any] | None, str]:
@@ -507,6 +515,7 @@ def apply_view(doc: dict[str, Any], analysis: Analysis | None) -> dict[str, Any]
                     "vs_eager": _ratio(eager_ms, chosen_ms), "vs_compile": _ratio(comp_ms, chosen_ms),
                     "confirmed_against": str(summary.get("confirmed_against") or ""),
                     "confirmed_speedup": summary.get("confirmed_speedup"),
+                    "noisy": _noisy_notes(summary),
                     "device": f"{gpu} ({device})" if gpu else device,
                     "timer": next((r["timer"] for r in rows if r["timer"]), ""),
                     "what": str(summary.get("what", "forward")),
