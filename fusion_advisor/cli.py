@@ -250,7 +250,7 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
     # ranked by what each chain's route saves (a GEMM swapped for a faster kernel saves without fusing anything)
     ranked = sorted(analysis.chains, key=lambda c: analysis.estimates[c.id].eager_us - after_route_us(c),
                     reverse=True)[:top]
-    t = Table(title=f"Top {len(ranked)} chains by estimated saving on their route")
+    t = Table(title=f"Top {len(ranked)} chains by estimated saving on their route (est_route_saving_us in chains.csv)")
     for col, just in (("chain", "left"), ("pattern", "left"), ("bound", "left"), ("route", "left"), ("kernel", "left"),
                       ("eager us", "right"), ("after route us", "right"), ("source", "left")):
         t.add_column(col, justify=just)

@@ -180,6 +180,10 @@ def test_chains_csv(written):
     assert by_id.loc["c0", "est_after_route_us"] == pytest.approx(est["c0"].eager_us)
     assert by_id.loc["c1", "est_after_route_us"] == pytest.approx(est["c1"].fused_us)
     assert by_id.loc["c2", "est_after_route_us"] == pytest.approx(est["c2"].fused_us)
+    # what the route saves: the figure analyze's top chains rank by (a new user filtered on est_saving_us, the
+    # fused roofline's saving, 0 for a GEMM, and dropped the top chain of the table)
+    assert by_id.loc["c0", "est_route_saving_us"] == 0.0
+    assert by_id.loc["c1", "est_route_saving_us"] == pytest.approx(est["c1"].eager_us - est["c1"].fused_us)
     assert by_id.loc["c1", "arithmetic_intensity_flop_per_byte"] == pytest.approx(analysis.chains[1].arithmetic_intensity)
     assert {"compute", "memory", "launch"} <= set(df["bound"].dropna())
     # c4 has neither estimate nor decision: empty strings / NaN, not a crash

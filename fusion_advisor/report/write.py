@@ -103,8 +103,9 @@ CHAIN_COLUMNS: dict[str, str] = {
     "est_fused_us": "Estimated time as one fused kernel: max(flops / peak, fused_bytes / bandwidth, launch "
     "overhead) (us). An estimate, not a measurement.",
     "est_saving_us": "est_eager_us - est_fused_us as the cost model reports it (0 for heavy and single-kernel "
-    "items) (us): what one fused kernel at the roofline would save. The totals and 'The advice' count the saving "
-    "of the chosen route instead, est_eager_us - est_after_route_us, so their sums differ from this column's.",
+    "items) (us): what one fused kernel at the roofline would save. The totals, 'The advice' and analyze's top "
+    "chains count the saving of the chosen route instead (est_route_saving_us), so their sums differ from this "
+    "column's.",
     "est_compile_us": "Estimated time under torch.compile: the fused kernel at the share of the roofline Inductor's "
     "code reaches on this kind of chain (the device spec's measured route_efficiency) (us); est_eager_us when "
     "there is nothing to fuse.",
@@ -117,6 +118,9 @@ CHAIN_COLUMNS: dict[str, str] = {
     "route's code reaches on this kind of chain (the device spec's measured route_efficiency; the roofline "
     "where unmeasured) for 'torch.compile' and 'triton', the same without the launch floor for 'cudagraphs', "
     "est_eager_us for 'skip'.",
+    "est_route_saving_us": "est_eager_us - est_after_route_us (us): what the chosen route saves on this chain, the "
+    "figure analyze's 'Top chains by estimated saving on their route' ranks by and the totals and 'The advice' "
+    "sum (a GEMM routed to a faster kernel saves here without fusing anything, where est_saving_us is 0).",
     "compute_us": "flops / the peak FLOP/s that serves the chain (tensor cores for matmuls, else vector units) (us).",
     "memory_fused_us": "fused_bytes / peak memory bandwidth (us).",
     "launch_eager_us": "host time of issuing the chain's kernels eagerly: per kernel the spec's launch overhead, or "
@@ -341,6 +345,7 @@ def _chain_row(chain: Chain, est: Estimate | None, dec: Decision | None, inducto
         "est_triton_us": est.route_us("triton") if est else _nan(),
         "est_cudagraphs_us": est.route_us("cudagraphs") if est else _nan(),
         "est_after_route_us": _after_route_us(route, est),
+        "est_route_saving_us": (est.eager_us - _after_route_us(route, est)) if est else _nan(),
         "compute_us": est.compute_us if est else _nan(),
         "memory_fused_us": est.memory_fused_us if est else _nan(),
         "launch_eager_us": est.launch_eager_us if est else _nan(),
