@@ -58,9 +58,11 @@ def _profile_spec_notes(device: str, profile: bool, gpu: str | None, spec: Devic
     if not (profile and device == "cpu"):
         return []
     if gpu is None:
-        return [f"--profile --device cpu: the roofline is the shipped '{spec.name}' spec, so estimates and "
-                "measurements describe the same CPU; for this CPU's own numbers pass --gpu SPEC.yaml from "
-                "`fusion-advisor calibrate --device cpu`, for GPU advice analyse without --profile"]
+        return [f"--profile --device cpu: the roofline is the shipped '{spec.name}' spec, a generic CPU's "
+                f"order-of-magnitude assumptions ({spec.memory_bandwidth_gbps:g} GB/s, ...), not this CPU's "
+                "measured rates, so predicted/measured ratios may be far from 1; for this CPU's own numbers pass "
+                "--gpu SPEC.yaml from `fusion-advisor calibrate --device cpu`, for GPU advice analyse without "
+                "--profile"]
     if spec.kind != "cpu":
         return [f"--profile --device cpu with --gpu {gpu}: times measured on this CPU are set against the "
                 f"roofline of {spec.display_name}, so predicted/measured ratios, the 2x flags and the bound-class "
