@@ -284,6 +284,11 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
     plan, _ = read_plan(out_dir)
     if plan is None:
         out.print("next: " + _escape(apply_command(analysis, out_dir)), highlight=False)
+        import torch
+
+        if (analysis.device_spec or {}).get("kind", "gpu") != "cpu" and not torch.cuda.is_available():
+            out.print("  (on this machine, without a GPU, apply runs the model on the CPU and routes it with the "
+                      "'cpu' spec: its routes and times are this CPU's, not the GPU's above)", highlight=False)
     else:
         for note in plan_mismatches(plan, analysis, spec=False):
             out.print(f"[yellow]warning:[/] the report joins {out_dir}/plan.yaml: {_escape(note)}; run apply again "

@@ -32,6 +32,20 @@ def test_analyze_writes_reports(tmp_path):
     assert "Top" in r.output and "launch" in r.output
 
 
+def test_the_next_command_says_apply_runs_on_the_cpu_where_there_is_no_gpu(tmp_path, monkeypatch):
+    # a new user saw analyze route a chain to triton (the H200's routes) and apply, on their CPU, route it to
+    # torch.compile, with nothing in the terminal saying why
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for spec, says in (("h200", True), ("cpu", False)):  # a CPU spec's routes are what apply here takes
+        r = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(tmp_path / spec), "--gpu", spec)
+        assert r.exit_code == 0, r.output
+        assert "next: fusion-advisor apply" in r.output
+        assert ("apply runs the model on the CPU and routes it with the 'cpu' spec" in " ".join(r.output.split())) \
+            is says
+
+
 def test_top_zero_prints_no_chain_table(tmp_path):
     r = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(tmp_path / "rep"), "--top", "0")
     assert r.exit_code == 0, r.output
