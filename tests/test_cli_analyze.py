@@ -76,6 +76,8 @@ def test_user_rules_come_first(tmp_path):
         ([str(DATA / "bad" / "missing.py")], "no such file"),
         ([str(DATA / "bad" / "syntax_error.py")], "syntax_error.py:3: syntax error"),
         ([str(DATA / "bad" / "no_convention.py")], "follows no known model convention"),
+        ([str(DATA / "bad" / "no_get_inputs.py")],
+         "it defines Model and get_init_inputs but no get_inputs (the KernelBench convention)"),
         ([str(DATA / "bad" / "inputs_raise.py")], "get_inputs() raised RuntimeError: dataset not found"),
         ([str(DATA / "bad" / "fails_on_inputs.py"), "--device", "cpu"], "fails on its own inputs"),
         ([str(DATA / "bad" / "untraceable.py"), "--device", "cpu"], "no method could capture"),

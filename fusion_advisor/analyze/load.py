@@ -34,6 +34,14 @@ CONVENTIONS = {
     "get_model": "get_model() and get_inputs()",
     "kernel_contract": "kernel_fn, reference_fn, get_inputs()  (kernel file; reference_fn is analysed)",
 }
+#: Short names of the conventions, for messages.
+CONVENTION_LABELS = {"kernelbench": "KernelBench", "get_model": "get_model", "kernel_contract": "kernel-file"}
+#: The callables each convention needs, in :data:`CONVENTIONS` order (the first complete one is taken).
+CONVENTION_NAMES = {
+    "kernelbench": ("Model", "get_inputs", "get_init_inputs"),
+    "get_model": ("get_model", "get_inputs"),
+    "kernel_contract": ("kernel_fn", "reference_fn", "get_inputs"),
+}
 
 #: what ``--dtype`` casts to: name -> torch dtype (:mod:`fusion_advisor.dtypes`).
 DTYPES = {name: TORCH_DTYPES[name] for name in CAST_NAMES}
@@ -159,14 +167,17 @@ def detect_convention(module: ModuleType, origin: str) -> str:
         ModelLoadError: no convention fits; the message lists the known ones.
     """
     has = lambda n: callable(getattr(module, n, None))  # noqa: E731
-    if has("Model") and has("get_inputs") and has("get_init_inputs"):
-        return "kernelbench"
-    if has("get_model") and has("get_inputs"):
-        return "get_model"
-    if has("kernel_fn") and has("reference_fn") and has("get_inputs"):
-        return "kernel_contract"
+    for convention, names in CONVENTION_NAMES.items():
+        if all(has(n) for n in names):
+            return convention
     known = "\n".join(f"  - {v}" for v in CONVENTIONS.values())
-    raise ModelLoadError(f"{origin}: follows no known model convention; define one of:\n{known}")
+    # the convention the file comes nearest to (most of its names defined), when it defines any: say what is missing
+    near = max(CONVENTION_NAMES, key=lambda c: sum(has(n) for n in CONVENTION_NAMES[c]) / len(CONVENTION_NAMES[c]))
+    found = [n for n in CONVENTION_NAMES[near] if has(n)]
+    missing = [n for n in CONVENTION_NAMES[near] if not has(n)]
+    hint = (f" it defines {' and '.join(found)} but no {' or '.join(missing)} (the {CONVENTION_LABELS[near]} "
+            f"convention);" if found else "")
+    raise ModelLoadError(f"{origin}: follows no known model convention;{hint} define one of:\n{known}")
 
 
 def _call_user(fn: Callable[..., Any], what: str, origin: str, path: Path | None) -> Any:
