@@ -168,7 +168,7 @@ def analyze(
 ) -> None:
     """Analyse a model: chains, bound classes, routes and reasons; writes report.html, chains.csv, ops.csv, report.json."""
     from fusion_advisor.analyze.pipeline import analyze as run_analysis
-    from fusion_advisor.report.write import check_out_dir, write_report
+    from fusion_advisor.report.write import check_out_dir, earlier_report, write_report
 
     def job():
         from fusion_advisor.dtypes import CAST_NAMES
@@ -179,7 +179,6 @@ def analyze(
             check_out_dir(out)  # before the analysis, so a bad --out fails fast
             if inductor_code:
                 from fusion_advisor.analyze import inductor_code as ic
-                from fusion_advisor.report.write import earlier_report
 
                 ic.check_dir(out, ours=earlier_report(out))
         kept: list = []
@@ -188,14 +187,15 @@ def analyze(
         out_dir = out or Path("reports") / analysis.model_name
         if out is None:  # the default folder is known only now (it is named after the model)
             check_out_dir(out_dir)
+        replaced = earlier_report(out_dir)
         if inductor_code:
             _inductor_code(analysis, kept[0].graphs, out_dir, inductor_top, inductor_budget_s)
         with console.status("writing the report ..."):
             paths = write_report(analysis, out_dir)
-        return analysis, paths
+        return analysis, paths, replaced
 
-    analysis, paths = run_guarded(job, debug)
-    _print_summary(analysis, paths, top)
+    analysis, paths, replaced = run_guarded(job, debug)
+    _print_summary(analysis, paths, top, replaced)
 
 
 def _inductor_code(analysis, graphs, out_dir: Path, top: int, budget_s: float) -> None:
@@ -210,7 +210,7 @@ def _inductor_code(analysis, graphs, out_dir: Path, top: int, budget_s: float) -
     ic.write_files(analysis.inductor_code, out_dir)
 
 
-def _print_summary(analysis, paths: dict, top: int) -> None:
+def _print_summary(analysis, paths: dict, top: int, replaced: bool = False) -> None:
     from rich.table import Table
 
     from fusion_advisor.report.write import summary_rows
@@ -294,7 +294,8 @@ def _print_summary(analysis, paths: dict, top: int) -> None:
             out.print(f"[yellow]warning:[/] the report joins {out_dir}/plan.yaml: {_escape(note)}; run apply again "
                       f"or analyze into another --out", highlight=False)
     out.print(f"report: {paths.get('html')}  (also chains.csv, ops.csv, report.json in {out_dir}"
-              + ("; with apply's results from plan.yaml" if plan is not None else "") + ")")
+              + ("; with apply's results from plan.yaml" if plan is not None else "")
+              + ("; it replaces the analysis written there before: --out DIR keeps both" if replaced else "") + ")")
 
 # --- verify / bench -----------------------------------------------------------------------------------------
 # (kernel contract commands; see fusion_advisor/kernel_tools/verify.py and fusion_advisor/kernel_tools/bench.py)

@@ -46,6 +46,16 @@ def test_the_next_command_says_apply_runs_on_the_cpu_where_there_is_no_gpu(tmp_p
             is says
 
 
+def test_a_second_analysis_into_a_folder_says_it_replaced_the_first(tmp_path):
+    # a new user's --dtype bf16 run replaced the fp32 report in the default folder without a word
+    out = tmp_path / "rep"
+    first = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(out), "--top", "0")
+    second = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(out), "--top", "0", "--dtype", "bf16")
+    assert first.exit_code == 0 and second.exit_code == 0, second.output
+    said = "it replaces the analysis written there before"
+    assert said not in " ".join(first.output.split()) and said in " ".join(second.output.split())
+
+
 def test_top_zero_prints_no_chain_table(tmp_path):
     r = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(tmp_path / "rep"), "--top", "0")
     assert r.exit_code == 0, r.output
