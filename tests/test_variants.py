@@ -816,3 +816,28 @@ def test_a_report_that_fails_to_render_costs_the_run_only_its_html(tmp_path, mon
     assert set(paths) == {"swaps_csv", "variants_csv", "plan"} and all(p.is_file() for p in paths.values())
     assert not (tmp_path / "out" / "report.html").exists()
     assert any("report.html could not be rendered (ValueError: a template error)" in w for w in result.warnings)
+
+
+def test_a_model_of_recurrent_layers_alone_is_told_why_dynamo_captured_nothing(tmp_path):
+    # a new user's 39_GRU: "dynamo skipped it, or gave up on every frame", and then torch.compile "7x slower" than
+    # eager running the same code; dynamo breaks its graph at nn.GRU / nn.LSTM / nn.RNN unless allow_rnn is set
+    path = _write(tmp_path, "gru", """
+        import torch
+
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gru = torch.nn.GRU(8, 16, num_layers=2)
+
+            def forward(self, x):
+                return self.gru(x)[0]
+
+        def get_inputs():
+            return [torch.randn(5, 3, 8)]
+
+        def get_init_inputs():
+            return []
+    """)
+    result = apply(path, ApplyOptions(), device="cpu")
+    said = [w for w in result.warnings if w.startswith("dynamo captured no graph")]
+    assert said and "its GRU layers: torch.compile does not trace them" in said[0], result.warnings

@@ -264,8 +264,12 @@ def _analyze(loaded: Any, backend: RewriteBackend, spec: Any, rules: Any) -> Any
 
     warns: list[str] = []
     if not backend.graphs:
-        warns.append("dynamo captured no graph (the whole forward ran eagerly: dynamo skipped it, or gave up on "
-                     "every frame): nothing to swap or compile by region; the whole-model variants are still tried")
+        rnns = sorted({type(m).__name__ for m in loaded.module.modules() if isinstance(m, torch.nn.RNNBase)})
+        why = (f"its {'/'.join(rnns)} layers: torch.compile does not trace them (dynamo's allow_rnn is off), so "
+               f"torch.compile(model) runs the model as written too" if rnns else
+               "dynamo skipped it, or gave up on every frame")
+        warns.append(f"dynamo captured no graph (the whole forward ran eagerly: {why}): nothing to swap or compile "
+                     f"by region; the whole-model variants are still tried")
     try:
         with warnings.catch_warnings(), quiet_torch_logs():
             warnings.simplefilter("ignore")
