@@ -177,12 +177,12 @@ def noise_warning(variants: list[Any], confirmation_spread: float | None = None)
     if not spread or max(spread)[0] <= NOISY_SPREAD:
         return ""
     worst, name = max(spread)
-    n = sum(1 for s, name in spread[:timed] if s > NOISY_SPREAD)
+    n = sum(1 for s, _ in spread[:timed] if s > NOISY_SPREAD)
     confirmation = (", and the final confirmation's" if confirmation_spread is not None
                     and confirmation_spread > NOISY_SPREAD else "")
     return (f"timings are noisy: {n} of {timed} timed variants' rounds{confirmation} spread more than "
-            f"{NOISY_SPREAD:.0%} (worst {name}, {worst:.0%}); the machine is busy or its clocks vary, so the speed-ups below and the "
-            f"choice between close variants are not reliable; re-run apply on an idle machine")
+            f"{NOISY_SPREAD:.0%} (worst {name}, {worst:.0%}); the machine is busy or its clocks vary, so the "
+            f"speed-ups below and the choice between close variants are not reliable; re-run apply on an idle machine")
 
 
 def tf32_allowed(analysis: Any, device: str) -> bool:
