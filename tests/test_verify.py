@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from fusion_advisor.cli import app
 from fusion_advisor.errors import ContractError, KernelLoadError
+from fusion_advisor.verification.inputs import STRIDED_CASE
 from fusion_advisor.kernel_tools.verify import (
     KernelContract,
     PoisonAllocations,
@@ -50,9 +51,9 @@ def test_vector_add_verifies():
     assert result.reference_precision == "float64"
     assert 0 <= result.max_abs_diff < 1e-5
     assert not result.backward_checked
-    # The Triton op's output allocation was poisoned (the custom op was entered), once per case: the seeds and the
-    # hard values (vector_add.py has no size hooks, so no extra shapes)
-    assert result.cases == ["seed 0", "seed 1", "seed 2", "hard-large", "hard-tiny", "hard-zeros"]
+    # The Triton op's output allocation was poisoned (the custom op was entered), once per case: the seeds, the
+    # hard values (vector_add.py has no size hooks, so no extra shapes) and the strided layout (it takes any stride)
+    assert result.cases == ["seed 0", "seed 1", "seed 2", "hard-large", "hard-tiny", "hard-zeros", STRIDED_CASE]
     assert sum("1 allocation(s) poisoned" in d for d in result.details) == len(result.cases)
     assert [s["status"] for s in result.shapes] == ["passed"] * len(result.cases)
     d = result.to_dict()
@@ -338,6 +339,27 @@ def test_a_reference_that_fails_in_float64_leaves_no_tensor_in_a_reference_cycle
 
     assert left_in_cycles(falls_back) == []
     assert left_in_cycles(fails) == []
+
+
+def test_a_kernel_that_ignores_its_inputs_strides_fails_the_strided_case():
+    """A kernel reading its input as if contiguous passed every case when get_inputs returned contiguous tensors
+    (a new user's kernel, wrong only for a transposed or sliced input); the strided case hands it views at offset 1
+    with stride 2, the gaps NaN."""
+    from fusion_advisor.verification.inputs import STRIDED_CASE, strided_copy
+
+    def as_if_contiguous(x, w):
+        dense = torch.as_strided(x, x.shape, (x.shape[1], 1), x.storage_offset())
+        return torch.relu(dense) + w
+
+    c = contract(as_if_contiguous, lambda x, w: torch.relu(x) + w, lambda: [torch.randn(8, 16), torch.randn(16)])
+    result = verify_kernel(c)
+    assert not result.correct and result.failure.startswith(STRIDED_CASE), result.failure
+    assert [e["status"] for e in result.shapes if e["case"] != STRIDED_CASE] == ["passed"] * (len(result.shapes) - 1)
+    right = contract(lambda x, w: torch.relu(x) + w, lambda x, w: torch.relu(x) + w,
+                     lambda: [torch.randn(8, 16, requires_grad=True), torch.randn(16)])
+    assert verify_kernel(right).correct
+    t = strided_copy(torch.arange(6.0).reshape(2, 3))
+    assert t.stride() == (7, 2) and t.storage_offset() == 1 and torch.equal(t, torch.arange(6.0).reshape(2, 3))
 
 
 def test_tuple_and_scalar_outputs():
@@ -682,6 +704,11 @@ def test_rows_past_the_grid_axis_limit_run_with_shapes_all():
     assert "GridLimitError" in result.failure and "65537 programs on grid axis 1" in result.failure
     ok = verify_kernel(load_contract(KERNELS / "sweep_add.py"), seeds=1, shapes="all")
     assert ok.correct and _cases_by_status(ok)["shape over 65535 elements"] == "passed"
+    # sweep_add takes contiguous tensors only, and says so: the strided case is refused, not failed
+    assert _cases_by_status(ok)[STRIDED_CASE] == "refused"
+    assert any(d.startswith(f"{STRIDED_CASE}: kernel_fn raised ValueError: sweep_add: x and y must be contiguous")
+               and d.endswith("refused, not a wrong answer (callers must pass the layouts it takes)")
+               for d in ok.details), ok.details
 
 
 def test_cli_verify_reports_the_shapes_it_ran():

@@ -210,6 +210,49 @@ def hard_variants(args: Sequence[Any]) -> list[tuple[str, list[Any]]]:
     return [(case, variant(case)) for case in HARD_CASES]
 
 
+#: The case :func:`strided_variant` makes.
+STRIDED_CASE = "strided: every tensor a view at offset 1, stride 2 along its last axis"
+
+
+def strided_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in a non-contiguous view: elements ``1, 3, 5, ...`` of a buffer ``2 * t.shape[-1] + 1`` wide
+    along the last axis (stride 2 there, storage offset 1), the buffer's other elements NaN (floating) or the
+    dtype's largest value (integers; ``True`` for bool), so a kernel that reads its input as contiguous, or from
+    the start of its storage, reads them. A leaf, with ``t``'s ``requires_grad``. A 0-d or empty ``t`` is copied
+    as it is."""
+    t = t.detach()
+    if t.dim() == 0 or t.numel() == 0:
+        return t.clone()
+    if t.is_floating_point() or t.is_complex():
+        fill: Any = float("nan")
+    elif t.dtype == torch.bool:
+        fill = True
+    else:
+        fill = torch.iinfo(t.dtype).max
+    buf = torch.full((*t.shape[:-1], 2 * t.shape[-1] + 1), fill, dtype=t.dtype, device=t.device)
+    view = buf[..., 1::2]
+    view.copy_(t)
+    return view
+
+
+def strided_variant(args: Sequence[Any]) -> list[Any] | None:
+    """``args`` with every tensor of one or more elements replaced by its :func:`strided_copy` (nested lists too;
+    ``requires_grad`` kept): the layout case of ``verify`` (:data:`STRIDED_CASE`). ``None`` when no argument is a
+    tensor of one or more dimensions."""
+    changed = [False]
+
+    def change(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        if x.dim() == 0 or x.numel() == 0:
+            return x.detach().clone().requires_grad_(x.requires_grad)
+        changed[0] = True
+        return strided_copy(x).requires_grad_(x.requires_grad)
+
+    out = [tree_map(change, a) for a in args]
+    return out if changed[0] else None
+
+
 # --- edge shapes --------------------------------------------------------------------------------------------
 
 #: Rows past which a kernel's row index must still be right (catches a grid capped at ~1000 programs).

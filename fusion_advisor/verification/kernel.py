@@ -154,7 +154,7 @@ class CaseOutcome:
         backward_checked: gradients were compared.
         grad_max_abs_diff, grad_max_rel_diff: the same over input gradients (``None`` unchecked).
         judgements: ``(label, Judgement)`` of every floating output and gradient judged by the policy.
-        traceback: the candidate's formatted traceback when it raised.
+        traceback: the candidate's formatted traceback when it raised; ``raised``: the exception's type name then.
     """
 
     case: str
@@ -170,6 +170,7 @@ class CaseOutcome:
     grad_max_rel_diff: float | None = None
     judgements: list[tuple[str, Judgement]] = field(default_factory=list)
     traceback: str | None = None
+    raised: str = ""
 
     def fail(self, line: str) -> None:
         """Record a failing ``line`` (prefixed with the case)."""
@@ -269,6 +270,7 @@ def check_case(case: str, kernel_fn: Callable[..., Any], reference_fn: Callable[
         outcome.fail(f"{kernel_name} raised {type(exc).__name__}: {exc} (at {user_frame(exc, path)})")
         outcome.max_abs_diff = outcome.max_rel_diff = math.inf
         outcome.traceback = "".join(traceback.format_exception(exc))
+        outcome.raised = type(exc).__name__
         return outcome
     outcome.note(f"{kernel_name} ran with {mode.poisoned} allocation(s) poisoned"
                  + (f"; custom ops {', '.join(sorted(mode.opaque_custom_ops))} could not be entered, so their "

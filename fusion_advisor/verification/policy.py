@@ -369,6 +369,12 @@ def _real_view(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
 
 
+#: What a NaN where the reference has none may be (the mismatch lines say it).
+NAN_HINT = ("computed, or read where the kernel should not read or write (unwritten output elements, or past its "
+            "input's real strides): verify fills the allocations it poisons, and the gaps of its strided case, "
+            "with NaN")
+
+
 def mismatch_line(label: str, what: str, j: Judgement, numel: int) -> str:
     """The report line of a failed :class:`Judgement` of tensor ``label`` (``what``: its description)."""
     if j.misplaced:
@@ -377,7 +383,7 @@ def mismatch_line(label: str, what: str, j: Judgement, numel: int) -> str:
             parts.append(f"{j.nan_misplaced} elements are NaN where the reference is not")
         if j.misplaced > j.nan_misplaced:
             parts.append(f"{j.misplaced - j.nan_misplaced} elements differ in NaN/inf")
-        hint = (": unwritten elements? verify fills torch.empty allocations with NaN" if j.nan_misplaced else "")
+        hint = f": {NAN_HINT}" if j.nan_misplaced else ""
         return (f"{label}: MISMATCH in {j.misplaced} of {numel} elements ({what}): {'; '.join(parts)} (first at "
                 f"{j.first_misplaced}){hint}")
     if j.limit_norm == 0.0 and j.limit_max == 0.0:  # shape mismatch or an exact dtype
@@ -554,8 +560,7 @@ def _compare_leaf(a: Any, e: Any, atol: float | None, rtol: float | None,
     if n_nan:
         details.append(
             f"{label}: {n_nan} elements are NaN where the reference is not (first at index "
-            f"{unravel(first_nan, shape)}, reference {_fmt(nan_ref)}): unwritten elements? verify fills "
-            f"torch.empty allocations with NaN"
+            f"{unravel(first_nan, shape)}, reference {_fmt(nan_ref)}): {NAN_HINT}"
         )
     if n_other:
         details.append(

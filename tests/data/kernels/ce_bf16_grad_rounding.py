@@ -64,9 +64,10 @@ def _ce_fwd_kernel(
 
 def _forward(logits: torch.Tensor, target: torch.Tensor, grad_scale: float, loss_scale: float,
              round_before_subtract: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    if logits.dim() != 2 or logits.dtype != torch.bfloat16:
-        raise ValueError(f"ce_bf16_grad_rounding: logits must be [n_rows, n_cols] bf16, got {list(logits.shape)} "
-                         f"{logits.dtype}")
+    if logits.dim() != 2 or logits.dtype != torch.bfloat16 or logits.stride(1) != 1:
+        raise ValueError(f"ce_bf16_grad_rounding: logits must be [n_rows, n_cols] bf16 with a contiguous last axis, "
+                         f"got {list(logits.shape)} {logits.dtype} strides {logits.stride()}")
+    target = target.contiguous()
     n_rows, n_cols = logits.shape
     loss_rows = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
     dlogits = torch.empty((n_rows, n_cols), dtype=torch.bfloat16, device=logits.device)

@@ -32,6 +32,8 @@ def _double_kernel(
 
 
 def kernel_fn(x: torch.Tensor) -> torch.Tensor:
+    if x.stride(1) != 1:
+        raise ValueError(f"rows_on_grid_axis1: x must be contiguous along its last axis, got strides {x.stride()}")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel():
         _double_kernel[(triton.cdiv(x.shape[1], BLOCK_SIZE), x.shape[0])](x, y, x.shape[1], x.stride(0),

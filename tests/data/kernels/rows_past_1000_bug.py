@@ -36,7 +36,10 @@ def _scale_rows_kernel(
 
 
 def kernel_fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x * w`` for ``x`` [n_rows, n_cols] and ``w`` [n_cols]."""
+    """``x * w`` for ``x`` [n_rows, n_cols] and ``w`` [n_cols], both contiguous along the last axis."""
+    if x.stride(1) != 1 or w.stride(0) != 1:
+        raise ValueError(f"rows_past_1000_bug: x and w must be contiguous along their last axis, got strides "
+                         f"{x.stride()} and {w.stride()}")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel():
         grid = (min(x.shape[0], MAX_PROGRAMS),)

@@ -34,6 +34,8 @@ def _add_kernel(
 
 def kernel_fn(x: torch.Tensor, y: torch.Tensor, BLOCK_SIZE: int = 1024, num_warps: int = 4,
               EVEN_N: bool = False) -> torch.Tensor:
+    if not (x.is_contiguous() and y.is_contiguous()):
+        raise ValueError(f"sweep_add: x and y must be contiguous, got strides {x.stride()} and {y.stride()}")
     out = torch.empty_like(x)
     n = x.numel()
     if n:
