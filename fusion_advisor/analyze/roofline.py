@@ -141,11 +141,13 @@ def op_bandwidth_gbps(op: OpInfo, spec: DeviceSpec) -> float:
     :func:`memory_read_kinds` the spec measured (``scan_bandwidth_gbps``, ``strided_bandwidth_gbps``,
     ``broadcast_bandwidth_gbps``), else the copy bandwidth. On the H200 the eager pointwise ops and copies inside
     113 profiled KernelBench files ran at a median 4,250 GB/s, those broadcasting an input at 2,570 and those
-    reading a permuted view at 2,450 (benchmarks/results/h200/accuracy/memory_rates/)."""
+    reading a permuted view at 2,450 (benchmarks/results/h200/accuracy/memory_rates/). Never above the copy
+    bandwidth: these are slower paths than a contiguous copy, and a rate measured above it was measured in cache
+    (a CPU calibrate's 1 MiB broadcast add, 154 GB/s against a copy of 58)."""
     for kind, gbps in (("scan", spec.scan_bandwidth_gbps), ("permuted", spec.strided_bandwidth_gbps),
                        ("broadcast", spec.broadcast_bandwidth_gbps)):
         if gbps > 0 and _MEMORY_READ_KINDS[kind](op):
-            return gbps
+            return min(gbps, spec.memory_bandwidth_gbps)
     return spec.memory_bandwidth_gbps
 
 

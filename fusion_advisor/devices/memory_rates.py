@@ -85,10 +85,16 @@ def _best_fp32_gbps(shapes: Iterable[tuple[int, ...]], build: Callable[[tuple[in
     return best
 
 
-def measure_scan_gbps(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Timing]) -> float:
+def _sized(row: tuple[int, ...], nbytes: int) -> tuple[int, ...]:
+    """``(n, *row)`` holding about ``nbytes`` of fp32 (at least one row)."""
+    return (max(1, nbytes // (math.prod(row) * 4)), *row)
+
+
+def measure_scan_gbps(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Timing],
+                      nbytes: int = 0) -> float:
     """Bandwidth (GB/s, bytes read + written) of eager ``torch.cumsum`` along the last dim of fp32 tensors: the
-    highest over :data:`SCAN_SHAPES` (:data:`SCAN_SHAPES_SMALL` on a CPU or with ``quick``), each timed by
-    ``timer``: a ceiling, as the copy bandwidth is. On the H200 KernelBench's 32768 x 32768 cumsum ran its one scan
+    highest over :data:`SCAN_SHAPES` (on a CPU or with ``quick``, rows of 4096 holding ``nbytes``, the copy
+    buffer's size, else :data:`SCAN_SHAPES_SMALL`), each timed by ``timer``: a ceiling, as the copy bandwidth is. On the H200 KernelBench's 32768 x 32768 cumsum ran its one scan
     kernel at 1908 GB/s, 45% of the copy bandwidth (benchmarks/results/h200/accuracy/reprofile/seed1/), and
     Inductor's own scan at 3323 GB/s; a 4096 x 16384 one at 1291 GB/s."""
     def cumsum(shape: tuple[int, ...]) -> Callable[[], Any]:
@@ -96,7 +102,8 @@ def measure_scan_gbps(device: str, quick: bool, timer: Callable[[Callable[[], An
         out = torch.empty_like(x)
         return lambda: torch.cumsum(x, -1, out=out)
 
-    return _best_fp32_gbps(SCAN_SHAPES if device == "cuda" and not quick else SCAN_SHAPES_SMALL, cumsum, timer)
+    small = (_sized(SCAN_SHAPES_SMALL[0][1:], nbytes),) if nbytes > 0 else SCAN_SHAPES_SMALL
+    return _best_fp32_gbps(SCAN_SHAPES if device == "cuda" and not quick else small, cumsum, timer)
 
 
 #: The broadcast adds :func:`measure_broadcast_gbps` times: fp32 ``[N, C, H, W] + [C, 1, 1]`` (a convolution's bias
@@ -105,11 +112,14 @@ BROADCAST_SHAPES = ((64, 64, 128, 128), (128, 128, 128, 128))
 BROADCAST_SHAPES_SMALL = ((4, 16, 64, 64),)
 
 
-def measure_broadcast_gbps(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Timing]) -> float:
+def measure_broadcast_gbps(device: str, quick: bool, timer: Callable[[Callable[[], Any]], Timing],
+                           nbytes: int = 0) -> float:
     """Bandwidth (GB/s, bytes read + written) of an eager elementwise add with a broadcast input: ``x + b`` of fp32
-    ``x`` :data:`BROADCAST_SHAPES` (:data:`BROADCAST_SHAPES_SMALL` on a CPU or with ``quick``) and ``b`` of
-    ``[C, 1, 1]``, into a preallocated output, each timed by ``timer``: the highest, a ceiling as the copy bandwidth
-    is. TensorIterator runs it in the loop that computes every operand's offset, not the vectorised contiguous one:
+    ``x`` :data:`BROADCAST_SHAPES` (on a CPU or with ``quick``, ``[N, 16, 64, 64]`` holding ``nbytes``, the copy
+    buffer's size, else :data:`BROADCAST_SHAPES_SMALL`) and ``b`` of ``[C, 1, 1]``, into a preallocated output, each
+    timed by ``timer``: the highest, a ceiling as the copy bandwidth is. Sized as the copy is, not in cache: a new
+    user's CPU calibrate timed the 1 MiB shape in its L2 at 154 GB/s against a copy of 58 (147 against 25 in the
+    full run), and the spec priced a bias add 4x cheaper than a plain add measured as long. TensorIterator runs it in the loop that computes every operand's offset, not the vectorised contiguous one:
     on the H200 such ops inside 113 profiled KernelBench models ran at a median 2,570 GB/s against 4,250 for
     contiguous ones (benchmarks/results/h200/accuracy/memory_rates/)."""
     def add_bias(shape: tuple[int, ...]) -> Callable[[], Any]:
@@ -118,8 +128,8 @@ def measure_broadcast_gbps(device: str, quick: bool, timer: Callable[[Callable[[
         out = torch.empty_like(x)
         return lambda: torch.add(x, b, out=out)
 
-    return _best_fp32_gbps(BROADCAST_SHAPES if device == "cuda" and not quick else BROADCAST_SHAPES_SMALL, add_bias,
-                           timer)
+    small = (_sized(BROADCAST_SHAPES_SMALL[0][1:], nbytes),) if nbytes > 0 else BROADCAST_SHAPES_SMALL
+    return _best_fp32_gbps(BROADCAST_SHAPES if device == "cuda" and not quick else small, add_bias, timer)
 
 
 #: The concatenations :func:`measure_cat_sweep` times: one fp32 input of ``CAT_PROBE_FIRST`` channels and
