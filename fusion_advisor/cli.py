@@ -304,7 +304,9 @@ _KERNEL_ARG_HELP = (
     "Kernel file (.py) defining kernel_fn, reference_fn and get_inputs(), or a kernel_library module "
     "(rmsnorm, kernel_library.rmsnorm)."
 )
-_TOL_HELP = ("{} tolerance for every output and gradient, replacing the error policy. Default: the error policy "
+_TOL_HELP = ("{} tolerance for every output and gradient, replacing the error policy: |kernel - reference| <= atol "
+             "+ rtol |reference| element-wise, the reference being reference_fn in float64 (so --atol 0 --rtol 0 "
+             "fails any rounding). Default: the error policy "
              "(each tensor's error against a float64 reference within a few times that of the reference run in the "
              "inputs' own dtype, plus a rounding floor; fusion_advisor.verification.policy).")
 
@@ -433,12 +435,21 @@ def bench(
         run_guarded(refuse, debug)
 
     def job():
+        from fusion_advisor.errors import VerificationFailed
         from fusion_advisor.kernel_tools.bench import bench_kernel
         from fusion_advisor.kernel_tools.verify import load_contract, use_triton_interpreter_if_no_gpu
 
         use_triton_interpreter_if_no_gpu()
-        result = bench_kernel(load_contract(file), warmup_ms=warmup_ms, rep_ms=rep_ms,
-                              compile_reference=not no_compile, rtol=rtol, atol=atol)
+        contract = load_contract(file)
+        try:
+            result = bench_kernel(contract, warmup_ms=warmup_ms, rep_ms=rep_ms, compile_reference=not no_compile,
+                                  rtol=rtol, atol=atol)
+        except VerificationFailed as e:  # the JSON says so too (--json-out gets a file), then the message and exit 1
+            verified = e.result.to_dict() if e.result is not None else None
+            _emit_json({"name": contract.name, "benchmarked": False, "correct": False,
+                        "why": "verification failed: a kernel that does not verify is not timed",
+                        "verify": verified}, json_out)
+            raise
         _emit_json(result.to_dict(), json_out)
 
     run_guarded(job, debug)

@@ -59,10 +59,14 @@ def test_bench_refuses_an_incorrect_kernel():
     assert "not benchmarked" in str(info.value) and "unwritten" in str(info.value)
 
 
-def test_cli_bench_refuses_an_incorrect_kernel():
-    res = runner.invoke(app, ["bench", str(KERNELS / "broken_mask.py"), "--no-compile"])
+def test_cli_bench_refuses_an_incorrect_kernel(tmp_path):
+    # the JSON says it was not timed, and why, on stdout and in --json-out (a new user's script found no file)
+    out = tmp_path / "bench.json"
+    res = runner.invoke(app, ["bench", str(KERNELS / "broken_mask.py"), "--no-compile", "--json-out", str(out)])
     assert res.exit_code == 1
-    assert res.stdout == ""
+    printed = json.loads(res.stdout)
+    assert printed == json.loads(out.read_text())
+    assert printed["benchmarked"] is False and printed["correct"] is False and not printed["verify"]["correct"]
     assert "not benchmarked" in res.stderr and "unwritten" in res.stderr
     assert "Traceback" not in res.output
 
