@@ -749,9 +749,11 @@ def calibrate(
     if test or base:
         console.print("[bold red]error:[/] --test and --base go with --from-profile", highlight=False)
         raise typer.Exit(2)
-    from fusion_advisor.devices.calibrate import calibrate as run_calibrate
+    from fusion_advisor.devices.calibrate import calibrate as run_calibrate, check_out_file, checked_device, default_out
 
     def job():
+        where = checked_device(device)  # bad arguments before the banner of a minute's measuring
+        check_out_file(Path(out) if out is not None else default_out(where))
         with _steps("measuring copy bandwidth, matmul throughput and launch overhead") as step:
             return run_calibrate(out, device=device, quick=quick, progress=step)
 

@@ -87,6 +87,23 @@ def test_never_overwrites_a_foreign_file(tmp_path, cpu_spec, monkeypatch):
     assert own.read_text() == cpu_spec[0].read_text()
 
 
+def test_cli_calibrate_refuses_bad_arguments_before_it_starts_measuring(tmp_path, monkeypatch):
+    # a new user saw "measuring copy bandwidth, ..." before the error on a foreign --out or --device cuda without a GPU
+    import fusion_advisor.devices.calibrate as calibrate_module
+
+    def never(*a, **k):
+        raise AssertionError("measured despite bad arguments")
+
+    monkeypatch.setattr(calibrate_module, "measure", never)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    foreign = tmp_path / "mine.yaml"
+    foreign.write_text("name: mine\n")
+    for args, says in ((["--out", str(foreign)], "not written by fusion-advisor calibrate"),
+                       (["--device", "cuda", "--out", str(tmp_path / "new.yaml")], "no CUDA GPU is available")):
+        res = CliRunner().invoke(app, ["calibrate", *args])
+        assert res.exit_code == 2 and says in res.output and "measuring" not in res.output, res.output
+
+
 def _gpu_cal(name: str, copy_gbps: float = 4300.0) -> Calibration:
     return Calibration(device="cuda", device_name=name, date="2026-01-01",
                        versions={"torch": "2.11.0", "triton": "3.6.0"},

@@ -424,11 +424,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
     Raises:
         CalibrationError: unknown device, or cuda asked for without a GPU.
     """
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cuda", "cpu"):
-        raise CalibrationError(f"unknown --device {device!r}: calibrate measures cuda or cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise CalibrationError("--device cuda asked for, but no CUDA GPU is available; use --device cpu")
+    device = checked_device(device)
     l2 = 0
     if device == "cuda":
         name = torch.cuda.get_device_name()
@@ -841,6 +837,20 @@ def default_out(cal_device: str) -> Path:
     return Path(f"device_spec_{'gpu' if cal_device == 'cuda' else 'cpu'}.yaml")
 
 
+def checked_device(device: str | None) -> str:
+    """The device calibrate measures: ``device``, by default ``cuda`` where there is a GPU, else ``cpu``.
+
+    Raises:
+        CalibrationError: an unknown device, or cuda without a GPU.
+    """
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cuda", "cpu"):
+        raise CalibrationError(f"unknown --device {device!r}: calibrate measures cuda or cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CalibrationError("--device cuda asked for, but no CUDA GPU is available; use --device cpu")
+    return device
+
+
 def calibrate(out: Path | None = None, device: str | None = None, quick: bool = False,
               progress: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]]:
     """Measure the device and write its spec YAML to ``out`` (checked before measuring, written atomically).
@@ -855,7 +865,7 @@ def calibrate(out: Path | None = None, device: str | None = None, quick: bool = 
     """
     from fusion_advisor.files import atomic_write_bytes
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = checked_device(device)
     path = Path(out) if out is not None else default_out(device)
     check_out_file(path)
     cal = measure(device, quick=quick, progress=progress)
