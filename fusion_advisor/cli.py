@@ -624,8 +624,10 @@ def diff(
     for label, x, y in d.facts:
         if x != y:
             show.print(f"{_escape(label)}: {_escape(x)} (A) -> {_escape(y)} (B)", highlight=False)
-    if d.changed:
+    if d.changed and top > 0:
         show.print(terminal_table(d, top))
+    elif d.changed:  # --top 0: the count alone, no empty table
+        show.print(f"{len(d.changed)} chain(s) changed ({len(d.rows)} rows compared)")
     else:
         show.print(f"no chain changed ({len(d.rows)} rows compared; times within {threshold:.0%})")
     show.print(f"diff: {paths['html']} (and {paths['csv']})", highlight=False)

@@ -91,6 +91,8 @@ def test_cli_diff_writes_html_and_csv_and_can_fail_on_change(folders, tmp_path):
     assert r.exit_code == 1
     r = runner.invoke(app, ["diff", str(folders[0]), str(folders[0]), "--out", str(out), "--fail-on-change"])
     assert r.exit_code == 0 and "no chain changed" in r.output
+    r = runner.invoke(app, ["diff", str(folders[0]), str(folders[1]), "--out", str(out), "--top", "0"])
+    assert r.exit_code == 0 and "chain(s) changed" in r.output and "┏" not in r.output  # no empty table frame
 
 
 @pytest.mark.parametrize("make, message", [
