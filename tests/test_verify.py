@@ -88,6 +88,7 @@ def test_cli_verify_broken_exits_nonzero():
     printed = json.loads(res.stdout)
     assert printed["correct"] is False
     assert any("unwritten" in d for d in printed["details"])
+    assert "element-wise maxima" in printed["diffs_note"]  # what max_rel_diff is, beside a verdict it does not make
 
 
 def test_cli_verify_explicit_tolerances_are_used():

@@ -419,7 +419,17 @@ class VerifyResult:
             "atol": self.atol,
             "rtol": self.rtol,
             "failure": self.failure,
+            "diffs_note": DIFFS_NOTE,
         }
+
+
+#: What the JSON's ``max_*_diff`` fields are (a new user read ``max_rel_diff 1.0`` beside ``correct: true`` as an
+#: alarm): element-wise maxima, which the error policy does not judge by.
+DIFFS_NOTE = ("max_abs_diff, max_rel_diff and their grad_ twins are element-wise maxima over every case, against "
+              "reference_fn in float64: a relative difference over a reference element near zero can be large in a "
+              "correct kernel (1.0 where the reference is ~0). The verdict is the error policy's (per tensor, "
+              "norm-wise and max-wise against float64, scaled by reference_fn's own error in the inputs' dtype: "
+              "see details), or --atol / --rtol's element-wise test when given.")
 
 
 def _json_float(x: float | None) -> float | None:
