@@ -283,10 +283,13 @@ def _print_summary(analysis, paths: dict, top: int, replaced: bool = False) -> N
     out_dir = Path(paths["html"]).parent
     plan, _ = read_plan(out_dir)
     if plan is None:
-        out.print("next: " + _escape(apply_command(analysis, out_dir)), highlight=False)
+        command = apply_command(analysis, out_dir)
+        out.print("next: " + _escape(command), highlight=False)
         import torch
 
-        if (analysis.device_spec or {}).get("kind", "gpu") != "cpu" and not torch.cuda.is_available():
+        # apply without --gpu prices what it measures on this machine: a CPU's, with the 'cpu' spec
+        if "--gpu" not in command.split() and (analysis.device_spec or {}).get("kind", "gpu") != "cpu" \
+                and not torch.cuda.is_available():
             out.print("  (on this machine, without a GPU, apply runs the model on the CPU and routes it with the "
                       "'cpu' spec: its routes and times are this CPU's, not the GPU's above)", highlight=False)
     else:

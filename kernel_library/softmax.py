@@ -485,7 +485,8 @@ def softmax_op(x: torch.Tensor, scale: float, mask: Optional[torch.Tensor], caus
 
 @library_op("fusion_advisor::softmax_backward", mutates_args={})
 def softmax_backward_op(y: torch.Tensor, dy: torch.Tensor, scale: float) -> torch.Tensor:
-    """``dx = scale * y * (dy - sum(dy * y, -1))`` for the contiguous forward output ``y``."""
+    """``dx = scale * y * (dy - sum(dy * y, -1) / sum(y, -1))`` for the contiguous forward output ``y``
+    (``_weighted_mean``)."""
     return _softmax_bwd_launch(y, dy, scale)
 
 

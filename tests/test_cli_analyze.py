@@ -38,7 +38,8 @@ def test_the_next_command_says_apply_runs_on_the_cpu_where_there_is_no_gpu(tmp_p
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for spec, says in (("h200", True), ("cpu", False)):  # a CPU spec's routes are what apply here takes
+    # the default spec: apply here takes the 'cpu' spec; a CPU spec, or a named spec apply is told (--gpu h100): no note
+    for spec, says in (("h200", True), ("cpu", False), ("h100", False)):
         r = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(tmp_path / spec), "--gpu", spec)
         assert r.exit_code == 0, r.output
         assert "next: fusion-advisor apply" in r.output

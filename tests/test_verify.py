@@ -362,6 +362,24 @@ def test_a_kernel_that_ignores_its_inputs_strides_fails_the_strided_case():
     t = strided_copy(torch.arange(6.0).reshape(2, 3))
     assert t.stride() == (7, 2) and t.storage_offset() == 1 and torch.equal(t, torch.arange(6.0).reshape(2, 3))
 
+    class Contiguous(torch.autograd.Function):  # its backward refuses what it saved: refused there too
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            if not x.is_contiguous():
+                raise NotImplementedError("the backward takes contiguous x only")
+            return g * 2
+
+    refuses = contract(Contiguous.apply, lambda x: x * 2, lambda: [torch.randn(4, 8, requires_grad=True)])
+    result = verify_kernel(refuses)
+    assert result.correct and [e["status"] for e in result.shapes if e["case"] == STRIDED_CASE] == ["refused"]
+    assert any("the backward of kernel_fn raised NotImplementedError" in d and "refused" in d for d in result.details)
+
 
 def test_tuple_and_scalar_outputs():
     def kernel(x):

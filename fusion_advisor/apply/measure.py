@@ -268,6 +268,8 @@ class ModelHarness:
         # float64 throughout (the model's own .float() / dtype=torch.float32 casts kept at float64), then, for a
         # model whose casts matter to it (mixed-dtype ops), float64 as written
         for casts in (KeepFloat64, contextlib.nullcontext):
+            if failure:  # the first attempt's tensors, held by its handler's frames until now, freed before the second
+                release_cuda_memory()
             try:
                 with casts():
                     ref = {name: self.run(model64, [upcast(x) for x in xs], [p for _, p in named],
@@ -277,7 +279,6 @@ class ModelHarness:
                 out_of_memory = isinstance(e, torch.cuda.OutOfMemoryError)
             if ref is not None or out_of_memory:  # a second float64 run would need as much memory
                 break
-            release_cuda_memory()  # out of the handler, whose exception held the failed run's frames and tensors
         del model64, named
         if ref is None:
             release_cuda_memory()

@@ -94,8 +94,8 @@ def measure_scan_gbps(device: str, quick: bool, timer: Callable[[Callable[[], An
                       nbytes: int = 0) -> float:
     """Bandwidth (GB/s, bytes read + written) of eager ``torch.cumsum`` along the last dim of fp32 tensors: the
     highest over :data:`SCAN_SHAPES` (on a CPU or with ``quick``, rows of 4096 holding ``nbytes``, the copy
-    buffer's size, else :data:`SCAN_SHAPES_SMALL`), each timed by ``timer``: a ceiling, as the copy bandwidth is. On the H200 KernelBench's 32768 x 32768 cumsum ran its one scan
-    kernel at 1908 GB/s, 45% of the copy bandwidth (benchmarks/results/h200/accuracy/reprofile/seed1/), and
+    buffer's size, else :data:`SCAN_SHAPES_SMALL`), each timed by ``timer``: a ceiling, as the copy bandwidth is.
+    On the H200 KernelBench's 32768 x 32768 cumsum ran its one scan kernel at 1908 GB/s, 45% of the copy bandwidth (benchmarks/results/h200/accuracy/reprofile/seed1/), and
     Inductor's own scan at 3323 GB/s; a 4096 x 16384 one at 1291 GB/s."""
     def cumsum(shape: tuple[int, ...]) -> Callable[[], Any]:
         x = torch.rand(shape, device=device, dtype=torch.float32)
@@ -119,7 +119,8 @@ def measure_broadcast_gbps(device: str, quick: bool, timer: Callable[[Callable[[
     buffer's size, else :data:`BROADCAST_SHAPES_SMALL`) and ``b`` of ``[C, 1, 1]``, into a preallocated output, each
     timed by ``timer``: the highest, a ceiling as the copy bandwidth is. Sized as the copy is, not in cache: a new
     user's CPU calibrate timed the 1 MiB shape in its L2 at 154 GB/s against a copy of 58 (147 against 25 in the
-    full run), and the spec priced a bias add 4x cheaper than a plain add measured as long. TensorIterator runs it in the loop that computes every operand's offset, not the vectorised contiguous one:
+    full run), and the spec priced a bias add 4x cheaper than a plain add measured as long. TensorIterator runs
+    it in the loop that computes every operand's offset, not the vectorised contiguous one:
     on the H200 such ops inside 113 profiled KernelBench models ran at a median 2,570 GB/s against 4,250 for
     contiguous ones (benchmarks/results/h200/accuracy/memory_rates/)."""
     def add_bias(shape: tuple[int, ...]) -> Callable[[], Any]:

@@ -16,9 +16,10 @@ with the verification engine (:mod:`fusion_advisor.verification`), on these case
    own ``VERIFY_SIZES``; under Triton's interpreter the shape over 65,535 rows runs only with ``shapes="all"``
    (one program per row takes ~1.5 ms there), and the result says so;
 4. **layout** (with the hard values): seed 0's inputs, every tensor a view at storage offset 1 with stride 2 along
-   its last axis, the gaps NaN (:func:`~fusion_advisor.verification.inputs.strided_variant`): a kernel that reads
-   them as contiguous reads the NaN. One that refuses them with a ``ValueError``, ``TypeError`` or
-   ``NotImplementedError`` (:data:`LAYOUT_REFUSALS`) is reported as refusing, not failing.
+   its last axis, the gaps poisoned (NaN for floating tensors;
+   :func:`~fusion_advisor.verification.inputs.strided_variant`): a kernel that reads them as contiguous reads the
+   poison. One whose forward or backward refuses them with a
+   ``ValueError``, ``TypeError`` or ``NotImplementedError`` (:data:`LAYOUT_REFUSALS`) is reported as refusing.
 
 Each case is :func:`~fusion_advisor.verification.kernel.check_case`: poisoned allocations in redzones, CUDA's grid
 limits, inputs unchanged, output dtypes equal to ``reference_fn``'s in the inputs' own dtypes, every output and
@@ -50,7 +51,7 @@ import torch
 
 from fusion_advisor.errors import ContractError, KernelLoadError
 from fusion_advisor.verification.inputs import (
-    STRIDED_CASE, EdgeSize, edge_sizes, explicit_sizes, hard_variants, seed_everything, strided_variant,
+    STRIDED_CASE, EdgeSize, edge_sizes, explicit_sizes, hard_variants, seed_everything, strideable, strided_variant,
 )
 from fusion_advisor.verification.kernel import CaseOutcome, ReferenceFailed, check_case, user_frame
 from fusion_advisor.verification.poison import PoisonAllocations, poison_, poison_value, run_backward  # noqa: F401
@@ -58,7 +59,7 @@ from fusion_advisor.verification.policy import SCALAR_FLOAT_DTYPE, compare_outpu
 
 #: Errors a kernel may raise to refuse the strided case's layouts (documented argument checks): the case is then
 #: reported as refused, not failed; any other error, or a wrong answer, fails it.
-LAYOUT_REFUSALS = ("ValueError", "TypeError", "NotImplementedError")
+LAYOUT_REFUSALS = (ValueError, TypeError, NotImplementedError)
 
 #: Names kept importable from here for callers of the contract checker (they live in fusion_advisor.verification).
 __all__ = [
@@ -545,9 +546,8 @@ def verify_kernel(contract: KernelContract, rtol: float | None = None, atol: flo
     for edge in shape_plan(contract, shapes):
         plan.append((f"shape {edge.label}", f"get_inputs({edge.size!r})",
                      (lambda s=edge.size: fresh_inputs(contract, 0, s)), edge.skip))
-    strided = strided_variant(fresh_inputs(contract, 0)) if hard_values else None
-    if strided is not None:
-        plan.append((STRIDED_CASE, "get_inputs() (seed 0)", (lambda a=strided: a), ""))
+    if hard_values and strideable(base):  # built when it runs: after the largest shapes, not beside them
+        plan.append((STRIDED_CASE, "get_inputs() (seed 0)", (lambda: strided_variant(fresh_inputs(contract, 0))), ""))
 
     precisions: set[str] = set()
     failed_at = ""
@@ -573,7 +573,7 @@ def verify_kernel(contract: KernelContract, rtol: float | None = None, atol: flo
         except ReferenceFailed as exc:
             raise ContractError(f"{user_frame(exc.original, contract.path)}: reference_fn of {contract.name} raised "
                                 f"{type(exc.original).__name__}: {exc.original}") from exc.original
-        if case == STRIDED_CASE and outcome.raised in LAYOUT_REFUSALS:  # a clear refusal, not a wrong answer
+        if case == STRIDED_CASE and outcome.raised is not None and issubclass(outcome.raised, LAYOUT_REFUSALS):
             entry["inputs"], entry["status"] = outcome.inputs, "refused"
             result.details.append(f"{outcome.failure}: refused, not a wrong answer (callers must pass the layouts "
                                   f"it takes)")

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import torch
 
+from fusion_advisor.verification.poison import poison_value
 from fusion_advisor.verification.trees import floating, tree_map
 
 # --- copies -------------------------------------------------------------------------------------------------
@@ -216,23 +217,31 @@ STRIDED_CASE = "strided: every tensor a view at offset 1, stride 2 along its las
 
 def strided_copy(t: torch.Tensor) -> torch.Tensor:
     """``t``'s values in a non-contiguous view: elements ``1, 3, 5, ...`` of a buffer ``2 * t.shape[-1] + 1`` wide
-    along the last axis (stride 2 there, storage offset 1), the buffer's other elements NaN (floating) or the
-    dtype's largest value (integers; ``True`` for bool), so a kernel that reads its input as contiguous, or from
-    the start of its storage, reads them. A leaf, with ``t``'s ``requires_grad``. A 0-d or empty ``t`` is copied
+    along the last axis (stride 2 there, storage offset 1), the buffer's other elements the poison value verify
+    fills allocations with (:func:`~fusion_advisor.verification.poison.poison_value`: NaN for floating dtypes), so a
+    kernel that reads its input as contiguous, or from the start of its storage, reads them. A leaf that does not
+    require grad (:func:`strided_variant` sets ``requires_grad`` as ``t`` had it). A 0-d or empty ``t`` is copied
     as it is."""
     t = t.detach()
     if t.dim() == 0 or t.numel() == 0:
         return t.clone()
-    if t.is_floating_point() or t.is_complex():
-        fill: Any = float("nan")
-    elif t.dtype == torch.bool:
-        fill = True
-    else:
-        fill = torch.iinfo(t.dtype).max
-    buf = torch.full((*t.shape[:-1], 2 * t.shape[-1] + 1), fill, dtype=t.dtype, device=t.device)
+    buf = torch.full((*t.shape[:-1], 2 * t.shape[-1] + 1), poison_value(t.dtype), dtype=t.dtype, device=t.device)
     view = buf[..., 1::2]
     view.copy_(t)
     return view
+
+
+def strideable(args: Sequence[Any]) -> bool:
+    """Whether :func:`strided_variant` would change ``args``: some tensor of one or more dimensions and elements."""
+    found = [False]
+
+    def look(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dim() > 0 and x.numel() > 0:
+            found[0] = True
+        return x
+
+    tree_map(look, list(args))
+    return found[0]
 
 
 def strided_variant(args: Sequence[Any]) -> list[Any] | None:

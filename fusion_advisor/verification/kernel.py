@@ -154,7 +154,8 @@ class CaseOutcome:
         backward_checked: gradients were compared.
         grad_max_abs_diff, grad_max_rel_diff: the same over input gradients (``None`` unchecked).
         judgements: ``(label, Judgement)`` of every floating output and gradient judged by the policy.
-        traceback: the candidate's formatted traceback when it raised; ``raised``: the exception's type name then.
+        traceback: the candidate's formatted traceback when it raised (forward or backward); ``raised``: the
+            exception's type then.
     """
 
     case: str
@@ -170,7 +171,7 @@ class CaseOutcome:
     grad_max_rel_diff: float | None = None
     judgements: list[tuple[str, Judgement]] = field(default_factory=list)
     traceback: str | None = None
-    raised: str = ""
+    raised: type[BaseException] | None = None
 
     def fail(self, line: str) -> None:
         """Record a failing ``line`` (prefixed with the case)."""
@@ -270,7 +271,7 @@ def check_case(case: str, kernel_fn: Callable[..., Any], reference_fn: Callable[
         outcome.fail(f"{kernel_name} raised {type(exc).__name__}: {exc} (at {user_frame(exc, path)})")
         outcome.max_abs_diff = outcome.max_rel_diff = math.inf
         outcome.traceback = "".join(traceback.format_exception(exc))
-        outcome.raised = type(exc).__name__
+        outcome.raised = type(exc)
         return outcome
     outcome.note(f"{kernel_name} ran with {mode.poisoned} allocation(s) poisoned"
                  + (f"; custom ops {', '.join(sorted(mode.opaque_custom_ops))} could not be entered, so their "
@@ -384,6 +385,7 @@ def check_case(case: str, kernel_fn: Callable[..., Any], reference_fn: Callable[
     except Exception as exc:  # the candidate's backward failed: reported
         outcome.fail(f"the backward of {kernel_name} raised {type(exc).__name__}: {exc} (at {user_frame(exc, path)})")
         outcome.traceback = "".join(traceback.format_exception(exc))
+        outcome.raised = type(exc)
         return outcome
     outcome.note(f"backward ran with {bmode.poisoned} allocation(s) poisoned")
     for line in modified_inputs(arg_leaves, snap_leaves, f"by the backward of {kernel_name}"):
