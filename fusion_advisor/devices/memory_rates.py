@@ -95,8 +95,9 @@ def measure_scan_gbps(device: str, quick: bool, timer: Callable[[Callable[[], An
     """Bandwidth (GB/s, bytes read + written) of eager ``torch.cumsum`` along the last dim of fp32 tensors: the
     highest over :data:`SCAN_SHAPES` (on a CPU or with ``quick``, rows of 4096 holding ``nbytes``, the copy
     buffer's size, else :data:`SCAN_SHAPES_SMALL`), each timed by ``timer``: a ceiling, as the copy bandwidth is.
-    On the H200 KernelBench's 32768 x 32768 cumsum ran its one scan kernel at 1908 GB/s, 45% of the copy bandwidth (benchmarks/results/h200/accuracy/reprofile/seed1/), and
-    Inductor's own scan at 3323 GB/s; a 4096 x 16384 one at 1291 GB/s."""
+    On the H200 KernelBench's 32768 x 32768 cumsum ran its one scan kernel at 1908 GB/s, 45% of the copy bandwidth
+    (benchmarks/results/h200/accuracy/reprofile/seed1/), and Inductor's own scan at 3323 GB/s; a 4096 x 16384 one
+    at 1291 GB/s."""
     def cumsum(shape: tuple[int, ...]) -> Callable[[], Any]:
         x = torch.rand(shape, device=device, dtype=torch.float32)
         out = torch.empty_like(x)

@@ -223,7 +223,7 @@ def strided_copy(t: torch.Tensor) -> torch.Tensor:
     require grad (:func:`strided_variant` sets ``requires_grad`` as ``t`` had it). A 0-d or empty ``t`` is copied
     as it is."""
     t = t.detach()
-    if t.dim() == 0 or t.numel() == 0:
+    if not _strideable(t):
         return t.clone()
     buf = torch.full((*t.shape[:-1], 2 * t.shape[-1] + 1), poison_value(t.dtype), dtype=t.dtype, device=t.device)
     view = buf[..., 1::2]
@@ -231,35 +231,31 @@ def strided_copy(t: torch.Tensor) -> torch.Tensor:
     return view
 
 
+def _strideable(x: Any) -> bool:
+    """Whether :func:`strided_copy` lays ``x`` out anew: a tensor of one or more dimensions and elements."""
+    return isinstance(x, torch.Tensor) and x.dim() > 0 and x.numel() > 0
+
+
 def strideable(args: Sequence[Any]) -> bool:
-    """Whether :func:`strided_variant` would change ``args``: some tensor of one or more dimensions and elements."""
+    """Whether :func:`strided_variant` changes ``args`` (nested lists too): some argument is :func:`_strideable`."""
     found = [False]
 
     def look(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.dim() > 0 and x.numel() > 0:
-            found[0] = True
+        found[0] = found[0] or _strideable(x)
         return x
 
     tree_map(look, list(args))
     return found[0]
 
 
-def strided_variant(args: Sequence[Any]) -> list[Any] | None:
-    """``args`` with every tensor of one or more elements replaced by its :func:`strided_copy` (nested lists too;
-    ``requires_grad`` kept): the layout case of ``verify`` (:data:`STRIDED_CASE`). ``None`` when no argument is a
-    tensor of one or more dimensions."""
-    changed = [False]
-
+def strided_variant(args: Sequence[Any]) -> list[Any]:
+    """``args`` with every tensor replaced by its :func:`strided_copy` (nested lists too; ``requires_grad`` kept):
+    the layout case of ``verify`` (:data:`STRIDED_CASE`), which runs where :func:`strideable` says it changes
+    something."""
     def change(x: Any) -> Any:
-        if not isinstance(x, torch.Tensor):
-            return x
-        if x.dim() == 0 or x.numel() == 0:
-            return x.detach().clone().requires_grad_(x.requires_grad)
-        changed[0] = True
-        return strided_copy(x).requires_grad_(x.requires_grad)
+        return strided_copy(x).requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
 
-    out = [tree_map(change, a) for a in args]
-    return out if changed[0] else None
+    return [tree_map(change, a) for a in args]
 
 
 # --- edge shapes --------------------------------------------------------------------------------------------

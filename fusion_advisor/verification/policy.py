@@ -477,9 +477,7 @@ def judge_outputs(actual: Any, reference: Any, eager: Any, label: str = "output"
 def _real_pairs(t: torch.Tensor) -> torch.Tensor:
     """``t`` (shape ``S``) as ``S + (2,)`` real and imaginary parts: a view of a complex tensor (copied only where its
     conjugate bit is set), a real tensor stacked with zeros."""
-    if t.is_complex():
-        return torch.view_as_real(t.resolve_conj())
-    return torch.stack([t, torch.zeros_like(t)], dim=-1)
+    return _real_view(t) if t.is_complex() else torch.stack([t, torch.zeros_like(t)], dim=-1)
 
 
 def _compare_leaf(a: Any, e: Any, atol: float | None, rtol: float | None,
