@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One purpose's GPU benchmarks in one device call, each entry point under its own time limit (from the repository
 # root, $OUT set to an empty folder):
-#   bash benchmarks/run_h200.sh kernels|sweeps|host|llm|accuracy|tests
+#   bash benchmarks/run_h200.sh kernels|sweeps|host|llm|accuracy|tests|verify
 # Each step writes its files to $OUT/<step>/, its output to $OUT/<step>.log and appends "<step>: exit N after S s
 # (limit L s)" to $OUT/steps.txt; a step that fails or times out does not stop the next. The limits leave room in
 # a 10-minute call (the H200 times are in benchmarks/README.md). apply needs KernelBench files:
 # benchmarks/apply/apply_h200.sh.
 set -u
-GROUP=${1:?usage: bash benchmarks/run_h200.sh kernels|sweeps|host|llm|accuracy|tests}
+GROUP=${1:?usage: bash benchmarks/run_h200.sh kernels|sweeps|host|llm|accuracy|tests|verify}
 : "${OUT:?set OUT to the folder the results go to}"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
@@ -52,12 +52,24 @@ case "$GROUP" in
     step profile 360 python benchmarks/accuracy/profile_accuracy.py --out "$OUT/profile" --budget-s 340
     step sdpa 120 python benchmarks/accuracy/sdpa_backends.py --out "$OUT/sdpa"
     ;;
+  verify)  # every library kernel through `fusion-advisor verify` and `bench` as a user runs them, compiled on the
+           # GPU (the interpreter is CI's path): verify/<kernel>.json and bench/<kernel>.json, exit status in steps.txt;
+           # BENCH="softmax rope" benches only those (default: every kernel; ~20 s each with torch.compile's)
+    mkdir -p "$OUT/verify" "$OUT/bench"
+    all=$(python -c "from kernel_library.registry import load_all; print(' '.join(sorted(load_all())))")
+    for k in $all; do
+      step "verify_$k" 90 sh -c "python -m fusion_advisor.cli verify $k > '$OUT/verify/$k.json'"
+    done
+    for k in ${BENCH:-$all}; do
+      step "bench_$k" 120 sh -c "python -m fusion_advisor.cli bench $k > '$OUT/bench/$k.json'"
+    done
+    ;;
   tests)
     step gpu_tests 420 python -m pytest -q -p no:cacheprovider -m gpu tests
     grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu_tests.log" | tail -12
     ;;
   *)
-    echo "unknown group '$GROUP': kernels, sweeps, host, llm, accuracy or tests" >&2
+    echo "unknown group '$GROUP': kernels, sweeps, host, llm, accuracy, tests or verify" >&2
     exit 2
     ;;
 esac

@@ -454,6 +454,10 @@ def bench(
                         "verify": verified}, json_out)
             raise
         _emit_json(result.to_dict(), json_out)
+        for name in result.noisy_timings:
+            console.print(f"[yellow]warning:[/] {name}'s timed calls spread {result.spreads[name]:.0%} "
+                          "((p80 - p20) / median): its median and the speedups built on it are not reliable; "
+                          "bench again on a quiet machine")
 
     run_guarded(job, debug)
 

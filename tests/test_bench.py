@@ -49,6 +49,8 @@ def test_bench_cpu_fields():
     assert d["compiled_reference_time_ms"] is None and d["compile_time_ms"] is None
     assert d["compile_error"] == "skipped (--no-compile)"
     assert d["verify"]["correct"] is True and d["verify"]["seeds"] == [0]
+    assert set(d["timing_spread"]) == {"kernel", "reference"}  # no compiled reference was timed
+    assert all(v >= 0 for v in d["timing_spread"].values())
     json.dumps(d, allow_nan=False)
 
 
@@ -157,6 +159,37 @@ def test_time_cuda_reports_the_calls_do_bench_made():
     assert timing.warmup_iters == 1 + 5 + 7
     assert len(calls) == timing.warmup_iters + timing.benchmark_iters
     assert timing.median_ms == 5.0  # median of 1..9
+    # deciles of 1..9 (inclusive): p20 2.6, p80 7.4 -> (7.4 - 2.6) / 5
+    assert timing.spread == pytest.approx(0.96)
+
+
+def test_timing_spread_is_the_middle_deciles_over_the_median():
+    assert bench_mod.timing_spread([1.0] * 20) == 0.0
+    assert bench_mod.timing_spread([1.0, 1.0]) is None  # too few calls to say
+    assert bench_mod.timing_spread([0.0] * 5) is None
+    steady = [1.0] * 18 + [50.0, 60.0]  # two stalls in twenty calls do not move the middle deciles
+    assert bench_mod.timing_spread(steady) == 0.0
+
+
+def test_bench_json_names_noisy_timings(monkeypatch):
+    """A timer whose calls spread over NOISY_TIMING_SPREAD: bench's JSON gives each spread and names the noisy
+    function, and the CLI warns on stderr."""
+    spreads = iter([0.02, 0.6])  # kernel steady, reference noisy
+
+    def timer(fn, warmup_ms, rep_ms):
+        fn()
+        return bench_mod.Timing(1.0, 1, 10, spread=next(spreads))
+
+    monkeypatch.setattr(bench_mod, "time_cpu", timer)
+    d = bench_kernel(load_contract(KERNELS / "vector_add.py"), compile_reference=False, **FAST).to_dict()
+    assert d["timing_spread"] == {"kernel": 0.02, "reference": 0.6}
+    assert d["noisy_timings"] == ["reference"]
+
+    spreads = iter([0.02, 0.6])
+    result = runner.invoke(app, ["bench", str(KERNELS / "vector_add.py"), "--no-compile", "--warmup-ms", "1",
+                                 "--rep-ms", "5"])
+    assert result.exit_code == 0, result.output
+    assert "reference's timed calls spread 60%" in result.output
 
 
 def test_time_cuda_without_return_mode_all():

@@ -32,7 +32,7 @@ import math
 import statistics
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -70,12 +70,33 @@ class Timing:
         benchmark_iters: calls timed; ``median_ms`` is their median. ``None`` when the timer cannot tell.
         kernels_per_call: device activities (kernels, memsets, copies) per call, where the timer profiles them
             (:func:`device_time_and_kernels`); else ``None``.
+        spread: the timed calls' spread, ``(p80 - p20) / median`` (:func:`timing_spread`); ``None`` when the timer
+            returned no per-call times.
     """
 
     median_ms: float
     warmup_iters: int | None
     benchmark_iters: int | None
     kernels_per_call: float | None = None
+    spread: float | None = None
+
+
+#: A timing whose calls spread more than this ((p80 - p20) / median) is flagged in bench's JSON: its median, and a
+#: ratio built on it, moved with the machine's load more than with the code (the bar apply's noisy ratios use).
+NOISY_TIMING_SPREAD = 0.25
+
+
+def timing_spread(times_ms: list[float]) -> float | None:
+    """Spread of per-call times: ``(p80 - p20) / median``, dimensionless (0.05 = the middle 60% of the calls lie
+    within 5% of the median's width); ``None`` for fewer than 3 calls or a median of 0. The quantiles are
+    ``statistics.quantiles(n=10)``'s (inclusive method) 2nd and 8th deciles."""
+    if len(times_ms) < 3:
+        return None
+    median = statistics.median(times_ms)
+    if median <= 0:
+        return None
+    deciles = statistics.quantiles(times_ms, n=10, method="inclusive")
+    return (deciles[7] - deciles[1]) / median
 
 
 def time_cuda(fn: Callable[[], Any], warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS,
@@ -110,7 +131,7 @@ def time_cuda(fn: Callable[[], Any], warmup_ms: float = DEFAULT_WARMUP_MS, rep_m
         # A Triton whose do_bench rejects return_mode="all" (it asserts before calling fn): counts unknown.
         median = do_bench(counted, warmup=warmup_ms, rep=rep_ms, return_mode="median")
         return Timing(float(median), None, None)
-    return Timing(float(statistics.median(times)), calls - len(times), len(times))
+    return Timing(float(statistics.median(times)), calls - len(times), len(times), spread=timing_spread(times))
 
 
 def _device_events(fn: Callable[[], Any], iters: int, caller: str) -> list[Any]:
@@ -223,7 +244,7 @@ def time_cpu(fn: Callable[[], Any], warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms
         times.append((time.perf_counter() - start) * 1e3)
         if len(times) == wanted or len(times) % 64 == 0:
             wanted = max(CPU_MIN_TIMED_CALLS, int(rep_ms / max(statistics.median(times), 1e-6)))
-    return Timing(statistics.median(times), 1 + n_warmup, len(times))
+    return Timing(statistics.median(times), 1 + n_warmup, len(times), spread=timing_spread(times))
 
 
 @dataclass
@@ -248,6 +269,8 @@ class BenchResult:
         verify: the one-seed verification that preceded the timing.
         recompiles: per timed function (``"kernel"``, ``"reference"``, ``"compiled_reference"``), the Triton JIT
             compilations and torch.compile frame compilations during its timer run (steady state).
+        spreads: per timed function (the keys of ``iterations``), its timed calls' ``(p80 - p20) / median``
+            (:func:`timing_spread`), ``None`` where the timer gave no per-call times.
     """
 
     name: str
@@ -268,13 +291,22 @@ class BenchResult:
     rep_ms: float = DEFAULT_REP_MS
     verify: VerifyResult | None = None
     recompiles: dict[str, RecompileReport] = field(default_factory=dict)
+    spreads: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def noisy_timings(self) -> list[str]:
+        """The timed functions whose calls spread over :data:`NOISY_TIMING_SPREAD`: their medians, and the
+        speedups built on them, are not reliable (a busy machine, a clock-throttled GPU)."""
+        return [name for name, spread in self.spreads.items() if spread is not None and spread > NOISY_TIMING_SPREAD]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict, the contract's keys first; non-finite numbers become ``None``.
 
         ``steady_state_triton_compiles`` (``None`` when not counted, as under the Triton interpreter) and
         ``steady_state_dynamo_recompiles`` (every torch.compile frame compilation during the timed runs) should be
-        0; ``steady_state_recompiles`` holds each timed function's counts and the causes.
+        0; ``steady_state_recompiles`` holds each timed function's counts and the causes. ``timing_spread`` gives
+        each timed function's ``(p80 - p20) / median``; ``noisy_timings`` names those over
+        :data:`NOISY_TIMING_SPREAD`, whose speedups should be measured again.
         """
         f = _json_float
         steady = summarize(self.recompiles)
@@ -293,6 +325,8 @@ class BenchResult:
             "note": self.note,
             "kernel": self.name,
             "iterations": self.iterations,
+            "timing_spread": {name: f(spread) for name, spread in self.spreads.items()},
+            "noisy_timings": self.noisy_timings,
             "warmup_ms": self.warmup_ms,
             "rep_ms": self.rep_ms,
             "verify": self.verify.to_dict() if self.verify is not None else None,
@@ -377,7 +411,7 @@ def bench_kernel(contract: KernelContract, warmup_ms: float = DEFAULT_WARMUP_MS,
             timing = time_cuda(fn, warmup_ms, rep_ms) if on_cuda else time_cpu(fn, warmup_ms, rep_ms)
         recompiles[label] = watch.report
         if warm and timing.warmup_iters is not None:
-            timing = Timing(timing.median_ms, timing.warmup_iters + 1, timing.benchmark_iters)
+            timing = replace(timing, warmup_iters=timing.warmup_iters + 1)
         return timing
 
     kernel_fn, reference_fn = contract.kernel_fn, contract.reference_fn
@@ -404,8 +438,10 @@ def bench_kernel(contract: KernelContract, warmup_ms: float = DEFAULT_WARMUP_MS,
 
     iterations = {"kernel": {"warmup": kernel.warmup_iters, "benchmark": kernel.benchmark_iters},
                   "reference": {"warmup": reference.warmup_iters, "benchmark": reference.benchmark_iters}}
+    spreads = {"kernel": kernel.spread, "reference": reference.spread}
     if compiled is not None:
         iterations["compiled_reference"] = {"warmup": compiled.warmup_iters, "benchmark": compiled.benchmark_iters}
+        spreads["compiled_reference"] = compiled.spread
     return BenchResult(
         name=contract.name,
         device=describe_device(device),
@@ -426,4 +462,5 @@ def bench_kernel(contract: KernelContract, warmup_ms: float = DEFAULT_WARMUP_MS,
         rep_ms=rep_ms,
         verify=verified,
         recompiles=recompiles,
+        spreads=spreads,
     )
