@@ -706,7 +706,10 @@ def _bench_sweep(file: str, out: Optional[Path], gpu: Optional[str], warmup_ms: 
     show = Console(width=None if sys.stdout.isatty() else 160)
     show.print(sweep_table(result))
     for s in result.sizes:
-        line = f"size {s.size}: best {s.best_config or '(none: every config rejected)'}"
+        if result.interpreted:
+            line = f"size {s.size}: no best config (interpreter times)"
+        else:
+            line = f"size {s.size}: best {s.best_config or '(none: every config rejected)'}"
         if s.best_time_ms is not None:
             line += f" ({s.best_time_ms:.4f} ms)"
         if s.rejected:

@@ -2,7 +2,7 @@
 
 They check the bookkeeping, never speed: every config verified before it is timed, a config that breaks masking
 rejected with its reason while the sweep goes on, a config that fails to launch rejected, the best config per
-size, the autotune path, the clear message of a file without hooks, the files (CSV readable by pandas, JSON) and
+size (marked on GPU times only), the autotune path, the clear message of a file without hooks, the files (CSV readable by pandas, JSON) and
 the never-overwrite check.
 """
 
@@ -20,9 +20,12 @@ from fusion_advisor.errors import ContractError, UserError
 from fusion_advisor.kernel_tools.sweep import (
     COLUMNS,
     CPU_LABEL,
+    SizeSummary,
     SweepHooks,
+    SweepRow,
     check_sweep_dir,
     load_hooks,
+    mark_best,
     run_sweep,
     write_sweep,
 )
@@ -48,11 +51,9 @@ def test_sweep_table_rows_and_best(add_sweep):
         assert r.gbps is None and r.pct_roofline is None  # not computed for interpreter times
         if r.status == "ok":
             assert r.time_ms > 0 and r.first_call_ms > 0 and r.benchmark_iters >= 3
-    for s in add_sweep.sizes:
-        ok = [r for r in add_sweep.rows if r.size == s.size and r.status == "ok"]
-        best = [r for r in ok if r.best]
-        assert len(best) == 1 and best[0].time_ms == min(r.time_ms for r in ok)
-        assert s.best_config == best[0].config
+    # interpreter times rank nothing about a GPU: no config is marked best
+    assert not any(r.best for r in add_sweep.rows)
+    assert all(s.best_config == "" and s.best_time_ms is None for s in add_sweep.sizes)
     # the EVEN_N config is right where the block divides the size, and rejected where it does not
     even = "BLOCK_SIZE=256 num_warps=4 EVEN_N=True"
     assert rows[("1024", even)].status == "ok"
@@ -62,6 +63,20 @@ def test_sweep_table_rows_and_best(add_sweep):
     assert add_sweep.sizes[1].rejected == 1
     assert add_sweep.sizes[1].failed_verification == 1 and add_sweep.failed_sizes == ["1031"]  # exit 1 from the CLI
     assert CPU_LABEL in add_sweep.note and add_sweep.interpreted
+
+
+def test_mark_best_takes_the_fastest_verified_row():
+    def row(config, status, ms):
+        return SweepRow(size="1024", config=config, status=status, time_ms=ms)
+
+    rows = [row("a", "ok", 2.0), row("b", "rejected", None), row("c", "ok", 1.5), row("d", "ok", None)]
+    summary = SizeSummary(size="1024", best_config="", best_time_ms=None, rejected=1)
+    mark_best(rows, summary)
+    assert [r.best for r in rows] == [False, False, True, False]
+    assert (summary.best_config, summary.best_time_ms) == ("c", 1.5)
+    nothing = SizeSummary(size="1024", best_config="", best_time_ms=None, rejected=1)
+    mark_best([row("b", "rejected", None)], nothing)
+    assert nothing.best_config == "" and nothing.best_time_ms is None
 
 
 def test_config_that_fails_to_launch_is_rejected_and_sweep_goes_on():
@@ -110,7 +125,7 @@ def test_files_written_and_csv_readable(add_sweep, tmp_path):
     frame = pd.read_csv(paths["csv"])
     assert list(frame.columns) == list(COLUMNS)
     assert len(frame) == 6 and set(frame["status"]) == {"ok", "rejected"}
-    assert frame["best"].sum() == 2
+    assert frame["best"].sum() == 0  # interpreter times: no best
     doc = json.loads(paths["json"].read_text())
     assert doc["sweep"] == "sweep_add" and doc["interpreted"] is True and len(doc["rows"]) == 6
     assert doc["sizes"][1]["rejected"] == 1
@@ -130,7 +145,8 @@ def test_cli_bench_sweep(tmp_path):
     # the EVEN_N config computes wrong values at 1031: the sweep goes on and writes its files, then exits 1
     assert res.exit_code == 1, res.output
     assert "CPU interpreter, not a GPU measurement" in res.output
-    assert "rejected" in res.output and "best BLOCK_SIZE" in res.output
+    assert "rejected" in res.output and "no best config (interpreter times)" in res.output
+    assert "best BLOCK_SIZE" not in res.output
     assert "verification failed at size(s) 1031" in res.output
     assert (out / "sweep.csv").exists() and (out / "sweep.json").exists()
     assert json.loads((out / "sweep.json").read_text())["failed_sizes"] == ["1031"]

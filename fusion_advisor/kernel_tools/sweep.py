@@ -34,7 +34,7 @@ For each size and config, :func:`run_sweep`
 GB/s = ``bytes_moved / time``; TFLOP/s = ``flops / time``; % of roofline = the roofline time of the call on the
 device spec (``max(flops / peak, bytes / bandwidth)``, :mod:`fusion_advisor.analyze.roofline`'s model without the launch
 term; vector peak of the inputs' dtype unless the file sets ``SWEEP_TENSOR_CORES = True``) over the measured
-time. The best config of a size is its fastest verified one.
+time. The best config of a size is its fastest verified one, on a GPU (interpreter times choose nothing).
 
 Without a GPU the kernels run under Triton's interpreter: the sweep still verifies every config and measures
 times, but those are CPU-interpreter times (:data:`CPU_LABEL` in every row), not a GPU measurement; GB/s and %
@@ -103,7 +103,7 @@ COLUMNS: dict[str, str] = {
     "tflops": "flops / time_ms (TFLOP/s); empty without flops or on the CPU interpreter.",
     "pct_roofline": "Roofline time max(flops/peak, bytes/bandwidth) on the device spec over time_ms (%); empty "
     "without bytes_moved/flops or on the CPU interpreter.",
-    "best": "True for the fastest verified config of its size.",
+    "best": "True for the fastest verified config of its size (GPU times only: never under the CPU interpreter).",
     "warmup_iters": "Untimed calls of the steady-state timer.",
     "benchmark_iters": "Timed calls; time_ms is their median.",
     "bytes": "bytes_moved(*args) of this size (bytes), empty without it.",
@@ -296,8 +296,9 @@ class SizeSummary:
 
     Attributes:
         size: the size label.
-        best_config: the fastest verified config, ``""`` when every config was rejected.
-        best_time_ms: its median time (ms).
+        best_config: the fastest verified config, ``""`` when every config was rejected or the times come from
+            the CPU interpreter (which ranks nothing about a GPU).
+        best_time_ms: its median time (ms), ``None`` where ``best_config`` is ``""``.
         rejected: number of configs rejected at this size.
         failed_verification: those of them that ran but computed wrong values (NaN, a mismatch, an out-of-bounds
             store, a mutated input): a kernel bug at this size, unlike a config that does not compile or launch.
@@ -503,11 +504,8 @@ def run_sweep(hooks: SweepHooks, *, spec_name: str | None = None, warmup_ms: flo
             if row.status == "ok":
                 _throughput(row, spec, on_cuda, hooks.tensor_cores, _dtype_short(args))
             size_rows.append(row)
-        ok = [r for r in size_rows if r.status == "ok" and r.time_ms is not None]
-        if ok:
-            best = min(ok, key=lambda r: r.time_ms)
-            best.best = True
-            summary.best_config, summary.best_time_ms = best.config, best.time_ms
+        if on_cuda:  # interpreter times rank the interpreter, not the configs on a GPU: no best there
+            mark_best(size_rows, summary)
         summary.rejected = sum(r.status == "rejected" for r in size_rows)
         summary.failed_verification = sum(r.reason.startswith(FAILED_VERIFICATION) for r in size_rows)
         rows += size_rows
@@ -520,6 +518,16 @@ def run_sweep(hooks: SweepHooks, *, spec_name: str | None = None, warmup_ms: flo
         timer=TIMER_CUDA if on_cuda else TIMER_CPU, interpreted=not on_cuda, spec=spec.name, rows=rows,
         sizes=summaries, note=note, warmup_ms=warmup_ms, rep_ms=rep_ms, versions=versions(),
     )
+
+
+def mark_best(size_rows: list[SweepRow], summary: SizeSummary) -> None:
+    """Mark the fastest verified row of one size (``best``) and write it into ``summary``; nothing when no row
+    verified. Only GPU times are ranked: :func:`run_sweep` does not call this under the interpreter."""
+    ok = [r for r in size_rows if r.status == "ok" and r.time_ms is not None]
+    if ok:
+        best = min(ok, key=lambda r: r.time_ms)
+        best.best = True
+        summary.best_config, summary.best_time_ms = best.config, best.time_ms
 
 
 def _call_formula(fn: Callable[..., int] | None, args: list[Any], what: str, name: str) -> int | None:
