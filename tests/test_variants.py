@@ -439,14 +439,48 @@ def test_a_confirmation_that_is_lost_says_whether_the_challenger_was_faster(monk
     # the user saw "faster in the search but not in the confirmation (... 1.229x)": it was faster, by less than
     # the noise; the line must say so, and a challenger that was slower must not read as a narrow win
     monkeypatch.setattr(search_mod, "PlannedModel", lambda model, spec, kernels, **_: spec.name)
-    inp = search_mod.SearchInputs(harness=_RoundsHarness({"a": challenger, "b": [10.0, 14.0, 10.0, 10.0]}),
+    # b's rounds spread 40%: the pair is timed again, and the second set (as noisy) does not replace the first
+    inp = search_mod.SearchInputs(harness=_RoundsHarness({"a": challenger * 2, "b": [10.0, 14.0, 10.0, 10.0] * 2}),
                                   kernels={}, analysis=None, regions=[], swaps=[])
     inp.harness.model = None
     won, line, _, ratio, spread = search_mod._confirm(inp, _fake_outcome("a", 8.0), _fake_outcome("b", 10.0, True))
     assert not won and says in line
+    assert inp.harness.rounds == {"a": [], "b": []}  # both sets were timed
     assert ratio == pytest.approx(10.0 / statistics.median(challenger))
     a_spread = (max(challenger) - min(challenger)) / statistics.median(challenger)
     assert spread == pytest.approx(max(a_spread, 0.4))  # b: (14 - 10) / 10
+
+
+def test_a_noisy_confirmation_is_timed_again_and_the_quieter_pair_kept(monkeypatch):
+    monkeypatch.setattr(search_mod, "PlannedModel", lambda model, spec, kernels, **_: spec.name)
+    # the first set: b stalled in one round (spread 100%) and hid a's 1.25x; the second set is quiet
+    rounds = {"a": [8.0, 8.0, 8.0, 8.0, 8.0, 8.1, 8.0, 8.0], "b": [10.0, 20.0, 10.0, 10.0, 10.0, 10.0, 10.1, 10.0]}
+    inp = search_mod.SearchInputs(harness=_RoundsHarness(rounds), kernels={}, analysis=None, regions=[], swaps=[])
+    inp.harness.model = None
+    won, line, _, ratio, spread = search_mod._confirm(inp, _fake_outcome("a", 8.0), _fake_outcome("b", 10.0, True))
+    assert won and ratio == pytest.approx(10.0 / 8.0) and spread == pytest.approx(0.1 / 8.0)
+    # quiet from the start: one set only
+    inp = search_mod.SearchInputs(harness=_RoundsHarness({"a": [8.0] * 8, "b": [10.0] * 8}), kernels={},
+                                  analysis=None, regions=[], swaps=[])
+    inp.harness.model = None
+    assert search_mod._confirm(inp, _fake_outcome("a", 8.0), _fake_outcome("b", 10.0, True)).won
+    assert inp.harness.rounds == {"a": [8.0] * 4, "b": [10.0] * 4}
+
+
+@pytest.mark.parametrize("given, kept, discarded", [
+    ([1.0, 1.01, 1.0], [1.0, 1.01, 1.0], []),  # quiet: one set
+    ([1.0, 3.0, 1.0, 1.0, 1.02, 1.0], [1.0, 1.02, 1.0], [1.0, 3.0, 1.0]),  # a stall, then quiet: the quiet set kept
+    ([1.0, 1.5, 1.0, 1.0, 3.0, 1.0], [1.0, 1.5, 1.0], [1.0, 3.0, 1.0]),  # noisy throughout: the quieter kept
+])
+def test_noisy_rounds_are_timed_once_more_and_the_quieter_set_kept(given, kept, discarded):
+    from types import SimpleNamespace
+
+    times = list(given)
+    fake = SimpleNamespace(round_timer=lambda fn: lambda: times.pop(0), device="cpu", timer=R.TIMER_CPU)
+    timing = ModelHarness.time(fake, None, rounds=3)
+    assert timing.rounds_ms == kept and timing.discarded_rounds_ms == discarded and times == []
+    assert timing.ms == statistics.median(kept)
+    assert "quieter of two sets" in search_mod._ms(timing) if discarded else "quieter" not in search_mod._ms(timing)
 
 
 def test_noisy_rounds_make_apply_warn_that_its_speedups_are_unreliable():

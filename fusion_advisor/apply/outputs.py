@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from fusion_advisor.apply.plan import PLAN_VERSION, model_signature, now_iso, render_plan
-from fusion_advisor.apply.records import ApplyResult, NearMiss, SwapOutcome, SwapSite
+from fusion_advisor.apply.records import NOISY_SPREAD, ApplyResult, NearMiss, SwapOutcome, SwapSite
 from fusion_advisor.files import csv_text
 
 #: variants.csv columns and what each holds.
@@ -28,7 +28,8 @@ VARIANT_COLUMNS: dict[str, str] = {
     "status": "chosen / correct (checked and timed) / wrong (failed the float64 check) / failed (raised) / "
               "skipped (budget) / not timed.",
     "ms": "Steady-state time of one step (forward, or forward+backward), ms: median of the timing rounds.",
-    "spread": "(max - min) / median of the rounds, a fraction (0.02 = 2%): the measurement's noise.",
+    "spread": "(max - min) / median of the rounds, a fraction (0.02 = 2%): the measurement's noise. Rounds "
+              f"that spread over {NOISY_SPREAD:.0%} were timed once more and the quieter set is the one given.",
     "vs_eager": "Speed-up over the model as written, same run.",
     "vs_compile": "Speed-up over torch.compile(model), same run.",
     "first_call_s": "First step, s: compilation and CUDA-graph capture included.",

@@ -544,6 +544,8 @@ class VariantTiming:
             :func:`~fusion_advisor.kernel_tools.bench.kernel_class`.
         steady_state_recompiles: Triton JIT and dynamo compilations while timed (should be 0).
         error: why there is no number.
+        discarded_rounds_ms: where a set of rounds spread over :data:`NOISY_SPREAD` and was timed again, the
+            noisier of the two sets (``rounds_ms`` holds the quieter); else empty.
     """
 
     timer: str = TIMER_NONE
@@ -557,6 +559,7 @@ class VariantTiming:
     device_ms_by_class: dict[str, float] = field(default_factory=dict)
     steady_state_recompiles: dict[str, Any] | None = None
     error: str = ""
+    discarded_rounds_ms: list[float] = field(default_factory=list)
 
 
 #: A timed variant whose rounds spread more than this (max - min over the median) makes apply warn that its
