@@ -827,10 +827,21 @@ def _hf_add_layer_norm_replacement(
     return kernel_fn(hidden_states, weight, bias, eps, residual=residual)
 
 
+def _last_dim_only(hidden_states: torch.Tensor, *rest) -> str:
+    """apply's check of a LayerNorm site: ``""`` where it normalizes over the last dim alone, else why not (an
+    ``nn.LayerNorm([64, 256, 256])`` normalizes over three dims: its weight has their shape)."""
+    weight = next((t for t in rest if isinstance(t, torch.Tensor) and t.shape != hidden_states.shape), None)
+    if weight is not None and weight.dim() != 1:
+        return (f"it normalizes over the last {weight.dim()} dims (weight {list(weight.shape)}); the kernel "
+                f"normalizes over the last dim only")
+    return ""
+
+
 ENTRY = register_kernel(KernelEntry(
     name="layernorm", module=__name__, op="fusion_advisor::layer_norm", has_backward=True,
     description="LayerNorm over the last dim with optional weight/bias, fwd+bwd; matches F.layer_norm",
-    pattern=_hf_layer_norm, replacement=_hf_layer_norm_replacement, example_args=((2, 3, 16), (16,), (16,), "scalar")))
+    pattern=_hf_layer_norm, replacement=_hf_layer_norm_replacement, example_args=((2, 3, 16), (16,), (16,), "scalar"),
+    extra_check=_last_dim_only))
 
 #: The fused residual add shares this module's contract: ``kernel_fn(..., residual=r)`` / ``reference_fn`` /
 #: ``make_inputs(..., residual=True)``; ``get_inputs()`` covers the plain entry only.
@@ -838,4 +849,4 @@ ADD_ENTRY = register_kernel(KernelEntry(
     name="add_layernorm", module=__name__, op="fusion_advisor::add_layer_norm", has_backward=True,
     description="residual add + LayerNorm, fwd+bwd; returns (F.layer_norm(residual + x), residual + x)",
     pattern=_hf_add_layer_norm, replacement=_hf_add_layer_norm_replacement,
-    example_args=((2, 3, 16), (2, 3, 16), (16,), (16,), "scalar")))
+    example_args=((2, 3, 16), (2, 3, 16), (16,), (16,), "scalar"), extra_check=_last_dim_only))

@@ -53,7 +53,9 @@ class KernelEntry:
             tensor of that shape in the float dtype being traced (fp32 and bf16), ``(shape, dtype)`` a tensor of
             that dtype (``((6,), torch.int64)`` for targets), ``"scalar"`` a scalar parameter such as ``eps``
             (traced with a sentinel, captured from the model at a match).
-        extra_check: predicate over the matched tensors' metadata (shapes, dtypes), or ``None``.
+        extra_check: predicate over the matched arguments (tensors' shapes, dtypes; the pattern's parameters in
+            order), or ``None``: ``True`` to take the site, ``False`` to refuse it, or a string, the reason it is
+            refused (``""`` to take it), which apply's near-miss report quotes.
         match_dtypes: the float dtypes ``apply`` matches the pattern in at all, or ``None`` for any: a site in
             another dtype is not this kernel's (no near-miss), e.g. an fp32-only GEMM meeting a bf16 ``F.linear``,
             which is cuBLAS's tensor-core GEMM already.
@@ -73,7 +75,7 @@ class KernelEntry:
     pattern: Callable | None = field(default=None, compare=False)
     replacement: Callable | None = field(default=None, compare=False)
     example_args: tuple = field(default=(), compare=False)
-    extra_check: Callable[..., bool] | None = field(default=None, compare=False)
+    extra_check: Callable[..., bool | str] | None = field(default=None, compare=False)
     match_dtypes: tuple[torch.dtype, ...] | None = None
     heavy_targets: tuple[str, ...] = ()
 

@@ -236,6 +236,36 @@ def test_dry_run_routed_policy_follows_the_analysis(tmp_path):
     assert {result.outcomes[s.id].decision for s in result.sites} == {R.NOT_VERIFIED}
 
 
+def test_a_layernorm_over_several_dims_is_a_near_miss_that_says_so(tmp_path):
+    # a new user's level1/40_LayerNorm (nn.LayerNorm((64, 256, 256))) read "tracing the pattern on the site's
+    # arguments raised RuntimeError: Expected weight to be of same shape as normalized_shape ..."
+    model = _write(tmp_path, "ln3", '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm((4, 8))
+
+    def forward(self, x):
+        return self.ln(x)
+
+
+def get_inputs():
+    return [torch.randn(2, 4, 8)]
+
+
+def get_init_inputs():
+    return []
+''')
+    result = apply(model, ApplyOptions(candidates="all", kernels=("layernorm",)), device="cpu")
+    assert result.sites == []
+    (miss,) = result.near_misses
+    assert miss.kind == "check" and "normalizes over the last 2 dims (weight [4, 8])" in miss.reason
+
+
 # --- verification and decisions -----------------------------------------------------------------------------
 
 

@@ -269,7 +269,10 @@ def _check_site(entry: Any, vals: list[Any]) -> str:
             return f"tensors on {t.device}: the Triton kernel needs CUDA (or TRITON_INTERPRET=1 for CPU tensors)"
     if entry.extra_check is not None:
         try:
-            if not entry.extra_check(*vals):
+            verdict = entry.extra_check(*vals)
+            if isinstance(verdict, str):  # a refusal with its reason, "" for none
+                return verdict
+            if not verdict:
                 return "the kernel's extra_check refused these shapes/dtypes"
         except Exception as e:
             return f"the kernel's extra_check raised {type(e).__name__}: {first_line(str(e))}"
@@ -366,8 +369,9 @@ def _confirm(gm: torch.fx.GraphModule, library: PatternLibrary, entry: Any, loos
         return NearMiss(entry.name, entry.replaces, gi, op_ids, (), src, mod, reason, kind)
 
     exact = library.exact(entry, vals)
-    if isinstance(exact, str):
-        return None, miss(exact, "structure")
+    if isinstance(exact, str):  # the kernel's own refusal, where it has one, says more than the trace's error
+        why = _check_site(entry, vals)
+        return None, (miss(f"{entry.name} cannot take this site: {why}", "check") if why else miss(exact, "structure"))
     attempt = _Attempt()
     st2 = _Matcher(exact, by_target, strict=True).run(anchor, attempt)
     if st2 is None:

@@ -181,8 +181,9 @@ def noise_warning(variants: list[Any], confirmation_spread: float | None = None)
     confirmation = (", and the final confirmation's" if confirmation_spread is not None
                     and confirmation_spread > NOISY_SPREAD else "")
     return (f"timings are noisy: {n} of {timed} timed variants' rounds{confirmation} spread more than "
-            f"{NOISY_SPREAD:.0%} (worst {name}, {worst:.0%}); the machine is busy or its clocks vary, so the "
-            f"speed-ups below and the choice between close variants are not reliable; re-run apply on an idle machine")
+            f"{NOISY_SPREAD:.0%} (worst {name}, {worst:.0%}): the machine was busy, its clocks varied or a variant had not settled "
+            f"(its rounds drifting the same way twice), so the speed-ups below and the choice between close variants "
+            f"are not reliable; re-run apply on an idle machine")
 
 
 def tf32_allowed(analysis: Any, device: str) -> bool:

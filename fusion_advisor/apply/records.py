@@ -534,7 +534,8 @@ class VariantTiming:
         timer: how (:data:`TIMER_GPU`, :data:`TIMER_CPU`).
         ms: steady-state time of one step, ms: the median of ``rounds_ms``.
         rounds_ms: the median of each timing round (rounds interleaved with other variants' where compared).
-        spread: ``(max - min) / median`` of ``rounds_ms``: the noise of this measurement.
+        spread: ``(max - min) / median`` of ``rounds_ms``: the noise of this measurement; where the rounds were
+            timed twice (``discarded_rounds_ms``), the larger of that and the two sets' medians' disagreement.
         first_call_s: the first step's wall time, s (compilation and CUDA-graph capture included).
         peak_mb: peak allocated memory over a few steps, MiB (GPU only).
         peak_reserved_mb: peak reserved memory over the same steps, MiB: it holds CUDA graphs' private pools, which
@@ -765,7 +766,7 @@ class ApplyResult:
         mine = self.chosen.timing.spread or 0.0
         out = {}
         for v in self.variants:
-            if v.spec.name in self.speedups and v.timing is not None:
+            if v is not self.chosen and v.spec.name in self.speedups and v.timing is not None:  # (itself: 1.00x)
                 spread = max(mine, v.timing.spread or 0.0)
                 if spread > NOISY_SPREAD:
                     out[v.spec.name] = spread

@@ -39,7 +39,7 @@ import torch
 
 from fusion_advisor.stages import Stage, no_progress
 from fusion_advisor.apply.executors import CudagraphSkips, reset_compiled_state
-from fusion_advisor.apply.measure import ModelHarness, summarize_rounds
+from fusion_advisor.apply.measure import ModelHarness, quieter_sets, should_time_again, summarize_rounds
 from fusion_advisor.apply.records import (
     AS_WRITTEN, CHOSEN, CORRECT, FAILED, NOISY_SPREAD, NOT_TIMED, SKIPPED, WRONG, PlannedSwap, Region, SwapSite,
     VariantOutcome, VariantSpec, VariantTiming, uses_cudagraphs, with_cudagraphs,
@@ -219,7 +219,8 @@ def _timeable(spec: VariantSpec, device: str) -> bool:
 
 
 def _ms(t: VariantTiming) -> str:
-    again = f", the quieter of two sets: the first spread over {NOISY_SPREAD:.0%}" if t.discarded_rounds_ms else ""
+    again = (f"; timed twice, the first set spread over {NOISY_SPREAD:.0%}: the quieter set, its spread with the two "
+             f"sets' disagreement" if t.discarded_rounds_ms else "")
     spread = f" (spread {t.spread:.1%} over {len(t.rounds_ms)} rounds{again})" if t.spread is not None else ""
     first = f", first call {t.first_call_s:.2f} s" if t.first_call_s is not None else ""
     return f"{t.ms:.4g} ms per step{spread}{first}"
@@ -498,8 +499,9 @@ def search(inp: SearchInputs) -> SearchResult:
         now = time.perf_counter()
         left = inp.budget_s - (now - start)
         estimate = check_s + compile_cost(spec) * compile_s
-        cost = (f"would take about {estimate:.0f} s ({compile_cost(spec):g}x torch.compile's first call of "
-                f"{compile_s:.1f} s, plus checking and timing)")
+        build = (f"{compile_cost(spec):g}x torch.compile's first call of {compile_s:.1f} s, plus checking and timing"
+                 if compile_cost(spec) else "checking and timing it, as long as the model as written took")
+        cost = f"would take about {estimate:.0f} s ({build})"
         if estimate > left:
             return f"not tried: {cost}, {max(left, 0):.0f} s of the --budget-s of {inp.budget_s:g} s left"
         if now + estimate > inp.deadline:
@@ -625,16 +627,6 @@ def _interleaved(round_a: Callable[[], float], round_b: Callable[[], float]) -> 
     return ta, tb
 
 
-def _noisiest(*sets: list[float]) -> float:
-    """The largest ``(max - min) / median`` over the sets of round times."""
-    worst = 0.0
-    for rounds in sets:
-        t = VariantTiming(rounds_ms=rounds)
-        summarize_rounds(t)
-        worst = max(worst, t.spread or 0.0)
-    return worst
-
-
 class Confirmation(NamedTuple):
     """:func:`_confirm`'s outcome: whether ``a`` won, the line saying so, ``a``'s model when it won, ``b``'s median
     over ``a``'s (0.0 when ``a`` raised) and the larger of the two variants' spreads over the rounds (``None`` when
@@ -652,6 +644,7 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> Confirm
     h = inp.harness
     reset_compiled_state()
     failure, out_of_memory = "", False
+    retimed: float | None = None  # the reported spread of a pair timed twice
     with warnings.catch_warnings(), quiet_torch_logs(), grad_mode_kept():
         warnings.simplefilter("ignore")
         try:
@@ -661,10 +654,8 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> Confirm
             h.first_call(mb)
             round_a, round_b = h.round_timer(ma), h.round_timer(mb)  # as each was timed in the search
             ta, tb = _interleaved(round_a, round_b)
-            if _noisiest(ta, tb) > NOISY_SPREAD:  # timed once more, the quieter pair of sets kept (as h.time does)
-                again = _interleaved(round_a, round_b)
-                if _noisiest(*again) < _noisiest(ta, tb):
-                    ta, tb = again
+            if should_time_again([ta, tb]):  # as h.time does: once more, the quieter pair kept
+                (ta, tb), _, retimed = quieter_sets([ta, tb], list(_interleaved(round_a, round_b)))
         except Exception as e:  # the challenger failing now is a loss
             failure = f"raised {type(e).__name__}: {first_line(str(e))}"
             out_of_memory = isinstance(e, torch.cuda.OutOfMemoryError)
@@ -675,11 +666,15 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> Confirm
     ra, rb = VariantTiming(rounds_ms=ta), VariantTiming(rounds_ms=tb)
     summarize_rounds(ra)
     summarize_rounds(rb)
-    need = max(MIN_WIN, ra.spread or 0.0, rb.spread or 0.0)
+    spread = max(ra.spread or 0.0, rb.spread or 0.0, retimed or 0.0)
+    need = max(MIN_WIN, spread)
     won = ra.ms < rb.ms * (1.0 - need)
     line = (f"{ra.ms:.4g} ms (spread {ra.spread:.1%}) vs {rb.ms:.4g} ms (spread {rb.spread:.1%}), "
             f"{rb.ms / ra.ms:.3f}x")
+    if retimed is not None:
+        line += (f" (the quieter of two timings: the first spread over {NOISY_SPREAD:.0%}; spread {retimed:.1%} "
+                 f"with the two timings' disagreement)")
     if not won:  # a challenger that was faster, but by less than the noise, is said to be so
         line += (f", a win under the {need:.1%} it needed (the larger of {MIN_WIN:.0%} and the rounds' spreads)"
                  if ra.ms < rb.ms else ", no faster")
-    return Confirmation(won, line, ma if won else None, rb.ms / ra.ms, max(ra.spread or 0.0, rb.spread or 0.0))
+    return Confirmation(won, line, ma if won else None, rb.ms / ra.ms, spread)

@@ -327,6 +327,9 @@ class BenchResult:
             "iterations": self.iterations,
             "timing_spread": {name: f(spread) for name, spread in self.spreads.items()},
             "noisy_timings": self.noisy_timings,
+            "timing_spread_note": (f"(p80 - p20) / median of each function's timed calls; those over "
+                                   f"{NOISY_TIMING_SPREAD:g} are named in noisy_timings: their medians and the "
+                                   f"speedups built on them moved with the machine's load"),
             "warmup_ms": self.warmup_ms,
             "rep_ms": self.rep_ms,
             "verify": self.verify.to_dict() if self.verify is not None else None,

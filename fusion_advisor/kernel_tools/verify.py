@@ -42,6 +42,7 @@ import os
 import pkgutil
 import re
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -201,12 +202,22 @@ def _row_limit(module: ModuleType) -> int | None:
 def use_triton_interpreter_if_no_gpu() -> bool:
     """Set ``TRITON_INTERPRET=1`` when no CUDA GPU is present and the variable is unset; return whether set now.
 
-    Triton reads the variable when a kernel is decorated, so call this before a kernel file is imported.
+    Triton reads the variable when a kernel is decorated, so call this before a kernel file is imported. Under the
+    interpreter NumPy's floating-point warnings from Triton's own emulation (``overflow encountered in multiply``
+    when verify's hard values reach inf, as they do on a GPU without a word) are silenced: verify judges the
+    outputs, inf and NaN included.
     """
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        _quiet_interpreter_arithmetic()
     if torch.cuda.is_available() or "TRITON_INTERPRET" in os.environ:
         return False
     os.environ["TRITON_INTERPRET"] = "1"
+    _quiet_interpreter_arithmetic()
     return True
+
+
+def _quiet_interpreter_arithmetic() -> None:
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
 
 
 def load_contract(spec: str | os.PathLike[str]) -> KernelContract:
