@@ -830,8 +830,8 @@ def _hf_add_layer_norm_replacement(
 def _last_dim_only(hidden_states: torch.Tensor, *rest) -> str:
     """apply's check of a LayerNorm site: ``""`` where it normalizes over the last dim alone, else why not (an
     ``nn.LayerNorm([64, 256, 256])`` normalizes over three dims: its weight has their shape)."""
-    weight = next((t for t in rest if isinstance(t, torch.Tensor) and t.shape != hidden_states.shape), None)
-    if weight is not None and weight.dim() != 1:
+    weight = rest[-3] if len(rest) >= 3 else None  # (weight, bias, eps) end both patterns' parameters
+    if isinstance(weight, torch.Tensor) and weight.dim() != 1:
         return (f"it normalizes over the last {weight.dim()} dims (weight {list(weight.shape)}); the kernel "
                 f"normalizes over the last dim only")
     return ""

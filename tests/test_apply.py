@@ -264,6 +264,13 @@ def get_init_inputs():
     assert result.sites == []
     (miss,) = result.near_misses
     assert miss.kind == "check" and "normalizes over the last 2 dims (weight [4, 8])" in miss.reason
+    # the input of the normalized shape itself: the weight is taken by its place, not told apart by its shape
+    from kernel_library.layernorm import _last_dim_only
+
+    x, w = torch.empty(4, 8), torch.empty(4, 8)
+    assert "last 2 dims" in _last_dim_only(x, w, w, 1e-5)
+    assert "last 2 dims" in _last_dim_only(x, torch.empty(1, 8), w, w, 1e-5)  # add_layernorm: a broadcast residual
+    assert _last_dim_only(x, torch.empty(8), None, 1e-5) == ""
 
 
 # --- verification and decisions -----------------------------------------------------------------------------

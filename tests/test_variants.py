@@ -498,7 +498,7 @@ def test_rounds_timed_twice_keep_the_noise_of_a_machine_busy_throughout():
     kept, _, _ = quieter_sets([[1.0, 1.0], [1.0, 2.0]], [[1.0, 1.5], [1.0, 1.1]])
     assert kept == [[1.0, 1.5], [1.0, 1.1]]
     assert should_time_again([[1.0, 1.0], [1.0, 1.3]]) and not should_time_again([[1.0, 1.2]])
-    assert not should_time_again([[2000.0, 4000.0]])  # a long step: one call per round, not timed again
+    assert not should_time_again([[200.0, 400.0]])  # a second set of a long step's rounds costs seconds: not again
     assert not should_time_again([[1.0]])  # one round says nothing about spread
 
 

@@ -740,3 +740,22 @@ def test_cli_verify_reports_the_shapes_it_ran():
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["verify", str(KERNELS / "vector_add.py"), "--shapes", "some"])
     assert res.exit_code == 2 and "--shapes some" in res.stderr
+
+
+def test_the_interpreters_float_warnings_are_quiet_but_an_integer_overflow_is_not():
+    # a new user's `bench softmax` printed a bare "RuntimeWarning: overflow encountered in multiply" from Triton's
+    # emulation of verify's hard values; an int32 offset wrapping ("... in scalar multiply") must still be seen
+    import warnings
+
+    from fusion_advisor.kernel_tools import verify as verify_mod
+
+    def raised(message: str) -> bool:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            verify_mod._quiet_interpreter_arithmetic()
+            warnings.warn_explicit(message, RuntimeWarning, "interpreter.py", 1, module="triton.runtime.interpreter")
+        return bool(seen)
+
+    assert not raised("overflow encountered in multiply")
+    assert not raised("invalid value encountered in exp")
+    assert raised("overflow encountered in scalar multiply")

@@ -5,6 +5,7 @@
 # judge_reports.py reads), with profile_files.sh's logs.
 #   OUT=... bash benchmarks/accuracy/repeat_profile.sh SPEC TIMEOUT_S N FILE   (FILE: e.g. .kb/level3/34_X.py)
 set -u
+: "${OUT:?set OUT to the folder the results go to}"
 SPEC=$1; TMO=$2; N=$3; FILE=$4
 W=$(mktemp -d)
 for i in $(seq 1 "$N"); do
@@ -13,4 +14,4 @@ for i in $(seq 1 "$N"); do
   tar xzf "$W/run$i/out/reports.tar.gz" -C "$W/run$i" && mv "$W/run$i/out/profile_files.log" "$W/run$i/" \
     && rm -rf "$W/run$i/out"
 done
-tar czf "$OUT/repeat_$(basename "$FILE" .py).tar.gz" -C "$W" .
+tar czf "$OUT/repeat_$(basename "$FILE" .py).tar.gz" -C "$W" . && rm -rf "$W"

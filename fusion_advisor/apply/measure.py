@@ -515,14 +515,19 @@ def rounds_spread(rounds_ms: list[float]) -> float:
     return t.spread or 0.0
 
 
+#: Rounds are timed a second time only for steps under this (ms): a round is :data:`MIN_TIMED_CALLS` calls or
+#: :data:`ROUND_REP_MS` at least, so a second set of a 100 ms step's rounds costs about 1.5 s more per variant, a
+#: 900 ms step's 13 s, which neither ``--budget-s``'s estimate nor the time limit foresees.
+RETIME_BELOW_MS = 100.0
+
+
 def should_time_again(sets: list[list[float]]) -> bool:
     """Whether rounds timed together (one set per variant, interleaved where several) are timed once more: some
-    set of two or more rounds spreads over :data:`NOISY_SPREAD` and the step is under :data:`LONG_CALL_MS` (a long
-    step's rounds are one call each, and again would add seconds per round to apply's time limit)."""
+    set of two or more rounds spreads over :data:`NOISY_SPREAD` and every step is under :data:`RETIME_BELOW_MS`."""
     import statistics
 
     noisy = any(len(r) > 1 and rounds_spread(r) > NOISY_SPREAD for r in sets)
-    return noisy and all(r and statistics.median(r) < LONG_CALL_MS for r in sets)
+    return noisy and all(r and statistics.median(r) < RETIME_BELOW_MS for r in sets)
 
 
 def quieter_sets(first: list[list[float]], again: list[list[float]]

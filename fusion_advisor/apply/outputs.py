@@ -29,7 +29,8 @@ VARIANT_COLUMNS: dict[str, str] = {
               "skipped (budget) / not timed.",
     "ms": "Steady-state time of one step (forward, or forward+backward), ms: median of the timing rounds.",
     "spread": "(max - min) / median of the rounds, a fraction (0.02 = 2%): the measurement's noise. Rounds "
-              f"that spread over {NOISY_SPREAD:.0%} were timed once more and the quieter set is the one given.",
+              f"that spread over {NOISY_SPREAD:.0%} were timed once more and the quieter set kept: then the larger "
+              "of its spread and the two sets' medians' disagreement ((high - low) / low).",
     "vs_eager": "Speed-up over the model as written, same run.",
     "vs_compile": "Speed-up over torch.compile(model), same run.",
     "first_call_s": "First step, s: compilation and CUDA-graph capture included.",

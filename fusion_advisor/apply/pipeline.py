@@ -167,8 +167,9 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
 
 def noise_warning(variants: list[Any], confirmation_spread: float | None = None) -> str:
     """A warning when some timed variant's rounds, or the final confirmation's (``confirmation_spread``, the
-    larger of its two variants'), spread more than :data:`NOISY_SPREAD` (the machine busy, or its clocks
-    changing), naming the worst; ``""`` when the timings agree."""
+    larger of its two variants', with the disagreement of two timings where it was timed twice), spread more than
+    :data:`NOISY_SPREAD` (the machine busy, its clocks changing, a variant not settled), naming the worst; ``""``
+    when the timings agree."""
     spread = [(v.timing.spread, v.spec.name) for v in variants
               if v.timing is not None and v.timing.spread is not None and v.timing.ms]
     timed = len(spread)

@@ -706,7 +706,8 @@ class ApplyResult:
         baseline: name of the fastest correct whole-model baseline (what the chosen one must not lose to).
         confirmed: ``(best baseline, speed-up)`` of the final confirmation's interleaved rounds when the chosen
             variant won it; ``confirmation_spread``: the larger of the two variants' spreads over those rounds
-            (``None`` when none ran to its end).
+            (with the disagreement of two timings where the pair was timed twice; ``None`` when none ran to its
+            end).
         graph_breaks, warnings: as captured; ``library_problems``: kernels that cannot be matched, and why.
         versions, timings_s: library versions and GPU; wall time per stage.
         planned: the chosen model, built (in memory only), or ``None``.

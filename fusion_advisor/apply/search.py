@@ -130,7 +130,8 @@ class SearchResult:
     #: ``(best baseline, speed-up)`` the chosen variant showed over it in the interleaved confirmation rounds, when
     #: one ran and it won: the figure a headline should quote (the search's single rounds can read a win too high).
     confirmed: tuple[str, float] | None = None
-    #: The larger of the two variants' spreads over the confirmation's rounds, when one ran to its end.
+    #: The larger of the two variants' spreads over the confirmation's rounds (with the two timings' disagreement
+    #: where the pair was timed twice), when one ran to its end.
     confirmation_spread: float | None = None
 
 
@@ -629,8 +630,8 @@ def _interleaved(round_a: Callable[[], float], round_b: Callable[[], float]) -> 
 
 class Confirmation(NamedTuple):
     """:func:`_confirm`'s outcome: whether ``a`` won, the line saying so, ``a``'s model when it won, ``b``'s median
-    over ``a``'s (0.0 when ``a`` raised) and the larger of the two variants' spreads over the rounds (``None`` when
-    ``a`` raised)."""
+    over ``a``'s (0.0 when ``a`` raised) and the larger of the two variants' spreads over the rounds, with the two
+    timings' disagreement where the pair was timed twice (``None`` when ``a`` raised)."""
 
     won: bool
     line: str
@@ -675,6 +676,6 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> Confirm
         line += (f" (the quieter of two timings: the first spread over {NOISY_SPREAD:.0%}; spread {retimed:.1%} "
                  f"with the two timings' disagreement)")
     if not won:  # a challenger that was faster, but by less than the noise, is said to be so
-        line += (f", a win under the {need:.1%} it needed (the larger of {MIN_WIN:.0%} and the rounds' spreads)"
+        line += (f", a win under the {need:.1%} it needed (the larger of {MIN_WIN:.0%} and the rounds' spread)"
                  if ra.ms < rb.ms else ", no faster")
     return Confirmation(won, line, ma if won else None, rb.ms / ra.ms, spread)

@@ -82,7 +82,9 @@ class Timing:
 
 
 #: A timing whose calls spread more than this ((p80 - p20) / median) is flagged in bench's JSON: its median, and a
-#: ratio built on it, moved with the machine's load more than with the code (the bar apply's noisy ratios use).
+#: ratio built on it, moved with the machine's load more than with the code (the same bar as apply's
+#: ``NOISY_SPREAD``, over another statistic: single calls' middle deciles, where apply takes the range of 3-5
+#: rounds' medians).
 NOISY_TIMING_SPREAD = 0.25
 
 
