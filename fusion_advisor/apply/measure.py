@@ -545,7 +545,7 @@ def quieter_sets(first: list[list[float]], again: list[list[float]]
 
     kept, other = (again, first) if worst(again) < worst(first) else (first, again)
     disagreement = 0.0
-    for a, b in zip(first, again):
+    for a, b in zip(first, again, strict=True):
         lo, hi = sorted((statistics.median(a), statistics.median(b)))
         disagreement = max(disagreement, (hi - lo) / lo if lo > 0 else 0.0)
     return kept, other, max(worst(kept), disagreement)
