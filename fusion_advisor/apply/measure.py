@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import statistics
 import time
 from typing import Any, Callable, Sequence
 
@@ -499,20 +500,19 @@ def _changed(before: torch.Tensor, after: torch.Tensor) -> bool:
 
 
 def summarize_rounds(timing: VariantTiming) -> None:
-    """``timing.ms`` (median of the rounds) and ``timing.spread`` ((max - min) / median) from ``rounds_ms``."""
-    import statistics
-
+    """``timing.ms`` (median of the rounds) and ``timing.spread`` (:func:`rounds_spread`) from ``rounds_ms``."""
     if not timing.rounds_ms:
         return
     timing.ms = float(statistics.median(timing.rounds_ms))
-    timing.spread = (max(timing.rounds_ms) - min(timing.rounds_ms)) / timing.ms if timing.ms > 0 else 0.0
+    timing.spread = rounds_spread(timing.rounds_ms)
 
 
 def rounds_spread(rounds_ms: list[float]) -> float:
     """``(max - min) / median`` of round times (0.0 for none or a median of 0)."""
-    t = VariantTiming(rounds_ms=list(rounds_ms))
-    summarize_rounds(t)
-    return t.spread or 0.0
+    if not rounds_ms:
+        return 0.0
+    median = statistics.median(rounds_ms)
+    return (max(rounds_ms) - min(rounds_ms)) / median if median > 0 else 0.0
 
 
 #: Rounds are timed a second time only for steps under this (ms): a round is :data:`MIN_TIMED_CALLS` calls or
@@ -524,8 +524,6 @@ RETIME_BELOW_MS = 100.0
 def should_time_again(sets: list[list[float]]) -> bool:
     """Whether rounds timed together (one set per variant, interleaved where several) are timed once more: some
     set of two or more rounds spreads over :data:`NOISY_SPREAD` and every step is under :data:`RETIME_BELOW_MS`."""
-    import statistics
-
     noisy = any(len(r) > 1 and rounds_spread(r) > NOISY_SPREAD for r in sets)
     return noisy and all(r and statistics.median(r) < RETIME_BELOW_MS for r in sets)
 
@@ -538,8 +536,6 @@ def quieter_sets(first: list[list[float]], again: list[list[float]]
     the medians together and the second set quiet; a machine busy throughout moves the medians apart, so the
     figure stays noisy (a new user's eager rounds [195, 83.6, 159] then [242, 189, 216] ms: medians 159 and 216,
     36%, where the kept set alone read 24.6%)."""
-    import statistics
-
     def worst(sets: list[list[float]]) -> float:
         return max(rounds_spread(r) for r in sets)
 

@@ -207,13 +207,12 @@ def use_triton_interpreter_if_no_gpu() -> bool:
     when verify's hard values reach inf, as they do on a GPU without a word) are silenced: verify judges the
     outputs, inf and NaN included.
     """
+    set_now = not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ
+    if set_now:
+        os.environ["TRITON_INTERPRET"] = "1"
     if os.environ.get("TRITON_INTERPRET") == "1":
         _quiet_interpreter_arithmetic()
-    if torch.cuda.is_available() or "TRITON_INTERPRET" in os.environ:
-        return False
-    os.environ["TRITON_INTERPRET"] = "1"
-    _quiet_interpreter_arithmetic()
-    return True
+    return set_now
 
 
 def _quiet_interpreter_arithmetic() -> None:
