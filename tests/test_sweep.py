@@ -51,8 +51,9 @@ def test_sweep_table_rows_and_best(add_sweep):
         assert r.gbps is None and r.pct_roofline is None  # not computed for interpreter times
         if r.status == "ok":
             assert r.time_ms > 0 and r.first_call_ms > 0 and r.benchmark_iters >= 3
-    # interpreter times rank nothing about a GPU: no config is marked best
-    assert not any(r.best for r in add_sweep.rows)
+    # interpreter times rank nothing about a GPU: no config is marked, best or not (the CSV's column is empty)
+    assert all(r.best is None for r in add_sweep.rows)
+    assert add_sweep.frame()["best"].isna().all()
     assert all(s.best_config == "" and s.best_time_ms is None for s in add_sweep.sizes)
     # the EVEN_N config is right where the block divides the size, and rejected where it does not
     even = "BLOCK_SIZE=256 num_warps=4 EVEN_N=True"
@@ -75,8 +76,9 @@ def test_mark_best_takes_the_fastest_verified_row():
     assert [r.best for r in rows] == [False, False, True, False]
     assert (summary.best_config, summary.best_time_ms) == ("c", 1.5)
     nothing = SizeSummary(size="1024", best_config="", best_time_ms=None, rejected=1)
-    mark_best([row("b", "rejected", None)], nothing)
-    assert nothing.best_config == "" and nothing.best_time_ms is None
+    rejected = [row("b", "rejected", None)]
+    mark_best(rejected, nothing)
+    assert nothing.best_config == "" and nothing.best_time_ms is None and rejected[0].best is None
 
 
 def test_config_that_fails_to_launch_is_rejected_and_sweep_goes_on():
@@ -125,7 +127,7 @@ def test_files_written_and_csv_readable(add_sweep, tmp_path):
     frame = pd.read_csv(paths["csv"])
     assert list(frame.columns) == list(COLUMNS)
     assert len(frame) == 6 and set(frame["status"]) == {"ok", "rejected"}
-    assert frame["best"].sum() == 0  # interpreter times: no best
+    assert frame["best"].isna().all()  # interpreter times: nothing ranked, the column empty
     doc = json.loads(paths["json"].read_text())
     assert doc["sweep"] == "sweep_add" and doc["interpreted"] is True and len(doc["rows"]) == 6
     assert doc["sizes"][1]["rejected"] == 1

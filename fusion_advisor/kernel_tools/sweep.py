@@ -103,7 +103,8 @@ COLUMNS: dict[str, str] = {
     "tflops": "flops / time_ms (TFLOP/s); empty without flops or on the CPU interpreter.",
     "pct_roofline": "Roofline time max(flops/peak, bytes/bandwidth) on the device spec over time_ms (%); empty "
     "without bytes_moved/flops or on the CPU interpreter.",
-    "best": "True for the fastest verified config of its size (GPU times only: never under the CPU interpreter).",
+    "best": "True for the fastest verified config of its size, False for the other configs of a ranked size; empty "
+    "where nothing was ranked (the CPU interpreter's times rank no config).",
     "warmup_iters": "Untimed calls of the steady-state timer.",
     "benchmark_iters": "Timed calls; time_ms is their median.",
     "bytes": "bytes_moved(*args) of this size (bytes), empty without it.",
@@ -277,7 +278,7 @@ class SweepRow:
     gbps: float | None = None
     tflops: float | None = None
     pct_roofline: float | None = None
-    best: bool = False
+    best: bool | None = None
     warmup_iters: int | None = None
     benchmark_iters: int | None = None
     bytes: int | None = None
@@ -522,11 +523,12 @@ def run_sweep(hooks: SweepHooks, *, spec_name: str | None = None, warmup_ms: flo
 
 def mark_best(size_rows: list[SweepRow], summary: SizeSummary) -> None:
     """Mark the fastest verified row of one size (``best``) and write it into ``summary``; nothing when no row
-    verified. Only GPU times are ranked: :func:`run_sweep` does not call this under the interpreter."""
+    verified (every row's ``best`` then stays ``None``: unranked). Only GPU times are ranked: :func:`run_sweep` does not call this under the interpreter."""
     ok = [r for r in size_rows if r.status == "ok" and r.time_ms is not None]
     if ok:
         best = min(ok, key=lambda r: r.time_ms)
-        best.best = True
+        for r in size_rows:
+            r.best = r is best
         summary.best_config, summary.best_time_ms = best.config, best.time_ms
 
 
