@@ -990,3 +990,28 @@ def get_init_inputs():
     assert [s.kernel for s in result.sites] == ["softmax"] and seen["names"]  # the check had the site's values
     backend = seen["backend"]
     assert backend.values == {} and not backend.record_values  # released, and nothing recorded again
+
+
+@pytest.mark.parametrize("options", [
+    ApplyOptions(verify=True),
+    ApplyOptions(verify=True, backward=True, candidates="all", margin=0.05, keep_unmeasured=True, seeds=3,
+                 kernels=("rmsnorm", "softmax"), gpu="h100", rules_files=("my rules.yaml",), budget_s=30.0,
+                 time_limit_s=0.0, regions=False, time_rounds=5, variants=("eager", "swaps+*")),
+])
+def test_the_flags_of_apply_options_give_the_same_options_back_through_the_cli(options, monkeypatch):
+    # the report's "measure again" command: a fresh user's read `--gpu cpu` (on a GPU it sends every kernel route
+    # to torch.compile) and lacked the --candidates all --keep-unmeasured --budget-s 30 the plan came from
+    import fusion_advisor.apply as apply_pkg
+    from fusion_advisor.errors import UserError
+
+    got = {}
+
+    def fake_apply(model, opts, **kwargs):
+        got["options"] = opts
+        raise UserError("stopped by the test")
+
+    monkeypatch.setattr(apply_pkg, "apply", fake_apply)
+    r = runner.invoke(app, ["apply", str(DATA / "models" / "tiny_pointwise.py"), *options.flags()])
+    assert "stopped by the test" in r.output, r.output
+    assert got["options"] == options
+    assert ApplyOptions(verify=True).flags() == ["--verify"]

@@ -143,6 +143,19 @@ def test_command_quotes_paths_and_names_a_non_default_spec(tmp_path):
     assert views.apply_command(a, None).startswith("fusion-advisor apply --verify")
 
 
+def test_command_leaves_out_the_cpu_spec_and_reruns_a_plans_own_flags():
+    # a fresh user's report said "measure again (another GPU)" with --gpu cpu, the spec apply takes by itself on
+    # a machine without a GPU (on a GPU it would send every kernel route to torch.compile), and without the
+    # options the plan was made with
+    a = make_analysis()
+    a.model_file = "m.py"
+    a.device_spec = {**a.device_spec, "name": "cpu"}
+    assert views.apply_command(a, Path("r")) == "fusion-advisor apply m.py --verify --dtype bf16 --out r"
+    flags = ["--verify", "--candidates", "all", "--budget-s", "30", "--keep-unmeasured"]
+    assert views.apply_command(a, Path("r"), flags) == ("fusion-advisor apply m.py --dtype bf16 --verify "
+                                                        "--candidates all --budget-s 30 --keep-unmeasured --out r")
+
+
 def plan_doc(analysis, chains=("c1",)) -> dict:
     """A plan document as apply writes it (plan_document's keys), three variants timed, one swap."""
     def variant(name, status, ms, err=0.0):
@@ -213,6 +226,22 @@ def test_report_in_a_folder_with_apply_shows_apply(tmp_path):
     assert "Whole-model variants (4)" in section and 'href="#chain-c1"' in section
     assert "faster &lt;b&gt;than&lt;/b&gt; compile" in section  # escaped
     assert 'class="row cls-wrong"' in section
+
+
+def test_a_plan_made_on_a_cpu_says_its_kernels_need_the_interpreter_and_gives_its_own_command(tmp_path):
+    a = make_analysis()
+    doc = plan_doc(a)
+    doc["model"]["device"] = "cpu"
+    doc["flags"] = ["--verify", "--candidates", "all", "--keep-unmeasured"]
+    (tmp_path / "plan.yaml").write_text("# fusion-advisor plan: test\n" + yaml.safe_dump(doc))
+    html = report.write_report(a, tmp_path)["html"].read_text(encoding="utf-8")
+    first = html[:html.index('<section id="breakdown"')]
+    assert "TRITON_INTERPRET=1" in first
+    assert "--candidates all --keep-unmeasured --out" in first
+    assert "The advice (predicted by the analysis, before apply measured" in first
+    doc["model"]["device"] = "cuda"
+    (tmp_path / "plan.yaml").write_text("# fusion-advisor plan: test\n" + yaml.safe_dump(doc))
+    assert "TRITON_INTERPRET" not in report.write_report(a, tmp_path)["html"].read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("text, note", [

@@ -200,6 +200,7 @@ def plan_document(result: ApplyResult) -> dict[str, Any]:
                   "device": result.device, "dtype": result.dtype,
                   **({"signature": model_signature(result.loaded.model)} if result.loaded is not None else {})},
         "options": {**result.options.to_dict(), "backward": result.backward},
+        "flags": result.options.flags(),
         "versions": dict(result.versions),
         "device_spec": result.analysis.device_spec.get("name", ""),
         "rules_files": result.analysis.rules_files,

@@ -681,6 +681,34 @@ class ApplyOptions:
         if self.time_rounds < 1:
             raise UserError(f"--time-rounds {self.time_rounds}: must be 1 or more")
 
+    def flags(self) -> list[str]:
+        """The ``fusion-advisor apply`` flags that give these options (those left at their defaults omitted; a
+        device spec only where one was named): what reruns this search elsewhere, the model file, ``--dtype``
+        and ``--out`` being the caller's. E.g. ``["--verify", "--candidates", "all", "--budget-s", "30"]``."""
+        default = ApplyOptions()
+        out = ["--verify"] if self.verify else []
+        if self.backward:
+            out.append("--backward")
+        if self.gpu:
+            out += ["--gpu", self.gpu]
+        for r in self.rules_files:
+            out += ["--rules", str(r)]
+        for k in self.kernels or ():
+            out += ["--kernel", k]
+        for name, flag in (("candidates", "--candidates"), ("margin", "--margin"), ("budget_s", "--budget-s"),
+                           ("time_limit_s", "--time-limit-s"), ("time_rounds", "--time-rounds"),
+                           ("seeds", "--seeds")):
+            value = getattr(self, name)
+            if value != getattr(default, name):
+                out += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+        if not self.regions:
+            out.append("--no-regions")
+        for v in self.variants or ():
+            out += ["--variants", v]
+        if self.keep_unmeasured:
+            out.append("--keep-unmeasured")
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {"verify": self.verify, "backward": self.backward, "candidates": self.candidates,
                 "margin": self.margin, "keep_unmeasured": self.keep_unmeasured, "seeds": self.seeds,

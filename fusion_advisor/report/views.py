@@ -239,30 +239,38 @@ def _sum(frame: pd.DataFrame, col: str) -> float:
     return float(frame[col].astype(float).sum(skipna=True)) if len(frame) else 0.0
 
 
-def apply_command(analysis: Analysis, out_dir: Path | None) -> str:
+def apply_command(analysis: Analysis, out_dir: Path | None, flags: list[str] | None = None) -> str:
     """The shell command that carries the advice out on the analysed model: ``fusion-advisor apply ... --verify``
-    with the analysis' model file, dtype, device spec (named unless it is the default ``h200``: apply on a machine
-    without a GPU measures that machine and prices it with the ``cpu`` spec, by design) and user rules, writing
-    into the report's folder (so the results join this report)."""
+    with the analysis' model file and dtype, writing into the report's folder (so the results join this report).
+
+    ``flags``: the flags of the apply run whose plan the report shows (plan.yaml's ``flags``): the command then
+    reruns that search as it was asked for (its --candidates, --budget-s, --keep-unmeasured, ...). Without them,
+    the analysis' device spec is named unless it is one apply takes by itself (the default ``h200``; ``cpu``, what
+    apply on a machine without a GPU measures and prices that machine with, and which on a GPU would send every
+    kernel route to torch.compile), and its user rules."""
     from fusion_advisor.devices import available_specs
 
     parts = ["fusion-advisor", "apply"]
     if analysis.model_file and not analysis.model_file.startswith("<"):
         parts.append(analysis.model_file)
-    parts.append("--verify")
+    if flags is None:
+        parts.append("--verify")
     if analysis.dtype:
         parts += ["--dtype", analysis.dtype]
-    spec = str((analysis.device_spec or {}).get("name", ""))
-    try:
-        shipped = set(available_specs())
-    except Exception:  # noqa: BLE001 - a command without --gpu is still a command
-        shipped = set()
-    if spec in shipped and spec != "h200":
-        parts += ["--gpu", spec]
-    for r in analysis.rules_files:
-        path = str(r.get("file", "") if isinstance(r, dict) else r)
-        if path and Path(path).name != "default.yaml":
-            parts += ["--rules", path]
+    if flags is not None:
+        parts += flags
+    else:
+        spec = str((analysis.device_spec or {}).get("name", ""))
+        try:
+            shipped = set(available_specs())
+        except Exception:  # noqa: BLE001 - a command without --gpu is still a command
+            shipped = set()
+        if spec in shipped and spec not in ("h200", "cpu"):
+            parts += ["--gpu", spec]
+        for r in analysis.rules_files:
+            path = str(r.get("file", "") if isinstance(r, dict) else r)
+            if path and Path(path).name != "default.yaml":
+                parts += ["--rules", path]
     if out_dir is not None:
         parts += ["--out", str(out_dir)]
     return " ".join(shlex.quote(p) for p in parts)
@@ -333,7 +341,7 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
     routed = frame[frame["route"].isin([r for r in ROUTES if r != "skip"])]
     out: dict[str, Any] = {
         "model_routes": model_routes,
-        "command": apply_command(analysis, out_dir),
+        "command": apply_command(analysis, out_dir, (plan or {}).get("flags") or None),
         "pred_eager_us": eager, "pred_advised_us": advised, "pred_compile_us": compiled,
         "pred_vs_eager": eager / advised if advised > 0 else float("nan"),
         "pred_vs_compile": compiled / advised if advised > 0 else float("nan"),
@@ -524,6 +532,7 @@ def apply_view(doc: dict[str, Any], analysis: Analysis | None) -> dict[str, Any]
     return {
         "created_at": str(doc.get("created_at", "")), "tool_version": str(doc.get("tool_version", "")),
         "model": model, "options": _dict(doc.get("options")), "versions": _dict(doc.get("versions")),
+        "flags": [str(f) for f in _list(doc.get("flags"))],
         "summary": summary, "chosen": chosen, "chosen_reason": str(doc.get("chosen_reason", "") or ""),
         "variants": rows, "swaps": swaps, "regions": [r for r in _list(doc.get("regions")) if isinstance(r, dict)],
         "near_misses": [n for n in _list(doc.get("near_misses")) if isinstance(n, dict)],
