@@ -335,6 +335,23 @@ def _write_json_atomic(path: Path, data: dict) -> None:
         raise UserError(f"--json-out {path}: cannot write: {e.strerror or e}") from e
 
 
+def _check_json_out(path: Optional[Path]) -> None:
+    """Refuse a --json-out that cannot be written (a folder, a missing or read-only folder, a file that is not
+    JSON) before the command's work, not after it; whether an existing JSON file is this command's own is checked
+    when it is written (:func:`_write_json_atomic`: it needs the result's keys)."""
+    from fusion_advisor.files import check_out_file
+
+    if path is None:
+        return
+
+    def foreign(p: Path) -> str | None:
+        if p.suffix != ".json" or not _is_json(p):
+            return "exists and is not a JSON file; refusing to overwrite it"
+        return None
+
+    check_out_file(path, "--json-out", foreign, example="result.json", writable=True)
+
+
 def _json_written_like(path: Path, data: dict) -> bool:
     """Whether the JSON object in ``path`` looks like an earlier output of the command about to write ``data``:
     at least half of its top-level keys are keys of ``data`` (outputs differ by a key or two between runs, a user's
@@ -391,6 +408,7 @@ def verify(
 
         if shapes not in SHAPE_MODES:
             raise UserError(f"--shapes {shapes}: choose one of {', '.join(SHAPE_MODES)}")
+        _check_json_out(json_out)
         use_triton_interpreter_if_no_gpu()
         result = verify_kernel(load_contract(file), rtol=rtol, atol=atol, seeds=seeds, shapes=shapes)
         _emit_json(result.to_dict(), json_out)
@@ -442,6 +460,7 @@ def bench(
         from fusion_advisor.kernel_tools.bench import bench_kernel
         from fusion_advisor.kernel_tools.verify import load_contract, use_triton_interpreter_if_no_gpu
 
+        _check_json_out(json_out)
         use_triton_interpreter_if_no_gpu()
         contract = load_contract(file)
         try:
@@ -662,6 +681,7 @@ def doctor(
     def job():
         from fusion_advisor.devices.doctor import run_doctor
 
+        _check_json_out(json_out)
         report = run_doctor(stage=_progress)
         if json_stdout:
             _emit_json(report.to_dict(), json_out)
@@ -692,6 +712,7 @@ def _bench_sweep(file: str, out: Optional[Path], gpu: Optional[str], warmup_ms: 
     from fusion_advisor.kernel_tools.verify import load_contract, use_triton_interpreter_if_no_gpu
 
     use_triton_interpreter_if_no_gpu()
+    _check_json_out(json_out)  # before the sweep, as --out
     if out is not None:
         check_sweep_dir(out)  # before the sweep, so a bad --out fails fast
     hooks = load_hooks(load_contract(file))

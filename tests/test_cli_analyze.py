@@ -160,6 +160,25 @@ def test_json_out_never_overwrites_a_source_file(tmp_path):
     assert r.exit_code == 2 and not (tmp_path / "no").exists()
 
 
+@pytest.mark.parametrize("args, work", [
+    (["verify", "K"], "fusion_advisor.kernel_tools.verify.verify_kernel"),
+    (["bench", "K", "--no-compile"], "fusion_advisor.kernel_tools.bench.bench_kernel"),
+    (["bench", "K", "--sweep"], "fusion_advisor.kernel_tools.sweep.run_sweep"),
+    (["doctor"], "fusion_advisor.devices.doctor.run_doctor"),
+])
+def test_a_json_out_that_cannot_be_written_is_refused_before_the_work(tmp_path, monkeypatch, args, work):
+    # a fresh user's bench ran 13 s, printed its JSON, then said the --json-out folder did not exist
+    def never(*a, **k):
+        raise AssertionError("the work ran before --json-out was checked")
+
+    monkeypatch.setattr(work, never)
+    args = [str(DATA / "kernels" / "vector_add.py") if a == "K" else a for a in args]
+    for bad, why in ((tmp_path / "no" / "x.json", "does not exist"), (tmp_path, "is a directory")):
+        r = runner.invoke(app, [*args, "--json-out", str(bad), "--out", str(tmp_path / "sw")] if "--sweep" in args
+                          else [*args, "--json-out", str(bad)])
+        assert r.exit_code == 2 and why in " ".join(r.output.split()), r.output
+
+
 def test_json_out_never_overwrites_a_users_json_but_rewrites_its_own(tmp_path):
     mine = tmp_path / "results.json"
     mine.write_text('{"my": "data"}\n')
