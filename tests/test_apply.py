@@ -1015,3 +1015,13 @@ def test_the_flags_of_apply_options_give_the_same_options_back_through_the_cli(o
     assert "stopped by the test" in r.output, r.output
     assert got["options"] == options
     assert ApplyOptions(verify=True).flags() == ["--verify"]
+
+
+def test_a_variants_pattern_that_matches_nothing_is_warned_about():
+    # a fresh user's --variants 'zzz*' ran the model as written alone and said nothing: a typo read as "eager is best"
+    result = apply(DATA / "models" / "tiny_pointwise.py",
+                   ApplyOptions(verify=True, variants=("zzz*", "eager"), budget_s=5.0, regions=False), device="cpu")
+    said = [w for w in result.warnings if w.startswith("--variants")]
+    assert len(said) == 1 and said[0].startswith("--variants 'zzz*' matched no variant of this model"), said
+    assert "eager, torch.compile" in said[0]
+    assert result.chosen is not None and result.chosen.spec.name == "eager"

@@ -156,6 +156,9 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     result.variants, result.chosen, result.chosen_reason = found.variants, found.chosen, found.reason
     result.confirmed, result.confirmation_spread = found.confirmed, found.confirmation_spread
     result.baseline, result.planned = found.baseline, found.planned
+    for p in found.unmatched_patterns:  # a typo must not read as "eager is best"
+        result.warnings.append(f"--variants {p!r} matched no variant of this model, so it tried none of them; its "
+                               f"variants: {', '.join(found.considered)}")
     noisy = noise_warning(found.variants, found.confirmation_spread)
     if noisy:
         result.warnings.append(noisy)

@@ -89,6 +89,7 @@ class SearchInputs:
         progress: ``progress(text)`` context manager shown while a step runs.
         only: ``--variants`` patterns (see :meth:`wanted`).
         swap_notes: filled by the search: why a swap was left out of the swap variants.
+        considered: filled by the search: the name of every variant :meth:`wanted` was asked about, in order.
         deadline: ``time.perf_counter()`` seconds after which no candidate is started whose estimated cost would
             end past it (apply's ``--time-limit-s``; ``time_limit_s`` names it in the reasons); the baselines and
             the final confirmation still run.
@@ -108,12 +109,20 @@ class SearchInputs:
     progress: Stage = no_progress
     only: tuple[str, ...] | None = None
     swap_notes: dict[str, str] = field(default_factory=dict)
+    considered: list[str] = field(default_factory=list)
     deadline: float = math.inf
     time_limit_s: float = 0.0
 
     def wanted(self, spec: VariantSpec) -> bool:
-        """Whether ``spec`` passes the ``--variants`` filter (``fnmatch`` patterns on its name)."""
+        """Whether ``spec`` passes the ``--variants`` filter (``fnmatch`` patterns on its name); its name joins
+        :attr:`considered`."""
+        self.considered.append(spec.name)
         return self.only is None or any(fnmatch.fnmatchcase(spec.name, p) for p in self.only)
+
+    def unmatched_patterns(self) -> list[str]:
+        """The ``--variants`` patterns no variant considered so far matched (a typo, or a variant this model does
+        not have)."""
+        return [p for p in self.only or () if not any(fnmatch.fnmatchcase(n, p) for n in self.considered)]
 
 
 @dataclass
@@ -133,6 +142,9 @@ class SearchResult:
     #: The larger of the two variants' spreads over the confirmation's rounds (with the two timings' disagreement
     #: where the pair was timed twice), when one ran to its end.
     confirmation_spread: float | None = None
+    #: ``--variants`` patterns that matched no variant of this model, and the variants there were (names).
+    unmatched_patterns: list[str] = field(default_factory=list)
+    considered: list[str] = field(default_factory=list)
 
 
 def baselines(device: str) -> list[VariantSpec]:
@@ -521,6 +533,8 @@ def search(inp: SearchInputs) -> SearchResult:
         _search_regions(inp, outcomes, refusal)
     result = _choose(inp, outcomes)
     result.swap_notes = dict(inp.swap_notes)
+    result.unmatched_patterns = inp.unmatched_patterns()
+    result.considered = list(dict.fromkeys(inp.considered))
     return result
 
 
