@@ -42,7 +42,8 @@ def test_bench_cpu_fields():
     assert d["device"].startswith("cpu")
     assert "say nothing about GPU speed" in d["note"]
     assert d["kernel_time_ms"] > 0 and d["reference_time_ms"] > 0
-    assert d["speedup"] == pytest.approx(d["reference_time_ms"] / d["kernel_time_ms"])
+    # the interpreter's time against eager CPU's: no speedup is given (a fresh user read 0.00049 as one)
+    assert d["speedup"] is None and d["speedup_vs_compile"] is None and "no speedup is given" in d["note"]
     assert d["benchmark_iters"] >= bench_mod.CPU_MIN_TIMED_CALLS
     assert d["warmup_iters"] >= 2  # the first call and at least one warm-up call
     assert d["iterations"]["kernel"] == {"warmup": d["warmup_iters"], "benchmark": d["benchmark_iters"]}
@@ -108,7 +109,7 @@ def test_compile_time_is_reported_apart_from_steady_state(monkeypatch):
     assert result.compile_error is None
     assert result.compile_time_ms >= 50
     assert result.compiled_reference_time_ms is not None and result.compiled_reference_time_ms < 50
-    assert result.speedup_vs_compile == pytest.approx(result.compiled_reference_time_ms / result.kernel_time_ms)
+    assert result.speedup_vs_compile is None  # a CPU's times give no speedup
     assert set(result.iterations) == {"kernel", "reference", "compiled_reference"}
 
 

@@ -55,8 +55,8 @@ TIMER_CUDA = "triton.testing.do_bench median (cuda events, L2 flushed before eac
 TIMER_CPU = "cpu-wallclock-median"
 
 CPU_NOTE = (
-    "CPU wall-clock timings; under the Triton interpreter (TRITON_INTERPRET=1) they say nothing about GPU speed: "
-    "benchmark on a GPU"
+    "CPU wall-clock timings; under the Triton interpreter (TRITON_INTERPRET=1) they say nothing about GPU speed, "
+    "so no speedup is given: benchmark on a GPU"
 )
 
 
@@ -258,12 +258,14 @@ class BenchResult:
         device: where it ran (``"cuda:0 (NVIDIA H200)"``, ``"cpu (Triton interpreter)"``).
         timer: :data:`TIMER_CUDA` or :data:`TIMER_CPU`.
         kernel_time_ms, reference_time_ms: ``kernel_fn`` and eager ``reference_fn``.
-        speedup: ``reference_time_ms / kernel_time_ms``.
+        speedup: ``reference_time_ms / kernel_time_ms``; ``None`` on the CPU, where the kernel's time is the
+            Triton interpreter's (:data:`CPU_NOTE`).
         warmup_iters, benchmark_iters: untimed and timed calls of ``kernel_fn`` (``iterations`` has all three).
         compiled_reference_time_ms: steady-state ``torch.compile(reference_fn)``; ``None`` if skipped or failed.
         compile_time_ms: wall time of the compiled reference's first call (compilation included), apart from
             the steady state; ``None`` if skipped or failed.
-        speedup_vs_compile: ``compiled_reference_time_ms / kernel_time_ms``, or ``None``.
+        speedup_vs_compile: ``compiled_reference_time_ms / kernel_time_ms``; ``None`` without a compiled time
+            or on the CPU.
         compile_error: why there is no compiled time (``"skipped (--no-compile)"``, the exception), else ``None``.
         note: a caveat on the numbers (CPU timings), else ``None``.
         iterations: ``{"kernel" | "reference" | "compiled_reference": {"warmup": n, "benchmark": n}}``.
@@ -280,7 +282,7 @@ class BenchResult:
     timer: str
     kernel_time_ms: float
     reference_time_ms: float
-    speedup: float
+    speedup: float | None
     warmup_iters: int | None
     benchmark_iters: int | None
     compiled_reference_time_ms: float | None = None
@@ -453,13 +455,13 @@ def bench_kernel(contract: KernelContract, warmup_ms: float = DEFAULT_WARMUP_MS,
         timer=TIMER_CUDA if on_cuda else TIMER_CPU,
         kernel_time_ms=kernel.median_ms,
         reference_time_ms=reference.median_ms,
-        speedup=reference.median_ms / kernel.median_ms if kernel.median_ms > 0 else math.inf,
+        speedup=(reference.median_ms / kernel.median_ms if kernel.median_ms > 0 else math.inf) if on_cuda else None,
         warmup_iters=kernel.warmup_iters,
         benchmark_iters=kernel.benchmark_iters,
         compiled_reference_time_ms=compiled.median_ms if compiled is not None else None,
         compile_time_ms=compile_ms,
-        speedup_vs_compile=(compiled.median_ms / kernel.median_ms if compiled is not None and kernel.median_ms > 0
-                            else None),
+        speedup_vs_compile=(compiled.median_ms / kernel.median_ms
+                            if on_cuda and compiled is not None and kernel.median_ms > 0 else None),
         compile_error=compile_error,
         note=None if on_cuda else CPU_NOTE,
         iterations=iterations,
