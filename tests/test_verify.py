@@ -759,3 +759,15 @@ def test_the_interpreters_float_warnings_are_quiet_but_an_integer_overflow_is_no
     assert not raised("overflow encountered in multiply")
     assert not raised("invalid value encountered in exp")
     assert raised("overflow encountered in scalar multiply")
+
+
+def test_the_tolerance_help_quotes_the_dtype_table():
+    # a fresh user's --rtol 0.1 failed on "atol 0.02" from a table the help did not mention
+    import torch
+
+    from fusion_advisor.cli import _TOL_HELP
+    from fusion_advisor.verification.policy import TOLERANCES
+
+    for name, dtype in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        atol, rtol = TOLERANCES[dtype]
+        assert f"{name} {atol:g}, {rtol:g}" in _TOL_HELP
