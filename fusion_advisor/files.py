@@ -12,6 +12,7 @@ import csv
 import io
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -89,6 +90,10 @@ def check_folder(out_dir: Path, names: tuple[str, ...], is_ours: Callable[[str],
     existing = out_dir if out_dir.is_dir() else next((p for p in out_dir.parents if p.exists()), Path("."))
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"{flag} {out_dir}: {existing} is not writable")
+    try:  # the permission bits do not foretell every refusal (/proc, /sys, a read-only mount, root's view of them)
+        tempfile.TemporaryDirectory(dir=existing, prefix=".fusion-advisor-probe-").cleanup()
+    except OSError as e:
+        raise UserError(f"{flag} {out_dir}: cannot write in {existing}: {e.strerror or e}") from e
     if not out_dir.is_dir():
         return
     foreign = [n for n in names if (out_dir / n).exists() and not is_ours(n)]

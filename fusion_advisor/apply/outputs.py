@@ -310,7 +310,8 @@ def write_outputs(result: ApplyResult, out_dir: str | Path) -> dict[str, Path]:
         ``chains_csv``, ``ops_csv`` when written).
 
     Raises:
-        UserError: ``out_dir`` is a file, or one of the files would overwrite the model file.
+        UserError: ``out_dir`` is a file, one of the files would overwrite the model file, or a file cannot be
+            written there.
     """
     from fusion_advisor.errors import UserError
     from fusion_advisor.report.write import FILE_NAMES, atomic_write_bytes, render_files
@@ -339,12 +340,15 @@ def write_outputs(result: ApplyResult, out_dir: str | Path) -> dict[str, Path]:
     paths = {k: out_dir / name for k, name in names.items()}
     if model_file is not None and any(p.resolve() == model_file for p in paths.values()):
         raise UserError(f"--out {out_dir}: would overwrite the model file {model_file}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with _sigint_deferred():
-        # report.html last (it links the others); none when it could not be rendered
-        for key in ("swaps_csv", "variants_csv", "plan", *[k for k in report_keys if k != "html"],
-                    *[k for k in report_keys if k == "html"]):
-            atomic_write_bytes(paths[key], contents[key])
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with _sigint_deferred():
+            # report.html last (it links the others); none when it could not be rendered
+            for key in ("swaps_csv", "variants_csv", "plan", *[k for k in report_keys if k != "html"],
+                        *[k for k in report_keys if k == "html"]):
+                atomic_write_bytes(paths[key], contents[key])
+    except OSError as e:  # a refusal the up-front check could not foretell (a full disk, a folder gone since)
+        raise UserError(f"--out {out_dir}: cannot write apply's files there: {e.strerror or e}") from e
     return {k: p for k, p in paths.items() if k in contents}
 
 
