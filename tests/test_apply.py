@@ -693,7 +693,7 @@ def test_llama3_shaped_training_step_verifies_through_apply():
 
 def test_swaps_name_the_chains_and_lines_analyze_reports(tmp_path):
     # transformers' Llama once read c12 / modeling_llama.py:65 in analyze and c13 / :67 in apply for the same
-    # RMSNorm: apply now analyses with analyze's capture, and a swap's source is its chain's
+    # RMSNorm: apply now analyses with analyze's capture, and a swap's source is its first op's, as a chain's is
     from fusion_advisor.analyze.pipeline import analyze
 
     model = HF_LLAMA
@@ -702,10 +702,26 @@ def test_swaps_name_the_chains_and_lines_analyze_reports(tmp_path):
     assert [(c.id, c.pattern, c.source) for c in result.analysis.chains] == \
         [(c.id, c.pattern, c.source) for c in alone.chains]
     chains = {c.id: c for c in alone.chains}
+    ops = {op.id: op for op in alone.ops}
     for s in result.sites:
         lead = chains[s.chain_ids[0]]
         assert lead.pattern in (s.pattern, "add_rmsnorm"), (s.id, s.kernel, lead.pattern)  # rmsnorm inside add_rmsnorm
-        assert s.source == lead.source, (s.id, s.source, lead.source)
+        first = next(ops[i].source for i in s.op_ids if ops[i].source.file)
+        assert s.source == first, (s.id, s.source, first)
+        if s.kernel == lead.pattern:  # the site is its chain: the same line
+            assert s.source == lead.source, (s.id, s.source, lead.source)
+
+
+def test_a_swap_inside_a_longer_chain_names_its_own_line():
+    # a fresh user's softmax swap read smx.py:6, the line of the multiply its chain begins with, where load_plan
+    # said smx.py:7
+    model = DATA / "models" / "scaled_softmax.py"
+    result = apply(model, ApplyOptions(candidates="all", kernels=("softmax",)), device="cpu")
+    (site,) = result.sites
+    assert (Path(site.source.file).name, site.source.line) == ("scaled_softmax.py", 7)
+    assert "softmax" in site.source.code and site.key.source == "scaled_softmax.py:7"
+    chain = next(c for c in result.analysis.chains if c.id == site.chain_ids[0])
+    assert chain.source.line == 6  # the chain begins with the multiply
 
 
 def test_gpt2_layernorm_matches(tmp_path):

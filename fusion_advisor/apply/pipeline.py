@@ -296,8 +296,10 @@ def _empty_graph() -> torch.fx.Graph:
 def _link(backend: RewriteBackend, analysis: Any, options: ApplyOptions,
           links: "ChainLinks") -> tuple[list[SwapSite], list[NearMiss]]:
     """Chain ids, routes and candidacy of every site; near-misses with chain ids, filtered and completed. A site's
-    source line is the one its chain has in the analysis (the chain's first op that launches a kernel)."""
+    source line is the one the analysis gives its first op (as a chain's is its first op's): the softmax of
+    ``y = x * 2; softmax(y)`` reads the softmax's line, not that of the chain's multiply."""
     chains = {c.id: c for c in analysis.chains}
+    op_source = {op.id: op.source for op in analysis.ops if op.source.file}
 
     def chains_of(gi: int, op_ids: Sequence[str]) -> tuple[str, ...]:
         return links.chains_of_ops(gi, op_ids)
@@ -325,7 +327,8 @@ def _link(backend: RewriteBackend, analysis: Any, options: ApplyOptions,
             lead = chains.get(main.chain_id) if main else None
             s = replace(s, chain_ids=chain_ids, route=main.route if main else "", route_kernel=main.kernel if main
                         else "", route_rule=main.rule_id if main else "", candidate=candidate, candidate_reason=why,
-                        source=lead.source if lead is not None and lead.source.file else s.source)
+                        source=next((op_source[i] for i in s.op_ids if i in op_source), None)
+                        or (s.source if s.source.file or lead is None else lead.source))
             m.site = s
             sites.append(s)
 
