@@ -8,6 +8,7 @@ and diff's files; :func:`fusion_advisor.report.write.check_files` says which of 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
@@ -71,10 +72,26 @@ def check_out_file(path: Path, flag: str, foreign: Callable[[Path], str | None],
         raise error(f"{flag} {path}: folder {path.parent} does not exist")
     if writable and not os.access(path.parent, os.W_OK | os.X_OK):
         raise error(f"{flag} {path}: folder {path.parent} is not writable")
+    why = refuses_writes(path.parent) if writable else None
+    if why:
+        raise error(f"{flag} {path}: cannot write in {path.parent}: {why}")
     if path.exists():
         why = foreign(path)
         if why:
             raise error(f"{flag} {path}: {why}")
+
+
+def refuses_writes(folder: Path) -> str | None:
+    """Why ``folder`` refuses a new entry that its permission bits allow (``/proc``, ``/sys``, a read-only mount,
+    root's view of any of them), else ``None``: a probe directory is made there and removed (one that cannot be
+    removed is left, and the folder still counts as writable)."""
+    try:
+        probe = tempfile.mkdtemp(dir=folder, prefix=".fusion-advisor-probe-")
+    except OSError as e:
+        return e.strerror or str(e)
+    with contextlib.suppress(OSError):
+        os.rmdir(probe)
+    return None
 
 
 def check_folder(out_dir: Path, names: tuple[str, ...], is_ours: Callable[[str], bool], flag: str = "--out") -> None:
@@ -90,10 +107,9 @@ def check_folder(out_dir: Path, names: tuple[str, ...], is_ours: Callable[[str],
     existing = out_dir if out_dir.is_dir() else next((p for p in out_dir.parents if p.exists()), Path("."))
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"{flag} {out_dir}: {existing} is not writable")
-    try:  # the permission bits do not foretell every refusal (/proc, /sys, a read-only mount, root's view of them)
-        tempfile.TemporaryDirectory(dir=existing, prefix=".fusion-advisor-probe-").cleanup()
-    except OSError as e:
-        raise UserError(f"{flag} {out_dir}: cannot write in {existing}: {e.strerror or e}") from e
+    why = refuses_writes(existing)
+    if why:
+        raise UserError(f"{flag} {out_dir}: cannot write in {existing}: {why}")
     if not out_dir.is_dir():
         return
     foreign = [n for n in names if (out_dir / n).exists() and not is_ours(n)]

@@ -179,6 +179,24 @@ def test_a_json_out_that_cannot_be_written_is_refused_before_the_work(tmp_path, 
         assert r.exit_code == 2 and why in " ".join(r.output.split()), r.output
 
 
+def test_a_json_out_folder_that_refuses_writes_its_bits_allow_is_refused_before_the_work(tmp_path, monkeypatch):
+    # a reviewer's find: root's --json-out /proc/x.json passed the permission bits and failed after the work
+    import tempfile
+
+    import fusion_advisor.kernel_tools.verify as verify_mod
+
+    def never(*a, **k):
+        raise AssertionError("the work ran before --json-out was checked")
+
+    def refuse(*a, **k):
+        raise PermissionError(30, "Read-only file system")
+
+    monkeypatch.setattr(verify_mod, "verify_kernel", never)
+    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    r = runner.invoke(app, ["verify", str(DATA / "kernels" / "vector_add.py"), "--json-out", str(tmp_path / "v.json")])
+    assert r.exit_code == 2 and "cannot write in" in r.output and "Read-only file system" in r.output, r.output
+
+
 def test_json_out_never_overwrites_a_users_json_but_rewrites_its_own(tmp_path):
     mine = tmp_path / "results.json"
     mine.write_text('{"my": "data"}\n')

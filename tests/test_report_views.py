@@ -154,6 +154,10 @@ def test_command_leaves_out_the_cpu_spec_and_reruns_a_plans_own_flags():
     flags = ["--verify", "--candidates", "all", "--budget-s", "30", "--keep-unmeasured"]
     assert views.apply_command(a, Path("r"), flags) == ("fusion-advisor apply m.py --dtype bf16 --verify "
                                                         "--candidates all --budget-s 30 --keep-unmeasured --out r")
+    # a dry run's plan (no --verify): the command still verifies, as the text beside it says
+    assert views.apply_command(a, Path("r"), ["--candidates", "all"]) == \
+        "fusion-advisor apply m.py --dtype bf16 --verify --candidates all --out r"
+    assert views.apply_command(a, Path("r"), []) == "fusion-advisor apply m.py --dtype bf16 --verify --out r"
 
 
 def plan_doc(analysis, chains=("c1",)) -> dict:

@@ -157,8 +157,10 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     result.confirmed, result.confirmation_spread = found.confirmed, found.confirmation_spread
     result.baseline, result.planned = found.baseline, found.planned
     for p in found.unmatched_patterns:  # a typo must not read as "eager is best"
-        result.warnings.append(f"--variants {p!r} matched no variant of this model, so it tried none of them; its "
-                               f"variants: {', '.join(found.considered)}")
+        result.warnings.append(f"--variants {p!r} matched no variant apply built for this model, so it tried none "
+                               f"for it (some are built only from others: swaps+<rest> from swaps+eager, region "
+                               f"trials from the best plain variant); the variants it built: "
+                               f"{', '.join(found.considered)}")
     noisy = noise_warning(found.variants, found.confirmation_spread)
     if noisy:
         result.warnings.append(noisy)
@@ -296,10 +298,10 @@ def _empty_graph() -> torch.fx.Graph:
 def _link(backend: RewriteBackend, analysis: Any, options: ApplyOptions,
           links: "ChainLinks") -> tuple[list[SwapSite], list[NearMiss]]:
     """Chain ids, routes and candidacy of every site; near-misses with chain ids, filtered and completed. A site's
-    source line is the one the analysis gives its first op (as a chain's is its first op's): the softmax of
-    ``y = x * 2; softmax(y)`` reads the softmax's line, not that of the chain's multiply."""
+    source line is that of its first op with one (as a chain's is), read from apply's own graph (the analysis'
+    ops come from another trace, whose node names mean other nodes): the softmax of ``y = x * 2; softmax(y)``
+    reads the softmax's line, not that of the chain's multiply."""
     chains = {c.id: c for c in analysis.chains}
-    op_source = {op.id: op.source for op in analysis.ops if op.source.file}
 
     def chains_of(gi: int, op_ids: Sequence[str]) -> tuple[str, ...]:
         return links.chains_of_ops(gi, op_ids)
@@ -327,7 +329,7 @@ def _link(backend: RewriteBackend, analysis: Any, options: ApplyOptions,
             lead = chains.get(main.chain_id) if main else None
             s = replace(s, chain_ids=chain_ids, route=main.route if main else "", route_kernel=main.kernel if main
                         else "", route_rule=main.rule_id if main else "", candidate=candidate, candidate_reason=why,
-                        source=next((op_source[i] for i in s.op_ids if i in op_source), None)
+                        source=links.first_source(g.index, s.op_ids)
                         or (s.source if s.source.file or lead is None else lead.source))
             m.site = s
             sites.append(s)
@@ -384,8 +386,9 @@ class ChainLinks:
     """
 
     def __init__(self, by_key: dict[tuple[Any, ...], dict[str, int]], node_keys: dict[tuple[int, str], tuple],
-                 order: dict[str, int]):
+                 order: dict[str, int], node_locs: dict[tuple[int, str], SourceLoc] | None = None):
         self._by_key, self._node_keys, self._order = by_key, node_keys, order
+        self._node_locs = node_locs or {}
 
     @classmethod
     def build(cls, backend: RewriteBackend, analysis: Any) -> "ChainLinks":
@@ -401,6 +404,7 @@ class ChainLinks:
             counts = by_key.setdefault(key, {})
             counts[cid] = counts.get(cid, 0) + 1
         node_keys: dict[tuple[int, str], tuple] = {}
+        node_locs: dict[tuple[int, str], SourceLoc] = {}
         for g in backend.graphs:
             if g.graph is None:
                 continue
@@ -410,8 +414,15 @@ class ChainLinks:
                 loc = source_of(n) if n.meta.get("stack_trace") else SourceLoc()
                 node_keys[(g.index, n.name)] = (g.index if same_graphs else -1, module_path_of(n), loc.file,
                                                 loc.line)
+                if loc.file:
+                    node_locs[(g.index, n.name)] = loc
         order = {c.id: i for i, c in enumerate(analysis.chains)}
-        return cls(by_key, node_keys, order)
+        return cls(by_key, node_keys, order, node_locs)
+
+    def first_source(self, graph_index: int, op_ids: Sequence[str]) -> SourceLoc | None:
+        """The source line of the first of the pre-dispatch ops ``op_ids`` (in order) that has one, else None."""
+        return next((self._node_locs[(graph_index, i.split(":", 1)[1])] for i in op_ids
+                     if (graph_index, i.split(":", 1)[1]) in self._node_locs), None)
 
     def chains_of_node(self, graph_index: int, name: str) -> tuple[str, ...]:
         """Chains holding the node ``name`` of pre-dispatch graph ``graph_index``, most ops first."""

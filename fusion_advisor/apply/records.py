@@ -683,14 +683,15 @@ class ApplyOptions:
 
     def flags(self) -> list[str]:
         """The ``fusion-advisor apply`` flags that give these options (those left at their defaults omitted; a
-        device spec only where one was named): what reruns this search elsewhere, the model file, ``--dtype``
-        and ``--out`` being the caller's. E.g. ``["--verify", "--candidates", "all", "--budget-s", "30"]``."""
+        device spec only where one other than ``cpu`` was named): what reruns this search elsewhere, the model
+        file, ``--dtype`` and ``--out`` being the caller's. E.g. ``["--verify", "--candidates", "all",
+        "--budget-s", "30"]``."""
         default = ApplyOptions()
         out = ["--verify"] if self.verify else []
         if self.backward:
             out.append("--backward")
-        if self.gpu:
-            out += ["--gpu", self.gpu]
+        if self.gpu and self.gpu != "cpu":  # what apply takes by itself without a GPU; on one it would send every
+            out += ["--gpu", self.gpu]      # kernel route to torch.compile
         for r in self.rules_files:
             out += ["--rules", str(r)]
         for k in self.kernels or ():
@@ -700,7 +701,8 @@ class ApplyOptions:
                            ("seeds", "--seeds")):
             value = getattr(self, name)
             if value != getattr(default, name):
-                out += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+                text = repr(value) if isinstance(value, float) else str(value)  # a float's every digit
+                out += [flag, text[:-2] if text.endswith(".0") else text]
         if not self.regions:
             out.append("--no-regions")
         for v in self.variants or ():

@@ -244,7 +244,8 @@ def apply_command(analysis: Analysis, out_dir: Path | None, flags: list[str] | N
     with the analysis' model file and dtype, writing into the report's folder (so the results join this report).
 
     ``flags``: the flags of the apply run whose plan the report shows (plan.yaml's ``flags``): the command then
-    reruns that search as it was asked for (its --candidates, --budget-s, --keep-unmeasured, ...). Without them,
+    reruns that search as it was asked for (its --candidates, --budget-s, --keep-unmeasured, ...), with --verify
+    where that run was a dry one. Without them,
     the analysis' device spec is named unless it is one apply takes by itself (the default ``h200``; ``cpu``, what
     apply on a machine without a GPU measures and prices that machine with, and which on a GPU would send every
     kernel route to torch.compile), and its user rules."""
@@ -258,7 +259,7 @@ def apply_command(analysis: Analysis, out_dir: Path | None, flags: list[str] | N
     if analysis.dtype:
         parts += ["--dtype", analysis.dtype]
     if flags is not None:
-        parts += flags
+        parts += flags if "--verify" in flags else ["--verify", *flags]
     else:
         spec = str((analysis.device_spec or {}).get("name", ""))
         try:
@@ -341,7 +342,7 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
     routed = frame[frame["route"].isin([r for r in ROUTES if r != "skip"])]
     out: dict[str, Any] = {
         "model_routes": model_routes,
-        "command": apply_command(analysis, out_dir, (plan or {}).get("flags") or None),
+        "command": apply_command(analysis, out_dir, (plan or {}).get("flags")),
         "pred_eager_us": eager, "pred_advised_us": advised, "pred_compile_us": compiled,
         "pred_vs_eager": eager / advised if advised > 0 else float("nan"),
         "pred_vs_compile": compiled / advised if advised > 0 else float("nan"),
@@ -532,7 +533,7 @@ def apply_view(doc: dict[str, Any], analysis: Analysis | None) -> dict[str, Any]
     return {
         "created_at": str(doc.get("created_at", "")), "tool_version": str(doc.get("tool_version", "")),
         "model": model, "options": _dict(doc.get("options")), "versions": _dict(doc.get("versions")),
-        "flags": [str(f) for f in _list(doc.get("flags"))],
+        "flags": [str(f) for f in _list(doc.get("flags"))] if "flags" in doc else None,
         "summary": summary, "chosen": chosen, "chosen_reason": str(doc.get("chosen_reason", "") or ""),
         "variants": rows, "swaps": swaps, "regions": [r for r in _list(doc.get("regions")) if isinstance(r, dict)],
         "near_misses": [n for n in _list(doc.get("near_misses")) if isinstance(n, dict)],
