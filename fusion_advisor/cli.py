@@ -7,6 +7,7 @@ Each command is a thin shell over one pipeline stage; all user-facing errors are
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, TypeVar
@@ -233,7 +234,9 @@ def _print_summary(analysis, paths: dict, top: int, replaced: bool = False) -> N
         for n in prof.notes:
             out.print(f"[yellow]profile:[/] {_escape(n)}")
         flagged = sum(1 for m in prof.chains.values() if m.flagged)
-        out.print(f"profiled on {_escape(prof.device_name)}: {prof.total_us:,.1f} us per run, "
+        wall = (f"the plain model {prof.eager_wall_us:,.1f} us per run (no profiler); "
+                if prof.eager_wall_us > 0 and math.isfinite(prof.eager_wall_us) else "")
+        out.print(f"profiled on {_escape(prof.device_name)}: {wall}profiled run {prof.total_us:,.1f} us, "
                   f"{prof.attributed_us:,.1f} us attributed to chains; {flagged} chain(s) off their eager estimate "
                   f"by more than 2x" + (f"; trace: {_escape(prof.trace_file)}" if prof.trace_file else ""))
     rows = summary_rows(analysis)

@@ -267,6 +267,17 @@ def test_report_shows_predicted_next_to_measured(profiled):
     html = render_html(a, "2026-01-01T00:00:00+00:00")
     assert 'id="profile"' in html and "est. eager in model / measured" in html
     assert "the roofline&#39;s eager time in the model" in html  # says which prediction is compared
+    # the headline is the plain model's wall time, not the profiled run (a fresh user's small model read 470 us
+    # "measured" where it ran in 160: the profiler's own cost), which is named beside it
+    first = html[:html.index('id="opportunities"')]
+    wall, total = a.profile.eager_wall_us, a.profile.total_us
+    assert wall > 0 and f">{wall:,.1f} us</div>" in first or f">{wall / 1000:,.2f} ms</div>" in first, first[-3000:]
+    assert "the plain model's wall time, no profiler" in first
+    # and the time outside the graphs' ops (dynamo's wrapper, glue, the profiler: 45-73% of small models' profiled
+    # runs here) is named where it is large
+    share = a.profile.unattributed_us / a.profile.total_us
+    said = [n for n in a.profile.notes if "ran outside every op of the graphs: on a CPU" in n]
+    assert len(said) == (share > 0.25), (share, a.profile.notes)
 
 
 def test_report_files_carry_the_measurements(profiled, tmp_path):

@@ -82,6 +82,8 @@ RUN_TAG = "fa-run"
 GRAPH_TAG_PREFIX = "fa-graph:"
 #: Range around each tiny op of the probe that measures the instrumentation's own cost (see :func:`profile_model`).
 PROBE_TAG = "fa-probe"
+#: Share of a CPU profile's total outside every op of the graphs above which a note says what that time is.
+CPU_GLUE_NOTE_SHARE = 0.25
 #: Tiny ops per probe loop.
 PROBE_OPS = 300
 #: Runs made before profiling (the first compiles the instrumented graphs) and runs profiled.
@@ -757,6 +759,11 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
         what = "device kernel(s)" if device == "cuda" else "aten op(s)"
         notes.append(f"{att.unattributed_events:g} {what} per run ran outside any op of the graph (graph-break "
                      f"code, view ops, Python glue): {att.unattributed_us:.1f} us per run not attributed to a chain")
+    if device == "cpu" and att.total_us > 0 and att.unattributed_us > CPU_GLUE_NOTE_SHARE * att.total_us:
+        notes.append(f"{att.unattributed_us:.1f} us of the profiled run's {att.total_us:.1f} us "
+                     f"({att.unattributed_us / att.total_us:.0%}) ran outside every op of the graphs: on a CPU, "
+                     f"dynamo's wrapper, Python glue and the profiler's own cost; the plain model takes "
+                     f"{eager_wall:.1f} us per run")
     repeated = {i: k for i, k in sorted(att.graph_calls.items()) if k > 1.0}
     if repeated:
         notes.append("graph(s) run several times per model call (dynamo reuses a graph, e.g. after a graph break "
