@@ -12,7 +12,7 @@ apply`` chose (imported lazily, so ``import fusion_advisor`` stays light).
 
 __version__ = "0.2.0"
 
-__all__ = ["__version__", "load_plan", "PlannedModel"]
+__all__ = ["__version__", "load_plan", "PlannedModel", "PlanError"]
 
 
 def __getattr__(name: str):
@@ -20,4 +20,8 @@ def __getattr__(name: str):
         from fusion_advisor import apply
 
         return getattr(apply, name)
+    if name == "PlanError":  # what load_plan raises on a plan it cannot use
+        from fusion_advisor.apply.plan import PlanError
+
+        return PlanError
     raise AttributeError(f"module 'fusion_advisor' has no attribute {name!r}")

@@ -163,6 +163,13 @@ def test_a_kept_swap_missing_from_the_model_is_reported(planned):
 def test_read_plan_errors(tmp_path, planned):
     with pytest.raises(PlanError, match="no such plan file"):
         read_plan(tmp_path / "nope.yaml")
+    # a fresh user passed apply's folder: it is read from there, and a folder without a plan says so
+    assert read_plan(planned[0].parent).chosen.name == read_plan(planned[0]).chosen.name
+    with pytest.raises(PlanError, match="is a folder without a plan.yaml"):
+        read_plan(tmp_path)
+    import fusion_advisor
+
+    assert fusion_advisor.PlanError is PlanError  # what load_plan's docstring says it raises, importable
     bad = tmp_path / "bad.yaml"
     bad.write_text("swaps: [\n")
     with pytest.raises(PlanError, match="not valid YAML"):

@@ -76,11 +76,18 @@ def render_plan(doc: dict[str, Any]) -> str:
 def read_plan(path: str | Path) -> Plan:
     """Parse and validate plan.yaml.
 
+    ``path``: plan.yaml, or the folder apply wrote it into.
+
     Raises:
-        PlanError: missing file, invalid YAML, another format version, a malformed chosen variant, or a swap
-            naming a kernel the library does not have (the message lists the known kernels).
+        PlanError: missing file (or a folder without one), invalid YAML, another format version, a malformed
+            chosen variant, or a swap naming a kernel the library does not have (the message lists the known
+            kernels).
     """
     path = Path(path)
+    if path.is_dir() and (path / "plan.yaml").is_file():  # the report folder apply wrote into
+        path = path / "plan.yaml"
+    if path.is_dir():
+        raise PlanError(f"{path}: is a folder without a plan.yaml; give the plan.yaml apply wrote")
     if not path.is_file():
         raise PlanError(f"{path}: no such plan file")
     try:
@@ -193,7 +200,7 @@ def load_plan(model: nn.Module, plan: str | Path, variant: str | None = None) ->
     Args:
         model: the model the plan was made for (same code; weights may differ; a warning when its class,
             parameter names, shapes or dtypes differ from the plan's ``model.signature``).
-        plan: path of plan.yaml.
+        plan: path of plan.yaml, or of the folder apply wrote it into.
         variant: another variant apply found correct, by name (``"swaps+eager"``), instead of the chosen one: e.g.
             the one of lowest peak memory (plan.yaml and variants.csv give each variant's time and peak).
 
