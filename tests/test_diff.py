@@ -67,6 +67,19 @@ def test_chains_match_across_shifted_ids_and_changes_are_found(folders):
     assert ("torch", "2.13.0", "2.14.0") in d.facts
 
 
+def test_another_spec_names_the_inputs_that_move_the_predictions(tmp_path):
+    # a fresh user's H200-vs-H100 diff read memory-bound chains as faster on the H100 with nothing to say why:
+    # the shipped specs' host cost per op (12 vs 7.5 us)
+    a, b = layered(2), layered(2)
+    b.device_spec = {**b.device_spec, "name": "h100", "launch_overhead_us": 7.5, "memory_bandwidth_gbps": 3350.0}
+    a.device_spec = {**a.device_spec, "launch_overhead_us": 12.0, "memory_bandwidth_gbps": 4800.0}
+    report.write_report(a, tmp_path / "A")
+    report.write_report(b, tmp_path / "B")
+    facts = {label: (x, y) for label, x, y in D.diff_folders(tmp_path / "A", tmp_path / "B").facts}
+    assert facts["spec: host time per eager op"] == ("12 us", "7.5 us")
+    assert facts["spec: memory bandwidth"] == ("4,800 GB/s", "3,350 GB/s")
+
+
 def test_a_folder_against_itself_has_no_change(folders):
     d = D.diff_folders(folders[0], folders[0])
     assert d.changed == [] and d.rows and all(r["status"] == "same" for r in d.rows)

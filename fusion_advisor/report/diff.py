@@ -102,6 +102,7 @@ def _side(folder: Path) -> Side:
     facts = {
         "model": f"{analysis.model_name} ({analysis.model_file})",
         "device spec": str(spec.get("display_name") or spec.get("name") or "?"),
+        **_spec_facts(spec),
         "dtype": analysis.dtype or "as the file makes it",
         "chains": str(len(analysis.chains)),
         **{k: str(v) for k, v in analysis.versions.items()},
@@ -109,8 +110,9 @@ def _side(folder: Path) -> Side:
     totals = {"predicted eager": float(frame["est_eager_us"].sum(skipna=True)),
               "predicted advised": float(frame["est_after_route_us"].sum(skipna=True)),
               "predicted torch.compile(model)": predicted_compile_us(frame)}
-    if analysis.profile is not None:
-        totals["measured eager (--profile)"] = float(analysis.profile.total_us)
+    if analysis.profile is not None:  # the plain model's wall time, as the report's headline (not the profiled run)
+        p = analysis.profile
+        totals["measured eager (--profile)"] = float(p.eager_wall_us if p.eager_wall_us > 0 else p.total_us)
     plan, _ = read_plan(folder)
     if plan is not None:
         view = apply_view(plan, analysis)
@@ -121,6 +123,23 @@ def _side(folder: Path) -> Side:
             totals[f"measured plan: {view['measured']['chosen']} (apply)"] = view["measured"]["chosen_ms"] * 1e3
             facts["apply chose"] = view["measured"]["chosen"]
     return Side(folder=Path(folder), name=analysis.model_name, frame=frame, facts=facts, totals=totals)
+
+
+#: Device spec inputs the diff names beside the predicted times they move: (label, spec field, unit).
+SPEC_FACTS = (("spec: memory bandwidth", "memory_bandwidth_gbps", "GB/s"),
+              ("spec: host time per eager op", "launch_overhead_us", "us"),
+              ("spec: in-model host time scale", "host_time_scale", "x"))
+
+
+def _spec_facts(spec: dict[str, Any]) -> dict[str, str]:
+    """The :data:`SPEC_FACTS` of a report's device spec: another spec moves every prediction, e.g. an H100 spec's
+    smaller host cost per op (7.5 against the H200's 12 us) predicts launch-bound chains faster there."""
+    out = {}
+    for label, key, unit in SPEC_FACTS:
+        v = spec.get(key)
+        if is_num(v) and float(v) > 0:
+            out[label] = f"{float(v):,.4g} {unit}" if unit != "x" else f"{float(v):.4g}x"
+    return out
 
 
 def _file_line(source: str) -> str:
