@@ -201,6 +201,12 @@ def test_gpu_only_routes_fall_back_to_torch_compile_on_a_cpu_spec(tmp_path):
     assert on_cpu.route == "torch.compile" and on_cpu.rule_id == "graphs" and "CUDA graphs" in on_cpu.note
     triton_on_cpu = route_chain(_chain(), _est(), load_rules([]), kernels={}, device_kind="cpu")
     assert triton_on_cpu.rule_id == "triton-softmax" and triton_on_cpu.route == "torch.compile"
+    # where torch.compile is predicted to save nothing (one kernel, nothing to fuse), the stand-in is skip: a fresh
+    # user's CPU report read "routed to torch.compile", 0 us saved, and "nothing left alone"
+    alone = route_chain(_chain(), _est(fused_us=30.0, compile_us=30.0), load_rules([]), kernels={},
+                        device_kind="cpu")
+    assert (alone.rule_id, alone.route) == ("triton-softmax", "skip")
+    assert "predicted to save nothing" in alone.reason and "The rule's reason for its triton route" in alone.reason
 
 
 @pytest.mark.parametrize("bound,rule,route", [("launch", "cudagraphs-native-layer", "cudagraphs"),

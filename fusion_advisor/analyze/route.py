@@ -27,7 +27,8 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
     """The :class:`Decision` for one chain: the first matching rule, with the library fallback applied.
 
     ``device_kind`` is the device spec's kind: on a ``"cpu"`` spec a triton or cudagraphs route falls back to
-    torch.compile (both need a CUDA GPU), with a note saying so.
+    torch.compile (both need a CUDA GPU), with a note saying so, or to skip where torch.compile is predicted to
+    save nothing (a single kernel: nothing to fuse), the reason saying why.
     ``measured`` is the chain's profiled measurement, when there is one (rules may match its bound class).
     """
     rule, features = rules.first_match(chain, est, measured)
@@ -69,6 +70,13 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
                 route = "torch.compile"
                 note = "library kernel cannot take this chain (" + "; ".join(refusals) + "); falling back to torch.compile"
     reason = render_reason(rule, features, kernel=kernel or rule.kernel, route=route)
+    if device_kind != "gpu" and rule.route != route and not est.route_us(route) < est.eager_us:
+        # the GPU route's stand-in saves nothing here: "routed to torch.compile" would promise a gain nobody
+        # predicted (a single layernorm kernel on the CPU spec read "routed", 0 us saved, nothing left alone)
+        return Decision(chain.id, "skip", "", rule.id, rule.file,
+                        f"{note}, which is predicted to save nothing on this spec ({est.eager_us:.1f} us either "
+                        f"way): left as written. The rule's reason for its {rule.route} route: {reason}",
+                        rule.bound or est.bound)
     return Decision(
         chain_id=chain.id,
         route=route,
