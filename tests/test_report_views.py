@@ -355,3 +355,16 @@ def test_the_predicted_line_names_a_whole_model_route_that_beats_the_chain_route
     assert views.whole_model_note({**routes, "best": "eager"}, 176.0) == ""
     nan = {"eager": 10.0, "torch.compile": 9.0, "reduce-overhead": float("nan"), "best": "torch.compile"}
     assert views.whole_model_note(nan, 10.0) == "; torch.compile(model): 1.11x vs eager"
+
+
+def test_advice_under_the_3_percent_a_route_needs_says_the_model_stays_eager():
+    # a fresh user's BERT on the CPU spec: "The advice" routed 13 chains to torch.compile (183 us saved) right above
+    # "predicted best route: eager", with nothing to say that 183 us of 7.96 ms is under the 3% a route needs
+    a = make_analysis()
+    html = report.render_html(a, "2026-12-01T00:00:00+00:00")
+    assert "Together these save" not in html  # torch.compile(model) is the predicted best here
+    a.estimates["c0"] = replace(a.estimates["c0"], eager_us=10_000.0, fused_us=10_000.0, compile_us=10_000.0)
+    assert views.analysis_model_routes(a, report.chains_frame(a))["best"] == "eager"
+    html = report.render_html(a, "2026-12-01T00:00:00+00:00")
+    first = html[:html.index('id="buys"')]
+    assert "under the 3% a route needs to count as faster" in first
