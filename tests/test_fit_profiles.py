@@ -207,8 +207,9 @@ def test_reports_without_a_profile_or_of_two_specs_are_refused(profiled, tmp_pat
     other = dict(profiled.device_spec, name="other")
     _write(dataclasses.replace(_with_law(profiled), device_spec=other), tmp_path / "a" / "x")
     _write(_with_law(profiled), tmp_path / "a" / "y")
-    with pytest.raises(UserError, match="different device specs"):
+    with pytest.raises(UserError, match="different device specs") as err:
         fit_from_profiles([tmp_path / "a"])
+    assert "other: x" in str(err.value)  # which folder used which spec (a fresh user could not tell)
 
 
 def test_cli_prints_the_table_and_never_overwrites_a_file_not_ours(reports, tmp_path):

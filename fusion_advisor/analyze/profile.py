@@ -55,7 +55,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import tempfile
 import time
 import warnings
@@ -627,7 +626,9 @@ def measure_chains(chains: list[Chain], ops: list[OpInfo], estimates: dict[str, 
 def _device_name(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name()
-    return platform.processor() or platform.machine() or "cpu"
+    from fusion_advisor.devices.calibrate import cpu_name
+
+    return cpu_name()
 
 
 def _probe_us(device: str, tagged: bool, ops: int = PROBE_OPS) -> float:

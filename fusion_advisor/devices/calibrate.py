@@ -220,7 +220,8 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo's ``model name``), else what :mod:`platform` knows (``"x86_64"``)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -430,7 +431,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         name = torch.cuda.get_device_name()
         l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 0)
     else:
-        name = _cpu_name()
+        name = cpu_name()
     sizes = sizes or Sizes.for_device(device, quick=quick, l2_bytes=l2)
     timer = _timer(device, sizes)
     matmul_dtypes = ("fp32", "tf32", "bf16", "fp16") if device == "cuda" else ("fp32", "bf16", "fp16")

@@ -666,8 +666,10 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
     names = sorted({r.spec.name for r in every})
     if base is None:
         if len(names) > 1:
-            raise UserError(f"the reports were analysed with different device specs ({', '.join(names)}): fit one "
-                            "device at a time, or name the spec to add the fits to with --base")
+            by_spec = {n: [r.name for r in every if r.spec.name == n] for n in names}
+            which = "; ".join(f"{n}: {', '.join(f[:4])}{' ...' if len(f) > 4 else ''}" for n, f in by_spec.items())
+            raise UserError(f"the reports were analysed with different device specs ({which}): fit one device at "
+                            "a time, or name the spec to add the fits to with --base")
         base = reports[0].spec
     base = without_fits(base)
     fit_set, test_set, how = split_reports(reports, tests)
