@@ -442,8 +442,9 @@ def bench(
 ) -> None:
     """Verify (one seed, the hard values and the edge shapes), then time kernel_fn, reference_fn and
     torch.compile(reference_fn); print JSON with kernel_time_ms, reference_time_ms, speedup (null on a CPU: the
-    kernel's time is the Triton interpreter's), iteration counts, compile time. Exit 1 when verification fails. With --sweep: verify and time every launch config at every size
-    instead (fusion_advisor/kernel_tools/sweep.py); exit 1 when a config fails verification at some size."""
+    kernel's time is the Triton interpreter's), iteration counts, compile time. Exit 1 when verification fails.
+    With --sweep: verify and time every launch config at every size instead (fusion_advisor/kernel_tools/sweep.py);
+    exit 1 when a config fails verification at some size."""
     if sweep:
         result = run_guarded(lambda: _bench_sweep(file, out, gpu, warmup_ms, rep_ms, rtol, atol, json_out), debug)
         if result.failed_sizes:  # a config computed wrong values: the sweep's files are written, the exit says so

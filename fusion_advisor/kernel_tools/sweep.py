@@ -523,7 +523,8 @@ def run_sweep(hooks: SweepHooks, *, spec_name: str | None = None, warmup_ms: flo
 
 def mark_best(size_rows: list[SweepRow], summary: SizeSummary) -> None:
     """Mark the fastest verified row of one size (``best``) and write it into ``summary``; nothing when no row
-    verified (every row's ``best`` then stays ``None``: unranked). Only GPU times are ranked: :func:`run_sweep` does not call this under the interpreter."""
+    verified (every row's ``best`` then stays ``None``: unranked). Only GPU times are ranked: :func:`run_sweep`
+    does not call this under the interpreter."""
     ok = [r for r in size_rows if r.status == "ok" and r.time_ms is not None]
     if ok:
         best = min(ok, key=lambda r: r.time_ms)
