@@ -105,6 +105,20 @@ def test_triton_route_checks_kernel_constraints():
     assert (d.route, d.kernel) == ("triton", "softmax_any")
 
 
+def test_a_rule_naming_another_patterns_kernel_falls_back(tmp_path):
+    # a fresh user's rule sent every matmul to kernel: rmsnorm, and the report priced the GEMM on it (1.1 ms saved)
+    from kernel_library.registry import KernelEntry
+
+    user = _write(tmp_path, "version: 1\nrules:\n  - id: all-rms\n    match: {}\n    route: triton\n"
+                            "    kernel: rmsnorm\n    reason: r\n")
+    kernels = {"rmsnorm": KernelEntry(name="rmsnorm", module="x", replaces="rmsnorm")}
+    d = route_chain(_chain(pattern="matmul"), _est(), load_rules([user]), kernels=kernels)
+    assert (d.route, d.kernel) == ("torch.compile", "")
+    assert d.note == "kernel 'rmsnorm' replaces rmsnorm chains and this chain is a matmul; falling back to torch.compile"
+    d = route_chain(_chain(pattern="rmsnorm"), _est(), load_rules([user]), kernels=kernels)
+    assert (d.route, d.kernel) == ("triton", "rmsnorm")
+
+
 def test_bound_condition_and_override(tmp_path):
     user = _write(tmp_path, "version: 1\nrules:\n  - id: launchy\n    match: {bound: [launch]}\n    route: torch.compile\n"
                             "    bound: memory\n    reason: r\n")

@@ -51,7 +51,11 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
         ops = {aten_name(t) for t in chain.targets}
         candidates.sort(key=lambda k: not set(k.heavy_targets) & ops)
         wanted = chain.pattern if rule.kernel == "auto" else rule.kernel
-        if not candidates:
+        if candidates and candidates[0].replaces != chain.pattern:  # a user rule naming another pattern's kernel
+            route = "torch.compile"
+            note = (f"kernel '{candidates[0].name}' replaces {candidates[0].replaces} chains and this chain is a "
+                    f"{chain.pattern}; falling back to torch.compile")
+        elif not candidates:
             route = "torch.compile"
             note = (
                 f"kernel for '{wanted}' is not in kernel_library yet; falling back to torch.compile"
