@@ -59,6 +59,11 @@ def test_shipped_rules_are_valid():
          "field 'match.dtype': unknown value(s) 'bfloat16'"),
         ("version: 1\nrules:\n  - id: a\n    route: triton\n    kernel: rmsnrom\n    reason: x\n",
          "field 'kernel': 'rmsnrom' is not a kernel_library kernel"),
+        # a fresh user's `match: []` matched every chain; `1e8` (YAML 1.1 text) read as "expected int, got '1e8'"
+        ("version: 1\nrules:\n  - id: a\n    route: skip\n    match: []\n    reason: x\n",
+         "field 'match': must be a mapping of conditions"),
+        ("version: 1\nrules:\n  - id: a\n    route: skip\n    match: {min_bytes_saved: 1e8}\n    reason: x\n",
+         "got '1e8' (YAML reads 1e8 as text: write it as 100000000 or with a dot, 1.0e+8)"),
     ],
 )
 def test_invalid_rules_name_file_rule_and_field(tmp_path, body, fragment):
@@ -253,3 +258,12 @@ def test_a_launch_bound_recurrent_layer_goes_to_a_cuda_graph_and_a_device_bound_
                  op_ids=("g0:lstm",), targets=("fusion_advisor_capture.recurrent",))
     assert route_chain(rnn, _est(bound="launch"), load_rules([]), {}).route == "cudagraphs"
     assert route_chain(rnn, _est(bound="compute"), load_rules([]), {}).rule_id == "skip-recurrent"
+
+
+def test_every_match_condition_is_documented_in_the_shipped_rules_header():
+    # a fresh user found the condition names only in an error message, and no units
+    from fusion_advisor.analyze.rules import CONDITIONS
+
+    header = "".join(line for line in SHIPPED_RULES.read_text().splitlines(keepends=True) if line.startswith("#"))
+    missing = [c for c in CONDITIONS if not any(c in part for part in header.replace("/", " ").split())]
+    assert not missing, f"undocumented match conditions: {missing}"

@@ -153,6 +153,14 @@ CONDITIONS: dict[str, tuple[type | tuple[type, ...], Callable[[dict[str, Any], A
 _RULE_FIELDS = ("id", "description", "match", "route", "kernel", "bound", "reason")
 
 
+def _reads_as_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
 def _known_patterns() -> frozenset[str]:
     from kernel_library.registry import KNOWN_PATTERNS
 
@@ -270,7 +278,8 @@ def _parse_rule(raw: Any, index: int, file: str) -> Rule:
     route = raw.get("route")
     if route not in ROUTES:
         raise RulesError(f"{where}: field 'route': {route!r} is not one of {', '.join(ROUTES)}")
-    match = raw.get("match") or {}
+    match = raw.get("match")
+    match = {} if match is None else match  # an absent match matches every chain; an empty list is a mistake
     if not isinstance(match, dict):
         raise RulesError(f"{where}: field 'match': must be a mapping of conditions")
     for name, value in match.items():
@@ -283,7 +292,10 @@ def _parse_rule(raw: Any, index: int, file: str) -> Rule:
             ok = isinstance(value, expected)
         if not ok:
             names = expected.__name__ if isinstance(expected, type) else " or ".join(t.__name__ for t in expected)
-            raise RulesError(f"{where}: field 'match.{name}': expected {names}, got {value!r}")
+            hint = ""
+            if isinstance(value, str) and _reads_as_number(value):  # YAML 1.1 reads 1e8 (no dot) as text
+                hint = f" (YAML reads {value} as text: write it as {float(value):.0f} or with a dot, 1.0e+8)"
+            raise RulesError(f"{where}: field 'match.{name}': expected {names}, got {value!r}{hint}")
         if name == "intensity_vs_ridge" and value not in ("above", "below"):
             raise RulesError(f"{where}: field 'match.intensity_vs_ridge': must be 'above' or 'below'")
         if name in ("bound", "measured_bound") and any(b not in BOUNDS for b in _one_of(value)):
