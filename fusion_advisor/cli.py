@@ -447,7 +447,7 @@ def bench(
     exit 1 when a config fails verification at some size."""
     if sweep:
         result = run_guarded(lambda: _bench_sweep(file, out, gpu, warmup_ms, rep_ms, rtol, atol, json_out), debug)
-        if result.failed_sizes:  # a config computed wrong values: the sweep's files are written, the exit says so
+        if result.failed_sizes:  # wrong values, or no config ran: the sweep's files are written, the exit says so
             raise typer.Exit(1)
         return
     if out is not None or gpu is not None:  # sweep-only options: ignoring them would leave the user looking for files
@@ -750,9 +750,16 @@ def _bench_sweep(file: str, out: Optional[Path], gpu: Optional[str], warmup_ms: 
     if result.note:
         show.print(f"[yellow]note:[/] {_escape(result.note)}")
     show.print(f"sweep: {paths['csv']}  {paths['json']}", highlight=False)
-    if result.failed_sizes:
-        show.print(f"[bold red]verification failed[/] at size(s) {', '.join(result.failed_sizes)}: a config computed "
+    wrong = [s.size for s in result.sizes if s.failed_verification]
+    if wrong:
+        show.print(f"[bold red]verification failed[/] at size(s) {', '.join(wrong)}: a config computed "
                    f"wrong values there (see the rejected rows); exit 1", highlight=False)
+    none_ran = [s for s in result.failed_sizes if s not in wrong]
+    if none_ran:
+        first = next((r.reason for r in result.rows if r.size == none_ran[0]), "")
+        show.print(f"[bold red]no config ran[/] at size(s) {', '.join(none_ran)}: every one was rejected (e.g. "
+                   f"{_escape(first[:200])}): check that kernel_fn takes the configs' parameters as keyword "
+                   f"arguments (SWEEP_CONFIGS); exit 1", highlight=False)
     return result
 
 

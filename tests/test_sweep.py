@@ -91,6 +91,9 @@ def test_config_that_fails_to_launch_is_rejected_and_sweep_goes_on():
     assert status == [("ok", ""), ("rejected", "failed to compile or launch"), ("ok", "")]
     assert "NO_SUCH_PARAM" in result.rows[1].reason
     assert result.failed_sizes == []  # a config that does not launch computes nothing wrong: not a failed size
+    # but a size where no config ran at all is (a fresh user's kernel_fn took no launch parameters: exit 0 before)
+    hooks.configs = [{"NO_SUCH_PARAM": 1}, {"NO_SUCH_PARAM": 2}]
+    assert run_sweep(hooks, **FAST).failed_sizes == ["1031"]
 
 
 def test_autotune_configs_are_swept():
