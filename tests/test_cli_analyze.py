@@ -77,6 +77,10 @@ def test_user_rules_come_first(tmp_path):
     row = chains[chains["bound"] == "launch"].iloc[0]
     assert row["rule_id"] == "keep-tiny-eager" and row["route"] == "skip"
     assert "CUDA graphs (" in row["reason"]
+    # which file's rule decided (a fresh user's rule reused a shipped id: the CSV could not tell them apart)
+    assert Path(row["rules_file"]) == rules
+    assert chains.loc[chains["rule_id"] != "keep-tiny-eager", "rules_file"].str.endswith("default.yaml").all()
+    assert "of <code>mine.yaml</code>" in (out / "report.html").read_text()
     report = json.loads((out / "report.json").read_text())
     assert [f["name"] for f in report["rules_files"]] == ["mine", "default"]
 

@@ -80,6 +80,7 @@ CHAIN_COLUMNS: dict[str, str] = {
              "'cudagraphs' (replay it from a CUDA graph: launch-bound work).",
     "kernel": "Library kernel name for 'triton' routes, else empty.",
     "rule_id": "Id of the routing rule that decided (first match wins).",
+    "rules_file": "The rules file that rule came from (a user's --rules file or the shipped rules/default.yaml).",
     "bound": "Bound class after routing: 'compute', 'memory' or 'launch' (the roofline's class unless a rule "
     "overrides it).",
     "reason": "The deciding rule's reason, rendered with the chain's numbers.",
@@ -327,6 +328,7 @@ def _chain_row(chain: Chain, est: Estimate | None, dec: Decision | None, inducto
         "route": route,
         "kernel": dec.kernel if dec else "",
         "rule_id": dec.rule_id if dec else "",
+        "rules_file": dec.rules_file if dec else "",
         "bound": dec.bound if dec else (est.bound if est else ""),
         "reason": dec.reason if dec else "",
         "note": dec.note if dec else "",
@@ -463,7 +465,7 @@ def _template(name: str = "report.html.j2") -> jinja2.Template:
     env = jinja2.Environment(loader=jinja2.FunctionLoader(load), autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True)
     env.filters.update(int=fmt_int, num=fmt_float, bytes=fmt_bytes, us=fmt_us, x=fmt_speedup, pct=_fmt_pct,
-                       flops=fmt_flops)
+                       flops=fmt_flops, basename=lambda p: Path(str(p)).name)
     return env.get_template(name)
 
 
