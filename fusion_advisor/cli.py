@@ -414,7 +414,12 @@ def verify(
             raise UserError(f"--shapes {shapes}: choose one of {', '.join(SHAPE_MODES)}")
         _check_json_out(json_out)
         use_triton_interpreter_if_no_gpu()
-        result = verify_kernel(load_contract(file), rtol=rtol, atol=atol, seeds=seeds, shapes=shapes)
+        def said(case: str) -> None:  # on stderr as it runs: a kernel that crashes the process names its case
+            sys.stderr.write(f"verify: {case} ...\n")
+            sys.stderr.flush()
+
+        result = verify_kernel(load_contract(file), rtol=rtol, atol=atol, seeds=seeds, shapes=shapes,
+                               progress=said)
         _emit_json(result.to_dict(), json_out)
         return result
 

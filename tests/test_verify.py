@@ -80,6 +80,11 @@ def test_cli_verify_ok_and_json_out(tmp_path):
     assert set(printed) >= {"correct", "max_abs_diff", "max_rel_diff", "details"}
     assert json.loads(out.read_text()) == printed
     assert [p.name for p in out.parent.iterdir()] == ["verify.json"]  # no temporary file left behind
+    # each case is named on stderr before it runs: a kernel that crashes the process (a store far out of bounds
+    # segfaulted a fresh user's verify with nothing printed) leaves the case it crashed in on the screen
+    said = [line for line in res.stderr.splitlines() if line.startswith("verify: ")]
+    assert said[0] == "verify: seed 0 (get_inputs()) ..." and len(said) == len(printed["shapes"]) - sum(
+        e["status"].startswith(("skipped", "not run")) for e in printed["shapes"])
 
 
 def test_cli_verify_broken_exits_nonzero():

@@ -523,7 +523,8 @@ def shape_plan(contract: KernelContract, shapes: str = "edges") -> list[EdgeSize
 
 
 def verify_kernel(contract: KernelContract, rtol: float | None = None, atol: float | None = None,
-                  seeds: int = DEFAULT_SEEDS, shapes: str = "edges", hard_values: bool = True) -> VerifyResult:
+                  seeds: int = DEFAULT_SEEDS, shapes: str = "edges", hard_values: bool = True,
+                  progress: Callable[[str], None] | None = None) -> VerifyResult:
     """Check ``contract.kernel_fn`` against ``contract.reference_fn`` on the cases of the module docstring.
 
     Args:
@@ -532,6 +533,8 @@ def verify_kernel(contract: KernelContract, rtol: float | None = None, atol: flo
         seeds: number of seeds (``0 .. seeds-1``), at least 1.
         shapes: ``"edges"``, ``"all"`` or ``"given"`` (:data:`SHAPE_MODES`).
         hard_values: run the hard-value cases (generic and the file's ``hard_inputs()``).
+        progress: called with ``"<case> (<size>)"`` before each case runs: a kernel that crashes the process (a
+            store far out of bounds) leaves the case it crashed in on the caller's screen.
 
     Returns:
         a :class:`VerifyResult`; a kernel that raises is reported there (``correct=False``), not raised.
@@ -579,6 +582,8 @@ def verify_kernel(contract: KernelContract, rtol: float | None = None, atol: flo
                 raise
             raise ContractError(f"{exc}; {SHAPE_HINT}") from exc
         seed = int(case.split()[1]) if case.startswith("seed ") else 0
+        if progress is not None:
+            progress(f"{case} ({size})")
         try:
             outcome = check_case(case, contract.kernel_fn, contract.reference_fn, args, atol=atol, rtol=rtol,
                                  tf32=tf32, grad_seed=seed, path=contract.path)
