@@ -81,6 +81,20 @@ def test_user_rules_come_first(tmp_path):
     assert Path(row["rules_file"]) == rules
     assert chains.loc[chains["rule_id"] != "keep-tiny-eager", "rules_file"].str.endswith("default.yaml").all()
     assert "of <code>mine.yaml</code>" in (out / "report.html").read_text()
+
+
+def test_a_user_rule_on_the_measured_bound_says_it_needs_a_profile(tmp_path):
+    # a fresh user's `match: {measured_bound: launch}` rule could never fire in a static analysis, silently
+    rules = tmp_path / "mine.yaml"
+    rules.write_text("version: 1\nrules:\n  - id: measured-launch\n    match: {measured_bound: launch}\n"
+                     "    route: skip\n    reason: x\n")
+    out = tmp_path / "rep"
+    r = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(out), "--rules", str(rules))
+    assert r.exit_code == 0, r.output
+    warnings = json.loads((out / "report.json").read_text())["warnings"]
+    said = [w for w in warnings if "measured_bound" in w]
+    assert said == [f"rule measured-launch ({rules}) matches on measured_bound, which only analyze --profile "
+                    "measures: it decided no chain here"], warnings
     report = json.loads((out / "report.json").read_text())
     assert [f["name"] for f in report["rules_files"]] == ["mine", "default"]
 

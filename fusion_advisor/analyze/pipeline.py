@@ -310,7 +310,10 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
         capture_method=cap.method,
         graph_breaks=cap.breaks,
         warnings=(cap.warnings + loaded.notes + list(notes or []) + og.notes + _mixed_dtype_products(og.ops)
-                  + _all_skip_check(chains, estimates, decisions) + ([unused_note(work, spec)] if work else [])),
+                  + _all_skip_check(chains, estimates, decisions) + ([unused_note(work, spec)] if work else [])
+                  + ([] if measured is not None else [
+                      f"rule {r.id} ({r.file}) matches on measured_bound, which only analyze --profile measures: "
+                      f"it decided no chain here" for r in rules.profile_only()])),
         ops=og.ops,
         chains=chains,
         estimates=estimates,

@@ -233,6 +233,11 @@ class RuleSet:
     rules: tuple[Rule, ...]
     files: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
+    def profile_only(self) -> list[Rule]:
+        """The user's rules (not the shipped file's) that match on ``measured_bound``: without ``--profile`` they
+        match no chain."""
+        return [r for r in self.rules if "measured_bound" in r.match and Path(r.file) != Path(SHIPPED_RULES)]
+
     def first_match(self, chain: Chain, est: Estimate,
                     measured: ChainMeasurement | None = None) -> tuple[Rule | None, dict[str, Any]]:
         """The first rule matching ``chain`` (or ``None``), and the chain's features (``measured``: its profiled
