@@ -449,7 +449,7 @@ def bench(
     torch.compile(reference_fn); print JSON with kernel_time_ms, reference_time_ms, speedup (null on a CPU: the
     kernel's time is the Triton interpreter's), iteration counts, compile time. Exit 1 when verification fails.
     With --sweep: verify and time every launch config at every size instead (fusion_advisor/kernel_tools/sweep.py);
-    exit 1 when a config fails verification at some size."""
+    exit 1 when a config fails verification at some size, or no config can be called there (a TypeError)."""
     if sweep:
         result = run_guarded(lambda: _bench_sweep(file, out, gpu, warmup_ms, rep_ms, rtol, atol, json_out), debug)
         if result.failed_sizes:  # wrong values, or no config ran: the sweep's files are written, the exit says so
@@ -762,9 +762,9 @@ def _bench_sweep(file: str, out: Optional[Path], gpu: Optional[str], warmup_ms: 
     none_ran = [s for s in result.failed_sizes if s not in wrong]
     if none_ran:
         first = next((r.reason for r in result.rows if r.size == none_ran[0]), "")
-        show.print(f"[bold red]no config ran[/] at size(s) {', '.join(none_ran)}: every one was rejected (e.g. "
-                   f"{_escape(first[:200])}): check that kernel_fn takes the configs' parameters as keyword "
-                   f"arguments (SWEEP_CONFIGS); exit 1", highlight=False)
+        show.print(f"[bold red]no config ran[/] at size(s) {', '.join(none_ran)}: every one was rejected by a "
+                   f"TypeError (e.g. {_escape(first[:200])}): check that kernel_fn takes the configs' parameters "
+                   f"as keyword arguments (SWEEP_CONFIGS); exit 1", highlight=False)
     return result
 
 

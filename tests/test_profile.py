@@ -273,11 +273,20 @@ def test_report_shows_predicted_next_to_measured(profiled):
     wall, total = a.profile.eager_wall_us, a.profile.total_us
     assert wall > 0 and f">{wall:,.1f} us</div>" in first or f">{wall / 1000:,.2f} ms</div>" in first, first[-3000:]
     assert "the plain model's wall time, no profiler" in first
-    # and the time outside the graphs' ops (dynamo's wrapper, glue, the profiler: 45-73% of small models' profiled
-    # runs here) is named where it is large
-    share = a.profile.unattributed_us / a.profile.total_us
-    said = [n for n in a.profile.notes if "ran outside every op of the graphs: on a CPU" in n]
-    assert len(said) == (share > 0.25), (share, a.profile.notes)
+
+
+
+@pytest.mark.parametrize("share, said", [(0.0, 1), (1.0, 0)])
+def test_a_cpu_profile_names_the_time_outside_the_graphs_ops_where_it_is_large(monkeypatch, share, said):
+    # dynamo's wrapper, glue and the profiler: 45-73% of small models' profiled runs here, unexplained before
+    from fusion_advisor.analyze import profile as prof_mod
+
+    monkeypatch.setattr(prof_mod, "CPU_GLUE_NOTE_SHARE", share)
+    a = analyze(DATA / "tiny_pointwise.py", device="cpu", gpu="cpu", profile=True)
+    notes = [n for n in a.profile.notes if "ran outside every op of the graphs: on a CPU" in n]
+    assert len(notes) == said, a.profile.notes
+    if said:
+        assert f"the plain model takes {a.profile.eager_wall_us:.1f} us per run" in notes[0]
 
 
 def test_report_files_carry_the_measurements(profiled, tmp_path):

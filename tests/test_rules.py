@@ -63,7 +63,9 @@ def test_shipped_rules_are_valid():
         ("version: 1\nrules:\n  - id: a\n    route: skip\n    match: []\n    reason: x\n",
          "field 'match': must be a mapping of conditions"),
         ("version: 1\nrules:\n  - id: a\n    route: skip\n    match: {min_bytes_saved: 1e8}\n    reason: x\n",
-         "got '1e8' (YAML reads 1e8 as text: write it as 100000000 or with a dot, 1.0e+8)"),
+         "got '1e8' (YAML reads 1e8 as text: write 100000000)"),
+        ("version: 1\nrules:\n  - id: a\n    route: skip\n    match: {max_intensity: 1e-3}\n    reason: x\n",
+         "got '1e-3' (YAML reads 1e-3 as text: write 1.0e-03 (a dot and a signed exponent))"),
     ],
 )
 def test_invalid_rules_name_file_rule_and_field(tmp_path, body, fragment):
@@ -225,7 +227,9 @@ def test_gpu_only_routes_fall_back_to_torch_compile_on_a_cpu_spec(tmp_path):
     alone = route_chain(_chain(), _est(fused_us=30.0, compile_us=30.0), load_rules([]), kernels={},
                         device_kind="cpu")
     assert (alone.rule_id, alone.route) == ("triton-softmax", "skip")
-    assert "predicted to save nothing" in alone.reason and "The rule's reason for its triton route" in alone.reason
+    assert alone.reason.startswith("left as written: torch.compile, the stand-in for the rule's triton route on "
+                                   "this spec, is predicted at 30.0 us against eager's 30.0 us")
+    assert "The rule's reason for its triton route" in alone.reason and "target GPUs" in alone.note
 
 
 @pytest.mark.parametrize("bound,rule,route", [("launch", "cudagraphs-native-layer", "cudagraphs"),

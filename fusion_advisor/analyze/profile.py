@@ -763,7 +763,8 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
     if device == "cpu" and att.total_us > 0 and att.unattributed_us > CPU_GLUE_NOTE_SHARE * att.total_us:
         notes.append(f"{att.unattributed_us:.1f} us of the profiled run's {att.total_us:.1f} us "
                      f"({att.unattributed_us / att.total_us:.0%}) ran outside every op of the graphs: on a CPU, "
-                     f"dynamo's wrapper, Python glue and the profiler's own cost; the plain model takes "
+                     f"dynamo's wrapper, Python glue, eager code between graphs and the profiler's own cost; the "
+                     f"plain model takes "
                      f"{eager_wall:.1f} us per run")
     repeated = {i: k for i, k in sorted(att.graph_calls.items()) if k > 1.0}
     if repeated:

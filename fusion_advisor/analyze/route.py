@@ -78,9 +78,9 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
         # the GPU route's stand-in saves nothing here: "routed to torch.compile" would promise a gain nobody
         # predicted (a single layernorm kernel on the CPU spec read "routed", 0 us saved, nothing left alone)
         return Decision(chain.id, "skip", "", rule.id, rule.file,
-                        f"{note}, which is predicted to save nothing on this spec ({est.eager_us:.1f} us either "
-                        f"way): left as written. The rule's reason for its {rule.route} route: {reason}",
-                        rule.bound or est.bound)
+                        f"left as written: torch.compile, the stand-in for the rule's {rule.route} route on this "
+                        f"spec, is predicted at {est.route_us(route):.1f} us against eager's {est.eager_us:.1f} us. "
+                        f"The rule's reason for its {rule.route} route: {reason}", rule.bound or est.bound, note)
     return Decision(
         chain_id=chain.id,
         route=route,

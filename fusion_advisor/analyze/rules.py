@@ -153,6 +153,13 @@ CONDITIONS: dict[str, tuple[type | tuple[type, ...], Callable[[dict[str, Any], A
 _RULE_FIELDS = ("id", "description", "match", "route", "kernel", "bound", "reason")
 
 
+def _number_hint(x: float, expected: type | tuple[type, ...]) -> str:
+    """How to write ``x`` so that YAML 1.1 reads it as the number a condition of type ``expected`` takes."""
+    if expected is int:
+        return f"write {int(x)}" if x.is_integer() else "this condition takes a whole number"
+    return f"write {x:.1e} (a dot and a signed exponent)"
+
+
 def _reads_as_number(text: str) -> bool:
     try:
         float(text)
@@ -299,7 +306,7 @@ def _parse_rule(raw: Any, index: int, file: str) -> Rule:
             names = expected.__name__ if isinstance(expected, type) else " or ".join(t.__name__ for t in expected)
             hint = ""
             if isinstance(value, str) and _reads_as_number(value):  # YAML 1.1 reads 1e8 (no dot) as text
-                hint = f" (YAML reads {value} as text: write it as {float(value):.0f} or with a dot, 1.0e+8)"
+                hint = f" (YAML reads {value} as text: {_number_hint(float(value), expected)})"
             raise RulesError(f"{where}: field 'match.{name}': expected {names}, got {value!r}{hint}")
         if name == "intensity_vs_ridge" and value not in ("above", "below"):
             raise RulesError(f"{where}: field 'match.intensity_vs_ridge': must be 'above' or 'below'")

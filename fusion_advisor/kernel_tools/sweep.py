@@ -353,13 +353,15 @@ class SweepResult:
 
     @property
     def failed_sizes(self) -> list[str]:
-        """Labels of the sizes where some config computed wrong values or no config ran at all (every one
-        rejected: e.g. a ``kernel_fn`` that takes no launch parameters); ``bench --sweep`` then exits 1."""
+        """Labels of the sizes where some config computed wrong values, or where every config was rejected by a
+        TypeError (a ``kernel_fn`` that takes no launch parameters: the file is wrong, not the configs; a size no
+        config fits, out of resources, is not a failure); ``bench --sweep`` then exits 1."""
         by_size: dict[str, list[SweepRow]] = {}
         for r in self.rows:
             by_size.setdefault(r.size, []).append(r)
         return [s.size for s in self.sizes if s.failed_verification
-                or (by_size.get(s.size) and all(r.status == "rejected" for r in by_size[s.size]))]
+                or (by_size.get(s.size) and all(r.status == "rejected" and "TypeError" in r.reason
+                                                for r in by_size[s.size]))]
 
     def frame(self) -> Any:
         """The rows as a pandas DataFrame with exactly the :data:`COLUMNS` columns."""
