@@ -613,8 +613,8 @@ def _print_apply_summary(result, paths: dict) -> None:
         out.print(t)
         gains = speedup_line(result)
         chosen = result.chosen.spec.name if result.chosen is not None else "the model as written"
-        out.print(f"plan: [bold]{_escape(chosen)}[/]" + (f" ({gains})" if gains else "")
-                  + f": {_escape(result.chosen_reason)}")
+        why = result.chosen_reason.removeprefix(f"{chosen}: ")  # the reason names the variant (for plan.yaml)
+        out.print(f"plan: [bold]{_escape(chosen)}[/]" + (f" ({gains})" if gains else "") + f": {_escape(why)}")
     else:
         out.print("dry run: no variant verified or timed (add --verify to choose one)")
     rebuild = (f"rebuild with fusion_advisor.load_plan(model, '{paths['plan']}')" if result.chosen is not None else

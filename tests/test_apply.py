@@ -975,6 +975,8 @@ def test_cli_apply_shows_each_variants_steps_in_a_log(tmp_path):
     assert lines[at + 1:at + 4] == ["  variant eager: building and running once (compile / capture) ...",
                                     "  variant eager: checking against the float64 reference ...",
                                     "  variant eager: timing (3 rounds) ..."], lines[at:at + 5]
+    plan = next(line for line in lines if line.startswith("plan: "))
+    assert plan.startswith("plan: eager") and "eager: " not in plan, plan  # the name once (a fresh user's read twice)
 
 
 def test_a_near_miss_shared_by_every_layer_is_said_once_with_its_count():
@@ -1053,8 +1055,8 @@ def test_a_variants_pattern_that_matches_nothing_is_warned_about():
     result = apply(DATA / "models" / "tiny_pointwise.py",
                    ApplyOptions(verify=True, variants=("zzz*", "eager"), budget_s=5.0, regions=False), device="cpu")
     said = [w for w in result.warnings if w.startswith("--variants")]
-    assert len(said) == 1 and said[0].startswith("--variants 'zzz*' matched no variant apply built for this "
-                                                 "model"), said
+    assert len(said) == 1 and said[0].startswith("--variants 'zzz*' matched none of the variants apply "
+                                                 "considered for this model"), said
     assert "eager, torch.compile" in said[0]
     assert result.chosen is not None and result.chosen.spec.name == "eager"
 

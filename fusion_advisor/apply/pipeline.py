@@ -157,10 +157,9 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     result.confirmed, result.confirmation_spread = found.confirmed, found.confirmation_spread
     result.baseline, result.planned = found.baseline, found.planned
     for p in found.unmatched_patterns:  # a typo must not read as "eager is best"
-        result.warnings.append(f"--variants {p!r} matched no variant apply built for this model, so it tried none "
-                               f"for it (some are built only from others: swaps+<rest> from swaps+eager, region "
-                               f"trials from the best plain variant); the variants it built: "
-                               f"{', '.join(found.considered)}")
+        result.warnings.append(f"--variants {p!r} matched none of the variants apply considered for this model "
+                               f"(some are built only from others: swaps+<rest> from swaps+eager, region trials "
+                               f"from the best plain variant); those considered: {', '.join(found.considered)}")
     noisy = noise_warning(found.variants, found.confirmation_spread)
     if noisy:
         result.warnings.append(noisy)
