@@ -7,7 +7,6 @@ Each command is a thin shell over one pipeline stage; all user-facing errors are
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, TypeVar
@@ -234,8 +233,8 @@ def _print_summary(analysis, paths: dict, top: int, replaced: bool = False) -> N
         for n in prof.notes:
             out.print(f"[yellow]profile:[/] {_escape(n)}")
         flagged = sum(1 for m in prof.chains.values() if m.flagged)
-        wall = (f"the plain model {prof.eager_wall_us:,.1f} us per run (no profiler); "
-                if prof.eager_wall_us > 0 and math.isfinite(prof.eager_wall_us) else "")
+        wall = (f"the plain model {prof.plain_wall_us:,.1f} us per run (no profiler); "
+                if prof.plain_wall_us is not None else "")
         out.print(f"profiled on {_escape(prof.device_name)}: {wall}profiled run {prof.total_us:,.1f} us, "
                   f"{prof.attributed_us:,.1f} us attributed to chains; {flagged} chain(s) off their eager estimate "
                   f"by more than 2x" + (f"; trace: {_escape(prof.trace_file)}" if prof.trace_file else ""))
@@ -326,11 +325,10 @@ def _write_json_atomic(path: Path, data: dict) -> None:
     from fusion_advisor.files import atomic_write_bytes, check_out_file
 
     def foreign(p: Path) -> str | None:
-        if p.suffix != ".json" or not _is_json(p):
-            return "exists and is not a JSON file; refusing to overwrite it"
-        if not _json_written_like(p, data):
-            return "holds JSON that this command did not write; refusing to overwrite it (choose another file)"
-        return None
+        why = _not_json(p)
+        if why is None and not _json_written_like(p, data):
+            why = "holds JSON that this command did not write; refusing to overwrite it (choose another file)"
+        return why
 
     check_out_file(path, "--json-out", foreign)
     try:
@@ -345,15 +343,15 @@ def _check_json_out(path: Optional[Path]) -> None:
     when it is written (:func:`_write_json_atomic`: it needs the result's keys)."""
     from fusion_advisor.files import check_out_file
 
-    if path is None:
-        return
+    if path is not None:
+        check_out_file(path, "--json-out", _not_json, example="result.json", writable=True)
 
-    def foreign(p: Path) -> str | None:
-        if p.suffix != ".json" or not _is_json(p):
-            return "exists and is not a JSON file; refusing to overwrite it"
-        return None
 
-    check_out_file(path, "--json-out", foreign, example="result.json", writable=True)
+def _not_json(path: Path) -> str | None:
+    """Why an existing --json-out must not be overwritten for what it is (not a JSON file), else None."""
+    if path.suffix != ".json" or not _is_json(path):
+        return "exists and is not a JSON file; refusing to overwrite it"
+    return None
 
 
 def _json_written_like(path: Path, data: dict) -> bool:

@@ -1061,21 +1061,10 @@ def test_a_variants_pattern_that_matches_nothing_is_warned_about():
     assert result.chosen is not None and result.chosen.spec.name == "eager"
 
 
-def test_an_out_folder_the_permission_bits_call_writable_that_refuses_is_refused_before_apply_runs(tmp_path,
-                                                                                                   monkeypatch):
+def test_an_out_folder_the_permission_bits_call_writable_that_refuses_is_refused_before_apply_runs(
+        tmp_path, must_not_run, read_only_folders):
     # a fresh user's apply --out /proc/forbidden ran every variant, then ended in "internal error: FileNotFoundError"
-    import tempfile
-
-    import fusion_advisor.apply as apply_pkg
-
-    def never(*a, **k):
-        raise AssertionError("apply ran before --out was checked")
-
-    def refuse(*a, **k):
-        raise PermissionError(30, "Read-only file system")
-
-    monkeypatch.setattr(apply_pkg, "apply", never)
-    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    must_not_run("fusion_advisor.apply.apply", "apply")
     r = runner.invoke(app, ["apply", str(DATA / "models" / "tiny_pointwise.py"), "--out", str(tmp_path / "rep")])
     assert r.exit_code == 2 and "cannot write in" in r.output and "Read-only file system" in r.output, r.output
     assert not (tmp_path / "rep").exists()

@@ -184,12 +184,9 @@ def test_json_out_never_overwrites_a_source_file(tmp_path):
     (["bench", "K", "--sweep"], "fusion_advisor.kernel_tools.sweep.run_sweep"),
     (["doctor"], "fusion_advisor.devices.doctor.run_doctor"),
 ])
-def test_a_json_out_that_cannot_be_written_is_refused_before_the_work(tmp_path, monkeypatch, args, work):
+def test_a_json_out_that_cannot_be_written_is_refused_before_the_work(tmp_path, must_not_run, args, work):
     # a fresh user's bench ran 13 s, printed its JSON, then said the --json-out folder did not exist
-    def never(*a, **k):
-        raise AssertionError("the work ran before --json-out was checked")
-
-    monkeypatch.setattr(work, never)
+    must_not_run(work)
     args = [str(DATA / "kernels" / "vector_add.py") if a == "K" else a for a in args]
     for bad, why in ((tmp_path / "no" / "x.json", "does not exist"), (tmp_path, "is a directory")):
         r = runner.invoke(app, [*args, "--json-out", str(bad), "--out", str(tmp_path / "sw")] if "--sweep" in args
@@ -197,20 +194,10 @@ def test_a_json_out_that_cannot_be_written_is_refused_before_the_work(tmp_path, 
         assert r.exit_code == 2 and why in " ".join(r.output.split()), r.output
 
 
-def test_a_json_out_folder_that_refuses_writes_its_bits_allow_is_refused_before_the_work(tmp_path, monkeypatch):
+def test_a_json_out_folder_that_refuses_writes_its_bits_allow_is_refused_before_the_work(tmp_path, must_not_run,
+                                                                                         read_only_folders):
     # a reviewer's find: root's --json-out /proc/x.json passed the permission bits and failed after the work
-    import tempfile
-
-    import fusion_advisor.kernel_tools.verify as verify_mod
-
-    def never(*a, **k):
-        raise AssertionError("the work ran before --json-out was checked")
-
-    def refuse(*a, **k):
-        raise PermissionError(30, "Read-only file system")
-
-    monkeypatch.setattr(verify_mod, "verify_kernel", never)
-    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    must_not_run("fusion_advisor.kernel_tools.verify.verify_kernel")
     r = runner.invoke(app, ["verify", str(DATA / "kernels" / "vector_add.py"), "--json-out", str(tmp_path / "v.json")])
     assert r.exit_code == 2 and "cannot write in" in r.output and "Read-only file system" in r.output, r.output
 

@@ -9,6 +9,7 @@ Each stage takes records from the one before and returns its own; no stage reach
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -449,6 +450,19 @@ class Profile:
     dispatch_us: float = 0.0
     instrumented_dispatch_us: float = 0.0
     graph_calls: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def plain_wall_us(self) -> float | None:
+        """:attr:`eager_wall_us` where it was measured (a finite time above 0), else None (us)."""
+        wall = self.eager_wall_us
+        return wall if wall > 0 and math.isfinite(wall) else None
+
+    @property
+    def model_eager_us(self) -> float:
+        """The model's measured eager time per run (us): its plain wall time where measured, else the profiled
+        total (:func:`fusion_advisor.devices.fit_profiles.model_eager_us` says why the total is the fallback only)."""
+        wall = self.plain_wall_us
+        return wall if wall is not None else self.total_us
 
 
 @dataclass(frozen=True)

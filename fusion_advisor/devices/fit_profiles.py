@@ -521,8 +521,7 @@ def model_eager_us(prof: Profile) -> float:
     model runs: on the H200 it came out 0.43-1.80x the plain wall time across 137 profiled KernelBench files, and
     1.8x for a GoogLeNet and an RNN loop in one session where the plain wall time matched the previous session's
     within 7% (benchmarks/results/h200/accuracy/reprofile/README.md)."""
-    wall = prof.eager_wall_us
-    return wall if wall > 0 and math.isfinite(wall) else prof.total_us
+    return prof.model_eager_us
 
 
 def measured_bounds(rep: ProfiledReport, spec: DeviceSpec) -> dict[str, str]:

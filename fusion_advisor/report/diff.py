@@ -111,8 +111,7 @@ def _side(folder: Path) -> Side:
               "predicted advised": float(frame["est_after_route_us"].sum(skipna=True)),
               "predicted torch.compile(model)": predicted_compile_us(frame)}
     if analysis.profile is not None:  # the plain model's wall time, as the report's headline (not the profiled run)
-        p = analysis.profile
-        totals["measured eager (--profile)"] = float(p.eager_wall_us if p.eager_wall_us > 0 else p.total_us)
+        totals["measured eager (--profile)"] = float(analysis.profile.model_eager_us)
     plan, _ = read_plan(folder)
     if plan is not None:
         view = apply_view(plan, analysis)

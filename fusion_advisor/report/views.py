@@ -20,7 +20,6 @@ chains are priced at the share of the roofline each route's code reaches (the de
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
 from pathlib import Path
@@ -357,7 +356,7 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
     }
     prof = analysis.profile
     if prof is not None and prof.total_us > 0:
-        wall = prof.eager_wall_us if prof.eager_wall_us > 0 and math.isfinite(prof.eager_wall_us) else None
+        wall = prof.plain_wall_us
         out["measured"].append({
             "what": f"eager, profiled on {prof.device_name}",
             "text": (f"{fmt_us(wall)} per run, the plain model's wall time; the profiled run " if wall else "")

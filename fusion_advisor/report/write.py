@@ -597,8 +597,8 @@ def profile_view(analysis: Analysis, frame: pd.DataFrame | None = None) -> dict[
         "attributed_pct": 100.0 * p.attributed_us / p.total_us if p.total_us > 0 else float("nan"),
         # the model's measured eager time: its plain wall time (what the accuracy studies compare with), not the
         # profiled total, which holds the profiler's own cost (3-20x a small model's time on a CPU)
-        "eager_us": p.eager_wall_us if p.eager_wall_us > 0 and math.isfinite(p.eager_wall_us) else p.total_us,
-        "eager_is_wall": p.eager_wall_us > 0 and math.isfinite(p.eager_wall_us),
+        "eager_us": p.model_eager_us,
+        "eager_is_wall": p.plain_wall_us is not None,
         "n_measured": int(len(measured)),
         "n_chains": int(len(frame)),
         "confusion": confusion,
