@@ -232,6 +232,20 @@ def test_gpu_only_routes_fall_back_to_torch_compile_on_a_cpu_spec(tmp_path):
     assert "The rule's reason for its triton route" in alone.reason and "target GPUs" in alone.note
 
 
+@pytest.mark.parametrize("compile_us,route", [(40.0, "skip"), (30.2, "torch.compile"), (12.0, "torch.compile")])
+def test_a_route_predicted_slower_than_eager_leaves_the_chain_as_written(compile_us, route):
+    """A reviewer's H100 analysis routed a mean + add to torch.compile with the reason "(est. 664.4 -> 799.4 us)":
+    the advice promised a loss. Slower by more than the rounding share: skip, both times and the rule's reason
+    given; the same time (nothing measured says better) or faster: routed."""
+    chain = _chain(pattern="reduction", categories=("reduction", "pointwise"), row_elems=0)
+    d = route_chain(chain, _est(compile_us=compile_us), load_rules([]), kernels={})
+    assert d.rule_id == "compile-fusible-chain" and d.route == route
+    if route == "skip":
+        assert d.reason.startswith("left as written: torch.compile is predicted slower than eager here (40.0 us "
+                                   "against 30.0 us")
+        assert "The rule's reason for its torch.compile route: memory-bound chain of 2 kernels" in d.reason
+
+
 @pytest.mark.parametrize("bound,rule,route", [("launch", "cudagraphs-native-layer", "cudagraphs"),
                                               ("compute", "skip-unfusible", "skip")])
 def test_a_launch_bound_native_encoder_layer_goes_to_cuda_graphs(bound, rule, route):

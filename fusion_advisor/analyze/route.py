@@ -22,6 +22,28 @@ def _library() -> tuple[dict, str]:
         return {}, f"kernel_library failed to import ({type(e).__name__}: {e})"
 
 
+#: A route predicted slower than eager by more than this share is left as written (a rounding of the same time,
+#: or a route priced at eager's time because nothing measured says better, is not "slower").
+SLOWER_SHARE = 0.01
+
+
+def _left_as_written(route: str, rule_route: str, est: Estimate, device_kind: str) -> str:
+    """Why the chain stays eager although a rule routed it, or ``""``: its route is predicted slower than eager
+    (on any spec: "routed to torch.compile (est. 664 -> 799 us)" promised a loss), or, on a CPU spec, the
+    torch.compile stand-in for a GPU-only route is predicted to save nothing (nothing to fuse)."""
+    if route == "skip":
+        return ""
+    route_us, eager_us = est.route_us(route), est.eager_us
+    stand_in = device_kind != "gpu" and rule_route != route
+    if stand_in and not route_us < eager_us:
+        return (f"left as written: {route}, the stand-in for the rule's {rule_route} route on this spec, is "
+                f"predicted at {route_us:.1f} us against eager's {eager_us:.1f} us.")
+    if route_us > eager_us * (1.0 + SLOWER_SHARE):
+        return (f"left as written: {route} is predicted slower than eager here ({route_us:.1f} us against "
+                f"{eager_us:.1f} us; apply still times torch.compile(model)).")
+    return ""
+
+
 def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, library_error: str = "",
                 device_kind: str = "gpu", measured: ChainMeasurement | None = None) -> Decision:
     """The :class:`Decision` for one chain: the first matching rule, with the library fallback applied.
@@ -30,6 +52,8 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
     torch.compile (both need a CUDA GPU), with a note saying so, or to skip where torch.compile is predicted to
     save nothing (a single kernel: nothing to fuse), the reason saying why.
     ``measured`` is the chain's profiled measurement, when there is one (rules may match its bound class).
+    A chain whose route is predicted slower than eager stays as written, the reason giving both times and the
+    rule's own reason (:func:`_left_as_written`).
     """
     rule, features = rules.first_match(chain, est, measured)
     if rule is None:
@@ -74,13 +98,11 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
                 route = "torch.compile"
                 note = "library kernel cannot take this chain (" + "; ".join(refusals) + "); falling back to torch.compile"
     reason = render_reason(rule, features, kernel=kernel or rule.kernel, route=route)
-    if device_kind != "gpu" and rule.route != route and not est.route_us(route) < est.eager_us:
-        # the GPU route's stand-in saves nothing here: "routed to torch.compile" would promise a gain nobody
-        # predicted (a single layernorm kernel on the CPU spec read "routed", 0 us saved, nothing left alone)
+    left = _left_as_written(route, rule.route, est, device_kind)
+    if left:
         return Decision(chain.id, "skip", "", rule.id, rule.file,
-                        f"left as written: torch.compile, the stand-in for the rule's {rule.route} route on this "
-                        f"spec, is predicted at {est.route_us(route):.1f} us against eager's {est.eager_us:.1f} us. "
-                        f"The rule's reason for its {rule.route} route: {reason}", rule.bound or est.bound, note)
+                        f"{left} The rule's reason for its {rule.route} route: {reason}", rule.bound or est.bound,
+                        note)
     return Decision(
         chain_id=chain.id,
         route=route,
