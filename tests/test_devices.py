@@ -28,7 +28,7 @@ def test_unknown_and_invalid(tmp_path):
         load_spec("v100")
     bad = tmp_path / "mine.yaml"
     bad.write_text("name: mine\nmemory_bandwidth_gbps: fast\ntensor_tflops: {bf16: 1}\nvector_tflops: {fp32: 1}\nlaunch_overhead_us: 1\n")
-    with pytest.raises(DeviceSpecError, match="mine.yaml: a numeric field"):
+    with pytest.raises(DeviceSpecError, match=r"mine.yaml: memory_bandwidth_gbps must be a positive number \(GB/s, finite\), got .fast."):
         load_spec(str(bad))
     bad.write_text("name: mine\n")
     with pytest.raises(DeviceSpecError, match="missing field"):
@@ -64,8 +64,17 @@ def test_attention_rate_is_used_for_attention_only(tmp_path):
     assert load_spec(str(spec)).attention_peak_tflops("flash", "bf16", 2048, 128)[0] == 4.0
     spec.write_text("name: s\nmemory_bandwidth_gbps: 100\ntensor_tflops: {bf16: 10}\nvector_tflops: {fp32: 1}\n"
                     "attention_tflops: {bf16: 0}\nlaunch_overhead_us: 1\n")
-    with pytest.raises(DeviceSpecError, match="must be positive"):
+    with pytest.raises(DeviceSpecError, match=r"attention_tflops.bf16 must be a positive number"):
         load_spec(str(spec))
+    # NaN and infinity are refused as zero is: a NaN bandwidth read a matmul "memory-bound" and dropped its memory
+    # term from every max(); an infinite launch overhead ended in "internal error: Axis limits cannot be NaN"
+    for field, bad in (("memory_bandwidth_gbps: 100", "memory_bandwidth_gbps: .nan"),
+                       ("launch_overhead_us: 1", "launch_overhead_us: .inf"),
+                       ("vector_tflops: {fp32: 1}", "vector_tflops: {fp32: .nan}")):
+        spec.write_text("name: s\nmemory_bandwidth_gbps: 100\ntensor_tflops: {bf16: 10}\nvector_tflops: {fp32: 1}\n"
+                        "launch_overhead_us: 1\n".replace(field, bad))
+        with pytest.raises(DeviceSpecError, match=rf"{field.split(':')[0]}.* number .*finite\), got (nan|inf)"):
+            load_spec(str(spec))
 
 
 def test_attention_rates_prefer_entries_of_the_same_mask_flag(tmp_path):

@@ -387,19 +387,20 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
     missing = [k for k in _REQUIRED if k not in data]
     if missing:
         raise DeviceSpecError(f"{origin}: missing field(s) {', '.join(missing)}")
-    try:
-        bw = float(data["memory_bandwidth_gbps"])
-        tensor = {str(k): float(v) for k, v in dict(data["tensor_tflops"]).items()}
-        vector = {str(k): float(v) for k, v in dict(data["vector_tflops"]).items()}
-        attention = {str(k): float(v) for k, v in dict(data.get("attention_tflops") or {}).items()}
-        launch = float(data["launch_overhead_us"])
-    except (TypeError, ValueError) as e:
-        raise DeviceSpecError(f"{origin}: a numeric field is not a number: {e}") from e
+    for key in ("tensor_tflops", "vector_tflops"):
+        if not isinstance(data[key], dict) or not data[key]:
+            raise DeviceSpecError(f"{origin}: field '{key}' must map dtype names to TFLOP/s (fp32: 67), "
+                                  f"got {data[key]!r}")
+    if not isinstance(data.get("attention_tflops") or {}, dict):
+        raise DeviceSpecError(f"{origin}: field 'attention_tflops' must map dtype names to TFLOP/s")
+    # NaN and infinity are refused like zero: a NaN bandwidth dropped the memory term out of every max()
+    bw = _number(data["memory_bandwidth_gbps"], f"{origin}: memory_bandwidth_gbps", "GB/s")
+    tensor, vector, attention = ({str(k): _number(v, f"{origin}: {key}.{k}", "TFLOP/s")
+                                  for k, v in (data.get(key) or {}).items()}
+                                 for key in ("tensor_tflops", "vector_tflops", "attention_tflops"))
+    launch = _number(data["launch_overhead_us"], f"{origin}: launch_overhead_us", "us", positive=False)
     if str(data.get("kind", "gpu")) not in ("gpu", "cpu"):
         raise DeviceSpecError(f"{origin}: field 'kind' must be gpu or cpu")
-    if bw <= 0 or not tensor or not vector or min([*tensor.values(), *vector.values(), *attention.values()]) <= 0 \
-            or launch < 0:
-        raise DeviceSpecError(f"{origin}: bandwidth and TFLOP/s must be positive, launch overhead non-negative")
     elementwise, unaligned, strided = _optional_fields(data, origin)
     rates = _parse_rates(data.get("attention_rates"), origin)
     efficiency = _parse_efficiency(data.get("route_efficiency"), origin)
@@ -651,6 +652,14 @@ def parse_spec(data: Any, origin: str) -> DeviceSpec:
     return _parse(data, origin)
 
 
+def spec_file(name_or_path: str) -> str:
+    """The absolute path of the spec YAML ``name_or_path`` names when it is a file of the user's (what
+    :func:`load_spec` reads as a path: a ``.yaml`` / ``.yml`` name or an existing file), ``""`` for a shipped
+    spec's name: a command that reruns the work must name the file, not the spec's ``name`` field."""
+    path = Path(name_or_path)
+    return str(path.resolve()) if path.suffix in (".yaml", ".yml") or path.is_file() else ""
+
+
 def load_spec(name_or_path: str) -> DeviceSpec:
     """Load a shipped spec by name (``"h200"``) or a spec YAML by path. The spec returned is shared by every call
     that reads the same file text in this process (:data:`_LOADED`): treat it as read-only (``dataclasses.replace``
@@ -660,7 +669,7 @@ def load_spec(name_or_path: str) -> DeviceSpec:
         DeviceSpecError: unknown name (the message lists the shipped ones), unreadable or invalid YAML.
     """
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
+    if spec_file(name_or_path):
         origin = str(path)
     else:
         path = SPEC_DIR / f"{name_or_path.lower()}.yaml"
