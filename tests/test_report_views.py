@@ -141,6 +141,13 @@ def test_command_quotes_paths_and_names_a_non_default_spec(tmp_path):
                    "--rules '/home/u/rules mine.yaml' --out reports/x")
     a.model_file = "<builtin:llama>"
     assert views.apply_command(a, None).startswith("fusion-advisor apply --verify")
+    # a spec file of the user's is named by its path, whatever its name field says: a calibrated "h200-fitted"
+    # lost its --gpu, and a file named "a100" was replaced by the shipped a100
+    a.model_file = "m.py"
+    for name in ("h200-fitted", "a100", "h200"):
+        a.device_spec, a.device_spec_file = {**a.device_spec, "name": name}, "/home/u/my spec.yaml"
+        assert views.apply_command(a, None, None) == \
+            "fusion-advisor apply m.py --verify --dtype bf16 --gpu '/home/u/my spec.yaml' --rules '/home/u/rules mine.yaml'"
 
 
 def test_command_leaves_out_the_cpu_spec_and_reruns_a_plans_own_flags():

@@ -18,7 +18,7 @@ from fusion_advisor.memory import available_bytes
 from fusion_advisor.stages import Stage, no_progress, stage_timer
 from fusion_advisor.analyze.capture import Capture, capture, unused_nodes
 from fusion_advisor.analyze.chains import build_chains
-from fusion_advisor.devices import DeviceSpec, load_spec
+from fusion_advisor.devices import DeviceSpec, load_spec, spec_file
 from fusion_advisor.errors import ModelRunError
 from fusion_advisor.analyze.graph import build_op_graph, unused_ops
 from fusion_advisor.analyze.load import LoadedModel, load_model
@@ -161,6 +161,7 @@ def analyze(
     analysis = analyze_capture(loaded, cap, spec, rules, timed, notes=spec_notes, profile_fn=profile_fn,
                                unused=unused)
     analysis.timings_s = timings
+    analysis.device_spec_file = spec_file(gpu) if gpu else ""
     return analysis
 
 

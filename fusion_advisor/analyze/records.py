@@ -497,6 +497,8 @@ class Analysis:
         device: where shapes were propagated (``"meta"``, ``"cpu"``, ``"cuda"``).
         dtype: dtype override applied, or ``""``.
         device_spec: the device spec, as a dict.
+        device_spec_file: the absolute path of the spec YAML given with ``--gpu`` when it was a file of the user's
+            (``devices.spec_file``), ``""`` for a shipped spec and in reports written before it was recorded.
         rules_files: rules files used, in order, with their versions.
         capture_method: how graphs were captured (``"dynamo"``, ``"export"``, ``"symbolic_trace"``).
         graph_breaks: graph breaks with their reasons.
@@ -537,6 +539,7 @@ class Analysis:
     profile: Profile | None = None
     input_bytes: int = 0
     unused: UnusedWork | None = None
+    device_spec_file: str = ""
 
     @property
     def unused_us(self) -> float:

@@ -246,7 +246,7 @@ def apply_command(analysis: Analysis, out_dir: Path | None, flags: list[str] | N
     ``flags``: the flags of the apply run whose plan the report shows (plan.yaml's ``flags``): the command then
     reruns that search as it was asked for (its --candidates, --budget-s, --keep-unmeasured, ...), with --verify
     where that run was a dry one. Without them,
-    the analysis' device spec is named unless it is one apply takes by itself (the default ``h200``; ``cpu``, what
+    the analysis' device spec is named (its file, where ``--gpu`` gave one) unless it is one apply takes by itself (the default ``h200``; ``cpu``, what
     apply on a machine without a GPU measures and prices that machine with, and which on a GPU would send every
     kernel route to torch.compile), and its user rules."""
     from fusion_advisor.devices import available_specs
@@ -266,7 +266,9 @@ def apply_command(analysis: Analysis, out_dir: Path | None, flags: list[str] | N
             shipped = set(available_specs())
         except Exception:  # noqa: BLE001 - a command without --gpu is still a command
             shipped = set()
-        if spec in shipped and spec not in ("h200", "cpu"):
+        if analysis.device_spec_file:  # a spec file of the user's, whatever its name field says
+            parts += ["--gpu", analysis.device_spec_file]
+        elif spec in shipped and spec not in ("h200", "cpu"):
             parts += ["--gpu", spec]
         for r in analysis.rules_files:
             path = str(r.get("file", "") if isinstance(r, dict) else r)
