@@ -783,7 +783,7 @@ def calibrate(
         "residuals before and after on a fit set and a test set."),
     test: Optional[List[Path]] = typer.Option(
         None, "--test", help="With --from-profile: report folders the fit never sees, to test it on (repeatable). "
-        "Default: every third report held out."),
+        "Default: every third model held out (all its reports)."),
     base: Optional[str] = typer.Option(None, "--base", help="With --from-profile: the spec (name or YAML) to add "
                                        "the fits to. Default: the reports' own."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),

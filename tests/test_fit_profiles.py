@@ -58,8 +58,11 @@ def _with_law(analysis, law=LAW, other=OTHER, idle_us=1.0):
     return dataclasses.replace(analysis, profile=prof)
 
 
-def _write(analysis, folder: Path) -> Path:
+def _write(analysis, folder: Path, model: str | None = None) -> Path:
+    """``analysis`` written as a report folder, as a model of its own (named ``model``, else the folder's name):
+    reports of one model are split together (fit_profiles.model_key)."""
     folder.mkdir(parents=True)
+    analysis = dataclasses.replace(analysis, model_name=model or folder.name)
     (folder / "report.json").write_text(render_json(analysis, "2026-12-01T00:00:00Z"), encoding="utf-8")
     return folder
 
@@ -212,6 +215,47 @@ def test_reports_without_a_profile_or_of_two_specs_are_refused(profiled, tmp_pat
     assert "other: x" in str(err.value)  # which folder used which spec (a fresh user could not tell)
 
 
+def test_a_model_profiled_twice_is_never_both_fitted_and_tested(profiled, tmp_path):
+    """A reviewer gave two profile runs of the same files: every third folder was held out, and 20 of the 21
+    held-out models had their other run in the fit set, reported as "the fit never saw". The split is by model."""
+    from fusion_advisor.devices.fit_profiles import split_reports
+
+    lawful = _with_law(profiled)
+    for day in ("mon", "tue"):
+        for m in ("a", "b", "c", "d", "e", "f"):
+            _write(lawful, tmp_path / day / f"{day}_{m}", model=m)
+    reports = [read_report(f) for f in sorted((tmp_path / "mon").iterdir()) + sorted((tmp_path / "tue").iterdir())]
+    fit, held, how = split_reports(reports, None)
+    fitted, tested = {r.analysis.model_name for r in fit}, {r.analysis.model_name for r in held}
+    assert tested == {"c", "f"} and not fitted & tested and len(held) == 4
+    assert how == "every third model in name order held out: 2 of 6 (4 of 12 reports)"
+    # a --test set holding another run of a fitted model: that report is fitted only, and the note says so
+    _write(lawful, tmp_path / "wed" / "again_a", model="a")
+    _write(lawful, tmp_path / "wed" / "new_g", model="g")
+    result = fit_from_profiles([tmp_path / "mon"], [tmp_path / "wed"])
+    assert result.test_reports == ("new_g",)
+    assert "1 of it profile a model the fit set holds too (again_a)" in result.notes[0]
+
+
+def test_reports_of_one_spec_name_but_other_contents_are_not_fitted_together(profiled, tmp_path):
+    """An older "h200" (no host costs, no tables) beside the current one: the fit read an older report's times
+    against the newer spec (copy/cat fitted 55.7x). Specs are compared by contents, names kept in the message."""
+    lawful = _with_law(profiled)
+    older = dict(lawful.device_spec, memory_bandwidth_gbps=lawful.device_spec["memory_bandwidth_gbps"] / 2)
+    _write(dataclasses.replace(lawful, device_spec=older), tmp_path / "a" / "old")
+    _write(lawful, tmp_path / "a" / "new")
+    name = lawful.device_spec["name"]
+    with pytest.raises(UserError, match=rf"different device specs \({name} \(version 1 of 2 by its contents\): "
+                                        rf"new; {name} \(version 2 of 2 by its contents\): old\)"):
+        fit_from_profiles([tmp_path / "a"])
+    # the same contents with other source notes are one spec
+    renoted = dict(lawful.device_spec, source="written on another day")
+    _write(dataclasses.replace(lawful, device_spec=renoted), tmp_path / "b" / "x")
+    _write(lawful, tmp_path / "b" / "y")
+    _write(lawful, tmp_path / "b" / "z")
+    assert fit_from_profiles([tmp_path / "b"]).fit_reports
+
+
 def test_cli_prints_the_table_and_never_overwrites_a_file_not_ours(reports, tmp_path):
     root, _, _ = reports
     runner = CliRunner()
@@ -249,6 +293,16 @@ def test_graph_calls_come_from_the_profile_and_a_fitted_spec_is_not_mistaken_for
                               profile=dataclasses.replace(lawful.profile, chains=chains, graph_calls={}))
     folder = _write(old, tmp_path / "old")
     assert read_report(folder).graph_calls == {0: 1.0}
+    # the ratio is read as calls only where the chains agree on a whole number: a pricing change since the report
+    # (every chain's stored prediction 4.6x, or ratios that disagree) is one call, not 5 (a one-op cumsum read 5)
+    for factors in ({cid: 4.6 for cid in stored}, {cid: 2.0 + i for i, cid in enumerate(stored)}):
+        drifted = {cid: dataclasses.replace(m, predicted_us=stored[cid] * factors[cid])
+                   for cid, m in lawful.profile.chains.items()}
+        doc = dataclasses.replace(old, profile=dataclasses.replace(old.profile, chains=drifted))
+        assert _graph_calls(doc, fitted) == {0: 1.0}
+    looped = {cid: dataclasses.replace(m, predicted_us=stored[cid] * 3.01) for cid, m in lawful.profile.chains.items()}
+    doc = dataclasses.replace(old, profile=dataclasses.replace(old.profile, chains=looped))
+    assert _graph_calls(doc, fitted) == {0: 3.0}
 
 
 def test_classes_priced_from_a_measured_table_keep_one_factor():

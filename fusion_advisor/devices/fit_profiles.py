@@ -219,7 +219,8 @@ def report_folders(paths: Iterable[Path]) -> list[Path]:
 def _graph_calls(analysis: Analysis, spec: DeviceSpec) -> dict[int, float]:
     """Calls per run of each graph: as the profile recorded them, else (reports written before it did) the chains'
     stored in-model prediction over one call's on ``spec``, the spec the report was analysed with, fits included
-    (rounded, >= 1). Without its fits the ratio would be the fits' factor, not the calls."""
+    (rounded, >= 1), where every chain of the graph agrees on it within :data:`GRAPH_CALLS_AGREEMENT`, else 1.
+    Without its fits the ratio would be the fits' factor, not the calls."""
     assert analysis.profile is not None
     if analysis.profile.graph_calls:
         return {int(g): max(1.0, float(k)) for g, k in analysis.profile.graph_calls.items()}
@@ -229,7 +230,18 @@ def _graph_calls(analysis: Analysis, spec: DeviceSpec) -> dict[int, float]:
         m = analysis.profile.chains.get(c.id)
         if m is not None and one_call.get(c.id, 0.0) > 0 and m.predicted_us > 0:
             ratios.setdefault(c.graph_index, []).append(m.predicted_us / one_call[c.id])
-    return {g: float(max(1, round(statistics.median(r)))) for g, r in ratios.items()}
+    out = {}
+    for g, r in ratios.items():
+        k = max(1, round(statistics.median(r)))
+        # the ratio is the calls only where every chain agrees on one whole number: a change of the pricing code
+        # between the report and now reads as calls too (a one-op cumsum read 5 calls, a 3-D max pool 4)
+        out[g] = float(k) if all(abs(x / k - 1.0) <= GRAPH_CALLS_AGREEMENT for x in r) else 1.0
+    return out
+
+
+#: How far each chain's stored-over-recomputed prediction may lie from the whole number of calls per run a
+#: report written before graph calls were recorded is read with (else it is read as one call).
+GRAPH_CALLS_AGREEMENT = 0.02
 
 
 class UnprofiledReportError(UserError):
@@ -606,23 +618,53 @@ def summary(result: FitResult, split: str) -> dict[str, dict[str, float]]:
 # --- the job -------------------------------------------------------------------------------------------------
 
 
+def model_key(r: ProfiledReport) -> str:
+    """Which model a report profiled: its model file's name and the model's name (two runs of one file in two
+    folders, or on two days, are one model; the folder names may differ)."""
+    a = r.analysis
+    return f"{Path(a.model_file).name}:{a.model_name}" if a.model_file else r.name
+
+
 def split_reports(reports: list[ProfiledReport], test: list[ProfiledReport] | None
                   ) -> tuple[list[ProfiledReport], list[ProfiledReport], str]:
-    """The fit and test sets and a note on how they were made: ``test`` when given (reports in both are fitted
-    only), else every third report in name order held out (3 or more reports), else no test set."""
+    """The fit and test sets and a note on how they were made, split by model (:func:`model_key`), so that no
+    test report is a second run of a model the fit saw: ``test`` when given (its reports of a model in the fit
+    set are fitted only), else every third model in name order held out with all its reports (3 or more
+    models), else no test set."""
     if test is not None:
-        names = {r.path.resolve() for r in reports}
-        both = [r.name for r in test if r.path.resolve() in names]
-        test = [r for r in test if r.path.resolve() not in names]
+        fitted = {model_key(r) for r in reports}
+        both = [r.name for r in test if model_key(r) in fitted]
+        test = [r for r in test if model_key(r) not in fitted]
         return reports, test, f"test set given: {len(test)} report(s)" + (
-            f"; {len(both)} given with --test too ({', '.join(both[:4])}{' ...' if len(both) > 4 else ''}) "
-            "were fitted on, so they are not in the test set" if both else "")
-    ordered = sorted(reports, key=lambda r: r.name)
-    if len(ordered) < 3:
-        return ordered, [], "fewer than 3 reports: no test set (give --test DIR to test on reports the fit never saw)"
-    fit = [r for i, r in enumerate(ordered) if i % 3 != 2]
-    held = [r for i, r in enumerate(ordered) if i % 3 == 2]
-    return fit, held, f"every third report in name order held out: {len(held)} of {len(ordered)}"
+            f"; {len(both)} of it profile a model the fit set holds too ({', '.join(both[:4])}"
+            f"{' ...' if len(both) > 4 else ''}), so they are not in the test set" if both else "")
+    models = sorted({model_key(r) for r in reports})
+    if len(models) < 3:
+        return (sorted(reports, key=lambda r: r.name), [],
+                "fewer than 3 models: no test set (give --test DIR to test on reports the fit never saw)")
+    held_out = {m for i, m in enumerate(models) if i % 3 == 2}
+    fit = sorted((r for r in reports if model_key(r) not in held_out), key=lambda r: r.name)
+    held = sorted((r for r in reports if model_key(r) in held_out), key=lambda r: r.name)
+    return fit, held, (f"every third model in name order held out: {len(held_out)} of {len(models)} "
+                       f"({len(held)} of {len(reports)} reports)")
+
+
+def _spec_contents(spec: DeviceSpec) -> DeviceSpec:
+    """``spec`` without its source notes: what two reports' specs must share to be fitted together."""
+    return replace(spec, sources=None, source="")
+
+
+def _spec_label(spec: DeviceSpec, reports: list[ProfiledReport]) -> str:
+    """``spec``'s name, with ``(version n)`` where reports hold specs of that name with other contents (n counts
+    the contents in the order the reports hold them)."""
+    versions: list[DeviceSpec] = []
+    for r in reports:
+        c = _spec_contents(r.spec)
+        if r.spec.name == spec.name and c not in versions:
+            versions.append(c)
+    if len(versions) < 2:
+        return spec.name
+    return f"{spec.name} (version {versions.index(_spec_contents(spec)) + 1} of {len(versions)} by its contents)"
 
 
 def _read_profiled(paths: list[Path], skipped: list[str]) -> list[ProfiledReport]:
@@ -662,10 +704,11 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
     reports = _read_profiled(report_folders(fit_paths), skipped)
     tests = _read_profiled(report_folders(test_paths), skipped) if test_paths else None
     every = reports + (tests or [])
-    names = sorted({r.spec.name for r in every})
     if base is None:
-        if len(names) > 1:
-            by_spec = {n: [r.name for r in every if r.spec.name == n] for n in names}
+        by_spec: dict[str, list[str]] = {}
+        for r in every:  # by contents: an older spec of the same name has other rates and host prices
+            by_spec.setdefault(_spec_label(r.spec, every), []).append(r.name)
+        if len(by_spec) > 1:
             which = "; ".join(f"{n}: {', '.join(f[:4])}{' ...' if len(f) > 4 else ''}" for n, f in by_spec.items())
             raise UserError(f"the reports were analysed with different device specs ({which}): fit one device at "
                             "a time, or name the spec to add the fits to with --base")
