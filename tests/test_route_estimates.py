@@ -50,6 +50,22 @@ def test_compile_and_library_routes_get_their_measured_share_of_the_roofline(sof
     assert d.route == "triton" and f"torch.compile {est.compile_us:.1f} us" in d.reason
 
 
+def test_a_lone_kernel_the_library_replaces_is_priced_at_its_share_of_the_memory_roofline(tmp_path):
+    """A lone wide-row softmax routed to the library kernel was priced at 100% of copy bandwidth (its 0.79 taken
+    as a share of the compute roofline, meant for the fp32 GEMM alone): faster than the same kernel fused into a
+    longer chain. Found by a reviewer."""
+    path = tmp_path / "lone.py"
+    path.write_text(SOFTMAX.replace("x * 0.125 + 1.0", "x"))
+    a = analyze(path)
+    (chain,) = a.chains
+    est, h200 = a.estimates[chain.id], load_spec("h200")
+    assert chain.kind == "fusible" and chain.eager_kernels == 1 and a.decisions[chain.id].route == "triton"
+    share = h200.efficiency("triton", "softmax")
+    assert share < 1.0
+    assert est.triton_us == pytest.approx(est.memory_fused_us / share + h200.elementwise_overhead_us, rel=0.01)
+    assert est.compile_us == est.eager_us  # Inductor's lone softmax is eager's kernel
+
+
 def test_a_spec_without_measured_shares_prices_routes_at_the_roofline():
     spec = dataclasses.replace(load_spec("h200"), route_efficiency={})
     assert spec.efficiency("torch.compile", "softmax") == 1.0 and spec.efficiency("triton", "rmsnorm") == 1.0

@@ -633,12 +633,16 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
         # Inductor lowers a scan to a Triton scan of its own: its bytes at compile's share of the copy roofline,
         # not the aten kernel's measured rate (on the H200: a 32768 x 32768 cumsum 2.59 ms compiled, 4.48 eager)
         compile_us = min(eager_us, lowered(compile_eff, launch))
-    triton_us = at(spec.efficiency("triton", chain.pattern), launch)
-    heavy_rate = None if fusible else (spec.route_efficiency.get("triton") or {}).get(chain.pattern)
+    triton_eff = spec.efficiency("triton", chain.pattern)
+    triton_us = at(triton_eff, launch)
+    heavy_rate = (spec.route_efficiency.get("triton") or {}).get(chain.pattern) if chain.kind == "heavy" else None
     if heavy_rate and any_work:
         # a library kernel that replaces a heavy op itself (the fp32 GEMM as 3xTF32): its measured share of the
         # op's compute roofline, which may pass 1 when it uses units the roofline's peak does not count
         triton_us = max(compute_us / float(heavy_rate), memory_fused_us + overhead, launch)
+    elif chain.kind == "fusible" and not fusible and any_work:
+        # a lone kernel the library's replaces (a wide-row softmax): its share of the memory roofline, as fused
+        triton_us = lowered(triton_eff, launch)
     # replayed from a CUDA graph a kernel costs no launch, but still its fixed device time
     floor = spec.elementwise_overhead_us or GRAPH_KERNEL_FLOOR_US
     kernels = sum(max(ops[i].eager_kernels, 1) for i in chain.op_ids if launches(ops[i]))
