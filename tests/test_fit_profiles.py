@@ -325,7 +325,13 @@ def test_a_memory_bound_op_beyond_the_fitted_sizes_keeps_the_microseconds_l2_sav
     assert fit(3000.0) == pytest.approx(2400.0)  # a table correction scales
     assert fit(3000.0, bounded_gain=True) == pytest.approx(2996.0)  # the 4 us the largest fitted op saved
     slow = OpTimeFit(scale=1.5, exponent=1.0, min_us=1.0, max_us=20.0)
-    assert slow(3000.0, bounded_gain=True) == pytest.approx(4500.0)  # an overhead still scales
+    assert slow(3000.0, bounded_gain=True) == pytest.approx(4500.0)  # a loss fitted up to 20 us still scales
+    # a loss fitted on small ops alone is their kernels' fixed time: the microseconds carry on, not the ratio (an
+    # H200 clamp_min fit of 1 us ops priced a 10 ms op at 1.36x its roofline)
+    tiny = OpTimeFit(scale=1.36, exponent=1.0, min_us=0.88, max_us=1.03)
+    assert tiny(1.0, bounded_gain=True) == pytest.approx(1.36)
+    assert tiny(10000.0, bounded_gain=True) == pytest.approx(10000.0 + 0.36 * 1.03)
+    assert tiny(10000.0) == pytest.approx(13600.0)  # a table correction (not bounded_gain) scales
     n = 4096 * 393216
     x = TensorMeta((4096, 393216), "fp32", n, 4 * n)
     op = OpInfo("g0:n0", 0, "aten.hardtanh.default", "pointwise", (x,), (x,), n, 4 * n, 4 * n, "",
