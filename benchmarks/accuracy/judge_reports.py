@@ -7,6 +7,9 @@ chains within ±30%, of models within ±25%, of chains whose bound class equals 
 more than 30%. ``--measured-busy`` judges the host model alone: each op's predicted device time is replaced by its
 measured busy time (per call of its graph), so a chain's prediction is its measured busy time plus the idle time the
 host model predicts around it (for profiles taken on another GPU than SPEC's, or to compare idle-time sources).
+The bound class's launch-or-not part is measured (idle over busy time); where neither side is launch-bound, the
+compute-or-memory split is derived from the chain's FLOPs, bytes and SPEC's ceilings on both sides (the busy time
+cancels out), so "launch or not" is the share that tests the model alone.
 
     python benchmarks/accuracy/judge_reports.py DIR SPEC [-v | -vv] [--measured-busy]
 """
@@ -72,6 +75,7 @@ def main() -> None:
           f"  models {len(models)} within25 "
           f"{sum(within(m.after_us, m.measured_us, .25) for m, _ in models) / len(models):.1%}"
           f"  bound {sum(r.after_bound == r.measured_bound for r in bounds) / len(bounds):.1%}"
+          f" (launch or not {sum((r.after_bound == 'launch') == (r.measured_bound == 'launch') for r in bounds) / len(bounds):.1%})"
           f"  median|log2| "
           f"{statistics.median(abs(math.log2(max(r.after_us, 1e-9) / r.measured_us)) for r in chains):.2f}")
     if "-v" not in sys.argv and "-vv" not in sys.argv:

@@ -680,8 +680,10 @@ def eager_alone_us(op: OpInfo, spec: DeviceSpec) -> float:
 
 
 def roofline_busy_us(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> float:
-    """Pure roofline device time of ``chain`` run op by op, no launch term: per op ``max(FLOPs / peak, bytes /
-    bandwidth)`` summed (us). The floor a measured eager run of the chain can approach."""
+    """Roofline device time of ``chain`` run op by op, no launch term: :func:`roofline_op_us` summed (us), each op
+    at its own ceilings (its bandwidth, the fixed time of an eager elementwise kernel, a pool's window reads, a
+    cat's input sweeps), no measured table or fit. The floor a measured eager run of the chain approaches; an op
+    reading from L2 what its producer left there can run under it."""
     return sum(roofline_op_us(ops[i], spec) for i in chain.op_ids)
 
 

@@ -153,8 +153,10 @@ CHAIN_COLUMNS: dict[str, str] = {
     "measured_kernels": "Device kernels (GPU) or top-level aten ops (CPU) it ran per run (count).",
     "measured_kernel_names": "GPU: the distinct device kernels the chain ran (profiler names, each op's longest "
     "first), '; '-separated; empty on a CPU.",
-    "measured_bound": "Measured bound class: 'launch' when measured_idle_us > measured_busy_us, else 'compute' or "
-    "'memory' by which ceiling its busy time comes closer to.",
+    "measured_bound": "Bound class from the measurement: 'launch' when measured_idle_us > measured_busy_us (that "
+    "part measured), else 'compute' or 'memory' by which of the spec's ceilings its FLOPs and eager bytes come "
+    "closer to over its busy time: the busy time cancels out, so that split is derived from the chain's FLOPs, "
+    "bytes and the spec, not measured (no hardware counters are read).",
     "est_in_model_us": "With --profile: the roofline's EAGER time of the chain inside the model: its ops' roofline "
     "device time plus the GPU's predicted wait for their launches, the host issuing one op per launch overhead "
     "and running ahead of the GPU where it can (us). Unlike est_eager_us (the chain priced alone), short ops "
@@ -164,8 +166,11 @@ CHAIN_COLUMNS: dict[str, str] = {
     "flag_2x": "True when prediction and measurement differ by more than 2x (predicted_vs_measured > 2 or < 0.5).",
     "achieved_gbps": "eager_bytes / measured_us (GB/s, 1e9 bytes/s).",
     "achieved_tflops": "flops / measured_us (TFLOP/s).",
-    "pct_of_roofline": "Roofline device time of the chain run op by op (per op max(flops/peak, bytes/bandwidth), "
-    "no launch term) / measured_us, in percent (100 = at the roofline bound).",
+    "pct_of_roofline": "Roofline device time of the chain run op by op, no launch term, / measured_us, in percent. "
+    "Each op's roofline uses its own ceilings: max(flops / peak, bytes / the op's bandwidth (the spec's strided, "
+    "broadcast or scan rate where the op reads that way, else copy bandwidth) + the spec's fixed device time per "
+    "eager elementwise kernel), plus a pool's window reads and a concatenation's input sweeps. 100 = at that "
+    "roofline; above 100 where an op reads from L2 what its producer left there.",
 }
 
 OP_COLUMNS: dict[str, str] = {
@@ -201,13 +206,16 @@ HOW_COMPUTED = (
     "tensors occupy when it runs as its own kernel (views move none).",
     "Eager bytes of a chain are the sum over its ops of bytes read + written. Fused bytes assume one kernel: the "
     "chain's inputs are read once and its outputs written once; intermediates stay on chip.",
-    "Times follow the roofline: a kernel keeps the GPU busy t = max(flops / peak FLOP/s, bytes / peak "
-    "bandwidth); the host issues one kernel per launch overhead, overlapping with the GPU, so each kernel costs "
-    "max(t, launch overhead). Eager time sums this over the chain's ops; fused time applies it once to the whole "
-    "chain. The peak is the tensor-core peak for matmul-like ops and the vector peak otherwise, for the chain's "
+    "Times follow the roofline: a kernel keeps the GPU busy t = max(flops / peak FLOP/s, bytes / bandwidth), where "
+    "the spec measured them from its tables (convolutions, matmuls, reductions, op-class fits) and with each op's "
+    "own ceilings (strided and broadcast reads, a kernel's fixed device time); the host issues each op at its "
+    "class's measured host time, overlapping with the GPU, so alone each op costs max(t, host time). Eager time "
+    "sums this over the chain's ops; fused time applies it once to the whole chain (one launch, the chain's fused "
+    "bytes). The peak is the tensor-core peak for matmul-like ops and the vector peak otherwise, for the chain's "
     "dtype.",
-    "A chain is launch-bound when, run eagerly, the GPU would wait for launches longer than it computes "
-    "(sum of max(0, launch - t) over its ops > sum of t); otherwise compute-bound when its arithmetic intensity "
+    "The bound class is the chain's as it runs inside the model: the host issuing every op in order and running "
+    "ahead of the GPU where it can (while a long GEMM runs it issues the next ops), a chain is launch-bound when "
+    "the GPU waits for its launches longer than it computes; otherwise compute-bound when its arithmetic intensity "
     "is above the ridge point, else memory-bound. Routing rules may override the class.",
     "Time after routing is the chain's time on its route: the fused kernel at the share of the roofline the "
     "route's code reaches on that kind of chain (the device spec's measured route_efficiency: Inductor's for "
