@@ -256,6 +256,23 @@ def test_reports_of_one_spec_name_but_other_contents_are_not_fitted_together(pro
     assert fit_from_profiles([tmp_path / "b"]).fit_reports
 
 
+def test_profiles_of_another_gpu_than_the_specs_are_named(profiled, tmp_path):
+    """--base h200 over H100 profiles wrote an "h200-fitted" spec without a word (found by a reviewer)."""
+    from fusion_advisor.devices.fit_profiles import other_gpu_notes
+
+    def on(gpu: str, folder: str):
+        prof = dataclasses.replace(_with_law(profiled).profile, device="cuda", device_name=gpu)
+        return read_report(_write(dataclasses.replace(profiled, profile=prof), tmp_path / folder))
+
+    h100, h200 = on("NVIDIA H100 80GB HBM3", "a"), on("NVIDIA H200", "b")
+    for name in ("h200", "h200-fitted"):
+        spec = dataclasses.replace(load_spec("h200"), name=name)
+        assert other_gpu_notes([h100, h200], spec) == [
+            "1 report(s) were profiled on NVIDIA H100 80GB HBM3, not on the spec's NVIDIA H200 SXM (141 GB HBM3e) "
+            "(a): their times are set against another GPU's rates"]
+    assert other_gpu_notes([h100], load_spec("h100")) == [] and other_gpu_notes([h100], load_spec("cpu")) == []
+
+
 def test_cli_prints_the_table_and_never_overwrites_a_file_not_ours(reports, tmp_path):
     root, _, _ = reports
     runner = CliRunner()

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from fusion_advisor.devices import load_spec  # noqa: E402
 from fusion_advisor.analyze.roofline import estimate_all, in_model_times  # noqa: E402
 from fusion_advisor.devices.fit_profiles import (ChainResidual, ModelResidual, measured_bounds,  # noqa: E402
-                                                 model_eager_us, profiled_host, read_report, report_folders,
-                                                 residuals)
+                                                 model_eager_us, other_gpu_notes, profiled_host, read_report,
+                                                 report_folders, residuals)
 
 
 def busy_residuals(rep, spec):
@@ -70,6 +70,8 @@ def main() -> None:
                        else residuals(rep, "test", spec, spec))
         chains += rows
         models.append((model, rows))
+    for note in other_gpu_notes([read_report(f) for f in report_folders([folder])], spec):
+        print(f"note: {note}")
     bounds = [r for r in chains if r.measured_bound]
     print(f"chains {len(chains)} within30 {sum(within(r.after_us, r.measured_us, .3) for r in chains) / len(chains):.1%}"
           f"  models {len(models)} within25 "

@@ -667,6 +667,23 @@ def _spec_label(spec: DeviceSpec, reports: list[ProfiledReport]) -> str:
     return f"{spec.name} (version {versions.index(_spec_contents(spec)) + 1} of {len(versions)} by its contents)"
 
 
+def other_gpu_notes(reports: list[ProfiledReport], spec: DeviceSpec) -> list[str]:
+    """A note per GPU that profiled some of ``reports`` whose name does not hold ``spec``'s device (its name up to
+    the first ``-``: ``h200`` of ``h200-fitted``): H100 profiles fitted into (or judged on) an H200 spec price one
+    GPU's times with another's rates, which nothing else would say. None for CPU specs or CPU profiles."""
+    device = spec.name.split("-")[0].lower()
+    if spec.kind != "gpu" or not device:
+        return []
+    by_gpu: dict[str, list[str]] = {}
+    for r in reports:
+        p = r.analysis.profile
+        if p is not None and p.device == "cuda" and p.device_name and device not in p.device_name.lower():
+            by_gpu.setdefault(p.device_name, []).append(r.name)
+    return [f"{len(names)} report(s) were profiled on {gpu}, not on the spec's {spec.display_name} "
+            f"({', '.join(names[:3])}{' ...' if len(names) > 3 else ''}): their times are set against another "
+            f"GPU's rates" for gpu, names in by_gpu.items()]
+
+
 def _read_profiled(paths: list[Path], skipped: list[str]) -> list[ProfiledReport]:
     """The profiled reports among ``paths``; a report analysed without ``--profile`` is named in ``skipped``
     while another one is profiled.
@@ -755,6 +772,7 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
         if cold else f"cold host scale 1: fewer than {MIN_COLD_MODELS} models with a cold op the GPU waited for"]
     if any(k > 1 for r in every for k in r.graph_calls.values()):
         notes.append("graphs run several times per model call: their ops' measured times divided by the calls")
+    notes += other_gpu_notes(every, base)
     return FitResult(spec=fitted, base=base, classes=classes, fit_reports=tuple(r.name for r in fit_set),
                      test_reports=tuple(r.name for r in test_set), chains=tuple(chains), models=tuple(models),
                      samples=len(samples), notes=tuple(notes))
