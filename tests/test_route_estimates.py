@@ -19,7 +19,7 @@ SOFTMAX = textwrap.dedent("""
 
     class Model(torch.nn.Module):
         def forward(self, x):
-            return torch.softmax(x * 0.125 + 1.0, dim=-1)
+            return torch.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)
 
     def get_inputs():
         return [torch.randn(8192, 32000, dtype=torch.bfloat16)]
@@ -55,7 +55,8 @@ def test_a_lone_kernel_the_library_replaces_is_priced_at_its_share_of_the_memory
     as a share of the compute roofline, meant for the fp32 GEMM alone): faster than the same kernel fused into a
     longer chain. Found by a reviewer."""
     path = tmp_path / "lone.py"
-    path.write_text(SOFTMAX.replace("x * 0.125 + 1.0", "x"))
+    path.write_text(SOFTMAX.replace("torch.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)",
+                                    "torch.softmax(x, dim=-1)"))
     a = analyze(path)
     (chain,) = a.chains
     est, h200 = a.estimates[chain.id], load_spec("h200")
@@ -64,6 +65,29 @@ def test_a_lone_kernel_the_library_replaces_is_priced_at_its_share_of_the_memory
     assert share < 1.0
     assert est.triton_us == pytest.approx(est.memory_fused_us / share + h200.elementwise_overhead_us, rel=0.01)
     assert est.compile_us == est.eager_us  # Inductor's lone softmax is eager's kernel
+
+
+def test_a_library_kernel_computing_part_of_a_chain_leaves_the_rest_as_written(tmp_path):
+    """softmax(x * 0.125 + 1.0): the library's softmax folds no scale and no scalar add, so apply's swap leaves the
+    multiply and the add as eager kernels. The chain was priced as if the kernel ran all of it (a reviewer's
+    'layernorm' chain of eight ops read 69 -> 7.5 us); priced honestly, torch.compile (one fused kernel) wins."""
+    path = tmp_path / "scaled.py"
+    path.write_text(SOFTMAX.replace("torch.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)",
+                                    "torch.softmax(x * 0.125 + 1.0, dim=-1)"))
+    a = analyze(path)
+    (chain,) = a.chains
+    est, h200 = a.estimates[chain.id], load_spec("h200")
+    softmax = [i for i in chain.op_ids if i.endswith("_softmax")]
+    assert chain.pattern == "softmax" and chain.kernel_op_ids == tuple(softmax)
+    assert chain.kernel_bytes == chain.fused_bytes  # the softmax reads one tensor and writes one, as the chain does
+    kernel_us = chain.kernel_bytes / (h200.memory_bandwidth_gbps * 1e3) / h200.efficiency("triton", "softmax") \
+        + h200.elementwise_overhead_us
+    assert est.triton_us > kernel_us + 100.0  # plus the multiply and the add, each a pass over 1 GB
+    assert est.compile_us < est.triton_us < est.eager_us
+    d = a.decisions[chain.id]
+    assert (d.rule_id, d.route, d.kernel) == ("triton-softmax", "torch.compile", "")
+    assert d.note.startswith(f"torch.compile is predicted faster than kernel 'softmax' here ({est.compile_us:.1f} us "
+                             f"against {est.triton_us:.1f} us: the kernel computes 1 of the chain's 3 kernels")
 
 
 def test_a_spec_without_measured_shares_prices_routes_at_the_roofline():

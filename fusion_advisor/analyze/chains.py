@@ -210,6 +210,39 @@ def _pattern(og: OpGraph, member_ids: list[str]) -> str:
     return "pointwise"
 
 
+#: The aten ops the library kernel of each pattern computes (what its pattern function in kernel_library traces
+#: to, dtype casts included): a chain's other ops stay as they run when apply swaps the kernel in, so its triton
+#: route prices them apart (:attr:`Chain.kernel_op_ids`). Of 54 library-named chains in the H200 profiles of
+#: KernelBench, 50 held such ops (mostly contiguous clones around a Swin block's LayerNorm).
+_NORM_CASTS = frozenset({"_to_copy", "to"})
+KERNEL_OPS: dict[str, frozenset[str]] = {
+    "layernorm": frozenset({"native_layer_norm", "layer_norm"}) | _NORM_CASTS,
+    "add_layernorm": frozenset({"native_layer_norm", "layer_norm", "add"}) | _NORM_CASTS,
+    "rmsnorm": frozenset({"pow", "mean", "add", "rsqrt", "mul", "rms_norm", "_fused_rms_norm"}) | _NORM_CASTS,
+    "add_rmsnorm": frozenset({"pow", "mean", "add", "rsqrt", "mul", "rms_norm", "_fused_rms_norm"}) | _NORM_CASTS,
+    "softmax": frozenset({"_softmax", "_safe_softmax"}) | _NORM_CASTS,  # a scale alone stays: no mask, no fold
+    "masked_softmax": frozenset({"_softmax", "_safe_softmax", "mul", "div", "add", "where", "masked_fill"})
+    | _NORM_CASTS,
+    "cross_entropy": frozenset({"_log_softmax", "nll_loss_forward", "nll_loss2d_forward"}) | _NORM_CASTS,
+    "bias_gelu": frozenset({"add", "gelu"}),
+    "swiglu": frozenset({"silu", "mul"}),
+    "geglu": frozenset({"gelu", "mul"}),
+}
+
+
+def _kernel_part(og: OpGraph, member_ids: list[str], pattern: str) -> tuple[tuple[str, ...], int]:
+    """``(kernel op ids, kernel bytes)`` of a chain named ``pattern`` (:attr:`Chain.kernel_op_ids`), ``((), 0)``
+    where the pattern has no :data:`KERNEL_OPS` entry, or its kernel computes every op that launches one."""
+    core_names = KERNEL_OPS.get(pattern)
+    if core_names is None:
+        return (), 0
+    ops = [og.op(m) for m in member_ids if not og.op(m).is_view]
+    core = [o.id for o in ops if o.name in core_names]
+    if not core or len(core) == len(ops):
+        return (), 0
+    return tuple(core), _chain_bytes(og, core)[1]
+
+
 def _chain_bytes(og: OpGraph, member_ids: list[str]) -> tuple[int, int, str]:
     """(eager bytes, fused bytes, I/O dtype) of a chain.
 
@@ -276,14 +309,15 @@ def build_chains(og: OpGraph) -> list[Chain]:
             eager_bytes = fused_bytes = sum(o.bytes_read + o.bytes_written for o in ops)
             io_dtype = ""
         lead = next((o for o in ops if o.source.file), ops[0])
+        pattern = _pattern(og, members) if kind == "fusible" else ops[0].category if kind == "heavy" else ops[0].name
+        kernel_ops, kernel_bytes = _kernel_part(og, members, pattern) if kind == "fusible" else ((), 0)
         chains.append(
             Chain(
                 id=cid,
                 kind=kind,
                 op_ids=tuple(members),
                 targets=tuple(o.target for o in ops),
-                pattern=_pattern(og, members) if kind == "fusible" else ops[0].category if kind == "heavy"
-                else ops[0].name,
+                pattern=pattern,
                 categories=tuple(sorted({o.category for o in ops})),
                 dtype=io_dtype or _dominant_dtype(ops),
                 eager_kernels=sum(o.eager_kernels for o in ops),
@@ -296,6 +330,8 @@ def build_chains(og: OpGraph) -> list[Chain]:
                 module_path=lead.module_path,
                 graph_index=ops[0].graph_index,
                 attention_backend=next((o.variant for o in ops if o.category == "attention" and o.variant), ""),
+                kernel_op_ids=kernel_ops,
+                kernel_bytes=kernel_bytes,
             )
         )
     return _mark_epilogues(og, chains, chain_of)

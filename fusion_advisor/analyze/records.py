@@ -178,6 +178,12 @@ class Chain:
         graph_index: captured graph the chain lives in.
         attention_backend: for an attention item, the SDPA backend its op runs (``OpInfo.variant``: ``"flash"``,
             ``"efficient"``, ``"cudnn"``, ``"math"``), else ``""``.
+        kernel_op_ids: for a chain named for a library kernel's pattern that holds other ops too (a contiguous
+            clone, a roll, a cat beside a LayerNorm), the ops the kernel computes
+            (:data:`fusion_advisor.analyze.chains.KERNEL_OPS`); the others stay as they run when apply swaps the
+            kernel in. Empty when the kernel would compute the whole chain, or the pattern has no kernel.
+        kernel_bytes: bytes the kernel moves over :attr:`kernel_op_ids` (their inputs read once, outputs written
+            once); 0 when :attr:`kernel_op_ids` is empty.
     """
 
     id: str
@@ -199,6 +205,8 @@ class Chain:
     graph_index: int = 0
     prologue_of: str = ""
     attention_backend: str = ""
+    kernel_op_ids: tuple[str, ...] = ()
+    kernel_bytes: int = 0
 
     @property
     def arithmetic_intensity(self) -> float:

@@ -97,6 +97,16 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
             if not kernel:
                 route = "torch.compile"
                 note = "library kernel cannot take this chain (" + "; ".join(refusals) + "); falling back to torch.compile"
+            elif est.route_us("torch.compile") < est.route_us("triton") * (1.0 - SLOWER_SHARE):
+                # the kernel computes part of the chain (a softmax after a scale it does not fold): Inductor fuses
+                # all of it, the swap leaves the rest as written
+                route = "torch.compile"
+                note = (f"torch.compile is predicted faster than kernel '{kernel}' here "
+                        f"({est.route_us('torch.compile'):.1f} us against {est.route_us('triton'):.1f} us"
+                        + (f": the kernel computes {len(chain.kernel_op_ids)} of the chain's "
+                           f"{chain.eager_kernels} kernels, the rest would run as written" if chain.kernel_op_ids
+                           else "") + ")")
+                kernel = ""
     reason = render_reason(rule, features, kernel=kernel or rule.kernel, route=route)
     left = _left_as_written(route, rule.route, est, device_kind)
     if left:
