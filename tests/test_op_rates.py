@@ -167,6 +167,22 @@ def test_matmuls_take_their_operands_by_overload():
     assert measured_matmul_us(mm, SPEC) is None
 
 
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_a_gemm_priced_from_a_table_never_beats_the_compute_roofline(gpu):
+    """A fresh user's bf16 8192^3 Linear on the shipped H100 spec read 178 us (6.2 PFLOP/s; its table's largest bf16
+    matmul ran 229 TFLOP/s and the surface extrapolated past the GPU), and the whole default model 2.27x vs eager."""
+    from fusion_advisor.analyze.roofline import base_op_us, op_peak_tflops, measured_op_us
+
+    n = 8192
+    a, b = TensorMeta((n, n), "bf16", n * n, 2 * n * n), TensorMeta((n, n), "bf16", n * n, 2 * n * n)
+    mm = OpInfo("g0:mm", 0, "aten.mm.default", "matmul", (a, b), (a,), 2 * n ** 3, 4 * n * n, 2 * n * n, "",
+                SourceLoc("m.py", 1, "x @ w"))
+    spec = load_spec(gpu)
+    floor = mm.flops / (op_peak_tflops(mm, spec) * 1e12) * 1e6
+    assert measured_op_us(mm, spec) >= floor * (1 - 1e-9) and base_op_us(mm, spec) >= floor * (1 - 1e-9)
+    assert measured_op_us(mm, spec) < 1.5 * floor  # at this size a GEMM runs near the peak
+
+
 def test_a_matmul_is_corrected_by_the_entries_of_its_second_operands_layout():
     from fusion_advisor.analyze.roofline import matmul_layout
 

@@ -415,15 +415,27 @@ def recurrent_op_us(op: OpInfo, spec: DeviceSpec) -> float | None:
 
 def measured_op_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     """Eager device time of one op from the spec's measured rate tables (us): :func:`measured_conv_us` for a
-    convolution, :func:`measured_matmul_us` for a matmul, :func:`recurrent_op_us` for a recurrent layer stack,
+    convolution, :func:`measured_matmul_us` for a matmul (both at least :func:`table_floor_us`),
+    :func:`recurrent_op_us` for a recurrent layer stack,
     :func:`measured_reduction_us` for a normalization, softmax or reduction; None when no table prices it."""
     if op.category == "recurrent":
         return recurrent_op_us(op, spec)
-    if op.category == "conv":
-        return measured_conv_us(op, spec)
-    if op.category == "matmul":
-        return measured_matmul_us(op, spec)
+    if op.category in ("conv", "matmul"):
+        t = measured_conv_us(op, spec) if op.category == "conv" else measured_matmul_us(op, spec)
+        return None if t is None else max(t, table_floor_us(op, spec))
     return measured_reduction_us(op, spec)
+
+
+def table_floor_us(op: OpInfo, spec: DeviceSpec) -> float:
+    """The least time (us) a convolution or matmul priced from the spec's measured table may take: its FLOPs at the
+    faster of the op's peak (:func:`op_peak_tflops`) and the fastest rate the table measured in its dtype. A
+    surface fitted through a table without large entries of a dtype extrapolates past the GPU: the shipped H100
+    spec, whose largest bf16 matmul ran 229 TFLOP/s, priced a bf16 8192^3 GEMM at 6.2 PFLOP/s (found by a fresh
+    user)."""
+    rates = spec.conv_rates if op.category == "conv" else spec.matmul_rates
+    fastest = max((r.tflops for r in rates if r.dtype == op.dtype), default=0.0)
+    peak = max(op_peak_tflops(op, spec), fastest)
+    return op.flops / (peak * 1e12) * 1e6 if peak > 0 else 0.0
 
 
 def base_op_us(op: OpInfo, spec: DeviceSpec) -> float:
