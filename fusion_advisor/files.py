@@ -20,6 +20,21 @@ from typing import Any, Callable, Iterable
 from fusion_advisor.errors import UserError
 
 
+@contextlib.contextmanager
+def no_bytecode():
+    """Import the user's files without writing ``__pycache__`` beside them (the tool never writes into the model's
+    folder): ``sys.dont_write_bytecode`` on for the block, as it was after it. Environments that leave
+    ``PYTHONDONTWRITEBYTECODE`` unset (most) got a ``__pycache__`` folder next to every model analysed."""
+    import sys
+
+    before = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = before
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically: a temp file in the same folder, fsync, then ``os.replace``.
 

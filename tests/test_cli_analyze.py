@@ -150,6 +150,24 @@ def test_user_files_untouched(tmp_path):
     assert after == before
 
 
+def test_no_bytecode_is_written_beside_the_model_or_a_kernel_file(tmp_path, monkeypatch):
+    """A fresh user's environment without PYTHONDONTWRITEBYTECODE got a __pycache__ folder beside each model and
+    kernel file (and beside a neighbour the model imports); CI sets the variable, so this test clears it."""
+    import sys
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "helper.py").write_text("SCALE = 2.0\n")
+    (src / "model.py").write_text("import helper\n" + (DATA / "models" / "tiny_pointwise.py").read_text())
+    (src / "kernel.py").write_text((DATA / "kernels" / "vector_add.py").read_text() + "\nimport helper\n")
+    before = sorted(p.name for p in src.rglob("*"))
+    assert _run(str(src / "model.py"), "--out", str(tmp_path / "rep")).exit_code == 0
+    r = runner.invoke(app, ["verify", str(src / "kernel.py"), "--json-out", str(tmp_path / "v.json")])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in src.rglob("*")) == before and sys.dont_write_bytecode is False
+
+
 def test_inputs_from_a_cpu_generator_load_on_meta(tmp_path):
     r = _run(str(DATA / "models" / "cpu_generator.py"), "--out", str(tmp_path / "rep"))
     assert r.exit_code == 0, r.output

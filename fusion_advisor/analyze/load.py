@@ -28,6 +28,7 @@ from torch import nn
 
 from fusion_advisor.dtypes import CAST_NAMES, TORCH_DTYPES
 from fusion_advisor.errors import ModelLoadError, ModelRunError
+from fusion_advisor.files import no_bytecode
 
 CONVENTIONS = {
     "kernelbench": "class Model, get_inputs(), get_init_inputs()  (KernelBench style)",
@@ -148,7 +149,8 @@ def import_model_file(path: str | Path) -> ModuleType:
     sys.path.insert(0, str(path.parent.resolve()))
     try:
         sys.modules[name] = module
-        spec.loader.exec_module(module)
+        with no_bytecode():
+            spec.loader.exec_module(module)
     except SyntaxError as e:
         sys.modules.pop(name, None)
         raise ModelLoadError(f"{e.filename or path}:{e.lineno}: syntax error: {e.msg}") from e

@@ -51,6 +51,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from fusion_advisor.errors import ContractError, KernelLoadError
+from fusion_advisor.files import no_bytecode
 from fusion_advisor.verification.inputs import (
     STRIDED_CASE, EdgeSize, edge_sizes, explicit_sizes, hard_variants, seed_everything, strideable, strided_variant,
 )
@@ -349,7 +350,8 @@ def _import_file(path: Path) -> ModuleType:
     sys.path.insert(0, parent)  # so the file can import its neighbours, as when run as a script
     sys.modules[mod_name] = module
     try:
-        loader.exec_module(module)
+        with no_bytecode():
+            loader.exec_module(module)
     except SyntaxError as exc:
         sys.modules.pop(mod_name, None)
         raise KernelLoadError(_syntax_error_message(exc, path)) from exc
