@@ -637,8 +637,8 @@ def diff(
     threshold: float = typer.Option(0.10, "--threshold", help="Relative change of a time that counts as a change "
                                     "(0.1 = 10%)."),
     top: int = typer.Option(40, "--top", min=0, help="Changed rows shown on the terminal."),
-    fail_on_change: bool = typer.Option(False, "--fail-on-change", help="Exit 1 when any chain changed (for CI: a "
-                                        "torch upgrade that silently breaks a fusion)."),
+    fail_on_change: bool = typer.Option(False, "--fail-on-change", help="Exit 1 when any chain changed, or the "
+                                        "plan apply chose (for CI: a torch upgrade that silently breaks a fusion)."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Compare two report folders (another GPU, another torch, before and after a code change): the chains whose
@@ -665,7 +665,7 @@ def diff(
     else:
         show.print(f"no chain changed ({len(d.rows)} rows compared; times within {threshold:.0%})")
     show.print(f"diff: {paths['html']} (and {paths['csv']})", highlight=False)
-    if fail_on_change and d.changed:
+    if fail_on_change and (d.changed or d.plan_changed):
         raise typer.Exit(1)
 
 

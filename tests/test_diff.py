@@ -108,6 +108,22 @@ def test_cli_diff_writes_html_and_csv_and_can_fail_on_change(folders, tmp_path):
     assert r.exit_code == 0 and "chain(s) changed" in r.output and "┏" not in r.output  # no empty table frame
 
 
+def test_fail_on_change_fails_when_the_plan_apply_chose_changed(folders, tmp_path, monkeypatch):
+    """Two apply runs of one model read 'apply chose: torch.compile (A) -> eager (B)', then 'no chain changed', and
+    --fail-on-change exited 0 (found by a fresh user). A folder without a plan beside one with a plan is no change
+    of plan."""
+    same = D.diff_folders(folders[0], folders[0])
+    assert same.changed == [] and not same.plan_changed
+    for chosen, fails in ((("torch.compile", "eager"), True), (("eager", "eager"), False), (("eager", "–"), False)):
+        d = replace(same, facts=[*same.facts, ("apply chose", *chosen)])
+        assert d.plan_changed is fails
+        monkeypatch.setattr(D, "diff_folders", lambda *a, d=d, **k: d)
+        r = runner.invoke(app, ["diff", str(folders[0]), str(folders[0]), "--out", str(tmp_path / "d"),
+                                "--fail-on-change"])
+        assert r.exit_code == (1 if fails else 0), r.output
+        assert "no chain changed" in r.output
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda t: (t / "nope", t / "A"), "no such folder"),
     (lambda t: (t / "empty", t / "A"), "no report.json"),

@@ -91,6 +91,12 @@ class Diff:
     def changed(self) -> list[dict[str, Any]]:
         return [r for r in self.rows if r["status"] != "same"]
 
+    @property
+    def plan_changed(self) -> bool:
+        """Whether the plans apply chose differ (both folders hold one): ``--fail-on-change`` fails on it too (two
+        runs read 'apply chose: torch.compile (A) -> eager (B)', then 'no chain changed', and exited 0)."""
+        return any(label == "apply chose" and x != y and "–" not in (x, y) for label, x, y in self.facts)
+
 
 def _side(folder: Path) -> Side:
     from fusion_advisor.report.write import chains_frame, load_report, read_plan
