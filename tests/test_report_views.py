@@ -351,6 +351,16 @@ def test_the_measured_line_quotes_the_confirmation_before_the_search(tmp_path):
     doc["summary"].pop("confirmed_against")
     plain = views.verdict(a, frame, views.chain_groups(frame), views.apply_view(doc, a), tmp_path)["measured"][-1]
     assert "confirmed" not in plain["text"] and "2.00x vs eager" in plain["text"]
+    # the report's first screen ("What it buys") quoted the search's ratio alone (a fresh user read 1.21x there
+    # where apply's console and plan.yaml said confirmed 1.14x): the confirmed one is the big number
+    for against, big, search in (("torch.compile", "1.07x", "1.25x"), ("eager", "1.07x", "2.00x")):
+        doc["summary"].update(confirmed_against=against, confirmed_speedup=1.07)
+        (tmp_path / "plan.yaml").write_text("# fusion-advisor plan: test\n" + yaml.safe_dump(doc))
+        html = report.write_report(a, tmp_path)["html"].read_text(encoding="utf-8")
+        buys = html[html.index('id="buys"'):html.index('id="opportunities"')]
+        label = "vs eager" if against == "eager" else "vs <code>torch.compile(model)</code>"
+        assert f'<div class="big">{big}</div><div class="label">{label}, <strong>measured</strong>' in buys
+        assert f"confirmed in interleaved rounds; the search read {search}" in buys
 
 
 def test_the_predicted_line_names_a_whole_model_route_that_beats_the_chain_routes():
