@@ -104,6 +104,18 @@ def test_cli_calibrate_refuses_bad_arguments_before_it_starts_measuring(tmp_path
         assert res.exit_code == 2 and says in res.output and "measuring" not in res.output, res.output
 
 
+
+def test_an_unwritable_out_folder_is_refused_before_measuring_or_fitting(tmp_path, must_not_run, read_only_folders):
+    """A read-only folder ran all of calibrate's steps (or the whole fit), then ended in "internal error:
+    PermissionError" (found by a fresh user)."""
+    must_not_run("fusion_advisor.devices.calibrate.measure", "measuring")
+    must_not_run("fusion_advisor.devices.fit_profiles.fit_from_profiles", "the fit")
+    for args in (["--device", "cpu"], ["--from-profile", str(tmp_path)]):
+        res = CliRunner().invoke(app, ["calibrate", *args, "--out", str(tmp_path / "s.yaml")])
+        assert res.exit_code == 2, res.output
+        assert f"--out {tmp_path / 's.yaml'}: cannot write in {tmp_path}" in " ".join(res.output.split())
+
+
 def _gpu_cal(name: str, copy_gbps: float = 4300.0) -> Calibration:
     return Calibration(device="cuda", device_name=name, date="2026-01-01",
                        versions={"torch": "2.11.0", "triton": "3.6.0"},

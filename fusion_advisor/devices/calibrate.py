@@ -232,7 +232,9 @@ def cpu_name() -> str:
 
 
 def check_out_file(path: Path) -> None:
-    """Refuse an ``--out`` we must not write: a folder, a missing folder, or a file calibrate did not write.
+    """Refuse an ``--out`` we must not write, before anything is measured or fitted: a folder, a missing or
+    unwritable folder, or a file calibrate did not write (a read-only folder ended a minute's measuring in
+    "internal error: PermissionError").
 
     Raises:
         CalibrationError: naming the path and the reason.
@@ -250,7 +252,7 @@ def check_out_file(path: Path) -> None:
         return None if p.suffix in (".yaml", ".yml") else \
             "a device spec is a .yaml file (analyze --gpu reads it by suffix)"
 
-    files.check_out_file(path, "--out", foreign, example="my_gpu.yaml", wrong_suffix=wrong_suffix,
+    files.check_out_file(path, "--out", foreign, example="my_gpu.yaml", wrong_suffix=wrong_suffix, writable=True,
                          error=CalibrationError)
 
 
