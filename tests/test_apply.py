@@ -889,6 +889,9 @@ def test_cli_apply_prints_the_graph_breaks_analyze_prints(tmp_path):
         ([str(DATA / "bad" / "syntax_error.py")], "syntax_error.py:3: syntax error"),
         ([str(DATA / "bad" / "no_convention.py")], "follows no known model convention"),
         ([str(DATA / "bad" / "fails_on_inputs.py")], "fails on its own inputs"),
+        ([str(DATA / "bad" / "fails_backward.py"), "--verify", "--backward", "--variants", "torch.compile"],
+         "fails_backward.py: the model fails its forward + backward (--backward) on its own inputs: RuntimeError: "
+         "no backward for NoGrad"),
         (["--candidates", "some"], "unknown --candidates 'some'"),
         (["--margin", "1.5"], "--margin 1.5: must be in [0, 1)"),
         (["--device", "meta"], "apply runs the model"),

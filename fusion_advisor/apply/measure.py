@@ -242,9 +242,23 @@ class ModelHarness:
         return sorted({i for r in self.eager().values() for i in r.mutated_inputs})
 
     def eager(self) -> dict[str, _Run]:
-        """The model as written on every input set (computed once)."""
+        """The model as written on every input set (computed once).
+
+        Raises:
+            ModelRunError: the model as written fails there (with backward: its backward, e.g. through a custom op
+                without an autograd formula, which capture's forward-only run cannot see).
+        """
         if self._eager is None:
-            self._eager = {name: self.run(self.model, xs) for name, xs in self.sets}
+            try:
+                self._eager = {name: self.run(self.model, xs) for name, xs in self.sets}
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except Exception as e:  # the user's model, not ours: one clear message, not an internal error
+                from fusion_advisor.errors import ModelRunError
+
+                step = "forward + backward (--backward)" if self.backward else "forward"
+                raise ModelRunError(f"{self.loaded.file}: the model fails its {step} on its own inputs: "
+                                    f"{type(e).__name__}: {first_line(str(e), 400)}") from e
         return self._eager
 
     def reference(self) -> dict[str, _Run] | None:
