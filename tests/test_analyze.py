@@ -245,3 +245,30 @@ def test_a_product_of_mixed_dtypes_is_flagged_on_meta(tmp_path):
     assert len(flagged) == 1 and flagged[0].startswith(f"{model}:10: addmm gets operands of fp32 and int64")
     for name in ("kernelbench_conv_gelu", "tiny_pointwise"):  # a convolution with bias, a pointwise model
         assert not [w for w in analyze(str(MODELS / f"{name}.py")).warnings if "mixed dtypes" in w]
+
+
+def test_a_model_drawing_random_numbers_is_named(tmp_path):
+    """KernelBench's LSTM draws its initial state with torch.randn in forward: apply called torch.compile "wrong"
+    (a mismatch in 19 of 20 elements) without a word on why (found by a fresh user). The draw is named, with its
+    line; a model without one gets no such warning."""
+    model = tmp_path / "draws.py"
+    model.write_text(
+        "import torch\n\n\n"
+        "class Model(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(8, 8)\n\n"
+        "    def forward(self, x):\n"
+        "        h0 = torch.randn(x.shape[0], 8, device=x.device)\n"
+        "        return self.lin(x) + h0\n\n\n"
+        "def get_inputs():\n"
+        "    return [torch.randn(4, 8)]\n\n\n"
+        "def get_init_inputs():\n"
+        "    return []\n")
+    said = [w for w in analyze(model).warnings if "random" in w]
+    assert said == [f"the model draws random numbers (1 op(s): randn at {model}:10): apply seeds every call alike, "
+                    "but code torch.compile generates draws from another random stream than eager's kernels, so "
+                    "compiled variants differ from the model as written by the draws; to verify them, pass the "
+                    "random tensors in as inputs or fix them in buffers"]
+    model.write_text(model.read_text().replace("torch.randn(x.shape[0], 8, device=x.device)", "x * 0.5"))
+    assert not [w for w in analyze(model).warnings if "random" in w]

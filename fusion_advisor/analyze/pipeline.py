@@ -255,6 +255,28 @@ def _all_skip_check(chains: list, estimates: dict, decisions: dict) -> list[str]
 MIXED_DTYPE_PRODUCTS = frozenset({"_scaled_mm", "_int_mm"})
 
 
+#: aten ops that draw random numbers: Inductor's generated code draws from a stream of its own (Philox), so a
+#: compiled variant of such a model cannot match the model as written on the same seed.
+RANDOM_OPS = frozenset(("rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm", "normal",
+                        "uniform", "bernoulli", "native_dropout", "dropout", "multinomial", "exponential",
+                        "rrelu_with_noise", "poisson"))
+
+
+def _random_draws(ops: list) -> list[str]:
+    """One warning when the captured graphs draw random numbers (a KernelBench LSTM's ``torch.randn`` initial
+    state, dropout in training): apply seeds every call alike, yet compiled variants draw from Inductor's stream,
+    so they differ from the model as written by the draws, and the check calls them wrong without saying why."""
+    draws = [o for o in ops if o.name in RANDOM_OPS]
+    if not draws:
+        return []
+    first = draws[0]
+    where = f" at {first.source.file}:{first.source.line}" if first.source.file else ""
+    return [f"the model draws random numbers ({len(draws)} op(s): {first.name}{where}): apply seeds every call "
+            f"alike, but code torch.compile generates draws from another random stream than eager's kernels, so "
+            f"compiled variants differ from the model as written by the draws; to verify them, pass the random "
+            f"tensors in as inputs or fix them in buffers"]
+
+
 def _mixed_dtype_products(ops: list) -> list[str]:
     """A warning per product (a matmul or conv op, :data:`MIXED_DTYPE_PRODUCTS` apart) whose tensor operands have
     different dtypes: eager PyTorch raises on them (``mat1 and mat2 must have the same dtype``), meta tensors do
@@ -311,6 +333,7 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
         capture_method=cap.method,
         graph_breaks=cap.breaks,
         warnings=(cap.warnings + loaded.notes + list(notes or []) + og.notes + _mixed_dtype_products(og.ops)
+                  + _random_draws(og.ops)
                   + _all_skip_check(chains, estimates, decisions) + ([unused_note(work, spec)] if work else [])
                   + ([] if measured is not None else [
                       f"rule {r.id} ({r.file}) matches on measured_bound, which only analyze --profile measures: "
