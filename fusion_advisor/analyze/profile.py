@@ -65,6 +65,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 import torch
 
 from fusion_advisor.kernel_tools.bench import sync_device
+from fusion_advisor.host import busy_cpu_note
 from fusion_advisor.analyze.capture import Capture, DynamoBackend, aten_hook
 from fusion_advisor.analyze.eager_entry import OP_ID_META, call_eager_entries
 from fusion_advisor.analyze.host_stamps import HostStamps, insert_stamps, replay_stamps
@@ -693,7 +694,7 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
     if trace_path is not None:
         check_trace_path(trace_path)
     op_ids = {o.id for o in ops if not o.is_view}
-    notes: list[str] = []
+    notes: list[str] = [n for n in (busy_cpu_note(device),) if n]
     inst = _instrument(loaded, cap, op_ids)
     from fusion_advisor.analyze.capture import quiet_native_stderr, quiet_torch_logs  # the same quieting capture uses
 

@@ -29,6 +29,7 @@ import torch.fx
 from torch.fx import Node
 
 from fusion_advisor.stages import Stage, no_progress, stage_timer
+from fusion_advisor.host import busy_cpu_note
 from fusion_advisor.apply.backend import RewriteBackend
 from fusion_advisor.apply.match import Match
 from fusion_advisor.apply.measure import ModelHarness
@@ -142,6 +143,9 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     result.warnings += [w for w in analysis.warnings if w not in result.warnings]
     if not options.verify:
         return result
+    busy = busy_cpu_note(loaded.device)  # before the timing: a shared CPU's times can be 100x an idle one's
+    if busy:
+        result.warnings.append(busy)
     with timed("variants"):
         harness = ModelHarness(loaded, backward, tf32=tf32_allowed(analysis, loaded.device))
         found = search(SearchInputs(
