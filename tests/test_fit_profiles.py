@@ -527,6 +527,16 @@ def test_fit_from_profiles_fits_the_cold_scale_over_the_fitted_host_scale_and_wr
     assert any(n.startswith("cold host scale 1: fewer than") for n in plain.notes)
 
 
+def test_cpu_profiles_say_why_no_host_scale_is_fitted(reports):
+    """CPU profiles read "no model with 8 or more ops the GPU waited for" (found by a fresh user): on a CPU each op's
+    measured time holds its own host time, and the note says that instead."""
+    root, _, _ = reports
+    notes = fit_from_profiles([root / "fit"], [root / "test"]).notes
+    assert "host, view host and cold host scales 1: the fit set's profiles ran on a CPU, where each op's measured " \
+           "time holds its own host time (no GPU waits for the host)" in notes
+    assert not any("GPU waited for" in n for n in notes)
+
+
 def test_without_fits_drops_the_fitted_fields_sources(profiled):
     from fusion_advisor.devices.fit_profiles import without_fits
 

@@ -770,6 +770,11 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
         f"cold host scale {cold[0]:.3f} from {cold[1]} op(s) of {cold[2]} model(s) whose aten op had not run for more "
         f"than {COLD_REUSE_LAUNCHES} launches (measured over the warm in-model price)"
         if cold else f"cold host scale 1: fewer than {MIN_COLD_MODELS} models with a cold op the GPU waited for"]
+    if not (host or view or cold) and not any(r.analysis.profile is not None and r.analysis.profile.device == "cuda"
+                                              for r in fit_set):
+        # a CPU profile measures each op's own time: no GPU waits for the host, so no host time is apart
+        notes[-3:] = ["host, view host and cold host scales 1: the fit set's profiles ran on a CPU, where each op's "
+                      "measured time holds its own host time (no GPU waits for the host)"]
     if any(k > 1 for r in every for k in r.graph_calls.values()):
         notes.append("graphs run several times per model call: their ops' measured times divided by the calls")
     notes += other_gpu_notes(every, base)
