@@ -361,6 +361,11 @@ def test_a_kernel_that_ignores_its_inputs_strides_fails_the_strided_case():
     result = verify_kernel(c)
     assert not result.correct and result.failure.startswith(STRIDED_CASE), result.failure
     assert [e["status"] for e in result.shapes if e["case"] != STRIDED_CASE] == ["passed"] * (len(result.shapes) - 1)
+    # the failure says the usual cause and the ways out (a fresh user's read only "MISMATCH", and bench --sweep,
+    # on contiguous inputs, passed the same kernel)
+    from fusion_advisor.kernel_tools.verify import STRIDED_HINT
+
+    assert f"{STRIDED_CASE}: {STRIDED_HINT}" in result.details and ".contiguous()" in STRIDED_HINT
     right = contract(lambda x, w: torch.relu(x) + w, lambda x, w: torch.relu(x) + w,
                      lambda: [torch.randn(8, 16, requires_grad=True), torch.randn(16)])
     assert verify_kernel(right).correct

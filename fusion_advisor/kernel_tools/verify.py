@@ -82,6 +82,14 @@ CONTRACT_HELP = (
 #: CPU interpreter stays fast enough at three.
 DEFAULT_SEEDS = 3
 
+#: Said when the strided case fails: the usual cause, and the two ways out.
+STRIDED_HINT = ("the inputs are views (offset 1, every other element along the last axis), and a kernel that loads "
+                "them as if contiguous reads the wrong elements: pass each tensor's strides to the kernel, or call "
+                ".contiguous() in kernel_fn; a kernel that takes contiguous tensors alone may refuse other layouts "
+                "by raising ValueError, TypeError or NotImplementedError (reported as refused, not failed). "
+                "bench --sweep times contiguous inputs only, so it passes such a kernel")
+
+
 #: Said when an edge shape cannot be built or the kernel refuses it.
 SHAPE_HINT = ("if the kernel does not take this shape, list the sizes it does take in VERIFY_SIZES (or verify with "
               "--shapes given)")
@@ -609,6 +617,8 @@ def verify_kernel(contract: KernelContract, rtol: float | None = None, atol: flo
             failed_at = case
             if case.startswith("shape ") and outcome.traceback is not None:
                 result.details.append(f"{case}: {SHAPE_HINT}")
+            if case == STRIDED_CASE:
+                result.details.append(f"{case}: {STRIDED_HINT}")
     result.reference_precision = precisions.pop() if len(precisions) == 1 else ("mixed" if precisions else "n/a")
     if failed_at and any(e["status"].startswith("not run") for e in result.shapes):
         result.details.append(f"stopped after {failed_at}: it failed")
