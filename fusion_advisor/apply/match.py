@@ -65,13 +65,17 @@ class _Attempt:
             self.depth, self.reason, self.kind, self.matched = depth, reason, kind, list(st.rmap)
 
 
-def _describe_node(n: Any) -> str:
-    if not isinstance(n, Node):
-        return repr(n)
+def _op_name(n: Node) -> str:
+    """The op a node calls (``_to_copy``, ``_softmax``), or its kind (``placeholder``) when it calls none."""
+    if n.op != "call_function":
+        return n.op
     target = n.target
-    name = target._schema.name.split("::")[-1] if isinstance(target, torch._ops.OpOverload) else getattr(
+    return target._schema.name.split("::")[-1] if isinstance(target, torch._ops.OpOverload) else getattr(
         target, "__name__", str(target))
-    return f"{n.name} ({name})" if n.op == "call_function" else f"{n.name} ({n.op})"
+
+
+def _describe_node(n: Any) -> str:
+    return f"{n.name} ({_op_name(n)})" if isinstance(n, Node) else repr(n)
 
 
 class _Matcher:
@@ -135,8 +139,8 @@ class _Matcher:
             attempt.fail(st, f"{_describe_node(gn)} would stand for two pattern ops")
             return
         if gn.op != "call_function" or gn.target != pn.target:
-            attempt.fail(st, f"pattern expects {_describe_node(pn).split(' ', 1)[1]} here; the model has "
-                             f"{_describe_node(gn)}")
+            attempt.fail(st, f"the pattern expects a {_op_name(pn)} op here; the model has a {_op_name(gn)} op "
+                             f"({gn.name})")
             return
         st2 = st.copy()
         st2.nmap[pn] = gn
