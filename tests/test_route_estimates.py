@@ -70,7 +70,8 @@ def test_a_lone_kernel_the_library_replaces_is_priced_at_its_share_of_the_memory
 def test_a_library_kernel_computing_part_of_a_chain_leaves_the_rest_as_written(tmp_path):
     """softmax(x * 0.125 + 1.0): the library's softmax folds no scale and no scalar add, so apply's swap leaves the
     multiply and the add as eager kernels. The chain was priced as if the kernel ran all of it (a reviewer's
-    'layernorm' chain of eight ops read 69 -> 7.5 us); priced honestly, torch.compile (one fused kernel) wins."""
+    'layernorm' chain of eight ops read 69 -> 7.5 us); priced honestly, torch.compile (one fused kernel) is
+    predicted faster."""
     path = tmp_path / "scaled.py"
     path.write_text(SOFTMAX.replace("torch.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)",
                                     "torch.softmax(x * 0.125 + 1.0, dim=-1)"))
@@ -84,10 +85,14 @@ def test_a_library_kernel_computing_part_of_a_chain_leaves_the_rest_as_written(t
         + h200.elementwise_overhead_us
     assert est.triton_us > kernel_us + 100.0  # plus the multiply and the add, each a pass over 1 GB
     assert est.compile_us < est.triton_us < est.eager_us
+    # the route stays, a candidate apply measures (its candidates are the chains routed to a kernel, and the
+    # kernel's share was measured at other shapes); the note gives the doubt (a reviewer: rerouting the chain to
+    # torch.compile removed the swap from apply's search on 50 Swin chains, and routed lone kernels at 0 us saved)
     d = a.decisions[chain.id]
-    assert (d.rule_id, d.route, d.kernel) == ("triton-softmax", "torch.compile", "")
-    assert d.note.startswith(f"torch.compile is predicted faster than kernel 'softmax' here ({est.compile_us:.1f} us "
-                             f"against {est.triton_us:.1f} us: the kernel computes 1 of the chain's 3 kernels")
+    assert (d.rule_id, d.route, d.kernel) == ("triton-softmax", "triton", "softmax")
+    assert d.note == (f"predicted slower than torch.compile here ({est.triton_us:.1f} us against "
+                      f"{est.compile_us:.1f} us; the kernel computes 1 op(s) of the chain, the rest run as written): "
+                      f"kept as a candidate, apply measures the swap and keeps it only where it wins")
 
 
 def test_a_spec_without_measured_shares_prices_routes_at_the_roofline():

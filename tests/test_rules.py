@@ -246,6 +246,18 @@ def test_a_route_predicted_slower_than_eager_leaves_the_chain_as_written(compile
         assert "The rule's reason for its torch.compile route: memory-bound chain of 2 kernels" in d.reason
 
 
+def test_a_library_kernel_predicted_slower_stays_a_candidate_with_a_note():
+    """Skipped or rerouted, a doubted kernel left apply's search (its candidates are the chains routed to a kernel):
+    the route stays and the note says which route is predicted faster."""
+    from kernel_library.registry import load_all
+
+    d = route_chain(_chain(), _est(compile_us=35.0, triton_us=40.0), load_rules([]), kernels=load_all())
+    assert (d.rule_id, d.route, d.kernel) == ("triton-softmax", "triton", "softmax")
+    assert d.note == ("predicted slower than eager here (40.0 us against 30.0 us): kept as a candidate, apply "
+                      "measures the swap and keeps it only where it wins")
+    assert route_chain(_chain(), _est(triton_us=5.0), load_rules([]), kernels=load_all()).note == ""
+
+
 @pytest.mark.parametrize("bound,rule,route", [("launch", "cudagraphs-native-layer", "cudagraphs"),
                                               ("compute", "skip-unfusible", "skip")])
 def test_a_launch_bound_native_encoder_layer_goes_to_cuda_graphs(bound, rule, route):

@@ -216,13 +216,12 @@ def _pattern(og: OpGraph, member_ids: list[str]) -> str:
 #: KernelBench, 50 held such ops (mostly contiguous clones around a Swin block's LayerNorm).
 _NORM_CASTS = frozenset({"_to_copy", "to"})
 KERNEL_OPS: dict[str, frozenset[str]] = {
-    "layernorm": frozenset({"native_layer_norm", "layer_norm"}) | _NORM_CASTS,
-    "add_layernorm": frozenset({"native_layer_norm", "layer_norm", "add"}) | _NORM_CASTS,
+    "layernorm": frozenset({"native_layer_norm", "layer_norm"}),  # F.layer_norm: no casts
+    "add_layernorm": frozenset({"native_layer_norm", "layer_norm", "add"}),
     "rmsnorm": frozenset({"pow", "mean", "add", "rsqrt", "mul", "rms_norm", "_fused_rms_norm"}) | _NORM_CASTS,
     "add_rmsnorm": frozenset({"pow", "mean", "add", "rsqrt", "mul", "rms_norm", "_fused_rms_norm"}) | _NORM_CASTS,
     "softmax": frozenset({"_softmax", "_safe_softmax"}) | _NORM_CASTS,  # a scale alone stays: no mask, no fold
-    "masked_softmax": frozenset({"_softmax", "_safe_softmax", "mul", "div", "add", "where", "masked_fill"})
-    | _NORM_CASTS,
+    "masked_softmax": frozenset({"_softmax", "_safe_softmax", "mul", "add"}) | _NORM_CASTS,  # scale * x + mask
     "cross_entropy": frozenset({"_log_softmax", "nll_loss_forward", "nll_loss2d_forward"}) | _NORM_CASTS,
     "bias_gelu": frozenset({"add", "gelu"}),
     "swiglu": frozenset({"silu", "mul"}),

@@ -28,10 +28,11 @@ SLOWER_SHARE = 0.01
 
 
 def _left_as_written(route: str, rule_route: str, est: Estimate, device_kind: str) -> str:
-    """Why the chain stays eager although a rule routed it, or ``""``: its route is predicted slower than eager
-    (on any spec: "routed to torch.compile (est. 664 -> 799 us)" promised a loss), or, on a CPU spec, the
-    torch.compile stand-in for a GPU-only route is predicted to save nothing (nothing to fuse)."""
-    if route == "skip":
+    """Why the chain stays eager although a rule routed it, or ``""``: its torch.compile or CUDA-graph route is
+    predicted slower than eager (on any spec: "routed to torch.compile (est. 664 -> 799 us)" promised a loss, and
+    apply times torch.compile(model) whole anyway), or, on a CPU spec, the torch.compile stand-in for a GPU-only
+    route is predicted to save nothing (nothing to fuse). A triton route stays (:func:`_kernel_doubt`)."""
+    if route in ("skip", "triton"):  # a kernel the prediction doubts stays a candidate (_kernel_doubt)
         return ""
     route_us, eager_us = est.route_us(route), est.eager_us
     stand_in = device_kind != "gpu" and rule_route != route
@@ -42,6 +43,23 @@ def _left_as_written(route: str, rule_route: str, est: Estimate, device_kind: st
         return (f"left as written: {route} is predicted slower than eager here ({route_us:.1f} us against "
                 f"{eager_us:.1f} us; apply still times torch.compile(model)).")
     return ""
+
+
+def _kernel_doubt(chain: Chain, est: Estimate, kernel: str) -> str:
+    """A note where the prediction doubts the library kernel the rule routed to: torch.compile or eager predicted
+    faster (a kernel computing part of the chain, a softmax after a scale it does not fold, the rest left as
+    written), else ``""``. The route stays: apply measures the swap and keeps it only where it wins (its candidates
+    are the chains routed to a kernel), and the kernel's share was measured at other shapes than the chain's."""
+    triton = est.route_us("triton")
+    rivals = [(name, t) for name, t in (("torch.compile", est.route_us("torch.compile")), ("eager", est.eager_us))
+              if t < triton * (1.0 - SLOWER_SHARE)]
+    if not rivals:
+        return ""
+    name, t = min(rivals, key=lambda r: r[1])
+    part = (f"; the kernel computes {len(chain.kernel_op_ids)} op(s) of the chain, the rest run as written"
+            if chain.kernel_op_ids else "")
+    return (f"predicted slower than {name} here ({triton:.1f} us against {t:.1f} us{part}): kept as a candidate, "
+            f"apply measures the swap and keeps it only where it wins")
 
 
 def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, library_error: str = "",
@@ -97,16 +115,8 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
             if not kernel:
                 route = "torch.compile"
                 note = "library kernel cannot take this chain (" + "; ".join(refusals) + "); falling back to torch.compile"
-            elif est.route_us("torch.compile") < est.route_us("triton") * (1.0 - SLOWER_SHARE):
-                # the kernel computes part of the chain (a softmax after a scale it does not fold): Inductor fuses
-                # all of it, the swap leaves the rest as written
-                route = "torch.compile"
-                note = (f"torch.compile is predicted faster than kernel '{kernel}' here "
-                        f"({est.route_us('torch.compile'):.1f} us against {est.route_us('triton'):.1f} us"
-                        + (f": the kernel computes {len(chain.kernel_op_ids)} of the chain's "
-                           f"{chain.eager_kernels} kernels, the rest would run as written" if chain.kernel_op_ids
-                           else "") + ")")
-                kernel = ""
+            else:
+                note = _kernel_doubt(chain, est, kernel)
     reason = render_reason(rule, features, kernel=kernel or rule.kernel, route=route)
     left = _left_as_written(route, rule.route, est, device_kind)
     if left:
