@@ -66,6 +66,10 @@ def test_attention_rate_is_used_for_attention_only(tmp_path):
                     "attention_tflops: {bf16: 0}\nlaunch_overhead_us: 1\n")
     with pytest.raises(DeviceSpecError, match=r"attention_tflops.bf16 must be a positive number"):
         load_spec(str(spec))
+    # a number in exponent form, which PyYAML reads as text, is still a number (it loaded before NaN was refused)
+    spec.write_text("name: s\nmemory_bandwidth_gbps: 3.35e3\ntensor_tflops: {bf16: 1e2}\nvector_tflops: {fp32: 1}\n"
+                    "launch_overhead_us: 1\n")
+    assert load_spec(str(spec)).memory_bandwidth_gbps == 3350.0 and load_spec(str(spec)).tensor_tflops["bf16"] == 100
     # NaN and infinity are refused as zero is: a NaN bandwidth read a matmul "memory-bound" and dropped its memory
     # term from every max(); an infinite launch overhead ended in "internal error: Axis limits cannot be NaN"
     for field, bad in (("memory_bandwidth_gbps: 100", "memory_bandwidth_gbps: .nan"),

@@ -265,12 +265,20 @@ def test_profiles_of_another_gpu_than_the_specs_are_named(profiled, tmp_path):
         return read_report(_write(dataclasses.replace(profiled, profile=prof), tmp_path / folder))
 
     h100, h200 = on("NVIDIA H100 80GB HBM3", "a"), on("NVIDIA H200", "b")
-    for name in ("h200", "h200-fitted"):
+    for name in ("h200", "h200-fitted", "calibrated-whatever"):  # the device is the display name's, not the name's
         spec = dataclasses.replace(load_spec("h200"), name=name)
         assert other_gpu_notes([h100, h200], spec) == [
             "1 report(s) were profiled on NVIDIA H100 80GB HBM3, not on the spec's NVIDIA H200 SXM (141 GB HBM3e) "
             "(a): their times are set against another GPU's rates"]
     assert other_gpu_notes([h100], load_spec("h100")) == [] and other_gpu_notes([h100], load_spec("cpu")) == []
+    # a calibrated spec of the same GPU, whatever it is called (a reviewer: 'calibrated-nvidia-h100-80gb-hbm3' read
+    # as the device 'calibrated'); an A10 is not an A100; a name without a model token makes no claim
+    mine = dataclasses.replace(load_spec("h100"), name="calibrated-nvidia-h100-80gb-hbm3",
+                               display_name="NVIDIA H100 80GB HBM3")
+    assert other_gpu_notes([h100], mine) == []
+    a10 = dataclasses.replace(load_spec("a100"), display_name="NVIDIA A10")
+    assert len(other_gpu_notes([on("NVIDIA A100-SXM4-40GB", "c")], a10)) == 1
+    assert other_gpu_notes([on("NVIDIA GeForce RTX 4090", "d")], load_spec("h200")) == []
 
 
 def test_cli_prints_the_table_and_never_overwrites_a_file_not_ours(reports, tmp_path):

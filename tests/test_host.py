@@ -14,7 +14,7 @@ def _stat(tmp_path, lines):
 
     class Stat(type(path)):
         def read_text(self, *a, **k):
-            return next(turns) + "\ncpu0 0 0 0 0\n"
+            return next(turns)
 
     return Stat(path)
 
@@ -22,14 +22,19 @@ def _stat(tmp_path, lines):
 def test_other_processes_holding_cores_are_named(tmp_path, monkeypatch):
     """A fresh user's apply on a 2-core machine, one core taken by another process, measured a 0.010 ms model at
     7.5 ms and chose torch.compile at '233x' eager, with a spread of 0.4% and no warning."""
-    monkeypatch.setattr(host.os, "cpu_count", lambda: 2)
-    # user nice system idle iowait: 100 of 200 jiffies busy in the window, i.e. one of two cores
-    busy = _stat(tmp_path, ["cpu 1000 0 0 1000 0", "cpu 1100 0 0 1100 0"])
-    assert host.busy_cores(0.0, busy) == 1.0
+    monkeypatch.setattr(host, "_cpus", lambda: {0, 1})
+    # per CPU: user nice system idle iowait irq softirq steal guest; cpu0 fully busy over the window, cpu1 idle
+    busy = _stat(tmp_path, ["cpu 0 0 0 0\ncpu0 1000 0 0 1000 0 0 0 0 0\ncpu1 0 0 0 2000 0 0 0 0 0",
+                            "cpu 0 0 0 0\ncpu0 1100 0 0 1000 0 0 0 0 50\ncpu1 0 0 0 2100 0 0 0 0 0"])
+    assert host.busy_cores(0.0, busy, {0, 1}) == 1.0  # guest time (inside user time) is not counted twice
     note = host.busy_cpu_note("cpu", 0.0, busy)
     assert note.startswith("the CPU is busy with other work: other processes used 1.0 of its 2 cores")
     assert host.busy_cpu_note("cuda", 0.0, busy) == ""  # GPU timings are the GPU's
-    idle = _stat(tmp_path, ["cpu 1000 0 0 1000 0", "cpu 1010 0 0 1190 0"])
-    assert host.busy_cores(0.0, idle) == 0.1 and host.busy_cpu_note("cpu", 0.0, idle) == ""
-    assert host.busy_cores(0.0, tmp_path / "missing") is None  # not Linux: no claim
+    # a container allowed cpu1 alone: another tenant on cpu0 is not its business
+    assert host.busy_cores(0.0, busy, {1}) == 0.0
+    monkeypatch.setattr(host, "_cpus", lambda: {1})
+    assert host.busy_cpu_note("cpu", 0.0, busy) == ""
+    idle = _stat(tmp_path, ["cpu0 1000 0 0 1000 0\ncpu1 0 0 0 1000 0", "cpu0 1010 0 0 1090 0\ncpu1 0 0 0 1100 0"])
+    assert host.busy_cores(0.0, idle, {0, 1}) == 0.1
+    assert host.busy_cores(0.0, tmp_path / "missing", {0}) is None  # not Linux: no claim
     assert host.busy_cpu_note("cpu", 0.0, tmp_path / "missing") == ""

@@ -11,6 +11,7 @@ spec YAML) and :mod:`~fusion_advisor.devices.fit_profiles` (per-op-class eager-t
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,18 @@ RATE_DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16")
 HALF_TWIN = {"fp16": "bf16", "bf16": "fp16"}
 
 
+#: A number in exponent form that PyYAML (YAML 1.1) leaves as text: ``3.35e3``, ``1e8`` (it wants ``3.35e+3``).
+_YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _number(value: Any, where: str, unit: str, positive: bool = True) -> float:
     """``value`` as a finite float, > 0 (``positive``) or >= 0; else :class:`DeviceSpecError` naming ``where``.
-    Booleans and strings are refused (YAML ``true`` or ``"5"`` is a typo, not a rate)."""
+    Booleans and strings are refused (YAML ``true`` or ``"5"`` is a typo, not a rate), except a number in the
+    exponent form PyYAML reads as text (:data:`_YAML11_FLOAT`)."""
     import math
 
+    if isinstance(value, str) and _YAML11_FLOAT.fullmatch(value.strip()):
+        value = float(value)  # 3.35e3: YAML 1.1 (PyYAML) reads an exponent without a dot and sign as text
     ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) \
         and (value > 0 if positive else value >= 0)
     if not ok:

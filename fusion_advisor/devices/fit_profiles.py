@@ -35,6 +35,7 @@ fitted curves), on the fit set and on a test set the fit never saw.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -619,18 +620,22 @@ def summary(result: FitResult, split: str) -> dict[str, dict[str, float]]:
 
 
 def model_key(r: ProfiledReport) -> str:
-    """Which model a report profiled: its model file's name and the model's name (two runs of one file in two
-    folders, or on two days, are one model; the folder names may differ)."""
+    """Which model a report profiled: its model file's folder and name and the model's name (two runs of one file,
+    from two checkouts, in two report folders or on two days, are one model; ``a/model.py`` and ``b/model.py``,
+    one folder per model as many suites keep them, are two)."""
     a = r.analysis
-    return f"{Path(a.model_file).name}:{a.model_name}" if a.model_file else r.name
+    if not a.model_file:
+        return r.name
+    path = Path(a.model_file)
+    return f"{path.parent.name}/{path.name}:{a.model_name}"
 
 
 def split_reports(reports: list[ProfiledReport], test: list[ProfiledReport] | None
                   ) -> tuple[list[ProfiledReport], list[ProfiledReport], str]:
     """The fit and test sets and a note on how they were made, split by model (:func:`model_key`), so that no
-    test report is a second run of a model the fit saw: ``test`` when given (its reports of a model in the fit
-    set are fitted only), else every third model in name order held out with all its reports (3 or more
-    models), else no test set."""
+    test report is a second run of a model the fit saw: ``test`` when given (its reports of a model the fit set
+    holds are left out of the test set, and named in the note), else every third model in name order held out
+    with all its reports (3 or more models), else no test set."""
     if test is not None:
         fitted = {model_key(r) for r in reports}
         both = [r.name for r in test if model_key(r) in fitted]
@@ -667,17 +672,30 @@ def _spec_label(spec: DeviceSpec, reports: list[ProfiledReport]) -> str:
     return f"{spec.name} (version {versions.index(_spec_contents(spec)) + 1} of {len(versions)} by its contents)"
 
 
+#: A GPU model in a device name: a letter or two and two to four digits (H100, H200, A100, L4, RTX 4090's 4090).
+_GPU_MODEL = re.compile(r"\b[a-z]{0,3}\d{1,4}[a-z]?\b")
+
+
+def _gpu_models(name: str) -> set[str]:
+    """The GPU model tokens of a device name (``"NVIDIA H100 80GB HBM3"`` -> ``{"h100"}``; sizes such as ``80gb``
+    and memory kinds such as ``hbm3`` are not models)."""
+    return {t for t in _GPU_MODEL.findall(name.lower()) if not t.endswith("gb") and not t.startswith("hbm")
+            and any(c.isalpha() for c in t)}
+
+
 def other_gpu_notes(reports: list[ProfiledReport], spec: DeviceSpec) -> list[str]:
-    """A note per GPU that profiled some of ``reports`` whose name does not hold ``spec``'s device (its name up to
-    the first ``-``: ``h200`` of ``h200-fitted``): H100 profiles fitted into (or judged on) an H200 spec price one
-    GPU's times with another's rates, which nothing else would say. None for CPU specs or CPU profiles."""
-    device = spec.name.split("-")[0].lower()
-    if spec.kind != "gpu" or not device:
+    """A note per GPU that profiled some of ``reports`` whose model (:func:`_gpu_models` of its name) is not the
+    spec's device's (of its ``display_name``, which calibrate sets to the GPU's own name): H100 profiles fitted
+    into (or judged on) an H200 spec price one GPU's times with another's rates, which nothing else would say. No
+    claim where either name holds no model token, for CPU specs or for CPU profiles."""
+    models = _gpu_models(spec.display_name)
+    if spec.kind != "gpu" or not models:
         return []
     by_gpu: dict[str, list[str]] = {}
     for r in reports:
         p = r.analysis.profile
-        if p is not None and p.device == "cuda" and p.device_name and device not in p.device_name.lower():
+        theirs = _gpu_models(p.device_name) if p is not None and p.device == "cuda" else set()
+        if theirs and not theirs & models:
             by_gpu.setdefault(p.device_name, []).append(r.name)
     return [f"{len(names)} report(s) were profiled on {gpu}, not on the spec's {spec.display_name} "
             f"({', '.join(names[:3])}{' ...' if len(names) > 3 else ''}): their times are set against another "
