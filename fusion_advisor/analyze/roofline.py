@@ -659,7 +659,8 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
         # the library kernel computes part of the chain (a LayerNorm between contiguous clones): its bytes at its
         # share of the roofline, the chain's other ops as they run eagerly (apply swaps the kernel in alone)
         core = set(chain.kernel_op_ids)
-        rest_us = sum(max(t, host) for i, (t, runs, host) in zip(chain.op_ids, busy) if runs and i not in core)
+        rest_us = sum(max(t, host) for i, (t, runs, host) in zip(chain.op_ids, busy, strict=True)
+                      if runs and i not in core)
         kernel_us = max(compute_us, chain.kernel_bytes / bw * 1e6 / triton_eff + overhead, launch)
         triton_us = kernel_us + rest_us
     # replayed from a CUDA graph a kernel costs no launch, but still its fixed device time
