@@ -50,16 +50,21 @@ def test_compile_and_library_routes_get_their_measured_share_of_the_roofline(sof
     assert d.route == "triton" and f"torch.compile {est.compile_us:.1f} us" in d.reason
 
 
+def _softmax_of(tmp_path, expression: str):
+    """The analysis of SOFTMAX with its softmax call replaced by ``expression``, its one chain and that chain's
+    estimate, and the h200 spec."""
+    path = tmp_path / "variant.py"
+    path.write_text(SOFTMAX.replace("torch.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)", expression))
+    a = analyze(path)
+    (chain,) = a.chains
+    return a, chain, a.estimates[chain.id], load_spec("h200")
+
+
 def test_a_lone_kernel_the_library_replaces_is_priced_at_its_share_of_the_memory_roofline(tmp_path):
     """A lone wide-row softmax routed to the library kernel was priced at 100% of copy bandwidth (its 0.79 taken
     as a share of the compute roofline, meant for the fp32 GEMM alone): faster than the same kernel fused into a
     longer chain. Found by a reviewer."""
-    path = tmp_path / "lone.py"
-    path.write_text(SOFTMAX.replace("torch.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)",
-                                    "torch.softmax(x, dim=-1)"))
-    a = analyze(path)
-    (chain,) = a.chains
-    est, h200 = a.estimates[chain.id], load_spec("h200")
+    a, chain, est, h200 = _softmax_of(tmp_path, "torch.softmax(x, dim=-1)")
     assert chain.kind == "fusible" and chain.eager_kernels == 1 and a.decisions[chain.id].route == "triton"
     share = h200.efficiency("triton", "softmax")
     assert share < 1.0
@@ -72,12 +77,7 @@ def test_a_library_kernel_computing_part_of_a_chain_leaves_the_rest_as_written(t
     multiply and the add as eager kernels. The chain was priced as if the kernel ran all of it (a reviewer's
     'layernorm' chain of eight ops read 69 -> 7.5 us); priced honestly, torch.compile (one fused kernel) is
     predicted faster."""
-    path = tmp_path / "scaled.py"
-    path.write_text(SOFTMAX.replace("torch.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)",
-                                    "torch.softmax(x * 0.125 + 1.0, dim=-1)"))
-    a = analyze(path)
-    (chain,) = a.chains
-    est, h200 = a.estimates[chain.id], load_spec("h200")
+    a, chain, est, h200 = _softmax_of(tmp_path, "torch.softmax(x * 0.125 + 1.0, dim=-1)")
     softmax = [i for i in chain.op_ids if i.endswith("_softmax")]
     assert chain.pattern == "softmax" and chain.kernel_op_ids == tuple(softmax)
     assert chain.kernel_bytes == chain.fused_bytes  # the softmax reads one tensor and writes one, as the chain does
