@@ -45,7 +45,7 @@ def _left_as_written(route: str, rule_route: str, est: Estimate, device_kind: st
     return ""
 
 
-def _kernel_doubt(chain: Chain, est: Estimate, kernel: str) -> str:
+def _kernel_doubt(chain: Chain, est: Estimate) -> str:
     """A note where the prediction doubts the library kernel the rule routed to: torch.compile or eager predicted
     faster (a kernel computing part of the chain, a softmax after a scale it does not fold, the rest left as
     written), else ``""``. The route stays: apply measures the swap and keeps it only where it wins (its candidates
@@ -70,8 +70,9 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
     torch.compile (both need a CUDA GPU), with a note saying so, or to skip where torch.compile is predicted to
     save nothing (a single kernel: nothing to fuse), the reason saying why.
     ``measured`` is the chain's profiled measurement, when there is one (rules may match its bound class).
-    A chain whose route is predicted slower than eager stays as written, the reason giving both times and the
-    rule's own reason (:func:`_left_as_written`).
+    A chain whose torch.compile or CUDA-graph route is predicted slower than eager stays as written, the reason
+    giving both times and the rule's own reason (:func:`_left_as_written`); a library kernel predicted slower than
+    torch.compile or eager stays routed to it, a note saying so (:func:`_kernel_doubt`).
     """
     rule, features = rules.first_match(chain, est, measured)
     if rule is None:
@@ -116,7 +117,7 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
                 route = "torch.compile"
                 note = "library kernel cannot take this chain (" + "; ".join(refusals) + "); falling back to torch.compile"
             else:
-                note = _kernel_doubt(chain, est, kernel)
+                note = _kernel_doubt(chain, est)
     reason = render_reason(rule, features, kernel=kernel or rule.kernel, route=route)
     left = _left_as_written(route, rule.route, est, device_kind)
     if left:
