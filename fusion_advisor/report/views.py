@@ -213,9 +213,11 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
 
 def analysis_model_routes(analysis: Analysis, frame: pd.DataFrame) -> dict[str, Any]:
     """:func:`predicted_model_routes` of an analysis (``frame``: its :func:`chains_frame`): CUDA graphs on a GPU
-    spec only, the input copy of :func:`input_copy_us`, the unused work's eager time."""
-    return predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu",
-                                  graph_input_copy_us=input_copy_us(analysis), unused_us=analysis.unused_us)
+    spec only, the input copy of :func:`input_copy_us`, the unused work's eager time; plus ``breaks``, the
+    capture's graph breaks, which the whole-model predictions do not price (:func:`whole_model_note`)."""
+    routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu",
+                                    graph_input_copy_us=input_copy_us(analysis), unused_us=analysis.unused_us)
+    return {**routes, "breaks": len(analysis.graph_breaks)}
 
 
 def whole_model_note(model_routes: dict[str, Any], advised_us: float) -> str:
@@ -232,7 +234,18 @@ def whole_model_note(model_routes: dict[str, Any], advised_us: float) -> str:
         return ""
     what = {"torch.compile": "torch.compile(model)",
             "reduce-overhead": "the whole model with CUDA graphs (reduce-overhead)"}.get(best, best)
-    return f"; {what}: {eager / t:.2f}x vs eager"
+    return f"; {what}: {eager / t:.2f}x vs eager" + breaks_caveat(model_routes)
+
+
+def breaks_caveat(model_routes: dict[str, Any]) -> str:
+    """``" (not pricing its N graph break(s) ...)"`` where the capture broke its graph, else ``""``: the
+    whole-model predictions price the captured ops as one graph, but each break is a separate graph call (for
+    CUDA graphs a replay of its own) and a break on a value (``.item()``, ``.nonzero()``, a branch on a tensor)
+    makes the host wait for the GPU there; a fresh user's model with a branch on a mean and a nonzero read 6.68x
+    under reduce-overhead without a word on them."""
+    n = int(model_routes.get("breaks") or 0)
+    return (f" (not pricing its {n} graph break(s): each a graph call of its own, one on a tensor's value a wait "
+            f"for the GPU)") if n > 0 else ""
 
 
 def _sum(frame: pd.DataFrame, col: str) -> float:
