@@ -183,6 +183,25 @@ def test_a_gemm_priced_from_a_table_never_beats_the_compute_roofline(gpu):
     assert measured_op_us(mm, spec) < 1.5 * floor  # at this size a GEMM runs near the peak
 
 
+def test_a_fit_under_the_roofline_never_prices_an_op_past_the_bytes_l2_cannot_hold():
+    """The shipped H100 fits of clones (0.73x) and LayerNorm (0.94x) learnt in-model L2 reads; carried to a
+    384 MiB clone they priced it at 4.1 TB/s on a 3.0 TB/s GPU (found by a fresh user). The bytes beyond what L2
+    holds come from memory."""
+    from fusion_advisor.analyze.roofline import _op_time_us, dram_floor_us
+    from fusion_advisor.devices import OpTimeFit
+
+    n = 96 * 2 ** 20  # 384 MiB of fp32 read, 384 MiB written
+    x = TensorMeta((n,), "fp32", n, 4 * n)
+    clone = OpInfo("g0:c", 0, "aten.clone.default", "copy", (x,), (x,), 0, 4 * n, 4 * n, "",
+                   SourceLoc("m.py", 1, "x.clone()"))
+    spec = dataclasses.replace(load_spec("h100"), op_time_fits={"copy/clone": OpTimeFit(0.5, 1.0, 1.0, 20.0)},
+                               op_time_fit_dtypes=("fp32",))
+    floor = (8 * n - spec.l2_bytes) / (spec.memory_bandwidth_gbps * 1e3)
+    assert dram_floor_us(clone, spec) == pytest.approx(floor) and _op_time_us(clone, spec) >= floor
+    small = dataclasses.replace(clone, bytes_read=2 ** 20, bytes_written=2 ** 20)
+    assert dram_floor_us(small, spec) == 0.0  # in L2: the fit's gain may stand
+
+
 def test_a_matmul_is_corrected_by_the_entries_of_its_second_operands_layout():
     from fusion_advisor.analyze.roofline import matmul_layout
 

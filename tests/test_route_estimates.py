@@ -95,6 +95,34 @@ def test_a_library_kernel_computing_part_of_a_chain_leaves_the_rest_as_written(t
                       f"kept as a candidate, apply measures the swap and keeps it only where it wins")
 
 
+def test_the_advice_counts_a_doubted_kernel_at_eagers_time(tmp_path):
+    """A lone LayerNorm on h100 stayed routed to the library kernel (a candidate apply measures) while predicted
+    slower than eager, and the headline read "0.76x vs eager" (found by a fresh user): apply keeps a swap only
+    where it measures faster, so the advice counts the chain at the faster of the two."""
+    from fusion_advisor.report.write import chains_frame
+
+    a, chain, est, _ = _softmax_of(tmp_path, "torch.softmax(x, dim=-1)")
+    slower = dataclasses.replace(est, triton_us=est.eager_us * 1.5)
+    a.estimates[chain.id] = slower
+    row = chains_frame(a).iloc[0]
+    assert row["route"] == "triton" and row["est_triton_us"] == pytest.approx(slower.triton_us)
+    assert row["est_after_route_us"] == pytest.approx(est.eager_us) and row["est_route_saving_us"] == 0
+
+
+def test_the_fp32_gemm_kernels_rate_prices_fp32_gemms_alone(tmp_path):
+    """The 3xTF32 kernel's 1.16 share of the fp32 peak priced a bf16 GEMM at 916 TFLOP/s on a 790 TFLOP/s spec
+    (found by a fresh user): the library's GEMMs take fp32 alone."""
+    path = tmp_path / "mm.py"
+    path.write_text("import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, a, b):\n"
+                    "        return a @ b\n\ndef get_inputs():\n    return [torch.randn(4096, 4096), "
+                    "torch.randn(4096, 4096)]\n\ndef get_init_inputs():\n    return []\n")
+    for dtype, faster in (("fp32", True), ("bf16", False)):
+        a = analyze(path, dtype=dtype)
+        (chain,) = a.chains
+        est = a.estimates[chain.id]
+        assert (est.triton_us < est.eager_us) is faster and est.triton_us >= est.compute_us * (0.8 if faster else 1)
+
+
 def test_a_spec_without_measured_shares_prices_routes_at_the_roofline():
     spec = dataclasses.replace(load_spec("h200"), route_efficiency={})
     assert spec.efficiency("torch.compile", "softmax") == 1.0 and spec.efficiency("triton", "rmsnorm") == 1.0

@@ -468,7 +468,19 @@ def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
         # a pooling op priced by its measured window rate: the profile fits were learned against its bytes alone
         return t
     fit = spec.op_time_fit(fit_keys(op, rated=measured is not None), op.dtype)
-    return fit(t, bounded_gain=measured is None) if fit is not None else t
+    return max(fit(t, bounded_gain=measured is None), dram_floor_us(op, spec)) if fit is not None else t
+
+
+def dram_floor_us(op: OpInfo, spec: DeviceSpec) -> float:
+    """The least time (us) an op moving more bytes than the GPU's L2 holds can take: the bytes beyond what L2 can
+    hold (its producer may have left that much there) at the spec's copy bandwidth; 0 for an op that fits in L2,
+    or a spec without ``l2_bytes``. A profile fit under the roofline learnt in-model reads from L2 (0.73x for the
+    H100's clones); carried to a 384 MiB clone or a 570 MB LayerNorm it priced them past the memory's bandwidth
+    (found by a fresh user)."""
+    beyond = op.bytes_read + op.bytes_written - spec.l2_bytes
+    if spec.l2_bytes <= 0 or beyond <= 0:
+        return 0.0
+    return beyond / (spec.memory_bandwidth_gbps * 1e9) * 1e6
 
 
 def _short_target(target: str) -> str:
@@ -647,7 +659,9 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
         compile_us = min(eager_us, lowered(compile_eff, launch))
     triton_eff = spec.efficiency("triton", chain.pattern)
     triton_us = at(triton_eff, launch)
-    heavy_rate = (spec.route_efficiency.get("triton") or {}).get(chain.pattern) if chain.kind == "heavy" else None
+    # the fp32 GEMM as 3xTF32 (the library's linear and matmul take fp32 alone): no rate for other dtypes
+    heavy_rate = ((spec.route_efficiency.get("triton") or {}).get(chain.pattern)
+                  if chain.kind == "heavy" and chain.dtype == "fp32" else None)
     if heavy_rate and any_work:
         # a library kernel that replaces a heavy op itself (the fp32 GEMM as 3xTF32): its measured share of the
         # op's compute roofline, which may pass 1 when it uses units the roofline's peak does not count
