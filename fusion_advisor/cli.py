@@ -838,7 +838,9 @@ def _calibrate_from_profile(paths: List[Path], test: Optional[List[Path]], base:
     result, written = run_guarded(job, debug)
     sums = {split: summary(result, split) for split in ("fit", "test")}
     cols = [(split, when) for split in ("fit", "test") if sums[split] for when in ("before", "after")]
-    table = Table(title=f"eager time, predicted vs measured: spec {result.base.name} before and after the fit",
+    whose = f"--base {base}" if base else "the reports' own, as they were analysed"
+    table = Table(title=f"eager time, predicted vs measured: spec {result.base.name} ({whose}; 'before' without "
+                  "profile fits) before and after the fit",
                   title_justify="left", caption=f"fit set: {len(result.fit_reports)} report(s); test set: "
                   f"{len(result.test_reports)} the fit never saw", caption_justify="left")
     table.add_column("", no_wrap=True)

@@ -289,6 +289,8 @@ def test_cli_prints_the_table_and_never_overwrites_a_file_not_ours(reports, tmp_
                               "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "chains ±30%" in res.output and "test after" in res.output and "test set: 2 the fit never saw" in res.output
+    # which spec 'before' is: the reports' own or --base's (a fresh user's two runs both read "spec h200 before")
+    assert "the reports' own, as they were analysed" in " ".join(res.output.split())
     assert out.is_file()
     mine = tmp_path / "mine.yaml"
     mine.write_text("name: mine\n")
