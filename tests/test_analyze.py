@@ -270,5 +270,11 @@ def test_a_model_drawing_random_numbers_is_named(tmp_path):
                     "but code torch.compile generates draws from another random stream than eager's kernels, so "
                     "compiled variants differ from the model as written by the draws; to verify them, pass the "
                     "random tensors in as inputs or fix them in buffers"]
-    model.write_text(model.read_text().replace("torch.randn(x.shape[0], 8, device=x.device)", "x * 0.5"))
+    # every draw's line, up to three (a fresh user's read one of its three: randn_like, dropout, rand)
+    model.write_text(model.read_text().replace("return self.lin(x) + h0",
+                                               "return self.lin(x) + h0 + torch.rand_like(h0)"))
+    said = [w for w in analyze(model).warnings if "random" in w]
+    assert f"(2 op(s): randn at {model}:10, rand_like at {model}:11)" in said[0]
+    model.write_text(model.read_text().replace("torch.randn(x.shape[0], 8, device=x.device)", "x * 0.5")
+                     .replace(" + torch.rand_like(h0)", ""))
     assert not [w for w in analyze(model).warnings if "random" in w]

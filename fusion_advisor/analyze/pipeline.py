@@ -269,9 +269,10 @@ def _random_draws(ops: list) -> list[str]:
     draws = [o for o in ops if o.name in RANDOM_OPS]
     if not draws:
         return []
-    first = draws[0]
-    where = f" at {first.source.file}:{first.source.line}" if first.source.file else ""
-    return [f"the model draws random numbers ({len(draws)} op(s): {first.name}{where}): apply seeds every call "
+    sites = list(dict.fromkeys(f"{o.name} at {o.source.file}:{o.source.line}" if o.source.file else o.name
+                               for o in draws))
+    listed = ", ".join(sites[:3]) + (f" and {len(sites) - 3} more" if len(sites) > 3 else "")
+    return [f"the model draws random numbers ({len(draws)} op(s): {listed}): apply seeds every call "
             f"alike, but code torch.compile generates draws from another random stream than eager's kernels, so "
             f"compiled variants differ from the model as written by the draws; to verify them, pass the random "
             f"tensors in as inputs or fix them in buffers"]
