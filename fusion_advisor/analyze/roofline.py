@@ -64,7 +64,8 @@ from dataclasses import replace
 from typing import Callable, Collection
 
 from fusion_advisor.devices import DeviceSpec
-from fusion_advisor.devices.op_rates import ConvGeometry, conv_kernels, conv_time_us, matmul_time_us
+from fusion_advisor.devices.op_rates import (ConvGeometry, conv_kernels, conv_time_us, fastest_tflops,
+                                             matmul_time_us)
 from fusion_advisor.devices.reduction_rates import REDUCE_OPS, reduction_time_us
 from fusion_advisor.dtypes import float_itemsize
 from fusion_advisor.analyze.composites import composite_host_launches, encoder_layer_parts
@@ -432,8 +433,7 @@ def table_floor_us(op: OpInfo, spec: DeviceSpec) -> float:
     surface fitted through a table without large entries of a dtype extrapolates past the GPU: the shipped H100
     spec, whose largest bf16 matmul ran 229 TFLOP/s, priced a bf16 8192^3 GEMM at 6.2 PFLOP/s (found by a fresh
     user)."""
-    rates = spec.conv_rates if op.category == "conv" else spec.matmul_rates
-    fastest = max((r.tflops for r in rates if r.dtype == op.dtype), default=0.0)
+    fastest = fastest_tflops(spec.conv_rates if op.category == "conv" else spec.matmul_rates, op.dtype)
     peak = max(op_peak_tflops(op, spec), fastest)
     return op.flops / (peak * 1e12) * 1e6 if peak > 0 else 0.0
 

@@ -609,22 +609,37 @@ KERNEL_NEIGHBOURS = 5
 
 #: id(table) -> (table, its answers by (geometry, dtype, layout)): the analysis asks :func:`conv_kernels` several
 #: times per convolution of a model, each a search of the whole table (810 entries in the shipped H200 spec, 1 ms
-#: per question in Python: 0.43 s of a ResNet-101 analysis); the table is kept so its id is never reused.
-_ANSWERS: dict[int, tuple[Sequence[ConvRate], dict[tuple[ConvGeometry, str, str], float | None]]] = {}
+#: per question in Python: 0.43 s of a ResNet-101 analysis), and :func:`fastest_tflops` once per op; the table is
+#: kept so its id is never reused.
+_ANSWERS: dict[int, tuple[Sequence[Any], dict[tuple[Any, ...], Any]]] = {}
 
 
-def conv_kernels(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layout: str = "nchw") -> float | None:
-    """:func:`count_conv_kernels`, answered once per table, geometry, dtype and layout (``rates`` is read as it is
-    at its first question: a spec's table is a tuple)."""
+def _answers(rates: Sequence[Any]) -> dict[tuple[Any, ...], Any]:
+    """The answers already given about the table ``rates`` (read as it is at its first question: a spec's table
+    is a tuple), by question."""
     entry = _ANSWERS.get(id(rates))
     if entry is None or entry[0] is not rates:
         if len(_ANSWERS) >= 16:
             _ANSWERS.clear()
         entry = _ANSWERS[id(rates)] = (rates, {})
-    key = (geom, dtype, layout)
-    if key not in entry[1]:
-        entry[1][key] = count_conv_kernels(rates, geom, dtype, layout)
-    return entry[1][key]
+    return entry[1]
+
+
+def conv_kernels(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layout: str = "nchw") -> float | None:
+    """:func:`count_conv_kernels`, answered once per table, geometry, dtype and layout."""
+    answers, key = _answers(rates), (geom, dtype, layout)
+    if key not in answers:
+        answers[key] = count_conv_kernels(rates, geom, dtype, layout)
+    return answers[key]
+
+
+def fastest_tflops(rates: Sequence[ConvRate | MatmulRate], dtype: str) -> float:
+    """The highest rate (TFLOP/s) the table ``rates`` measured in ``dtype``, 0 where it measured none; answered
+    once per table and dtype."""
+    answers, key = _answers(rates), ("fastest", dtype)
+    if key not in answers:
+        answers[key] = max((r.tflops for r in rates if r.dtype == dtype), default=0.0)
+    return answers[key]
 
 
 def count_conv_kernels(rates: Sequence[ConvRate], geom: ConvGeometry, dtype: str, layout: str = "nchw"
