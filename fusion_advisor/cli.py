@@ -829,11 +829,13 @@ def _calibrate_from_profile(paths: List[Path], test: Optional[List[Path]], base:
     from fusion_advisor.devices.calibrate import check_out_file
     from fusion_advisor.devices.fit_profiles import fit_from_profiles, summary, write_fit
 
+    target = out or Path("device_spec_fitted.yaml")
+
     def job():
-        check_out_file(out or Path("device_spec_fitted.yaml"))  # before reading and fitting every report
+        check_out_file(target)  # before reading and fitting every report
         spec = load_spec(base) if base else None
         result = fit_from_profiles(paths, test or None, base=spec)
-        return result, write_fit(result, out or Path("device_spec_fitted.yaml"), date.today().isoformat())
+        return result, write_fit(result, target, date.today().isoformat())
 
     result, written = run_guarded(job, debug)
     sums = {split: summary(result, split) for split in ("fit", "test")}

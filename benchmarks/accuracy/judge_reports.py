@@ -64,13 +64,13 @@ def main() -> None:
         sys.exit(__doc__)
     folder, spec = Path(args[0]), load_spec(args[1])
     chains, models = [], []
-    for f in report_folders([folder]):
-        rep = read_report(f)
+    reports = [read_report(f) for f in report_folders([folder])]
+    for rep in reports:
         rows, model = (busy_residuals(rep, spec) if "--measured-busy" in sys.argv
                        else residuals(rep, "test", spec, spec))
         chains += rows
         models.append((model, rows))
-    for note in other_gpu_notes([read_report(f) for f in report_folders([folder])], spec):
+    for note in other_gpu_notes(reports, spec):
         print(f"note: {note}")
     bounds = [r for r in chains if r.measured_bound]
     print(f"chains {len(chains)} within30 {sum(within(r.after_us, r.measured_us, .3) for r in chains) / len(chains):.1%}"

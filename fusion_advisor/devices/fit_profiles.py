@@ -659,17 +659,22 @@ def _spec_contents(spec: DeviceSpec) -> DeviceSpec:
     return replace(spec, sources=None, source="")
 
 
-def _spec_label(spec: DeviceSpec, reports: list[ProfiledReport]) -> str:
-    """``spec``'s name, with ``(version n)`` where reports hold specs of that name with other contents (n counts
-    the contents in the order the reports hold them)."""
-    versions: list[DeviceSpec] = []
+def reports_by_spec(reports: list[ProfiledReport]) -> dict[str, list[str]]:
+    """The reports' names by the spec they were analysed with, compared by contents (:func:`_spec_contents`): an
+    older spec of the same name has other rates and host prices. A spec's label is its name, with ``(version n of
+    m by its contents)`` where reports hold m specs of that name (n in the order the reports hold them)."""
+    versions: dict[str, list[DeviceSpec]] = {}  # name -> its distinct contents, in order
+    which: list[tuple[str, int]] = []
     for r in reports:
-        c = _spec_contents(r.spec)
-        if r.spec.name == spec.name and c not in versions:
-            versions.append(c)
-    if len(versions) < 2:
-        return spec.name
-    return f"{spec.name} (version {versions.index(_spec_contents(spec)) + 1} of {len(versions)} by its contents)"
+        c, seen = _spec_contents(r.spec), versions.setdefault(r.spec.name, [])
+        if c not in seen:
+            seen.append(c)
+        which.append((r.spec.name, seen.index(c)))
+    out: dict[str, list[str]] = {}
+    for r, (name, i) in zip(reports, which, strict=True):
+        n = len(versions[name])
+        out.setdefault(name if n < 2 else f"{name} (version {i + 1} of {n} by its contents)", []).append(r.name)
+    return out
 
 
 #: A GPU model in a device name: a letter or two and two to four digits (H100, H200, A100, L4, RTX 4090's 4090).
@@ -740,9 +745,7 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
     tests = _read_profiled(report_folders(test_paths), skipped) if test_paths else None
     every = reports + (tests or [])
     if base is None:
-        by_spec: dict[str, list[str]] = {}
-        for r in every:  # by contents: an older spec of the same name has other rates and host prices
-            by_spec.setdefault(_spec_label(r.spec, every), []).append(r.name)
+        by_spec = reports_by_spec(every)
         if len(by_spec) > 1:
             which = "; ".join(f"{n}: {', '.join(f[:4])}{' ...' if len(f) > 4 else ''}" for n, f in by_spec.items())
             raise UserError(f"the reports were analysed with different device specs ({which}): fit one device at "
