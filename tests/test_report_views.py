@@ -388,7 +388,7 @@ def test_the_report_says_the_whole_model_prediction_leaves_graph_breaks_unpriced
     assert "graph break(s)" not in html
     a.graph_breaks = [GraphBreak(reason="generic_jump TensorVariable()", source=a.chains[0].source, graph_index=0)]
     html = report.write_report(a, tmp_path / "broken")["html"].read_text(encoding="utf-8")
-    assert "not pricing the capture's 1 graph break(s): each a graph call of its own" in html
+    assert "; not pricing its 1 graph break(s): each a graph call of its own" in html
 
 
 def test_advice_under_the_3_percent_a_route_needs_says_the_model_stays_eager():

@@ -234,18 +234,19 @@ def whole_model_note(model_routes: dict[str, Any], advised_us: float) -> str:
         return ""
     what = {"torch.compile": "torch.compile(model)",
             "reduce-overhead": "the whole model with CUDA graphs (reduce-overhead)"}.get(best, best)
-    return f"; {what}: {eager / t:.2f}x vs eager" + breaks_caveat(model_routes)
+    caveat = breaks_caveat(model_routes)
+    return f"; {what}: {eager / t:.2f}x vs eager" + (f" ({caveat})" if caveat else "")
 
 
 def breaks_caveat(model_routes: dict[str, Any]) -> str:
-    """``" (not pricing its N graph break(s) ...)"`` where the capture broke its graph, else ``""``: the
-    whole-model predictions price the captured ops as one graph, but each break is a separate graph call (for
-    CUDA graphs a replay of its own) and a break on a value (``.item()``, ``.nonzero()``, a branch on a tensor)
-    makes the host wait for the GPU there; a fresh user's model with a branch on a mean and a nonzero read 6.68x
-    under reduce-overhead without a word on them."""
+    """``"not pricing its N graph break(s) ..."`` where the capture broke its graph, else ``""`` (the console's
+    predicted line and the report's whole-model line both say it): the whole-model predictions price the captured
+    ops as one graph, but each break is a separate graph call (for CUDA graphs a replay of its own) and a break on
+    a value (``.item()``, ``.nonzero()``, a branch on a tensor) makes the host wait for the GPU there; a fresh
+    user's model with a branch on a mean and a nonzero read 6.68x under reduce-overhead without a word on them."""
     n = int(model_routes.get("breaks") or 0)
-    return (f" (not pricing its {n} graph break(s): each a graph call of its own, one on a tensor's value a wait "
-            f"for the GPU)") if n > 0 else ""
+    return (f"not pricing its {n} graph break(s): each a graph call of its own, one on a tensor's value a wait "
+            f"for the GPU") if n > 0 else ""
 
 
 def _sum(frame: pd.DataFrame, col: str) -> float:
@@ -357,6 +358,7 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
     routed = frame[frame["route"].isin([r for r in ROUTES if r != "skip"])]
     out: dict[str, Any] = {
         "model_routes": model_routes,
+        "breaks_caveat": breaks_caveat(model_routes),
         "command": apply_command(analysis, out_dir, (plan or {}).get("flags")),
         "pred_eager_us": eager, "pred_advised_us": advised, "pred_compile_us": compiled,
         "pred_vs_eager": eager / advised if advised > 0 else float("nan"),
