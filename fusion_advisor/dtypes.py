@@ -27,6 +27,9 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
 TORCH_DTYPES: dict[str, torch.dtype] = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 #: the floating-point names a chain's dtype, a rule's ``dtype`` condition and a library kernel deal in.
 FLOAT_NAMES: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp64")
+#: the names of complex dtypes, as :func:`dtype_name` gives them.
+COMPLEX_NAMES: frozenset[str] = frozenset(DTYPE_NAMES.get(d, str(d).replace("torch.", ""))
+                                          for d in (torch.complex32, torch.complex64, torch.complex128))
 #: what ``--dtype`` casts a model to (analyze, apply), in the order the error message lists them.
 CAST_NAMES: tuple[str, ...] = ("fp32", "bf16", "fp16")
 

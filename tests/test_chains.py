@@ -270,3 +270,54 @@ class _Call(nn.Module):
 
     def forward(self, *xs):
         return self.fn(*xs)
+
+
+class Gathers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.randn(100_000, 256))
+
+    def forward(self, idx):
+        rows = self.table[idx] + torch.index_select(self.table, 0, idx)
+        return rows + torch.gather(self.table, 0, idx.view(-1, 1).expand(-1, 256))
+
+
+def test_gathers_read_the_rows_they_select_and_fuse_with_their_consumers():
+    """A fresh user's index_select, table[idx] and gather of 16 rows from a 4 GB table each read the whole table
+    (960 us on the H200 for 64 KiB), and were called "not fusible by Inductor" (its code indexes them inside one
+    fused kernel)."""
+    og, chains = _chains(Gathers(), torch.zeros(16, dtype=torch.long))
+    gathers = [o for o in og.ops if o.name in ("index", "index_select", "gather")]
+    assert len(gathers) == 3
+    out, index = 16 * 256 * 4, 16 * 8
+    for o in gathers:
+        assert o.category == "copy" and o.bytes_written == out
+        assert o.bytes_read == out + (index if o.name != "gather" else 16 * 8)  # gather's expanded index: 16 int64
+    (c,) = [c for c in chains if c.kind == "fusible"]
+    assert {o.id for o in gathers} <= set(c.op_ids)
+    assert c.fused_bytes < 10 * out  # the rows, the indices and the output: not the table's 100 MB
+
+
+class MaskAndComplex(nn.Module):
+    def forward(self, x, mask, z):
+        return x[mask] * 2, z * z
+
+
+def test_a_boolean_mask_index_and_complex_ops_fuse_with_nothing():
+    """A boolean mask's output size depends on its values; Inductor runs ops on complex tensors as eager calls
+    (a fresh user's complex multiply was routed to torch.compile for a saving that does not exist)."""
+    from fusion_advisor.analyze.graph import _make_op
+
+    g = torch.fx.Graph()  # dynamo breaks its graph at a mask: the aten op as an export would record it
+    x, mask = g.placeholder("x"), g.placeholder("mask")
+    node = g.call_function(torch.ops.aten.index.Tensor, (x, [mask]))
+    x.meta["val"], mask.meta["val"] = torch.empty(64, 8), torch.empty(64, dtype=torch.bool)
+    node.meta["val"] = torch.empty(40, 8)
+    assert _make_op("g0:index", 0, node).category == "other"
+    by_ints = g.call_function(torch.ops.aten.index.Tensor, (x, [g.placeholder("ids")]))
+    by_ints.args[1][0].meta["val"], by_ints.meta["val"] = torch.empty(5, dtype=torch.long), torch.empty(5, 8)
+    assert _make_op("g0:index_1", 0, by_ints).category == "copy"
+    inputs = (torch.randn(64, 8), torch.ones(64, dtype=torch.bool), torch.randn(32, dtype=torch.complex64))
+    og = build_op_graph(capture(LoadedModel("m", "<test>", "test", MaskAndComplex(), inputs, "cpu", "")))
+    complex_mul = [o for o in og.ops if o.name == "mul" and o.dtype == "c64"]
+    assert complex_mul and all(o.category == "other" for o in complex_mul)

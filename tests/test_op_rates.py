@@ -183,6 +183,45 @@ def test_a_gemm_priced_from_a_table_never_beats_the_compute_roofline(gpu):
     assert measured_op_us(mm, spec) < 1.5 * floor  # at this size a GEMM runs near the peak
 
 
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_a_matmul_moving_more_than_l2_holds_is_priced_no_faster_than_copy_bandwidth(gpu):
+    """A fresh user's batch-1 bf16 GEMV over a 4096 x 14336 weight (117 MB) read 16.9 us on the shipped H200 spec,
+    6.96 TB/s on a 4.3 TB/s GPU: its bf16 surface carried an L2-speed memory term (every over-L2 entry of the
+    tables ran at most at copy bandwidth)."""
+    from fusion_advisor.analyze.roofline import matmul_memory_floor_us, measured_op_us
+
+    spec = load_spec(gpu)
+    x, w = TensorMeta((1, 4096), "bf16", 4096, 2 * 4096), TensorMeta((4096, 14336), "bf16", 4096 * 14336,
+                                                                     2 * 4096 * 14336)
+    y = TensorMeta((1, 14336), "bf16", 14336, 2 * 14336)
+    gemv = OpInfo("g0:mm", 0, "aten.mm.default", "matmul", (x, w), (y,), 2 * 4096 * 14336,
+                  x.nbytes + w.nbytes, y.nbytes, "", SourceLoc("m.py", 1, "self.fc(x)"))
+    floor = (gemv.bytes_read + gemv.bytes_written) / (spec.memory_bandwidth_gbps * 1e3)
+    assert matmul_memory_floor_us(gemv, spec) == pytest.approx(floor)
+    assert measured_op_us(gemv, spec) >= floor * (1 - 1e-9)
+    small = dataclasses.replace(gemv, bytes_read=2 ** 20)  # inside L2: the table's own rate stands
+    assert matmul_memory_floor_us(small, spec) == 0.0
+
+
+def test_a_matmul_far_beyond_the_table_is_named_as_an_extrapolation():
+    """A fresh user's einsum('bik,bik->b') ran as a bmm of M = N = 1 over K = 262,144 (the table's largest K:
+    16,382) and read 4.2 ms (16 GB/s) with a reason saying vendor GEMMs run near their ceiling."""
+    from fusion_advisor.analyze.table_range import beyond_table_note
+
+    spec = load_spec("h200")
+    a, b = TensorMeta((32, 1, 262144), "fp32", 32 * 262144, 4 * 32 * 262144), \
+        TensorMeta((32, 262144, 1), "fp32", 32 * 262144, 4 * 32 * 262144)
+    out = TensorMeta((32, 1, 1), "fp32", 32, 128)
+    dot = OpInfo("g0:bmm", 0, "aten.bmm.default", "matmul", (a, b), (out,), 2 * 32 * 262144,
+                 a.nbytes + b.nbytes, out.nbytes, "", SourceLoc("m.py", 4, "torch.einsum(...)"))
+    note = beyond_table_note(dot, spec)
+    assert note.startswith("m.py:4: bmm [1 x 262144] @ [262144 x 1] x 32 fp32 is priced beyond")
+    assert "K 262,144 against at most 16,382" in note and "extrapolation" in note
+    inside = dataclasses.replace(dot, inputs=(TensorMeta((32, 64, 512), "fp32", 32 * 64 * 512, 4 * 32 * 64 * 512),
+                                              TensorMeta((32, 512, 64), "fp32", 32 * 64 * 512, 4 * 32 * 64 * 512)))
+    assert beyond_table_note(inside, spec) == ""
+
+
 def test_a_fit_under_the_roofline_never_prices_an_op_past_the_bytes_l2_cannot_hold():
     """The shipped H100 fits of clones (0.73x) and LayerNorm (0.94x) learnt in-model L2 reads; carried to a
     384 MiB clone they priced it at 4.1 TB/s on a 3.0 TB/s GPU (found by a fresh user). The bytes beyond what L2

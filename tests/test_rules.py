@@ -297,3 +297,34 @@ def test_every_match_condition_is_documented_in_the_shipped_rules_header():
     header = "".join(line for line in SHIPPED_RULES.read_text().splitlines(keepends=True) if line.startswith("#"))
     missing = [c for c in CONDITIONS if not any(c in part for part in header.replace("/", " ").split())]
     assert not missing, f"undocumented match conditions: {missing}"
+
+
+@pytest.mark.parametrize("compile_us, route", [(10.0, "torch.compile"), (40.0, "skip")])
+def test_a_scan_goes_to_torch_compile_where_inductors_scan_kernel_is_predicted_faster(compile_us, route):
+    """A fresh user's masked cumsum read "cumsum is not fusible by Inductor" beside a whole-model prediction of
+    torch.compile 1.51x eager: on a GPU Inductor lowers scans to a Triton kernel of its own (ir.Scan)."""
+    scan = _chain(kind="other", pattern="cumsum", categories=("other",), targets=("aten.cumsum.default",),
+                  op_ids=("g0:cumsum",), dtype="fp32")
+    d = route_chain(scan, _est(compile_us=compile_us), load_rules([]), kernels={})
+    assert (d.rule_id, d.route) == ("compile-scan", route)
+    assert "Inductor lowers cumsum to a Triton scan kernel of its own on a GPU" in d.reason
+
+
+def test_ops_on_complex_tensors_say_why_they_fuse_with_nothing():
+    mul = _chain(kind="other", pattern="mul", categories=("other",), targets=("aten.mul.Tensor",),
+                 op_ids=("g0:mul",), dtype="c64")
+    d = route_chain(mul, _est(), load_rules([]), kernels={})
+    assert (d.rule_id, d.route) == ("skip-complex", "skip")
+    assert d.reason.startswith("mul on c64 tensors: Inductor runs ops on complex tensors as eager calls")
+
+
+def test_a_gemm_reason_says_how_near_its_roofline_it_runs():
+    """"vendor GEMMs run near their ceiling" stood beside a bmm priced at 0.4% of its roofline."""
+    gemm = _chain(kind="heavy", pattern="matmul", categories=("matmul",), targets=("aten.bmm.default",),
+                  op_ids=("g0:bmm",), dtype="fp32")
+    d = route_chain(gemm, _est(compute_us=0.5, memory_fused_us=16.0, eager_us=4000.0, launch_eager_us=12.0),
+                    load_rules([]), kernels={})
+    assert d.rule_id == "skip-matmul" and "est. 4000.0 us at 0% of its roofline" in d.reason
+    d = route_chain(gemm, _est(compute_us=90.0, memory_fused_us=16.0, eager_us=100.0, launch_eager_us=12.0,
+                               bound="compute"), load_rules([]), kernels={})
+    assert "at 90% of its roofline: left to the vendor library" in d.reason

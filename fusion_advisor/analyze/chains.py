@@ -246,7 +246,8 @@ def _kernel_part(og: OpGraph, member_ids: list[str], pattern: str) -> tuple[tupl
 def _chain_bytes(og: OpGraph, member_ids: list[str]) -> tuple[int, int, str]:
     """(eager bytes, fused bytes, I/O dtype) of a chain.
 
-    Eager bytes: op-by-op traffic. Fused bytes: chain inputs read once plus chain outputs written once.
+    Eager bytes: op-by-op traffic. Fused bytes: chain inputs read once plus chain outputs written once; an input
+    counts at most the bytes its reading op reads (a gather reads the rows it selects, not its whole source).
     I/O dtype: dtype of the largest tensor crossing the chain's boundary (what a fused kernel loads and stores).
     """
     members = set(member_ids)
@@ -259,8 +260,9 @@ def _chain_bytes(og: OpGraph, member_ids: list[str]) -> tuple[int, int, str]:
         eager += op.bytes_read + op.bytes_written
         for u, meta in og.data_preds(m):
             if u not in members:
-                reads[u] = max(reads.get(u, 0), meta.nbytes)
-                io[meta.dtype] += meta.nbytes
+                nbytes = min(meta.nbytes, op.bytes_read)
+                reads[u] = max(reads.get(u, 0), nbytes)
+                io[meta.dtype] += nbytes
         succs = set(og.data_succs(m))
         if succs - members or og.is_graph_output(m):
             written += sum(o.nbytes for o in op.outputs)

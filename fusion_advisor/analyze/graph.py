@@ -25,7 +25,7 @@ from torch.utils.flop_counter import conv_flop_count, flop_registry
 from fusion_advisor.analyze.capture import Capture, source_of
 from fusion_advisor.analyze.composites import composite_record
 from fusion_advisor.devices.op_rates import RECURRENT_CELLS
-from fusion_advisor.dtypes import dtype_name
+from fusion_advisor.dtypes import COMPLEX_NAMES, dtype_name
 from fusion_advisor.analyze.load import KEYWORD_WRAPPER_ATTR
 from fusion_advisor.analyze.records import OpInfo, SourceLoc, TensorMeta
 from fusion_advisor.analyze.sdpa import BACKEND_OF_TARGET, choose_backend, fused_kernels, math_kernels
@@ -75,7 +75,10 @@ _BY_NAME: dict[str, set[str]] = {
     "copy": {"_to_copy", "clone", "cat", "stack", "copy", "constant_pad_nd", "contiguous", "_unsafe_view_copy",
              "repeat", "flip", "roll", "tril", "triu", "fill", "zeros_like", "ones_like", "full_like",
              "arange", "ones", "zeros", "full", "scalar_tensor", "new_ones", "new_zeros", "new_full", "empty",
-             "new_empty", "empty_like", "empty_strided", "lift_fresh_copy"},
+             "new_empty", "empty_like", "empty_strided", "lift_fresh_copy",
+             # writes of a slice into a copy, and gathers (:data:`GATHERS`): Inductor's code indexes them inside a
+             # fused kernel (torch/_inductor/lowering.py lowers them as loads and stores with computed indices)
+             "slice_scatter", "select_scatter", "diagonal_scatter", "index_select", "index", "gather", "take"},
     "view": {"_unsafe_view", "view", "reshape", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze",
              "slice", "select", "as_strided", "alias", "detach", "split", "split_with_sizes", "chunk", "unbind",
              "unflatten", "flatten", "narrow", "view_as", "expand_as", "_reshape_alias", "diagonal", "unfold",
@@ -85,6 +88,10 @@ _BY_NAME: dict[str, set[str]] = {
              "sym_constrain_range_for_size", "_assert_tensor_metadata"},
 }
 _NAME_TO_CATEGORY = {name: cat for cat, names in _BY_NAME.items() for name in names}
+
+#: Ops that read only the elements their index tensors select from their first input: they read their indices and
+#: as many of the source's elements as they write (``aten.embedding`` is counted the same way).
+GATHERS = frozenset({"index_select", "index", "gather", "take"})
 
 #: FLOPs per element for ops that are not matmul-like (see module docstring).
 _FLOPS_PER_ELEM = {"pointwise": 1, "reduction": 1, "softmax": 5, "normalization": 5, "copy": 0}
@@ -552,6 +559,12 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     inputs = tuple(tensor_meta(t) for a in _flat_nodes((node.args, node.kwargs)) for t in tensor_leaves(meta_value(a)))
     if not outputs and not inputs:  # arithmetic on sizes (sym_size, comparisons, _assert_scalar): host-side only
         category = "view"
+    if _op_name(target) == "index" and any(m.dtype == "bool" for m in inputs[1:]):
+        category = "other"  # a boolean mask: its output's size depends on the values (a nonzero inside)
+    if category in FUSIBLE and any(m.dtype in COMPLEX_NAMES for m in inputs + outputs):
+        # Inductor runs an op reading or writing a complex tensor as an eager call (torch/_inductor/lowering.py,
+        # unsupported_input_tensor): it fuses with nothing
+        category = "other"
     row, last = _reduction_geometry(node, _op_name(target), category, inputs, outputs)
     variant, kernels = (attention_variant(node, _op_name(target)) if category == "attention"
                         else ("", MULTI_KERNEL_OPS.get(_op_name(target), 1)))
@@ -574,6 +587,9 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
             flops = _matmul_like_flops(target, node, out_val) if category != "embedding" else 0
             if category == "embedding" and len(inputs) >= 2 and outputs:
                 read = inputs[1].nbytes + outputs[0].nbytes  # a gather reads only the selected rows
+        elif _op_name(target) in GATHERS and len(inputs) >= 2 and outputs:
+            read = sum(m.nbytes for m in inputs[1:]) + outputs[0].nbytes  # the indices and the elements selected
+            flops = 0
         elif _op_name(target) in ("nll_loss_forward", "nll_loss2d_forward") and len(inputs) >= 2:
             # a gather of one logit per row, then a sum: reads the targets and one element per row
             rows = inputs[1].numel

@@ -24,6 +24,7 @@ from fusion_advisor.analyze.graph import build_op_graph, unused_ops
 from fusion_advisor.analyze.load import LoadedModel, load_model
 from fusion_advisor.analyze.records import Analysis, UnusedWork
 from fusion_advisor.analyze.roofline import eager_alone_us, estimate_all
+from fusion_advisor.analyze.table_range import beyond_table_note
 from fusion_advisor.verification.trees import tensor_leaves
 from fusion_advisor.analyze.route import route_all
 from fusion_advisor.analyze.rules import load_rules
@@ -174,10 +175,23 @@ _VALUE_READS = ("meta tensor", "item()", "data-dependent", "truth value", "data_
 CPU_FALLBACK_MEMORY_SHARE = 0.5
 
 
+#: Error texts of a model that makes tensors on the CPU inside forward (``torch.zeros(8, 64)`` without
+#: ``device=``): they meet the meta device's tensors there.
+_DEVICE_MIXES = ("not on the expected device meta", "cpu and meta", "meta and cpu")
+
+
 def reads_values(e: BaseException) -> bool:
-    """Whether an error says the model read a tensor's values (``.item()``, a branch on a value, ``nonzero``)."""
+    """Whether an error says the model read a tensor's values (``.item()``, a branch on a value, ``nonzero``), or
+    mixed tensors it made on the CPU with the meta device's (:func:`makes_cpu_tensors`): either runs on the CPU."""
     text = str(e).lower()
-    return any(k.lower() in text for k in _VALUE_READS)
+    return any(k.lower() in text for k in _VALUE_READS) or makes_cpu_tensors(e)
+
+
+def makes_cpu_tensors(e: BaseException) -> bool:
+    """Whether an error says the model made a tensor on the CPU that met one on the meta device (a
+    ``torch.zeros(...)`` without ``device=`` inside forward)."""
+    text = str(e).lower()
+    return any(k in text for k in _DEVICE_MIXES)
 
 
 def _load(model_path: str | Path | None, device: str, dtype: str, auto_device: bool) -> LoadedModel:
@@ -217,8 +231,11 @@ def _on_cpu_instead(model_path: str | Path | None, dtype: str, meta: LoadedModel
                       f"not fit in this machine's memory ({have / 2**30:.1f} GiB available) to run it on the CPU: "
                       f"analyse it on a GPU machine (--device cuda)") from e
     loaded = load_model(model_path, device="cpu", dtype=dtype)
-    loaded.notes.append(f"{loaded.file}: analysed on the CPU, not the meta device: the model reads tensor values "
-                        f"while it runs ({_first_words(e)}); its weights ({need / 2**20:.0f} MiB) fit in memory")
+    why = ("makes tensors on the CPU while it runs, which meet the meta device's there (give them the input's "
+           "device, e.g. torch.zeros(..., device=x.device), or the model fails on a GPU too)"
+           if makes_cpu_tensors(e) else "reads tensor values while it runs")
+    loaded.notes.append(f"{loaded.file}: analysed on the CPU, not the meta device: the model {why} "
+                        f"({_first_words(e)}); its weights ({need / 2**20:.0f} MiB) fit in memory")
     return loaded
 
 
@@ -278,6 +295,20 @@ def _random_draws(ops: list) -> list[str]:
             f"tensors in as inputs or fix them in buffers"]
 
 
+#: Matmuls priced beyond the spec's table named in warnings at most (the rest counted).
+BEYOND_TABLE_LISTED = 3
+
+
+def _beyond_table(ops: list, spec: DeviceSpec) -> list[str]:
+    """A warning per matmul priced far beyond the spec's measured GEMM table
+    (:func:`fusion_advisor.analyze.table_range.beyond_table_note`), one per source line and shape, the first
+    :data:`BEYOND_TABLE_LISTED` named and the rest counted."""
+    notes = list(dict.fromkeys(n for n in (beyond_table_note(o, spec) for o in ops) if n))
+    extra = len(notes) - BEYOND_TABLE_LISTED
+    return notes[:BEYOND_TABLE_LISTED] + ([f"{extra} more matmul(s) are priced beyond the spec's measured GEMM "
+                                           f"table"] if extra > 0 else [])
+
+
 def _mixed_dtype_products(ops: list) -> list[str]:
     """A warning per product (a matmul or conv op, :data:`MIXED_DTYPE_PRODUCTS` apart) whose tensor operands have
     different dtypes: eager PyTorch raises on them (``mat1 and mat2 must have the same dtype``), meta tensors do
@@ -334,7 +365,7 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
         capture_method=cap.method,
         graph_breaks=cap.breaks,
         warnings=(cap.warnings + loaded.notes + list(notes or []) + og.notes + _mixed_dtype_products(og.ops)
-                  + _random_draws(og.ops)
+                  + _random_draws(og.ops) + _beyond_table(og.ops, spec)
                   + _all_skip_check(chains, estimates, decisions) + ([unused_note(work, spec)] if work else [])
                   + ([] if measured is not None else [
                       f"rule {r.id} ({r.file}) matches on measured_bound, which only analyze --profile measures: "

@@ -290,14 +290,22 @@ def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     from the spec's measured ``matmul_rates`` (us): the surface fitted through its class's measurements in the layout
     of its second operand (:func:`matmul_layout`; :func:`fusion_advisor.devices.op_rates.matmul_time_us`); None for other
     ops, or without a measured matmul of its class and dtype."""
-    if op.category != "matmul" or not spec.matmul_rates:
+    problem = matmul_problem(op) if spec.matmul_rates else None
+    return None if problem is None else matmul_time_us(spec.matmul_rates, *problem)
+
+
+def matmul_problem(op: OpInfo) -> tuple[str, int, int, int, int, str, str] | None:
+    """The GEMM a matmul op runs as, in :func:`fusion_advisor.devices.op_rates.matmul_time_us`'s arguments:
+    ``(detail, M, N, K, batch, dtype, layout)`` (``detail`` ``mm`` or ``bmm``); None for another op or shapes it
+    cannot read."""
+    if op.category != "matmul":
         return None
     if _short_target(op.target) == "linear" and len(op.inputs) >= 2 and len(op.inputs[1].shape) == 2:
         # aten.linear (kept whole by an export): x [..., K] times weight [N, K] transposed, one mm of numel(x) / K rows
         x, (n, k) = op.inputs[0], op.inputs[1].shape
         if k <= 0 or n <= 0 or not x.shape or x.shape[-1] != k or x.numel < k:
             return None
-        return matmul_time_us(spec.matmul_rates, "mm", x.numel // k, n, k, 1, op.dtype, "nt")
+        return "mm", x.numel // k, n, k, 1, op.dtype, "nt"
     if _short_target(op.target) == "matmul" and len(op.inputs) >= 2:
         # aten.matmul (kept whole by an export): [..., M, K] @ [K, N] as one mm of numel / K rows, or batched
         # [..., M, K] @ [..., K, N] of equal batch dims as one bmm, as torch.matmul runs them
@@ -306,10 +314,10 @@ def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
             return None
         layout = matmul_layout(op.inputs[1])
         if len(b) == 2:
-            return matmul_time_us(spec.matmul_rates, "mm", math.prod(a[:-1]), b[-1], a[-1], 1, op.dtype, layout)
+            return "mm", math.prod(a[:-1]), b[-1], a[-1], 1, op.dtype, layout
         if tuple(a[:-2]) != tuple(b[:-2]):
             return None
-        return matmul_time_us(spec.matmul_rates, "bmm", a[-2], b[-1], a[-1], math.prod(a[:-2]), op.dtype, layout)
+        return "bmm", a[-2], b[-1], a[-1], math.prod(a[:-2]), op.dtype, layout
     how = _MATMUL_OPERANDS.get(_short_target(op.target))
     if how is None or len(op.inputs) < how[1] + 2:
         return None
@@ -320,7 +328,7 @@ def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     m, k, n = a[-2], a[-1], b[-1]
     if min(batch, m, n, k) <= 0:
         return None
-    return matmul_time_us(spec.matmul_rates, how[0], m, n, k, batch, op.dtype, matmul_layout(op.inputs[how[1] + 1]))
+    return how[0], m, n, k, batch, op.dtype, matmul_layout(op.inputs[how[1] + 1])
 
 
 def matmul_layout(b: TensorMeta) -> str:
@@ -429,13 +437,32 @@ def measured_op_us(op: OpInfo, spec: DeviceSpec) -> float | None:
 
 def table_floor_us(op: OpInfo, spec: DeviceSpec) -> float:
     """The least time (us) a convolution or matmul priced from the spec's measured table may take: its FLOPs at the
-    faster of the op's peak (:func:`op_peak_tflops`) and the fastest rate the table measured in its dtype. A
-    surface fitted through a table without large entries of a dtype extrapolates past the GPU: the shipped H100
-    spec, whose largest bf16 matmul ran 229 TFLOP/s, priced a bf16 8192^3 GEMM at 6.2 PFLOP/s (found by a fresh
-    user)."""
+    faster of the op's peak (:func:`op_peak_tflops`) and the fastest rate the table measured in its dtype, and for a
+    matmul moving more bytes than the GPU's L2 holds, its bytes at the spec's copy bandwidth
+    (:func:`matmul_memory_floor_us`). A surface fitted through a table without large entries of a dtype
+    extrapolates past the GPU: the shipped H100 spec, whose largest bf16 matmul ran 229 TFLOP/s, priced a bf16
+    8192^3 GEMM at 6.2 PFLOP/s (found by a fresh user)."""
     fastest = fastest_tflops(spec.conv_rates if op.category == "conv" else spec.matmul_rates, op.dtype)
     peak = max(op_peak_tflops(op, spec), fastest)
-    return op.flops / (peak * 1e12) * 1e6 if peak > 0 else 0.0
+    compute = op.flops / (peak * 1e12) * 1e6 if peak > 0 else 0.0
+    return max(compute, matmul_memory_floor_us(op, spec)) if op.category == "matmul" else compute
+
+
+def matmul_memory_floor_us(op: OpInfo, spec: DeviceSpec) -> float:
+    """The least time (us) of a matmul whose operands and output take more bytes than the GPU's L2 holds: all its
+    bytes at the spec's copy bandwidth (a working set larger than L2 streams through it); 0 for one that fits in L2
+    or a spec without ``l2_bytes``.
+
+    Every matmul of the shipped H200 and H100 tables moving more than L2 holds ran at most at the spec's copy
+    bandwidth (H200: 490 entries, the fastest 4,256 GB/s of 4,275; H100: 429, 3,006 of 3,018), while entries inside
+    L2 ran up to 4,380 and 4,984 GB/s: the bf16 surfaces, fitted on those, carried an L2-speed memory term to
+    weights far larger than L2 (found by a fresh user: a batch-1 bf16 GEMV over a 4096 x 14336 weight priced at
+    6.96 TB/s on the H200). Convolutions get no such floor: cuDNN's 3-D fp32 ones measured up to 4.0 TB/s of the
+    bytes the table counts on the H100's 3.0 TB/s."""
+    nbytes = op.bytes_read + op.bytes_written
+    if spec.l2_bytes <= 0 or nbytes <= spec.l2_bytes:
+        return 0.0
+    return nbytes / (spec.memory_bandwidth_gbps * 1e9) * 1e6
 
 
 def base_op_us(op: OpInfo, spec: DeviceSpec) -> float:

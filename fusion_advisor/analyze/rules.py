@@ -36,7 +36,7 @@ import yaml
 from fusion_advisor.errors import RulesError
 from fusion_advisor.analyze.records import BOUNDS, ROUTES, Chain, ChainMeasurement, Estimate
 from fusion_advisor.analyze.sdpa import BACKENDS as SDPA_BACKENDS
-from fusion_advisor.dtypes import FLOAT_NAMES
+from fusion_advisor.dtypes import COMPLEX_NAMES, FLOAT_NAMES
 from fusion_advisor.units import fmt_bytes, mib
 
 
@@ -102,13 +102,17 @@ def _features(chain: Chain, est: Estimate, measured: ChainMeasurement | None = N
         "fused_mib": mib(chain.fused_bytes),
         "saved_mib": mib(chain.bytes_saved),
         "gflop": chain.flops / 1e9,
+        # the roofline's time over the estimate: how near the chain runs to its ceiling (a table-priced GEMM of a
+        # shape cuBLAS runs badly far below 100)
+        "roofline_pct": 100.0 * max(est.compute_us, est.memory_fused_us) / est.eager_us if est.eager_us > 0 else 0.0,
     }
 
 
 #: Fields a reason template may cite. Sizes: ``eager_size`` / ``fused_size`` / ``saved_size`` are text with a
 #: binary unit ("336.0 MiB", :func:`fusion_advisor.units.fmt_bytes`), ``*_mib`` the same in MiB (float);
 #: ``eager_bytes`` / ``fused_bytes`` / ``bytes_saved`` are raw byte counts (for conditions and CSVs: the shipped
-#: reasons quote the sized ones). ``gflop``: FLOPs / 1e9. Times are us, ``peak_tflops`` TFLOP/s.
+#: reasons quote the sized ones). ``gflop``: FLOPs / 1e9. Times are us, ``peak_tflops`` TFLOP/s. ``roofline_pct``:
+#: the roofline's time (the larger of ``compute_us`` and ``memory_fused_us``) as a percentage of ``eager_us``.
 #: ``attention_backend``: the SDPA backend of an attention item (``flash``, ``efficient``, ``cudnn``, ``math``; ``""``
 #: for other items).
 TEMPLATE_FIELDS = (
@@ -118,7 +122,7 @@ TEMPLATE_FIELDS = (
     "module_path",
     "compile_us", "triton_us", "cudagraphs_us",
     "kernel", "route", "measured_bound", "measured_us", "attention_backend", "eager_size", "fused_size",
-    "saved_size", "eager_mib", "fused_mib", "saved_mib", "gflop",
+    "saved_size", "eager_mib", "fused_mib", "saved_mib", "gflop", "roofline_pct",
 )
 
 
@@ -194,7 +198,7 @@ def _is_aten_op(name: Any) -> bool:
 #: allowed values of the enumerated match conditions (typos would otherwise never match, silently).
 _ALLOWED_VALUES: dict[str, frozenset[str]] = {
     "kind": frozenset({"fusible", "heavy", "other"}),
-    "dtype": frozenset(FLOAT_NAMES),
+    "dtype": frozenset(FLOAT_NAMES) | COMPLEX_NAMES,
     "categories_any": frozenset({"pointwise", "reduction", "normalization", "softmax", "matmul", "conv", "attention",
                                  "view", "copy", "embedding", "recurrent", "other"}),
     "categories_all": frozenset({"pointwise", "reduction", "normalization", "softmax", "matmul", "conv",

@@ -759,6 +759,12 @@ def fit_matmul_table(pool: tuple[MatmulRate, ...]) -> FittedTable:
                          [r.layout for r in pool])
 
 
+def matmul_pool(rates: Sequence[MatmulRate], detail: str, dtype: str) -> list[MatmulRate]:
+    """The measured matmuls :func:`matmul_time_us` prices a ``detail`` (``mm`` / ``bmm``) matmul in ``dtype`` from:
+    those of its class and dtype, else of :data:`DTYPE_FALLBACK`'s dtype; empty when none is measured."""
+    return _pool(rates, detail, dtype)
+
+
 def matmul_time_us(rates: Sequence[MatmulRate], detail: str, m: int, n: int, k: int, batch: int, dtype: str,
                    layout: str = "nn") -> float | None:
     """Predicted device time (us) of a ``detail`` (``mm`` / ``bmm``) matmul ``[batch, M, K] x [batch, K, N]`` in
