@@ -120,6 +120,8 @@ def check_folder(out_dir: Path, names: tuple[str, ...], is_ours: Callable[[str],
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{flag} {out_dir}: exists and is not a directory")
     existing = out_dir if out_dir.is_dir() else next((p for p in out_dir.parents if p.exists()), Path("."))
+    if not existing.is_dir():  # --out a/b where a is a file: b cannot be made under it
+        raise UserError(f"{flag} {out_dir}: {existing} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"{flag} {out_dir}: {existing} is not writable")
     why = refuses_writes(existing)

@@ -19,6 +19,9 @@ SAMPLE_S = 0.25
 #: Other processes holding at least this many cores' worth of CPU time make a CPU timing unreliable.
 BUSY_CORES = 0.5
 
+#: How a ratio measured while other processes held the CPU's cores is marked (apply's headline, the report).
+BUSY_CPU_MARK = "not reliable: the CPU was busy with other work while timed"
+
 
 def _cpus() -> set[int] | None:
     """The CPUs this process may run on (its affinity, a container's cpuset), or None where not known."""
@@ -73,9 +76,12 @@ def busy_cores(sample_s: float = SAMPLE_S, stat: Path = Path("/proc/stat"), cpus
     return n * (second[0] - first[0]) / (second[1] - first[1])
 
 
-def busy_cpu_note(device: str, sample_s: float = SAMPLE_S, stat: Path = Path("/proc/stat")) -> str:
+def busy_cpu_note(device: str, sample_s: float = SAMPLE_S, stat: Path = Path("/proc/stat"),
+                  threads: int | None = None) -> str:
     """A warning when ``device`` is ``"cpu"`` and other processes hold :data:`BUSY_CORES` or more of its cores
-    (:func:`busy_cores`), else ``""``."""
+    (:func:`busy_cores`) and PyTorch's intra-op threads (``threads``, default ``torch.get_num_threads()``) are
+    more than the cores left free, else ``""``: threads that fit in the free cores do not stall (a user who set
+    ``OMP_NUM_THREADS=1`` on a 2-core machine, one core taken, was still warned)."""
     if device != "cpu":
         return ""
     cpus = _cpus()
@@ -83,6 +89,12 @@ def busy_cpu_note(device: str, sample_s: float = SAMPLE_S, stat: Path = Path("/p
     if busy is None or busy < BUSY_CORES:
         return ""
     cores = len(cpus) if cpus else (os.cpu_count() or 1)
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    if threads <= cores - busy:
+        return ""
     return (f"the CPU is busy with other work: other processes used {busy:.1f} of its {cores} cores while the "
             f"timing was about to start; PyTorch's threads stall when a core is taken, so CPU times here may be many "
             f"times the idle machine's and a plan chosen on them may not hold (run on an idle machine, or set "

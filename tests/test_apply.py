@@ -913,6 +913,8 @@ def test_cli_apply_out_is_a_file(tmp_path):
     r = runner.invoke(app, ["apply", "--out", str(target)])
     assert r.exit_code == 2 and "exists and is not a directory" in " ".join(r.output.split()), r.output
     assert target.read_text() == "keep me"
+    r = runner.invoke(app, ["apply", "--out", str(target / "sub")])  # it read "... is not writable"
+    assert r.exit_code == 2 and f"{target} is a file, not a directory" in " ".join(r.output.split()), r.output
 
 
 # --- GPU ----------------------------------------------------------------------------------------------------
@@ -1071,3 +1073,19 @@ def test_an_out_folder_the_permission_bits_call_writable_that_refuses_is_refused
     r = runner.invoke(app, ["apply", str(DATA / "models" / "tiny_pointwise.py"), "--out", str(tmp_path / "rep")])
     assert r.exit_code == 2 and "cannot write in" in r.output and "Read-only file system" in r.output, r.output
     assert not (tmp_path / "rep").exists()
+
+
+def test_apply_into_another_models_folder_says_it_replaces_that_plan(tmp_path):
+    """A fresh user's apply of one model into a folder holding another model's plan replaced it without a word."""
+    from types import SimpleNamespace
+
+    from fusion_advisor.apply.outputs import _replaced_plan
+    from fusion_advisor.apply.plan import render_plan
+
+    doc = {"fusion_advisor_plan": 4, "model": {"file": "/models/mlp.py"}, "variants": [], "swaps": []}
+    (tmp_path / "plan.yaml").write_text(render_plan(doc))
+    note = _replaced_plan(SimpleNamespace(model_file="/models/softmax.py"), tmp_path)
+    assert note == f"{tmp_path / 'plan.yaml'} held the plan of /models/mlp.py: replaced with this run's of " \
+                   f"/models/softmax.py"
+    assert _replaced_plan(SimpleNamespace(model_file="/models/mlp.py"), tmp_path) == ""  # its own plan, re-made
+    assert _replaced_plan(SimpleNamespace(model_file="/models/mlp.py"), tmp_path / "empty") == ""

@@ -125,6 +125,18 @@ def test_load_plan_warns_when_the_model_is_not_the_one_the_plan_was_made_for(pla
         fusion_advisor.load_plan(model, path)
 
 
+def test_a_plan_made_with_dtype_tells_a_model_of_another_dtype_to_cast():
+    """A fresh user's fp32 model, loaded with the plan apply --dtype bf16 made for it, was told its names, shapes or
+    dtypes differ and to run apply for a plan of its own."""
+    from fusion_advisor.apply.plan import dtype_hint
+
+    assert dtype_hint("bf16", torch.nn.Linear(2, 2)) == (
+        "the plan was made with --dtype bf16 and this model's parameters are fp32: cast the model and its inputs "
+        "first (model.to(torch.bfloat16))")
+    assert dtype_hint("bf16", torch.nn.Linear(2, 2).to(torch.bfloat16)) == ""
+    assert dtype_hint("", torch.nn.Linear(2, 2)) == "" and dtype_hint(None, torch.nn.ReLU()) == ""
+
+
 def test_patched_model_under_an_outer_torch_compile_keeps_the_swaps(planned):
     path, model_file, _ = planned
     model, inputs = _fresh(model_file)
@@ -158,6 +170,10 @@ def test_a_kept_swap_missing_from_the_model_is_reported(planned):
     with torch.no_grad():
         patched(*inputs)
     assert patched.missing_swaps() == [ghost.key]
+    # the plan keyed the site by file:line, and the model's file may have moved it: name the sites there are
+    said = [p for p in patched.problems() if p.startswith(f"planned swap {ghost.key} found no site of that key")]
+    assert len(said) == 1 and "the model's rmsnorm sites now: rmsnorm@" in said[0], patched.problems()
+    assert "run apply again after changing the model's file" in said[0]
 
 
 def test_read_plan_errors(tmp_path, planned):
@@ -195,6 +211,17 @@ def test_read_plan_errors(tmp_path, planned):
     bad.write_text(yaml.safe_dump(doc))
     with pytest.raises(PlanError, match="run apply again"):
         read_plan(bad)
+    # cut short: YAML cut at a line still parses (a fresh user's plan cut to 62 lines rebuilt a swap-free model)
+    text = planned[0].read_text()
+    bad.write_text(text[:text.index("\nvariants:")])
+    with pytest.raises(PlanError, match="the plan is cut short"):
+        read_plan(bad)
+    doc = yaml.safe_load(text)
+    doc["chosen"]["spec"]["swaps"] = doc["chosen"]["spec"]["swaps"][:-1]
+    bad.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(PlanError, match=r"lists \d+ swap\(s\) where the plan's summary counts"):
+        read_plan(bad)
+    assert read_plan(planned[0]).chosen.swaps  # the whole file reads
 
 
 @pytest.mark.gpu

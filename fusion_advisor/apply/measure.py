@@ -183,6 +183,8 @@ class ModelHarness:
             if fresh is not None:
                 self.sets.append((f"fresh-{s}", fresh))
         self._eager: dict[str, _Run] | None = None
+        #: the model's buffers its forward changed in place (names), found on its first eager calls
+        self.mutated_buffers: list[str] = []
         self._reference: dict[str, _Run] | None = None
         self.reference_note = ""
         self._cache: dict[Any, torch.Tensor] = {}
@@ -219,14 +221,21 @@ class ModelHarness:
         return _Run(tensors, mutated)
 
     def notes(self) -> list[str]:
-        """What the model as written does that limits its check: it changes an input in place, returns no
-        floating-point tensor, or returns only NaN / inf on its example inputs (each one line, for the report)."""
+        """What the model as written does that limits its check: it changes an input or a buffer in place, returns
+        no floating-point tensor, or returns only NaN / inf on its example inputs (each one line, for the
+        report)."""
         out = list(self.memory_notes)
         example = self.eager().get("example")
         mutated = self.mutated_inputs()
         if mutated:
             out.append(f"the model changes its input(s) {', '.join(str(i) for i in mutated)} in place: every check "
                        f"and timing call gets a fresh copy of the inputs, and a plan runs on whatever it is given")
+        if self.mutated_buffers:
+            names = ", ".join(self.mutated_buffers[:3]) + (f" and {len(self.mutated_buffers) - 3} more"
+                                                           if len(self.mutated_buffers) > 3 else "")
+            out.append(f"the model changes its buffer(s) {names} in place when called: each call sees other values, "
+                       f"so no variant (the model as written included) can match the calls before it; keep the "
+                       f"state out of forward (or reset it) for apply to check the variants")
         if example is not None:
             floats = [t for label, t in example.tensors if label.startswith("output") and t.is_floating_point()]
             if not floats:
@@ -249,6 +258,7 @@ class ModelHarness:
                 without an autograd formula, which capture's forward-only run cannot see).
         """
         if self._eager is None:
+            before = {n: b.detach().clone() for n, b in self.model.named_buffers()}
             try:
                 self._eager = {name: self.run(self.model, xs) for name, xs in self.sets}
             except torch.cuda.OutOfMemoryError:
@@ -259,6 +269,8 @@ class ModelHarness:
                 step = "forward + backward (--backward)" if self.backward else "forward"
                 raise ModelRunError(f"{self.loaded.file}: the model fails its {step} on its own inputs: "
                                     f"{type(e).__name__}: {first_line(str(e), 400)}") from e
+            buffers = dict(self.model.named_buffers())
+            self.mutated_buffers = [n for n, b in before.items() if n in buffers and _changed(b, buffers[n])]
         return self._eager
 
     def reference(self) -> dict[str, _Run] | None:

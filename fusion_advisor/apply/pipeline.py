@@ -143,9 +143,9 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     result.warnings += [w for w in analysis.warnings if w not in result.warnings]
     if not options.verify:
         return result
-    busy = busy_cpu_note(loaded.device)  # before the timing: a shared CPU's times can be 100x an idle one's
-    if busy:
-        result.warnings.append(busy)
+    result.busy_cpu = busy_cpu_note(loaded.device)  # before the timing: a shared CPU's times can be 100x an idle one's
+    if result.busy_cpu:
+        result.warnings.append(result.busy_cpu)
     with timed("variants"):
         harness = ModelHarness(loaded, backward, tf32=tf32_allowed(analysis, loaded.device))
         found = search(SearchInputs(

@@ -32,6 +32,7 @@ from torch import nn
 
 from fusion_advisor.apply.records import AS_WRITTEN, VariantSpec
 from fusion_advisor.apply.variants import PlannedModel
+from fusion_advisor.dtypes import TORCH_DTYPES, dtype_name
 from fusion_advisor.errors import UserError
 
 #: Format version of plan.yaml; :func:`read_plan` refuses other versions (1: swaps only, before variants).
@@ -80,8 +81,8 @@ def read_plan(path: str | Path) -> Plan:
 
     Raises:
         PlanError: missing file (or a folder without one), invalid YAML, another format version, a malformed
-            chosen variant, or a swap naming a kernel the library does not have (the message lists the known
-            kernels).
+            chosen variant, a file cut short or whose chosen swaps disagree with its summary, or a swap naming a
+            kernel the library does not have (the message lists the known kernels).
     """
     path = Path(path)
     if path.is_dir() and (path / "plan.yaml").is_file():  # the report folder apply wrote into
@@ -109,6 +110,7 @@ def read_plan(path: str | Path) -> Plan:
             spec = VariantSpec.from_dict(chosen_doc["spec"])
         except (KeyError, TypeError, ValueError) as e:
             raise PlanError(f"{path}: the chosen variant's spec is invalid: {e}") from e
+    _check_complete(path, doc, spec, chosen_doc is not None)
     _check_kernels(path, spec)
     swaps = doc.get("swaps") or []
     if not isinstance(swaps, list):
@@ -117,6 +119,24 @@ def read_plan(path: str | Path) -> Plan:
                 versions=dict(doc.get("versions") or {}), chosen=spec,
                 chosen_reason=str((chosen_doc or {}).get("reason", "")), variants=list(doc.get("variants") or []),
                 swaps=swaps)
+
+
+#: The section apply writes last in plan.yaml (:func:`fusion_advisor.apply.outputs.plan_document`): a plan
+#: without it was cut short.
+LAST_SECTION = "columns"
+
+
+def _check_complete(path: Path, doc: dict[str, Any], spec: VariantSpec, chosen: bool) -> None:
+    """Raises PlanError when plan.yaml was cut short (no :data:`LAST_SECTION`) or its chosen variant holds
+    another number of swaps than its summary counts: YAML cut at a line still parses, and a fresh user's plan cut
+    to 62 lines rebuilt a swap-free model, cut to 74 one of its two swaps, with no word."""
+    if LAST_SECTION not in doc:
+        raise PlanError(f"{path}: the plan is cut short (its last section, {LAST_SECTION!r}, is missing): restore "
+                        f"the file or run apply again")
+    counted = (doc.get("summary") or {}).get("swaps_in_plan") if isinstance(doc.get("summary"), dict) else None
+    if chosen and isinstance(counted, int) and counted != len(spec.swaps):
+        raise PlanError(f"{path}: the chosen variant lists {len(spec.swaps)} swap(s) where the plan's summary "
+                        f"counts {counted}: the file was edited or cut; restore it or run apply again")
 
 
 def _check_kernels(path: Path, spec: VariantSpec) -> None:
@@ -193,6 +213,18 @@ def signature_difference(recorded: Any, model: nn.Module) -> str:
                else " whose names, shapes or dtypes differ"))
 
 
+def dtype_hint(recorded: Any, model: nn.Module) -> str:
+    """What to do when the plan was made with ``--dtype`` (``recorded``: ``"bf16"``) and ``model``'s floating
+    parameters are of another dtype: cast it and its inputs; ``""`` otherwise (a fresh user's fp32 model, loaded
+    with its bf16 plan, was told its names, shapes or dtypes differ and to run apply for a plan of its own)."""
+    want = TORCH_DTYPES.get(str(recorded or ""))
+    have = next((t.dtype for t in model.parameters() if t.is_floating_point()), None)
+    if want is None or have is None or have == want:
+        return ""
+    return (f"the plan was made with --dtype {recorded} and this model's parameters are {dtype_name(have)}: cast "
+            f"the model and its inputs first (model.to({want}))")
+
+
 def load_plan(model: nn.Module, plan: str | Path, variant: str | None = None) -> PlannedModel:
     """Rebuild the chosen variant of ``plan`` (a plan.yaml path) around ``model``, without re-verifying or
     re-timing; compilation and capture happen on its first call.
@@ -212,8 +244,10 @@ def load_plan(model: nn.Module, plan: str | Path, variant: str | None = None) ->
         p.chosen = variant_spec(p, variant)
     other = signature_difference(p.model.get("signature"), model)
     if other:
-        warnings.warn(f"{plan}: {other}: the plan's swaps and regions may not fit "
-                      f"this model; run apply on this model for a plan of its own", RuntimeWarning, stacklevel=2)
+        cast = dtype_hint(p.model.get("dtype"), model)
+        warnings.warn(f"{plan}: {other}: " + (cast if cast else "the plan's swaps and regions may not fit this "
+                                               "model; run apply on this model for a plan of its own"),
+                      RuntimeWarning, stacklevel=2)
     diffs = version_differences(p.versions)
     if diffs:
         warnings.warn(f"{plan}: the plan was measured with another stack ({'; '.join(diffs)}); its choice "

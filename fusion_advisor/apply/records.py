@@ -536,7 +536,8 @@ class VariantTiming:
         rounds_ms: the median of each timing round (rounds interleaved with other variants' where compared).
         spread: ``(max - min) / median`` of ``rounds_ms``: the noise of this measurement; where the rounds were
             timed twice (``discarded_rounds_ms``), the larger of that and the two sets' medians' disagreement.
-        first_call_s: the first step's wall time, s (compilation and CUDA-graph capture included).
+        first_call_s: the first step's wall time, s (compilation and CUDA-graph capture included; in apply's
+            process, where variants after the first compiled one find Inductor's caches warm).
         peak_mb: peak allocated memory over a few steps, MiB (GPU only).
         peak_reserved_mb: peak reserved memory over the same steps, MiB: it holds CUDA graphs' private pools, which
             the allocated peak does not count once captured (a graphed Llama-3-8B-width training step read its
@@ -738,6 +739,8 @@ class ApplyResult:
             variant won it; ``confirmation_spread``: the larger of the two variants' spreads over those rounds
             (with the disagreement of two timings where the pair was timed twice; ``None`` when none ran to its
             end).
+        busy_cpu: the warning that other processes held the CPU's cores as the timing began
+            (:func:`fusion_advisor.host.busy_cpu_note`), ``""`` when not: every measured ratio is then unreliable.
         graph_breaks, warnings: as captured; ``library_problems``: kernels that cannot be matched, and why.
         versions, timings_s: library versions and GPU; wall time per stage.
         planned: the chosen model, built (in memory only), or ``None``.
@@ -762,6 +765,7 @@ class ApplyResult:
     baseline: str = ""
     confirmed: tuple[str, float] | None = None
     confirmation_spread: float | None = None
+    busy_cpu: str = ""
     graph_breaks: list[GraphBreak] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     library_problems: dict[str, str] = field(default_factory=dict)

@@ -343,7 +343,8 @@ class PlannedModel(nn.Module):
             out += [f"graph {g.index}: {n}" for n in g.notes]
         # a missing swap's kernel refused the site it would have taken (dtype, row width, or tensors on a CPU
         # without TRITON_INTERPRET): say why, rather than leave "no matching site"
-        missing = {k.kernel for k in self.missing_swaps()}
+        missing_keys = self.missing_swaps()
+        missing = {k.kernel for k in missing_keys}
         for g in self.backend.graphs:
             for nm in g.near_misses:
                 if nm.kind == "check" and nm.kernel in missing:
@@ -351,4 +352,18 @@ class PlannedModel(nn.Module):
                     text = f"graph {g.index}: at {where}: {nm.reason}"
                     if text not in out:
                         out.append(text)
+        # a site keyed by module path and source line: the model's file renamed, or a line added above the site,
+        # moves every key (a fresh user's two swaps went unapplied, and this list was empty)
+        found = [m.site.key for g in self.backend.graphs for m in g.matches]
+        for k in (missing_keys if self.backend.graphs else []):  # (before the first call nothing is found yet)
+            alike = [f for f in found if f.kernel == k.kernel and f not in self.spec_keys()]
+            out.append(f"planned swap {k} found no site of that key"
+                       + (f"; the model's {k.kernel} sites now: {', '.join(map(str, alike[:3]))}"
+                          + (f" and {len(alike) - 3} more" if len(alike) > 3 else "")
+                          + " (a site is keyed by its module path and file:line: run apply again after changing "
+                            "the model's file)" if alike else f"; the model has no {k.kernel} site"))
         return out
+
+    def spec_keys(self) -> set[MatchKey]:
+        """The keys of the plan's swaps."""
+        return {s.key for s in self.spec.swaps}

@@ -29,6 +29,7 @@ import pandas as pd
 
 from fusion_advisor.analyze.records import PARTIAL_COVERAGE, ROUTES, Analysis
 from fusion_advisor.analyze.roofline import SCAN_OPS
+from fusion_advisor.host import BUSY_CPU_MARK
 from fusion_advisor.units import fmt_speedup, fmt_us, is_num
 
 #: Chains shown as the first screen's opportunities.
@@ -402,9 +403,12 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
 
 def _noisy_notes(summary: dict) -> dict[str, str]:
     """``{"vs_eager": " (noisy: rounds spread 847%)", ...}`` for the measured ratios a plan's summary marks as
-    resting on noisy rounds (``noisy_speedups``: baseline name -> spread); absent keys are clean."""
+    resting on noisy rounds (``noisy_speedups``: baseline name -> spread), or every ratio where the plan was timed
+    on a busy CPU (``busy_cpu``); absent keys are clean."""
     noisy = _dict(summary.get("noisy_speedups"))
     keys = {"eager": "vs_eager", "torch.compile": "vs_compile"}
+    if summary.get("busy_cpu") is True:  # other processes held the CPU's cores: every ratio
+        return {key: f" ({BUSY_CPU_MARK})" for key in keys.values()}
     return {keys[k]: f" (noisy: rounds spread {v:.0%})" for k, v in noisy.items() if k in keys and is_num(v)}
 
 
