@@ -19,8 +19,10 @@ SAMPLE_S = 0.25
 #: Other processes holding at least this many cores' worth of CPU time make a CPU timing unreliable.
 BUSY_CORES = 0.5
 
-#: How a ratio measured while other processes held the CPU's cores is marked (apply's headline, the report).
-BUSY_CPU_MARK = "not reliable: the CPU was busy with other work while timed"
+#: Why a ratio measured while other processes held the CPU's cores is not to be quoted, and how apply's headline
+#: marks it (the report's template prints "not reliable" before the reason).
+BUSY_CPU_REASON = "the CPU was busy with other work while timed"
+BUSY_CPU_MARK = f"not reliable: {BUSY_CPU_REASON}"
 
 
 def _cpus() -> set[int] | None:

@@ -1088,4 +1088,5 @@ def test_apply_into_another_models_folder_says_it_replaces_that_plan(tmp_path):
     assert note == f"{tmp_path / 'plan.yaml'} held the plan of /models/mlp.py: replaced with this run's of " \
                    f"/models/softmax.py"
     assert _replaced_plan(SimpleNamespace(model_file="/models/mlp.py"), tmp_path) == ""  # its own plan, re-made
+    assert _replaced_plan(SimpleNamespace(model_file="/models/../models/mlp.py"), tmp_path) == ""  # by another path
     assert _replaced_plan(SimpleNamespace(model_file="/models/mlp.py"), tmp_path / "empty") == ""

@@ -203,6 +203,22 @@ def test_a_matmul_moving_more_than_l2_holds_is_priced_no_faster_than_copy_bandwi
     assert matmul_memory_floor_us(small, spec) == 0.0
 
 
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_a_profile_fit_never_takes_a_table_priced_matmul_past_its_floors(gpu):
+    """The shipped fp32 matmul fits (0.9) took an fp32 GEMV over a 67 MB weight, priced at its memory floor, to
+    3,373 GB/s on the H100's 3,018 (a reviewer); its reason read "112% of its roofline"."""
+    from fusion_advisor.analyze.roofline import _op_time_us, matmul_memory_floor_us
+
+    spec = load_spec(gpu)
+    x, w = TensorMeta((1, 1024), "fp32", 1024, 4 * 1024), TensorMeta((1024, 16384), "fp32", 1024 * 16384,
+                                                                   4 * 1024 * 16384)
+    y = TensorMeta((1, 16384), "fp32", 16384, 4 * 16384)
+    gemv = OpInfo("g0:mm", 0, "aten.mm.default", "matmul", (x, w), (y,), 2 * 1024 * 16384,
+                  x.nbytes + w.nbytes, y.nbytes, "", SourceLoc("m.py", 1, "x @ w"))
+    assert spec.op_time_fit(("matmul/mm/fp32", "matmul/mm"), "fp32") is not None  # the fit the floor must bound
+    assert _op_time_us(gemv, spec) >= matmul_memory_floor_us(gemv, spec) * (1 - 1e-9) > 0
+
+
 def test_a_matmul_far_beyond_the_table_is_named_as_an_extrapolation():
     """A fresh user's einsum('bik,bik->b') ran as a bmm of M = N = 1 over K = 262,144 (the table's largest K:
     16,382) and read 4.2 ms (16 GB/s) with a reason saying vendor GEMMs run near their ceiling."""
@@ -216,7 +232,14 @@ def test_a_matmul_far_beyond_the_table_is_named_as_an_extrapolation():
                  a.nbytes + b.nbytes, out.nbytes, "", SourceLoc("m.py", 4, "torch.einsum(...)"))
     note = beyond_table_note(dot, spec)
     assert note.startswith("m.py:4: bmm [1 x 262144] @ [262144 x 1] x 32 fp32 is priced beyond")
-    assert "K 262,144 against at most 16,382" in note and "extrapolation" in note
+    assert "K 262,144 against at most 16,382" in note and "% of its roofline, is an extrapolation" in note
+    # beyond the table but priced at its ceiling (the default model's 32000-wide LM head): nothing to doubt
+    x, w = TensorMeta((2048, 4096), "bf16", 2048 * 4096, 2 * 2048 * 4096), \
+        TensorMeta((4096, 32000), "bf16", 4096 * 32000, 2 * 4096 * 32000)
+    y = TensorMeta((2048, 32000), "bf16", 2048 * 32000, 2 * 2048 * 32000)
+    head = OpInfo("g0:mm", 0, "aten.mm.default", "matmul", (x, w), (y,), 2 * 2048 * 4096 * 32000,
+                  x.nbytes + w.nbytes, y.nbytes, "", SourceLoc("m.py", 9, "self.lm_head(h)"))
+    assert beyond_table_note(head, spec) == ""
     inside = dataclasses.replace(dot, inputs=(TensorMeta((32, 64, 512), "fp32", 32 * 64 * 512, 4 * 32 * 64 * 512),
                                               TensorMeta((32, 512, 64), "fp32", 32 * 64 * 512, 4 * 32 * 64 * 512)))
     assert beyond_table_note(inside, spec) == ""
@@ -630,7 +653,8 @@ def _scan_chain(target="aten.cumsum.default"):
 
 def test_an_eager_scan_runs_at_the_measured_scan_bandwidth_and_compiled_at_the_copy_roofline():
     op, chain = _scan_chain()
-    spec = dataclasses.replace(SPEC, scan_bandwidth_gbps=400.0, route_efficiency={"torch.compile": {"default": 0.8}})
+    spec = dataclasses.replace(SPEC, kind="gpu", scan_bandwidth_gbps=400.0,
+                               route_efficiency={"torch.compile": {"default": 0.8}})
     assert op_bandwidth_gbps(op, spec) == 400.0 and op_bandwidth_gbps(op, SPEC) == SPEC.memory_bandwidth_gbps
     add = _op("aten.add.Tensor", "pointwise", [_t((4,))], [_t((4,))])
     assert op_bandwidth_gbps(add, spec) == spec.memory_bandwidth_gbps  # only scans
@@ -638,8 +662,10 @@ def test_an_eager_scan_runs_at_the_measured_scan_bandwidth_and_compiled_at_the_c
     bytes_ = 2 * 4096 * 16384 * 4
     assert est.eager_us == pytest.approx(bytes_ / 400e9 * 1e6, rel=0.01)
     assert est.compile_us == pytest.approx(bytes_ / (1000e9 * 0.8) * 1e6, rel=0.01)  # Inductor's own scan
-    plain = estimate(chain, {op.id: op}, SPEC)
+    plain = estimate(chain, {op.id: op}, dataclasses.replace(SPEC, kind="gpu"))
     assert plain.compile_us == pytest.approx(plain.eager_us)  # unmeasured: no gain is claimed
+    on_cpu = estimate(chain, {op.id: op}, dataclasses.replace(spec, kind="cpu"))
+    assert on_cpu.compile_us == pytest.approx(on_cpu.eager_us)  # Inductor's CPU code calls ATen's scan
     other = _op("aten.sort.default", "other", op.inputs, op.outputs)
     assert estimate(dataclasses.replace(chain, op_ids=(other.id,)), {other.id: other}, spec).compile_us == \
         pytest.approx(estimate(dataclasses.replace(chain, op_ids=(other.id,)), {other.id: other}, spec).eager_us)

@@ -316,6 +316,20 @@ def test_ops_on_complex_tensors_say_why_they_fuse_with_nothing():
     d = route_chain(mul, _est(), load_rules([]), kernels={})
     assert (d.rule_id, d.route) == ("skip-complex", "skip")
     assert d.reason.startswith("mul on c64 tensors: Inductor runs ops on complex tensors as eager calls")
+    # a complex scan too: Inductor falls back for complex inputs before it looks at the scan
+    scan = _chain(kind="other", pattern="cumsum", categories=("other",), targets=("aten.cumsum.default",),
+                  op_ids=("g0:cumsum",), dtype="c64")
+    assert route_chain(scan, _est(compile_us=10.0), load_rules([]), kernels={}).rule_id == "skip-complex"
+
+
+def test_a_scan_predicted_no_faster_compiled_stays_as_written():
+    """On a CPU spec Inductor calls ATen's scan (no SCAN feature): compile-scan predicted 1342.2 -> 1342.2 us and
+    still routed the chain to torch.compile."""
+    scan = _chain(kind="other", pattern="cumsum", categories=("other",), targets=("aten.cumsum.default",),
+                  op_ids=("g0:cumsum",), dtype="fp32")
+    d = route_chain(scan, _est(compile_us=30.0), load_rules([]), kernels={}, device_kind="cpu")
+    assert (d.rule_id, d.route) == ("compile-scan", "skip")
+    assert d.reason.startswith("left as written: torch.compile is predicted no faster than eager here (30.0 us")
 
 
 def test_a_gemm_reason_says_how_near_its_roofline_it_runs():

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from fusion_advisor.analyze.graph import FUSIBLE, HEAVY, OpGraph
+from fusion_advisor.analyze.graph import FUSIBLE, GATHERS, HEAVY, OpGraph
 from fusion_advisor.analyze.records import Chain, OpInfo
 
 
@@ -261,6 +261,8 @@ def _chain_bytes(og: OpGraph, member_ids: list[str]) -> tuple[int, int, str]:
         for u, meta in og.data_preds(m):
             if u not in members:
                 nbytes = min(meta.nbytes, op.bytes_read)
+                if op.name in GATHERS and op.outputs and op.inputs and meta == op.inputs[0]:
+                    nbytes = min(nbytes, op.outputs[0].nbytes)  # the source: the elements selected
                 reads[u] = max(reads.get(u, 0), nbytes)
                 io[meta.dtype] += nbytes
         succs = set(og.data_succs(m))

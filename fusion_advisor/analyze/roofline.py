@@ -495,7 +495,13 @@ def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
         # a pooling op priced by its measured window rate: the profile fits were learned against its bytes alone
         return t
     fit = spec.op_time_fit(fit_keys(op, rated=measured is not None), op.dtype)
-    return max(fit(t, bounded_gain=measured is None), dram_floor_us(op, spec)) if fit is not None else t
+    if fit is None:
+        return t
+    # a fit under 1 (the shipped fp32 matmul curves: 0.9) never takes a table-priced op past the floors its price
+    # already stood on, nor any op past the bytes L2 cannot hold
+    floor = max(dram_floor_us(op, spec), table_floor_us(op, spec) if measured is not None and
+                op.category in ("conv", "matmul") else 0.0)
+    return max(fit(t, bounded_gain=measured is None), floor)
 
 
 def dram_floor_us(op: OpInfo, spec: DeviceSpec) -> float:
@@ -680,9 +686,10 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
 
     compile_eff = spec.efficiency("torch.compile", chain.pattern)
     compile_us = at(compile_eff, launch)
-    if any_work and not fusible and any(is_scan(ops[i]) for i in chain.op_ids):
+    if any_work and not fusible and spec.kind == "gpu" and any(is_scan(ops[i]) for i in chain.op_ids):
         # Inductor lowers a scan to a Triton scan of its own: its bytes at compile's share of the copy roofline,
-        # not the aten kernel's measured rate (on the H200: a 32768 x 32768 cumsum 2.59 ms compiled, 4.48 eager)
+        # not the aten kernel's measured rate (on the H200: a 32768 x 32768 cumsum 2.59 ms compiled, 4.48 eager);
+        # its CPU code has no scan (BackendFeature.SCAN is Triton's) and calls ATen's
         compile_us = min(eager_us, lowered(compile_eff, launch))
     triton_eff = spec.efficiency("triton", chain.pattern)
     triton_us = at(triton_eff, launch)

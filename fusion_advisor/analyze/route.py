@@ -27,11 +27,13 @@ def _library() -> tuple[dict, str]:
 SLOWER_SHARE = 0.01
 
 
-def _left_as_written(route: str, rule_route: str, est: Estimate, device_kind: str) -> str:
+def _left_as_written(route: str, rule_route: str, est: Estimate, device_kind: str, kind: str = "fusible") -> str:
     """Why the chain stays eager although a rule routed it, or ``""``: its torch.compile or CUDA-graph route is
     predicted slower than eager (on any spec: "routed to torch.compile (est. 664 -> 799 us)" promised a loss, and
     apply times torch.compile(model) whole anyway), or, on a CPU spec, the torch.compile stand-in for a GPU-only
-    route is predicted to save nothing (nothing to fuse). A triton route stays (:func:`_kernel_doubt`)."""
+    route is predicted to save nothing (nothing to fuse), or an op that fuses with nothing (``kind`` ``other``: a
+    scan Inductor lowers on a GPU only) is predicted no faster compiled. A triton route stays
+    (:func:`_kernel_doubt`)."""
     if route in ("skip", "triton"):  # a kernel the prediction doubts stays a candidate (_kernel_doubt)
         return ""
     route_us, eager_us = est.route_us(route), est.eager_us
@@ -39,6 +41,9 @@ def _left_as_written(route: str, rule_route: str, est: Estimate, device_kind: st
     if stand_in and not route_us < eager_us:
         return (f"left as written: {route}, the stand-in for the rule's {rule_route} route on this spec, is "
                 f"predicted at {route_us:.1f} us against eager's {eager_us:.1f} us.")
+    if kind == "other" and route == "torch.compile" and not route_us < eager_us:
+        return (f"left as written: torch.compile is predicted no faster than eager here ({route_us:.1f} us "
+                f"against {eager_us:.1f} us).")
     if route_us > eager_us * (1.0 + SLOWER_SHARE):
         return (f"left as written: {route} is predicted slower than eager here ({route_us:.1f} us against "
                 f"{eager_us:.1f} us; apply still times torch.compile(model)).")
@@ -119,7 +124,7 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
             else:
                 note = _kernel_doubt(chain, est)
     reason = render_reason(rule, features, kernel=kernel or rule.kernel, route=route)
-    left = _left_as_written(route, rule.route, est, device_kind)
+    left = _left_as_written(route, rule.route, est, device_kind, chain.kind)
     if left:
         return Decision(chain.id, "skip", "", rule.id, rule.file,
                         f"{left} The rule's reason for its {rule.route} route: {reason}", rule.bound or est.bound,

@@ -8,7 +8,7 @@ should say the price is an extrapolation.
 from __future__ import annotations
 
 from fusion_advisor.analyze.records import OpInfo
-from fusion_advisor.analyze.roofline import matmul_problem, measured_op_us
+from fusion_advisor.analyze.roofline import matmul_problem, measured_op_us, op_peak_tflops
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.devices.op_rates import matmul_pool
 
@@ -16,11 +16,17 @@ from fusion_advisor.devices.op_rates import matmul_pool
 #: beyond the spec's table (:func:`beyond_table_note`).
 BEYOND_TABLE_FACTOR = 2.0
 
+#: ... and is named only when its price is more than this many times its roofline time: a GEMM beyond the table
+#: priced at its ceiling (the default model's 32000-wide LM head, at its compute floor) is no extrapolation to
+#: doubt.
+BEYOND_ROOFLINE_FACTOR = 2.0
+
 
 def beyond_table_note(op: OpInfo, spec: DeviceSpec) -> str:
     """A warning for a matmul priced from the spec's measured table far beyond its range (a size more than
-    :data:`BEYOND_TABLE_FACTOR` times the largest its class and dtype measured), naming the op, its source line,
-    the sizes, the price and the rate it implies; ``""`` for other ops or one inside the table's range.
+    :data:`BEYOND_TABLE_FACTOR` times the largest its class and dtype measured) at more than
+    :data:`BEYOND_ROOFLINE_FACTOR` times its roofline time, naming the op, its source line, the sizes, the price
+    and its share of the roofline; ``""`` otherwise.
 
     The fitted surface's efficiency terms were learnt inside the table: a fresh user's batched dot product
     (``einsum('bik,bik->b')``, a bmm of M = N = 1 over K = 262,144, the table's largest K 16,382) read 4.2 ms, 16
@@ -36,11 +42,14 @@ def beyond_table_note(op: OpInfo, spec: DeviceSpec) -> str:
              "batch": (batch, max(r.batch for r in pool))}
     beyond = [f"{name} {v:,} against at most {top:,}" for name, (v, top) in sizes.items()
               if v > BEYOND_TABLE_FACTOR * top]
-    if not beyond:
-        return ""
     t = measured_op_us(op, spec) or 0.0
-    rate = f" ({(op.bytes_read + op.bytes_written) / (t * 1e3):,.0f} GB/s)" if t > 0 else ""
+    peak = op_peak_tflops(op, spec)
+    roofline = max(op.flops / (peak * 1e6) if peak > 0 else 0.0,
+                   (op.bytes_read + op.bytes_written) / (spec.memory_bandwidth_gbps * 1e3))
+    if not beyond or roofline <= 0 or t <= BEYOND_ROOFLINE_FACTOR * roofline:
+        return ""
     where = f"{op.source.file}:{op.source.line}" if op.source.line else op.id
-    return (f"{where}: {op.name} [{m} x {k}] @ [{k} x {n}]"
-            + (f" x {batch}" if batch > 1 else "") + f" {dtype} is priced beyond the spec's measured GEMM table ("
-            + "; ".join(beyond) + f" measured): est. {t:,.1f} us{rate} is an extrapolation, not a measurement")
+    return (f"{where}: {op.name} [{m} x {k}] @ [{k} x {n}]" + (f" x {batch}" if batch > 1 else "")
+            + f" {dtype} is priced beyond the spec's measured GEMM table (" + "; ".join(beyond)
+            + f" measured): est. {t:,.1f} us, {100 * roofline / t:.1f}% of its roofline, is an extrapolation, not a "
+              f"measurement")

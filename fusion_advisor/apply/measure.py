@@ -233,9 +233,9 @@ class ModelHarness:
         if self.mutated_buffers:
             names = ", ".join(self.mutated_buffers[:3]) + (f" and {len(self.mutated_buffers) - 3} more"
                                                            if len(self.mutated_buffers) > 3 else "")
-            out.append(f"the model changes its buffer(s) {names} in place when called: each call sees other values, "
-                       f"so no variant (the model as written included) can match the calls before it; keep the "
-                       f"state out of forward (or reset it) for apply to check the variants")
+            out.append(f"the model changes its buffer(s) {names} when called: where they reach the outputs, each "
+                       f"call sees other values and no variant (the model as written included) can match the calls "
+                       f"before it; keep the state out of forward (or reset it) for apply to check the variants")
         if example is not None:
             floats = [t for label, t in example.tensors if label.startswith("output") and t.is_floating_point()]
             if not floats:
@@ -258,7 +258,8 @@ class ModelHarness:
                 without an autograd formula, which capture's forward-only run cannot see).
         """
         if self._eager is None:
-            before = {n: b.detach().clone() for n, b in self.model.named_buffers()}
+            # each buffer and its version counter (an in-place write bumps it; nothing is copied)
+            before = {n: (b, b._version) for n, b in self.model.named_buffers()}
             try:
                 self._eager = {name: self.run(self.model, xs) for name, xs in self.sets}
             except torch.cuda.OutOfMemoryError:
@@ -270,7 +271,8 @@ class ModelHarness:
                 raise ModelRunError(f"{self.loaded.file}: the model fails its {step} on its own inputs: "
                                     f"{type(e).__name__}: {first_line(str(e), 400)}") from e
             buffers = dict(self.model.named_buffers())
-            self.mutated_buffers = [n for n, b in before.items() if n in buffers and _changed(b, buffers[n])]
+            self.mutated_buffers = [n for n, (b, v) in before.items()
+                                    if n in buffers and (buffers[n] is not b or b._version != v)]
         return self._eager
 
     def reference(self) -> dict[str, _Run] | None:

@@ -84,7 +84,9 @@ SWAP_COLUMNS: dict[str, str] = {
     "kernel": "Library kernel whose pattern matched.",
     "verified": "True/False after verification; empty when not verified (not a candidate, or no --verify).",
     "max_abs_err": "Largest forward |kernel - float64 reference| over the verification cases.",
-    "max_rel_err": "Largest forward relative difference over the verification cases.",
+    "max_rel_err": ("Largest forward |kernel - reference| / |reference| over the finite nonzero reference "
+                    "elements of the verification cases: a diagnostic; the verdict ('verified') is norm-wise, "
+                    "against the float64 reference and eager's own error (fusion_advisor/verification/policy.py)."),
     "grad_max_abs_err": "Largest input-gradient |kernel - float64 reference| (empty without backward).",
     "eager_ms": "Original ops, eager, ms (median); empty when not measured.",
     "compile_ms": "Original ops under torch.compile, ms (median, compile time apart); empty when not measured.",
@@ -97,7 +99,8 @@ SWAP_COLUMNS: dict[str, str] = {
     "decision": "kept / kept for an eager rest (beat eager alone, not torch.compile) / rejected / not kept / "
                 "not tried / not verified.",
     "reason": "Why, with the numbers.",
-    "route": "The analysis route of the chain (skip / torch.compile / triton) and the rule that decided.",
+    "route": ("The analysis route of the chain (skip / torch.compile / triton / cudagraphs, with the kernel after "
+              "a '/' for triton) and, in parentheses, the rule that decided."),
     "source": "file:line where the swap's chain starts (the source column of chains.csv).",
     "module_path": "nn.Module that issued it.",
     "signature": "Kernel with input shapes/dtypes and captured constants.",
@@ -316,7 +319,7 @@ def _replaced_plan(result: ApplyResult, out_dir: Path) -> str:
 
     old, _ = read_plan_document(out_dir / OUTPUT_FILES["plan"])
     before = str((old or {}).get("model", {}).get("file", "")) if isinstance((old or {}).get("model"), dict) else ""
-    if not before or before == result.model_file:
+    if not before or Path(before).resolve() == Path(result.model_file).resolve():  # (as typed: relative or not)
         return ""
     return f"{out_dir / OUTPUT_FILES['plan']} held the plan of {before}: replaced with this run's of {result.model_file}"
 

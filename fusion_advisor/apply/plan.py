@@ -121,9 +121,10 @@ def read_plan(path: str | Path) -> Plan:
                 swaps=swaps)
 
 
-#: The section apply writes last in plan.yaml (:func:`fusion_advisor.apply.outputs.plan_document`): a plan
-#: without it was cut short.
-LAST_SECTION = "columns"
+#: The last section every plan of this format holds (:func:`fusion_advisor.apply.outputs.plan_document` writes it
+#: after the variants, swaps and warnings; the ``columns`` glossary after it came later): a plan without it was cut
+#: short.
+LAST_SECTION = "timings_s"
 
 
 def _check_complete(path: Path, doc: dict[str, Any], spec: VariantSpec, chosen: bool) -> None:

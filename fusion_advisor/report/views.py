@@ -29,7 +29,7 @@ import pandas as pd
 
 from fusion_advisor.analyze.records import PARTIAL_COVERAGE, ROUTES, Analysis
 from fusion_advisor.analyze.roofline import SCAN_OPS
-from fusion_advisor.host import BUSY_CPU_MARK
+from fusion_advisor.host import BUSY_CPU_REASON
 from fusion_advisor.units import fmt_speedup, fmt_us, is_num
 
 #: Chains shown as the first screen's opportunities.
@@ -408,7 +408,7 @@ def _noisy_notes(summary: dict) -> dict[str, str]:
     noisy = _dict(summary.get("noisy_speedups"))
     keys = {"eager": "vs_eager", "torch.compile": "vs_compile"}
     if summary.get("busy_cpu") is True:  # other processes held the CPU's cores: every ratio
-        return {key: f" ({BUSY_CPU_MARK})" for key in keys.values()}
+        return {key: f" ({BUSY_CPU_REASON})" for key in keys.values()}
     return {keys[k]: f" (noisy: rounds spread {v:.0%})" for k, v in noisy.items() if k in keys and is_num(v)}
 
 
