@@ -246,8 +246,10 @@ def _print_summary(analysis, paths: dict, top: int, replaced: bool = False) -> N
         for r in rows:
             t.add_row(*[f"{v:,.1f}" if isinstance(v, float) else str(v) for v in r.values()])
         out.print(t)
-    def after_route_us(c: Any) -> float:
-        return analysis.estimates[c.id].route_us(analysis.decisions[c.id].route)
+    def after_route_us(c: Any) -> float:  # as chains.csv's est_after_route_us counts it
+        from fusion_advisor.report.write import after_route_us as counted
+
+        return counted(analysis.decisions[c.id].route, analysis.estimates[c.id])
 
     # ranked by what each chain's route saves (a GEMM swapped for a faster kernel saves without fusing anything)
     ranked = sorted(analysis.chains, key=lambda c: analysis.estimates[c.id].eager_us - after_route_us(c),
@@ -289,11 +291,13 @@ def _print_summary(analysis, paths: dict, top: int, replaced: bool = False) -> N
         out.print("next: " + _escape(command), highlight=False)
         import torch
 
-        # apply without --gpu prices what it measures on this machine: a CPU's, with the 'cpu' spec
-        if "--gpu" not in command.split() and (analysis.device_spec or {}).get("kind", "gpu") != "cpu" \
-                and not torch.cuda.is_available():
-            out.print("  (on this machine, without a GPU, apply runs the model on the CPU and routes it with the "
-                      "'cpu' spec: its routes and times are this CPU's, not the GPU's above)", highlight=False)
+        # apply without --gpu prices what it measures on this machine: a CPU's, with the 'cpu' spec; with --gpu it
+        # routes by that GPU's spec, and still times this machine
+        if (analysis.device_spec or {}).get("kind", "gpu") != "cpu" and not torch.cuda.is_available():
+            how = ("routes it with the 'cpu' spec: its routes and times are this CPU's"
+                   if "--gpu" not in command.split() else "times it there: its times are this CPU's")
+            out.print(f"  (on this machine, without a GPU, apply runs the model on the CPU and {how}, not the GPU's "
+                      "above)", highlight=False)
     else:
         for note in plan_mismatches(plan, analysis, spec=False):
             out.print(f"[yellow]warning:[/] the report joins {out_dir}/plan.yaml: {_escape(note)}; run apply again "

@@ -277,6 +277,28 @@ def test_a_rate_far_under_the_shipped_spec_is_flagged_loudly():
     assert len(warnings) == 1 and warnings[0].startswith("bf16 matmul measured 5.32 TFLOP/s, under 25% of the shipped")
 
 
+def test_a_peak_far_under_the_calibrations_own_table_is_flagged_on_any_device():
+    """A fresh user's quick CPU calibrate wrote an fp32 peak of 0.0062 TFLOP/s (a 256^3 matmul) beside matmul table
+    entries at 0.22: the spec contradicted itself, and no check ran off a GPU."""
+    import dataclasses
+
+    from fusion_advisor.devices import MatmulRate
+    from fusion_advisor.devices.calibrate import Calibration, Sizes, table_warnings
+
+    fields = {f.name for f in dataclasses.fields(Calibration)}
+    cal = Calibration(**{k: v for k, v in dict(
+        device="cpu", device_name="a CPU", date="2026-12-07", versions={}, copy_gbps=20.0,
+        matmul_tflops={"fp32": 0.00618, "bf16": 0.2}, matmul_notes={}, attention_tflops={}, attention_shape=(),
+        attention_rates=(), unaligned_tflops={}, elementwise_overhead_us=None, strided_gbps=None, not_measured={},
+        launch_us=10.0, kernel_floor_us=None, l2_bytes=0, timer="median", sizes=None,
+        matmul_rates=[MatmulRate("mm", "fp32", 512, 512, 512, 1, 0.22), MatmulRate("mm", "bf16", 64, 64, 64, 1, 0.1)],
+    ).items() if k in fields})
+    warnings = table_warnings(cal)
+    assert len(warnings) == 1 and warnings[0].startswith("fp32 matmul peak measured 0.00618 TFLOP/s, under 25% of "
+                                                         "the fastest matmul this calibration timed")
+    assert Sizes.for_device("cpu", quick=True).matmul_n == Sizes.for_device("cpu").matmul_n  # the full run's size
+
+
 def test_pool_window_rate_is_measured_and_written(cpu_spec):
     path, data, _ = cpu_spec
     spec = load_spec(str(path))

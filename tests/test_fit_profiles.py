@@ -635,3 +635,12 @@ def test_the_host_and_view_scales_are_fitted_in_turn_and_written(reports, monkey
     assert any(n.startswith("view host scale 2.000 from 30 op(s) after a view of 2 model(s)") for n in result.notes)
     data = fp.fitted_spec_data(result, "2026-12-06")
     assert data["view_host_scale"] == 2.0 and "fit_view_host_scale" in data["view_host_scale_source"]
+
+
+def test_cpu_profiles_are_not_fitted_into_a_gpus_spec(reports):
+    """A fresh user's CPU profiles fitted with --base h200 wrote an "NVIDIA H200" spec whose fits priced a GEMM 3.2x
+    slower, and a model read 5.33x vs eager, with no warning."""
+    root, fit, _ = reports
+    with pytest.raises(UserError, match=r"were profiled on a CPU .* the spec to fit, h200, is a GPU's"):
+        fit_from_profiles(fit, base=load_spec("h200"))
+    assert fit_from_profiles(fit, base=load_spec("cpu")).spec.op_time_fits  # their own device's spec fits

@@ -650,6 +650,13 @@ def cold_ops(ops: list[OpInfo], repeated_graphs: Collection[int] = ()) -> frozen
 GRAPH_KERNEL_FLOOR_US = 2.3
 
 
+#: The library's fp32 GEMM kernels (3xTF32 products) at their best against cuBLAS SGEMM, forward: 1.51-1.56x at
+#: KernelBench's GEMM widths on the H200 (benchmarks/results/h200/kernels/fp32_gemm.md); at attention's few-K
+#: shapes 0.97x (K = 32), 1.34x (K = 96), 1.15x (N = 96) (benchmarks/results/h200/kernels/matmul.md). A triton
+#: route never predicts more: at its compute roofline alone a K = 32 bmm read 2.97x (a fresh user).
+LIBRARY_GEMM_BEST_SPEEDUP = 1.56
+
+
 def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate:
     """Roofline :class:`Estimate` of ``chain`` on ``spec``; ``ops`` maps op ids to :class:`OpInfo`. Times in us."""
     tensor = bool(set(chain.categories) & _TENSOR_CORE_CATEGORIES)
@@ -698,8 +705,11 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
                   if chain.kind == "heavy" and chain.dtype == "fp32" else None)
     if heavy_rate and any_work:
         # a library kernel that replaces a heavy op itself (the fp32 GEMM as 3xTF32): its measured share of the
-        # op's compute roofline, which may pass 1 when it uses units the roofline's peak does not count
-        triton_us = max(compute_us / float(heavy_rate), memory_fused_us + overhead, launch)
+        # op's compute roofline, which may pass 1 when it uses units the roofline's peak does not count, and never
+        # more than its best measured speed-up over the eager op's own time (a shape SGEMM runs far below its
+        # peak, few-K or few-tile, runs the kernel below its rate too)
+        triton_us = max(compute_us / float(heavy_rate), busy_us / LIBRARY_GEMM_BEST_SPEEDUP,
+                        memory_fused_us + overhead, launch)
     elif chain.kind == "fusible" and not fusible and any_work:
         # a lone kernel the library's replaces (a wide-row softmax): its share of the memory roofline, as fused
         triton_us = lowered(triton_eff, launch)

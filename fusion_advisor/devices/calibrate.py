@@ -99,13 +99,13 @@ class Sizes:
         """Defaults for ``device``: buffers at 8x L2 (at least 1 GiB) and n = 8192 on a GPU; 256 MiB and n = 1024 on
         a CPU. ``quick``: shorter budgets, and on a GPU buffers of 4x L2 (at least 256 MiB) and n = 4096, sizes that
         still reach the ceilings (a 16 MiB copy stays in an H200's 60 MiB L2 and a 256^3 matmul runs at a hundredth
-        of the tensor-core peak: a quick spec measured that way was 5 to 17 times off); on a CPU smaller sizes, the
-        copy buffers still 64 MiB (at 16 MiB a new user's quick CPU copy ran in cache at 2.3x the full run's rate)."""
+        of the tensor-core peak: a quick spec measured that way was 5 to 17 times off); on a CPU copy buffers of
+        64 MiB (at 16 MiB a new user's quick CPU copy ran in cache at 2.3x the full run's rate) and n = 1024."""
         if quick and device == "cuda":
             return cls(copy_bytes=max(4 * l2_bytes, 256 << 20), matmul_n=4096, launch_ops=300, warmup_ms=5.0,
                        rep_ms=20.0)
-        if quick:
-            return cls(copy_bytes=64 << 20, matmul_n=256, launch_ops=300, warmup_ms=5.0, rep_ms=20.0)
+        if quick:  # a 256^3 CPU matmul ran at 1/17 of the 1024^3 one's rate (a fresh user): the full run's size
+            return cls(copy_bytes=64 << 20, matmul_n=1024, launch_ops=300, warmup_ms=5.0, rep_ms=20.0)
         if device == "cuda":
             return cls(copy_bytes=max(8 * l2_bytes, 1 << 30), matmul_n=8192)
         return cls(copy_bytes=256 << 20, matmul_n=1024, rep_ms=200.0)
@@ -619,6 +619,20 @@ def sanity_warnings(cal: "Calibration", base: DeviceSpec) -> list[str]:
     return out
 
 
+def table_warnings(cal: "Calibration") -> list[str]:
+    """A line per matmul dtype whose measured peak is under :data:`SANITY_SHARE` of the fastest matmul the same
+    calibration timed in its shape table (``matmul_rates``): the spec would contradict itself (a fresh user's quick
+    CPU spec: an fp32 peak of 0.0062 TFLOP/s beside table entries at 0.22), on any device."""
+    out = []
+    for k, peak in cal.matmul_tflops.items():
+        fastest = max((r.tflops for r in cal.matmul_rates if r.dtype == k), default=0.0)
+        if fastest > 0 and peak < SANITY_SHARE * fastest:
+            out.append(f"{k} matmul peak measured {peak:,.4g} TFLOP/s, under {SANITY_SHARE:.0%} of the fastest "
+                       f"matmul this calibration timed in its shape table ({fastest:,.4g}): the peak's probe did not "
+                       f"reach the ceiling; rerun calibrate without --quick on an idle device")
+    return out
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
 
@@ -818,7 +832,7 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
             **({"pool_probes": [dict(r) for r in cal.pool_probes]} if cal.pool_probes else {}),
         },
     }
-    warnings = sanity_warnings(cal, base) if cal.device == "cuda" else []
+    warnings = (sanity_warnings(cal, base) if cal.device == "cuda" else []) + table_warnings(cal)
     if warnings:
         data["calibration"]["warnings"] = warnings
     parse_spec(data, "the spec calibrate measured (a calibrate bug: please report it)")  # the loader must take it

@@ -265,7 +265,7 @@ def _nan() -> float:
     return float("nan")
 
 
-def _after_route_us(route: str, est: Estimate | None) -> float:
+def after_route_us(route: str, est: Estimate | None) -> float:
     """The chain's predicted time on its route (:meth:`Estimate.route_us`: the fused kernel at the share of the
     roofline the route's code reaches; under CUDA graphs without the launch floor), its eager time on skip. A
     library kernel predicted slower than eager counts at eager's time: it stays routed as a candidate, and apply
@@ -358,8 +358,8 @@ def _chain_row(chain: Chain, est: Estimate | None, dec: Decision | None, inducto
         "est_compile_us": est.route_us("torch.compile") if est else _nan(),
         "est_triton_us": est.route_us("triton") if est else _nan(),
         "est_cudagraphs_us": est.route_us("cudagraphs") if est else _nan(),
-        "est_after_route_us": _after_route_us(route, est),
-        "est_route_saving_us": (est.eager_us - _after_route_us(route, est)) if est else _nan(),
+        "est_after_route_us": after_route_us(route, est),
+        "est_route_saving_us": (est.eager_us - after_route_us(route, est)) if est else _nan(),
         "compute_us": est.compute_us if est else _nan(),
         "memory_fused_us": est.memory_fused_us if est else _nan(),
         "launch_eager_us": est.launch_eager_us if est else _nan(),
