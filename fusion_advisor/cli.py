@@ -831,7 +831,7 @@ def _calibrate_from_profile(paths: List[Path], test: Optional[List[Path]], base:
 
     from fusion_advisor.devices import load_spec
     from fusion_advisor.devices.calibrate import check_out_file
-    from fusion_advisor.devices.fit_profiles import fit_from_profiles, summary, write_fit
+    from fusion_advisor.devices.fit_profiles import fit_from_profiles, summary, worse_after_fit, write_fit
 
     target = out or Path("device_spec_fitted.yaml")
 
@@ -867,6 +867,8 @@ def _calibrate_from_profile(paths: List[Path], test: Optional[List[Path]], base:
                f"over roofline time, median per category: {top} (every class: {written['classes'].name})")
     for note in result.notes:  # the split, reports skipped, the host and cold host scales (or why they stay 1)
         typer.echo(note)
+    for note in worse_after_fit(sums):
+        console.print(f"[yellow]warning:[/] {_escape(note)}", highlight=False)
     typer.echo(f"wrote {written['spec']} and {written['residuals'].name}, {written['models'].name}, "
                f"{written['classes'].name} beside it; use it with: fusion-advisor analyze --gpu {written['spec']}")
 

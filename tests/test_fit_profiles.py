@@ -644,3 +644,19 @@ def test_cpu_profiles_are_not_fitted_into_a_gpus_spec(reports):
     with pytest.raises(UserError, match=r"were profiled on a CPU .* the spec to fit, h200, is a GPU's"):
         fit_from_profiles(fit, base=load_spec("h200"))
     assert fit_from_profiles(fit, base=load_spec("cpu")).spec.op_time_fits  # their own device's spec fits
+
+
+def test_a_fit_that_prices_its_sets_worse_than_its_base_is_warned():
+    """calibrate --from-profile wrote fits that tested worse than their base (88% -> 74% chains within 30%; a fresh
+    user's busy-CPU profiles 3.78 -> 4.20 median |log2 error|) without a word."""
+    from fusion_advisor.devices.fit_profiles import worse_after_fit
+
+    def split(before, after):
+        return {"before": {"median_log2_error": before, "chains_30pct": 0.88},
+                "after": {"median_log2_error": after, "chains_30pct": 0.74}}
+
+    notes = worse_after_fit({"fit": split(0.3, 0.2), "test": split(0.25, 0.4)})
+    assert notes == ["on the test set the fit prices chains worse than its base (median |log2 error| 0.25 -> 0.40, "
+                     "chains within 30% 88% -> 74%): profiles unlike the models you will analyse, or too few of "
+                     "them; the spec is written, but its base may serve better"]
+    assert worse_after_fit({"fit": split(0.3, 0.2), "test": {}}) == []

@@ -554,3 +554,17 @@ def test_export_refusal_says_why_dynamo_failed():
                   warnings=["capture by dynamo: CaptureError: dynamo captured no graph (the whole forward ran eagerly)"])
     with pytest.raises(UserError, match=r"captured by export, .*\(dynamo: CaptureError: dynamo captured no graph"):
         _instrument(loaded, cap, set())
+
+
+@pytest.mark.parametrize("over, said", [(0.0, 1), (1e9, 0)])
+def test_a_cpu_profile_whose_ops_took_far_longer_than_the_model_says_so(monkeypatch, over, said):
+    """A fresh user's busy 2-core machine attributed 38,832 us to the ops of a 284 us model without a word, and
+    calibrate --from-profile learnt those times."""
+    from fusion_advisor.analyze import profile as prof_mod
+
+    monkeypatch.setattr(prof_mod, "CPU_PROFILED_OVER_WALL", over)
+    a = analyze(DATA / "tiny_pointwise.py", device="cpu", gpu="cpu", profile=True)
+    notes = [n for n in a.profile.notes if "x the plain model's wall time" in n]
+    assert len(notes) == said, a.profile.notes
+    if said:
+        assert "these per-op times are not the model's" in notes[0]

@@ -84,6 +84,9 @@ GRAPH_TAG_PREFIX = "fa-graph:"
 PROBE_TAG = "fa-probe"
 #: Share of a CPU profile's total outside every op of the graphs above which a note says what that time is.
 CPU_GLUE_NOTE_SHARE = 0.25
+#: A CPU profile's attributed op time over the plain model's wall time above which a note says its per-op times are
+#: not the model's (a fresh user's busy 2-core machine: 38,832 us attributed for a 284 us model).
+CPU_PROFILED_OVER_WALL = 3.0
 #: Tiny ops per probe loop.
 PROBE_OPS = 300
 #: Runs made before profiling (the first compiles the instrumented graphs) and runs profiled.
@@ -761,6 +764,11 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
         what = "device kernel(s)" if device == "cuda" else "aten op(s)"
         notes.append(f"{att.unattributed_events:g} {what} per run ran outside any op of the graph (graph-break "
                      f"code, view ops, Python glue): {att.unattributed_us:.1f} us per run not attributed to a chain")
+    if device == "cpu" and eager_wall > 0 and att.attributed_us > CPU_PROFILED_OVER_WALL * eager_wall:
+        notes.append(f"the profiled ops took {att.attributed_us / eager_wall:.0f}x the plain model's wall time "
+                     f"({att.attributed_us:.1f} against {eager_wall:.1f} us per run): the profiler's own cost, or a CPU "
+                     f"busy with other work; these per-op times are not the model's, and calibrate --from-profile "
+                     f"would learn them")
     if device == "cpu" and att.total_us > 0 and att.unattributed_us > CPU_GLUE_NOTE_SHARE * att.total_us:
         notes.append(f"{att.unattributed_us:.1f} us of the profiled run's {att.total_us:.1f} us "
                      f"({att.unattributed_us / att.total_us:.0%}) ran outside every op of the graphs: on a CPU, "
