@@ -23,7 +23,8 @@ from fusion_advisor.errors import DeviceSpecError, UserError
 from fusion_advisor.devices.fit_profiles import fit_curve, fit_from_profiles, read_report, summary, write_fit
 from fusion_advisor.analyze.records import ChainMeasurement, NodeMeasurement, OpInfo, SourceLoc, TensorMeta
 from fusion_advisor.report.write import render_json
-from fusion_advisor.analyze.roofline import eager_in_model_us, estimate_all, op_class_keys, roofline_op_us
+from fusion_advisor.analyze.op_classes import op_class_keys
+from fusion_advisor.analyze.roofline import eager_in_model_us, estimate_all, roofline_op_us
 
 MLP = Path(__file__).parent / "data" / "models" / "profile_mlp.py"
 LAW = {"matmul": 3.0}  # measured busy time over the roofline time, by category; every other op: 2x
@@ -382,7 +383,8 @@ def test_a_model_is_judged_by_its_plain_wall_time_not_the_attributed_total(profi
 def _host_timed(lawful, spec):
     """``lawful`` with every launching op's measured host time 1.5x its price on ``spec`` (views before it
     included), the graph's first op's 9x."""
-    from fusion_advisor.analyze.roofline import launches, op_host_us, view_host_us
+    from fusion_advisor.analyze.op_classes import launches
+    from fusion_advisor.analyze.roofline import op_host_us, view_host_us
 
     nodes, pending, first = dict(lawful.profile.nodes), 0.0, True
     for op in lawful.ops:

@@ -9,7 +9,8 @@ import torch
 from fusion_advisor.analyze.capture import capture
 from fusion_advisor.analyze.graph import build_op_graph
 from fusion_advisor.analyze.load import LoadedModel
-from fusion_advisor.analyze.roofline import op_class_keys, view_host_us
+from fusion_advisor.analyze.op_classes import op_class_keys
+from fusion_advisor.analyze.roofline import view_host_us
 from fusion_advisor.devices import load_spec
 from fusion_advisor.devices import host_costs
 from fusion_advisor.devices.host_costs import (ALIASES, VIEW_PROBES, conv_activity_probes, host_probes,

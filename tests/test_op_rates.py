@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from fusion_advisor.analyze.records import Chain, OpInfo, SourceLoc, TensorMeta
-from fusion_advisor.analyze.roofline import (_module_calls, base_op_us, conv_detail, eager_in_model_us, estimate,
-                                             estimate_all, measured_conv_us, measured_matmul_us, op_bandwidth_gbps,
-                                             op_host_us, op_launch_us, roofline_op_us)
+from fusion_advisor.analyze.op_classes import conv_detail
+from fusion_advisor.analyze.roofline import (_module_calls, base_op_us, eager_in_model_us, estimate, estimate_all,
+                                             measured_conv_us, measured_matmul_us, op_bandwidth_gbps, op_host_us,
+                                             op_launch_us, roofline_op_us)
 from fusion_advisor.devices import load_spec, parse_spec, spec_mapping
 from fusion_advisor.devices.op_rates import (CONV_CLASSES, ConvGeometry, ConvRate, MatmulRate, channels_unaligned,
                                              conv_kernels, conv_time_us, matmul_time_us)

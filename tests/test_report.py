@@ -462,3 +462,26 @@ def test_a_folder_that_cannot_be_written_is_a_user_error_not_an_internal_one(tmp
         want = "cannot write chains.csv there: Permission denied"
     with pytest.raises(UserError, match=f"--out .*{want}"):
         write.write_report(make_analysis(), tmp_path / "out")
+
+
+def test_ops_csv_says_what_each_op_is_priced_at_and_by_what(tmp_path):
+    """A fresh user could not split a chain's est_eager_us into its ops, nor tell a GEMM was priced from the
+    measured table (2,897 us where compute_us said 2,051)."""
+    import pandas as pd
+
+    from fusion_advisor.analyze.pipeline import analyze
+    from fusion_advisor.analyze.roofline import estimate
+    from fusion_advisor.devices import load_spec
+    from fusion_advisor.report.write import write_report
+
+    a = analyze(Path(__file__).parent / "data" / "models" / "profile_mlp.py", gpu="h200")
+    ops = pd.read_csv(write_report(a, tmp_path / "r")["ops_csv"], keep_default_na=False)
+    gemms = ops[ops["category"] == "matmul"]
+    assert len(gemms) and all(p.startswith("matmul table") for p in gemms["priced_by"])
+    assert (ops[ops["category"] == "view"]["est_device_us"] == 0).all()
+    by_id = {o.id: o for o in a.ops}
+    spec = load_spec("h200")
+    for c in a.chains:  # each chain's eager estimate is its ops' max(device, host), summed
+        rows = ops[ops["chain_id"] == c.id]
+        want = sum(max(d, h) for d, h in zip(rows["est_device_us"], rows["est_host_us"]) if d > 0 or h > 0)
+        assert estimate(c, by_id, spec).eager_us == pytest.approx(want, rel=1e-6)

@@ -69,6 +69,7 @@ from fusion_advisor.devices.op_rates import (ConvGeometry, conv_kernels, conv_ti
 from fusion_advisor.devices.reduction_rates import REDUCE_OPS, reduction_time_us
 from fusion_advisor.dtypes import float_itemsize
 from fusion_advisor.analyze.composites import composite_host_launches, encoder_layer_parts
+from fusion_advisor.analyze.op_classes import has_bias, launches, op_class_keys, short_target
 from fusion_advisor.analyze.records import Chain, Estimate, OpInfo, TensorMeta
 from fusion_advisor.analyze.sdpa import math_score_bytes
 
@@ -118,7 +119,7 @@ SCAN_OPS = frozenset(("cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"))
 
 def is_scan(op: OpInfo) -> bool:
     """Whether ``op`` is an aten scan (:data:`SCAN_OPS`)."""
-    return _short_target(op.target) in SCAN_OPS
+    return short_target(op.target) in SCAN_OPS
 
 
 #: The eager memory-rate kinds an op may read its inputs as, in the order :func:`op_bandwidth_gbps` prefers them,
@@ -189,7 +190,7 @@ MEMCPY_OPS = frozenset(("clone", "copy", "_to_copy", "contiguous", "lift_fresh_c
 def memcpy_like(op: OpInfo) -> bool:
     """A copy that runs as a DMA memcpy (:data:`MEMCPY_OPS`, same dtype, no permuted input): no elementwise
     kernel's ramp and tail."""
-    return (op.category == "copy" and _short_target(op.target) in MEMCPY_OPS and not op.reads_permuted
+    return (op.category == "copy" and short_target(op.target) in MEMCPY_OPS and not op.reads_permuted
             and all(i.dtype == op.dtype for i in op.inputs))
 
 
@@ -232,7 +233,7 @@ def cat_inputs_us(op: OpInfo, spec: DeviceSpec) -> float:
     (:func:`fusion_advisor.devices.memory_rates.measure_cat_sweep`); 0 for other ops or when not measured. A
     DenseNet's concatenations join a transition's large map with dozens of small ones, and ran at up to 4x their
     bytes at the copy bandwidth on the H200."""
-    if spec.cat_sweep_gbps <= 0 or _short_target(op.target) != "cat" or not op.inputs:
+    if spec.cat_sweep_gbps <= 0 or short_target(op.target) != "cat" or not op.inputs:
         return 0.0
     largest = max(t.nbytes for t in op.inputs)
     if spec.cat_sweep_cap_bytes > 0:
@@ -257,11 +258,6 @@ def roofline_op_us(op: OpInfo, spec: DeviceSpec) -> float:
 CONV_BIAS_TRANSFERS = 3.3
 
 
-def _has_bias(op: OpInfo) -> bool:
-    """A convolution with a bias operand (aten.convolution's third input, not empty)."""
-    return len(op.inputs) > 2 and op.inputs[2].numel > 0
-
-
 def measured_conv_us(op: OpInfo, spec: DeviceSpec, layout: str = "nchw") -> float | None:
     """Device time of a convolution in ``layout`` from the spec's measured ``conv_rates`` (us): the time fitted
     through the measured convolutions of its class, dtype and layout
@@ -276,7 +272,7 @@ def measured_conv_us(op: OpInfo, spec: DeviceSpec, layout: str = "nchw") -> floa
     t = conv_time_us(spec.conv_rates, geom, op.dtype, layout)
     if t is None:
         return None
-    if _has_bias(op):
+    if has_bias(op):
         t += CONV_BIAS_TRANSFERS * op.outputs[0].nbytes / (spec.memory_bandwidth_gbps * 1e9) * 1e6
     return t
 
@@ -300,13 +296,13 @@ def matmul_problem(op: OpInfo) -> tuple[str, int, int, int, int, str, str] | Non
     cannot read."""
     if op.category != "matmul":
         return None
-    if _short_target(op.target) == "linear" and len(op.inputs) >= 2 and len(op.inputs[1].shape) == 2:
+    if short_target(op.target) == "linear" and len(op.inputs) >= 2 and len(op.inputs[1].shape) == 2:
         # aten.linear (kept whole by an export): x [..., K] times weight [N, K] transposed, one mm of numel(x) / K rows
         x, (n, k) = op.inputs[0], op.inputs[1].shape
         if k <= 0 or n <= 0 or not x.shape or x.shape[-1] != k or x.numel < k:
             return None
         return "mm", x.numel // k, n, k, 1, op.dtype, "nt"
-    if _short_target(op.target) == "matmul" and len(op.inputs) >= 2:
+    if short_target(op.target) == "matmul" and len(op.inputs) >= 2:
         # aten.matmul (kept whole by an export): [..., M, K] @ [K, N] as one mm of numel / K rows, or batched
         # [..., M, K] @ [..., K, N] of equal batch dims as one bmm, as torch.matmul runs them
         a, b = op.inputs[0].shape, op.inputs[1].shape
@@ -318,7 +314,7 @@ def matmul_problem(op: OpInfo) -> tuple[str, int, int, int, int, str, str] | Non
         if tuple(a[:-2]) != tuple(b[:-2]):
             return None
         return "bmm", a[-2], b[-1], a[-1], math.prod(a[:-2]), op.dtype, layout
-    how = _MATMUL_OPERANDS.get(_short_target(op.target))
+    how = _MATMUL_OPERANDS.get(short_target(op.target))
     if how is None or len(op.inputs) < how[1] + 2:
         return None
     a, b = op.inputs[how[1]].shape, op.inputs[how[1] + 1].shape
@@ -367,7 +363,7 @@ def reduction_geometry(op: OpInfo) -> tuple[str, tuple[int, int, int]] | None:
     :data:`fusion_advisor.devices.reduction_rates.REDUCE_OPS`."""
     if not op.inputs or not op.inputs[0].shape or op.inputs[0].numel <= 0:
         return None
-    name, shape = _short_target(op.target), op.inputs[0].shape
+    name, shape = short_target(op.target), op.inputs[0].shape
     if name.startswith("_native_batch_norm_legit") or name in ("native_batch_norm", "cudnn_batch_norm"):
         if len(shape) < 2:
             return None
@@ -504,6 +500,28 @@ def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
     return max(fit(t, bounded_gain=measured is None), floor)
 
 
+def price_source(op: OpInfo, spec: DeviceSpec) -> str:
+    """How :func:`_op_time_us` priced ``op``'s eager device time, for ops.csv: ``"matmul table"``, ``"conv table"``,
+    ``"reduction table"`` (the spec's measured rates), ``"recurrent steps"`` or ``"roofline"``, then
+    ``" x fit <class>"`` where a profile-fitted curve applies; ``""`` for a view or an op that launches nothing."""
+    if op.is_view or not launches(op):
+        return ""
+    measured = measured_op_us(op, spec)
+    how = "roofline" if measured is None else "recurrent steps" if op.category == "recurrent" else (
+        f"{op.category if op.category in ('matmul', 'conv') else 'reduction'} table")
+    if spec.op_time_fits and not encoder_layer_parts(op) and pool_window_us(op, spec) <= 0:
+        keys = fit_keys(op, rated=measured is not None)
+        if spec.op_time_fit(keys, op.dtype) is not None:
+            how += " x fit " + next(k for k in keys if k in spec.op_time_fits)
+    return how
+
+
+def op_device_us(op: OpInfo, spec: DeviceSpec) -> float:
+    """Predicted eager device time of one op (us), as the chain estimates price it; 0 for a view or an op that
+    launches nothing."""
+    return 0.0 if op.is_view or not launches(op) else _op_time_us(op, spec)
+
+
 def dram_floor_us(op: OpInfo, spec: DeviceSpec) -> float:
     """The least time (us) an op moving more bytes than the GPU's L2 holds can take: the bytes beyond what L2 can
     hold (its producer may have left that much there) at the spec's copy bandwidth; 0 for an op that fits in L2,
@@ -514,36 +532,6 @@ def dram_floor_us(op: OpInfo, spec: DeviceSpec) -> float:
     if spec.l2_bytes <= 0 or beyond <= 0:
         return 0.0
     return beyond / (spec.memory_bandwidth_gbps * 1e9) * 1e6
-
-
-def _short_target(target: str) -> str:
-    """``"aten.native_group_norm.default"`` -> ``"native_group_norm"``."""
-    parts = target.split(".")
-    return parts[1] if len(parts) >= 3 and parts[0] == "aten" else (parts[-2] if len(parts) >= 2 else target)
-
-
-def conv_detail(op: OpInfo) -> str:
-    """Geometry class of a convolution op (:attr:`fusion_advisor.devices.op_rates.ConvGeometry.detail`):
-    ``conv<d>d``, ``_transpose`` when its output has more spatial positions than its input (a transposed
-    convolution), ``_depthwise`` when each group holds one input channel, ``_grouped`` when groups > 1 otherwise.
-    ``"conv"`` when the op has no input/weight/output shapes."""
-    if len(op.inputs) < 2 or not op.outputs:
-        return "conv"
-    geom = ConvGeometry.from_shapes(op.inputs[0].shape, op.inputs[1].shape, op.outputs[0].shape)
-    return "conv" if geom is None else geom.detail
-
-
-def op_class_keys(op: OpInfo) -> tuple[str, ...]:
-    """The classes an op's fitted eager time may come from, most specific first: ``category/detail/dtype``,
-    ``category/detail``, ``category`` (detail: :func:`conv_detail` for convolutions, the SDPA backend for
-    attention, the cell for a recurrent op, else the aten op's name: ``normalization/native_group_norm/fp32``)."""
-    if op.category == "conv":
-        detail = conv_detail(op)
-    elif op.category in ("attention", "recurrent"):
-        detail = op.variant or op.category
-    else:
-        detail = _short_target(op.target)
-    return (f"{op.category}/{detail}/{op.dtype}", f"{op.category}/{detail}", op.category)
 
 
 def op_launch_us(op: OpInfo, spec: DeviceSpec) -> float:
@@ -593,7 +581,7 @@ def conv_activity_host_us(op: OpInfo, spec: DeviceSpec, base_us: float) -> float
     kernels = conv_kernels(spec.conv_rates, geom, op.dtype) if geom is not None else None
     if kernels is None:
         return 0.0
-    kernels += 1.0 if _has_bias(op) else 0.0
+    kernels += 1.0 if has_bias(op) else 0.0
     return base_us * max((kernels - spec.conv_probe_kernels) * spec.activity_host_share, MIN_CONV_HOST_SHARE - 1.0)
 
 
@@ -603,11 +591,6 @@ def view_host_us(op: OpInfo, spec: DeviceSpec) -> float:
     a tuple output (``_native_batch_norm_legit``'s, ``max_pool2d_with_indices``'s), which model code never
     dispatches: the aten op returned the tuple."""
     return 0.0 if "getitem" in op.target else spec.view_overhead_us * spec.host_time_scale * spec.view_host_scale
-
-
-def launches(op: OpInfo) -> bool:
-    """Whether ``op`` launches a kernel when run eagerly: not when every output is empty (0 elements)."""
-    return not op.outputs or any(o.numel > 0 for o in op.outputs)
 
 
 #: Launches after which an aten op's host path is cold: an op whose aten op (``OpInfo.target``) last ran more launches

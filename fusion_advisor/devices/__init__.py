@@ -205,7 +205,7 @@ class DeviceSpec:
             (what a profile measures as busy) uses it where set, else ``elementwise_overhead_us``. On the H200 261
             profiled elementwise kernels under 0.1 MB took a median 0.99 us against the graph replay's 2.38.
         op_time_fits: optional, eager device time per op class fitted from profiles (:class:`OpTimeFit`), keyed
-            ``category``, ``category/detail`` or ``category/detail/dtype`` (:func:`fusion_advisor.analyze.roofline.op_class_keys`;
+            ``category``, ``category/detail`` or ``category/detail/dtype`` (:func:`fusion_advisor.analyze.op_classes.op_class_keys`;
             ``conv/conv3d/fp32``); the roofline applies the most specific one an op has. Empty: the plain roofline.
         op_time_fit_dtypes: the op dtypes (``fp32``, ``bf16``) the fits were measured on: an op of another dtype
             keeps the plain roofline, so a class-level curve learnt from fp32 models never reprices bf16 ones.
@@ -233,7 +233,7 @@ class DeviceSpec:
             runs; 0: not measured.
         launch_overhead_us: time per eager kernel launch (dispatch plus launch), microseconds.
         launch_overhead_by_class: optional, measured host time per eager call (us) by op class key (``conv``,
-            ``matmul``, ``normalization/native_group_norm``, ...: :func:`fusion_advisor.analyze.roofline.op_class_keys`),
+            ``matmul``, ``normalization/native_group_norm``, ...: :func:`fusion_advisor.analyze.op_classes.op_class_keys`),
             for classes whose calls cost the host more than an elementwise op's (cuDNN and cuBLAS set up their
             calls); other ops take ``launch_overhead_us``.
         broadcast_bandwidth_gbps: optional, measured bandwidth (GB/s, read + written) of an eager elementwise kernel

@@ -150,7 +150,7 @@ ALIASES = {"normalization/_native_batch_norm_legit": "normalization/_native_batc
 
 def host_probes(device: str) -> dict[str, HostProbe]:
     """One tiny eager call per op class whose host cost :func:`measure_launch_by_class` measures, keyed by the
-    class of the aten op the captured graphs call for it (:func:`fusion_advisor.analyze.roofline.op_class_keys`)."""
+    class of the aten op the captured graphs call for it (:func:`fusion_advisor.analyze.op_classes.op_class_keys`)."""
     nn, F = torch.nn, torch.nn.functional
     f = dict(device=device, dtype=torch.float32)
     x4, x2 = torch.randn(2, 8, 8, 8, **f), torch.randn(16, 64, **f)

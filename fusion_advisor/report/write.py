@@ -189,6 +189,16 @@ OP_COLUMNS: dict[str, str] = {
     "module_path": "Dotted path of the nn.Module that issued the op, empty at top level.",
     "source": "file:line that issued the op; site-packages paths shortened to the part after 'site-packages/'.",
     "code": "The Python code on that source line.",
+    "est_device_us": "Predicted eager device time of the op on the report's device spec (us): what the chain's "
+                     "est_eager_us sums with the host time below (a view or an op on empty tensors: 0).",
+    "est_host_us": "Predicted host time of issuing the op eagerly (us): the spec's host cost of its class (a view: 0 "
+                   "here; views are charged to the op after them in the chain's in-model time).",
+    "priced_by": "How est_device_us was priced: 'matmul table', 'conv table', 'reduction table' (the spec's "
+                 "measured rates), 'recurrent steps' or 'roofline', then 'x fit <class>' where a curve fitted from "
+                 "profiles (calibrate --from-profile) applies.",
+    "measured_busy_us": "With --profile: the op's kernels' summed device time per run (us); empty without.",
+    "measured_idle_us": "With --profile: the time the GPU waited before the op's kernels per run (us); empty "
+                        "without.",
 }
 
 #: Keys of each :func:`summary_rows` dict -> documentation.
@@ -398,11 +408,27 @@ def ops_frame(analysis: Analysis) -> pd.DataFrame:
     for chain in analysis.chains:
         for op_id in chain.op_ids:
             chain_of.setdefault(op_id, chain.id)
-    rows = [_op_row(op, chain_of.get(op.id, "")) for op in analysis.ops]
+    spec = _spec_of(analysis)
+    nodes = analysis.profile.nodes if analysis.profile is not None else {}
+    rows = [_op_row(op, chain_of.get(op.id, ""), spec, nodes.get(op.id)) for op in analysis.ops]
     return pd.DataFrame(rows, columns=list(OP_COLUMNS))
 
 
-def _op_row(op: OpInfo, chain_id: str) -> dict[str, Any]:
+def _spec_of(analysis: Analysis) -> Any:
+    """The analysis' device spec as a :class:`~fusion_advisor.devices.DeviceSpec`, or None where it does not parse
+    (a report written by another version): the per-op prices are then left empty."""
+    from fusion_advisor.devices import parse_spec, spec_fields
+
+    try:
+        return parse_spec(spec_fields(analysis.device_spec or {}), "report.json: device_spec")
+    except Exception:  # noqa: BLE001 - the prices are an aid, the rest of the row stands
+        return None
+
+
+def _op_row(op: OpInfo, chain_id: str, spec: Any = None, measured: Any = None) -> dict[str, Any]:
+    from fusion_advisor.analyze.roofline import op_device_us, op_host_us, price_source
+
+    runs = spec is not None and not op.is_view
     return {
         "op_id": op.id,
         "graph_index": op.graph_index,
@@ -418,6 +444,11 @@ def _op_row(op: OpInfo, chain_id: str) -> dict[str, Any]:
         "module_path": op.module_path,
         "source": _source_str(op.source),
         "code": op.source.code,
+        "est_device_us": op_device_us(op, spec) if spec is not None else _nan(),
+        "est_host_us": op_host_us(op, spec) if runs else (0.0 if spec is not None else _nan()),
+        "priced_by": price_source(op, spec) if spec is not None else "",
+        "measured_busy_us": measured.busy_us if measured is not None else _nan(),
+        "measured_idle_us": measured.idle_us if measured is not None else _nan(),
     }
 
 
