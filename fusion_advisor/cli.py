@@ -168,7 +168,7 @@ def analyze(
 ) -> None:
     """Analyse a model: chains, bound classes, routes and reasons; writes report.html, chains.csv, ops.csv, report.json."""
     from fusion_advisor.analyze.pipeline import analyze as run_analysis
-    from fusion_advisor.report.write import check_out_dir, earlier_report, write_report
+    from fusion_advisor.report.write import check_out_dir, earlier_model, earlier_report, write_report
 
     def job():
         from fusion_advisor.dtypes import CAST_NAMES
@@ -187,7 +187,7 @@ def analyze(
         out_dir = out or Path("reports") / analysis.model_name
         if out is None:  # the default folder is known only now (it is named after the model)
             check_out_dir(out_dir)
-        replaced = earlier_report(out_dir)
+        replaced = earlier_model(out_dir)
         if inductor_code:
             _inductor_code(analysis, kept[0].graphs, out_dir, inductor_top, inductor_budget_s)
         with console.status("writing the report ..."):
@@ -210,7 +210,7 @@ def _inductor_code(analysis, graphs, out_dir: Path, top: int, budget_s: float) -
     ic.write_files(analysis.inductor_code, out_dir)
 
 
-def _print_summary(analysis, paths: dict, top: int, replaced: bool = False) -> None:
+def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None) -> None:
     from rich.table import Table
 
     from fusion_advisor.report.write import summary_rows
@@ -304,7 +304,9 @@ def _print_summary(analysis, paths: dict, top: int, replaced: bool = False) -> N
                       f"or analyze into another --out", highlight=False)
     out.print(f"report: {paths.get('html')}  (also chains.csv, ops.csv, report.json in {out_dir}"
               + ("; with apply's results from plan.yaml" if plan is not None else "")
-              + ("; it replaces the analysis written there before: --out DIR keeps both" if replaced else "") + ")")
+              + (f"; it replaces the analysis of {replaced} written there before (another --out keeps both)"
+                 if replaced and Path(replaced).resolve() != Path(analysis.model_file).resolve() else
+                 "; it replaces this model's earlier analysis there" if replaced is not None else "") + ")")
 
 # --- verify / bench -----------------------------------------------------------------------------------------
 # (kernel contract commands; see fusion_advisor/kernel_tools/verify.py and fusion_advisor/kernel_tools/bench.py)

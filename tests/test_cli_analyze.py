@@ -53,8 +53,13 @@ def test_a_second_analysis_into_a_folder_says_it_replaced_the_first(tmp_path):
     first = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(out), "--top", "0")
     second = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(out), "--top", "0", "--dtype", "bf16")
     assert first.exit_code == 0 and second.exit_code == 0, second.output
-    said = "it replaces the analysis written there before"
+    said = "it replaces this model's earlier analysis there"
     assert said not in " ".join(first.output.split()) and said in " ".join(second.output.split())
+    # another model's report: named (a fresh user's LeNet5 folder read only "the analysis written there before")
+    third = _run(str(DATA / "models" / "profile_mlp.py"), "--out", str(out), "--top", "0")
+    assert third.exit_code == 0, third.output
+    assert (f"it replaces the analysis of {DATA / 'models' / 'tiny_pointwise.py'} written there before"
+            in " ".join(third.output.split())), third.output
 
 
 def test_top_zero_prints_no_chain_table(tmp_path):

@@ -683,10 +683,17 @@ def render_json(analysis: Analysis, generated_at: str) -> str:
 
 def earlier_report(out_dir: Path) -> bool:
     """True when ``out_dir`` holds a report.json written by fusion-advisor."""
+    return earlier_model(out_dir) is not None
+
+
+def earlier_model(out_dir: Path) -> str | None:
+    """The model file of the report.json fusion-advisor wrote in ``out_dir`` (``""`` when it names none), or None
+    when there is no such report."""
     try:
-        return "tool_version" in json.loads((out_dir / FILE_NAMES["json"]).read_text())
+        doc = json.loads((out_dir / FILE_NAMES["json"]).read_text())
     except (OSError, ValueError, TypeError):
-        return False
+        return None
+    return str(doc.get("model_file") or "") if isinstance(doc, dict) and "tool_version" in doc else None
 
 
 def check_out_dir(out_dir: Path, names: tuple[str, ...] | None = None,
