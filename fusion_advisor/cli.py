@@ -175,6 +175,8 @@ def analyze(
 
         if dtype and dtype not in CAST_NAMES:
             raise UserError(f"unknown --dtype {dtype!r}; choose fp32, bf16 or fp16")
+        if not inductor_code and (inductor_top != 5 or inductor_budget_s != 300.0):
+            raise UserError("--inductor-top and --inductor-budget-s go with --inductor-code")
         if out is not None:
             check_out_dir(out)  # before the analysis, so a bad --out fails fast
             if inductor_code:
@@ -438,7 +440,7 @@ def verify(
 def bench(
     file: str = typer.Argument(..., help=_KERNEL_ARG_HELP),
     warmup_ms: float = typer.Option(25.0, "--warmup-ms", min=0.0, help="Warm-up budget per function, ms."),
-    rep_ms: float = typer.Option(100.0, "--rep-ms", min=0.0, help="Timed budget per function, ms."),
+    rep_ms: float = typer.Option(100.0, "--rep-ms", min=0.001, help="Timed budget per function, ms."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Skip timing torch.compile(reference_fn)."),
     rtol: Optional[float] = typer.Option(None, "--rtol", min=0.0, help=_TOL_HELP.format("Relative (verify step)")),
     atol: Optional[float] = typer.Option(None, "--atol", min=0.0, help=_TOL_HELP.format("Absolute (verify step)")),
@@ -798,6 +800,10 @@ def calibrate(
     spec YAML that analyze and apply take with --gpu SPEC.yaml. With --from-profile, learn each op class's eager
     time from profiled reports instead."""
     if from_profile:
+        if quick or device:  # it measures nothing: refused, as --test and --base are without it
+            console.print("[bold red]error:[/] --quick and --device measure; --from-profile measures nothing",
+                          highlight=False)
+            raise typer.Exit(2)
         _calibrate_from_profile(from_profile, test, base, out, debug)
         return
     if test or base:

@@ -278,3 +278,9 @@ def test_analyze_says_when_the_folder_holds_another_models_plan(tmp_path):
     assert "warning:" in r.output and f"plan.yaml was made for {other}" in " ".join(r.output.split())
     r = _run(str(other), "--out", str(out))  # the plan's own model: nothing to warn about
     assert r.exit_code == 0 and "warning:" not in r.output, r.output
+
+
+def test_inductor_options_without_inductor_code_are_refused(tmp_path):
+    """--inductor-top without --inductor-code was ignored without a word (a fresh user)."""
+    r = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(tmp_path / "rep"), "--inductor-top", "3")
+    assert r.exit_code == 2 and "--inductor-top and --inductor-budget-s go with --inductor-code" in r.output

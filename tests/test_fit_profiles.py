@@ -662,3 +662,11 @@ def test_a_fit_that_prices_its_sets_worse_than_its_base_is_warned():
                      "chains within 30% 88% -> 74%): profiles unlike the models you will analyse, or too few of "
                      "them; the spec is written, but its base may serve better"]
     assert worse_after_fit({"fit": split(0.3, 0.2), "test": {}}) == []
+
+
+def test_measuring_options_with_from_profile_are_refused(reports):
+    """calibrate --from-profile --quick exited 0, --quick ignored (a fresh user)."""
+    root, fit, _ = reports
+    for flag in (["--quick"], ["--device", "cpu"]):
+        r = CliRunner().invoke(app, ["calibrate", "--from-profile", str(fit[0]), *flag])
+        assert r.exit_code == 2 and "--from-profile measures nothing" in r.output, r.output
