@@ -184,6 +184,15 @@ def test_a_gemm_priced_from_a_table_never_beats_the_compute_roofline(gpu):
     assert measured_op_us(mm, spec) < 1.5 * floor  # at this size a GEMM runs near the peak
 
 
+def _gemv(k: int, n: int, dtype: str) -> OpInfo:
+    """A batch-1 ``x [1, k] @ w [k, n]`` mm in ``dtype``."""
+    size = 2 if dtype in ("bf16", "fp16") else 4
+    x, w = TensorMeta((1, k), dtype, k, size * k), TensorMeta((k, n), dtype, k * n, size * k * n)
+    y = TensorMeta((1, n), dtype, n, size * n)
+    return OpInfo("g0:mm", 0, "aten.mm.default", "matmul", (x, w), (y,), 2 * k * n, x.nbytes + w.nbytes, y.nbytes,
+                  "", SourceLoc("m.py", 1, "x @ w"))
+
+
 @pytest.mark.parametrize("gpu", ["h100", "h200"])
 def test_a_matmul_moving_more_than_l2_holds_is_priced_no_faster_than_copy_bandwidth(gpu):
     """A fresh user's batch-1 bf16 GEMV over a 4096 x 14336 weight (117 MB) read 16.9 us on the shipped H200 spec,
@@ -192,11 +201,7 @@ def test_a_matmul_moving_more_than_l2_holds_is_priced_no_faster_than_copy_bandwi
     from fusion_advisor.analyze.roofline import matmul_memory_floor_us, measured_op_us
 
     spec = load_spec(gpu)
-    x, w = TensorMeta((1, 4096), "bf16", 4096, 2 * 4096), TensorMeta((4096, 14336), "bf16", 4096 * 14336,
-                                                                     2 * 4096 * 14336)
-    y = TensorMeta((1, 14336), "bf16", 14336, 2 * 14336)
-    gemv = OpInfo("g0:mm", 0, "aten.mm.default", "matmul", (x, w), (y,), 2 * 4096 * 14336,
-                  x.nbytes + w.nbytes, y.nbytes, "", SourceLoc("m.py", 1, "self.fc(x)"))
+    gemv = _gemv(4096, 14336, "bf16")
     floor = (gemv.bytes_read + gemv.bytes_written) / (spec.memory_bandwidth_gbps * 1e3)
     assert matmul_memory_floor_us(gemv, spec) == pytest.approx(floor)
     assert measured_op_us(gemv, spec) >= floor * (1 - 1e-9)
@@ -211,11 +216,7 @@ def test_a_profile_fit_never_takes_a_table_priced_matmul_past_its_floors(gpu):
     from fusion_advisor.analyze.roofline import _op_time_us, matmul_memory_floor_us
 
     spec = load_spec(gpu)
-    x, w = TensorMeta((1, 1024), "fp32", 1024, 4 * 1024), TensorMeta((1024, 16384), "fp32", 1024 * 16384,
-                                                                   4 * 1024 * 16384)
-    y = TensorMeta((1, 16384), "fp32", 16384, 4 * 16384)
-    gemv = OpInfo("g0:mm", 0, "aten.mm.default", "matmul", (x, w), (y,), 2 * 1024 * 16384,
-                  x.nbytes + w.nbytes, y.nbytes, "", SourceLoc("m.py", 1, "x @ w"))
+    gemv = _gemv(1024, 16384, "fp32")
     assert spec.op_time_fit(("matmul/mm/fp32", "matmul/mm"), "fp32") is not None  # the fit the floor must bound
     assert _op_time_us(gemv, spec) >= matmul_memory_floor_us(gemv, spec) * (1 - 1e-9) > 0
 
