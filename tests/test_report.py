@@ -483,5 +483,5 @@ def test_ops_csv_says_what_each_op_is_priced_at_and_by_what(tmp_path):
     spec = load_spec("h200")
     for c in a.chains:  # each chain's eager estimate is its ops' max(device, host), summed
         rows = ops[ops["chain_id"] == c.id]
-        want = sum(max(d, h) for d, h in zip(rows["est_device_us"], rows["est_host_us"]) if d > 0 or h > 0)
+        want = sum(max(d, h) for d, h in zip(rows["est_device_us"], rows["est_host_us"], strict=True) if d > 0 or h > 0)
         assert estimate(c, by_id, spec).eager_us == pytest.approx(want, rel=1e-6)
