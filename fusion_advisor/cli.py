@@ -275,7 +275,7 @@ def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None)
         t.add_row(*cells)
     if ranked:  # --top 0 (or a model without chains): no empty table
         out.print(t)
-    from fusion_advisor.report.write import chains_frame, read_plan
+    from fusion_advisor.report.write import chains_frame, read_plan, replaced_note
     from fusion_advisor.report.views import (analysis_model_routes, apply_command, plan_mismatches,
                                              predicted_compile_us, whole_model_note)
 
@@ -306,9 +306,7 @@ def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None)
                       f"or analyze into another --out", highlight=False)
     out.print(f"report: {paths.get('html')}  (also chains.csv, ops.csv, report.json in {out_dir}"
               + ("; with apply's results from plan.yaml" if plan is not None else "")
-              + (f"; it replaces the analysis of {replaced} written there before (another --out keeps both)"
-                 if replaced and Path(replaced).resolve() != Path(analysis.model_file).resolve() else
-                 "; it replaces this model's earlier analysis there" if replaced is not None else "") + ")")
+              + replaced_note(replaced, analysis.model_file) + ")")
 
 # --- verify / bench -----------------------------------------------------------------------------------------
 # (kernel contract commands; see fusion_advisor/kernel_tools/verify.py and fusion_advisor/kernel_tools/bench.py)

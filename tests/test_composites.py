@@ -139,3 +139,13 @@ def test_an_unreadable_call_is_one_op_of_one_kernel(layer_op):
 
     variant, kernels, flops = composite_record("_transformer_encoder_layer_fwd", (None, E, 0), {}, layer_op.inputs)
     assert (variant, kernels, flops) == ("", 1, 0)  # no heads: nothing to price the parts by
+
+
+def test_ops_csv_says_a_composite_is_priced_by_its_parts():
+    """A reviewer: price_source read "roofline" for the encoder layer's fast path, which _op_time_us prices as
+    the sum of its parts, each through the matmul or reduction table and its fit."""
+    from fusion_advisor.analyze.roofline import price_source
+
+    (op,) = _capture_layer(mask=False)
+    said = price_source(op, H200)
+    assert said.startswith("parts: ") and "matmul table" in said and "reduction table" in said, said

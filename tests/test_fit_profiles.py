@@ -658,9 +658,10 @@ def test_a_fit_that_prices_its_sets_worse_than_its_base_is_warned():
                 "after": {"median_log2_error": after, "chains_30pct": 0.74}}
 
     notes = worse_after_fit({"fit": split(0.3, 0.2), "test": split(0.25, 0.4)})
-    assert notes == ["on the test set the fit prices chains worse than its base (median |log2 error| 0.25 -> 0.40, "
-                     "chains within 30% 88% -> 74%): profiles unlike the models you will analyse, or too few of "
-                     "them; the spec is written, but its base may serve better"]
+    assert notes == ["on the test set the fit prices chains worse than the spec without profile fits (the "
+                     "'before' column: median |log2 error| 0.25 -> 0.40, chains within 30% 88% -> 74%): profiles "
+                     "unlike the models you will analyse, or too few of them; the spec is written, but the base "
+                     "may serve better"]
     assert worse_after_fit({"fit": split(0.3, 0.2), "test": {}}) == []
 
 
@@ -670,3 +671,21 @@ def test_measuring_options_with_from_profile_are_refused(reports):
     for flag in (["--quick"], ["--device", "cpu"]):
         r = CliRunner().invoke(app, ["calibrate", "--from-profile", str(fit[0]), *flag])
         assert r.exit_code == 2 and "--from-profile measures nothing" in r.output, r.output
+
+
+def test_a_profile_whose_ops_took_far_longer_than_the_model_is_left_out_of_the_fit(profiled, tmp_path):
+    """A reviewer's busy 2-core profile (ops 30x the plain model's wall time) was fitted: pointwise at 885x."""
+    from fusion_advisor.analyze.records import NOT_THE_MODELS_TIMES
+
+    lawful = _with_law(profiled)
+    busy = dataclasses.replace(lawful, profile=dataclasses.replace(
+        lawful.profile, notes=[*lawful.profile.notes, f"the profiled ops took 30x ...; {NOT_THE_MODELS_TIMES} (...)"]))
+    for i in range(4):
+        _write(lawful, tmp_path / "fit" / f"m{i}")
+    _write(busy, tmp_path / "fit" / "busy")
+    result = fit_from_profiles([tmp_path / "fit"])
+    assert "busy" not in result.fit_reports + result.test_reports
+    assert any(n.startswith("left out (their profiles say their per-op times are not the model's") and "busy" in n
+               for n in result.notes), result.notes
+    with pytest.raises(UserError, match="every profiled report says its per-op times are not the model's"):
+        fit_from_profiles([tmp_path / "fit" / "busy"])

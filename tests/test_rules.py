@@ -342,3 +342,18 @@ def test_a_gemm_reason_says_how_near_its_roofline_it_runs():
     d = route_chain(gemm, _est(compute_us=90.0, memory_fused_us=16.0, eager_us=100.0, launch_eager_us=12.0,
                                bound="compute"), load_rules([]), kernels={})
     assert "at 90% of its roofline: left to the vendor library" in d.reason
+
+
+@pytest.mark.parametrize("out_numel, intensity_flops, rule", [
+    (128 * 1000, 55 * 4000, "skip-matmul"),  # nn.Linear 128 x 1000 x 4096: the weight is the largest tensor
+    (4096 * 4096, 16 * 4000, "skip-matmul"),  # an attention bmm of K = 32 (16 FLOP/B: measured 0.97x)
+    (4096 * 4096, 35 * 4000, "triton-fp32-gemm"),  # K = 96 (35 FLOP/B: measured 1.34x)
+])
+def test_the_fp32_gemm_kernel_takes_many_output_tiles_and_a_long_enough_k(out_numel, intensity_flops, rule):
+    """A reviewer: the rule's 2M floor tested the chain's largest tensor, an nn.Linear's weight, so 128 x 1000 x
+    4096 (measured 0.94x) was routed at a predicted 1.56x; and a K = 32 bmm read 2.97x where 0.97x was measured."""
+    gemm = _chain(kind="heavy", pattern="matmul", categories=("matmul",), targets=("aten.mm.default",),
+                  op_ids=("g0:mm",), dtype="fp32", numel=4096 * 4096, out_numel=out_numel,
+                  flops=intensity_flops, fused_bytes=4000, eager_bytes=4000)
+    d = route_chain(gemm, _est("compute", triton_us=10.0), load_rules([]), kernels={})
+    assert d.rule_id == rule

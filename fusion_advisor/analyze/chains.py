@@ -336,6 +336,7 @@ def build_chains(og: OpGraph) -> list[Chain]:
                 attention_backend=next((o.variant for o in ops if o.category == "attention" and o.variant), ""),
                 kernel_op_ids=kernel_ops,
                 kernel_bytes=kernel_bytes,
+                out_numel=max((m.numel for o in ops for m in o.outputs), default=0),
             )
         )
     return _mark_epilogues(og, chains, chain_of)

@@ -72,7 +72,8 @@ from fusion_advisor.analyze.host_stamps import HostStamps, insert_stamps, replay
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.errors import ProfileError
 from fusion_advisor.analyze.load import LoadedModel
-from fusion_advisor.analyze.records import Chain, ChainMeasurement, Estimate, NodeMeasurement, OpInfo, Profile
+from fusion_advisor.analyze.records import (NOT_THE_MODELS_TIMES, Chain, ChainMeasurement, Estimate,
+                                            NodeMeasurement, OpInfo, Profile)
 from fusion_advisor.analyze.roofline import eager_in_model_us, measured_bound, roofline_busy_us
 
 #: Prefix of the profiler range around each op (``"fa:g0:mm_3"``) and the name of the range around each run.
@@ -767,8 +768,8 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
     if device == "cpu" and eager_wall > 0 and att.attributed_us > CPU_PROFILED_OVER_WALL * eager_wall:
         notes.append(f"the profiled ops took {att.attributed_us / eager_wall:.0f}x the plain model's wall time "
                      f"({att.attributed_us:.1f} against {eager_wall:.1f} us per run): the profiler's own cost, or a CPU "
-                     f"busy with other work; these per-op times are not the model's, and calibrate --from-profile "
-                     f"would learn them")
+                     f"busy with other work; {NOT_THE_MODELS_TIMES} (calibrate --from-profile leaves this report "
+                     f"out)")
     if device == "cpu" and att.total_us > 0 and att.unattributed_us > CPU_GLUE_NOTE_SHARE * att.total_us:
         notes.append(f"{att.unattributed_us:.1f} us of the profiled run's {att.total_us:.1f} us "
                      f"({att.unattributed_us / att.total_us:.0%}) ran outside every op of the graphs: on a CPU, "

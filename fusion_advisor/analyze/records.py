@@ -184,6 +184,8 @@ class Chain:
             kernel in. Empty when the kernel would compute the whole chain, or the pattern has no kernel.
         kernel_bytes: bytes the kernel moves over :attr:`kernel_op_ids` (their inputs read once, outputs written
             once); 0 when :attr:`kernel_op_ids` is empty.
+        out_numel: elements of the largest tensor the chain's ops write (a GEMM's output tiles come from it; the
+            largest tensor of an nn.Linear, :attr:`numel`, is often its weight); 0 in reports written before it.
     """
 
     id: str
@@ -207,6 +209,7 @@ class Chain:
     attention_backend: str = ""
     kernel_op_ids: tuple[str, ...] = ()
     kernel_bytes: int = 0
+    out_numel: int = 0
 
     @property
     def arithmetic_intensity(self) -> float:
@@ -272,6 +275,10 @@ ROUTES = ("skip", "torch.compile", "triton", "cudagraphs")
 #: How the capture's warning begins when its graphs hold under half of the forward's aten calls
 #: (:func:`fusion_advisor.analyze.capture.coverage_note`); the report's first screen repeats that warning.
 PARTIAL_COVERAGE = "the analysis covers only part of the model"
+
+#: How a CPU profile's note ends when its ops took far longer than the plain model (the profiler's cost, a busy
+#: CPU): ``calibrate --from-profile`` leaves such reports out (:mod:`fusion_advisor.devices.fit_profiles`).
+NOT_THE_MODELS_TIMES = "these per-op times are not the model's"
 
 #: Bound classes of the roofline.
 BOUNDS = ("compute", "memory", "launch")

@@ -506,10 +506,13 @@ def price_source(op: OpInfo, spec: DeviceSpec) -> str:
     ``" x fit <class>"`` where a profile-fitted curve applies; ``""`` for a view or an op that launches nothing."""
     if op.is_view or not launches(op):
         return ""
+    parts = encoder_layer_parts(op)
+    if parts:  # a native composite: each part priced as its own op (_op_time_us)
+        return "parts: " + "; ".join(dict.fromkeys(price_source(p, spec) for p in parts))
     measured = measured_op_us(op, spec)
     how = "roofline" if measured is None else "recurrent steps" if op.category == "recurrent" else (
         f"{op.category if op.category in ('matmul', 'conv') else 'reduction'} table")
-    if spec.op_time_fits and not encoder_layer_parts(op) and pool_window_us(op, spec) <= 0:
+    if spec.op_time_fits and pool_window_us(op, spec) <= 0:
         keys = fit_keys(op, rated=measured is not None)
         if spec.op_time_fit(keys, op.dtype) is not None:
             how += " x fit " + next(k for k in keys if k in spec.op_time_fits)
@@ -691,7 +694,7 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
         # op's compute roofline, which may pass 1 when it uses units the roofline's peak does not count, and never
         # more than its best measured speed-up over the eager op's own time (a shape SGEMM runs far below its
         # peak, few-K or few-tile, runs the kernel below its rate too)
-        triton_us = max(compute_us / float(heavy_rate), busy_us / LIBRARY_GEMM_BEST_SPEEDUP,
+        triton_us = max(compute_us / float(heavy_rate), eager_us / LIBRARY_GEMM_BEST_SPEEDUP,
                         memory_fused_us + overhead, launch)
     elif chain.kind == "fusible" and not fusible and any_work:
         # a lone kernel the library's replaces (a wide-row softmax): its share of the memory roofline, as fused

@@ -42,7 +42,7 @@ from typing import Iterable
 
 from fusion_advisor.devices import DeviceSpec, OpTimeFit, parse_spec, spec_fields, spec_mapping
 from fusion_advisor.errors import CalibrationError, UserError
-from fusion_advisor.analyze.records import Analysis, Profile
+from fusion_advisor.analyze.records import NOT_THE_MODELS_TIMES, Analysis, Profile
 from fusion_advisor.analyze.op_classes import launches
 from fusion_advisor.analyze.roofline import (COLD_REUSE_LAUNCHES, cold_ops, eager_in_model_us, estimate,
                                              estimate_all, fit_keys, measured_bound, measured_op_us, op_host_us,
@@ -629,10 +629,11 @@ def worse_after_fit(sums: dict[str, dict[str, dict[str, float]]]) -> list[str]:
             continue
         before, after = s["before"]["median_log2_error"], s["after"]["median_log2_error"]
         if after > before:
-            out.append(f"on the {split} set the fit prices chains worse than its base (median |log2 error| "
-                       f"{before:.2f} -> {after:.2f}, chains within 30% {100 * s['before']['chains_30pct']:.0f}% -> "
-                       f"{100 * s['after']['chains_30pct']:.0f}%): profiles unlike the models you will analyse, "
-                       f"or too few of them; the spec is written, but its base may serve better")
+            out.append(f"on the {split} set the fit prices chains worse than the spec without profile fits (the "
+                       f"'before' column: median |log2 error| {before:.2f} -> {after:.2f}, chains within 30% "
+                       f"{100 * s['before']['chains_30pct']:.0f}% -> {100 * s['after']['chains_30pct']:.0f}%): "
+                       f"profiles unlike the models you will analyse, or too few of them; the spec is written, but "
+                       f"the base may serve better")
     return out
 
 
@@ -674,20 +675,32 @@ def split_reports(reports: list[ProfiledReport], test: list[ProfiledReport] | No
                        f"({len(held)} of {len(reports)} reports)")
 
 
-def _read_profiled(paths: list[Path], skipped: list[str]) -> list[ProfiledReport]:
+def _read_profiled(paths: list[Path], skipped: list[str], noisy: list[str]) -> list[ProfiledReport]:
     """The profiled reports among ``paths``; a report analysed without ``--profile`` is named in ``skipped``
-    while another one is profiled.
+    while another one is profiled, one whose profile says its per-op times are not the model's
+    (:data:`~fusion_advisor.analyze.records.NOT_THE_MODELS_TIMES`: a busy CPU's run) in ``noisy`` (a fresh
+    user's such reports fitted pointwise ops at 885x their roofline).
 
     Raises:
-        UserError: none of ``paths`` holds a profiled report (the first one's reason).
+        UserError: none of ``paths`` holds a profiled report (the first one's reason), or every profiled one is
+            noisy.
     """
     out, first_error = [], None
     for p in paths:
         try:
-            out.append(read_report(p))
+            rep = read_report(p)
         except UnprofiledReportError as e:
             first_error = first_error or e
             skipped.append(str(p))
+            continue
+        if any(NOT_THE_MODELS_TIMES in n for n in rep.analysis.profile.notes):  # a busy CPU's, the profiler's
+            noisy.append(str(p))
+            continue
+        out.append(rep)
+    if not out and noisy:
+        raise UserError(f"every profiled report says its per-op times are not the model's (its ops took far longer "
+                        f"than the plain model: the profiler's cost, or a busy CPU): {', '.join(noisy[:3])}; profile "
+                        f"again on an idle machine")
     if not out and first_error is not None:
         raise first_error
     return out
@@ -708,8 +721,9 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
             profiles of a CPU for a GPU's spec or the other way round, or no op measured at all.
     """
     skipped: list[str] = []
-    reports = _read_profiled(report_folders(fit_paths), skipped)
-    tests = _read_profiled(report_folders(test_paths), skipped) if test_paths else None
+    noisy: list[str] = []
+    reports = _read_profiled(report_folders(fit_paths), skipped, noisy)
+    tests = _read_profiled(report_folders(test_paths), skipped, noisy) if test_paths else None
     every = reports + (tests or [])
     if base is None:
         by_spec = reports_by_spec(every)
@@ -744,7 +758,9 @@ def fit_from_profiles(fit_paths: Iterable[Path], test_paths: Iterable[Path] | No
             rows, model = residuals(r, split, base, fitted)
             chains.extend(rows)
             models.append(model)
-    notes = [how] + ([f"skipped (analysed without --profile): {', '.join(skipped)}"] if skipped else []) + [
+    notes = [how] + ([f"skipped (analysed without --profile): {', '.join(skipped)}"] if skipped else []) + (
+        [f"left out (their profiles say their per-op times are not the model's: a busy CPU or the profiler's own "
+         f"cost): {', '.join(noisy)}"] if noisy else []) + [
         f"{len(samples)} measured op(s) fitted into {len(classes)} class curve(s) "
         f"(classes with fewer than {min_samples} ops keep the roofline or a coarser class's curve)",
         f"host time scale {host[0]:.3f} from {host[1]} op(s) the GPU waited for, one vote per model with "

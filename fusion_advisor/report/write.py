@@ -110,7 +110,9 @@ CHAIN_COLUMNS: dict[str, str] = {
     "est_compile_us": "Estimated time under torch.compile: the fused kernel at the share of the roofline Inductor's "
     "code reaches on this kind of chain (the device spec's measured route_efficiency) (us); est_eager_us when "
     "there is nothing to fuse.",
-    "est_triton_us": "The same for the library kernel's measured share (us); meaningful for chains a kernel replaces.",
+    "est_triton_us": "The same for the library kernel's measured share (us); meaningful for chains a kernel replaces. "
+    "The fp32 GEMM kernel (3xTF32): its measured share of the compute roofline, never under the eager GEMM's time "
+    "over its best measured speed-up (1.56x): an upper bound on its gain.",
     "est_cudagraphs_us": "Estimated time replayed from a CUDA graph with Inductor's code: est_compile_us without the "
     "launch floor, each kernel still at least its fixed device time (the spec's elementwise_overhead_us, else "
     "2.3 us) (us); for a cuDNN recurrent layer, its steps' device time (apply's torch.cuda.graph of the whole "
@@ -191,14 +193,18 @@ OP_COLUMNS: dict[str, str] = {
     "code": "The Python code on that source line.",
     "est_device_us": "Predicted eager device time of the op on the report's device spec (us): what the chain's "
                      "est_eager_us sums with the host time below (a view or an op on empty tensors: 0).",
-    "est_host_us": "Predicted host time of issuing the op eagerly (us): the spec's host cost of its class (a view: 0 "
-                   "here; views are charged to the op after them in the chain's in-model time).",
+    "est_host_us": "Predicted host time of issuing the op eagerly (us): the spec's host cost of its class (a view, "
+                   "or an op on empty tensors, which launches nothing: 0 here; views are charged to the op after "
+                   "them in the chain's in-model time).",
     "priced_by": "How est_device_us was priced: 'matmul table', 'conv table', 'reduction table' (the spec's "
                  "measured rates), 'recurrent steps' or 'roofline', then 'x fit <class>' where a curve fitted from "
-                 "profiles (calibrate --from-profile) applies.",
-    "measured_busy_us": "With --profile: the op's kernels' summed device time per run (us); empty without.",
-    "measured_idle_us": "With --profile: the time the GPU waited before the op's kernels per run (us); empty "
-                        "without.",
+                 "profiles (calibrate --from-profile) applies; a native composite (an encoder layer's fast "
+                 "path) lists its parts' ('parts: ...').",
+    "measured_busy_us": "With --profile, per model run (us; a graph run k times per call holds its k calls, "
+                        "est_device_us one): on a GPU the op's kernels' summed device time; on a CPU the aten op's "
+                        "duration less the dispatch probe. Empty without --profile.",
+    "measured_idle_us": "With --profile, per model run (us): on a GPU the time the GPU waited before the op's "
+                        "kernels; on a CPU the dispatch probe's host cost, the same for every op. Empty without.",
 }
 
 #: Keys of each :func:`summary_rows` dict -> documentation.
@@ -426,9 +432,10 @@ def _spec_of(analysis: Analysis) -> Any:
 
 
 def _op_row(op: OpInfo, chain_id: str, spec: Any = None, measured: Any = None) -> dict[str, Any]:
+    from fusion_advisor.analyze.op_classes import launches
     from fusion_advisor.analyze.roofline import op_device_us, op_host_us, price_source
 
-    runs = spec is not None and not op.is_view
+    runs = spec is not None and not op.is_view and launches(op)  # as the chain estimates charge it
     return {
         "op_id": op.id,
         "graph_index": op.graph_index,
@@ -694,6 +701,19 @@ def earlier_model(out_dir: Path) -> str | None:
     except (OSError, ValueError, TypeError):
         return None
     return str(doc.get("model_file") or "") if isinstance(doc, dict) and "tool_version" in doc else None
+
+
+def replaced_note(before: str | None, now: str) -> str:
+    """What the folder's earlier report was, as the summary line's tail: ``""`` without one; the model file it
+    analysed when another (a relative path is compared by name: it was typed from another folder, perhaps)."""
+    if before is None:
+        return ""
+    if not before:
+        return "; it replaces the analysis written there before"
+    same = (Path(before).resolve() == Path(now).resolve() if Path(before).is_absolute()
+            else Path(before).name == Path(now).name)
+    return ("; it replaces this model's earlier analysis there" if same else
+            f"; it replaces the analysis of {before} written there before (another --out keeps both)")
 
 
 def check_out_dir(out_dir: Path, names: tuple[str, ...] | None = None,
