@@ -503,7 +503,9 @@ def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
 def price_source(op: OpInfo, spec: DeviceSpec) -> str:
     """How :func:`_op_time_us` priced ``op``'s eager device time, for ops.csv: ``"matmul table"``, ``"conv table"``,
     ``"reduction table"`` (the spec's measured rates), ``"recurrent steps"`` or ``"roofline"``, then
-    ``" x fit <class>"`` where a profile-fitted curve applies; ``""`` for a view or an op that launches nothing."""
+    ``" x fit <class>"`` where a profile-fitted curve applies; a native composite (an encoder layer's fast path)
+    ``"parts: "`` and its parts' own; ``""`` for a view or an op that launches nothing. A price raised to its floors
+    (:func:`table_floor_us`, :func:`dram_floor_us`) is still named by what priced it first."""
     if op.is_view or not launches(op):
         return ""
     parts = encoder_layer_parts(op)
