@@ -235,6 +235,10 @@ def test_a_matmul_far_beyond_the_table_is_named_as_an_extrapolation():
     note = beyond_table_note(dot, spec)
     assert note.startswith("m.py:4: bmm [1 x 262144] @ [262144 x 1] x 32 fp32 is priced beyond")
     assert "K 262,144 against at most 16,382" in note and "% of its roofline, is an extrapolation" in note
+    from fusion_advisor.analyze.roofline import op_device_us
+
+    assert f"est. {op_device_us(dot, spec):,.1f} us," in note  # the price the chains carry (a fresh user: the
+    # warning read 11,184.6 us, the table and the reason 10,141.2, its profile fit applied)
     # beyond the table but priced at its ceiling (the default model's 32000-wide LM head): nothing to doubt
     x, w = TensorMeta((2048, 4096), "bf16", 2048 * 4096, 2 * 2048 * 4096), \
         TensorMeta((4096, 32000), "bf16", 4096 * 32000, 2 * 4096 * 32000)

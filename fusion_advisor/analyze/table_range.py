@@ -8,7 +8,7 @@ should say the price is an extrapolation.
 from __future__ import annotations
 
 from fusion_advisor.analyze.records import OpInfo
-from fusion_advisor.analyze.roofline import matmul_problem, measured_op_us, op_peak_tflops
+from fusion_advisor.analyze.roofline import matmul_problem, op_device_us, op_peak_tflops
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.devices.op_rates import matmul_pool
 
@@ -42,7 +42,7 @@ def beyond_table_note(op: OpInfo, spec: DeviceSpec) -> str:
              "batch": (batch, max(r.batch for r in pool))}
     beyond = [f"{name} {v:,} against at most {top:,}" for name, (v, top) in sizes.items()
               if v > BEYOND_TABLE_FACTOR * top]
-    t = measured_op_us(op, spec) or 0.0
+    t = op_device_us(op, spec)  # the price the chains carry: table, floors and any profile fit
     peak = op_peak_tflops(op, spec)
     roofline = max(op.flops / (peak * 1e6) if peak > 0 else 0.0,
                    (op.bytes_read + op.bytes_written) / (spec.memory_bandwidth_gbps * 1e3))
