@@ -215,7 +215,8 @@ def _inductor_code(analysis, graphs, out_dir: Path, top: int, budget_s: float) -
 def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None) -> None:
     from rich.table import Table
 
-    from fusion_advisor.report.write import summary_rows
+    from fusion_advisor.report.write import after_route_us as counted
+    from fusion_advisor.report.write import chains_frame, read_plan, replaced_note, summary_rows
 
     out = Console(width=None if sys.stdout.isatty() else 140)
     for b in analysis.graph_breaks:
@@ -249,8 +250,6 @@ def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None)
             t.add_row(*[f"{v:,.1f}" if isinstance(v, float) else str(v) for v in r.values()])
         out.print(t)
     def after_route_us(c: Any) -> float:  # as chains.csv's est_after_route_us counts it
-        from fusion_advisor.report.write import after_route_us as counted
-
         return counted(analysis.decisions[c.id].route, analysis.estimates[c.id])
 
     # ranked by what each chain's route saves (a GEMM swapped for a faster kernel saves without fusing anything)
@@ -275,7 +274,6 @@ def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None)
         t.add_row(*cells)
     if ranked:  # --top 0 (or a model without chains): no empty table
         out.print(t)
-    from fusion_advisor.report.write import chains_frame, read_plan, replaced_note
     from fusion_advisor.report.views import (analysis_model_routes, apply_command, plan_mismatches,
                                              predicted_compile_us, whole_model_note)
 

@@ -35,6 +35,15 @@ def no_bytecode():
         sys.dont_write_bytecode = before
 
 
+def same_model_file(before: str, now: str) -> bool:
+    """Whether a model file an earlier report or plan recorded (``before``, as it was typed) is the one given now:
+    by resolved path where it was recorded absolute, by file name where relative (it may have been typed from
+    another folder)."""
+    if Path(before).is_absolute():
+        return Path(before).resolve() == Path(now).resolve()
+    return Path(before).name == Path(now).name
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically: a temp file in the same folder, fsync, then ``os.replace``.
 

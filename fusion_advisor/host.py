@@ -61,6 +61,11 @@ def _cpu_ticks(stat: Path, cpus: set[int] | None) -> tuple[int, int] | None:
     return (busy, total) if seen else None
 
 
+def _core_count(cpus: set[int] | None) -> int:
+    """How many CPUs ``cpus`` holds (this machine's count where the affinity is not known)."""
+    return len(cpus) if cpus else (os.cpu_count() or 1)
+
+
 def busy_cores(sample_s: float = SAMPLE_S, stat: Path = Path("/proc/stat"), cpus: set[int] | None = None
                ) -> float | None:
     """Cores' worth of CPU time other processes used, over ``sample_s`` seconds while this one slept, on the CPUs
@@ -74,8 +79,7 @@ def busy_cores(sample_s: float = SAMPLE_S, stat: Path = Path("/proc/stat"), cpus
     second = _cpu_ticks(stat, cpus)
     if second is None or second[1] <= first[1]:
         return None
-    n = len(cpus) if cpus else (os.cpu_count() or 1)
-    return n * (second[0] - first[0]) / (second[1] - first[1])
+    return _core_count(cpus) * (second[0] - first[0]) / (second[1] - first[1])
 
 
 def busy_cpu_note(device: str, sample_s: float = SAMPLE_S, stat: Path = Path("/proc/stat"),
@@ -90,7 +94,7 @@ def busy_cpu_note(device: str, sample_s: float = SAMPLE_S, stat: Path = Path("/p
     busy = busy_cores(sample_s, stat, cpus)
     if busy is None or busy < BUSY_CORES:
         return ""
-    cores = len(cpus) if cpus else (os.cpu_count() or 1)
+    cores = _core_count(cpus)
     if threads is None:
         import torch
 

@@ -10,9 +10,15 @@ breaks a page.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 MISSING = "–"
+
+
+def fmt_some(items: Sequence[Any], shown: int = 3) -> str:
+    """The first ``shown`` items, comma-separated, and how many more: ``"a, b, c and 2 more"``."""
+    extra = len(items) - shown
+    return ", ".join(str(i) for i in items[:shown]) + (f" and {extra} more" if extra > 0 else "")
 
 
 def is_num(x: Any) -> bool:

@@ -25,6 +25,7 @@ from fusion_advisor.analyze.load import LoadedModel, load_model
 from fusion_advisor.analyze.records import Analysis, UnusedWork
 from fusion_advisor.analyze.roofline import eager_alone_us, estimate_all
 from fusion_advisor.analyze.table_range import beyond_table_note
+from fusion_advisor.units import fmt_some
 from fusion_advisor.verification.trees import tensor_leaves
 from fusion_advisor.analyze.route import route_all
 from fusion_advisor.analyze.rules import load_rules
@@ -288,8 +289,7 @@ def _random_draws(ops: list) -> list[str]:
         return []
     sites = list(dict.fromkeys(f"{o.name} at {o.source.file}:{o.source.line}" if o.source.file else o.name
                                for o in draws))
-    listed = ", ".join(sites[:3]) + (f" and {len(sites) - 3} more" if len(sites) > 3 else "")
-    return [f"the model draws random numbers ({len(draws)} op(s): {listed}): apply seeds every call "
+    return [f"the model draws random numbers ({len(draws)} op(s): {fmt_some(sites)}): apply seeds every call "
             f"alike, but code torch.compile generates draws from another random stream than eager's kernels, so "
             f"compiled variants differ from the model as written by the draws; to verify them, pass the random "
             f"tensors in as inputs or fix them in buffers"]
@@ -413,8 +413,7 @@ def unused_work(nodes: list[torch.fx.Node], spec: DeviceSpec, captured: list[Any
 
 def unused_note(work: UnusedWork, spec: DeviceSpec) -> str:
     """The report's warning about :class:`UnusedWork`."""
-    where = ", ".join(work.lines[:3]) + (f" and {len(work.lines) - 3} more" if len(work.lines) > 3 else "")
-    return (f"eager runs {work.ops} op(s) whose results nothing the model returns uses ({where}): "
+    return (f"eager runs {work.ops} op(s) whose results nothing the model returns uses ({fmt_some(work.lines)}): "
             f"{work.eager_us:.0f} us predicted on {spec.name}, {work.flops / 1e9:.3g} GFLOP, "
             f"{work.bytes / 1e6:.3g} MB moved. torch.compile(model) and apply's dynamo-based variants drop them "
             "(dynamo removes dead code); the model as written, and a CUDA graph of it, pay for them. The chains "

@@ -8,7 +8,7 @@ should say the price is an extrapolation.
 from __future__ import annotations
 
 from fusion_advisor.analyze.records import OpInfo
-from fusion_advisor.analyze.roofline import matmul_problem, op_device_us, op_peak_tflops
+from fusion_advisor.analyze.roofline import matmul_problem, op_device_us, roofline_op_us
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.devices.op_rates import matmul_pool
 
@@ -42,11 +42,11 @@ def beyond_table_note(op: OpInfo, spec: DeviceSpec) -> str:
              "batch": (batch, max(r.batch for r in pool))}
     beyond = [f"{name} {v:,} against at most {top:,}" for name, (v, top) in sizes.items()
               if v > BEYOND_TABLE_FACTOR * top]
+    if not beyond:
+        return ""
     t = op_device_us(op, spec)  # the price the chains carry: table, floors and any profile fit
-    peak = op_peak_tflops(op, spec)
-    roofline = max(op.flops / (peak * 1e6) if peak > 0 else 0.0,
-                   (op.bytes_read + op.bytes_written) / (spec.memory_bandwidth_gbps * 1e3))
-    if not beyond or roofline <= 0 or t <= BEYOND_ROOFLINE_FACTOR * roofline:
+    roofline = roofline_op_us(op, spec)
+    if roofline <= 0 or t <= BEYOND_ROOFLINE_FACTOR * roofline:
         return ""
     where = f"{op.source.file}:{op.source.line}" if op.source.line else op.id
     return (f"{where}: {op.name} [{m} x {k}] @ [{k} x {n}]" + (f" x {batch}" if batch > 1 else "")

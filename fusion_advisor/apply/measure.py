@@ -41,6 +41,7 @@ import torch
 from fusion_advisor.apply.records import NOISY_SPREAD, TIMER_CPU, TIMER_GPU, VariantCheck, VariantTiming
 from fusion_advisor.errors import ModelRunError
 from fusion_advisor.memory import available_bytes, gib, release_cuda_memory, tensor_bytes
+from fusion_advisor.units import fmt_some
 from fusion_advisor.analyze.capture import first_line
 from fusion_advisor.verification.inputs import upcast
 from fusion_advisor.verification.kernel import KeepFloat64
@@ -231,9 +232,8 @@ class ModelHarness:
             out.append(f"the model changes its input(s) {', '.join(str(i) for i in mutated)} in place: every check "
                        f"and timing call gets a fresh copy of the inputs, and a plan runs on whatever it is given")
         if self.mutated_buffers:
-            names = ", ".join(self.mutated_buffers[:3]) + (f" and {len(self.mutated_buffers) - 3} more"
-                                                           if len(self.mutated_buffers) > 3 else "")
-            out.append(f"the model changes its buffer(s) {names} when called: where they reach the outputs, each "
+            out.append(f"the model changes its buffer(s) {fmt_some(self.mutated_buffers)} when called: where they "
+                       f"reach the outputs, each "
                        f"call sees other values and no variant (the model as written included) can match the calls "
                        f"before it; keep the state out of forward (or reset it) for apply to check the variants")
         if example is not None:
@@ -265,8 +265,6 @@ class ModelHarness:
             except torch.cuda.OutOfMemoryError:
                 raise
             except Exception as e:  # the user's model, not ours: one clear message, not an internal error
-                from fusion_advisor.errors import ModelRunError
-
                 step = "forward + backward (--backward)" if self.backward else "forward"
                 raise ModelRunError(f"{self.loaded.file}: the model fails its {step} on its own inputs: "
                                     f"{type(e).__name__}: {first_line(str(e), 400)}") from e

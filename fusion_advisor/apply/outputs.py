@@ -20,7 +20,7 @@ from typing import Any, Iterator, Sequence
 
 from fusion_advisor.apply.plan import PLAN_VERSION, model_signature, now_iso, render_plan
 from fusion_advisor.apply.records import NOISY_SPREAD, ApplyResult, NearMiss, SwapOutcome, SwapSite
-from fusion_advisor.files import csv_text
+from fusion_advisor.files import csv_text, same_model_file
 from fusion_advisor.host import BUSY_CPU_MARK
 
 #: variants.csv columns and what each holds.
@@ -319,7 +319,7 @@ def _replaced_plan(result: ApplyResult, out_dir: Path) -> str:
 
     old, _ = read_plan_document(out_dir / OUTPUT_FILES["plan"])
     before = str((old or {}).get("model", {}).get("file", "")) if isinstance((old or {}).get("model"), dict) else ""
-    if not before or Path(before).resolve() == Path(result.model_file).resolve():  # (as typed: relative or not)
+    if not before or same_model_file(before, result.model_file):
         return ""
     return f"{out_dir / OUTPUT_FILES['plan']} held the plan of {before}: replaced with this run's of {result.model_file}"
 

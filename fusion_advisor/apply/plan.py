@@ -134,7 +134,8 @@ def _check_complete(path: Path, doc: dict[str, Any], spec: VariantSpec, chosen: 
     if LAST_SECTION not in doc:
         raise PlanError(f"{path}: the plan is cut short (its last section, {LAST_SECTION!r}, is missing): restore "
                         f"the file or run apply again")
-    counted = (doc.get("summary") or {}).get("swaps_in_plan") if isinstance(doc.get("summary"), dict) else None
+    summary = doc.get("summary")
+    counted = summary.get("swaps_in_plan") if isinstance(summary, dict) else None
     if chosen and isinstance(counted, int) and counted != len(spec.swaps):
         raise PlanError(f"{path}: the chosen variant lists {len(spec.swaps)} swap(s) where the plan's summary "
                         f"counts {counted}: the file was edited or cut; restore it or run apply again")

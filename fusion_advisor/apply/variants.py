@@ -34,6 +34,7 @@ from torch import nn
 
 from fusion_advisor.apply.backend import RewriteBackend
 from fusion_advisor.apply.records import AS_WRITTEN, MatchKey, VariantSpec
+from fusion_advisor.units import fmt_some
 
 
 def channels_last(t: Any) -> Any:
@@ -354,16 +355,12 @@ class PlannedModel(nn.Module):
                         out.append(text)
         # a site keyed by module path and source line: the model's file renamed, or a line added above the site,
         # moves every key (a fresh user's two swaps went unapplied, and this list was empty)
-        found = [m.site.key for g in self.backend.graphs for m in g.matches]
+        planned = {s.key for s in self.spec.swaps}
+        unplanned = [m.site.key for g in self.backend.graphs for m in g.matches if m.site.key not in planned]
         for k in (missing_keys if self.backend.graphs else []):  # (before the first call nothing is found yet)
-            alike = [f for f in found if f.kernel == k.kernel and f not in self.spec_keys()]
+            alike = [f for f in unplanned if f.kernel == k.kernel]
             out.append(f"planned swap {k} found no site of that key"
-                       + (f"; the model's {k.kernel} sites now: {', '.join(map(str, alike[:3]))}"
-                          + (f" and {len(alike) - 3} more" if len(alike) > 3 else "")
-                          + " (a site is keyed by its module path and file:line: run apply again after changing "
-                            "the model's file)" if alike else f"; the model has no {k.kernel} site"))
+                       + (f"; the model's {k.kernel} sites now: {fmt_some(alike)} (a site is keyed by its module "
+                          "path and file:line: run apply again after changing the model's file)" if alike
+                          else f"; the model has no {k.kernel} site"))
         return out
-
-    def spec_keys(self) -> set[MatchKey]:
-        """The keys of the plan's swaps."""
-        return {s.key for s in self.spec.swaps}

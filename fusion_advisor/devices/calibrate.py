@@ -55,7 +55,7 @@ from fusion_advisor.devices.attention_rates import (ATTENTION_MODEL_DIM, ATTENTI
 from fusion_advisor.devices.host_costs import (ActivityHostCost, add_probe, measure_activity_host_share,
                                                measure_launch_by_class, measure_module_call_us, measure_view_us,
                                                per_op_us)
-from fusion_advisor.devices.op_rates import ConvRate, MatmulRate
+from fusion_advisor.devices.op_rates import ConvRate, MatmulRate, fastest_tflops
 from fusion_advisor.devices.reduction_rates import ReductionRate, measure_reductions
 from fusion_advisor.devices.rate_sampling import (TABLE_KERNEL_CALLS, TABLE_REP_MS, TABLE_WARMUP_MS,
                                                   measure_convolutions, measure_matmuls, measure_recurrent_steps,
@@ -625,7 +625,7 @@ def table_warnings(cal: "Calibration") -> list[str]:
     CPU spec: an fp32 peak of 0.0062 TFLOP/s beside table entries at 0.22), on any device."""
     out = []
     for k, peak in cal.matmul_tflops.items():
-        fastest = max((r.tflops for r in cal.matmul_rates if r.dtype == k), default=0.0)
+        fastest = fastest_tflops(cal.matmul_rates, k)
         if fastest > 0 and peak < SANITY_SHARE * fastest:
             out.append(f"{k} matmul peak measured {peak:,.4g} TFLOP/s, under {SANITY_SHARE:.0%} of the fastest "
                        f"matmul this calibration timed in its shape table ({fastest:,.4g}): the peak's probe did not "

@@ -48,8 +48,10 @@ import fusion_advisor
 from fusion_advisor.analyze.records import (  # route names and bound classes, in the order the report lists them
     BOUNDS, ROUTES, Analysis, Chain, ChainMeasurement, Decision, Estimate, OpInfo, SourceLoc, TensorMeta,
 )
+from fusion_advisor.analyze.op_classes import launches
+from fusion_advisor.analyze.roofline import op_device_us, op_host_us, price_source
 from fusion_advisor.errors import UserError
-from fusion_advisor.files import atomic_write_bytes, check_folder
+from fusion_advisor.files import atomic_write_bytes, check_folder, same_model_file
 from fusion_advisor.report.spec import first, flatten, scalar_text, spec_view
 from fusion_advisor.units import fmt_bytes, fmt_float, fmt_flops, fmt_int, fmt_speedup, fmt_us, is_num  # noqa: F401
 
@@ -432,9 +434,6 @@ def _spec_of(analysis: Analysis) -> Any:
 
 
 def _op_row(op: OpInfo, chain_id: str, spec: Any = None, measured: Any = None) -> dict[str, Any]:
-    from fusion_advisor.analyze.op_classes import launches
-    from fusion_advisor.analyze.roofline import op_device_us, op_host_us, price_source
-
     runs = spec is not None and not op.is_view and launches(op)  # as the chain estimates charge it
     return {
         "op_id": op.id,
@@ -710,9 +709,7 @@ def replaced_note(before: str | None, now: str) -> str:
         return ""
     if not before:
         return "; it replaces the analysis written there before"
-    same = (Path(before).resolve() == Path(now).resolve() if Path(before).is_absolute()
-            else Path(before).name == Path(now).name)
-    return ("; it replaces this model's earlier analysis there" if same else
+    return ("; it replaces this model's earlier analysis there" if same_model_file(before, now) else
             f"; it replaces the analysis of {before} written there before (another --out keeps both)")
 
 
