@@ -69,12 +69,18 @@ def test_ops_launching_several_kernels_count_them():
 
     class M(torch.nn.Module):
         def forward(self, ids, x):
-            return ids.cumsum(-1), x[ids[0]] * 2
+            rolled = torch.roll(x, (1, 2), (0, 1)) + torch.roll(x, 1, 0)
+            padded = torch.nn.functional.pad(x, (1, 1))
+            return (ids.cumsum(-1), x[ids[0]] * 2, torch.logsumexp(x, 1), x.masked_fill(x > 0, 0.0), padded,
+                    rolled)
 
     inputs = (torch.zeros(2, 16, dtype=torch.long), torch.randn(32, 8))
     og = build_op_graph(capture(LoadedModel("m", "<test>", "test", M(), inputs, "cpu", "")))
     kernels = {o.target.split(".")[1]: o.eager_kernels for o in og.ops if o.target.startswith("aten.")}
     assert kernels["cumsum"] == MULTI_KERNEL_OPS["cumsum"] == 2 and kernels["index"] == 2 and kernels["mul"] == 1
+    # amax, abs, eq, masked_fill_, sub, exp_, sum, log_, add_ (ReduceOps.cpp); clone + fill; fill + copy
+    assert kernels["logsumexp"] == 9 and kernels["masked_fill"] == 2 and kernels["constant_pad_nd"] == 2
+    assert sorted(o.eager_kernels for o in og.ops if o.target.startswith("aten.roll")) == [1, 2]  # one per dim
 
 
 @pytest.mark.parametrize("layer, shape, window", [

@@ -515,8 +515,22 @@ def _flat_nodes(args: Any) -> list[torch.fx.Node]:
 #: or the innermost-dim scan kernel, plus a dtype/layout copy: 2-3 kernels) and ``index`` with tensor indices (the
 #: index kernel plus an elementwise copy of the indices: 2-3). The lower count, measured on the H200 with torch 2.11
 #: (``measured_kernels`` of the cumsum/index chains of HF Llama and GPT-2,
-#: benchmarks/results/h200/accuracy/profile_accuracy_chains.csv). Each kernel costs a launch.
-MULTI_KERNEL_OPS = {"cumsum": 2, "index": 2}
+#: benchmarks/results/h200/accuracy/profile_accuracy_chains.csv). ``logsumexp`` is nine: amax, abs, eq, masked_fill_
+#: (an infinite max), sub, exp_, sum, log_, add_ (aten/src/ATen/native/ReduceOps.cpp, logsumexp_out_impl; every one
+#: of the 224 calibrate calls of the shipped H200 and H100 specs and every profiled call issued 9). The
+#: out-of-place ``masked_fill`` clones its input, then fills in place (TensorAdvancedIndexing.cpp), and
+#: ``constant_pad_nd`` fills its output, then copies the input into its interior (PadNd.cpp): 2 each, as every
+#: profiled call of them on the H200 and H100 issued. Each kernel costs a launch.
+MULTI_KERNEL_OPS = {"cumsum": 2, "index": 2, "logsumexp": 9, "masked_fill": 2, "constant_pad_nd": 2}
+
+
+def eager_kernel_count(name: str, args: tuple) -> int:
+    """Kernels aten op ``name`` launches per eager call on a CUDA GPU: :data:`MULTI_KERNEL_OPS`' count, for
+    ``roll`` one per rolled dim (roll_common rolls one dim, then the rest on its output; ``args`` are the node's:
+    self, shifts, dims), else 1."""
+    if name == "roll" and len(args) > 2 and isinstance(args[2], (list, tuple)):
+        return max(len(args[2]), 1)
+    return MULTI_KERNEL_OPS.get(name, 1)
 
 
 #: aten pooling ops whose ``kernel_size`` (argument 1) sets the elements each output reads, by their spatial dims
@@ -567,7 +581,7 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
         category = "other"
     row, last = _reduction_geometry(node, _op_name(target), category, inputs, outputs)
     variant, kernels = (attention_variant(node, _op_name(target)) if category == "attention"
-                        else ("", MULTI_KERNEL_OPS.get(_op_name(target), 1)))
+                        else ("", eager_kernel_count(_op_name(target), node.args)))
     steps = recurrent_flops = 0
     if category == "recurrent":
         variant, steps, recurrent_flops = recurrent_geometry(node)
