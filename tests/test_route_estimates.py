@@ -102,11 +102,16 @@ def test_the_advice_counts_a_doubted_kernel_at_eagers_time(tmp_path):
     from fusion_advisor.report.write import chains_frame
 
     a, chain, est, _ = _softmax_of(tmp_path, "torch.softmax(x, dim=-1)")
-    slower = dataclasses.replace(est, triton_us=est.eager_us * 1.5)
+    slower = dataclasses.replace(est, triton_us=est.eager_us * 1.5, compile_us=est.eager_us * 1.2)
     a.estimates[chain.id] = slower
     row = chains_frame(a).iloc[0]
     assert row["route"] == "triton" and row["est_triton_us"] == pytest.approx(slower.triton_us)
     assert row["est_after_route_us"] == pytest.approx(est.eager_us) and row["est_route_saving_us"] == 0
+    # torch.compile predicted faster than the kernel (SwinMLP's LayerNorm chains, the kernel computing the
+    # LayerNorm alone between window copies: the advice read 0.99x vs torch.compile(model)): counted at its time
+    a.estimates[chain.id] = dataclasses.replace(slower, compile_us=est.eager_us * 0.5)
+    row = chains_frame(a).iloc[0]
+    assert row["route"] == "triton" and row["est_after_route_us"] == pytest.approx(est.eager_us * 0.5)
 
 
 def test_the_fp32_gemm_kernels_rate_prices_fp32_gemms_alone(tmp_path):

@@ -357,3 +357,16 @@ def test_the_fp32_gemm_kernel_takes_many_output_tiles_and_a_long_enough_k(out_nu
                   flops=intensity_flops, fused_bytes=4000, eager_bytes=4000)
     d = route_chain(gemm, _est("compute", triton_us=10.0), load_rules([]), kernels={})
     assert d.rule_id == rule
+
+
+@pytest.mark.parametrize("compile_us, rule, route", [(37.3, "compile-multi-kernel-op", "torch.compile"),
+                                                     (240.0, "skip-default", "skip")])
+def test_one_op_of_several_eager_kernels_goes_to_torch_compile_where_predicted_faster(compile_us, rule, route):
+    """A lone logsumexp (nine eager kernels, one under Inductor) read "no rule found a gain" beside a predicted
+    247.0 -> 37.3 us under torch.compile (found by a fresh user): its bytes, counted once, showed nothing saved."""
+    lse = _chain(pattern="reduction", categories=("reduction",), targets=("aten.logsumexp.default",),
+                 op_ids=("g0:logsumexp",), dtype="fp32", eager_kernels=9, eager_bytes=4000, fused_bytes=4000)
+    d = route_chain(lse, _est(eager_us=247.0, compile_us=compile_us), load_rules([]), kernels={})
+    assert (d.rule_id, d.route) == (rule, route)
+    if route != "skip":
+        assert d.reason.startswith("reduction: eager runs this one op as 9 kernels") and "247.0 -> 37.3 us" in d.reason

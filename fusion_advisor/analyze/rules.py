@@ -153,6 +153,7 @@ CONDITIONS: dict[str, tuple[type | tuple[type, ...], Callable[[dict[str, Any], A
     "intensity_vs_ridge": (str, lambda f, v: (f["arithmetic_intensity"] > f["ridge_point"]) == (v == "above")),
     "min_bytes_saved": (int, lambda f, v: f["bytes_saved"] >= v),
     "min_saving_us": ((int, float), lambda f, v: f["saving_us"] >= v),
+    "min_compile_speedup": ((int, float), lambda f, v: f["compile_us"] > 0 and f["eager_us"] >= v * f["compile_us"]),
     "epilogue": (bool, lambda f, v: f["epilogue"] == v),
     "attention_backend": ((str, list), lambda f, v: f["attention_backend"] in _one_of(v)),
 }
