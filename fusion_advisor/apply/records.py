@@ -360,8 +360,10 @@ class Region:
         chain_ids: analysis chains whose ops lie in it.
         routes: ``(route, chains)`` pairs: how the analysis routes the region's chains.
         compile_gain_us: predicted device time fusion saves in the region, us (its chains' eager - fused estimates
-            for chains routed to torch.compile or a library kernel).
-        launch_us: predicted launch overhead of the region's eager kernels, us (what CUDA graphs remove).
+            for chains routed to torch.compile or a library kernel; a chain of several regions gives each the share
+            of its ops there).
+        launch_us: predicted launch overhead of the region's eager kernels, us (what CUDA graphs remove; shared
+            the same way).
         source: where its first op comes from.
     """
 

@@ -16,6 +16,7 @@ submodule compiled on its inputs' fake values).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -107,7 +108,9 @@ def choose_depth(gm: torch.fx.GraphModule, max_regions: int = MAX_REGIONS_PER_GR
 
 def describe_regions(graphs: Sequence[tuple[int, torch.fx.GraphModule]], chain_of_node: dict[tuple[int, str], str],
                      analysis: Any) -> list[Region]:
-    """The regions of the captured graphs, with the analysis' chains, routes and predicted gains in each.
+    """The regions of the captured graphs, with the analysis' chains, routes and predicted gains in each. A chain
+    whose ops lie in several regions (a GroupNorm, a tanh and a HardSwish of three modules) gives each its share of
+    its gain and launches, by its ops there: summed over the regions, every chain counts once.
 
     Args:
         graphs: ``(graph index, graph)`` pairs (apply's pre-dispatch graphs).
@@ -115,30 +118,30 @@ def describe_regions(graphs: Sequence[tuple[int, torch.fx.GraphModule]], chain_o
         analysis: the :class:`~fusion_advisor.analyze.records.Analysis` (chains, estimates, decisions).
     """
     out: list[Region] = []
-    for gi, gm in graphs:
-        depth = choose_depth(gm)
-        for run in region_runs(gm, depth, gi):
-            ids: list[str] = []
-            for n in run.nodes:
-                cid = chain_of_node.get((gi, n.name))
-                if cid is not None and cid not in ids:
-                    ids.append(cid)
-            routes: dict[str, int] = {}
-            gain = launch = 0.0
-            for cid in ids:
-                d = analysis.decisions.get(cid)
-                est = analysis.estimates.get(cid)
-                if d is not None:
-                    routes[d.route] = routes.get(d.route, 0) + 1
-                if est is not None:
-                    launch += est.launch_eager_us
-                    if d is not None and d.route in ("torch.compile", "triton", "cudagraphs"):
-                        gain += max(est.saving_us, 0.0)
-            first = run.nodes[0]
-            src = source_of(first) if first.meta.get("stack_trace") else SourceLoc()
-            out.append(Region(key=run.key, depth=depth, n_ops=len(run.nodes), chain_ids=tuple(ids),
-                              routes=tuple(sorted(routes.items())), compile_gain_us=gain, launch_us=launch,
-                              source=src))
+    runs = [(gi, depth, run) for gi, gm in graphs for depth in (choose_depth(gm),)
+            for run in region_runs(gm, depth, gi)]
+    chain_nodes = Counter(chain_of_node[(gi, n.name)] for gi, _, run in runs for n in run.nodes
+                          if (gi, n.name) in chain_of_node)
+    for gi, depth, run in runs:
+        here = Counter(chain_of_node[(gi, n.name)] for n in run.nodes if (gi, n.name) in chain_of_node)
+        ids = list(here)  # first-seen order
+        routes: dict[str, int] = {}
+        gain = launch = 0.0
+        for cid in ids:
+            d = analysis.decisions.get(cid)
+            est = analysis.estimates.get(cid)
+            share = here[cid] / chain_nodes[cid]
+            if d is not None:
+                routes[d.route] = routes.get(d.route, 0) + 1
+            if est is not None:
+                launch += est.launch_eager_us * share
+                if d is not None and d.route in ("torch.compile", "triton", "cudagraphs"):
+                    gain += max(est.saving_us, 0.0) * share
+        first = run.nodes[0]
+        src = source_of(first) if first.meta.get("stack_trace") else SourceLoc()
+        out.append(Region(key=run.key, depth=depth, n_ops=len(run.nodes), chain_ids=tuple(ids),
+                          routes=tuple(sorted(routes.items())), compile_gain_us=gain, launch_us=launch,
+                          source=src))
     return out
 
 
