@@ -659,6 +659,8 @@ def diff(
 
     d, paths = run_guarded(job, debug)
     show = Console(width=None if sys.stdout.isatty() else 160)
+    for w in d.warnings:
+        show.print(f"[yellow]warning:[/] {_escape(w)}", highlight=False)
     for label, x, y in d.facts:
         if x != y:
             show.print(f"{_escape(label)}: {_escape(x)} (A) -> {_escape(y)} (B)", highlight=False)

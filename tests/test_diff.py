@@ -145,3 +145,18 @@ def test_cli_diff_never_overwrites_a_foreign_file(folders, tmp_path):
     r = runner.invoke(app, ["diff", str(folders[0]), str(folders[1]), "--out", str(tmp_path / "e"),
                             "--threshold", "-1"])
     assert r.exit_code == 2 and "--threshold -1" in r.output
+
+
+def test_two_model_files_are_named_as_a_doubtful_pairing(tmp_path):
+    """diff of two unrelated models paired chains by line number alone and exited 0 without a word (found by a
+    fresh user)."""
+    a, b = layered(2), layered(2)
+    b.model_file = "/elsewhere/other_model.py"
+    report.write_report(a, tmp_path / "A")
+    report.write_report(b, tmp_path / "B")
+    d = D.diff_folders(tmp_path / "A", tmp_path / "B")
+    assert len(d.warnings) == 1 and "different model files" in d.warnings[0] and "other_model.py" in d.warnings[0]
+    r = runner.invoke(app, ["diff", str(tmp_path / "A"), str(tmp_path / "B"), "--out", str(tmp_path / "d")])
+    assert r.exit_code == 0 and "warning: A and B analysed different model files" in " ".join(r.output.split())
+    assert "different model files" in (tmp_path / "d" / "diff.html").read_text()
+    assert D.diff_folders(tmp_path / "A", tmp_path / "A").warnings == []

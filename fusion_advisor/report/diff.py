@@ -65,6 +65,7 @@ class Side:
 
     folder: Path
     name: str
+    model_file: str
     frame: pd.DataFrame
     facts: dict[str, str]
     totals: dict[str, float]
@@ -79,6 +80,7 @@ class Diff:
         rows: one dict per row (keys :data:`DIFF_COLUMNS`), changed rows first, then only-in-A, only-in-B, same.
         threshold: the relative time change that counts (see the module docstring).
         facts: ``(label, A, B)`` of the runs (model, device spec, versions, totals), the differing ones marked.
+        warnings: what makes the pairing doubtful (two different model files).
     """
 
     a: Side
@@ -86,6 +88,7 @@ class Diff:
     rows: list[dict[str, Any]]
     threshold: float
     facts: list[tuple[str, str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> list[dict[str, Any]]:
@@ -128,7 +131,8 @@ def _side(folder: Path) -> Side:
             # one row whatever each side chose (the choice is a fact row of its own)
             totals["measured plan (apply)"] = view["measured"]["chosen_ms"] * 1e3
             facts["apply chose"] = view["measured"]["chosen"]
-    return Side(folder=Path(folder), name=analysis.model_name, frame=frame, facts=facts, totals=totals)
+    return Side(folder=Path(folder), name=analysis.model_name, model_file=analysis.model_file, frame=frame,
+                facts=facts, totals=totals)
 
 
 #: Device spec inputs the diff names beside the predicted times they move: (label, spec field, unit).
@@ -225,7 +229,12 @@ def diff_folders(a: Path, b: Path, threshold: float = DEFAULT_THRESHOLD) -> Diff
         facts.append((k, sa.facts.get(k, "–"), sb.facts.get(k, "–")))
     for k in dict.fromkeys([*sa.totals, *sb.totals]):
         facts.append((k, fmt_us(sa.totals.get(k)), fmt_us(sb.totals.get(k))))
-    return Diff(a=sa, b=sb, rows=rows, threshold=threshold, facts=facts)
+    warnings = []
+    if sa.model_file and sb.model_file and Path(sa.model_file).name != Path(sb.model_file).name:
+        warnings.append(f"A and B analysed different model files ({Path(sa.model_file).name}, "
+                        f"{Path(sb.model_file).name}): chains are paired by module, source line and pattern, which "
+                        f"in two files may be different code")
+    return Diff(a=sa, b=sb, rows=rows, threshold=threshold, facts=facts, warnings=warnings)
 
 
 def _weight(row: dict[str, Any]) -> float:
