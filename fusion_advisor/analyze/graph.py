@@ -524,12 +524,20 @@ def _flat_nodes(args: Any) -> list[torch.fx.Node]:
 MULTI_KERNEL_OPS = {"cumsum": 2, "index": 2, "logsumexp": 9, "masked_fill": 2, "constant_pad_nd": 2}
 
 
-def eager_kernel_count(name: str, args: tuple) -> int:
-    """Kernels aten op ``name`` launches per eager call on a CUDA GPU: :data:`MULTI_KERNEL_OPS`' count, for
-    ``roll`` one per rolled dim (roll_common rolls one dim, then the rest on its output; ``args`` are the node's:
-    self, shifts, dims), else 1."""
+def eager_kernel_count(name: str, args: tuple, code: str = "") -> int:
+    """Kernels aten op ``name`` launches per eager call (counted on a CUDA GPU; the CPU's ATen runs the same
+    composites): :data:`MULTI_KERNEL_OPS`' count, except ``roll``, one per rolled dim (roll_common rolls one dim,
+    then the rest on its output), ``constant_pad_nd`` with no positive pad (a crop: PadNd.cpp returns a clone,
+    1) and a ``masked_fill`` the model's code calls in place (``code``, its source line, holds ``masked_fill_(``:
+    the captured graph is functionalized, so the in-place call reads as the out-of-place op, yet it runs 1
+    kernel). ``args`` are the node's (roll: self, shifts, dims; constant_pad_nd: self, pad, value); else 1."""
     if name == "roll" and len(args) > 2 and isinstance(args[2], (list, tuple)):
         return max(len(args[2]), 1)
+    if name == "constant_pad_nd" and len(args) > 1 and isinstance(args[1], (list, tuple)) \
+            and all(isinstance(p, int) and p <= 0 for p in args[1]):
+        return 1
+    if name == "masked_fill" and "masked_fill_(" in code:
+        return 1
     return MULTI_KERNEL_OPS.get(name, 1)
 
 
@@ -580,8 +588,9 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
         # unsupported_input_tensor): it fuses with nothing
         category = "other"
     row, last = _reduction_geometry(node, _op_name(target), category, inputs, outputs)
+    source = source_of(node) if node.meta.get("stack_trace") else SourceLoc()
     variant, kernels = (attention_variant(node, _op_name(target)) if category == "attention"
-                        else ("", eager_kernel_count(_op_name(target), node.args)))
+                        else ("", eager_kernel_count(_op_name(target), node.args, source.code)))
     steps = recurrent_flops = 0
     if category == "recurrent":
         variant, steps, recurrent_flops = recurrent_geometry(node)
@@ -626,7 +635,7 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
         bytes_read=int(read),
         bytes_written=int(written),
         module_path=module_path_of(node),
-        source=source_of(node) if node.meta.get("stack_trace") else SourceLoc(),
+        source=source,
         reduction_elems=row,
         reduces_last_dim=last,
         variant=variant,

@@ -94,8 +94,9 @@ class OpInfo:
             (``"heads=8"``, :mod:`fusion_advisor.analyze.composites`); ``""`` for other ops or unknown.
         eager_kernels: kernels the op launches when run eagerly: 1, except composite paths (SDPA's math backend:
             :func:`fusion_advisor.analyze.sdpa.math_kernels`; the native encoder layer,
-            :data:`fusion_advisor.analyze.composites.ENCODER_LAYER_KERNELS`) and ops on empty tensors (still 1 here;
-            the roofline skips them).
+            :data:`fusion_advisor.analyze.composites.ENCODER_LAYER_KERNELS`; aten ops run as several kernels:
+            :func:`fusion_advisor.analyze.graph.eager_kernel_count`, logsumexp's nine) and ops on empty tensors
+            (still 1 here; the roofline skips them).
         sequential_steps: recurrent ops: the cell steps that run one after another (layers x directions x sequence
             length: :func:`fusion_advisor.analyze.graph.recurrent_geometry`); 0 for other ops.
         window_elems: pooling ops with a kernel size (max / avg pool 1-3d): the input elements each output reads

@@ -5,7 +5,8 @@ Model (Williams, Waterman & Patterson, "Roofline", CACM 2009, plus a per-kernel 
 - one kernel moving ``B`` bytes and doing ``F`` FLOPs keeps the GPU busy ``t = max(F / peak, B / bandwidth)``;
 - the host issues one kernel per ``launch`` microseconds (eager dispatch plus launch), overlapping with the GPU,
   so a kernel costs ``max(t, launch)``: short kernels leave the GPU idle while the next one is issued;
-- eager time of a chain: that, summed over its ops (each op is one kernel; views launch none);
+- eager time of a chain: that, summed over its ops (each op ``OpInfo.eager_kernels`` kernels, one but for the
+  composites aten runs as several: logsumexp's nine; views launch none);
 - fused time: the chain as one kernel, moving only its fused bytes: ``max(t_fused, launch)``;
 - arithmetic intensity = FLOPs / fused bytes; ridge point = peak / bandwidth.
 

@@ -121,8 +121,9 @@ CHAIN_COLUMNS: dict[str, str] = {
     "model; torch.compile's reduce-overhead runs the layer as written).",
     "est_after_route_us": "Estimated time after routing (us): the fused kernel at the share of the roofline the "
     "route's code reaches on this kind of chain (the device spec's measured route_efficiency; the roofline "
-    "where unmeasured) for 'torch.compile' and 'triton' (a library kernel predicted slower than eager at "
-    "est_eager_us: apply keeps a swap only where it measures faster), the same without the launch floor for "
+    "where unmeasured) for 'torch.compile' and 'triton' (a library kernel predicted slower than torch.compile or "
+    "eager at the faster of est_compile_us and est_eager_us: apply keeps a swap only where it measures faster, "
+    "else the faster whole-model variant; est_triton_us is the kernel's own), the same without the launch floor for "
     "'cudagraphs', est_eager_us for 'skip'.",
     "est_route_saving_us": "est_eager_us - est_after_route_us (us): what the chosen route saves on this chain, the "
     "figure analyze's 'Top chains by estimated saving on their route' ranks by and the totals and 'The advice' "
