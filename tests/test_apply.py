@@ -1064,6 +1064,8 @@ def test_a_variants_pattern_that_matches_nothing_is_warned_about():
                                                  "considered for this model"), said
     assert "eager, torch.compile" in said[0]
     assert result.chosen is not None and result.chosen.spec.name == "eager"
+    # the baseline the headline compares with was filtered out: said, not left to a missing ratio (a fresh user)
+    assert any(w.startswith("torch.compile(model) was not timed (--variants leaves it out)") for w in result.warnings)
 
 
 def test_an_out_folder_the_permission_bits_call_writable_that_refuses_is_refused_before_apply_runs(

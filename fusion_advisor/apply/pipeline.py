@@ -39,7 +39,7 @@ from fusion_advisor.apply.records import (
 )
 from fusion_advisor.apply.regions import describe_regions
 from fusion_advisor.apply.rewrite import extract_subgraph, grad_flags
-from fusion_advisor.apply.search import SearchInputs, search
+from fusion_advisor.apply.search import COMPILE, SearchInputs, search
 from fusion_advisor.apply.swaps import bench_swap, decide, verify_swap
 from fusion_advisor.apply.variants import PlannedModel
 from fusion_advisor.analyze.capture import first_line, quiet_torch_logs, source_of
@@ -160,6 +160,9 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     result.variants, result.chosen, result.chosen_reason = found.variants, found.chosen, found.reason
     result.confirmed, result.confirmation_spread = found.confirmed, found.confirmation_spread
     result.baseline, result.planned = found.baseline, found.planned
+    if options.variants and not any(v.spec.name == COMPILE and v.timing is not None for v in found.variants):
+        result.warnings.append("torch.compile(model) was not timed (--variants leaves it out): the plan is not "
+                               "compared with it, only with the model as written")
     for p in found.unmatched_patterns:  # a typo must not read as "eager is best"
         result.warnings.append(f"--variants {p!r} matched none of the variants apply considered for this model "
                                f"(some are built only from others: swaps+<rest> from swaps+eager, region trials "
