@@ -160,3 +160,11 @@ def test_two_model_files_are_named_as_a_doubtful_pairing(tmp_path):
     assert r.exit_code == 0 and "warning: A and B analysed different model files" in " ".join(r.output.split())
     assert "different model files" in (tmp_path / "d" / "diff.html").read_text()
     assert D.diff_folders(tmp_path / "A", tmp_path / "A").warnings == []
+    # two unrelated files of one name in two folders (a reviewer): told apart by path where both are absolute
+    a.model_file, b.model_file = "/proj/one/model.py", "/proj/two/model.py"
+    report.write_report(a, tmp_path / "A2")
+    report.write_report(b, tmp_path / "B2")
+    assert "/proj/two/model.py" in D.diff_folders(tmp_path / "A2", tmp_path / "B2").warnings[0]
+    b.model_file = "model.py"  # typed relative in another folder: the same name is the same file
+    report.write_report(b, tmp_path / "B3")
+    assert D.diff_folders(tmp_path / "A2", tmp_path / "B3").warnings == []

@@ -230,11 +230,18 @@ def diff_folders(a: Path, b: Path, threshold: float = DEFAULT_THRESHOLD) -> Diff
     for k in dict.fromkeys([*sa.totals, *sb.totals]):
         facts.append((k, fmt_us(sa.totals.get(k)), fmt_us(sb.totals.get(k))))
     warnings = []
-    if sa.model_file and sb.model_file and Path(sa.model_file).name != Path(sb.model_file).name:
-        warnings.append(f"A and B analysed different model files ({Path(sa.model_file).name}, "
-                        f"{Path(sb.model_file).name}): chains are paired by module, source line and pattern, which "
-                        f"in two files may be different code")
+    if sa.model_file and sb.model_file and not _same_file(sa.model_file, sb.model_file):
+        warnings.append(f"A and B analysed different model files ({sa.model_file}, {sb.model_file}): chains are "
+                        f"paired by module, source line and pattern, which in two files may be different code")
     return Diff(a=sa, b=sb, rows=rows, threshold=threshold, facts=facts, warnings=warnings)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two recorded model files are one file: by path where both were recorded absolute (two unrelated
+    ``model.py`` files differ), else by file name (a relative path may have been typed from another folder)."""
+    if Path(a).is_absolute() and Path(b).is_absolute():
+        return Path(a) == Path(b)
+    return Path(a).name == Path(b).name
 
 
 def _weight(row: dict[str, Any]) -> float:
