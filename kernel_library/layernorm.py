@@ -743,6 +743,24 @@ def hard_inputs() -> list:
                                                                                    bias, eps])]
 
 
+def contract_for(name: str) -> dict | None:
+    """``fusion-advisor verify``'s contract of the registry entry ``name`` where it is not this module's main one:
+    ``add_layernorm`` runs every input set with a residual (``make_inputs(..., residual=True)``; the hard values
+    with the residual of the same rows), so the fused add is checked on its own, not through plain LayerNorm."""
+    if name != "add_layernorm":
+        return None
+
+    def with_residual(size: tuple[int, int] | None = None) -> list:
+        n_rows, n_cols = size or SIZES[0]
+        return make_inputs(n_rows, n_cols, torch.bfloat16, residual=True, seed=torch.initial_seed())
+
+    def hard() -> list:
+        r = with_residual()[4]
+        return [(f"{label}, with a residual", [*args, r]) for label, args in hard_inputs()]
+
+    return {"get_inputs": with_residual, "hard_inputs": hard}
+
+
 #: GPU benchmark shapes: the Llama-7B shape (8192 x 4096 bf16, benchmarks/results/h200/kernels/kernels_7b.md) in three
 #: dtypes, a token and a width sweep, a row wide enough for the looped path, and the fused residual add
 #: (``residual=True``: add_layernorm).
@@ -844,7 +862,7 @@ ENTRY = register_kernel(KernelEntry(
     extra_check=_last_dim_only))
 
 #: The fused residual add shares this module's contract: ``kernel_fn(..., residual=r)`` / ``reference_fn`` /
-#: ``make_inputs(..., residual=True)``; ``get_inputs()`` covers the plain entry only.
+#: ``make_inputs(..., residual=True)``; ``get_inputs()`` covers the plain entry only, :func:`contract_for` this one.
 ADD_ENTRY = register_kernel(KernelEntry(
     name="add_layernorm", module=__name__, op="fusion_advisor::add_layer_norm", has_backward=True,
     description="residual add + LayerNorm, fwd+bwd; returns (F.layer_norm(residual + x), residual + x)",

@@ -646,6 +646,24 @@ def hard_inputs() -> list:
             ("additive finfo.min mask, scale 0.125", [x, 0.125, hf, False])]
 
 
+def contract_for(name: str) -> dict | None:
+    """``fusion-advisor verify``'s contract of the registry entry ``name`` where it is not this module's main one:
+    ``masked_softmax`` (scale, then an additive or boolean mask) runs every input set with HF's additive
+    ``finfo.min`` mask and a scale of 0.125, and the hard values that carry a mask, so the entry is checked on its
+    own inputs, not through the plain softmax."""
+    if name != "masked_softmax":
+        return None
+
+    def masked(size: tuple[int, int] | None = None) -> list:
+        n_rows, n_cols = size or SIZES[0]
+        dtype = "bfloat16" if _device.on_gpu() else "float32"
+        return make_inputs(n_rows=n_rows, n_cols=n_cols, dtype=dtype, mask="additive", scale=0.125,
+                           seed=torch.initial_seed())
+
+    return {"get_inputs": masked,
+            "hard_inputs": lambda: [(label, args) for label, args in hard_inputs() if args[2] is not None]}
+
+
 #: GPU benchmark shapes: the reference rows (8192 x 32000 / 128256 bf16, scale + mask + softmax at 32000), attention
 #: scores of Llama-7B (32 heads, 2048 tokens) with an HF-style additive mask and with causal, and a width sweep
 #: across the single-block limit (4096 single; 16384, 32768, 65536 looped) plus a decode-like few-row case.
