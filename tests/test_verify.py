@@ -167,10 +167,11 @@ def test_load_contract_module_names(tmp_path, monkeypatch):
     c = load_contract("my_kernels_pkg.double")
     assert c.name == "double" and c.path == pkg / "double.py"
     assert verify_kernel(c, seeds=1).correct
-    with pytest.raises(KernelLoadError, match="kernel_library modules") as err:
+    with pytest.raises(KernelLoadError, match="kernel_library kernels") as err:
         load_contract("no_such_kernel_xyz")
-    listed = str(err.value).split("kernel_library modules: ")[1].split(";")[0].split(", ")
-    assert "rmsnorm" in listed and "sweeps" not in listed  # only modules `verify NAME` can check
+    listed = str(err.value).split("kernel_library kernels: ")[1].split(";")[0].split(", ")
+    assert "rmsnorm" in listed and "sweeps" not in listed  # only names `verify NAME` can check
+    assert "masked_softmax" in listed  # a registry entry of another module's (the list named modules alone)
 
 
 def test_load_contract_imports_a_file_once():

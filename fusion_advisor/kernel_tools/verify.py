@@ -280,6 +280,18 @@ def _library_modules() -> list[str]:
     return sorted(n for n in names if not n.startswith("_") and n not in _NOT_KERNEL_MODULES)
 
 
+def _library_names() -> list[str]:
+    """The names ``verify`` and ``bench`` take: every kernel module and every registry entry (``masked_softmax``
+    lives in kernel_library.softmax)."""
+    try:
+        from kernel_library.registry import load_all
+
+        entries = list(load_all())
+    except Exception:  # a broken registry: the modules alone
+        entries = []
+    return sorted(set(_library_modules()) | set(entries))
+
+
 _user_frame = user_frame
 
 
@@ -307,12 +319,12 @@ def _import_module_name(name: str) -> ModuleType:
     except ModuleNotFoundError as exc:
         if exc.name is not None and (target == exc.name or target.startswith(exc.name + ".")):
             try:
-                known = ", ".join(_library_modules()) or "(none)"
+                known = ", ".join(_library_names()) or "(none)"
             except Exception:  # kernel_library itself broken: still say what was looked for
                 known = "(kernel_library not importable)"
             raise KernelLoadError(
                 f"{name}: no such kernel file or module (looked for module {target}); "
-                f"kernel_library modules: {known}; pass a path to a .py file for your own kernel"
+                f"kernel_library kernels: {known}; pass a path to a .py file for your own kernel"
             ) from exc
         where = _user_frame(exc, None)
         raise KernelLoadError(f"{where}: importing {target} raised ModuleNotFoundError: {exc}") from exc
