@@ -630,16 +630,22 @@ def test_redzones_keep_allocations_aligned_and_leave_correct_kernels_alone():
     assert result.correct, result.details
 
 
-def test_registry_name_in_another_module_says_whose_contract_is_checked():
-    # `verify masked_softmax` runs kernel_library.softmax's one contract (plain softmax): it must say so
-    # rather than print "softmax: correct" as the answer to a question about masked_softmax.
+def test_registry_name_in_another_module_says_whose_contract_is_checked(monkeypatch):
+    # `verify masked_softmax` checks kernel_library.softmax's contract_for('masked_softmax') (a mask and a scale),
+    # and says so; a module without a contract of the entry's own runs its one contract and must say that rather
+    # than print "softmax: correct" as the answer to a question about masked_softmax.
+    from kernel_library import softmax
+
     c = load_contract("masked_softmax")
-    assert c.name == "softmax" and "not 'masked_softmax' on its own" in c.note
+    assert c.name == "masked_softmax" and "contract_for('masked_softmax')" in c.note
     assert load_contract("softmax").note == ""
     res = runner.invoke(app, ["verify", "masked_softmax", "--seeds", "1"])
     assert res.exit_code == 0, res.output
     details = json.loads(res.stdout)["details"]
     assert details[1].startswith("note: 'masked_softmax' is registered in kernel_library.softmax")
+    monkeypatch.setattr(softmax, "contract_for", lambda name: None)
+    c = load_contract("masked_softmax")
+    assert c.name == "softmax" and "not 'masked_softmax' on its own" in c.note
 
 
 # --- the error policy on real bug classes -------------------------------------------------------------------
