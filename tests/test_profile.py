@@ -131,6 +131,7 @@ def test_gpu_attribution_by_correlation_id():
     assert (b.busy_us, b.idle_us, b.kernels) == (2.0, 10.0, 1.0)
     assert att.total_us == 4 + 12 + 1  # k3 is unattributed: its duration counts, its gap (23 us) does not
     assert att.attributed_us == 16 and att.unattributed_us == 1 and att.unattributed_events == 1
+    assert att.unattributed_names == (("k3", 1.0),)  # named in the profile's note (a fresh user: "which op?")
 
 
 def test_gpu_idle_is_capped_by_the_host_time_issuing_the_op():
@@ -203,6 +204,7 @@ def test_sequence_matching_attributes_kernels_to_the_graphs_nodes():
     # 18 us idle before k3; add's host spent 38 - 29 = 9 us after the previous op (copy_) ended: 9 us charged
     assert (add.busy_us, add.idle_us, add.kernels) == (2.0, 9.0, 1.0)
     assert att.unattributed_events == 1 and att.unmatched_ops == 0  # copy_'s kernel belongs to no node
+    assert att.unattributed_names == (("k2", 1.0),)
 
 
 def test_sequence_matching_skips_a_scheduled_op_that_did_not_run():
@@ -225,6 +227,8 @@ def test_cpu_attribution_in_sequence_mode():
     assert (mm.busy_us, mm.idle_us) == (7.0, 4.0)  # 10 us less the 3 us a no-work op takes under the profiler
     assert (add.busy_us, add.idle_us) == (2.0, 4.0)
     assert att.total_us == 100.0
+    # the ops no graph node claimed, by name (the CPU note said "1 aten op(s) ... outside any op" and no more)
+    assert dict(att.unattributed_names) == {"aten::t": 1.0, "aten::copy_": 1.0}
 
 
 def test_cpu_attribution_takes_top_level_aten_ops():

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+from collections import Counter
 import json
 import math
 import os
@@ -66,6 +67,7 @@ import torch
 
 from fusion_advisor.kernel_tools.bench import sync_device
 from fusion_advisor.host import busy_cpu_note
+from fusion_advisor.units import fmt_some
 from fusion_advisor.analyze.capture import Capture, DynamoBackend, aten_hook
 from fusion_advisor.analyze.eager_entry import OP_ID_META, call_eager_entries
 from fusion_advisor.analyze.host_stamps import HostStamps, insert_stamps, replay_stamps
@@ -275,6 +277,7 @@ class Attribution:
         unattributed_us: ``total_us - attributed_us``.
         device_events: device activities (GPU) or top-level aten ops (CPU) seen, per run.
         unattributed_events: of those, how many no op of the graphs claimed, per run.
+        unattributed_names: the names of those, most frequent first, with their count per run.
         wall_us: mean duration of the ``fa-run`` ranges (host wall time of one run under the profiler).
         unmatched_ops: scheduled aten ops (per run) that no profiled op event matched (sequence mode).
         graph_calls: graph index -> calls of that graph per run (``fa-graph:<i>`` ranges inside the runs, per run);
@@ -290,6 +293,7 @@ class Attribution:
     wall_us: float
     unmatched_ops: float = 0.0
     graph_calls: dict[int, float] = field(default_factory=dict)
+    unattributed_names: tuple[tuple[str, float], ...] = ()
 
 
 class _Owned(NamedTuple):
@@ -303,6 +307,7 @@ class _Owned(NamedTuple):
     owner: str | None
     window_start: float
     tagged: bool = False
+    name: str = ""
 
 
 class _Intervals:
@@ -488,8 +493,8 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
             pairs, missed = match_schedule(schedule, _top_level(ops_by_tid.get(tid, empty), start, end))
             unmatched += missed
             prev_end = start
-            for (s, en, _), op_id in pairs:
-                owned.setdefault(tid, []).append(_Owned(s, en, op_id, prev_end))
+            for (s, en, event), op_id in pairs:
+                owned.setdefault(tid, []).append(_Owned(s, en, op_id, prev_end, name=event))
                 prev_end = en
         elif name.startswith(TAG_PREFIX):
             owned.setdefault(tid, []).append(_Owned(start, end, name[len(TAG_PREFIX):], start, tagged=True))
@@ -517,6 +522,7 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
         prev_end = None
         total = 0.0
         unclaimed_events = 0
+        unclaimed: Counter[str] = Counter()
         n_events = 0
         for e in acts:
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
@@ -529,6 +535,7 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
             item = owners[launch[1]].find(launch[0]) if launch and launch[1] in owners else None
             if item is None or item.owner is None:
                 unclaimed_events += 1
+                unclaimed[str(e.get("name", ""))] += 1
                 total += dur
                 continue
             # the GPU cannot have waited on this op longer than the host spent issuing it (in the plain run)
@@ -542,6 +549,7 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
                       for st, en, _ in _top_level(ops_by_tid.get(e.get("tid"), empty), *_span(e))]
         floor = _median(probe_durs) if probe_durs else 0.0
         unclaimed_events = 0
+        unclaimed: Counter[str] = Counter()
         n_events = 0
         for tid, items in owned.items():
             for item in items:
@@ -549,9 +557,10 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
                     continue
                 # sequence mode: the interval is one top-level aten op; tagged mode: the aten ops inside the range
                 inner = (_top_level(ops_by_tid.get(tid, empty), item.start, item.end) if item.tagged
-                         else [(item.start, item.end, "")])
+                         else [(item.start, item.end, item.name)])
                 if item.owner is None:
                     unclaimed_events += len(inner)
+                    unclaimed.update(name for _, _, name in inner)
                 elif not inner:  # a tagged op that ran no profiled aten op: its own wall time
                     add(item.owner, item.end - item.start, 0.0, 0.0)
                 for st, en, _ in inner:
@@ -570,7 +579,8 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
     return Attribution(nodes=nodes, total_us=total_us, attributed_us=attributed,
                        unattributed_us=max(total_us - attributed, 0.0), device_events=n_events / n,
                        unattributed_events=unclaimed_events / n, wall_us=wall_us, unmatched_ops=unmatched / n,
-                       graph_calls={i: c / n for i, c in calls.items()})
+                       graph_calls={i: c / n for i, c in calls.items()},
+                       unattributed_names=tuple((name or "?", c / n) for name, c in unclaimed.most_common()))
 
 
 # --- per chain ------------------------------------------------------------------------------------------------
@@ -763,8 +773,10 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
                      "order): their kernels count as unattributed")
     if att.unattributed_events:
         what = "device kernel(s)" if device == "cuda" else "aten op(s)"
+        names = fmt_some([f"{name} x{count:g}" for name, count in att.unattributed_names], 3)
         notes.append(f"{att.unattributed_events:g} {what} per run ran outside any op of the graph (graph-break "
-                     f"code, view ops, Python glue): {att.unattributed_us:.1f} us per run not attributed to a chain")
+                     f"code, view ops, Python glue: {names}); {att.unattributed_us:.1f} us per run, with the host's "
+                     f"time between ops, not attributed to a chain")
     if device == "cpu" and eager_wall > 0 and att.attributed_us > CPU_PROFILED_OVER_WALL * eager_wall:
         notes.append(f"the profiled ops took {att.attributed_us / eager_wall:.0f}x the plain model's wall time "
                      f"({att.attributed_us:.1f} against {eager_wall:.1f} us per run): the profiler's own cost, or a CPU "
