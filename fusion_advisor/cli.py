@@ -406,8 +406,8 @@ def verify(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Check kernel_fn against reference_fn on fresh inputs, hard values and edge shapes (the error policy of
-    fusion_advisor/verification/policy.py); print JSON {correct, max_abs_diff, max_rel_diff, details, shapes, ...};
-    exit 1 when incorrect, 2 when the file or its contract is unusable."""
+    fusion_advisor/verification/policy.py); print JSON {correct, max_abs_diff, max_rel_diff, details, shapes,
+    worst_share_of_limit, ...}; exit 1 when incorrect, 2 when the file or its contract is unusable."""
 
     def job():
         from fusion_advisor.kernel_tools.verify import SHAPE_MODES, load_contract, use_triton_interpreter_if_no_gpu, verify_kernel

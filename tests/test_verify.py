@@ -59,6 +59,9 @@ def test_vector_add_verifies():
     d = result.to_dict()
     assert list(d)[:4] == ["correct", "max_abs_diff", "max_rel_diff", "details"]
     json.dumps(d, allow_nan=False)
+    # the policy's own measure beside the element-wise maxima (a fresh user read grad_max_rel_diff 80 beside
+    # "correct: true" as a failure): the worst error over its limit, at most 1 for a correct kernel, and where
+    assert 0 <= d["worst_share_of_limit"] <= 1 and d["worst_share_at"].split(": ")[0] in result.cases
 
 
 def test_broken_mask_is_caught():
@@ -69,6 +72,7 @@ def test_broken_mask_is_caught():
     assert "unwritten" in text and "NaN" in text
     assert "(9972,)" in text  # the last element of 9973
     assert result.to_dict()["max_abs_diff"] is None  # inf -> null in JSON
+    assert result.worst_share_of_limit > 1 and result.worst_share_at.startswith("seed 0: ")
 
 
 def test_cli_verify_ok_and_json_out(tmp_path):

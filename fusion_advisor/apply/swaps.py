@@ -169,13 +169,9 @@ def verify_swap(entry: Any, original: Callable[..., Any], captured: list[Any], n
 
 def _case_summary(case: str, outcome: Any) -> str:
     """``captured: passed; worst tensor: <its judgement>``: the tensor closest to its limits."""
-    def ratio(j: Any) -> float:
-        return max(j.norm_err / j.limit_norm if j.limit_norm > 0 else 0.0,
-                   j.max_err / j.limit_max if j.limit_max > 0 else 0.0)
-
     if not outcome.judgements:
         return f"{case}: passed"
-    _, worst = max(outcome.judgements, key=lambda lj: ratio(lj[1]))
+    _, worst = max(outcome.judgements, key=lambda lj: lj[1].share_of_limit)
     return f"{case}: passed; closest to its limits: {worst.reason}"
 
 

@@ -414,6 +414,10 @@ class VerifyResult:
         backward_checked: gradients were compared (some input requires grad).
         grad_max_abs_diff, grad_max_rel_diff: largest differences of the input gradients, ``None`` if unchecked.
         atol, rtol: tolerances given by the caller; ``None`` means the error policy.
+        worst_share_of_limit: the error policy's largest error over its limit among every output and gradient of
+            every case (:attr:`~fusion_advisor.verification.policy.Judgement.share_of_limit`: at most 1 passes),
+            ``None`` where the policy judged none (``--atol`` / ``--rtol`` given); ``worst_share_at`` names its
+            case and tensor.
         failure: the first failing line (``""`` when correct).
         traceback: formatted traceback when ``kernel_fn`` raised (not part of :meth:`to_dict`).
     """
@@ -432,6 +436,8 @@ class VerifyResult:
     grad_max_rel_diff: float | None = None
     atol: float | None = None
     rtol: float | None = None
+    worst_share_of_limit: float | None = None
+    worst_share_at: str = ""
     failure: str = ""
     traceback: str | None = None
 
@@ -453,6 +459,8 @@ class VerifyResult:
             "grad_max_rel_diff": _json_float(self.grad_max_rel_diff),
             "atol": self.atol,
             "rtol": self.rtol,
+            "worst_share_of_limit": _json_float(self.worst_share_of_limit),
+            "worst_share_at": self.worst_share_at,
             "failure": self.failure,
             "diffs_note": DIFFS_NOTE,
         }
@@ -464,7 +472,9 @@ DIFFS_NOTE = ("max_abs_diff, max_rel_diff and their grad_ twins are element-wise
               "reference_fn in float64: a relative difference over a reference element near zero can be large in a "
               "correct kernel (1.0 where the reference is ~0). The verdict is the error policy's (per tensor, "
               "norm-wise and max-wise against float64, scaled by reference_fn's own error in the inputs' dtype: "
-              "see details), or --atol / --rtol's element-wise test when given.")
+              "see details), or --atol / --rtol's element-wise test when given. worst_share_of_limit is the "
+              "policy's measure: the largest error over its limit of any output or gradient of any case (at most "
+              "1 passes), worst_share_at where.")
 
 
 def _json_float(x: float | None) -> float | None:
@@ -671,6 +681,9 @@ def _merge(result: VerifyResult, outcome: CaseOutcome, precisions: set[str]) -> 
         precisions.add(outcome.reference)
     result.max_abs_diff = max(result.max_abs_diff, outcome.max_abs_diff)
     result.max_rel_diff = max(result.max_rel_diff, outcome.max_rel_diff)
+    for label, j in outcome.judgements:
+        if result.worst_share_of_limit is None or j.share_of_limit > result.worst_share_of_limit:
+            result.worst_share_of_limit, result.worst_share_at = j.share_of_limit, f"{outcome.case}: {label}"
     if outcome.backward_checked:
         result.backward_checked = True
         result.grad_max_abs_diff = max(result.grad_max_abs_diff or 0.0, outcome.grad_max_abs_diff or 0.0)

@@ -158,6 +158,15 @@ class Judgement:
     nan_misplaced: int = 0
     first_misplaced: str = ""
 
+    @property
+    def share_of_limit(self) -> float:
+        """The larger of the norm-wise and max-wise errors over their limits (unitless): at most 1 passes. A zero
+        limit (an exact dtype, a shape mismatch) counts 0 where its error is 0, else ``inf``."""
+        def share(err: float, limit: float) -> float:
+            return err / limit if limit > 0 else (0.0 if err == 0 else math.inf)
+
+        return max(share(self.norm_err, self.limit_norm), share(self.max_err, self.limit_max))
+
 
 def sqnr_db(candidate: torch.Tensor, reference: torch.Tensor) -> float:
     """Signal-to-quantization-noise ratio of ``candidate`` against ``reference`` in dB:
