@@ -30,6 +30,10 @@ def test_analyze_writes_reports(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["device_spec"]["name"] == "a100"
     assert "Top" in r.output and "launch" in r.output
+    # the header's ceilings at the precision the spec gives them (a calibrated launch of 2.507 us read "3 us"),
+    # the matmul ceiling of the dtype doing the model's FLOPs beside the bandwidth (a fresh user)
+    header = " ".join(r.output.split())
+    assert "(2039 GB/s, fp32 matmul 19.5 TFLOP/s, launch 12 us)" in header, header[:400]
 
 
 def test_the_next_command_says_apply_runs_on_the_cpu_where_there_is_no_gpu(tmp_path, monkeypatch):
