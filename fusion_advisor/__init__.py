@@ -25,3 +25,8 @@ def __getattr__(name: str):
 
         return PlanError
     raise AttributeError(f"module 'fusion_advisor' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names, the lazily imported ones too (``dir(fusion_advisor)`` listed none of them)."""
+    return sorted(set(globals()) | set(__all__))

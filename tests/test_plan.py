@@ -186,6 +186,7 @@ def test_read_plan_errors(tmp_path, planned):
     import fusion_advisor
 
     assert fusion_advisor.PlanError is PlanError  # what load_plan's docstring says it raises, importable
+    assert {"load_plan", "PlannedModel", "PlanError"} <= set(dir(fusion_advisor))  # lazy, yet listed
     bad = tmp_path / "bad.yaml"
     bad.write_text("swaps: [\n")
     with pytest.raises(PlanError, match="not valid YAML"):

@@ -239,7 +239,10 @@ def load_plan(model: nn.Module, plan: str | Path, variant: str | None = None) ->
             the one of lowest peak memory (plan.yaml and variants.csv give each variant's time and peak).
 
     Raises:
-        PlanError: see :func:`read_plan` and :func:`variant_spec`.
+        PlanError (``fusion_advisor.PlanError``): no plan.yaml there, one that does not parse or is not a plan,
+            of another format version, cut short, or whose chosen swaps disagree with its summary
+            (``fusion_advisor.apply.plan.read_plan``); a ``variant`` the plan does not hold as correct
+            (``fusion_advisor.apply.plan.variant_spec``).
     """
     p = read_plan(plan)
     if variant is not None:
