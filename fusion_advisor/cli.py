@@ -794,7 +794,8 @@ def calibrate(
                                        "(or device_spec_cpu.yaml; with --from-profile device_spec_fitted.yaml) "
                                        "here. A file calibrate did not write is never overwritten."),
     device: Optional[str] = typer.Option(None, help="cuda (default with a GPU) or cpu."),
-    quick: bool = typer.Option(False, "--quick", help="Small sizes: seconds, noisier numbers."),
+    quick: bool = typer.Option(False, "--quick", help="Shorter budgets: fewer convolutions, matmuls and reductions "
+                               "sampled, no SDPA grid; peaks still at sizes that reach the ceilings."),
     from_profile: Optional[List[Path]] = typer.Option(
         None, "--from-profile", help="Measure nothing: fit per-op-class eager times from `analyze --profile` "
         "report folders (or folders of them; repeat the flag) into the spec they were analysed with, and print the "

@@ -56,6 +56,7 @@ def test_cpu_spec_loads_and_is_labelled(cpu_spec):
     shipped = yaml.safe_load((Path(load_spec.__code__.co_filename).parent / "cpu.yaml").read_text())
     assert set(shipped) <= set(yaml.safe_load(text))
     assert data["calibration"]["sizes"]["matmul_n"] == Sizes.for_device("cpu", quick=True).matmul_n
+    assert data["calibration"]["quick"] is True  # said in the spec itself (a fresh user found only matmul_n)
 
 
 def test_analyze_accepts_the_calibrated_spec(cpu_spec):
@@ -127,6 +128,7 @@ def _gpu_cal(name: str, copy_gbps: float = 4300.0) -> Calibration:
 def test_gpu_spec_from_a_calibration():
     data = spec_dict(_gpu_cal("NVIDIA H200"))
     assert data["kind"] == "gpu" and data["calibration"]["base_spec"] == "h200"
+    assert data["calibration"]["quick"] is False
     assert data["tensor_tflops"] == {"bf16": 700.0, "fp16": 710.0, "tf32": 370.0, "fp32": 51.0}
     assert data["vector_tflops"] == {k: float(v) for k, v in load_spec("h200").vector_tflops.items()}
     assert data["vector_tflops_source"] == "copied from the shipped spec h200 (not measured by calibrate)"

@@ -156,6 +156,7 @@ class Calibration:
         activity: GPU only: host time per device activity of a cuDNN convolution call and the ``conv`` probe's
             activity count (:func:`measure_activity_host_share`), None when not measured.
         step_seconds: wall seconds of each measurement step, by its progress line.
+        quick: measured with ``--quick`` (shorter budgets; recorded in the spec's ``calibration.quick``).
         launch_us: wall time per tiny eager op in a long loop (us).
         kernel_floor_us: GPU only: device time per back-to-back tiny kernel from a CUDA-graph replay (us), else None.
         l2_bytes: L2 cache size (GPU), 0 when unknown.
@@ -198,6 +199,7 @@ class Calibration:
     recurrent_probe: tuple[int, ...] = ()
     pool_window_gelem_s: float | None = None
     pool_probes: list[dict] = field(default_factory=list)
+    quick: bool = False
     activity: ActivityHostCost | None = None
 
 
@@ -576,7 +578,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         launch_by_class=launch_by_class, activity=activity, step_seconds=seconds,
         matmul_rates=matmul_rates, reduction_rates=reduction_rates, recurrent_step_us=recurrent,
         recurrent_probe=recurrent_probe(device, quick),
-        pool_window_gelem_s=pool_rate, pool_probes=pool_rows,
+        pool_window_gelem_s=pool_rate, pool_probes=pool_rows, quick=quick,
         timer="triton.testing.do_bench median (L2 flushed before each call)" if device == "cuda"
         else "wall-clock median (time.perf_counter)")
 
@@ -824,6 +826,7 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
             "date": cal.date,
             "versions": dict(v),
             "timer": cal.timer,
+            "quick": cal.quick,
             "sizes": asdict(s),
             "kernel_floor_us": round(cal.kernel_floor_us, 3) if cal.kernel_floor_us is not None else None,
             "base_spec": base.name,
