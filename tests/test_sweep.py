@@ -124,6 +124,17 @@ def test_file_without_hooks_names_what_to_add():
         assert name in msg
 
 
+@pytest.mark.parametrize("sizes", ["[0, 1000]", "[-4]", "[(16, 0)]"])
+def test_sizes_that_are_not_positive_are_refused_as_verify_refuses_them(tmp_path, sizes):
+    """bench --sweep swept and timed a size 0 ('ok', 0.376 ms) that verify and bench refuse; -4 failed inside the
+    user's get_inputs (found by a fresh user)."""
+    src = (KERNELS / "sweep_add.py").read_text()
+    path = tmp_path / "sized_add.py"
+    path.write_text(src + f"\n\ndef get_inputs(size=None):\n    return []\n\n\nSIZES = {sizes}\n")
+    with pytest.raises(ContractError, match="a size must be a positive int or a tuple of them"):
+        load_hooks(load_contract(path))
+
+
 def test_malformed_configs_are_refused():
     hooks = load_hooks(load_contract(KERNELS / "sweep_add.py"))
     bad = SweepHooks(**{**hooks.__dict__, "configs": [("BLOCK_SIZE", 256)]})

@@ -244,6 +244,11 @@ def load_hooks(contract: KernelContract) -> SweepHooks:
             raise ContractError(f"{where}: {sizes_attr} is given but get_inputs() takes no argument; "
                                 f"define get_inputs(size)")
         sizes = [tuple(s) if isinstance(s, list) else s for s in sizes]
+        for size in sizes:  # as verify and bench check them (a size 0 was swept and timed, -4 failed in get_inputs)
+            dims = size if isinstance(size, tuple) else (size,)
+            if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+                raise ContractError(f"{where}: {sizes_attr}: a size must be a positive int or a tuple of them, "
+                                    f"got {size!r}")
     else:
         sizes = [None]
     return SweepHooks(
