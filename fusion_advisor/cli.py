@@ -212,20 +212,10 @@ def _inductor_code(analysis, graphs, out_dir: Path, top: int, budget_s: float) -
     ic.write_files(analysis.inductor_code, out_dir)
 
 
-def _matmul_peak(analysis) -> str:
-    """``", fp32 matmul 67 TFLOP/s"``: the spec's tensor-core ceiling for the dtype doing most of the model's FLOPs
-    (the compute roofline its GEMMs are classified against), ``""`` where the spec has none for it."""
-    flops: dict[str, int] = {}
-    for op in analysis.ops:
-        flops[op.dtype] = flops.get(op.dtype, 0) + op.flops
-    dtype = max(flops, key=flops.get) if flops else ""
-    peak = (analysis.device_spec.get("tensor_tflops") or {}).get(dtype)
-    return f", {dtype} matmul {peak:.3g} TFLOP/s" if isinstance(peak, (int, float)) else ""
-
-
 def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None) -> None:
     from rich.table import Table
 
+    from fusion_advisor.report.views import matmul_peak_text
     from fusion_advisor.report.write import after_route_us as counted
     from fusion_advisor.report.write import chains_frame, read_plan, replaced_note, summary_rows
 
@@ -238,8 +228,8 @@ def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None)
     out.print(
         f"[bold]{_escape(analysis.model_name)}[/]: {len(analysis.ops)} ops, {len(analysis.chains)} chains/items, "
         f"captured by {analysis.capture_method} on {analysis.device}; roofline of {spec['display_name']} "
-        f"({spec['memory_bandwidth_gbps']:.4g} GB/s{_matmul_peak(analysis)}, launch {spec['launch_overhead_us']:.3g} "
-        f"us). "
+        f"({spec['memory_bandwidth_gbps']:.4g} GB/s{matmul_peak_text(analysis)}, launch "
+        f"{spec['launch_overhead_us']:.3g} us). "
         + ("est. times are estimates; measured times from torch.profiler." if analysis.profile else
            "All times are estimates.")
     )

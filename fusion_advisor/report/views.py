@@ -145,6 +145,17 @@ def group_title(g: dict[str, Any]) -> str:
 # --- predictions ----------------------------------------------------------------------------------------------
 
 
+def matmul_peak_text(analysis: Analysis) -> str:
+    """``", fp32 matmul 67 TFLOP/s"``: the spec's tensor-core ceiling for the dtype doing most of the model's FLOPs
+    (the compute roofline its GEMMs are classified against), ``""`` where the spec has none for it."""
+    flops: dict[str, int] = {}
+    for op in analysis.ops:
+        flops[op.dtype] = flops.get(op.dtype, 0) + op.flops
+    dtype = max(flops, key=flops.get) if flops else ""
+    peak = (analysis.device_spec.get("tensor_tflops") or {}).get(dtype)
+    return f", {dtype} matmul {peak:.3g} TFLOP/s" if is_num(peak) else ""
+
+
 def predicted_compile_series(frame: pd.DataFrame) -> pd.Series:
     """Per chain, the predicted time under ``torch.compile(model)`` (us): a fusible chain as one fused kernel at the
     share of the roofline Inductor's code reaches on its kind (``min(est_eager_us, est_compile_us)``; a report
