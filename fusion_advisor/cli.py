@@ -149,7 +149,8 @@ def analyze(
         None, help="meta (static, nothing executed; default without GPU), cpu, or cuda (default with GPU)."
     ),
     dtype: str = typer.Option("", help="Cast the model and floating inputs: fp32, bf16 or fp16."),
-    gpu: Optional[str] = typer.Option(None, help="Device spec: h200, h100, a100, l4, cpu, or a spec YAML path."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", "--spec", help="Device spec: h200, h100, a100, l4, cpu, or a "
+                                      "spec YAML path (calibrate's output, a CPU's too)."),
     rules: List[Path] = typer.Option([], "--rules", help="Extra rules YAML, matched before the shipped rules."),
     out: Optional[Path] = typer.Option(None, help="Report directory. Default: reports/<model name>/."),
     top: int = typer.Option(12, min=0, help="Chains shown in the terminal summary (by estimated saving)."),
@@ -446,7 +447,7 @@ def bench(
     sweep: bool = typer.Option(False, "--sweep", help="Sweep launch configs (SWEEP_CONFIGS or triton.autotune) over "
                                "the file's sizes (SIZES/SHAPES): table, sweep.csv, sweep.json."),
     out: Optional[Path] = typer.Option(None, "--out", help="With --sweep: output folder. Default: reports/sweep-<name>/."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="With --sweep: device spec for % of roofline."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", "--spec", help="With --sweep: device spec for % of roofline."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Verify (one seed, the hard values and the edge shapes), then time kernel_fn, reference_fn and
@@ -508,7 +509,8 @@ def apply_cmd(
     backward: bool = typer.Option(False, "--backward", help="Also verify gradients and time forward+backward."),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when present). apply runs the model."),
     dtype: str = typer.Option("", help="Cast the model and floating inputs: fp32, bf16 or fp16."),
-    gpu: Optional[str] = typer.Option(None, help="Device spec for the analysis: h200, h100, a100, l4, cpu or a YAML."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", "--spec", help="Device spec for the analysis: h200, h100, a100, "
+                                      "l4, cpu or a YAML."),
     rules: List[Path] = typer.Option([], "--rules", help="Extra rules YAML, matched before the shipped rules."),
     candidates: str = typer.Option("routed", help="routed: only chains the analysis routes to a kernel; all: every "
                                    "match (the measurement decides)."),

@@ -34,6 +34,11 @@ def test_analyze_writes_reports(tmp_path):
     # the matmul ceiling of the dtype doing the model's FLOPs beside the bandwidth (a fresh user)
     header = " ".join(r.output.split())
     assert "(2039 GB/s, fp32 matmul 19.5 TFLOP/s, launch 12 us)" in header, header[:400]
+    # --spec names the same option (a fresh user's calibrated CPU spec went in as "--gpu cpu.yaml"; "--spec" was
+    # refused with "Possible options: --dtype")
+    r = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(tmp_path / "cpu"), "--spec", "cpu")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "cpu" / "report.json").read_text())["device_spec"]["name"] == "cpu"
 
 
 def test_the_next_command_says_apply_runs_on_the_cpu_where_there_is_no_gpu(tmp_path, monkeypatch):
