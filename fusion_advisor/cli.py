@@ -216,7 +216,8 @@ def _inductor_code(analysis, graphs, out_dir: Path, top: int, budget_s: float) -
 def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None) -> None:
     from rich.table import Table
 
-    from fusion_advisor.report.views import matmul_peak_text
+    from fusion_advisor.report.views import (analysis_model_routes, apply_command, matmul_peak_text,
+                                             plan_mismatches, predicted_compile_us, whole_model_note)
     from fusion_advisor.report.write import after_route_us as counted
     from fusion_advisor.report.write import chains_frame, read_plan, replaced_note, summary_rows
 
@@ -277,9 +278,6 @@ def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None)
         t.add_row(*cells)
     if ranked:  # --top 0 (or a model without chains): no empty table
         out.print(t)
-    from fusion_advisor.report.views import (analysis_model_routes, apply_command, plan_mismatches,
-                                             predicted_compile_us, whole_model_note)
-
     frame = chains_frame(analysis)
     eager, advised = float(frame["est_eager_us"].sum()), float(frame["est_after_route_us"].sum())
     if advised > 0:  # over the chains; the whole-model route (whole_model_note) also weighs the unused work

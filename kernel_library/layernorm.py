@@ -728,8 +728,13 @@ SIZES = [(8192, 4096)] if on_gpu() else [(16, 1000)]
 def get_inputs(size: tuple[int, int] | None = None) -> list:
     """Plain LayerNorm, ``size`` = ``(n_rows, n_cols)``, default ``SIZES[0]``: Llama-7B shapes on a GPU
     (8192 x 4096), 16 x 1000 on the CPU interpreter; bf16; drawn from the seed ``verify`` set."""
+    return _inputs(size)
+
+
+def _inputs(size: tuple[int, int] | None, residual: bool = False) -> list:
+    """:func:`get_inputs`, with a residual where ``residual`` (``add_layernorm``'s: :func:`contract_for`)."""
     n_rows, n_cols = size or SIZES[0]
-    return make_inputs(n_rows, n_cols, torch.bfloat16, seed=torch.initial_seed())
+    return make_inputs(n_rows, n_cols, torch.bfloat16, residual=residual, seed=torch.initial_seed())
 
 
 def hard_inputs() -> list:
@@ -750,15 +755,11 @@ def contract_for(name: str) -> dict | None:
     if name != "add_layernorm":
         return None
 
-    def with_residual(size: tuple[int, int] | None = None) -> list:
-        n_rows, n_cols = size or SIZES[0]
-        return make_inputs(n_rows, n_cols, torch.bfloat16, residual=True, seed=torch.initial_seed())
-
     def hard() -> list:
-        r = with_residual()[4]
+        r = _inputs(None, residual=True)[4]
         return [(f"{label}, with a residual", [*args, r]) for label, args in hard_inputs()]
 
-    return {"get_inputs": with_residual, "hard_inputs": hard}
+    return {"get_inputs": lambda size=None: _inputs(size, residual=True), "hard_inputs": hard}
 
 
 #: GPU benchmark shapes: the Llama-7B shape (8192 x 4096 bf16, benchmarks/results/h200/kernels/kernels_7b.md) in three

@@ -622,9 +622,14 @@ SIZES = [(8192, 32000)] if _device.on_gpu() else [(8, 1000)]
 def get_inputs(size: tuple[int, int] | None = None) -> list:
     """``[x, 1.0, None, False]``, ``x`` ``size`` = ``(n_rows, n_cols)``, default ``SIZES[0]``: 8192 x 32000
     bf16 (vocab-wide rows) on a GPU, 8 x 1000 fp32 on the CPU; drawn from the seed ``verify`` set."""
+    return _inputs(size)
+
+
+def _inputs(size: tuple[int, int] | None, **options) -> list:
+    """:func:`get_inputs` with ``options`` (``mask``, ``scale``, ...) passed to :func:`make_inputs`."""
     n_rows, n_cols = size or SIZES[0]
     dtype = "bfloat16" if _device.on_gpu() else "float32"
-    return make_inputs(n_rows=n_rows, n_cols=n_cols, dtype=dtype, seed=torch.initial_seed())
+    return make_inputs(n_rows=n_rows, n_cols=n_cols, dtype=dtype, seed=torch.initial_seed(), **options)
 
 
 def hard_inputs() -> list:
@@ -654,13 +659,7 @@ def contract_for(name: str) -> dict | None:
     if name != "masked_softmax":
         return None
 
-    def masked(size: tuple[int, int] | None = None) -> list:
-        n_rows, n_cols = size or SIZES[0]
-        dtype = "bfloat16" if _device.on_gpu() else "float32"
-        return make_inputs(n_rows=n_rows, n_cols=n_cols, dtype=dtype, mask="additive", scale=0.125,
-                           seed=torch.initial_seed())
-
-    return {"get_inputs": masked,
+    return {"get_inputs": lambda size=None: _inputs(size, mask="additive", scale=0.125),
             "hard_inputs": lambda: [(label, args) for label, args in hard_inputs() if args[2] is not None]}
 
 

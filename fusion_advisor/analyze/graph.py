@@ -575,27 +575,28 @@ def unused_ops(nodes: Iterable[torch.fx.Node]) -> list[OpInfo]:
 
 def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     target = node.target
+    name = _op_name(target)
     category = categorize(target) if node.op == "call_function" else "other"
     out_val = meta_value(node)
     outputs = tuple(tensor_meta(t) for t in tensor_leaves(out_val))
     inputs = tuple(tensor_meta(t) for a in _flat_nodes((node.args, node.kwargs)) for t in tensor_leaves(meta_value(a)))
     if not outputs and not inputs:  # arithmetic on sizes (sym_size, comparisons, _assert_scalar): host-side only
         category = "view"
-    if _op_name(target) == "index" and any(m.dtype == "bool" for m in inputs[1:]):
+    if name == "index" and any(m.dtype == "bool" for m in inputs[1:]):
         category = "other"  # a boolean mask: its output's size depends on the values (a nonzero inside)
     if category in FUSIBLE and any(m.dtype in COMPLEX_NAMES for m in inputs + outputs):
         # Inductor runs an op reading or writing a complex tensor as an eager call (torch/_inductor/lowering.py,
         # unsupported_input_tensor): it fuses with nothing
         category = "other"
-    row, last = _reduction_geometry(node, _op_name(target), category, inputs, outputs)
+    row, last = _reduction_geometry(node, name, category, inputs, outputs)
     source = source_of(node) if node.meta.get("stack_trace") else SourceLoc()
-    variant, kernels = (attention_variant(node, _op_name(target)) if category == "attention"
-                        else ("", eager_kernel_count(_op_name(target), node.args, source.code)))
+    variant, kernels = (attention_variant(node, name) if category == "attention"
+                        else ("", eager_kernel_count(name, node.args, source.code)))
     steps = recurrent_flops = 0
     if category == "recurrent":
         variant, steps, recurrent_flops = recurrent_geometry(node)
     # a native fast path (nn.TransformerEncoderLayer's): one call, a whole layer (analyze/composites.py)
-    composite = composite_record(_op_name(target), node.args, dict(node.kwargs), inputs) \
+    composite = composite_record(name, node.args, dict(node.kwargs), inputs) \
         if node.op == "call_function" else None
     if composite is not None:
         variant, kernels = composite[0], composite[1]
@@ -610,10 +611,10 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
             flops = _matmul_like_flops(target, node, out_val) if category != "embedding" else 0
             if category == "embedding" and len(inputs) >= 2 and outputs:
                 read = inputs[1].nbytes + outputs[0].nbytes  # a gather reads only the selected rows
-        elif _op_name(target) in GATHERS and len(inputs) >= 2 and outputs:
+        elif name in GATHERS and len(inputs) >= 2 and outputs:
             read = sum(m.nbytes for m in inputs[1:]) + outputs[0].nbytes  # the indices and the elements selected
             flops = 0
-        elif _op_name(target) in ("nll_loss_forward", "nll_loss2d_forward") and len(inputs) >= 2:
+        elif name in ("nll_loss_forward", "nll_loss2d_forward") and len(inputs) >= 2:
             # a gather of one logit per row, then a sum: reads the targets and one element per row
             rows = inputs[1].numel
             read = inputs[1].nbytes + rows * inputs[0].nbytes // max(inputs[0].numel, 1)
@@ -641,5 +642,5 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
         variant=variant,
         eager_kernels=kernels,
         sequential_steps=steps,
-        window_elems=pool_window(node, _op_name(target)) if node.op == "call_function" else 0,
+        window_elems=pool_window(node, name) if node.op == "call_function" else 0,
     )

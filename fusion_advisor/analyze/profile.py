@@ -52,13 +52,13 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-from collections import Counter
 import json
 import math
 import os
 import tempfile
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple
@@ -521,8 +521,7 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
                                "held by another profiler such as nsys or ncu)")
         prev_end = None
         total = 0.0
-        unclaimed_events = 0
-        unclaimed: Counter[str] = Counter()
+        unclaimed: Counter[str] = Counter()  # the events no op claimed, by name
         n_events = 0
         for e in acts:
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
@@ -534,7 +533,6 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
             n_events += 1
             item = owners[launch[1]].find(launch[0]) if launch and launch[1] in owners else None
             if item is None or item.owner is None:
-                unclaimed_events += 1
                 unclaimed[str(e.get("name", ""))] += 1
                 total += dur
                 continue
@@ -548,8 +546,7 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
         probe_durs = [en - st for e in events if e.get("cat") == "user_annotation" and e.get("name") == PROBE_TAG
                       for st, en, _ in _top_level(ops_by_tid.get(e.get("tid"), empty), *_span(e))]
         floor = _median(probe_durs) if probe_durs else 0.0
-        unclaimed_events = 0
-        unclaimed: Counter[str] = Counter()
+        unclaimed = Counter()
         n_events = 0
         for tid, items in owned.items():
             for item in items:
@@ -559,7 +556,6 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
                 inner = (_top_level(ops_by_tid.get(tid, empty), item.start, item.end) if item.tagged
                          else [(item.start, item.end, item.name)])
                 if item.owner is None:
-                    unclaimed_events += len(inner)
                     unclaimed.update(name for _, _, name in inner)
                 elif not inner:  # a tagged op that ran no profiled aten op: its own wall time
                     add(item.owner, item.end - item.start, 0.0, 0.0)
@@ -578,7 +574,7 @@ def attribute(trace: Any, device: str, dispatch_us: float = 0.0, host_extra_us: 
     total_us = total / n
     return Attribution(nodes=nodes, total_us=total_us, attributed_us=attributed,
                        unattributed_us=max(total_us - attributed, 0.0), device_events=n_events / n,
-                       unattributed_events=unclaimed_events / n, wall_us=wall_us, unmatched_ops=unmatched / n,
+                       unattributed_events=sum(unclaimed.values()) / n, wall_us=wall_us, unmatched_ops=unmatched / n,
                        graph_calls={i: c / n for i, c in calls.items()},
                        unattributed_names=tuple((name or "?", c / n) for name, c in unclaimed.most_common()))
 

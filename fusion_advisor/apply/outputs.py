@@ -318,10 +318,12 @@ def _replaced_plan(result: ApplyResult, out_dir: Path) -> str:
     from fusion_advisor.report.views import read_plan_document
 
     old, _ = read_plan_document(out_dir / OUTPUT_FILES["plan"])
-    before = str((old or {}).get("model", {}).get("file", "")) if isinstance((old or {}).get("model"), dict) else ""
+    model = (old or {}).get("model")
+    before = str(model.get("file", "")) if isinstance(model, dict) else ""
     if not before or same_model_file(before, result.model_file):
         return ""
-    return f"{out_dir / OUTPUT_FILES['plan']} held the plan of {before}: replaced with this run's of {result.model_file}"
+    return (f"{out_dir / OUTPUT_FILES['plan']} held the plan of {before}: replaced with this run's of "
+            f"{result.model_file}")
 
 
 def write_outputs(result: ApplyResult, out_dir: str | Path) -> dict[str, Path]:

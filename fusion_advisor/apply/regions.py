@@ -118,8 +118,10 @@ def describe_regions(graphs: Sequence[tuple[int, torch.fx.GraphModule]], chain_o
         analysis: the :class:`~fusion_advisor.analyze.records.Analysis` (chains, estimates, decisions).
     """
     out: list[Region] = []
-    runs = [(gi, depth, run) for gi, gm in graphs for depth in (choose_depth(gm),)
-            for run in region_runs(gm, depth, gi)]
+    runs: list[tuple[int, int, RegionRun]] = []  # (graph index, depth it was cut at, run)
+    for gi, gm in graphs:
+        depth = choose_depth(gm)
+        runs += [(gi, depth, run) for run in region_runs(gm, depth, gi)]
     chain_nodes = Counter(chain_of_node[(gi, n.name)] for gi, _, run in runs for n in run.nodes
                           if (gi, n.name) in chain_of_node)
     for gi, depth, run in runs:

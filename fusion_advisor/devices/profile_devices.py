@@ -13,6 +13,7 @@ from typing import Any
 
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.errors import UserError
+from fusion_advisor.units import fmt_some
 
 #: A profiled report read back (:class:`fusion_advisor.devices.fit_profiles.ProfiledReport`: ``name``, ``spec``,
 #: ``analysis``); typed loosely here so that this module does not import the one that imports it.
@@ -68,8 +69,7 @@ def other_gpu_notes(reports: list[ProfiledReport], spec: DeviceSpec) -> list[str
         if theirs and not theirs & models:
             by_gpu.setdefault(p.device_name, []).append(r.name)
     return [f"{len(names)} report(s) were profiled on {gpu}, not on the spec's {spec.display_name} "
-            f"({', '.join(names[:3])}{' ...' if len(names) > 3 else ''}): their times are set against another "
-            f"GPU's rates" for gpu, names in by_gpu.items()]
+            f"({fmt_some(names)}): their times are set against another GPU's rates" for gpu, names in by_gpu.items()]
 
 
 def check_device_kind(reports: list[ProfiledReport], spec: DeviceSpec) -> None:
@@ -80,8 +80,7 @@ def check_device_kind(reports: list[ProfiledReport], spec: DeviceSpec) -> None:
     other = [r.name for r in reports if r.analysis.profile is not None and r.analysis.profile.device != want]
     if other:
         ran = "a CPU" if want == "cuda" else "a GPU"
-        raise UserError(f"{len(other)} report(s) were profiled on {ran} ({', '.join(other[:3])}"
-                        f"{' ...' if len(other) > 3 else ''}), and the spec to fit, {spec.name}, is "
-                        f"{'a GPU' if want == 'cuda' else 'a CPU'}'s: their times would price it like that device; fit "
-                        f"them into a spec of the device they ran on (--base {'cpu' if want == 'cuda' else 'h200'}, "
-                        f"or the spec calibrate wrote there)")
+        raise UserError(f"{len(other)} report(s) were profiled on {ran} ({fmt_some(other)}), and the spec to "
+                        f"fit, {spec.name}, is {'a GPU' if want == 'cuda' else 'a CPU'}'s: their times would price it "
+                        f"like that device; fit them into a spec of the device they ran on (--base "
+                        f"{'cpu' if want == 'cuda' else 'h200'}, or the spec calibrate wrote there)")
