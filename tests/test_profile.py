@@ -15,7 +15,7 @@ from fusion_advisor.analyze.pipeline import analyze
 from fusion_advisor.cli import app
 from fusion_advisor.errors import ProfileError, UserError
 from fusion_advisor.analyze.profile import (TRACE_MARKER, Attribution, HostStamps, aten_schedule, attribute, check_can_profile, insert_stamps,
-                                    idle_scale, match_schedule, measured_bound, replay_stamps,
+                                    idle_scale, match_schedule, measured_bound, probe_spread_note, replay_stamps,
                                     scaled_idle)
 from fusion_advisor.analyze.records import ChainMeasurement, NodeMeasurement
 from fusion_advisor.report.write import chains_frame, render_html
@@ -54,6 +54,19 @@ def test_every_chain_gets_a_measured_time(profiled):
         assert busy - 1e-9 <= m.predicted_us <= busy + c.eager_kernels * load_spec("cpu").launch_overhead_us + 1e-9
         assert math.isclose(m.ratio, m.predicted_us / m.time_us)
     assert p.chains["c0"].bound == "compute"  # the first GEMM, 64 FLOP/byte on a CPU
+
+
+def test_the_profile_keeps_every_dispatch_probe_and_scales_by_their_median(profiled, tmp_path):
+    p = profiled[0].profile
+    assert len(p.dispatch_samples_us) >= 3 and all(x > 0 for x in p.dispatch_samples_us)
+    assert p.dispatch_us == pytest.approx(sorted(p.dispatch_samples_us)[len(p.dispatch_samples_us) // 2], rel=1e-3)
+
+
+def test_probes_that_moved_within_the_process_get_a_note():
+    assert probe_spread_note([8.0, 8.3, 7.9, 8.1, 8.2]) == ""
+    note = probe_spread_note([8.0, 8.1, 12.4, 12.5, 12.3])
+    assert "1.56x" in note and "8.00, 8.10, 12.40, 12.50, 12.30" in note and "12.30 us" in note
+    assert probe_spread_note([]) == ""
 
 
 def test_chain_times_sum_to_the_profiled_total(profiled):

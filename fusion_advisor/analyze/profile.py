@@ -85,6 +85,11 @@ RUN_TAG = "fa-run"
 GRAPH_TAG_PREFIX = "fa-graph:"
 #: Range around each tiny op of the probe that measures the instrumentation's own cost (see :func:`profile_model`).
 PROBE_TAG = "fa-probe"
+#: Largest ratio of the slowest to the fastest dispatch probe of one profile a GPU profile takes without a note: on
+#: the H200, fresh processes on one machine read 7.2-13.6 us per tiny op, bimodal (near 8 or near 12), and
+#: 34_VanillaRNNHidden's ops ran at 0.83x the price its probe of 12.45 us set (session 40's check of the shipped
+#: profiles, benchmarks/results/h200/accuracy/reprofile/seed1).
+PROBE_SPREAD_NOTE = 1.25
 #: Share of a CPU profile's total outside every op of the graphs above which a note says what that time is.
 CPU_GLUE_NOTE_SHARE = 0.25
 #: A CPU profile's attributed op time over the plain model's wall time above which a note says its per-op times are
@@ -642,6 +647,17 @@ def _device_name(device: str) -> str:
     return cpu_name()
 
 
+def probe_spread_note(probes: list[float]) -> str:
+    """A profile note where the dispatch probes of one process (us per tiny op, in the order taken) spread more than
+    :data:`PROBE_SPREAD_NOTE` (slowest over fastest), else ``""``: the host's speed moved while the model was timed,
+    and the in-model prediction is scaled by their median alone."""
+    if not probes or min(probes) <= 0 or max(probes) / min(probes) <= PROBE_SPREAD_NOTE:
+        return ""
+    return (f"the dispatch probe moved {max(probes) / min(probes):.2f}x within this process "
+            f"({', '.join(f'{p:.2f}' for p in probes)} us per tiny op, in the order taken): the host's speed changed "
+            f"while the model was timed, and its predictions are scaled by the median, {_median(probes):.2f} us")
+
+
 def _probe_us(device: str, tagged: bool, ops: int = PROBE_OPS) -> float:
     """Host wall time per tiny op (``torch.add`` on 1024 elements), us, the loop inside one ``fa-probe`` range:
     plain, or with each op wrapped and tagged as a ``symbolic_trace`` capture's ops are (``tagged``). Under the
@@ -790,6 +806,8 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
                      "inside a loop): " + ", ".join(f"graph {i} x{k:g}" for i, k in repeated.items())
                      + "; their chains' measured times sum all calls, and est_in_model_us, achieved GB/s, TFLOP/s and % "
                      "of roofline count all calls too, while the other estimate columns count one call")
+    if device == "cuda" and (note := probe_spread_note(probes)):
+        notes.append(note)
     # the in-model prediction at this host's measured speed (the spec's host costs scaled to the probe)
     host_spec = spec.at_host_speed(dispatch) if device == "cuda" else spec
     chain_ms = measure_chains(chains, ops, estimates, host_spec, att.nodes, att.graph_calls)
@@ -814,7 +832,8 @@ def profile_model(loaded: LoadedModel, cap: Capture, ops: list[OpInfo], chains: 
                    total_us=att.total_us, attributed_us=att.attributed_us, unattributed_us=att.unattributed_us,
                    wall_us=att.wall_us, eager_wall_us=eager_wall, setup=setup, compared=COMPARED,
                    trace_file=str(trace_path) if trace_path is not None else "", nodes=att.nodes, chains=chain_ms,
-                   notes=notes, dispatch_us=dispatch, instrumented_dispatch_us=instrumented,
+                   notes=notes, dispatch_us=dispatch, dispatch_samples_us=[round(x, 3) for x in probes],
+                   instrumented_dispatch_us=instrumented,
                    graph_calls={str(i): float(k) for i, k in sorted(att.graph_calls.items())})
 
 

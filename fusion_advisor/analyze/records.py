@@ -442,6 +442,8 @@ class Profile:
         notes: caveats found on the way (graph mismatch, recompiles, kernels not attributed).
         dispatch_us: host time per tiny eager op, plain (the probe; comparable to the spec's launch overhead): the
             median of probes taken before and after the plain wall time and after the stamped replay (us).
+        dispatch_samples_us: each of those probes, in the order taken (us): their spread is how far the host's
+            speed moved within the process while the model was timed; empty in reports written before it was kept.
         instrumented_dispatch_us: the same op wrapped and tagged as the graphs' ops, under the profiler (us).
         graph_calls: calls per run of each captured graph, keyed by its index as a string (JSON keys): more than
             1 where dynamo reuses a graph (a graph break inside a loop over layers); empty in reports written
@@ -464,6 +466,7 @@ class Profile:
     chains: dict[str, ChainMeasurement] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     dispatch_us: float = 0.0
+    dispatch_samples_us: list[float] = field(default_factory=list)
     instrumented_dispatch_us: float = 0.0
     graph_calls: dict[str, float] = field(default_factory=dict)
 
