@@ -103,6 +103,106 @@ def test_harness_rejects_a_variant_off_by_a_little_and_accepts_a_reordered_one()
     assert not nan.passed and "non-finite" in nan.details[0]
 
 
+def _harness(tmp_path, name, body):
+    body = textwrap.dedent(body) + "\n\ndef get_init_inputs():\n    return []\n"
+    loaded = load_model(_write(tmp_path, name, body), device="cpu")
+    return loaded, ModelHarness(loaded, backward=False)
+
+
+def test_a_variant_must_leave_the_inputs_as_the_model_as_written_does(tmp_path):
+    """A reviewer's conv model clamped its input in place; a channels-last copy of the input left the caller's
+    tensor as it was and passed, and apply chose it."""
+    loaded, h = _harness(tmp_path, "clamps", """
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                x.clamp_(min=0)
+                return x * 2
+
+        def get_inputs():
+            return [torch.randn(4, 8)]
+    """)
+    assert h.check(loaded.module).passed
+    assert h.mutated_inputs() == [0]
+    skips = h.check(lambda x: x.clamp(min=0) * 2)
+    assert not skips.passed and "changes input(s) [] in place where the model as written changes [0]" in \
+        skips.details[0]
+    # it changes the input, but not as the model does: the input's state is judged like an output
+    other = h.check(lambda x: torch.relu(x.clamp_(min=-0.5)) * 2)  # the same output, another input left
+    assert not other.passed and any("input 0 after the call" in d for d in other.details), other.details
+
+
+def test_integer_and_bool_outputs_are_judged_exactly_against_the_model_as_written(tmp_path):
+    """A reviewer's model returned ``x.sum(-1) > 0`` on values fp32 rounds: float64 rounded rows the other way,
+    the model as written failed its own check, and a variant differing on every row passed."""
+    loaded, h = _harness(tmp_path, "signs", """
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return (x * 1e-8 + 1.0 - 1.0).sum(-1) > 0, x.argmax(-1)
+
+        def get_inputs():
+            return [torch.randn(64, 32)]
+    """)
+    assert h.check(loaded.module).passed
+    flipped = h.check(lambda x: (~loaded.module(x)[0], loaded.module(x)[1]))
+    assert not flipped.passed and "(against the model as written)" in flipped.details[0]
+
+
+def test_complex_outputs_are_judged_as_their_real_and_imaginary_parts(tmp_path):
+    loaded, h = _harness(tmp_path, "spectrum", """
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return torch.fft.rfft(x, dim=-1)
+
+        def get_inputs():
+            return [torch.randn(8, 64)]
+    """)
+    assert h.check(loaded.module).passed  # was "complex64: exact" against float64: never passed
+    assert not h.check(lambda x: torch.fft.rfft(x, dim=-1) * 1.01).passed
+
+
+def test_the_output_dtype_and_python_numbers_are_part_of_the_check(tmp_path):
+    loaded, h = _harness(tmp_path, "with_a_number", """
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                y = torch.tanh(x)
+                return y, float(y.sum())
+
+        def get_inputs():
+            return [torch.randn(16, 8)]
+    """)
+    assert h.check(loaded.module).passed
+    half = h.check(lambda x: (torch.tanh(x).bfloat16(), float(torch.tanh(x).sum())))
+    assert not half.passed and "torch.bfloat16 where the model as written returns torch.float32" in half.details[0]
+    number = h.check(lambda x: (torch.tanh(x), float(torch.tanh(x).sum()) + 1.0))
+    assert not number.passed and "output 1" in number.details[0]
+
+
+def test_inputs_nested_in_a_list_get_a_float64_reference(tmp_path):
+    loaded, h = _harness(tmp_path, "nested", """
+        import torch
+
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(8, 8)
+
+            def forward(self, xs):
+                return self.lin(xs[0]) + xs[1]
+
+        def get_inputs():
+            return [[torch.randn(4, 8), torch.randn(4, 8)]]
+    """)
+    assert h.check(loaded.module).reference == "float64 copy of the model", h.reference_note
+
+
 def test_an_output_that_moves_from_the_model_as_written_fails_however_close_to_float64(tmp_path):
     """Mamba2-like: outputs spanning 1e6 and 1e-3 at once. A variant that moves the small elements by 0.05 is as
     close to float64 as eager norm-wise and max-wise (the policy passes it) but is not the model the user wrote:
@@ -747,19 +847,29 @@ def test_an_inductor_rest_takes_only_the_swaps_that_beat_torch_compile_alone():
     assert search_mod._swaps_for_rest(inp, swaps, "inductor") == swaps
 
 
-def test_channels_last_variant_runs_a_converted_copy_and_returns_contiguous_outputs():
+def test_channels_last_variant_returns_contiguous_outputs_and_converts_a_copy_only_for_apply():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GELU(),
-                                torch.nn.Conv2d(8, 4, 1)).eval()
+                                torch.nn.Conv2d(8, 4, 1), torch.nn.Flatten(2)).eval()
     x = torch.randn(2, 3, 9, 7)
     with torch.no_grad():
         want = model(x)
         for rest in (R.AS_WRITTEN, "inductor"):
             spec = VariantSpec(f"cl-{rest}", rest, channels_last=True)
-            got = PlannedModel(model, spec)(x)
+            got = PlannedModel(model, spec, layout_copy=True)(x)
+            # a 3-D output of a channels-last conv (flatten(2)) comes back contiguous too: the caller's .view works
             assert got.is_contiguous() and torch.allclose(got, want, atol=1e-5, rtol=1e-5), rest
-    # the user's weights keep their layout; the spec survives plan.yaml's round trip
+            got.view(2, -1)
+    # apply's measurements convert a copy: the model the other variants run keeps its layout
     assert all(p.is_contiguous() for p in model.parameters())
+    # a plan converts the model itself, so it follows the model's later weights and mode (a copy made at
+    # load_plan kept the old weights: 2.12 apart after load_state_dict)
+    planned = PlannedModel(model, VariantSpec("cl", R.AS_WRITTEN, channels_last=True))
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    state = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+    model.load_state_dict(state)
+    with torch.no_grad():
+        assert torch.allclose(planned(x), model(x), atol=1e-5, rtol=1e-5)
     again = VariantSpec.from_dict(VariantSpec("cl", "inductor", channels_last=True).to_dict())
     assert again.channels_last and "channels-last" in again.describe()
     with pytest.raises(ValueError, match="stock variants only"):

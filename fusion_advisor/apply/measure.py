@@ -43,10 +43,10 @@ from fusion_advisor.errors import ModelRunError
 from fusion_advisor.memory import available_bytes, gib, release_cuda_memory, tensor_bytes
 from fusion_advisor.units import fmt_some
 from fusion_advisor.analyze.capture import first_line
-from fusion_advisor.verification.inputs import upcast
+from fusion_advisor.verification.inputs import same_dtype_copy, upcast
 from fusion_advisor.verification.kernel import KeepFloat64
 from fusion_advisor.verification.policy import compare_outputs, judge, tolerance_for
-from fusion_advisor.verification.trees import tensor_leaves
+from fusion_advisor.verification.trees import leaves, tensor_leaves, tree_map
 
 __all__ = ["CALL_SEED", "REFERENCE_SANITY", "ModelHarness", "reference_sanity", "scalarize", "summarize_rounds",
            "tensor_leaves"]
@@ -104,8 +104,8 @@ def scalarize(out: Any, cache: dict[Any, torch.Tensor]) -> torch.Tensor:
         RuntimeError: no output requires grad, with what the outputs are.
     """
     total = None
-    leaves = tensor_leaves(out)
-    for i, t in enumerate(leaves):
+    ts = tensor_leaves(out)
+    for i, t in enumerate(ts):
         if t.is_floating_point() and t.requires_grad:
             key = (i, tuple(t.shape), str(t.device))
             w = cache.get(key)
@@ -115,7 +115,7 @@ def scalarize(out: Any, cache: dict[Any, torch.Tensor]) -> torch.Tensor:
             term = (t.float() * w).sum()
             total = term if total is None else total + term
     if total is None:
-        what = (f"{len(leaves)} tensor(s), none requiring grad" if leaves else
+        what = (f"{len(ts)} tensor(s), none requiring grad" if ts else
                 f"no tensors found in a {type(out).__name__}")
         raise RuntimeError(f"nothing to differentiate: the model's output holds {what} (with --backward the "
                            f"parameters must require grad and the output must depend on them)")
@@ -213,12 +213,14 @@ class ModelHarness:
         torch.manual_seed(CALL_SEED)
         with torch.set_grad_enabled(self.backward):
             out = fn(*ins)
-        leaves = tensor_leaves(out)
-        tensors = [(f"output {i}", t.detach().clone()) for i, t in enumerate(leaves)]
+        tensors = [(f"output {i}", t.detach().clone()) for i, t in enumerate(output_leaves(out))]
         if self.backward:
             grads = torch.autograd.grad(scalarize(out, self._cache), list(params), allow_unused=True)
             tensors += [(f"grad {n}", g.detach().clone()) for n, g in zip(names, grads) if g is not None]
-        mutated = tuple(i for i, (a, b) in enumerate(zip(xs, ins)) if isinstance(a, torch.Tensor) and _changed(a, b))
+        mutated = tuple(i for i, (a, b) in enumerate(zip(xs, ins)) if _changed(a, b))
+        # what the call left in each input it changed is a result too: the caller sees it
+        tensors += [(f"input {i} after the call{label}", t.detach().clone())
+                    for i in mutated for label, t in leaves(ins[i], "") if isinstance(t, torch.Tensor)]
         return _Run(tensors, mutated)
 
     def notes(self) -> list[str]:
@@ -299,7 +301,7 @@ class ModelHarness:
                 release_cuda_memory()
             try:
                 with casts():
-                    ref = {name: self.run(model64, [upcast(x) for x in xs], [p for _, p in named],
+                    ref = {name: self.run(model64, [tree_map(upcast, x) for x in xs], [p for _, p in named],
                                           [n for n, _ in named]) for name, xs in self.sets}
             except Exception as e:  # an op without float64 support, out of memory, ...
                 failure = f"{type(e).__name__}: {first_line(str(e), 160)}"
@@ -360,6 +362,11 @@ class ModelHarness:
                     release_cuda_memory()
                 return out
             e_run = eager[name]
+            if got.mutated_inputs != e_run.mutated_inputs:
+                out.passed = False
+                out.details.append(f"{name}: changes input(s) {list(got.mutated_inputs)} in place where the model as "
+                                   f"written changes {list(e_run.mutated_inputs)}")
+                return out
             if len(got.tensors) != len(e_run.tensors):
                 out.passed = False
                 out.details.append(f"{name}: {len(got.tensors)} tensors where the model as written gives "
@@ -367,7 +374,16 @@ class ModelHarness:
                 return out
             for i, ((label, g), (_, e)) in enumerate(zip(got.tensors, e_run.tensors)):
                 is_output, label = label.startswith("output"), f"{name} {label}"
-                if ref is not None:
+                if g.dtype != e.dtype:
+                    ok, line = False, f"{label}: {g.dtype} where the model as written returns {e.dtype}"
+                elif not (g.is_floating_point() or g.is_complex()):
+                    # integers and bools (argmax, a mask, a count): exactly the model as written's; float64 may
+                    # round a comparison or a sum the other way, and the user's model is what a plan must match
+                    j = judge(g, e, None, f"{label} (against the model as written)")
+                    ok, line = j.ok, j.reason
+                    if not out.worst or not ok:
+                        out.worst = line
+                elif ref is not None:
                     j = judge(g, ref[name].tensors[i][1], e, label, tf32=self.tf32)
                     ok, line = j.ok, j.reason
                     ratio = j.norm_err / j.limit_norm if j.limit_norm > 0 else (0.0 if j.norm_err == 0 else 1e9)
@@ -511,18 +527,39 @@ class ModelHarness:
 
 
 def _own_copy(xs: Sequence[Any]) -> list[Any]:
-    """``xs`` with every tensor cloned (``requires_grad`` kept): inputs a call may change in place."""
-    return [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in xs]
+    """``xs`` with every tensor cloned, inside lists, tuples and dicts too (``requires_grad`` kept): inputs a call
+    may change in place."""
+    return [tree_map(same_dtype_copy, x) for x in xs]
 
 
-def _changed(before: torch.Tensor, after: torch.Tensor) -> bool:
-    """Whether a call changed an input in place (NaN equal to NaN)."""
-    a, b = before.detach(), after.detach()
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return True
-    if a.is_floating_point() or a.is_complex():
-        return not torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
-    return not torch.equal(a, b)
+def _changed(before: Any, after: Any) -> bool:
+    """Whether a call changed an input in place, or a tensor inside it (NaN equal to NaN)."""
+    pairs = list(zip(leaves(before, ""), leaves(after, "")))
+    for (_, a), (_, b) in pairs:
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            continue
+        a, b = a.detach(), b.detach()
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return True
+        if a.is_floating_point() or a.is_complex():
+            if not torch.allclose(a, b, rtol=0, atol=0, equal_nan=True):
+                return True
+        elif not torch.equal(a, b):
+            return True
+    return False
+
+
+def output_leaves(out: Any) -> list[torch.Tensor]:
+    """The tensors of a model's output (:func:`~fusion_advisor.verification.trees.leaves` order) with every Python
+    number among them as a 0-d tensor (``loss.item()``, a count): a variant returning another number fails its
+    check as a tensor would. Strings and ``None`` are left out."""
+    out_leaves = []
+    for _, x in leaves(out, ""):
+        if isinstance(x, torch.Tensor):
+            out_leaves.append(x)
+        elif isinstance(x, (bool, int, float, complex)):
+            out_leaves.append(torch.tensor(x))
+    return out_leaves
 
 
 def summarize_rounds(timing: VariantTiming) -> None:

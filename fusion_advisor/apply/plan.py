@@ -229,7 +229,9 @@ def dtype_hint(recorded: Any, model: nn.Module) -> str:
 
 def load_plan(model: nn.Module, plan: str | Path, variant: str | None = None) -> PlannedModel:
     """Rebuild the chosen variant of ``plan`` (a plan.yaml path) around ``model``, without re-verifying or
-    re-timing; compilation and capture happen on its first call.
+    re-timing; compilation and capture happen on its first call. A channels-last plan puts ``model``'s 4-D / 5-D
+    weights in channels-last memory format in place (values untouched, as ``model.to(memory_format=...)``), so the
+    planned model follows the model's later ``load_state_dict``, ``train()`` / ``eval()`` and buffer updates.
 
     Args:
         model: the model the plan was made for (same code; weights may differ; a warning when its class,

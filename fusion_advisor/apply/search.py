@@ -172,7 +172,7 @@ def evaluate(spec: VariantSpec, inp: SearchInputs, baseline: bool = False) -> Va
         failure, out_of_memory = "", False
         try:
             with inp.progress(f"variant {spec.name}: building and running once (compile / capture)"):
-                model = PlannedModel(h.model, spec, inp.kernels, cudnn_thread=True)
+                model = PlannedModel(h.model, spec, inp.kernels, cudnn_thread=True, layout_copy=True)
                 timing.first_call_s = h.first_call(model)
         except Exception as e:  # a compiler or capture failure is this variant's, not the run's
             failure = f"failed on its first call: {type(e).__name__}: {first_line(str(e))}"
@@ -317,7 +317,9 @@ def candidates(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[Va
                                "the fastest (cudnn.benchmark)")
             if fresh(spec):
                 yield spec
-    if feats["has_conv"] and not h.backward:
+    # channels-last converts the inputs (copies) and, while apply measures, a copy of the model: a model that
+    # changes its inputs or buffers in place would change the copies, not what the caller holds
+    if feats["has_conv"] and not h.backward and not h.mutated_inputs() and not h.mutated_buffers:
         for base in _top(outcomes, 2):
             if not base.spec.stock or base.spec.channels_last:
                 continue
@@ -663,8 +665,8 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> Confirm
     with warnings.catch_warnings(), quiet_torch_logs(), grad_mode_kept():
         warnings.simplefilter("ignore")
         try:
-            ma = PlannedModel(h.model, a.spec, inp.kernels, cudnn_thread=True)
-            mb = PlannedModel(h.model, b.spec, inp.kernels, cudnn_thread=True)
+            ma = PlannedModel(h.model, a.spec, inp.kernels, cudnn_thread=True, layout_copy=True)
+            mb = PlannedModel(h.model, b.spec, inp.kernels, cudnn_thread=True, layout_copy=True)
             h.first_call(ma)
             h.first_call(mb)
             round_a, round_b = h.round_timer(ma), h.round_timer(mb)  # as each was timed in the search

@@ -13,9 +13,11 @@
 ``cudnn_benchmark`` turns ``torch.backends.cudnn.benchmark`` on around each call (restored after); apply measures
 such variants in a thread of their own (``cudnn_thread``, :func:`in_cudnn_thread`), since cuDNN's plan cache would
 otherwise hand the algorithms it found to every later variant.
-``channels_last`` (stock specs only, forward only) runs :class:`ChannelsLast` around a copy of the model whose 4-D /
-5-D weights are channels-last: the user's parameters are not touched (nor updated by it), as with Inductor's
-freezing. Compilation and CUDA-graph capture happen on the first call (dynamo's rules: a new input shape or grad
+``channels_last`` (stock specs only, forward only) runs :class:`ChannelsLast` around the model with its 4-D / 5-D
+weights in channels-last memory format, converted in place as PyTorch's channels-last recipe does
+(``model.to(memory_format=torch.channels_last)``: the values are untouched, and the model's later
+``load_state_dict``, ``train()`` / ``eval()`` and buffer updates are the planned model's); apply's own measurements
+convert a copy (``layout_copy``), since every other variant runs the same model. Compilation and CUDA-graph capture happen on the first call (dynamo's rules: a new input shape or grad
 mode recompiles).
 Inside an outer ``torch.compile`` the planned model runs outside the outer graph (a graph break), so the outer
 compile cannot inline the model and silently drop the plan.
@@ -48,7 +50,7 @@ def channels_last(t: Any) -> Any:
 
 
 def _contiguous(t: Any) -> Any:
-    return t.contiguous() if isinstance(t, torch.Tensor) and t.dim() >= 4 else t
+    return t.contiguous() if isinstance(t, torch.Tensor) else t
 
 
 _CUDNN_THREAD: concurrent.futures.ThreadPoolExecutor | None = None
@@ -86,9 +88,9 @@ def in_cudnn_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 class ChannelsLast(nn.Module):
-    """``module`` (a copy of the user's model, converted in place: every 4-D / 5-D float parameter and buffer in
-    channels-last memory format) called with its 4-D / 5-D float inputs converted to channels-last and its 4-D /
-    5-D outputs returned contiguous, as the model as written returns them. Inside ``torch.compile`` the
+    """``module`` (converted in place: every 4-D / 5-D float parameter and buffer in channels-last memory format)
+    called with its 4-D / 5-D float inputs converted to channels-last and its tensor outputs returned contiguous
+    (a ``conv(x).flatten(2)`` came back in the channels-last strides, and the caller's ``.view`` raised). Inside ``torch.compile`` the
     conversions are part of the graph (Inductor writes the first kernel's input and the last one's output in the
     layouts asked)."""
 
@@ -224,12 +226,16 @@ class PlannedModel(nn.Module):
     """``model`` run as ``spec`` says (see the module docstring).
 
     Args:
-        model: the user's model (not modified; the wrapper holds it as ``.model``).
+        model: the user's model (the wrapper holds it as ``.model``); not modified, except that a channels-last
+            spec puts its 4-D / 5-D weights in channels-last memory format in place (values untouched).
         spec: the variant.
         kernels: ``{name: KernelEntry}`` to match for the spec's swaps; default the library's kernels they name.
         cudnn_thread: with ``spec.cudnn_benchmark``, every call runs in :func:`in_cudnn_thread` (apply's
             measurements; a thread hop per call, some tens of us). Off, as :func:`~fusion_advisor.load_plan`
             builds it: the caller's thread.
+        layout_copy: a channels-last spec converts a deep copy of ``model`` instead (apply's measurements, where
+            the other variants run ``model`` as it is); the copy does not follow the model's later weights, mode or
+            buffers.
 
     Raises:
         ValueError: ``spec.channels_last`` on a spec with swaps or regions, ``spec.graphed`` on one with an
@@ -237,7 +243,7 @@ class PlannedModel(nn.Module):
     """
 
     def __init__(self, model: nn.Module, spec: VariantSpec, kernels: dict[str, Any] | None = None,
-                 cudnn_thread: bool = False):
+                 cudnn_thread: bool = False, layout_copy: bool = False):
         super().__init__()
         self.model = model
         self.__dict__["cudnn_thread"] = cudnn_thread and spec.cudnn_benchmark
@@ -251,7 +257,7 @@ class PlannedModel(nn.Module):
         if spec.graphed and not (spec.stock and spec.rest == AS_WRITTEN):
             raise ValueError(f"variant {spec.name!r}: graphed captures the model as written (no executor, swaps or "
                              f"regions)")
-        target = ChannelsLast(copy.deepcopy(model)) if spec.channels_last else model
+        target = ChannelsLast(copy.deepcopy(model) if layout_copy else model) if spec.channels_last else model
         if spec.graphed:
             fn: Any = WholeModelGraph(target)
         elif spec.rest == AS_WRITTEN and spec.stock:

@@ -245,10 +245,14 @@ def judge(candidate: torch.Tensor, reference: torch.Tensor, eager: torch.Tensor 
 
     Returns:
         A :class:`Judgement`. Shapes that differ, and NaN / inf where the reference is finite (or finite where it
-        is not, or another kind of non-finite value), always fail. Integer and bool tensors must be equal.
+        is not, or another kind of non-finite value), always fail. Integer and bool tensors must be equal; complex
+        ones are judged as their real and imaginary parts (``torch.view_as_real``).
 
     Compared on ``candidate``'s device, :data:`JUDGE_CHUNK` elements at a time.
     """
+    if candidate.is_complex() and reference.is_complex():  # judged as its real and imaginary parts
+        candidate, reference = _real_view(candidate.detach()), _real_view(reference.detach())
+        eager = _real_view(eager.detach()) if eager is not None and eager.is_complex() else None
     if tuple(candidate.shape) != tuple(reference.shape):
         return Judgement(False, math.inf, math.inf, None, None, 0.0, 0.0,
                          f"{label}: shape {list(candidate.shape)}, the reference's {list(reference.shape)}",
