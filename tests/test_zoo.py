@@ -47,6 +47,7 @@ MODELS = Path(__file__).parent / "data" / "models"
     ("init_reads_values", "building the model reads tensor values"),
     ("moe_nonzero", "reads tensor values while it runs"),
     ("cpu_tensor_in_forward", "makes tensors on the CPU while it runs"),  # a torch.zeros without device=
+    ("cpu_mask_in_forward", "makes tensors on the CPU while it runs"),  # a causal mask built without device=
 ])
 def test_a_model_that_needs_values_is_analysed_on_the_cpu_by_default(name, why):
     """On the default (meta) device a model that reads values is built or run on the CPU, and the report says so;

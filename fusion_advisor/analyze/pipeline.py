@@ -177,8 +177,11 @@ CPU_FALLBACK_MEMORY_SHARE = 0.5
 
 
 #: Error texts of a model that makes tensors on the CPU inside forward (``torch.zeros(8, 64)`` without
-#: ``device=``): they meet the meta device's tensors there.
-_DEVICE_MIXES = ("not on the expected device meta", "cpu and meta", "meta and cpu")
+#: ``device=``): they meet the meta device's tensors there (a new user's attention mask,
+#: ``torch.triu(torch.ones(T, T, dtype=torch.bool), 1)`` in ``masked_fill``: "Tensor on device meta is not on the
+#: expected device cpu!").
+_DEVICE_MIXES = ("not on the expected device meta", "device meta is not on the expected device cpu", "cpu and meta",
+                 "meta and cpu")
 
 
 def reads_values(e: BaseException) -> bool:
