@@ -1092,3 +1092,15 @@ def test_apply_into_another_models_folder_says_it_replaces_that_plan(tmp_path):
     assert _replaced_plan(SimpleNamespace(model_file="/models/mlp.py"), tmp_path) == ""  # its own plan, re-made
     assert _replaced_plan(SimpleNamespace(model_file="/models/../models/mlp.py"), tmp_path) == ""  # by another path
     assert _replaced_plan(SimpleNamespace(model_file="/models/mlp.py"), tmp_path / "empty") == ""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without a CUDA GPU")
+def test_apply_on_cuda_without_a_gpu_offers_only_what_apply_takes(tmp_path):
+    from fusion_advisor.cli import app
+
+    # load_model's message offered "--device meta or cpu", and apply refuses meta
+    result = CliRunner().invoke(app, ["apply", str(DATA / "models" / "profile_mlp.py"), "--device", "cuda", "--out",
+                                      str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "no CUDA GPU is available; apply runs the model: use --device cpu" in result.output
+    assert "meta" not in result.output

@@ -68,6 +68,9 @@ def apply(model_path: str | Path | None, options: ApplyOptions | None = None, de
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "meta":
         raise UserError("apply runs the model to verify swaps on real values: use --device cpu or cuda, not meta")
+    if device == "cuda" and not torch.cuda.is_available():  # load_model's message offers meta, which apply refuses
+        raise UserError("--device cuda asked for, but no CUDA GPU is available; apply runs the model: use --device "
+                        "cpu")
     from kernel_library._device import interpreted
 
     if device == "cpu" and not interpreted():
