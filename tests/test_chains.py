@@ -177,6 +177,12 @@ class _WhereSoftmax(nn.Module):
         return torch.softmax(torch.where(keep, x, torch.full_like(x, -1e4)), dim=-1)
 
 
+class _SoftmaxThenAdd(nn.Module):
+    def forward(self, x, y):
+        a = torch.softmax(x, dim=-1)
+        return a * y, (a + y).sum(-1)
+
+
 def test_masked_softmax_needs_a_mask():
     # a scale is no mask: apply's matcher names such a site "softmax", and the analysis must agree
     x = torch.randn(2, 4, 64, 64)
@@ -184,6 +190,8 @@ def test_masked_softmax_needs_a_mask():
     assert [c.pattern for c in _chains(_MaskedSoftmax(), x, torch.randn(2, 1, 64, 64))[1]] == ["masked_softmax"]
     patterns = [c.pattern for c in _chains(_WhereSoftmax(), x, torch.rand(2, 1, 64, 64) > 0.5)[1]]
     assert "masked_softmax" in patterns
+    # an add of the softmax's output is no mask (a new user's chain of softmax, mul, add, sum read masked_softmax)
+    assert "softmax" in [c.pattern for c in _chains(_SoftmaxThenAdd(), x, torch.randn_like(x))[1]]
 
 
 def test_attention_items_carry_their_sdpa_backend():

@@ -172,10 +172,17 @@ def _pattern(og: OpGraph, member_ids: list[str]) -> str:
     if any(o.category == "softmax" and not o.reduces_last_dim for o in ops):
         return "softmax_not_last_dim"  # our kernels and the softmax rules assume rows along the last dim
     if has("_softmax") or has("_safe_softmax"):
-        # a mask is a tensor added to the scores (an additive mask) or selected in (where / masked_fill); a scale
-        # (mul or div by a number) is no mask: such a chain is a softmax, as apply's matcher names it
-        added = any(o.target.startswith("aten.add.Tensor") and len(o.inputs) == 2 for o in ops)
-        masked = added or has("where") or has("masked_fill")
+        # a mask is a tensor added to the scores (an additive mask) or selected in (where / masked_fill) before the
+        # softmax; a scale (mul or div by a number) is no mask, nor is an add of its output (a new user's
+        # softmax(l(x)) then a + y read "masked_softmax"): such a chain is a softmax, as apply's matcher names it
+        feeding, todo = set(), [o.id for o in ops if o.name in ("_softmax", "_safe_softmax")]
+        while todo:  # the chain's ops the softmax reads from
+            for u, _ in og.data_preds(todo.pop()):
+                if u in member_set and u not in feeding:
+                    feeding.add(u)
+                    todo.append(u)
+        masked = any((o.target.startswith("aten.add.Tensor") and len(o.inputs) == 2) or o.name in ("where", "masked_fill")
+                     for o in ops if o.id in feeding)
         return "masked_softmax" if masked else "softmax"
     def bias_add(o: OpInfo) -> bool:
         """``x + bias`` feeding the chain's GELU, ``bias`` 1-D over ``x``'s last dim: the library's bias_gelu."""
