@@ -185,6 +185,31 @@ def test_the_output_dtype_and_python_numbers_are_part_of_the_check(tmp_path):
     assert not number.passed and "output 1" in number.details[0]
 
 
+def test_outputs_are_compared_by_their_labels_and_timed_steps_get_fresh_inputs(tmp_path):
+    loaded, h = _harness(tmp_path, "named", """
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                x.mul_(2)
+                return {"a": x.sum(), "b": x.amax()}
+
+        def get_inputs():
+            return [torch.rand(8, 8) + 1]
+    """)
+    assert h.check(loaded.module).passed
+    swapped = h.check(lambda x: (lambda y: {"b": y.sum(), "a": y.amax()})(x.mul_(2)))
+    assert not swapped.passed and "returns output['b'], output['a'] where the model as written returns " \
+        "output['a'], output['b']" in swapped.details[0]
+    # a step of a model that doubles its input in place starts from the same values every time (one copy reached
+    # inf after 128 timed calls)
+    step = h.step(loaded.module)
+    first = step()["a"]
+    for _ in range(200):
+        last = step()["a"]
+    assert torch.equal(first, last) and torch.isfinite(last)
+
+
 def test_inputs_nested_in_a_list_get_a_float64_reference(tmp_path):
     loaded, h = _harness(tmp_path, "nested", """
         import torch

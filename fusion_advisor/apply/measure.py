@@ -129,6 +129,7 @@ class _Run:
 
     tensors: list[tuple[str, torch.Tensor]]
     mutated_inputs: tuple[int, ...] = ()  # positions of tensor inputs the call changed in place
+    structure: tuple[str, ...] = ()  # the output's leaves by label (output[0], output['logits']), tensors and numbers
 
 
 class ModelHarness:
@@ -215,6 +216,7 @@ class ModelHarness:
         with torch.set_grad_enabled(self.backward):
             out = fn(*ins)
         tensors = [(f"output {i}", t.detach().clone()) for i, t in enumerate(output_leaves(out))]
+        structure = tuple(label for label, x in leaves(out, "output") if _is_result(x))
         if self.backward:
             grads = torch.autograd.grad(scalarize(out, self._cache), list(params), allow_unused=True)
             tensors += [(f"grad {n}", g.detach().clone()) for n, g in zip(names, grads) if g is not None]
@@ -222,7 +224,7 @@ class ModelHarness:
         # what the call left in each input it changed is a result too: the caller sees it
         tensors += [(f"input {i} after the call{label}", t.detach().clone())
                     for i in mutated for label, t in leaves(ins[i], "") if isinstance(t, torch.Tensor)]
-        return _Run(tensors, mutated)
+        return _Run(tensors, mutated, structure)
 
     def notes(self) -> list[str]:
         """What the model as written does that limits its check: it changes an input or a buffer in place, returns
@@ -368,6 +370,11 @@ class ModelHarness:
                 out.details.append(f"{name}: changes input(s) {list(got.mutated_inputs)} in place where the model as "
                                    f"written changes {list(e_run.mutated_inputs)}")
                 return out
+            if got.structure != e_run.structure:
+                out.passed = False
+                out.details.append(f"{name}: returns {fmt_some(list(got.structure), 4)} where the model as written "
+                                   f"returns {fmt_some(list(e_run.structure), 4)}")
+                return out
             if len(got.tensors) != len(e_run.tensors):
                 out.passed = False
                 out.details.append(f"{name}: {len(got.tensors)} tensors where the model as written gives "
@@ -411,20 +418,20 @@ class ModelHarness:
 
     def step(self, fn: Callable[..., Any], xs: Sequence[Any] | None = None) -> Callable[[], Any]:
         """One timed step of ``fn`` on the example inputs: forward under no_grad, or forward + backward. A model
-        that changes an input in place times on a private copy of the inputs, so the sets the checks run on stay
-        as drawn."""
-        xs = list(self.loaded.inputs) if xs is None else list(xs)
-        if self.mutated_inputs():
-            xs = _own_copy(xs)
+        that changes an input in place gets a fresh copy of the inputs every step (the copy timed with it, the same
+        for every variant): on one copy the writes would pile up over the timed calls (``x.mul_(2)`` reaching inf),
+        and the sets the checks run on stay as drawn."""
+        src = list(self.loaded.inputs) if xs is None else list(xs)
+        args: Callable[[], list[Any]] = (lambda: _own_copy(src)) if self.mutated_inputs() else (lambda: src)
         if not self.backward:
             def fwd() -> Any:
                 with torch.no_grad():
-                    return fn(*xs)
+                    return fn(*args())
             return fwd
         params = list(self.params)
 
         def fwd_bwd() -> Any:
-            return torch.autograd.grad(scalarize(fn(*xs), self._cache), params, allow_unused=True)
+            return torch.autograd.grad(scalarize(fn(*args()), self._cache), params, allow_unused=True)
         return fwd_bwd
 
     @property
@@ -554,13 +561,12 @@ def output_leaves(out: Any) -> list[torch.Tensor]:
     """The tensors of a model's output (:func:`~fusion_advisor.verification.trees.leaves` order) with every Python
     number among them as a 0-d tensor (``loss.item()``, a count): a variant returning another number fails its
     check as a tensor would. Strings and ``None`` are left out."""
-    out_leaves = []
-    for _, x in leaves(out, ""):
-        if isinstance(x, torch.Tensor):
-            out_leaves.append(x)
-        elif isinstance(x, (bool, int, float, complex)):
-            out_leaves.append(torch.tensor(x))
-    return out_leaves
+    return [x if isinstance(x, torch.Tensor) else torch.tensor(x) for _, x in leaves(out, "") if _is_result(x)]
+
+
+def _is_result(x: Any) -> bool:
+    """Whether an output leaf is compared: a tensor or a Python number."""
+    return isinstance(x, (torch.Tensor, bool, int, float, complex))
 
 
 def summarize_rounds(timing: VariantTiming) -> None:

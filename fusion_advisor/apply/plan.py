@@ -9,7 +9,8 @@ verification, timings, decision and reason, and every near-miss.
 
     model = get_model()                       # the same model class (weights may differ)
     fast = fusion_advisor.load_plan(model, "reports/llama/plan.yaml")
-    out = fast(*inputs)                       # compiles / captures on the first call, as apply did
+    with torch.no_grad():                     # as apply timed it (without --backward)
+        out = fast(*inputs)                   # compiles / captures on the first call, as apply did
 
 The rebuilt model is a :class:`~fusion_advisor.apply.variants.PlannedModel`: compilation and CUDA-graph capture
 happen lazily on its first call (with the warm-up cudagraph trees do themselves); a torch, Triton or GPU other
