@@ -285,7 +285,8 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
     if user_model.training and mode_matters:  # the user's module, not the KeywordCall wrapper around it
         notes.append(
             f"{origin}: the model was in training mode; it is analysed in eval mode, forward only (dropout off, "
-            "batch norm with running statistics); use `apply --backward` to verify swaps with gradients"
+            "batch norm with running statistics); `apply --backward` verifies swaps' gradients too, in eval mode as "
+            "well"
         )
     model.eval()
 

@@ -633,7 +633,9 @@ class ApplyOptions:
     Attributes:
         verify: verify (and where there is a timer, time) each swap and each whole-model variant; without it
             apply only finds and reports matches.
-        backward: also verify gradients and time forward+backward; ``None``: when the model is in training mode.
+        backward: also verify gradients and time forward+backward, the model in eval mode as analysed (dropout
+            off, batch norm on running statistics); ``None``: as the loaded model's mode, which ``load_model``
+            leaves in eval: forward only.
         candidates: ``"routed"`` (only chains the analysis routes to the kernel) or ``"all"`` (every match).
         margin: keep a swap only when it beats the better of eager and torch.compile by this fraction.
         keep_unmeasured: keep verified swaps that could not be timed (no GPU).
