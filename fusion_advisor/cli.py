@@ -504,7 +504,9 @@ def apply_cmd(
     verify_swaps: bool = typer.Option(False, "--verify", help="Verify and time every swap and whole-model variant "
                                       "(eager, torch.compile, CUDA graphs, library kernels, regions) and write the "
                                       "fastest correct one as the plan. Without it: find and report matches only."),
-    backward: bool = typer.Option(False, "--backward", help="Also verify gradients and time forward+backward (the model in eval mode, as analysed: dropout off, batch norm on running statistics)."),
+    backward: bool = typer.Option(False, "--backward", help="Also verify gradients and time forward+backward "
+                                  "(the model in eval mode, as analysed: dropout off, batch norm on running "
+                                  "statistics)."),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when present). apply runs the model."),
     dtype: str = typer.Option("", help="Cast the model and floating inputs: fp32, bf16 or fp16."),
     gpu: Optional[str] = typer.Option(None, "--gpu", "--spec", help="Device spec for the analysis: h200, h100, a100, "
