@@ -680,6 +680,22 @@ def test_noisy_rounds_make_apply_warn_that_its_speedups_are_unreliable():
     assert "0 of 2 timed variants' rounds, and the final confirmation's" in line and "interleaved rounds, 72%" in line
 
 
+def test_apply_says_when_the_spec_predicted_the_model_as_written_far_from_what_it_measured():
+    from types import SimpleNamespace
+
+    from fusion_advisor.apply.pipeline import SPEC_OFF_FACTOR, spec_warning
+
+    analysis = SimpleNamespace(estimates={"c0": SimpleNamespace(eager_us=5000.0), "c1": SimpleNamespace(eager_us=2360.0)},
+                               unused_us=0.0, device_spec={"name": "cpu"})
+    # a new user's LeNet-5 on a 2-core VM: 207.8 ms measured, 7.36 predicted by the shipped cpu spec
+    line = spec_warning(analysis, [_fake_outcome("eager", 207.8, True)], "cpu")
+    assert "'cpu' predicted 7.36 ms" in line and "measured 208 ms (28.2x slower)" in line
+    assert "fusion-advisor calibrate --device cpu --out spec.yaml" in line
+    assert spec_warning(analysis, [_fake_outcome("eager", 7.36 * SPEC_OFF_FACTOR * 0.99, True)], "cpu") == ""
+    assert "faster" in spec_warning(analysis, [_fake_outcome("eager", 1.0, True)], "cpu")
+    assert spec_warning(analysis, [_fake_outcome("torch.compile", 207.8, True)], "cpu") == ""  # no eager timing
+
+
 def test_a_speedup_from_noisy_rounds_is_marked_where_it_is_quoted(tmp_path):
     """The headline ratios say which rest on noisy rounds (a new user read "7.03x vs torch.compile" from rounds of
     611, 41091 and 4777 ms, for a model dynamo captured nothing of), the CLI line and summary.json alike."""

@@ -39,7 +39,7 @@ from fusion_advisor.apply.records import (
 )
 from fusion_advisor.apply.regions import describe_regions
 from fusion_advisor.apply.rewrite import extract_subgraph, grad_flags
-from fusion_advisor.apply.search import COMPILE, SearchInputs, search
+from fusion_advisor.apply.search import COMPILE, EAGER, SearchInputs, search
 from fusion_advisor.apply.swaps import bench_swap, decide, verify_swap
 from fusion_advisor.apply.variants import PlannedModel
 from fusion_advisor.analyze.capture import first_line, quiet_torch_logs, source_of
@@ -173,10 +173,41 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     noisy = noise_warning(found.variants, found.confirmation_spread)
     if noisy:
         result.warnings.append(noisy)
+    off = spec_warning(analysis, found.variants, loaded.device)
+    if off:
+        result.warnings.append(off)
     if result.planned is None and result.chosen is not None:  # built lazily: compiles on its first call
         result.planned = PlannedModel(loaded.module, result.chosen.spec, kernels)
     _mark_swaps(result, found.swap_notes)
     return result
+
+
+#: Measured over predicted time of the model as written (or the reverse) beyond which apply says the device spec's
+#: ceilings are not this machine's: on the H200 the calibrated spec predicted KernelBench models within 25% for 94% of
+#: a test set (benchmarks/results/h200/accuracy/reprofile), while a new user's 2-core VM ran LeNet-5 eager 28x slower
+#: than the shipped 'cpu' spec predicted (207.8 against 7.36 ms; calibrate measured 25.6 GB/s there, the spec assumes
+#: 100), with nothing said.
+SPEC_OFF_FACTOR = 4.0
+
+
+def spec_warning(analysis: Any, variants: list[Any], device: str) -> str:
+    """A warning when apply's measured time of the model as written and the analysis's prediction of it (the sum
+    of its chains' ``eager_us`` and the unused work's) differ more than :data:`SPEC_OFF_FACTOR` either way, naming
+    both and how to calibrate a spec of this machine; ``""`` otherwise or where either is missing."""
+    eager = next((v for v in variants if v.spec.name == EAGER and v.timing is not None and v.timing.ms > 0), None)
+    predicted_us = sum(e.eager_us for e in analysis.estimates.values()) + analysis.unused_us
+    if eager is None or not predicted_us > 0 or not math.isfinite(predicted_us):
+        return ""
+    measured_us = eager.timing.ms * 1e3
+    factor = max(measured_us / predicted_us, predicted_us / measured_us)
+    if factor <= SPEC_OFF_FACTOR:
+        return ""
+    name = (analysis.device_spec or {}).get("name", "?")
+    return (f"the device spec {name!r} predicted {predicted_us / 1e3:.3g} ms for the model as written, apply measured "
+            f"{eager.timing.ms:.3g} ms ({factor:.1f}x {'slower' if measured_us > predicted_us else 'faster'}): its "
+            f"ceilings are not this machine's, so the analysis's bound classes and predicted gains may not hold "
+            f"here; `fusion-advisor calibrate --device {device} --out spec.yaml` measures them, and `--spec "
+            f"spec.yaml` uses them")
 
 
 def noise_warning(variants: list[Any], confirmation_spread: float | None = None) -> str:
