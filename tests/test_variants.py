@@ -605,6 +605,30 @@ def test_a_confirmation_that_is_lost_says_whether_the_challenger_was_faster(monk
     assert spread == pytest.approx(max(a_spread, 0.4))  # b: (14 - 10) / 10
 
 
+def test_channels_last_failing_on_a_view_says_why(tmp_path):
+    """LeNet-5 and VGG flatten a convolution's output with .view, which its channels-last strides refuse: a new
+    user read the variant's failure as the tool's."""
+    loaded, h = _harness(tmp_path, "lenet_like", """
+        import torch
+
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = torch.nn.Conv2d(3, 4, 3)
+                self.fc = torch.nn.Linear(4 * 6 * 6, 5)
+
+            def forward(self, x):
+                y = self.conv(x)
+                return self.fc(y.view(y.size(0), -1))
+
+        def get_inputs():
+            return [torch.randn(2, 3, 8, 8)]
+    """)
+    inp = search_mod.SearchInputs(harness=h, kernels={}, analysis=None, regions=[], swaps=[])
+    out = search_mod.evaluate(VariantSpec("eager +channels-last", R.AS_WRITTEN, channels_last=True), inp)
+    assert out.status == R.FAILED and "calls .view on a convolution's output" in out.reason, out.reason
+
+
 def test_a_noisy_confirmation_is_timed_again_and_the_quieter_pair_kept(monkeypatch):
     monkeypatch.setattr(search_mod, "PlannedModel", lambda model, spec, kernels, **_: spec.name)
     # the first set: b stalled in one round (spread 100%) and hid a's 1.25x; the second set is quiet

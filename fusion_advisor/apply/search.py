@@ -176,6 +176,9 @@ def evaluate(spec: VariantSpec, inp: SearchInputs, baseline: bool = False) -> Va
                 timing.first_call_s = h.first_call(model)
         except Exception as e:  # a compiler or capture failure is this variant's, not the run's
             failure = f"failed on its first call: {type(e).__name__}: {first_line(str(e))}"
+            if spec.channels_last and "view" in str(e) and "stride" in str(e):
+                failure += (" (the model calls .view on a convolution's output, which channels-last strides do not "
+                            "allow: .reshape would; the model as written is unaffected)")
             out_of_memory = isinstance(e, torch.cuda.OutOfMemoryError)
         if failure:
             if out_of_memory:  # out of the handler, whose exception held the failed call's frames
