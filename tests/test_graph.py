@@ -236,3 +236,16 @@ def test_exported_matmul_priced_from_the_measured_table(shapes, how):
     cls, m, n, k, batch = how
     assert measured_matmul_us(op, h200) == pytest.approx(
         matmul_time_us(h200.matmul_rates, cls, m, n, k, batch, "fp32", "nn"))
+
+
+def test_module_paths_drop_dynamos_name_of_forwards_first_argument():
+    # a new user's forward(s, x): variant names read "eager [g0:L.s.ln#0=inductor]"
+    from types import SimpleNamespace
+
+    from fusion_advisor.analyze.graph import module_path_of
+
+    def path(p):
+        return module_path_of(SimpleNamespace(meta={"nn_module_stack": {"k": (p, object)}}))
+
+    assert path("L['s'].ln1") == "ln1" and path("L['self'].blocks[0].attn") == "blocks.0.attn"
+    assert path("L['self']") == "" and path("L__self___fc") == "fc"
