@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from fusion_advisor.errors import UserError
+from fusion_advisor.json_out import check_json_out, emit_json, write_json_atomic
 
 T = TypeVar("T")
 # soft_wrap: errors and progress lines are never hard-wrapped at the console width (80 columns without a
@@ -27,6 +28,21 @@ app = typer.Typer(
     help="Which chains of a PyTorch model to fuse, how, and what it buys.",
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        import fusion_advisor
+
+        typer.echo(f"fusion-advisor {fusion_advisor.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,  # noqa: B008
+                                         help="Print fusion-advisor's version and exit.")) -> None:
+    """Which chains of a PyTorch model to fuse, how, and what it buys."""
+
 
 # --- shared error handling ---------------------------------------------------------------------------------
 
@@ -322,77 +338,6 @@ _TOL_HELP = ("{} tolerance for every output and gradient, replacing the error po
              "plus a rounding floor; see verification/policy.py).")
 
 
-def _write_json_atomic(path: Path, data: dict) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (:func:`fusion_advisor.report.write.atomic_write_bytes`), refusing a
-    file this command did not write."""
-    import json
-
-    from fusion_advisor.files import atomic_write_bytes, check_out_file
-
-    def foreign(p: Path) -> str | None:
-        why = _not_json(p)
-        if why is None and not _json_written_like(p, data):
-            why = "holds JSON that this command did not write; refusing to overwrite it (choose another file)"
-        return why
-
-    check_out_file(path, "--json-out", foreign)
-    try:
-        atomic_write_bytes(path, (json.dumps(data, indent=2, allow_nan=False) + "\n").encode("utf-8"))
-    except OSError as e:
-        raise UserError(f"--json-out {path}: cannot write: {e.strerror or e}") from e
-
-
-def _check_json_out(path: Optional[Path]) -> None:
-    """Refuse a --json-out that cannot be written (a folder, a missing or read-only folder, a file that is not
-    JSON) before the command's work, not after it; whether an existing JSON file is this command's own is checked
-    when it is written (:func:`_write_json_atomic`: it needs the result's keys)."""
-    from fusion_advisor.files import check_out_file
-
-    if path is not None:
-        check_out_file(path, "--json-out", _not_json, example="result.json", writable=True)
-
-
-def _not_json(path: Path) -> str | None:
-    """Why an existing --json-out must not be overwritten for what it is (not a JSON file), else None."""
-    if path.suffix != ".json" or not _is_json(path):
-        return "exists and is not a JSON file; refusing to overwrite it"
-    return None
-
-
-def _json_written_like(path: Path, data: dict) -> bool:
-    """Whether the JSON object in ``path`` looks like an earlier output of the command about to write ``data``:
-    at least half of its top-level keys are keys of ``data`` (outputs differ by a key or two between runs, a user's
-    own JSON shares none)."""
-    import json
-
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(old, dict) or not old:
-        return False
-    return 2 * len(set(old) & set(data)) >= len(old)
-
-
-def _is_json(path: Path) -> bool:
-    import json
-
-    try:
-        json.loads(path.read_text())
-        return True
-    except (OSError, ValueError):
-        return False
-
-
-def _emit_json(data: dict, json_out: Optional[Path]) -> None:
-    """Print ``data`` as JSON on stdout, and write it to ``json_out`` too when given."""
-    import json
-
-    typer.echo(json.dumps(data, indent=2, allow_nan=False))
-    if json_out is not None:
-        _write_json_atomic(json_out, data)
-
-
 @app.command()
 def verify(
     file: str = typer.Argument(..., help=_KERNEL_ARG_HELP),
@@ -415,7 +360,7 @@ def verify(
 
         if shapes not in SHAPE_MODES:
             raise UserError(f"--shapes {shapes}: choose one of {', '.join(SHAPE_MODES)}")
-        _check_json_out(json_out)
+        check_json_out(json_out)
         use_triton_interpreter_if_no_gpu()
         def said(case: str) -> None:  # on stderr as it runs: a kernel that crashes the process names its case
             sys.stderr.write(f"verify: {case} ...\n")
@@ -423,7 +368,7 @@ def verify(
 
         result = verify_kernel(load_contract(file), rtol=rtol, atol=atol, seeds=seeds, shapes=shapes,
                                progress=said)
-        _emit_json(result.to_dict(), json_out)
+        emit_json(result.to_dict(), json_out)
         return result
 
     result = run_guarded(job, debug)
@@ -473,7 +418,7 @@ def bench(
         from fusion_advisor.kernel_tools.bench import bench_kernel
         from fusion_advisor.kernel_tools.verify import load_contract, use_triton_interpreter_if_no_gpu
 
-        _check_json_out(json_out)
+        check_json_out(json_out)
         use_triton_interpreter_if_no_gpu()
         contract = load_contract(file)
         try:
@@ -481,11 +426,11 @@ def bench(
                                   rtol=rtol, atol=atol)
         except VerificationFailed as e:  # the JSON says so too (--json-out gets a file), then the message and exit 1
             verified = e.result.to_dict() if e.result is not None else None
-            _emit_json({"name": contract.name, "benchmarked": False, "correct": False,
+            emit_json({"name": contract.name, "benchmarked": False, "correct": False,
                         "why": "verification failed: a kernel that does not verify is not timed",
                         "verify": verified}, json_out)
             raise
-        _emit_json(result.to_dict(), json_out)
+        emit_json(result.to_dict(), json_out)
         for name in result.noisy_timings:
             console.print(f"[yellow]warning:[/] {name}'s timed calls spread {result.spreads[name]:.0%} "
                           "((p80 - p20) / median): its median and the speedups built on it are not reliable; "
@@ -699,12 +644,12 @@ def doctor(
     def job():
         from fusion_advisor.devices.doctor import run_doctor
 
-        _check_json_out(json_out)
+        check_json_out(json_out)
         report = run_doctor(stage=_progress)
         if json_stdout:
-            _emit_json(report.to_dict(), json_out)
+            emit_json(report.to_dict(), json_out)
         elif json_out is not None:
-            _write_json_atomic(json_out, report.to_dict())
+            write_json_atomic(json_out, report.to_dict())
         return report
 
     report = run_guarded(job, debug)
@@ -730,7 +675,7 @@ def _bench_sweep(file: str, out: Optional[Path], gpu: Optional[str], warmup_ms: 
     from fusion_advisor.kernel_tools.verify import load_contract, use_triton_interpreter_if_no_gpu
 
     use_triton_interpreter_if_no_gpu()
-    _check_json_out(json_out)  # before the sweep, as --out
+    check_json_out(json_out)  # before the sweep, as --out
     if out is not None:
         check_sweep_dir(out)  # before the sweep, so a bad --out fails fast
     hooks = load_hooks(load_contract(file))
@@ -741,7 +686,7 @@ def _bench_sweep(file: str, out: Optional[Path], gpu: Optional[str], warmup_ms: 
                            progress=lambda line: status.update(_escape(line)))
     paths = write_sweep(result, out_dir)
     if json_out is not None:
-        _write_json_atomic(json_out, result.to_dict())
+        write_json_atomic(json_out, result.to_dict())
     show = Console(width=None if sys.stdout.isatty() else 160)
     show.print(sweep_table(result))
     for s in result.sizes:

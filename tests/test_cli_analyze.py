@@ -293,3 +293,10 @@ def test_inductor_options_without_inductor_code_are_refused(tmp_path):
     """--inductor-top without --inductor-code was ignored without a word (a fresh user)."""
     r = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(tmp_path / "rep"), "--inductor-top", "3")
     assert r.exit_code == 2 and "--inductor-top and --inductor-budget-s go with --inductor-code" in r.output
+
+
+def test_version_flag_prints_the_version():
+    import fusion_advisor
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"fusion-advisor {fusion_advisor.__version__}"
