@@ -125,6 +125,26 @@ def test_load_plan_warns_when_the_model_is_not_the_one_the_plan_was_made_for(pla
         fusion_advisor.load_plan(model, path)
 
 
+def test_load_plan_warns_when_the_model_file_changed_since_apply(tmp_path):
+    """Swaps and regions are keyed by file:line: an edited file may put other code under them."""
+    import warnings
+
+    model_file = tmp_path / "mlp.py"
+    model_file.write_text(
+        "import torch\n\n\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(8, 8)\n\n    def forward(self, x):\n        return torch.relu(self.fc(x))\n"
+        "\n\ndef get_inputs():\n    return [torch.randn(4, 8)]\n\n\ndef get_init_inputs():\n    return []\n")
+    result = apply(model_file, ApplyOptions(verify=True, variants=("eager",), time_rounds=1), device="cpu")
+    path = write_outputs(result, tmp_path / "out")["plan"]
+    assert len(yaml.safe_load(path.read_text())["model"]["source_sha256"]) == 16
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the same file: nothing to say
+        fusion_advisor.load_plan(_fresh(model_file)[0], path)
+    model_file.write_text("# a line added above the model\n" + model_file.read_text())
+    with pytest.warns(RuntimeWarning, match=r"mlp.py changed since apply made this plan from it"):
+        fusion_advisor.load_plan(_fresh(model_file)[0], path)
+
+
 def test_a_plan_made_with_dtype_tells_a_model_of_another_dtype_to_cast():
     """A fresh user's fp32 model, loaded with the plan apply --dtype bf16 made for it, was told its names, shapes or
     dtypes differ and to run apply for a plan of its own."""

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from fusion_advisor.apply.plan import PLAN_VERSION, model_signature, now_iso, render_plan
+from fusion_advisor.apply.plan import PLAN_VERSION, model_signature, now_iso, render_plan, source_digest
 from fusion_advisor.apply.records import NOISY_SPREAD, ApplyResult, NearMiss, SwapOutcome, SwapSite
 from fusion_advisor.files import csv_text, same_model_file
 from fusion_advisor.host import BUSY_CPU_MARK
@@ -207,7 +207,8 @@ def plan_document(result: ApplyResult) -> dict[str, Any]:
         "created_at": now_iso(),
         "model": {"name": result.model_name, "file": result.model_file, "convention": result.convention,
                   "device": result.device, "dtype": result.dtype,
-                  **({"signature": model_signature(result.loaded.model)} if result.loaded is not None else {})},
+                  **({"signature": model_signature(result.loaded.model)} if result.loaded is not None else {}),
+                  **({"source_sha256": digest} if (digest := source_digest(result.model_file)) else {})},
         "options": {**result.options.to_dict(), "backward": result.backward},
         "flags": result.options.flags(),
         "versions": dict(result.versions),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import inspect
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -202,6 +203,34 @@ def model_signature(model: nn.Module) -> dict[str, Any]:
             "digest": hashlib.sha1(text.encode()).hexdigest()[:16]}
 
 
+def source_digest(path: str | Path) -> str:
+    """SHA-256 (first 16 hex digits) of a model file's bytes, recorded in plan.yaml's ``model.source_sha256``;
+    ``""`` where the file cannot be read (the built-in model)."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
+def source_difference(recorded: Any, model: nn.Module) -> str:
+    """A line when the file ``model``'s class is defined in is the plan's model file (by name) and its bytes
+    changed since apply read it (``model.source_sha256``), else ``""``: the plan's swaps and regions are keyed by
+    its source lines, and an edited file may put other code under them."""
+    if not isinstance(recorded, dict) or not recorded.get("source_sha256") or not recorded.get("file"):
+        return ""
+    try:
+        src = inspect.getsourcefile(type(model))
+    except TypeError:  # a class without a source file
+        return ""
+    if not src or Path(src).name != Path(str(recorded["file"])).name:
+        return ""
+    now = source_digest(src)
+    if not now or now == recorded["source_sha256"]:
+        return ""
+    return (f"{src} changed since apply made this plan from it (its SHA-256 differs): the plan's swaps and regions "
+            f"are keyed by its source lines and may now meet other code, or none; run apply again")
+
+
 def signature_difference(recorded: Any, model: nn.Module) -> str:
     """How ``model`` differs from the signature a plan recorded (:func:`model_signature`), ``""`` when it does not
     or the plan recorded none (plans written before the signature existed)."""
@@ -250,6 +279,9 @@ def load_plan(model: nn.Module, plan: str | Path, variant: str | None = None) ->
     p = read_plan(plan)
     if variant is not None:
         p.chosen = variant_spec(p, variant)
+    edited = source_difference(p.model, model)
+    if edited:
+        warnings.warn(f"{plan}: {edited}", RuntimeWarning, stacklevel=2)
     other = signature_difference(p.model.get("signature"), model)
     if other:
         cast = dtype_hint(p.model.get("dtype"), model)
