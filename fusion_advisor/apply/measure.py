@@ -542,8 +542,10 @@ def _own_copy(xs: Sequence[Any]) -> list[Any]:
 
 def _changed(before: Any, after: Any) -> bool:
     """Whether a call changed an input in place, or a tensor inside it (NaN equal to NaN)."""
-    pairs = list(zip(leaves(before, ""), leaves(after, "")))
-    for (_, a), (_, b) in pairs:
+    was, now = leaves(before, ""), leaves(after, "")
+    if len(was) != len(now):  # a list input the call appended to
+        return True
+    for (_, a), (_, b) in zip(was, now, strict=True):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             continue
         a, b = a.detach(), b.detach()
