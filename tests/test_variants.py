@@ -1179,3 +1179,16 @@ def test_a_recompile_past_the_planned_regions_is_named_in_problems():
         fast(torch.randn(3, 16))  # another batch size: dynamo recompiles
     assert any("compiled after the graphs the region overrides name (0)" in p for p in fast.problems()), \
         fast.problems()
+
+
+def test_nothing_is_chosen_when_the_model_as_written_fails_its_own_check():
+    """A variant passing a check the model as written fails disagrees with the user's model; it was chosen untimed
+    against eager (a reviewer's finding: 'torch.compile +freezing', baseline '', confirmed None)."""
+    eager = R.VariantOutcome(VariantSpec("eager"), R.WRONG, "wrong: output 0 differs", check=R.VariantCheck(passed=False),
+                             baseline=True)
+    comp = R.VariantOutcome(VariantSpec("torch.compile", "inductor"), R.WRONG, "wrong",
+                            check=R.VariantCheck(passed=False), baseline=True)
+    other = _fake_outcome("torch.compile +freezing", 50.0)
+    found = search_mod._choose(search_mod.SearchInputs(harness=None, kernels={}, analysis=None, regions=[], swaps=[]),
+                               [eager, comp, other])
+    assert found.chosen is None and "the model as written did not pass its own check" in found.reason

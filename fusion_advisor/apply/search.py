@@ -617,6 +617,11 @@ def _choose(inp: SearchInputs, outcomes: list[VariantOutcome]) -> SearchResult:
         if eager is not None and eager.status == FAILED:
             reason = f"the model as written failed: {eager.reason}"
         return SearchResult(outcomes, None, reason, baseline)
+    eager = next((o for o in outcomes if o.spec.name == EAGER), None)
+    if best_base is None and eager is not None and eager.status == WRONG:
+        # the model as written failed its own check: a variant that passes it disagrees with the user's model
+        return SearchResult(outcomes, None, f"the model as written did not pass its own check ({eager.reason}): no "
+                                            f"variant is chosen, and the plan runs the model as written", baseline)
     if best is best_base or best_base is None:
         best.status = CHOSEN
         why = "the fastest correct variant" + (", a baseline" if best.baseline else "")
