@@ -238,8 +238,9 @@ def test_exported_matmul_priced_from_the_measured_table(shapes, how):
         matmul_time_us(h200.matmul_rates, cls, m, n, k, batch, "fp32", "nn"))
 
 
-def test_module_paths_drop_dynamos_name_of_forwards_first_argument():
-    # a new user's forward(s, x): variant names read "eager [g0:L.s.ln#0=inductor]"
+def test_module_paths_keep_a_module_passed_as_an_argument_apart_from_selfs():
+    # dynamo names a module by the forward argument that holds it: L['self'].fc is the model's, L['adapter'].fc a
+    # module the caller passed in; stripping every such name made the two one key (a reviewer's finding)
     from types import SimpleNamespace
 
     from fusion_advisor.analyze.graph import module_path_of
@@ -247,5 +248,5 @@ def test_module_paths_drop_dynamos_name_of_forwards_first_argument():
     def path(p):
         return module_path_of(SimpleNamespace(meta={"nn_module_stack": {"k": (p, object)}}))
 
-    assert path("L['s'].ln1") == "ln1" and path("L['self'].blocks[0].attn") == "blocks.0.attn"
-    assert path("L['self']") == "" and path("L__self___fc") == "fc"
+    assert path("L['self'].blocks[0].attn") == "blocks.0.attn" and path("L['self']") == ""
+    assert path("L__self___fc") == "fc" and path("L['adapter'].fc") != path("L['self'].fc")

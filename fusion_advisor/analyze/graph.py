@@ -14,7 +14,6 @@ Bytes: each tensor input read once and each output written once, as if the op ra
 from __future__ import annotations
 
 import operator
-import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -324,9 +323,7 @@ def module_path_of(node: torch.fx.Node) -> str:
     if not stack:
         return ""
     path = list(stack.values())[-1][0]
-    # dynamo names the module by forward's first argument: L['self'], or L['s'] for a forward(s, x)
-    path = re.sub(r"^L\['[A-Za-z_]\w*'\]\.?", "", path)
-    for prefix in ("L__self___", "self."):
+    for prefix in ("L['self'].", "L['self']", "L__self___", "self."):
         if path.startswith(prefix):
             path = path[len(prefix) :]
     path = path.replace("['", ".").replace("']", "").replace("[", ".").replace("]", "").strip(".")
