@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from fusion_advisor.apply.plan import PLAN_VERSION, model_signature, now_iso, render_plan, source_digest
+from fusion_advisor.apply.plan import PLAN_VERSION, model_signature, now_iso, render_plan
 from fusion_advisor.apply.records import NOISY_SPREAD, ApplyResult, NearMiss, SwapOutcome, SwapSite
 from fusion_advisor.files import csv_text, same_model_file
 from fusion_advisor.host import BUSY_CPU_MARK
@@ -30,7 +30,8 @@ VARIANT_COLUMNS: dict[str, str] = {
               "skipped (budget) / not timed.",
     "ms": "Steady-state time of one step (forward, or forward+backward), ms: median of the timing rounds.",
     "spread": "(max - min) / median of the rounds, a fraction (0.02 = 2%): the measurement's noise. Rounds "
-              f"that spread over {NOISY_SPREAD:.0%} were timed once more and the quieter set kept: then the larger "
+              f"that spread over {NOISY_SPREAD:.0%} were timed once more and the quieter set kept (the faster where "
+              f"the two sets' medians differ by more than that): then the larger "
               "of its spread and the two sets' medians' disagreement ((high - low) / low).",
     "vs_eager": "Speed-up over the model as written, same run.",
     "vs_compile": "Speed-up over torch.compile(model), same run.",
@@ -208,7 +209,7 @@ def plan_document(result: ApplyResult) -> dict[str, Any]:
         "model": {"name": result.model_name, "file": result.model_file, "convention": result.convention,
                   "device": result.device, "dtype": result.dtype,
                   **({"signature": model_signature(result.loaded.model)} if result.loaded is not None else {}),
-                  **({"source_sha256": digest} if (digest := source_digest(result.model_file)) else {})},
+                  **({"source_sha256": result.source_sha256} if result.source_sha256 else {})},
         "options": {**result.options.to_dict(), "backward": result.backward},
         "flags": result.options.flags(),
         "versions": dict(result.versions),

@@ -112,8 +112,11 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     from fusion_advisor.devices import load_spec
     from fusion_advisor.analyze.rules import load_rules
 
+    from fusion_advisor.apply.plan import source_digest
+
     options = options or ApplyOptions()
     options.check()
+    digest = source_digest(loaded.file) if loaded.file else ""  # the code apply measures, before it takes minutes
     kernels = _library_for(options)
     # apply measures on the device it runs on: on a CPU its times are a CPU's, so the analysis beside them is too
     spec = load_spec(options.gpu or ("cpu" if loaded.device == "cpu" else default_spec_name()))
@@ -142,6 +145,7 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
         analysis=analysis, regions=regions, graph_breaks=list(backend.breaks),
         library_problems=dict(backend.library.problems), versions=versions(), timings_s=timings, loaded=loaded,
     )
+    result.source_sha256 = digest
     result.warnings += [f"graph {g.index}: {g.error}" for g in backend.graphs if g.error]
     result.warnings += [w for w in analysis.warnings if w not in result.warnings]
     if not options.verify:
@@ -173,7 +177,7 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     noisy = noise_warning(found.variants, found.confirmation_spread)
     if noisy:
         result.warnings.append(noisy)
-    off = spec_warning(analysis, found.variants, loaded.device)
+    off = spec_warning(analysis, found.variants, loaded.device) if not backward else ""  # the analysis: forward only
     if off:
         result.warnings.append(off)
     if result.planned is None and result.chosen is not None:  # built lazily: compiles on its first call

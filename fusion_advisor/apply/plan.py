@@ -212,10 +212,11 @@ def source_digest(path: str | Path) -> str:
         return ""
 
 
-def source_difference(recorded: Any, model: nn.Module) -> str:
+def source_difference(recorded: Any, model: nn.Module, keyed: bool = True) -> str:
     """A line when the file ``model``'s class is defined in is the plan's model file (by name) and its bytes
-    changed since apply read it (``model.source_sha256``), else ``""``: the plan's swaps and regions are keyed by
-    its source lines, and an edited file may put other code under them."""
+    changed since apply read it (``model.source_sha256``), else ``""``. ``keyed``: the plan has swaps or regions,
+    which are keyed by source lines (an edited file may put other code under them); else the line says only that
+    the code apply measured changed."""
     if not isinstance(recorded, dict) or not recorded.get("source_sha256") or not recorded.get("file"):
         return ""
     try:
@@ -227,8 +228,9 @@ def source_difference(recorded: Any, model: nn.Module) -> str:
     now = source_digest(src)
     if not now or now == recorded["source_sha256"]:
         return ""
-    return (f"{src} changed since apply made this plan from it (its SHA-256 differs): the plan's swaps and regions "
-            f"are keyed by its source lines and may now meet other code, or none; run apply again")
+    why = ("the plan's swaps and regions are keyed by its source lines and may now meet other code, or none" if keyed
+           else "the choice was measured on the code as it was")
+    return f"{src} changed since apply made this plan from it (its SHA-256 differs): {why}; run apply again"
 
 
 def signature_difference(recorded: Any, model: nn.Module) -> str:
@@ -259,9 +261,8 @@ def dtype_hint(recorded: Any, model: nn.Module) -> str:
 
 def load_plan(model: nn.Module, plan: str | Path, variant: str | None = None) -> PlannedModel:
     """Rebuild the chosen variant of ``plan`` (a plan.yaml path) around ``model``, without re-verifying or
-    re-timing; compilation and capture happen on its first call. A channels-last plan puts ``model``'s 4-D / 5-D
-    weights in channels-last memory format in place (values untouched, as ``model.to(memory_format=...)``), so the
-    planned model follows the model's later ``load_state_dict``, ``train()`` / ``eval()`` and buffer updates.
+    re-timing; compilation and capture happen on its first call. ``model`` is not modified: a channels-last plan
+    runs a copy in that layout, which follows ``model``'s later ``load_state_dict`` and ``train()`` / ``eval()``.
 
     Args:
         model: the model the plan was made for (same code; weights may differ; a warning when its class,
@@ -279,7 +280,7 @@ def load_plan(model: nn.Module, plan: str | Path, variant: str | None = None) ->
     p = read_plan(plan)
     if variant is not None:
         p.chosen = variant_spec(p, variant)
-    edited = source_difference(p.model, model)
+    edited = source_difference(p.model, model, keyed=bool(p.chosen.swaps or p.chosen.regions))
     if edited:
         warnings.warn(f"{plan}: {edited}", RuntimeWarning, stacklevel=2)
     other = signature_difference(p.model.get("signature"), model)

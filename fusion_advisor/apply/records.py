@@ -549,7 +549,8 @@ class VariantTiming:
         steady_state_recompiles: Triton JIT and dynamo compilations while timed (should be 0).
         error: why there is no number.
         discarded_rounds_ms: where a set of rounds spread over :data:`NOISY_SPREAD` and was timed again, the
-            noisier of the two sets (``rounds_ms`` holds the quieter); else empty.
+            set not kept (``rounds_ms`` holds the quieter, or the faster where the two sets' medians disagree
+            beyond :data:`NOISY_SPREAD`: measure.quieter_sets); else empty.
     """
 
     timer: str = TIMER_NONE
@@ -749,6 +750,8 @@ class ApplyResult:
         versions, timings_s: library versions and GPU; wall time per stage.
         planned: the chosen model, built (in memory only), or ``None``.
         loaded: the :class:`~fusion_advisor.analyze.load.LoadedModel` (model and example inputs; in memory only).
+        source_sha256: the model file's digest as apply began (:func:`fusion_advisor.apply.plan.source_digest`;
+            ``""`` for the built-in model).
     """
 
     model_name: str
@@ -770,6 +773,7 @@ class ApplyResult:
     confirmed: tuple[str, float] | None = None
     confirmation_spread: float | None = None
     busy_cpu: str = ""
+    source_sha256: str = ""
     graph_breaks: list[GraphBreak] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     library_problems: dict[str, str] = field(default_factory=dict)

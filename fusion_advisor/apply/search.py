@@ -172,7 +172,7 @@ def evaluate(spec: VariantSpec, inp: SearchInputs, baseline: bool = False) -> Va
         failure, out_of_memory = "", False
         try:
             with inp.progress(f"variant {spec.name}: building and running once (compile / capture)"):
-                model = PlannedModel(h.model, spec, inp.kernels, cudnn_thread=True, layout_copy=True)
+                model = PlannedModel(h.model, spec, inp.kernels, cudnn_thread=True)
                 timing.first_call_s = h.first_call(model)
         except Exception as e:  # a compiler or capture failure is this variant's, not the run's
             failure = f"failed on its first call: {type(e).__name__}: {first_line(str(e))}"
@@ -235,8 +235,8 @@ def _timeable(spec: VariantSpec, device: str) -> bool:
 
 
 def _ms(t: VariantTiming) -> str:
-    again = (f"; timed twice, the first set spread over {NOISY_SPREAD:.0%}: the quieter set, its spread with the two "
-             f"sets' disagreement" if t.discarded_rounds_ms else "")
+    again = (f"; timed twice, the first set spread over {NOISY_SPREAD:.0%}: the quieter set (the faster where their "
+             f"medians disagree), its spread with the two sets' disagreement" if t.discarded_rounds_ms else "")
     spread = f" (spread {t.spread:.1%} over {len(t.rounds_ms)} rounds{again})" if t.spread is not None else ""
     first = f", first call {t.first_call_s:.2f} s" if t.first_call_s is not None else ""
     return f"{t.ms:.4g} ms per step{spread}{first}"
@@ -673,13 +673,13 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> Confirm
     with warnings.catch_warnings(), quiet_torch_logs(), grad_mode_kept():
         warnings.simplefilter("ignore")
         try:
-            ma = PlannedModel(h.model, a.spec, inp.kernels, cudnn_thread=True, layout_copy=True)
-            mb = PlannedModel(h.model, b.spec, inp.kernels, cudnn_thread=True, layout_copy=True)
+            ma = PlannedModel(h.model, a.spec, inp.kernels, cudnn_thread=True)
+            mb = PlannedModel(h.model, b.spec, inp.kernels, cudnn_thread=True)
             h.first_call(ma)
             h.first_call(mb)
             round_a, round_b = h.round_timer(ma), h.round_timer(mb)  # as each was timed in the search
             ta, tb = _interleaved(round_a, round_b)
-            if should_time_again([ta, tb]):  # as h.time does: once more, the quieter pair kept
+            if should_time_again([ta, tb]):  # as h.time does: once more, the quieter (or faster) pair kept
                 (ta, tb), _, retimed = quieter_sets([ta, tb], list(_interleaved(round_a, round_b)))
         except Exception as e:  # the challenger failing now is a loss
             failure = f"raised {type(e).__name__}: {first_line(str(e))}"
@@ -697,7 +697,8 @@ def _confirm(inp: SearchInputs, a: VariantOutcome, b: VariantOutcome) -> Confirm
     line = (f"{ra.ms:.4g} ms (spread {ra.spread:.1%}) vs {rb.ms:.4g} ms (spread {rb.spread:.1%}), "
             f"{rb.ms / ra.ms:.3f}x")
     if retimed is not None:
-        line += (f" (the quieter of two timings: the first spread over {NOISY_SPREAD:.0%}; spread {retimed:.1%} "
+        line += (f" (the quieter of two timings, or the faster where they disagree: the first spread over "
+                 f"{NOISY_SPREAD:.0%}; spread {retimed:.1%} "
                  f"with the two timings' disagreement)")
     if not won:  # a challenger that was faster, but by less than the noise, is said to be so
         line += (f", a win under the {need:.1%} it needed (the larger of {MIN_WIN:.0%} and the rounds' spread)"

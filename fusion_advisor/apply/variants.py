@@ -13,12 +13,10 @@
 ``cudnn_benchmark`` turns ``torch.backends.cudnn.benchmark`` on around each call (restored after); apply measures
 such variants in a thread of their own (``cudnn_thread``, :func:`in_cudnn_thread`), since cuDNN's plan cache would
 otherwise hand the algorithms it found to every later variant.
-``channels_last`` (stock specs only, forward only) runs :class:`ChannelsLast` around the model with its 4-D / 5-D
-weights in channels-last memory format, converted in place as PyTorch's channels-last recipe does
-(``model.to(memory_format=torch.channels_last)``: the values are untouched, and the model's later
-``load_state_dict``, ``train()`` / ``eval()`` and buffer updates are the planned model's); apply's own measurements
-convert a copy (``layout_copy``), since every other variant runs the same model. Compilation and CUDA-graph capture happen on the first call (dynamo's rules: a new input shape or grad
-mode recompiles).
+``channels_last`` (stock specs only, forward only) runs :class:`ChannelsLast` around a copy of the model whose 4-D /
+5-D weights are channels-last: the user's model is not touched (its own calls keep their layouts), and the copy
+follows its ``load_state_dict`` and ``train()`` / ``eval()``. Compilation and CUDA-graph capture happen on the
+first call (dynamo's rules: a new input shape or grad mode recompiles).
 Inside an outer ``torch.compile`` the planned model runs outside the outer graph (a graph break), so the outer
 compile cannot inline the model and silently drop the plan.
 """
@@ -29,6 +27,7 @@ import concurrent.futures
 import contextlib
 import copy
 import warnings
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -88,18 +87,42 @@ def in_cudnn_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 class ChannelsLast(nn.Module):
-    """``module`` (converted in place: every 4-D / 5-D float parameter and buffer in channels-last memory format)
-    called with its 4-D / 5-D float inputs converted to channels-last and its tensor outputs returned contiguous
-    (a ``conv(x).flatten(2)`` came back in the channels-last strides, and the caller's ``.view`` raised). Inside ``torch.compile`` the
-    conversions are part of the graph (Inductor writes the first kernel's input and the last one's output in the
-    layouts asked)."""
+    """A copy of ``model`` (every 4-D / 5-D float parameter and buffer in channels-last memory format) called with
+    its 4-D / 5-D float inputs converted to channels-last and its tensor outputs returned contiguous (a
+    ``conv(x).flatten(2)`` came back in the channels-last strides, and the caller's ``.view`` raised). Inside
+    ``torch.compile`` the conversions are part of the graph (Inductor writes the first kernel's input and the last
+    one's output in the layouts asked).
 
-    def __init__(self, module: nn.Module):
+    The copy follows ``model``, which stays as it is: a ``model.load_state_dict`` copies the new values into it (a
+    load_state_dict post-hook on ``model``, holding the copy weakly), and :meth:`follow_mode` takes ``model``'s
+    train / eval mode (a copy made once kept the weights and mode of its making: 2.12 apart after a
+    load_state_dict, a reviewer's finding). Weights changed otherwise in place (an optimizer's step) are not
+    followed: the variant is forward only.
+    """
+
+    def __init__(self, model: nn.Module):
         super().__init__()
+        module = copy.deepcopy(model)
         with torch.no_grad():
             for p in list(module.parameters()) + list(module.buffers()):
                 p.data = channels_last(p.data)
         self.module = module
+        self.__dict__["source"] = model  # not a submodule: the user's parameters are not this module's
+        me = weakref.ref(self)
+
+        def follow(source: nn.Module, _keys: Any) -> None:
+            planned = me()
+            if planned is not None:  # copy_ keeps the copy's channels-last strides
+                planned.module.load_state_dict(source.state_dict())
+
+        model.register_load_state_dict_post_hook(follow)
+
+    def follow_mode(self) -> None:
+        """Take the user's model's train / eval mode, module by module, where its root's changed (the planned model
+        calls it before each call, outside any compiled code)."""
+        if self.module.training != self.source.training:
+            for mine, theirs in zip(self.module.modules(), self.source.modules(), strict=True):
+                mine.training = theirs.training
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         args = torch.utils._pytree.tree_map(channels_last, args)
@@ -226,16 +249,12 @@ class PlannedModel(nn.Module):
     """``model`` run as ``spec`` says (see the module docstring).
 
     Args:
-        model: the user's model (the wrapper holds it as ``.model``); not modified, except that a channels-last
-            spec puts its 4-D / 5-D weights in channels-last memory format in place (values untouched).
+        model: the user's model (not modified; the wrapper holds it as ``.model``).
         spec: the variant.
         kernels: ``{name: KernelEntry}`` to match for the spec's swaps; default the library's kernels they name.
         cudnn_thread: with ``spec.cudnn_benchmark``, every call runs in :func:`in_cudnn_thread` (apply's
             measurements; a thread hop per call, some tens of us). Off, as :func:`~fusion_advisor.load_plan`
             builds it: the caller's thread.
-        layout_copy: a channels-last spec converts a deep copy of ``model`` instead (apply's measurements, where
-            the other variants run ``model`` as it is); the copy does not follow the model's later weights, mode or
-            buffers.
 
     Raises:
         ValueError: ``spec.channels_last`` on a spec with swaps or regions, ``spec.graphed`` on one with an
@@ -243,7 +262,7 @@ class PlannedModel(nn.Module):
     """
 
     def __init__(self, model: nn.Module, spec: VariantSpec, kernels: dict[str, Any] | None = None,
-                 cudnn_thread: bool = False, layout_copy: bool = False):
+                 cudnn_thread: bool = False):
         super().__init__()
         self.model = model
         self.__dict__["cudnn_thread"] = cudnn_thread and spec.cudnn_benchmark
@@ -257,7 +276,8 @@ class PlannedModel(nn.Module):
         if spec.graphed and not (spec.stock and spec.rest == AS_WRITTEN):
             raise ValueError(f"variant {spec.name!r}: graphed captures the model as written (no executor, swaps or "
                              f"regions)")
-        target = ChannelsLast(copy.deepcopy(model) if layout_copy else model) if spec.channels_last else model
+        target = ChannelsLast(model) if spec.channels_last else model
+        self.__dict__["layout"] = target if spec.channels_last else None
         if spec.graphed:
             fn: Any = WholeModelGraph(target)
         elif spec.rest == AS_WRITTEN and spec.stock:
@@ -280,9 +300,11 @@ class PlannedModel(nn.Module):
         self.__dict__["_fn"] = fn
         self.__dict__["_outside"] = torch._dynamo.disable(self._call)
         # the hot path: the compiled callable itself where nothing else must happen per call
-        self.__dict__["_run"] = fn if not (spec.cudnn_benchmark or spec.swaps) else self._call
+        self.__dict__["_run"] = fn if not (spec.cudnn_benchmark or spec.swaps or spec.channels_last) else self._call
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
+        if self.layout is not None:
+            self.layout.follow_mode()
         if self.spec.cudnn_benchmark:
             out = in_cudnn_thread(self._benchmarked, *args, **kwargs) if self.cudnn_thread else \
                 self._benchmarked(*args, **kwargs)

@@ -8,6 +8,7 @@ structure, and every leaf gets a label (``output[1][0]``, ``input 0 (x)``) that 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping
 from typing import Any, Callable
@@ -45,13 +46,26 @@ def input_leaves(args: list[Any], labels: list[str]) -> list[tuple[str, Any]]:
 
 
 def tree_map(fn: Callable[[Any], Any], obj: Any) -> Any:
-    """``obj`` with ``fn`` applied to every leaf of its lists, tuples (namedtuples too) and dicts."""
+    """``obj`` with ``fn`` applied to every leaf of its lists, tuples (namedtuples too), mappings and dataclass
+    instances, each rebuilt as its own type: a mapping is a shallow copy with its values replaced (an
+    ``OrderedDict``, a ``defaultdict`` and its factory, a ``UserDict`` such as Hugging Face's ``BatchEncoding``), a
+    dataclass ``dataclasses.replace`` of its init fields. The containers :func:`leaves` walks, so a copy made with
+    it holds no tensor of the original (objects walked through ``to_tuple()`` alone are leaves here)."""
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
         return type(obj)(*(tree_map(fn, v) for v in obj))
     if isinstance(obj, (list, tuple)):
         return type(obj)(tree_map(fn, v) for v in obj)
-    if isinstance(obj, dict):
-        return {k: tree_map(fn, v) for k, v in obj.items()}
+    if isinstance(obj, Mapping):
+        try:
+            out = copy.copy(obj)
+            for k in obj:
+                out[k] = tree_map(fn, obj[k])
+            return out
+        except TypeError:  # a read-only mapping: a plain dict of its items
+            return {k: tree_map(fn, v) for k, v in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: tree_map(fn, getattr(obj, f.name))
+                                           for f in dataclasses.fields(obj) if f.init})
     return fn(obj)
 
 
