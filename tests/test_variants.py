@@ -1198,28 +1198,6 @@ def test_a_model_of_recurrent_layers_alone_is_told_why_dynamo_captured_nothing(t
     assert said and "its GRU layers: torch.compile does not trace them" in said[0], result.warnings
 
 
-def test_a_recompile_past_the_planned_regions_is_named_in_problems():
-    """Region overrides name graphs by compile order: a second batch size recompiled into graph 1, which ran with the
-    rest executor alone while problems() said nothing (a reviewer's finding)."""
-    class TwoLinear(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
-
-        def forward(self, x):
-            return torch.relu(self.b(torch.relu(self.a(x))))
-
-    spec = VariantSpec("torch.compile [g0:a#0=eager]", "inductor", regions=(("g0:a#0", "eager"),),
-                       region_depths=((0, 1),))
-    fast = PlannedModel(TwoLinear().eval(), spec)
-    with torch.no_grad():
-        fast(torch.randn(8, 16))
-        assert fast.problems() == []
-        fast(torch.randn(3, 16))  # another batch size: dynamo recompiles
-    assert any("compiled after the graphs the region overrides name (0)" in p for p in fast.problems()), \
-        fast.problems()
-
-
 def test_nothing_is_chosen_when_the_model_as_written_fails_its_own_check():
     """A variant passing a check the model as written fails disagrees with the user's model; it was chosen untimed
     against eager (a reviewer's finding: 'torch.compile +freezing', baseline '', confirmed None)."""

@@ -157,13 +157,6 @@ class RewriteBackend(DynamoBackend):
         """``runnable`` compiled with the executor (per region where overrides name this graph); on failure its
         ops run as they are and ``record.executor_error`` says why."""
         overrides = {k: e for k, e in self.regions.items() if RegionKey.parse(k).graph_index == record.index}
-        planned = {RegionKey.parse(k).graph_index for k in self.regions}
-        if planned and not overrides and record.index > max(planned):
-            # region keys name graphs by compile order: a recompile (new input shapes, grad mode) is a new index
-            named = ", ".join(map(str, sorted(planned)))
-            record.notes.append(f"compiled after the graphs the region overrides name ({named}): a recompile (new "
-                                f"input shapes or grad mode) runs with {self.executor} alone, not the regions apply "
-                                f"timed")
         record.executor = self.executor
         try:
             if overrides:
