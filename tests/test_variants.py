@@ -955,6 +955,9 @@ def test_an_inductor_rest_takes_only_the_swaps_that_beat_torch_compile_alone():
 
 
 def test_channels_last_variant_runs_a_copy_that_follows_the_model_and_returns_contiguous_outputs():
+    import copy
+    import pickle
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.GELU(),
                                 torch.nn.Conv2d(8, 4, 1), torch.nn.Flatten(2)).eval()
@@ -966,21 +969,31 @@ def test_channels_last_variant_runs_a_copy_that_follows_the_model_and_returns_co
             # a 3-D output of a channels-last conv (flatten(2)) comes back contiguous too: the caller's .view works
             assert got.is_contiguous() and torch.allclose(got, want, atol=1e-5, rtol=1e-5), rest
             got.view(2, -1)
-    # the user's model keeps its layout, and its own outputs theirs (a plan that converted it in place broke the
-    # user's own .view on them)
-    assert all(p.is_contiguous() for p in model.parameters()) and model(x).is_contiguous()
-    # the copy follows the model's later weights and mode (a copy made once kept the old weights: 2.12 apart after
-    # load_state_dict, and its own eval mode once the model was put in training)
+    # the user's model is left as it was: its layout, its own outputs' strides, no hook (one made it unpicklable)
     planned = PlannedModel(model, VariantSpec("cl", R.AS_WRITTEN, channels_last=True))
+    assert all(p.is_contiguous() for p in model.parameters()) and model(x).is_contiguous()
+    pickle.dumps(model)
+    # the copy takes the model's new values (a copy made once kept the old weights: 2.12 apart after
+    # load_state_dict), from load_state_dict or an in-place edit, and a deep copy of the model is not followed
     model.load_state_dict({k: (torch.rand_like(v) + 0.5 if "running_var" in k else torch.randn_like(v))
                            if v.is_floating_point() else v for k, v in model.state_dict().items()})
     with torch.no_grad():
         assert torch.allclose(planned(x), model(x), atol=1e-4, rtol=1e-4)
+        model[0].weight.mul_(0.5)
+        assert torch.allclose(planned(x), model(x), atol=1e-4, rtol=1e-4)
+        backup = copy.deepcopy(model)
+        backup[0].weight.zero_()
+        assert torch.allclose(planned(x), model(x), atol=1e-4, rtol=1e-4)
+    assert planned.problems() == []
+    # training mode or grad through the parameters: the model as written runs, and problems() says so (the copy
+    # got the gradients and the batch statistics, and the user's model none)
     model.train()
-    torch.manual_seed(1)
-    with torch.no_grad():
-        assert torch.allclose(planned(x), model(x), atol=1e-4, rtol=1e-4)  # batch statistics on both sides
-    assert planned.layout.module[1].training
+    out = planned(x)
+    out.sum().backward()
+    assert model[0].weight.grad is not None and any("training mode" in p for p in planned.problems())
+    model.eval()
+    planned(x).sum().backward()
+    assert any("grad mode with parameters that require grad" in p for p in planned.problems())
     again = VariantSpec.from_dict(VariantSpec("cl", "inductor", channels_last=True).to_dict())
     assert again.channels_last and "channels-last" in again.describe()
     with pytest.raises(ValueError, match="stock variants only"):

@@ -262,7 +262,9 @@ def dtype_hint(recorded: Any, model: nn.Module) -> str:
 def load_plan(model: nn.Module, plan: str | Path, variant: str | None = None) -> PlannedModel:
     """Rebuild the chosen variant of ``plan`` (a plan.yaml path) around ``model``, without re-verifying or
     re-timing; compilation and capture happen on its first call. ``model`` is not modified: a channels-last plan
-    runs a copy in that layout, which follows ``model``'s later ``load_state_dict`` and ``train()`` / ``eval()``.
+    runs a copy in that layout for inference, which takes ``model``'s weights where they change in place
+    (``load_state_dict``), and runs ``model`` itself in training or grad mode. Warns where ``model`` is in training
+    mode while the plan was made forward only (apply checks and times in eval mode).
 
     Args:
         model: the model the plan was made for (same code; weights may differ; a warning when its class,
@@ -288,6 +290,10 @@ def load_plan(model: nn.Module, plan: str | Path, variant: str | None = None) ->
         cast = dtype_hint(p.model.get("dtype"), model)
         warnings.warn(f"{plan}: {other}: " + (cast if cast else "the plan's swaps and regions may not fit this "
                                                "model; run apply on this model for a plan of its own"),
+                      RuntimeWarning, stacklevel=2)
+    if model.training and not p.options.get("backward"):
+        warnings.warn(f"{plan}: the model is in training mode, and apply checked and timed this plan in eval mode "
+                      f"(dropout off, batch norm on running statistics): call model.eval() for the model it measured",
                       RuntimeWarning, stacklevel=2)
     diffs = version_differences(p.versions)
     if diffs:

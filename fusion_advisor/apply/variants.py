@@ -14,9 +14,9 @@
 such variants in a thread of their own (``cudnn_thread``, :func:`in_cudnn_thread`), since cuDNN's plan cache would
 otherwise hand the algorithms it found to every later variant.
 ``channels_last`` (stock specs only, forward only) runs :class:`ChannelsLast` around a copy of the model whose 4-D /
-5-D weights are channels-last: the user's model is not touched (its own calls keep their layouts), and the copy
-follows its ``load_state_dict`` and ``train()`` / ``eval()``. Compilation and CUDA-graph capture happen on the
-first call (dynamo's rules: a new input shape or grad mode recompiles).
+5-D weights are channels-last, for inference: the user's model is not touched, the copy takes its parameters'
+values where they changed in place, and a call in training or grad mode runs the model as written. Compilation and
+CUDA-graph capture happen on the first call (dynamo's rules: a new input shape or grad mode recompiles).
 Inside an outer ``torch.compile`` the planned model runs outside the outer graph (a graph break), so the outer
 compile cannot inline the model and silently drop the plan.
 """
@@ -27,7 +27,6 @@ import concurrent.futures
 import contextlib
 import copy
 import warnings
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -93,11 +92,12 @@ class ChannelsLast(nn.Module):
     ``torch.compile`` the conversions are part of the graph (Inductor writes the first kernel's input and the last
     one's output in the layouts asked).
 
-    The copy follows ``model``, which stays as it is: a ``model.load_state_dict`` copies the new values into it (a
-    load_state_dict post-hook on ``model``, holding the copy weakly), and :meth:`follow_mode` takes ``model``'s
-    train / eval mode (a copy made once kept the weights and mode of its making: 2.12 apart after a
-    load_state_dict, a reviewer's finding). Weights changed otherwise in place (an optimizer's step) are not
-    followed: the variant is forward only.
+    ``model`` is left as it is (no hook: one made it unpicklable; no layout change: converting it in place changed
+    its own outputs' strides). The copy is for inference, as apply measured it: :meth:`unusable` says when a call
+    must run ``model`` itself instead (training mode, grad through parameters that require it, parameters of
+    another dtype, device or number than at the copy's making), and first copies the values of ``model``'s
+    parameters and buffers into the copy where a parameter changed in place since (``load_state_dict``, an EMA
+    update, an optimizer's step: their version counters moved; a copy made once kept the weights of its making).
     """
 
     def __init__(self, model: nn.Module):
@@ -107,22 +107,35 @@ class ChannelsLast(nn.Module):
             for p in list(module.parameters()) + list(module.buffers()):
                 p.data = channels_last(p.data)
         self.module = module
-        self.__dict__["source"] = model  # not a submodule: the user's parameters are not this module's
-        me = weakref.ref(self)
+        # not submodules or attributes nn.Module registers: the user's tensors are not this module's
+        self.__dict__["source"] = model
+        self.__dict__["_theirs"] = list(model.parameters()) + list(model.buffers())
+        self.__dict__["_mine"] = list(module.parameters()) + list(module.buffers())
+        self.__dict__["_params"] = list(model.parameters())
+        self.__dict__["_synced"] = self._versions()
 
-        def follow(source: nn.Module, _keys: Any) -> None:
-            planned = me()
-            if planned is not None:  # copy_ keeps the copy's channels-last strides
-                planned.module.load_state_dict(source.state_dict())
+    def _versions(self) -> int:
+        return sum(t._version for t in self._params)
 
-        model.register_load_state_dict_post_hook(follow)
-
-    def follow_mode(self) -> None:
-        """Take the user's model's train / eval mode, module by module, where its root's changed (the planned model
-        calls it before each call, outside any compiled code)."""
-        if self.module.training != self.source.training:
-            for mine, theirs in zip(self.module.modules(), self.source.modules(), strict=True):
-                mine.training = theirs.training
+    def unusable(self) -> str:
+        """Why a call must run the user's model rather than the copy now, ``""`` when the copy serves it (its
+        values brought up to date first where the model's parameters changed in place)."""
+        if self.source.training:
+            return "the model is in training mode: it ran as written (the channels-last copy is for inference)"
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self._params):
+            return ("grad mode with parameters that require grad: the model ran as written (gradients reach its own "
+                    "parameters, not the channels-last copy's)")
+        now = list(self.source.parameters())
+        if len(now) != len(self._params) or any(a is not b or a.dtype != m.dtype or a.device != m.device
+                                                 for a, b, m in zip(now, self._params, self._mine)):
+            return ("the model's parameters changed dtype, device or number since load_plan: it ran as written "
+                    "(load_plan it again)")
+        if self._versions() != self._synced:
+            with torch.no_grad():
+                for mine, theirs in zip(self._mine, self._theirs, strict=True):
+                    mine.copy_(theirs)
+            self.__dict__["_synced"] = self._versions()
+        return ""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         args = torch.utils._pytree.tree_map(channels_last, args)
@@ -304,7 +317,10 @@ class PlannedModel(nn.Module):
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
         if self.layout is not None:
-            self.layout.follow_mode()
+            why = self.layout.unusable()
+            if why:
+                self.__dict__.setdefault("_layout_notes", {})[why] = None
+                return self.model(*args, **kwargs)
         if self.spec.cudnn_benchmark:
             out = in_cudnn_thread(self._benchmarked, *args, **kwargs) if self.cudnn_thread else \
                 self._benchmarked(*args, **kwargs)
@@ -360,6 +376,8 @@ class PlannedModel(nn.Module):
         overrides not found, calls of a whole-model CUDA graph that ran eagerly: each with its reason."""
         if isinstance(self._fn, WholeModelGraph):
             return list(self._fn.notes)
+        if self.layout is not None:
+            return list(self.__dict__.get("_layout_notes", {}))
         if self.backend is None:
             return []
         out = []
