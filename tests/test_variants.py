@@ -994,6 +994,10 @@ def test_channels_last_variant_runs_a_copy_that_follows_the_model_and_returns_co
     model.eval()
     planned(x).sum().backward()
     assert any("grad mode with parameters that require grad" in p for p in planned.problems())
+    model.double()  # a cast: the copy is of another dtype now, and the model as written runs
+    with torch.no_grad():
+        assert planned(x.double()).dtype == torch.float64
+    assert any("changed dtype, device or identity" in p for p in planned.problems())
     again = VariantSpec.from_dict(VariantSpec("cl", "inductor", channels_last=True).to_dict())
     assert again.channels_last and "channels-last" in again.describe()
     with pytest.raises(ValueError, match="stock variants only"):

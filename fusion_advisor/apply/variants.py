@@ -95,7 +95,7 @@ class ChannelsLast(nn.Module):
     ``model`` is left as it is (no hook: one made it unpicklable; no layout change: converting it in place changed
     its own outputs' strides). The copy is for inference, as apply measured it: :meth:`unusable` says when a call
     must run ``model`` itself instead (training mode, grad through parameters that require it, parameters of
-    another dtype, device or number than at the copy's making), and first copies the values of ``model``'s
+    another dtype, device or identity than at the copy's making), and first copies the values of ``model``'s
     parameters and buffers into the copy where a parameter changed in place since (``load_state_dict``, an EMA
     update, an optimizer's step: their version counters moved; a copy made once kept the weights of its making).
     """
@@ -125,10 +125,10 @@ class ChannelsLast(nn.Module):
         if torch.is_grad_enabled() and any(p.requires_grad for p in self._params):
             return ("grad mode with parameters that require grad: the model ran as written (gradients reach its own "
                     "parameters, not the channels-last copy's)")
-        now = list(self.source.parameters())
-        if len(now) != len(self._params) or any(a is not b or a.dtype != m.dtype or a.device != m.device
-                                                 for a, b, m in zip(now, self._params, self._mine)):
-            return ("the model's parameters changed dtype, device or number since load_plan: it ran as written "
+        first = next(self.source.parameters(), None)  # a cast or a move reaches every parameter: the first tells
+        if self._params and (first is not self._params[0] or first.dtype != self._mine[0].dtype
+                             or first.device != self._mine[0].device):
+            return ("the model's parameters changed dtype, device or identity since load_plan: it ran as written "
                     "(load_plan it again)")
         if self._versions() != self._synced:
             with torch.no_grad():
