@@ -181,8 +181,8 @@ def _pattern(og: OpGraph, member_ids: list[str]) -> str:
                 if u in member_set and u not in feeding:
                     feeding.add(u)
                     todo.append(u)
-        masked = any((o.target.startswith("aten.add.Tensor") and len(o.inputs) == 2) or o.name in ("where", "masked_fill")
-                     for o in ops if o.id in feeding)
+        masked = any((o.target.startswith("aten.add.Tensor") and len(o.inputs) == 2)
+                     or o.name in ("where", "masked_fill") for o in ops if o.id in feeding)
         return "masked_softmax" if masked else "softmax"
     def bias_add(o: OpInfo) -> bool:
         """``x + bias`` feeding the chain's GELU, ``bias`` 1-D over ``x``'s last dim: the library's bias_gelu."""

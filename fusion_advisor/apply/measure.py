@@ -482,8 +482,8 @@ class ModelHarness:
         for the timing loop's grad mode): on a CPU a new user saw rounds of [43.96, 0.273, 0.273] ms, a spread of
         15972% that rejected every region change after it. Rounds that spread over :data:`NOISY_SPREAD` are timed
         once more (:func:`should_time_again`, :func:`quieter_sets`): the quieter set is kept (the faster where the
-        two sets' medians disagree beyond the noise), the other goes to ``discarded_rounds_ms``, and the spread given is the larger of the kept set's and the two sets' medians'
-        disagreement."""
+        two sets' medians disagree beyond the noise), the other goes to ``discarded_rounds_ms``, and the spread
+        given is the larger of the kept set's and the two sets' medians' disagreement."""
         from fusion_advisor.kernel_tools.recompile import RecompileWatch
 
         timing = timing or VariantTiming(timer=self.timer)
@@ -535,8 +535,8 @@ class ModelHarness:
 
 
 def _own_copy(xs: Sequence[Any]) -> list[Any]:
-    """``xs`` with every tensor cloned, inside lists, tuples and dicts too (``requires_grad`` kept): inputs a call
-    may change in place."""
+    """``xs`` with every tensor cloned, inside lists, tuples, mappings and dataclasses too (``requires_grad``
+    kept; :func:`~fusion_advisor.verification.trees.tree_map`): inputs a call may change in place."""
     return [tree_map(same_dtype_copy, x) for x in xs]
 
 
@@ -588,7 +588,8 @@ def _exact_result(g: torch.Tensor, e: torch.Tensor, r: torch.Tensor | None, labe
         return False, (f"{label}: {n} of {g.numel()} elements equal neither the model as written's nor the float64 "
                        f"copy's ({g.dtype}: exact; first at index {at}: {g[at].item()} where the model as written "
                        f"gives {e[at].item()})")
-    return True, f"{label}: equal to the model as written's{' or the float64 copy' if r is not None else ''} ({g.dtype})"
+    also = " or the float64 copy's" if r is not None else ""
+    return True, f"{label}: equal to the model as written's{also} ({g.dtype})"
 
 
 def _is_result(x: Any) -> bool:
