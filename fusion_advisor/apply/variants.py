@@ -373,7 +373,8 @@ class PlannedModel(nn.Module):
 
     def problems(self) -> list[str]:
         """Graphs that ran unrewritten or without their executor, swaps that could not be rewritten, region
-        overrides not found, calls of a whole-model CUDA graph that ran eagerly: each with its reason."""
+        overrides not found, calls of a whole-model CUDA graph that ran eagerly, calls of a channels-last plan that
+        ran the model as written: each with its reason."""
         if isinstance(self._fn, WholeModelGraph):
             return list(self._fn.notes)
         if self.layout is not None:
