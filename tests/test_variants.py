@@ -245,6 +245,40 @@ def test_an_input_dataclass_the_model_changes_is_copied_per_call_and_checked(tmp
     assert h.mutated_inputs() == [0] and torch.equal(loaded.inputs[0].x, before)
 
 
+def test_a_16_bit_output_with_its_small_elements_wrong_fails(tmp_path):
+    """A reviewer's confident bf16 classifier: zeroing every probability but the top of each row kept the tensor
+    within its norm-wise and max-wise limits (7,992 of 8,000 elements off), and passed."""
+    path = _write(tmp_path, "classifier", """
+        import torch
+
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.head = torch.nn.Linear(64, 1000)
+                with torch.no_grad():
+                    self.head.bias[0] += 10  # class 0 dominates every row
+
+            def forward(self, x):
+                return torch.softmax(self.head(x), -1)
+
+        def get_inputs():
+            return [torch.randn(8, 64)]
+
+        def get_init_inputs():
+            return []
+    """)
+    loaded = load_model(path, device="cpu", dtype="bf16")
+    h = ModelHarness(loaded, backward=False)
+    assert h.check(torch.compile(h.model)).passed
+
+    def top1_only(x):
+        p = h.model(x)
+        return torch.where(p == p.amax(-1, keepdim=True), p, torch.zeros_like(p))
+
+    wrong = h.check(top1_only)
+    assert not wrong.passed and any("small elements the tensor's norm does not see" in d for d in wrong.details)
+
+
 def test_inputs_nested_in_a_list_get_a_float64_reference(tmp_path):
     loaded, h = _harness(tmp_path, "nested", """
         import torch
