@@ -7,6 +7,7 @@ work (tests/test_plan.py's GPU case and benchmarks/apply/apply_models.py cover t
 
 from __future__ import annotations
 
+import re
 import statistics
 
 import textwrap
@@ -860,6 +861,8 @@ def test_the_budget_and_the_time_limit_stop_the_candidates_but_not_the_baselines
     result = search_mod.search(inp)
     assert calls == ["eager", "torch.compile"]
     assert result.variants[2:] and all(v.status == R.SKIPPED and said in v.reason for v in result.variants[2:])
+    # to a tenth of a second: "about 11 s, 11 s left" read as if it fitted
+    assert all(re.search(r"would take about \d+\.\d s .*, \d+\.\d s of", v.reason) for v in result.variants[2:])
 
 
 def _softmaxes_model(tmp_path):
