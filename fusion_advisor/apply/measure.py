@@ -46,7 +46,7 @@ from fusion_advisor.units import fmt_some
 from fusion_advisor.analyze.capture import first_line
 from fusion_advisor.verification.inputs import same_dtype_copy, upcast
 from fusion_advisor.verification.kernel import KeepFloat64
-from fusion_advisor.verification.policy import JUDGE_CHUNK, compare_outputs, judge, tolerance_for
+from fusion_advisor.verification.policy import JUDGE_CHUNK, as_tensor, compare_outputs, judge, tolerance_for
 from fusion_advisor.verification.trees import leaves, tensor_leaves, tree_map
 
 __all__ = ["CALL_SEED", "REFERENCE_SANITY", "ModelHarness", "reference_sanity", "scalarize", "summarize_rounds",
@@ -129,7 +129,7 @@ class _Run:
 
     tensors: list[tuple[str, torch.Tensor]]
     mutated_inputs: tuple[int, ...] = ()  # positions of tensor inputs the call changed in place
-    structure: tuple[str, ...] = ()  # the output's leaves by label (output[0], output['logits']), tensors and numbers
+    structure: tuple[str, ...] = ()  # the output's tensors and numbers by label (output[0], output['logits'])
 
 
 class ModelHarness:
@@ -215,8 +215,11 @@ class ModelHarness:
         torch.manual_seed(CALL_SEED)
         with torch.set_grad_enabled(self.backward):
             out = fn(*ins)
-        tensors = [(f"output {i}", t.detach().clone()) for i, t in enumerate(output_leaves(out))]
-        structure = tuple(label for label, x in leaves(out, "output") if _is_result(x))
+        # every tensor and Python number of the output, by label: a variant returning another number (loss.item(),
+        # a count) fails as a tensor would, and one returning the same values under other labels fails too
+        results = [(label, t) for label, x in leaves(out, "output") if (t := as_tensor(x)) is not None]
+        tensors = [(f"output {i}", t.detach().clone()) for i, (_, t) in enumerate(results)]
+        structure = tuple(label for label, _ in results)
         if self.backward:
             grads = torch.autograd.grad(scalarize(out, self._cache), list(params), allow_unused=True)
             tensors += [(f"grad {n}", g.detach().clone()) for n, g in zip(names, grads) if g is not None]
@@ -561,21 +564,6 @@ def _changed(before: Any, after: Any) -> bool:
     return False
 
 
-def output_leaves(out: Any) -> list[torch.Tensor]:
-    """The tensors of a model's output (:func:`~fusion_advisor.verification.trees.leaves` order) with every Python
-    number among them as a 0-d tensor (``loss.item()``, a count): a variant returning another number fails its
-    check as a tensor would. Strings and ``None`` are left out."""
-    return [x if isinstance(x, torch.Tensor) else _number(x) for _, x in leaves(out, "") if _is_result(x)]
-
-
-def _number(x: bool | int | float | complex) -> torch.Tensor:
-    """A Python number as a 0-d tensor of torch's own choosing; an int past int64 as a float64."""
-    try:
-        return torch.tensor(x)
-    except (OverflowError, RuntimeError, ValueError):  # "Overflow when unpacking long long"
-        return torch.tensor(float(x), dtype=torch.float64)
-
-
 def _exact_result(g: torch.Tensor, e: torch.Tensor, r: torch.Tensor | None, label: str) -> tuple[bool, str]:
     """An integer or bool result ``g`` against the model as written's ``e`` and the float64 copy's ``r``: each
     element equal to one of them (``r`` ``None``: to ``e``). The line says how many are equal to neither."""
@@ -592,11 +580,6 @@ def _exact_result(g: torch.Tensor, e: torch.Tensor, r: torch.Tensor | None, labe
                        f"gives {e[at].item()})")
     also = " or the float64 copy's" if r is not None else ""
     return True, f"{label}: equal to the model as written's{also} ({g.dtype})"
-
-
-def _is_result(x: Any) -> bool:
-    """Whether an output leaf is compared: a tensor or a Python number."""
-    return isinstance(x, (torch.Tensor, bool, int, float, complex))
 
 
 def summarize_rounds(timing: VariantTiming) -> None:

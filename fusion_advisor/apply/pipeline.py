@@ -33,6 +33,7 @@ from fusion_advisor.host import busy_cpu_note
 from fusion_advisor.apply.backend import RewriteBackend
 from fusion_advisor.apply.match import Match
 from fusion_advisor.apply.measure import ModelHarness
+from fusion_advisor.apply.plan import source_digest
 from fusion_advisor.apply.records import (
     NOISY_SPREAD, NOT_KEPT, NOT_TRIED, NOT_VERIFIED, REJECTED, ApplyOptions, ApplyResult, NearMiss, Region,
     SwapOutcome, SwapSite, SwapVerification,
@@ -112,8 +113,6 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
     from fusion_advisor.devices import load_spec
     from fusion_advisor.analyze.rules import load_rules
 
-    from fusion_advisor.apply.plan import source_digest
-
     options = options or ApplyOptions()
     options.check()
     digest = source_digest(loaded.file) if loaded.file else ""  # the code apply measures, before it takes minutes
@@ -144,8 +143,8 @@ def apply_module(loaded: Any, options: ApplyOptions | None = None, stage: Stage 
         dtype=loaded.dtype, options=options, backward=backward, sites=sites, outcomes=outcomes, near_misses=near,
         analysis=analysis, regions=regions, graph_breaks=list(backend.breaks),
         library_problems=dict(backend.library.problems), versions=versions(), timings_s=timings, loaded=loaded,
+        source_sha256=digest,
     )
-    result.source_sha256 = digest
     result.warnings += [f"graph {g.index}: {g.error}" for g in backend.graphs if g.error]
     result.warnings += [w for w in analysis.warnings if w not in result.warnings]
     if not options.verify:

@@ -612,13 +612,12 @@ def _choose(inp: SearchInputs, outcomes: list[VariantOutcome]) -> SearchResult:
         pick.status = CHOSEN
         return SearchResult(outcomes, pick, f"{pick.spec.name}: correct, not timed (library kernels under the CPU "
                                             f"interpreter); chosen because --keep-unmeasured was given", baseline)
+    eager = next((o for o in outcomes if o.spec.name == EAGER), None)
     if best is None:
-        eager = next((o for o in outcomes if o.spec.name == EAGER), None)
         reason = "no variant could be checked and timed: the plan runs the model as written"
         if eager is not None and eager.status == FAILED:
             reason = f"the model as written failed: {eager.reason}"
         return SearchResult(outcomes, None, reason, baseline)
-    eager = next((o for o in outcomes if o.spec.name == EAGER), None)
     if best_base is None and eager is not None and eager.status == WRONG:
         # the model as written failed its own check: a variant that passes it disagrees with the user's model
         return SearchResult(outcomes, None, f"the model as written did not pass its own check ({eager.reason}): no "

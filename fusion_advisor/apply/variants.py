@@ -95,7 +95,8 @@ class ChannelsLast(nn.Module):
     ``model`` is left as it is (no hook: one made it unpicklable; no layout change: converting it in place changed
     its own outputs' strides). The copy is for inference, as apply measured it: :meth:`unusable` says when a call
     must run ``model`` itself instead (training mode, grad through parameters that require it, parameters of
-    another dtype, device or identity than at the copy's making), and first copies the values of ``model``'s
+    another dtype, device or identity than at the copy's making; each reason once in :attr:`notes`, as
+    :class:`WholeModelGraph` keeps its own), and first copies the values of ``model``'s
     parameters and buffers into the copy where a parameter changed in place since (``load_state_dict``, an EMA
     update, an optimizer's step: their version counters moved; a copy made once kept the weights of its making).
     """
@@ -113,29 +114,36 @@ class ChannelsLast(nn.Module):
         self.__dict__["_mine"] = list(module.parameters()) + list(module.buffers())
         self.__dict__["_params"] = list(model.parameters())
         self.__dict__["_synced"] = self._versions()
+        self.__dict__["notes"] = []
 
     def _versions(self) -> int:
         return sum(t._version for t in self._params)
 
-    def unusable(self) -> str:
-        """Why a call must run the user's model rather than the copy now, ``""`` when the copy serves it (its
-        values brought up to date first where the model's parameters changed in place)."""
-        if self.source.training:
-            return "the model is in training mode: it ran as written (the channels-last copy is for inference)"
-        if torch.is_grad_enabled() and any(p.requires_grad for p in self._params):
-            return ("grad mode with parameters that require grad: the model ran as written (gradients reach its own "
-                    "parameters, not the channels-last copy's)")
+    def unusable(self) -> bool:
+        """Whether a call must run the user's model rather than the copy now (the reason added to :attr:`notes`);
+        where the copy serves it, its values are brought up to date first where the model's parameters changed in
+        place."""
+        why = ""
         first = next(self.source.parameters(), None)  # a cast or a move reaches every parameter: the first tells
-        if self._params and (first is not self._params[0] or first.dtype != self._mine[0].dtype
-                             or first.device != self._mine[0].device):
-            return ("the model's parameters changed dtype, device or identity since load_plan: it ran as written "
-                    "(load_plan it again)")
+        if self.source.training:
+            why = "the model is in training mode: it ran as written (the channels-last copy is for inference)"
+        elif torch.is_grad_enabled() and any(p.requires_grad for p in self._params):
+            why = ("grad mode with parameters that require grad: the model ran as written (gradients reach its own "
+                   "parameters, not the channels-last copy's)")
+        elif self._params and (first is not self._params[0] or first.dtype != self._mine[0].dtype
+                               or first.device != self._mine[0].device):
+            why = ("the model's parameters changed dtype, device or identity since load_plan: it ran as written "
+                   "(load_plan it again)")
+        if why:
+            if why not in self.notes:
+                self.notes.append(why)
+            return True
         if self._versions() != self._synced:
             with torch.no_grad():
                 for mine, theirs in zip(self._mine, self._theirs, strict=True):
                     mine.copy_(theirs)
             self.__dict__["_synced"] = self._versions()
-        return ""
+        return False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         args = torch.utils._pytree.tree_map(channels_last, args)
@@ -316,11 +324,8 @@ class PlannedModel(nn.Module):
         self.__dict__["_run"] = fn if not (spec.cudnn_benchmark or spec.swaps or spec.channels_last) else self._call
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
-        if self.layout is not None:
-            why = self.layout.unusable()
-            if why:
-                self.__dict__.setdefault("_layout_notes", {})[why] = None
-                return self.model(*args, **kwargs)
+        if self.layout is not None and self.layout.unusable():
+            return self.model(*args, **kwargs)
         if self.spec.cudnn_benchmark:
             out = in_cudnn_thread(self._benchmarked, *args, **kwargs) if self.cudnn_thread else \
                 self._benchmarked(*args, **kwargs)
@@ -375,13 +380,11 @@ class PlannedModel(nn.Module):
         """Graphs that ran unrewritten or without their executor, swaps that could not be rewritten, region
         overrides not found, calls of a whole-model CUDA graph that ran eagerly, calls of a channels-last plan that
         ran the model as written: each with its reason."""
+        out = list(self.layout.notes) if self.layout is not None else []
         if isinstance(self._fn, WholeModelGraph):
-            return list(self._fn.notes)
-        if self.layout is not None:
-            return list(self.__dict__.get("_layout_notes", {}))
+            return out + list(self._fn.notes)
         if self.backend is None:
-            return []
-        out = []
+            return out
         for g in self.backend.graphs:
             if g.error:
                 out.append(f"graph {g.index}: {g.error} (ran unrewritten)")

@@ -363,13 +363,16 @@ class OutputVerdict:
         self.max_abs_diff, self.max_rel_diff = max(self.max_abs_diff, max_abs), max(self.max_rel_diff, max_rel)
 
 
-def _as_tensor(x: Any) -> torch.Tensor | None:
-    """A Python number as a tensor: a float as fp32 (the precision a kernel computes it in), an int as int64."""
+def as_tensor(x: Any) -> torch.Tensor | None:
+    """A Python number as a tensor: a float as fp32 (the precision a kernel computes it in), an int as int64 (one
+    past int64's range as a float64), a tensor as it is; ``None`` for anything else."""
     if isinstance(x, torch.Tensor):
         return x
     if isinstance(x, bool):
         return torch.tensor(x)
     if isinstance(x, int):
+        if not -2 ** 63 <= x < 2 ** 63:  # torch.tensor raises "Overflow when unpacking long"
+            return torch.tensor(float(x), dtype=torch.float64)
         return torch.tensor(x, dtype=torch.int64)
     if isinstance(x, float):
         return torch.tensor(x, dtype=SCALAR_FLOAT_DTYPE)
@@ -455,7 +458,7 @@ def judge_outputs(actual: Any, reference: Any, eager: Any, label: str = "output"
                         f"{lab}: kernel gives {describe(a)}, reference gives {describe(r)}", 0.0 if ok else math.inf,
                         0.0 if ok else math.inf)
             continue
-        ta, tr = _as_tensor(a), _as_tensor(r)
+        ta, tr = as_tensor(a), as_tensor(r)
         if ta is None or tr is None:
             ok = bool(a == r)
             verdict.add(ok, f"{lab}: ok (equal)" if ok else f"{lab}: kernel gives {a!r}, reference gives {r!r}",
@@ -471,7 +474,7 @@ def judge_outputs(actual: Any, reference: Any, eager: Any, label: str = "output"
             ok, mabs, mrel, lines = _compare_exact(ta, tr.to(ta.device), lab)
             verdict.add(ok, lines[0] if ok else "; ".join(lines), mabs, mrel)
             continue
-        te = _as_tensor(eager_by_label.get(lab)) if eager_by_label else None
+        te = as_tensor(eager_by_label.get(lab)) if eager_by_label else None
         if te is not None and (te.shape != ta.shape or te.dtype != ta.dtype):
             te = None
         ca, cr = _real_view(ta), _real_view(tr.to(torch.complex128 if tr.is_complex() else torch.float64))
@@ -499,7 +502,7 @@ def _compare_leaf(a: Any, e: Any, atol: float | None, rtol: float | None,
         if a is None and e is None:
             return True, 0.0, 0.0, [f"{label}: ok (None)"]
         return False, math.inf, math.inf, [f"{label}: kernel gives {describe(a)}, reference gives {describe(e)}"]
-    ta, te = _as_tensor(a), _as_tensor(e)
+    ta, te = as_tensor(a), as_tensor(e)
     if ta is None or te is None:
         if bool(a == e):
             return True, 0.0, 0.0, [f"{label}: ok (equal)"]
