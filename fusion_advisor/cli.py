@@ -41,7 +41,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,  # noqa: B008
                                          help="Print fusion-advisor's version and exit.")) -> None:
-    """Which chains of a PyTorch model to fuse, how, and what it buys."""
+    """The options taken before any command (the app's help text is Typer's ``help``, above)."""
 
 
 # --- shared error handling ---------------------------------------------------------------------------------
