@@ -221,23 +221,31 @@ def test_a_profile_fit_never_takes_a_table_priced_matmul_past_its_floors(gpu):
     assert _op_time_us(gemv, spec) >= matmul_memory_floor_us(gemv, spec) * (1 - 1e-9) > 0
 
 
+def _bmm(batch: int, m: int, k: int, n: int, line: int = 4) -> OpInfo:
+    a = TensorMeta((batch, m, k), "fp32", batch * m * k, 4 * batch * m * k)
+    b = TensorMeta((batch, k, n), "fp32", batch * k * n, 4 * batch * k * n)
+    out = TensorMeta((batch, m, n), "fp32", batch * m * n, 4 * batch * m * n)
+    return OpInfo("g0:bmm", 0, "aten.bmm.default", "matmul", (a, b), (out,), 2 * batch * m * n * k,
+                  a.nbytes + b.nbytes, out.nbytes, "", SourceLoc("m.py", line, "torch.einsum(...)"))
+
+
 def test_a_matmul_far_beyond_the_table_is_named_as_an_extrapolation():
     """A fresh user's einsum('bik,bik->b') ran as a bmm of M = N = 1 over K = 262,144 (the table's largest K:
-    16,382) and read 4.2 ms (16 GB/s) with a reason saying vendor GEMMs run near their ceiling."""
+    16,382) and read 4.2 ms (16 GB/s) with a reason saying vendor GEMMs run near their ceiling. A dot product is now
+    priced as a stream (MatvecModel); two rows and columns over that K still run through the GEMM surface far
+    beyond its table, and are named."""
+    from fusion_advisor.analyze.roofline import op_device_us
     from fusion_advisor.analyze.table_range import beyond_table_note
 
     spec = load_spec("h200")
-    a, b = TensorMeta((32, 1, 262144), "fp32", 32 * 262144, 4 * 32 * 262144), \
-        TensorMeta((32, 262144, 1), "fp32", 32 * 262144, 4 * 32 * 262144)
-    out = TensorMeta((32, 1, 1), "fp32", 32, 128)
-    dot = OpInfo("g0:bmm", 0, "aten.bmm.default", "matmul", (a, b), (out,), 2 * 32 * 262144,
-                 a.nbytes + b.nbytes, out.nbytes, "", SourceLoc("m.py", 4, "torch.einsum(...)"))
-    note = beyond_table_note(dot, spec)
-    assert note.startswith("m.py:4: bmm [1 x 262144] @ [262144 x 1] x 32 fp32 is priced beyond")
+    dot = _bmm(32, 1, 262144, 1)
+    assert beyond_table_note(dot, spec) == ""
+    assert op_device_us(dot, spec) < 2 * (dot.bytes_read + dot.bytes_written) / (spec.memory_bandwidth_gbps * 1e3)
+    pair = _bmm(32, 2, 262144, 2)
+    note = beyond_table_note(pair, spec)
+    assert note.startswith("m.py:4: bmm [2 x 262144] @ [262144 x 2] x 32 fp32 is priced beyond")
     assert "K 262,144 against at most 16,382" in note and "% of its roofline, is an extrapolation" in note
-    from fusion_advisor.analyze.roofline import op_device_us
-
-    assert f"est. {op_device_us(dot, spec):,.1f} us," in note  # the price the chains carry (a fresh user: the
+    assert f"est. {op_device_us(pair, spec):,.1f} us," in note  # the price the chains carry (a fresh user: the
     # warning read 11,184.6 us, the table and the reason 10,141.2, its profile fit applied)
     # beyond the table but priced at its ceiling (the default model's 32000-wide LM head): nothing to doubt
     x, w = TensorMeta((2048, 4096), "bf16", 2048 * 4096, 2 * 2048 * 4096), \
@@ -246,7 +254,7 @@ def test_a_matmul_far_beyond_the_table_is_named_as_an_extrapolation():
     head = OpInfo("g0:mm", 0, "aten.mm.default", "matmul", (x, w), (y,), 2 * 2048 * 4096 * 32000,
                   x.nbytes + w.nbytes, y.nbytes, "", SourceLoc("m.py", 9, "self.lm_head(h)"))
     assert beyond_table_note(head, spec) == ""
-    inside = dataclasses.replace(dot, inputs=(TensorMeta((32, 64, 512), "fp32", 32 * 64 * 512, 4 * 32 * 64 * 512),
+    inside = dataclasses.replace(pair, inputs=(TensorMeta((32, 64, 512), "fp32", 32 * 64 * 512, 4 * 32 * 64 * 512),
                                               TensorMeta((32, 512, 64), "fp32", 32 * 64 * 512, 4 * 32 * 64 * 512)))
     assert beyond_table_note(inside, spec) == ""
 
@@ -853,3 +861,39 @@ def test_a_matmul_below_its_table_is_bounded_by_entries_of_its_own_layout():
     assert table.time_us(*tiny, (), "nn") == pytest.approx(5.4)  # not the nt entry's 2.2
     assert table.time_us(*tiny, (), "nt") == pytest.approx(2.2)
     assert FittedTable(surface, None, rows).time_us(*tiny, ()) == pytest.approx(2.2)  # a conv table: one layout
+
+
+def test_a_matrix_vector_product_is_priced_as_a_stream_fitted_on_the_tables_own():
+    """KernelBench's level-1 2048 x 1,048,576 matrix-vector product ran cuBLAS's dot kernels at 3.11 TB/s on the H100,
+    2,763 us (benchmarks/results/h100/accuracy/matvec/); the GEMM surface's tile-fill terms priced it at 5,148. A
+    matmul whose M or N is 1 is priced as fixed time plus its bytes at a fitted share of the copy bandwidth, fitted
+    on the table's matrix-vector entries; with too few of them, the surface as before."""
+    from fusion_advisor.analyze.roofline import measured_matmul_us, price_source
+    from fusion_advisor.devices.op_rates import (MATVEC_MIN_SAMPLES, MatvecModel, fit_matvec_model, is_matvec,
+                                                 matmul_bytes, matmul_time_us)
+
+    assert is_matvec(2048, 1) and is_matvec(1, 4096) and not is_matvec(2, 2)
+    spec = load_spec("h100")
+    a = TensorMeta((2048, 1048576), "fp32", 2048 * 1048576, 4 * 2048 * 1048576)
+    v = TensorMeta((1048576, 1), "fp32", 1048576, 4 * 1048576)
+    y = TensorMeta((2048, 1), "fp32", 2048, 4 * 2048)
+    gemv = OpInfo("g0:mm", 0, "aten.mm.default", "matmul", (a, v), (y,), 2 * 2048 * 1048576, a.nbytes + v.nbytes,
+                  y.nbytes, "", SourceLoc("m.py", 22, "torch.matmul(A, B)"))
+    assert measured_matmul_us(gemv, spec) == pytest.approx(2763.0, rel=0.3)
+    assert price_source(gemv, spec).startswith("matmul table (matrix-vector stream)")
+    # the fit recovers a stream it is given, and needs MATVEC_MIN_SAMPLES entries
+    truth = MatvecModel(3.0, 0.8)
+    shapes = [(m, 1, k) for m, k in ((256, 512), (1024, 1024), (4096, 2048), (8192, 4096), (512, 8192))] + \
+        [(1, n, k) for n, k in ((128, 256), (2048, 2048), (4096, 8192), (16384, 1024))]
+    table = [MatmulRate("mm", "fp32", m, n, k, 1, 2.0 * m * n * k / (truth.time_us(
+        matmul_bytes(m, n, k, 1, "fp32"), 3000.0) * 1e6)) for m, n, k in shapes]
+    assert fit_matvec_model(table, 3000.0) == truth
+    assert fit_matvec_model(table[:MATVEC_MIN_SAMPLES - 1], 3000.0) is None
+    gemm = [MatmulRate("mm", "fp32", 64 * i, 64 * i, 64 * i, 1, 0.5 * i) for i in range(1, 13)]
+    few = gemm + table[:MATVEC_MIN_SAMPLES - 1]
+    assert matmul_time_us(few, "mm", 4096, 1, 4096, 1, "fp32", "nn", 3000.0) == \
+        matmul_time_us(few, "mm", 4096, 1, 4096, 1, "fp32", "nn")  # no bandwidth given: the surface
+    streamed = matmul_time_us(gemm + table, "mm", 4096, 1, 4096, 1, "fp32", "nn", 3000.0)
+    assert streamed == pytest.approx(truth.time_us(matmul_bytes(4096, 1, 4096, 1, "fp32"), 3000.0))
+    assert matmul_time_us(gemm + table, "mm", 4096, 2, 4096, 1, "fp32", "nn", 3000.0) == \
+        matmul_time_us(gemm + table, "mm", 4096, 2, 4096, 1, "fp32", "nn")  # two columns: a GEMM

@@ -741,7 +741,7 @@ def matmul_features(m: int, n: int, k: int, batch: int, dtype: str) -> tuple[flo
 
 def _matmul_row(r: MatmulRate) -> tuple[float, float, float, float, bool, float]:
     flops = 2.0 * r.batch * r.m * r.n * r.k
-    nbytes = float(r.batch * (r.m * r.k + r.k * r.n + r.m * r.n) * float_itemsize(r.dtype))
+    nbytes = matmul_bytes(r.m, r.n, r.k, r.batch, r.dtype)
     return flops, float(r.n), float(r.k), nbytes, not matmul_aligned(r.n, r.k, r.dtype), flops / (r.tflops * 1e6)
 
 
@@ -765,8 +765,85 @@ def matmul_pool(rates: Sequence[MatmulRate], detail: str, dtype: str) -> list[Ma
     return _pool(rates, detail, dtype)
 
 
+#: Fewest measured matrix-vector products (:func:`is_matvec`), of any class and dtype, before they are priced by
+#: :class:`MatvecModel` rather than by the GEMM surface.
+MATVEC_MIN_SAMPLES = 8
+
+
+def is_matvec(m: int, n: int) -> bool:
+    """Whether a matmul's output has one row or one column (M or N is 1): a matrix-vector product, or a dot product
+    where both are."""
+    return min(m, n) == 1
+
+
+@dataclass(frozen=True)
+class MatvecModel:
+    """Device time of a matrix-vector product: a stream over its operands, ``fixed_us + bytes / (efficiency x copy
+    bandwidth)``.
+
+    cuBLAS runs one as its gemv / dot kernels (the H100 profile of KernelBench's level-1 2048 x 1,048,576 product:
+    ``dot_kernel`` and ``reduce_1Block_kernel``, 2,763 us, 3.1 TB/s of the 3.0 measured for a copy), not as a tiled
+    GEMM, so the GEMM surface's tile-fill terms (:class:`ConvTimeModel`: N = 1 fills 1/(1 + n_half) of a tile, a
+    small M x N does not fill the SMs) priced it at 5,148 us there (this model: 2,938) and 10,141 on the H200, and a
+    batched dot product (M = N = 1, K = 262,144) at 16 GB/s. Over the shipped tables' own matrix-vector entries (49
+    on the H100, 39 on the H200), each left out of the fit that prices it, the median |log2 error| is 0.193 and 0.253
+    (within 30%: 37 and 25 of them), the surface's 0.453 and 0.852 (19 and 10)
+    (benchmarks/results/h100/accuracy/matvec/, ``benchmarks/accuracy/matvec_fit.py``).
+
+    Attributes:
+        fixed_us: time per call (us) beside the stream: the kernels' launch latency and a dot product's second,
+            reducing kernel.
+        efficiency: the share of the spec's copy bandwidth the stream reaches (above 1 where an operand set that fits
+            in L2 stays there).
+    """
+
+    fixed_us: float
+    efficiency: float
+
+    def time_us(self, nbytes: float, bandwidth_gbps: float) -> float:
+        """Device time (us) of a product moving ``nbytes`` bytes on a GPU copying at ``bandwidth_gbps`` GB/s."""
+        return self.fixed_us + nbytes / (self.efficiency * bandwidth_gbps * 1e3)
+
+
+def matmul_bytes(m: int, n: int, k: int, batch: int, dtype: str) -> float:
+    """Bytes a ``[batch, M, K] x [batch, K, N]`` matmul in ``dtype`` reads and writes: both operands and the output,
+    once each."""
+    return float(batch * (m * k + k * n + m * n) * float_itemsize(dtype))
+
+
+def fit_matvec_model(rates: Sequence[MatmulRate], bandwidth_gbps: float) -> MatvecModel | None:
+    """:class:`MatvecModel` through the matrix-vector products among ``rates`` (every class and dtype: the stream
+    is priced in bytes), minimising the mean absolute log error of the time, each entry weighted by its time to
+    :data:`FIT_WEIGHT_POWER` as the GEMM fit weighs them: a grid over ``fixed_us`` in 0.25 us steps to 8 us and
+    ``efficiency`` in 0.01 steps from 0.2 to 1.2 (deterministic). None with fewer than :data:`MATVEC_MIN_SAMPLES` of
+    them or without a bandwidth."""
+    rows = [(matmul_bytes(r.m, r.n, r.k, r.batch, r.dtype), 2.0 * r.batch * r.m * r.n * r.k / (r.tflops * 1e6))
+            for r in rates if is_matvec(r.m, r.n) and r.tflops > 0]
+    if len(rows) < MATVEC_MIN_SAMPLES or bandwidth_gbps <= 0:
+        return None
+    best: tuple[float, float, float] | None = None
+    for i in range(1, 33):
+        fixed = 0.25 * i
+        for j in range(101):
+            eff = 0.2 + 0.01 * j
+            loss = sum(abs(math.log((fixed + b / (eff * bandwidth_gbps * 1e3)) / t)) * t ** FIT_WEIGHT_POWER
+                       for b, t in rows)
+            if best is None or loss < best[0]:
+                best = (loss, fixed, eff)
+    assert best is not None
+    return MatvecModel(best[1], round(best[2], 2))
+
+
+def matvec_model(rates: Sequence[MatmulRate], bandwidth_gbps: float) -> MatvecModel | None:
+    """:func:`fit_matvec_model`, answered once per table and bandwidth."""
+    answers, key = _answers(rates), ("matvec", bandwidth_gbps)
+    if key not in answers:
+        answers[key] = fit_matvec_model(rates, bandwidth_gbps)
+    return answers[key]
+
+
 def matmul_time_us(rates: Sequence[MatmulRate], detail: str, m: int, n: int, k: int, batch: int, dtype: str,
-                   layout: str = "nn") -> float | None:
+                   layout: str = "nn", bandwidth_gbps: float = 0.0) -> float | None:
     """Predicted device time (us) of a ``detail`` (``mm`` / ``bmm``) matmul ``[batch, M, K] x [batch, K, N]`` in
     ``dtype`` with ``B`` in ``layout`` (:data:`MATMUL_LAYOUTS`): the class's :class:`FittedTable` where the spec
     measured :data:`MODEL_MIN_SAMPLES` or more of its class and dtype, its local correction taken from the entries
@@ -782,16 +859,21 @@ def matmul_time_us(rates: Sequence[MatmulRate], detail: str, m: int, n: int, k: 
     on the H200 and 0.404 -> 0.269 on the H100; VGG16's 10 x 25088 x 4096 classifier GEMM priced 146 -> 324 us
     against 304 measured on the H200; the H100 seed-1 test set's chains within 30% 80.7% -> 90.0% (VanillaRNN's
     few-row Linear steps, gemmSN_TN), the H200's 72.9% -> 73.2%, where its steps' host time keeps them over
-    (benchmarks/results/h{100,200}/accuracy/matmul_layouts)."""
+    (benchmarks/results/h{100,200}/accuracy/matmul_layouts).
+
+    A matrix-vector product (:func:`is_matvec`) given the spec's copy ``bandwidth_gbps`` is priced by
+    :class:`MatvecModel` where the table holds :data:`MATVEC_MIN_SAMPLES` of them (any class and dtype)."""
     pool = _pool(rates, detail, dtype)
     if not pool:
         return None
+    if is_matvec(m, n) and (matvec := matvec_model(rates, bandwidth_gbps)) is not None:
+        return matvec.time_us(matmul_bytes(m, n, k, batch, dtype), bandwidth_gbps)
     flops = 2.0 * batch * m * n * k
     if len(pool) < MODEL_MIN_SAMPLES:
         return flops / (_nearest_tflops(pool, matmul_features(m, n, k, batch, dtype), MATMUL_WEIGHTS) * 1e12) * 1e6
     if not any(r.layout == layout for r in pool):
         layout = "nn"
-    nbytes = float(batch * (m * k + k * n + m * n) * float_itemsize(dtype))
+    nbytes = matmul_bytes(m, n, k, batch, dtype)
     return fit_matmul_table(tuple(pool)).time_us(flops, float(n), float(k), nbytes, not matmul_aligned(n, k, dtype),
                                                  matmul_point(m, n, k, batch, layout), layout)
 
