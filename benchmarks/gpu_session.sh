@@ -7,7 +7,9 @@
 #           them: the matmul table has no N=1 point, and nothing measured checks its price; about 120 s);
 #   seed1, seed3  the H200 test sets profiled again with this code (accuracy/reprofile_h200.sh; about 300 s each;
 #           H200 only: their shipped profiles are the H200's);
-#   apply   apply vs eager / torch.compile on five level-2 files (apply/apply_h200.sh; about 250 s).
+#   apply   apply vs eager / torch.compile on five level-2 files (apply/apply_h200.sh; about 250 s);
+#   sample  the same on a seeded draw of 3 level-2 and 3 level-3 files (SEED, default 41: files no earlier apply
+#           run drew; about 450 s).
 # Everything lands in $OUT, a folder or tarball per part.
 #   OUT=... bash benchmarks/gpu_session.sh PART...
 set -u
@@ -38,6 +40,8 @@ for part in "$@"; do
       APPLY_TIMEOUT=150 BUDGET_S=45 timeout 420 bash benchmarks/apply/apply_h200.sh 0 0 0 "" 0 250 \
         .kb/level2/45_Gemm_Sigmoid_LogSumExp.py .kb/level2/35_Conv2d_Subtract_HardSwish_MaxPool_Mish.py \
         .kb/level2/63_Gemm_ReLU_Divide.py .kb/level2/24_Conv3d_Min_Softmax.py .kb/level2/56_Matmul_Sigmoid_Sum.py ;;
+    sample)
+      APPLY_TIMEOUT=150 BUDGET_S=45 RUN=sample timeout 520 bash benchmarks/apply/apply_h200.sh 3 3 "${SEED:-41}" "" 0 400 ;;
     *) echo "unknown part: $part" ;;
   esac
   echo "part $part: $((SECONDS - t0)) s"
