@@ -279,7 +279,7 @@ def test_a_fit_under_the_roofline_never_prices_an_op_past_the_bytes_l2_cannot_ho
 
 
 def test_a_matmul_is_corrected_by_the_entries_of_its_second_operands_layout():
-    from fusion_advisor.analyze.roofline import matmul_layout
+    from fusion_advisor.analyze.matmul_shapes import matmul_layout
 
     x, w_t, bias = _t((8, 1024)), dataclasses.replace(_t((1024, 256)), contiguous=False), _t((256,))
     linear = _op("aten.addmm.default", "matmul", [bias, x, w_t], [_t((8, 256))], flops=2 * 8 * 1024 * 256)

@@ -70,8 +70,9 @@ from fusion_advisor.devices.op_rates import (ConvGeometry, conv_kernels, conv_ti
 from fusion_advisor.devices.reduction_rates import REDUCE_OPS, reduction_time_us
 from fusion_advisor.dtypes import float_itemsize
 from fusion_advisor.analyze.composites import composite_host_launches, encoder_layer_parts
+from fusion_advisor.analyze.matmul_shapes import matmul_problem
 from fusion_advisor.analyze.op_classes import has_bias, launches, op_class_keys, short_target
-from fusion_advisor.analyze.records import Chain, Estimate, OpInfo, TensorMeta
+from fusion_advisor.analyze.records import Chain, Estimate, OpInfo
 from fusion_advisor.analyze.sdpa import math_score_bytes
 
 _TENSOR_CORE_CATEGORIES = frozenset({"matmul", "conv", "attention", "recurrent"})
@@ -278,10 +279,6 @@ def measured_conv_us(op: OpInfo, spec: DeviceSpec, layout: str = "nchw") -> floa
     return t
 
 
-#: aten matmuls priced from the spec's ``matmul_rates``: op name -> (measured class, index of the first operand).
-_MATMUL_OPERANDS = {"mm": ("mm", 0), "addmm": ("mm", 1), "bmm": ("bmm", 0), "baddbmm": ("bmm", 1)}
-
-
 def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     """Eager device time of an ``mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` (or an exported ``linear`` or ``matmul``)
     from the spec's measured ``matmul_rates`` (us): the surface fitted through its class's measurements in the layout
@@ -291,50 +288,6 @@ def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     problem = matmul_problem(op) if spec.matmul_rates else None
     return None if problem is None else matmul_time_us(spec.matmul_rates, *problem,
                                                        bandwidth_gbps=spec.memory_bandwidth_gbps)
-
-
-def matmul_problem(op: OpInfo) -> tuple[str, int, int, int, int, str, str] | None:
-    """The GEMM a matmul op runs as, in :func:`fusion_advisor.devices.op_rates.matmul_time_us`'s arguments:
-    ``(detail, M, N, K, batch, dtype, layout)`` (``detail`` ``mm`` or ``bmm``); None for another op or shapes it
-    cannot read."""
-    if op.category != "matmul":
-        return None
-    if short_target(op.target) == "linear" and len(op.inputs) >= 2 and len(op.inputs[1].shape) == 2:
-        # aten.linear (kept whole by an export): x [..., K] times weight [N, K] transposed, one mm of numel(x) / K rows
-        x, (n, k) = op.inputs[0], op.inputs[1].shape
-        if k <= 0 or n <= 0 or not x.shape or x.shape[-1] != k or x.numel < k:
-            return None
-        return "mm", x.numel // k, n, k, 1, op.dtype, "nt"
-    if short_target(op.target) == "matmul" and len(op.inputs) >= 2:
-        # aten.matmul (kept whole by an export): [..., M, K] @ [K, N] as one mm of numel / K rows, or batched
-        # [..., M, K] @ [..., K, N] of equal batch dims as one bmm, as torch.matmul runs them
-        a, b = op.inputs[0].shape, op.inputs[1].shape
-        if len(a) < 2 or len(b) < 2 or a[-1] != b[-2] or min(*a, *b) <= 0:
-            return None
-        layout = matmul_layout(op.inputs[1])
-        if len(b) == 2:
-            return "mm", math.prod(a[:-1]), b[-1], a[-1], 1, op.dtype, layout
-        if tuple(a[:-2]) != tuple(b[:-2]):
-            return None
-        return "bmm", a[-2], b[-1], a[-1], math.prod(a[:-2]), op.dtype, layout
-    how = _MATMUL_OPERANDS.get(short_target(op.target))
-    if how is None or len(op.inputs) < how[1] + 2:
-        return None
-    a, b = op.inputs[how[1]].shape, op.inputs[how[1] + 1].shape
-    if len(a) != len(b) or len(a) not in (2, 3) or a[-1] != b[-2]:
-        return None
-    batch = a[0] if len(a) == 3 else 1
-    m, k, n = a[-2], a[-1], b[-1]
-    if min(batch, m, n, k) <= 0:
-        return None
-    return how[0], m, n, k, batch, op.dtype, matmul_layout(op.inputs[how[1] + 1])
-
-
-def matmul_layout(b: TensorMeta) -> str:
-    """The layout (:data:`fusion_advisor.devices.op_rates.MATMUL_LAYOUTS`) of a matmul's second operand ``b``
-    (``[..., K, N]``): ``nt`` where it is not contiguous (nn.Linear's ``weight.t()``, attention's
-    ``k.transpose(-2, -1)``), else ``nn``."""
-    return "nn" if b.contiguous else "nt"
 
 
 def _middle_dims(op: OpInfo) -> tuple[int, int, int] | None:

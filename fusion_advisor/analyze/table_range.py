@@ -8,7 +8,8 @@ should say the price is an extrapolation.
 from __future__ import annotations
 
 from fusion_advisor.analyze.records import OpInfo
-from fusion_advisor.analyze.roofline import matmul_problem, op_device_us, roofline_op_us
+from fusion_advisor.analyze.matmul_shapes import matmul_problem
+from fusion_advisor.analyze.roofline import op_device_us, roofline_op_us
 from fusion_advisor.devices import DeviceSpec
 from fusion_advisor.devices.op_rates import matmul_pool
 
