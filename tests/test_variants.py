@@ -1263,3 +1263,36 @@ def test_nothing_is_chosen_when_the_model_as_written_fails_its_own_check():
     found = search_mod._choose(search_mod.SearchInputs(harness=None, kernels={}, analysis=None, regions=[], swaps=[]),
                                [eager, comp, other])
     assert found.chosen is None and "the model as written did not pass its own check" in found.reason
+
+
+def test_the_note_that_values_go_unchecked_names_only_a_model_with_nothing_to_compare(tmp_path):
+    """A fresh user's model of integer ops was told "variants are checked for running, not for values" while its
+    plan's check compared its int64 output exactly; a model that returns nothing but clamps its input in place was
+    told the same while its input after the call was compared."""
+    unchecked = "checked for running, not for values"
+    _, ints = _harness(tmp_path, "ints.py", """
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return (x * 10).long().cumsum(-1)
+        def get_inputs():
+            return [torch.rand(4, 8)]
+    """)
+    _, inplace = _harness(tmp_path, "inplace.py", """
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                x.clamp_(0.2, 0.8)
+        def get_inputs():
+            return [torch.rand(4, 8)]
+    """)
+    _, nothing = _harness(tmp_path, "nothing.py", """
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return None
+        def get_inputs():
+            return [torch.rand(4, 8)]
+    """)
+    assert not any(unchecked in n for n in ints.notes() + inplace.notes())
+    assert any(unchecked in n for n in nothing.notes()), nothing.notes()

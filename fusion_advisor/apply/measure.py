@@ -230,9 +230,9 @@ class ModelHarness:
         return _Run(tensors, mutated, structure)
 
     def notes(self) -> list[str]:
-        """What the model as written does that limits its check: it changes an input or a buffer in place, returns
-        no floating-point tensor, or returns only NaN / inf on its example inputs (each one line, for the
-        report)."""
+        """What the model as written does that limits its check: it changes an input or a buffer in place, leaves
+        nothing to compare (no tensor or number returned, no input changed), or returns only NaN / inf floats on
+        its example inputs (each one line, for the report)."""
         out = list(self.memory_notes)
         example = self.eager().get("example")
         mutated = self.mutated_inputs()
@@ -246,10 +246,10 @@ class ModelHarness:
                        f"before it; keep the state out of forward (or reset it) for apply to check the variants")
         if example is not None:
             floats = [t for label, t in example.tensors if label.startswith("output") and t.is_floating_point()]
-            if not floats:
-                out.append("the model returns no floating-point tensor: variants are checked for running, not for "
-                           "values")
-            elif all(not torch.isfinite(t).any() for t in floats):
+            if not example.tensors:
+                out.append("the model returns no tensor or number and changes no input: variants are checked for "
+                           "running, not for values")
+            elif floats and all(not torch.isfinite(t).any() for t in floats):
                 out.append("every output of the model as written is NaN or inf on its example inputs: the check "
                            "cannot tell a right variant from a wrong one")
         return out
