@@ -304,17 +304,21 @@ def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None)
     out_dir = Path(paths["html"]).parent
     plan, _ = read_plan(out_dir)
     if plan is None:
-        command = apply_command(analysis, out_dir)
-        out.print("next: " + _escape(command), highlight=False)
         import torch
 
         # apply without --gpu prices what it measures on this machine: a CPU's, with the 'cpu' spec; with --gpu it
-        # routes by that GPU's spec, and still times this machine
-        if (analysis.device_spec or {}).get("kind", "gpu") != "cpu" and not torch.cuda.is_available():
+        # routes by that GPU's spec, and still times this machine. Its report would replace this GPU analysis in
+        # the folder (a fresh user lost the H200 routes they had just read): a folder of its own
+        elsewhere = (analysis.device_spec or {}).get("kind", "gpu") != "cpu" and not torch.cuda.is_available()
+        own = out_dir if out_dir.name else out_dir.resolve()  # "." has no name to extend
+        command = apply_command(analysis, own.with_name(own.name + "-cpu") if elsewhere else out_dir)
+        out.print("next: " + _escape(command), highlight=False, soft_wrap=True)  # a command to copy: unwrapped
+        if elsewhere:
             how = ("routes it with the 'cpu' spec: its routes and times are this CPU's"
                    if "--gpu" not in command.split() else "times it there: its times are this CPU's")
             out.print(f"  (on this machine, without a GPU, apply runs the model on the CPU and {how}, not the GPU's "
-                      "above)", highlight=False)
+                      f"above; it writes to a folder of its own, as in {out_dir} its report would replace this one)",
+                      highlight=False)
     else:
         for note in plan_mismatches(plan, analysis, spec=False):
             out.print(f"[yellow]warning:[/] the report joins {out_dir}/plan.yaml: {_escape(note)}; run apply again "

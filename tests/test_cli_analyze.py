@@ -54,6 +54,11 @@ def test_the_next_command_says_apply_runs_on_the_cpu_where_there_is_no_gpu(tmp_p
         assert "next: fusion-advisor apply" in r.output
         assert ("apply runs the model on the CPU and routes it with the 'cpu' spec" in " ".join(r.output.split())) \
             is says
+        # apply on the CPU writes elsewhere: in the analysis' folder its report would replace the GPU one (a fresh
+        # user ran the suggested command and lost the H200 routes they had just read)
+        out = tmp_path / spec
+        nexts = [line for line in r.output.splitlines() if line.startswith("next: ")]  # one line, to copy
+        assert len(nexts) == 1 and nexts[0].endswith(f"--out {out}-cpu" if spec != "cpu" else f"--out {out}"), nexts
 
 
 def test_a_second_analysis_into_a_folder_says_it_replaced_the_first(tmp_path):
