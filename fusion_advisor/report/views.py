@@ -61,8 +61,8 @@ GROUP_BY = ("graph_index", "kind", "pattern", "route", "kernel", "bound", "rule_
             "eager_kernels", "est_eager_us", "est_after_route_us", "eager_bytes", "fused_bytes", "flops")
 
 #: Columns summed over a group's members (the group row shows the total).
-GROUP_SUMS = ("est_eager_us", "est_fused_us", "est_saving_us", "est_after_route_us", "eager_bytes", "fused_bytes",
-              "bytes_saved", "flops", "measured_us", "eager_kernels", "n_ops")
+GROUP_SUMS = ("est_eager_us", "est_fused_us", "est_saving_us", "est_after_route_us", "est_route_saving_us",
+              "eager_bytes", "fused_bytes", "bytes_saved", "flops", "measured_us", "eager_kernels", "n_ops")
 
 
 def chain_groups(frame: pd.DataFrame) -> list[dict[str, Any]]:

@@ -526,16 +526,12 @@ def _fmt_pct(value: Any) -> str:
     return f"{100.0 * value:.1f}%" if is_num(value) else "–"
 
 
-def _sorted_for_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Chains by estimated saving (descending), then estimated eager time (descending); missing estimates last."""
-    order = frame.assign(_s=frame["est_saving_us"].fillna(-math.inf), _e=frame["est_eager_us"].fillna(-math.inf))
-    return order.sort_values(["_s", "_e"], ascending=[False, False], kind="stable").drop(columns=["_s", "_e"])
-
-
 def _sorted_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Groups by total estimated saving of fusing, then total estimated eager time (descending, missing last)."""
+    """Groups by the total estimated saving of their route (``est_route_saving_us``, as the terminal's top chains and
+    the largest opportunities rank them), then total estimated eager time (descending, missing last). Ranked by the
+    saving of fusing, a 3xTF32 GEMM saving 159 us sat below a 21 us chain with "0.0" beside it (a fresh user)."""
     def key(g: dict[str, Any]) -> tuple[float, float]:
-        s, e = g["totals"]["est_saving_us"], g["totals"]["est_eager_us"]
+        s, e = g["totals"]["est_route_saving_us"], g["totals"]["est_eager_us"]
         return (-(s if is_num(s) else -math.inf), -(e if is_num(e) else -math.inf))
 
     return sorted(groups, key=key)
