@@ -213,7 +213,8 @@ class DeviceSpec:
         route_efficiency: optional, measured share of the fused roofline (fused bytes at copy bandwidth) a route's
             code reaches, by route (``torch.compile``, ``triton``) and chain pattern (``rmsnorm``; ``default``
             for any other pattern): ``{"torch.compile": {"softmax": 0.43, ...}}``. A route without an entry is
-            priced at the roofline (1.0), as before these were measured.
+            priced at the roofline (1.0), as before these were measured; a ``triton`` pattern without one, at
+            ``torch.compile``'s share where the table has entries (:meth:`efficiency`).
         conv_rates: optional, measured convolutions (:class:`fusion_advisor.devices.op_rates.ConvRate`: class,
             dtype, geometry, achieved TFLOP/s, bytes; ``calibrate``): a convolution's eager time is the roofline
             fitted through the measured convolutions of the same class, dtype and layout, locally corrected where
@@ -334,9 +335,21 @@ class DeviceSpec:
 
     def efficiency(self, route: str, pattern: str) -> float:
         """Share of the fused roofline ``route``'s code reaches on a chain of ``pattern`` (:attr:`route_efficiency`:
-        the pattern's entry, else the route's ``default``, else 1.0)."""
+        the pattern's entry, else the route's ``default``, else 1.0). A ``triton`` route whose table measured
+        neither the pattern nor a default takes ``torch.compile``'s share (:meth:`measured_efficiency` tells it
+        apart): a library kernel claims no edge over Inductor its spec did not measure (the shipped H200 priced the
+        unmeasured linear cross-entropy forward at the roofline, ahead of torch.compile, while its one measurement,
+        forward and backward, ran 0.94-0.97x torch.compile's; a fresh user)."""
+        if route == "triton" and not self.measured_efficiency(route, pattern) and self.route_efficiency:
+            return self.efficiency("torch.compile", pattern)
         table = self.route_efficiency.get(route) or {}
         return float(table.get(pattern, table.get("default", 1.0)))
+
+    def measured_efficiency(self, route: str, pattern: str) -> bool:
+        """Whether :attr:`route_efficiency` holds a share for ``route`` on ``pattern`` (its own entry or the route's
+        ``default``)."""
+        table = self.route_efficiency.get(route) or {}
+        return pattern in table or "default" in table
 
     def attention_peak_tflops(self, backend: str, dtype: str, seq: int, head_dim: int,
                               causal: bool = False, masked: bool = False) -> tuple[float, str]:
