@@ -367,15 +367,15 @@ def test_the_predicted_line_names_a_whole_model_route_that_beats_the_chain_route
     # a model of lone launch-bound kernels: every chain skipped (1.00x), one CUDA graph over the model 6x
     routes = {"eager": 176.0, "torch.compile": 176.0, "reduce-overhead": 29.0, "best": "reduce-overhead"}
     said = views.whole_model_note(routes, 176.0)
-    assert said == "; the whole model with CUDA graphs (reduce-overhead): 6.07x vs eager"
+    assert said == "; faster still, the whole model with CUDA graphs (reduce-overhead): 6.07x vs eager"
     assert views.whole_model_note(routes, 29.5) == ""  # the chain routes get there already (within the margin)
     assert views.whole_model_note({**routes, "best": "eager"}, 176.0) == ""
     nan = {"eager": 10.0, "torch.compile": 9.0, "reduce-overhead": float("nan"), "best": "torch.compile"}
-    assert views.whole_model_note(nan, 10.0) == "; torch.compile(model): 1.11x vs eager"
+    assert views.whole_model_note(nan, 10.0) == "; faster still, torch.compile(model): 1.11x vs eager"
     # a capture with graph breaks: the whole-model predictions do not price them, and say so (a fresh user's model
     # with a branch on a mean and a nonzero read 6.68x under reduce-overhead without a word on them)
     assert views.whole_model_note({**routes, "breaks": 2}, 176.0) == (
-        "; the whole model with CUDA graphs (reduce-overhead): 6.07x vs eager (not pricing its 2 graph break(s): each "
+        "; faster still, the whole model with CUDA graphs (reduce-overhead): 6.07x vs eager (not pricing its 2 graph break(s): each "
         "a graph call of its own, one on a tensor's value a wait for the GPU)")
 
 
