@@ -1,5 +1,6 @@
 """Capture keeps attention opaque: SDPA and nn.MultiheadAttention stay one attention op with their projections."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -394,3 +395,27 @@ def test_a_capture_failure_names_its_cause_even_past_the_cut():
     assert failure_text(long).endswith("(caused by AssertionError('Please convert all Tensors to FakeTensors first') "
                                        "Hint: ...)")
     assert failure_text(RuntimeError("short: got ValueError('x')")) == "RuntimeError: short: got ValueError('x')"
+
+
+def test_a_forward_dynamo_skips_names_the_break_and_the_loop(tmp_path):
+    """A fresh user's recurrence with `if h.abs().max() > 100:` inside its loop: dynamo skips the whole frame (a
+    graph break in a loop), captured nothing, and the error said only "no method could capture the model"."""
+    from fusion_advisor.analyze.capture import CaptureError, _capture_dynamo, skipped_frame_reason
+    from fusion_advisor.analyze.load import load_model
+
+    path = tmp_path / "loop.py"
+    path.write_text("import torch\n\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                    "        self.cell = torch.nn.Linear(8, 8)\n\n    def forward(self, x):\n"
+                    "        for _ in range(3):\n            x = torch.tanh(self.cell(x))\n"
+                    "            if x.abs().max() > 100:\n                x = x / 100\n        return x\n\n"
+                    "def get_inputs():\n    return [torch.randn(4, 8)]\n\ndef get_init_inputs():\n    return []\n")
+    loaded = load_model(path, device="cpu")
+    with pytest.raises(CaptureError) as info:
+        _capture_dynamo(loaded.module, loaded.inputs)
+    said = str(info.value)
+    assert f"{path}:11: Data-dependent branching inside a loop" in said, said
+    assert "torch.compile(model) runs it eagerly" in said
+    assert skipped_frame_reason([]) == ""
+    # a break outside any loop: named, with no loop clause
+    assert skipped_frame_reason(['Unsupported call\n  # File "m.py", line 4, in forward']) == \
+        "m.py:4: Unsupported call"

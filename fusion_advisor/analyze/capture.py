@@ -352,14 +352,35 @@ def _capture_dynamo(model: torch.nn.Module, inputs: tuple[Any, ...], recurrent: 
         graphs.append(gm)
         return gm.forward
 
+    from torch._dynamo.utils import counters
+
     backend = DynamoBackend(aten_hook(collect))
     compiled = backend.compile(model, recurrent=recurrent)
+    seen = dict(counters["unimplemented"])  # message -> count: a retry (meta, then cpu) repeats the messages
     with torch.no_grad():
         compiled(*inputs)
     torch._dynamo.reset()
     if not graphs:
-        raise CaptureError("dynamo captured no graph (the whole forward ran eagerly)")
+        why = skipped_frame_reason([m for m, n in counters["unimplemented"].items() if n > seen.get(m, 0)])
+        raise CaptureError("dynamo captured no graph (the whole forward ran eagerly)" + (f": {why}" if why else ""))
     return Capture(graphs=graphs, method="dynamo", breaks=backend.breaks)
+
+
+def skipped_frame_reason(messages: list[str]) -> str:
+    """Why dynamo ran a whole forward eagerly, from its ``counters["unimplemented"]`` messages of the run: the first
+    break's user line and title (``"m.py:16: Data-dependent branching"``), and, where dynamo skipped the frame for a
+    break inside a loop, that ``torch.compile(model)`` runs the whole forward eagerly; ``""`` without a message. A
+    fresh user's loop with a data-dependent ``if`` read only "no method could capture the model"."""
+    messages = [m.strip() for m in messages if m.strip()]
+    if not messages:
+        return ""
+    first = messages[0]
+    where = re.search(r'File "([^"]+)", line (\d+)', first)
+    said = (f"{where.group(1)}:{where.group(2)}: " if where else "") + first.splitlines()[0].strip()
+    if any("graph break in loop" in m or "frame skipped" in m for m in messages):
+        said += (" inside a loop: dynamo skips the whole forward there (a graph break in a loop is not supported), "
+                 "so torch.compile(model) runs it eagerly")
+    return said
 
 
 def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Capture:
