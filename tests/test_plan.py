@@ -309,6 +309,8 @@ def test_a_swap_not_applied_says_why(planned, monkeypatch):
         patched(*inputs)
     assert patched.missing_swaps()
     assert any("cannot take this site: tensors on cpu" in p for p in patched.problems()), patched.problems()
+    # and not, beside it, that the model has no such site (a fresh user read both for the same site)
+    assert not any("found no site of that key" in p for p in patched.problems()), patched.problems()
 
 
 KEYWORD_MODEL = MODEL.replace('''def get_inputs():
