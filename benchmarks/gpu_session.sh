@@ -8,6 +8,8 @@
 #   seed1, seed3  the H200 test sets profiled again with this code (accuracy/reprofile_h200.sh; about 300 s each;
 #           H200 only: their shipped profiles are the H200's);
 #   apply   apply vs eager / torch.compile on five level-2 files (apply/apply_h200.sh; about 250 s);
+#   callprobe  host time per call of eager, torch.compile and reduce-overhead on tiny models, in dispatch-probe
+#           units (host/compiled_call_probe.py; about 60 s);
 #   sample  the same on a seeded draw of 3 level-2 and 3 level-3 files (SEED, default 41: files no earlier apply
 #           run drew; about 450 s).
 # Everything lands in $OUT, a folder or tarball per part.
@@ -40,6 +42,8 @@ for part in "$@"; do
       APPLY_TIMEOUT=150 BUDGET_S=45 timeout 420 bash benchmarks/apply/apply_h200.sh 0 0 0 "" 0 250 \
         .kb/level2/45_Gemm_Sigmoid_LogSumExp.py .kb/level2/35_Conv2d_Subtract_HardSwish_MaxPool_Mish.py \
         .kb/level2/63_Gemm_ReLU_Divide.py .kb/level2/24_Conv3d_Min_Softmax.py .kb/level2/56_Matmul_Sigmoid_Sum.py ;;
+    callprobe)
+      timeout 150 python benchmarks/host/compiled_call_probe.py --out "$OUT/callprobe_$SPEC" ;;
     sample)
       APPLY_TIMEOUT=150 BUDGET_S=45 RUN=sample timeout 520 bash benchmarks/apply/apply_h200.sh 3 3 "${SEED:-41}" "" 0 400 ;;
     *) echo "unknown part: $part" ;;
