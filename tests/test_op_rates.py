@@ -897,3 +897,18 @@ def test_a_matrix_vector_product_is_priced_as_a_stream_fitted_on_the_tables_own(
     assert streamed == pytest.approx(truth.time_us(matmul_bytes(4096, 1, 4096, 1, "fp32"), 3000.0))
     assert matmul_time_us(gemm + table, "mm", 4096, 2, 4096, 1, "fp32", "nn", 3000.0) == \
         matmul_time_us(gemm + table, "mm", 4096, 2, 4096, 1, "fp32", "nn")  # two columns: a GEMM
+
+
+def test_a_convolution_is_transposed_or_not_by_its_channels_before_its_sizes():
+    """By the spatial sizes alone a padded 1x1 convolution from 64 to 128 channels (a larger output) read as a
+    grouped transposed one and was priced at 860 us against a 12 us roofline, and a stride-1 transposed convolution
+    from 128 to 64 channels as a grouped convolution (a reviewer). The weight's layout tells them apart; where it
+    cannot (as many channels out as in), the sizes still do."""
+    padded = ConvGeometry.from_shapes((8, 64, 56, 56), (128, 64, 1, 1), (8, 128, 58, 58))
+    assert padded.detail == "conv2d" and (padded.c_in_per_group, padded.c_out_per_group) == (64, 128)
+    same_size = ConvGeometry.from_shapes((8, 128, 56, 56), (128, 64, 3, 3), (8, 64, 56, 56))
+    assert same_size.detail == "conv2d_transpose" and (same_size.c_in_per_group, same_size.c_out_per_group) == (128, 64)
+    assert ConvGeometry.from_shapes((8, 64, 28, 28), (64, 32, 4, 4), (8, 32, 56, 56)).detail == "conv2d_transpose"
+    assert ConvGeometry.from_shapes((8, 64, 28, 28), (64, 64, 4, 4), (8, 64, 56, 56)).detail == "conv2d_transpose"
+    assert ConvGeometry.from_shapes((8, 64, 56, 56), (64, 1, 3, 3), (8, 64, 56, 56)).detail == "conv2d_depthwise"
+    assert ConvGeometry.from_shapes((8, 64, 56, 56), (32, 16, 3, 3), (8, 32, 54, 54)).detail == "conv2d_grouped"

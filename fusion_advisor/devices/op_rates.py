@@ -115,13 +115,22 @@ class ConvGeometry:
     @classmethod
     def from_shapes(cls, x: Sequence[int], w: Sequence[int], y: Sequence[int]) -> "ConvGeometry | None":
         """The geometry of a convolution with input ``x``, weight ``w`` and output ``y`` shapes; None when the
-        shapes are not those of one (ranks differ, fewer than 3 dims, empty)."""
+        shapes are not those of one (ranks differ, fewer than 3 dims, empty).
+
+        Transposed or not by the channels, where they tell: a convolution's weight is ``[C_out, C_in / groups,
+        ...]`` (``y[1] == w[0]``), a transposed one's ``[C_in, C_out / groups, ...]`` (``x[1] == w[0]``); where
+        both or neither read so (as many channels out as in), by the spatial sizes (a larger output is a transposed
+        convolution's). By the sizes alone a padded 1x1 convolution from 64 to 128 channels read as a grouped
+        transposed one and was priced 70x its roofline, and a stride-1 transposed convolution as a grouped one (a
+        reviewer)."""
         if len(x) < 3 or len(w) != len(x) or len(y) != len(x) or min(list(x) + list(w) + list(y)) <= 0:
             return None
         from torch.utils.flop_counter import conv_flop_count
 
         in_sp, out_sp = _prod(x[2:]), _prod(y[2:])
-        transposed = out_sp > in_sp
+        forward = int(y[1]) == int(w[0]) and int(x[1]) % int(w[1]) == 0
+        backward = int(x[1]) == int(w[0]) and int(y[1]) % int(w[1]) == 0
+        transposed = backward if forward != backward else out_sp > in_sp
         d = len(x) - 2
         if transposed:  # weight [C_in, C_out / groups, *k]
             groups = max(int(y[1]) // max(int(w[1]), 1), 1)
