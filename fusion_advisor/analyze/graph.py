@@ -350,7 +350,10 @@ def _reduction_geometry(node: torch.fx.Node, name: str, category: str,
     if category == "normalization" or name in ("nll_loss_forward", "nll_loss2d_forward"):
         return shape[-1], True
     out_numel = outputs[0].numel if outputs else 1
-    dims = node.args[1] if len(node.args) > 1 else None
+    # linalg_vector_norm(x, ord, dim) and norm(x, p, dim): the dims come third (their second argument, the order,
+    # read as dims priced NetVLAD's norm over dim 1 as a last-dim one, 85 us against 44 measured; a reviewer)
+    at = 2 if name in ("linalg_vector_norm", "norm") else 1
+    dims = node.args[at] if len(node.args) > at else node.kwargs.get("dim")
     dims = [dims] if isinstance(dims, int) else list(dims) if isinstance(dims, (list, tuple)) else []
     last = not dims or (len(shape) - 1) in [d % len(shape) for d in dims]
     return inputs[0].numel // max(out_numel, 1), last
