@@ -254,3 +254,27 @@ def test_the_first_calls_one_time_costs_do_not_spend_the_budget():
 
     rates, skipped = measure_reduction_rates("cpu", plan, timer, 0.2, {"fp32": torch.float32})
     assert len(rates) == 5 and not skipped
+
+
+def test_an_argmax_is_priced_at_the_dtype_it_reads():
+    """An argmax's int64 output keyed the reduction table, whose fp32 entries then priced a bf16 argmax at twice a
+    bf16 amax over the same rows (a reviewer)."""
+    from fusion_advisor.analyze.roofline import measured_reduction_us
+    from fusion_advisor.devices import load_spec
+
+    class Argmax(nn.Module):
+        def forward(self, x):
+            return x.argmax(-1)
+
+    class Amax(nn.Module):
+        def forward(self, x):
+            return x.amax(-1)
+
+    spec = load_spec("h200")
+    x = torch.randn(512, 4096, dtype=torch.bfloat16)
+    (argmax,) = [o for o in _ops(Argmax(), x) if not o.is_view]
+    (amax,) = [o for o in _ops(Amax(), x) if not o.is_view]
+    (argmax32,) = [o for o in _ops(Argmax(), x.float()) if not o.is_view]
+    assert argmax.dtype == "int64" and argmax.inputs[0].dtype == "bf16"
+    assert measured_reduction_us(argmax, spec) == pytest.approx(measured_reduction_us(amax, spec), rel=0.25)
+    assert measured_reduction_us(argmax, spec) < measured_reduction_us(argmax32, spec)

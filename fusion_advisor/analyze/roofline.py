@@ -351,7 +351,10 @@ def measured_reduction_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     geometry = reduction_geometry(op)
     if geometry is None:
         return None
-    return reduction_time_us(spec.reduction_rates, geometry[0], geometry[1], op.dtype, spec.memory_bandwidth_gbps,
+    # the table is keyed by the dtype read (an argmax's int64 output fell to the fp32 entries: a bf16 argmax priced
+    # at twice a bf16 amax; a reviewer)
+    dtype = op.inputs[0].dtype if op.inputs and op.inputs[0].dtype else op.dtype
+    return reduction_time_us(spec.reduction_rates, geometry[0], geometry[1], dtype, spec.memory_bandwidth_gbps,
                              spec.kernel_busy_overhead_us or spec.elementwise_overhead_us)
 
 
