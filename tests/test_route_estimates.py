@@ -202,3 +202,19 @@ def test_the_fp32_gemm_kernels_route_never_predicts_more_than_its_best_measured_
         est = estimate(chain, {op.id: op}, spec)
         assert est.eager_us / est.triton_us <= LIBRARY_GEMM_BEST_SPEEDUP * (1 + 1e-9), (b, m, n, k)
     assert est.eager_us / est.triton_us > 1.3  # a large fp32 GEMM: the kernel's measured gain stands
+
+
+def test_a_fused_kernels_launch_floor_is_priced_at_the_host_scale_of_the_eager_launches_it_replaces(tmp_path):
+    """The fused kernel's floor was the bare launch overhead while each eager op paid it times the spec's in-model
+    host_time_scale: two tiny ops read 27.4 -> 12.0 us, a saving beyond one in-model launch (a reviewer)."""
+    path = tmp_path / "tiny.py"
+    path.write_text("import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+                    "        return torch.relu(x * 2.0)\n\ndef get_inputs():\n    return [torch.randn(64)]\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    a = analyze(path)
+    h200 = load_spec("h200")
+    assert h200.host_time_scale > 1.0
+    (chain,) = [c for c in a.chains if c.kind == "fusible"]
+    est = a.estimates[chain.id]
+    one_launch = h200.launch_overhead_us * h200.host_time_scale
+    assert est.compile_us == pytest.approx(one_launch) and est.eager_us == pytest.approx(2 * one_launch, rel=0.05)

@@ -625,7 +625,7 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     memory_eager_us = chain.eager_bytes / bw * 1e6
     memory_fused_us = chain.fused_bytes / bw * 1e6
     launch_eager_us = sum(op_host_us(ops[i], spec) for i in chain.op_ids if not ops[i].is_view and launches(ops[i]))
-    launch = spec.launch_overhead_us
+    launch = spec.launch_overhead_us * spec.host_time_scale  # a fused kernel's launch, at the host scale eager's pay
     # an op on empty tensors launches no kernel (PyTorch returns before launching one)
     # an op launching n kernels (SDPA's math backend, or any backend converting a boolean mask) costs at least n
     # launches
