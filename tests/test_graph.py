@@ -266,3 +266,17 @@ def test_a_vector_norm_reduces_the_dims_it_names_not_its_order(tmp_path):
     a = analyze(path)
     norms = [o for o in a.ops if o.target.startswith("aten.linalg_vector_norm")]
     assert [(o.reduction_elems, o.reduces_last_dim) for o in norms] == [(512, False), (32, True)], norms
+
+
+def test_matrix_vector_and_dot_products_count_their_flops(tmp_path):
+    """mv, dot and addmv are not in torch's flop_registry: they counted 0 FLOPs, an arithmetic intensity of 0 and
+    no compute term (a reviewer)."""
+    from fusion_advisor.analyze.pipeline import analyze
+
+    path = tmp_path / "mv.py"
+    path.write_text("import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, a, v, b):\n"
+                    "        return torch.mv(a, v), torch.dot(v, v), torch.addmv(b, a, v)\n\n"
+                    "def get_inputs():\n    return [torch.randn(256, 512), torch.randn(512), torch.randn(256)]\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    flops = {o.target.split(".")[1]: o.flops for o in analyze(path, device="cpu").ops if o.category == "matmul"}
+    assert flops == {"mv": 2 * 256 * 512, "dot": 2 * 512, "addmv": 2 * 256 * 512}, flops

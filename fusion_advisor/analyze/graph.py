@@ -210,6 +210,12 @@ def _matmul_like_flops(target: Any, node: torch.fx.Node, out: Any) -> int:
         if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and isinstance(out, torch.Tensor):
             return int(conv_flop_count(list(x.shape), list(w.shape), list(out.shape), transposed=_WHOLE_CONVS[name]))
         return 0
+    if name in ("mv", "dot", "vdot", "addmv", "_int_mm"):  # not in torch's flop_registry (a reviewer: 0 FLOPs)
+        # mv [M, K] @ [K], dot [K] . [K], addmv(bias, [M, K], [K]), _int_mm [M, K] @ [K, N]: 2 per multiply-add
+        a = meta_value(node.args[1 if name == "addmv" else 0])
+        if isinstance(a, torch.Tensor) and isinstance(out, torch.Tensor) and a.dim() >= 1:
+            return 2 * max(out.numel(), 1) * a.shape[-1]
+        return 0
     if name == "matmul":  # an exported torch.matmul: [..., M, K] @ [..., K, N], 2 FLOPs per multiply-add
         a = meta_value(node.args[0])
         if isinstance(a, torch.Tensor) and isinstance(out, torch.Tensor) and a.dim() >= 1:
