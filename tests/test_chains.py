@@ -329,3 +329,26 @@ def test_a_boolean_mask_index_and_complex_ops_fuse_with_nothing():
     og = build_op_graph(capture(LoadedModel("m", "<test>", "test", MaskAndComplex(), inputs, "cpu", "")))
     complex_mul = [o for o in og.ops if o.name == "mul" and o.dtype == "c64"]
     assert complex_mul and all(o.category == "other" for o in complex_mul)
+
+
+class ChunkedGate(nn.Module):
+    def forward(self, h):
+        g, u = h.chunk(2, -1)
+        return F.silu(g) * u
+
+
+class Halves(nn.Module):
+    def forward(self, h):
+        return (h[:, :64] + h[:, 64:]) * 2
+
+
+def test_a_fused_chain_reads_every_view_of_its_input_once():
+    """A fused SwiGLU over one projection's halves counted one half of its input (67 of 101 MB at 2048 x 8192), and
+    `h[:, :n] + h[:, n:]` read less fused than eager (a reviewer): each distinct view is read, at most the whole."""
+    nbytes = 32 * 128 * 4
+    _, (gate,) = _chains(ChunkedGate(), torch.randn(32, 128))
+    assert gate.fused_bytes == nbytes + nbytes // 2  # both halves read, the half-width product written
+    _, (halves,) = _chains(Halves(), torch.randn(32, 128))
+    assert halves.fused_bytes == nbytes + nbytes // 2
+    _, (pw,) = _chains(Pointwise(), torch.randn(32, 128))
+    assert pw.fused_bytes == 2 * nbytes  # one input read by several ops: once

@@ -405,6 +405,22 @@ class OpGraph:
                 seen.add(u)
                 yield u, meta
 
+    def data_reads(self, node_id: str) -> Iterable[tuple[str, str, TensorMeta]]:
+        """What ``node_id`` reads, looking through views: ``(producer id, id of the node it reads, meta as read)``,
+        once per distinct node read (two views of one producer, ``h.chunk(2)``'s halves, are two reads, where
+        :meth:`data_preds` gives the producer once)."""
+        seen: set[tuple[str, str]] = set()
+        stack = [(u, u, self.g.edges[u, node_id]["meta"]) for u in self.g.predecessors(node_id)]
+        while stack:
+            u, via, meta = stack.pop()
+            op = self.g.nodes[u]["op"]
+            if op is not None and op.is_view:
+                stack.extend((w, via, meta) for w in self.g.predecessors(u))
+                continue
+            if (u, via) not in seen:
+                seen.add((u, via))
+                yield u, via, meta
+
     def data_succs(self, node_id: str) -> Iterable[str]:
         """Consumers of ``node_id``'s output, looking through views (nearest non-view ops)."""
         seen: set[str] = set()
