@@ -231,7 +231,8 @@ class Estimate:
         compute_us: FLOPs over the peak FLOP/s that serves the chain (tensor cores for matmuls, else vector units).
         memory_eager_us: eager bytes over peak memory bandwidth.
         memory_fused_us: fused bytes over peak memory bandwidth.
-        launch_eager_us: eager kernel count times the per-kernel launch overhead (host issue time).
+        launch_eager_us: host time issuing the chain's eager kernels (``roofline.op_host_us`` summed: each op's
+            class launch cost per kernel at the spec's in-model host scale, a convolution's device activities).
         eager_us: estimated eager time: per op ``max(compute, memory, launch)`` summed.
         fused_us: estimated time as one fused kernel: ``max(compute, memory_fused, launch)``.
         saving_us: ``eager_us - fused_us`` (0 for heavy and single-kernel items).
