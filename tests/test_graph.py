@@ -278,8 +278,19 @@ def test_matrix_vector_and_dot_products_count_their_flops(tmp_path):
                     "        return torch.mv(a, v), torch.dot(v, v), torch.addmv(b, a, v)\n\n"
                     "def get_inputs():\n    return [torch.randn(256, 512), torch.randn(512), torch.randn(256)]\n\n"
                     "def get_init_inputs():\n    return []\n")
-    flops = {o.target.split(".")[1]: o.flops for o in analyze(path, device="cpu").ops if o.category == "matmul"}
+    ops = [o for o in analyze(path, device="cpu").ops if o.category == "matmul"]
+    flops = {o.target.split(".")[1]: o.flops for o in ops}
     assert flops == {"mv": 2 * 256 * 512, "dot": 2 * 512, "addmv": 2 * 256 * 512}, flops
+    # and a matrix-vector product is priced as one, from the table's matrix-vector entries
+    from fusion_advisor.analyze.matmul_shapes import matmul_problem
+    from fusion_advisor.analyze.roofline import price_source
+    from fusion_advisor.devices import load_spec
+
+    h200 = load_spec("h200")
+    for o in ops:
+        if o.target.split(".")[1] in ("mv", "addmv"):
+            assert matmul_problem(o) == ("mm", 256, 1, 512, 1, "fp32", "nn")
+            assert price_source(o, h200).startswith("matmul table (matrix-vector stream)")
 
 
 def test_an_embedding_bag_reads_the_rows_of_every_index():

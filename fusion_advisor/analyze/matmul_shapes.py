@@ -36,6 +36,14 @@ def matmul_problem(op: OpInfo) -> tuple[str, int, int, int, int, str, str] | Non
         if tuple(a[:-2]) != tuple(b[:-2]):
             return None
         return "bmm", a[-2], b[-1], a[-1], math.prod(a[:-2]), op.dtype, layout
+    if short_target(op.target) in ("mv", "addmv"):  # [M, K] @ [K] (addmv: after its bias): a matrix-vector mm
+        first = 1 if short_target(op.target) == "addmv" else 0
+        if len(op.inputs) < first + 2:
+            return None
+        a, v = op.inputs[first].shape, op.inputs[first + 1].shape
+        if len(a) != 2 or len(v) != 1 or a[1] != v[0] or min(*a) <= 0:
+            return None
+        return "mm", a[0], 1, a[1], 1, op.dtype, "nn"
     how = _MATMUL_OPERANDS.get(short_target(op.target))
     if how is None or len(op.inputs) < how[1] + 2:
         return None
