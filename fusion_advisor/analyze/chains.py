@@ -255,13 +255,14 @@ def _chain_bytes(og: OpGraph, member_ids: list[str]) -> tuple[int, int, str]:
 
     Eager bytes: op-by-op traffic. Fused bytes: chain inputs read once plus chain outputs written once; an input
     counts at most the bytes its reading op reads (a gather reads the rows it selects, not its whole source), each
-    distinct view of it once (``g, u = h.chunk(2, -1)``: both halves; one half alone read 67 of 101 MB for a fused
-    SwiGLU, a reviewer), at most the producer's whole output.
+    piece of a split of it once (``g, u = h.chunk(2, -1)``: both halves; one half alone read 67 of 101 MB for a
+    fused SwiGLU, a reviewer), at most the producer's whole output. Two slices of one tensor count as the larger
+    (no offsets are kept to tell ``h[:, :n]`` and ``h[:, n:]`` from one slice written twice).
     I/O dtype: dtype of the largest tensor crossing the chain's boundary (what a fused kernel loads and stores).
     """
     members = set(member_ids)
     eager = 0
-    reads: dict[tuple[str, str], int] = {}  # (producer, node read: the producer or a view of it) -> bytes
+    reads: dict[tuple[str, str], int] = {}  # (producer, part read: the producer or a piece of a split) -> bytes
     written = 0
     io: Counter[str] = Counter()
     for m in member_ids:
@@ -279,9 +280,8 @@ def _chain_bytes(og: OpGraph, member_ids: list[str]) -> tuple[int, int, str]:
             written += sum(o.nbytes for o in op.outputs)
             for o in op.outputs:
                 io[o.dtype] += o.nbytes
-    # per producer: the largest read, or the distinct partial views (fewer elements than the whole) summed where
-    # that is more, never more than the whole output (a view as large as the whole, a reshape or an expand, is the
-    # same data read again)
+    # per producer: the largest read, or its distinct pieces (OpGraph.data_reads: a split's parts) summed where
+    # that is more, never more than the whole output
     largest: Counter[str] = Counter()
     partial: Counter[str] = Counter()
     for (u, via), nbytes in reads.items():

@@ -365,6 +365,10 @@ def _reduction_geometry(node: torch.fx.Node, name: str, category: str,
     return inputs[0].numel // max(out_numel, 1), last
 
 
+#: View ops returning several views (read through a getitem each): their pieces are distinct parts of the tensor.
+_MULTI_OUTPUT_VIEWS = frozenset({"split", "split_with_sizes", "chunk", "unbind", "tensor_split"})
+
+
 @dataclass
 class OpGraph:
     """The op graph of a model: a ``networkx.DiGraph`` plus the ops in topological order.
@@ -406,20 +410,27 @@ class OpGraph:
                 yield u, meta
 
     def data_reads(self, node_id: str) -> Iterable[tuple[str, str, TensorMeta]]:
-        """What ``node_id`` reads, looking through views: ``(producer id, id of the node it reads, meta as read)``,
-        once per distinct node read (two views of one producer, ``h.chunk(2)``'s halves, are two reads, where
-        :meth:`data_preds` gives the producer once)."""
+        """What ``node_id`` reads, looking through views: ``(producer id, part id, meta as read)``, once per part.
+
+        The part is the piece of a multi-output view op (``split``, ``chunk``, ``unbind``: the getitem of it) the
+        path comes through, else the producer itself: ``g, u = h.chunk(2)`` reads two parts of ``h``, where
+        :meth:`data_preds` gives ``h`` once; any other view (a slice, a reshape, a view of a part) reads the part it
+        is a view of, as no offsets are kept to tell two slices of one tensor apart."""
         seen: set[tuple[str, str]] = set()
-        stack = [(u, u, self.g.edges[u, node_id]["meta"]) for u in self.g.predecessors(node_id)]
+        # (node, the node below it on the path toward node_id, the one below that)
+        stack = [(u, node_id, "", self.g.edges[u, node_id]["meta"]) for u in self.g.predecessors(node_id)]
         while stack:
-            u, via, meta = stack.pop()
+            u, child, grandchild, meta = stack.pop()
             op = self.g.nodes[u]["op"]
             if op is not None and op.is_view:
-                stack.extend((w, via, meta) for w in self.g.predecessors(u))
+                stack.extend((w, u, child, meta) for w in self.g.predecessors(u))
                 continue
-            if (u, via) not in seen:
-                seen.add((u, via))
-                yield u, via, meta
+            below = self.g.nodes[child]["op"] if child != node_id else None
+            split = below is not None and below.name in _MULTI_OUTPUT_VIEWS and grandchild and grandchild != node_id
+            part = grandchild if split else u
+            if (u, part) not in seen:
+                seen.add((u, part))
+                yield u, part, meta
 
     def data_succs(self, node_id: str) -> Iterable[str]:
         """Consumers of ``node_id``'s output, looking through views (nearest non-view ops)."""
