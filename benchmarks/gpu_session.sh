@@ -3,8 +3,8 @@
 # the GPU at hand (a call may land on an H100 or an H200; the spec follows the card):
 #   rnn     H200 only: three fresh analyze --profile runs of the host-bound RNN whose chains weigh most in the H200
 #           test set (accuracy/repeat_profile.sh; about 150 s);
-#   matmul  analyze --profile of the level-1 matmul files no accuracy set holds (a matrix-vector product among
-#           them: the matmul table has no N=1 point, and nothing measured checks its price; about 120 s);
+#   matmul  analyze --profile of the level-1 matmul files no accuracy set holds (a 2048 x 1,048,576
+#           matrix-vector product among them, far beyond the table's largest K; about 120 s);
 #   seed1, seed3  the H200 test sets profiled again with this code (accuracy/reprofile_h200.sh; about 300 s each;
 #           H200 only: their shipped profiles are the H200's);
 #   apply   apply vs eager / torch.compile on five level-2 files (apply/apply_h200.sh; about 250 s);

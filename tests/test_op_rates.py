@@ -867,7 +867,8 @@ def test_a_matrix_vector_product_is_priced_as_a_stream_fitted_on_the_tables_own(
     """KernelBench's level-1 2048 x 1,048,576 matrix-vector product ran cuBLAS's dot kernels at 3.11 TB/s on the H100,
     2,763 us (benchmarks/results/h100/accuracy/matvec/); the GEMM surface's tile-fill terms priced it at 5,148. A
     matmul whose M or N is 1 is priced as fixed time plus its bytes at a fitted share of the copy bandwidth, fitted
-    on the table's matrix-vector entries; with too few of them, the surface as before."""
+    on the table's matrix-vector entries of its dtype, and no profile fit of the GEMM surface's prices applies; with
+    too few of them (the shipped bf16 ones), the surface as before."""
     from fusion_advisor.analyze.roofline import measured_matmul_us, price_source
     from fusion_advisor.devices.op_rates import (MATVEC_MIN_SAMPLES, MatvecModel, fit_matvec_model, is_matvec,
                                                  matmul_bytes, matmul_time_us)
@@ -880,11 +881,19 @@ def test_a_matrix_vector_product_is_priced_as_a_stream_fitted_on_the_tables_own(
     gemv = OpInfo("g0:mm", 0, "aten.mm.default", "matmul", (a, v), (y,), 2 * 2048 * 1048576, a.nbytes + v.nbytes,
                   y.nbytes, "", SourceLoc("m.py", 22, "torch.matmul(A, B)"))
     assert measured_matmul_us(gemv, spec) == pytest.approx(2763.0, rel=0.3)
-    assert price_source(gemv, spec).startswith("matmul table (matrix-vector stream)")
+    assert price_source(gemv, spec) == "matmul table (matrix-vector stream)"  # no profile fit over it
+    from fusion_advisor.analyze.roofline import op_device_us
+
+    assert op_device_us(gemv, spec) == pytest.approx(measured_matmul_us(gemv, spec))
+    half = dataclasses.replace(gemv, inputs=tuple(dataclasses.replace(t, dtype="bf16") for t in gemv.inputs),
+                               outputs=tuple(dataclasses.replace(t, dtype="bf16") for t in gemv.outputs))
+    assert half.dtype == "bf16"  # too few bf16 products measured: the surface
+    assert price_source(half, spec).startswith("matmul table") and "matrix-vector" not in price_source(half, spec)
     # the fit recovers a stream it is given, and needs MATVEC_MIN_SAMPLES entries
     truth = MatvecModel(3.0, 0.8)
-    shapes = [(m, 1, k) for m, k in ((256, 512), (1024, 1024), (4096, 2048), (8192, 4096), (512, 8192))] + \
-        [(1, n, k) for n, k in ((128, 256), (2048, 2048), (4096, 8192), (16384, 1024))]
+    shapes = [(m, 1, k) for m, k in ((256, 512), (1024, 1024), (4096, 2048), (8192, 4096), (512, 8192),
+                                     (2048, 256), (64, 4096))] + \
+        [(1, n, k) for n, k in ((128, 256), (2048, 2048), (4096, 8192), (16384, 1024), (768, 3072), (32000, 512))]
     table = [MatmulRate("mm", "fp32", m, n, k, 1, 2.0 * m * n * k / (truth.time_us(
         matmul_bytes(m, n, k, 1, "fp32"), 3000.0) * 1e6)) for m, n, k in shapes]
     assert fit_matvec_model(table, 3000.0) == truth

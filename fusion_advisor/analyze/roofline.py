@@ -446,8 +446,10 @@ def _op_time_us(op: OpInfo, spec: DeviceSpec) -> float:
         return sum(_op_time_us(p, spec) for p in parts)
     measured = measured_op_us(op, spec)
     t = roofline_op_us(op, spec) if measured is None else measured
-    if not spec.op_time_fits or pool_window_us(op, spec) > 0:
-        # a pooling op priced by its measured window rate: the profile fits were learned against its bytes alone
+    if not spec.op_time_fits or pool_window_us(op, spec) > 0 or (measured is not None and _priced_as_matvec(op, spec)):
+        # a pooling op priced by its measured window rate, a matrix-vector product by its stream: the profile fits
+        # were learned against other prices (the bytes alone; the GEMM surface: an mm, a bmm and an addmm of one
+        # product read 22.5, 26.4 and 26.9 us through them where the stream said 25.2; a reviewer)
         return t
     fit = spec.op_time_fit(fit_keys(op, rated=measured is not None), op.dtype)
     if fit is None:
@@ -475,7 +477,8 @@ def price_source(op: OpInfo, spec: DeviceSpec) -> str:
         f"{op.category if op.category in ('matmul', 'conv') else 'reduction'} table")
     if measured is not None and _priced_as_matvec(op, spec):
         how += " (matrix-vector stream)"
-    if spec.op_time_fits and pool_window_us(op, spec) <= 0:
+    if spec.op_time_fits and pool_window_us(op, spec) <= 0 and not (measured is not None and
+                                                                  _priced_as_matvec(op, spec)):
         keys = fit_keys(op, rated=measured is not None)
         if spec.op_time_fit(keys, op.dtype) is not None:
             how += " x fit " + next(k for k in keys if k in spec.op_time_fits)
@@ -486,7 +489,7 @@ def _priced_as_matvec(op: OpInfo, spec: DeviceSpec) -> bool:
     """Whether :func:`measured_matmul_us` priced ``op`` as a matrix-vector stream (its table holds enough of them)."""
     problem = matmul_problem(op) if spec.matmul_rates else None
     return (problem is not None and is_matvec(problem[1], problem[2])
-            and matvec_model(spec.matmul_rates, spec.memory_bandwidth_gbps) is not None)
+            and matvec_model(spec.matmul_rates, spec.memory_bandwidth_gbps, problem[5]) is not None)
 
 
 def op_device_us(op: OpInfo, spec: DeviceSpec) -> float:

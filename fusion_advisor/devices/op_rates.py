@@ -774,9 +774,9 @@ def matmul_pool(rates: Sequence[MatmulRate], detail: str, dtype: str) -> list[Ma
     return _pool(rates, detail, dtype)
 
 
-#: Fewest measured matrix-vector products (:func:`is_matvec`), of any class and dtype, before they are priced by
-#: :class:`MatvecModel` rather than by the GEMM surface.
-MATVEC_MIN_SAMPLES = 8
+#: Fewest measured matrix-vector products (:func:`is_matvec`) of a dtype, of either class, before that dtype's are
+#: priced by :class:`MatvecModel` rather than by the GEMM surface.
+MATVEC_MIN_SAMPLES = 12
 
 
 def is_matvec(m: int, n: int) -> bool:
@@ -794,10 +794,11 @@ class MatvecModel:
     ``dot_kernel`` and ``reduce_1Block_kernel``, 2,763 us, 3.1 TB/s of the 3.0 measured for a copy), not as a tiled
     GEMM, so the GEMM surface's tile-fill terms (:class:`ConvTimeModel`: N = 1 fills 1/(1 + n_half) of a tile, a
     small M x N does not fill the SMs) priced it at 5,148 us there (this model: 2,938) and 10,141 on the H200, and a
-    batched dot product (M = N = 1, K = 262,144) at 16 GB/s. Over the shipped tables' own matrix-vector entries (49
-    on the H100, 39 on the H200), each left out of the fit that prices it, the median |log2 error| is 0.193 and 0.253
-    (within 30%: 37 and 25 of them), the surface's 0.453 and 0.852 (19 and 10)
-    (benchmarks/results/h100/accuracy/matvec/, ``benchmarks/accuracy/matvec_fit.py``).
+    batched dot product (M = N = 1, K = 262,144) at 16 GB/s. Over the shipped tables' fp32 matrix-vector entries (41
+    on the H100, 35 on the H200), each shape left out of the fits that price it, the median |log2 error| is 0.235
+    and 0.212 (within 30%: 32 and 27 of them), the surface's 0.809 and 0.724 (15 and 9)
+    (benchmarks/results/h100/accuracy/matvec/, ``benchmarks/accuracy/matvec_fit.py``). Fitted per dtype: the few
+    bf16 ones (8 and 4) stay with the surface.
 
     Attributes:
         fixed_us: time per call (us) beside the stream: the kernels' launch latency and a dot product's second,
@@ -820,14 +821,15 @@ def matmul_bytes(m: int, n: int, k: int, batch: int, dtype: str) -> float:
     return float(batch * (m * k + k * n + m * n) * float_itemsize(dtype))
 
 
-def fit_matvec_model(rates: Sequence[MatmulRate], bandwidth_gbps: float) -> MatvecModel | None:
-    """:class:`MatvecModel` through the matrix-vector products among ``rates`` (every class and dtype: the stream
-    is priced in bytes), minimising the mean absolute log error of the time, each entry weighted by its time to
+def fit_matvec_model(rates: Sequence[MatmulRate], bandwidth_gbps: float, dtype: str | None = None
+                     ) -> MatvecModel | None:
+    """:class:`MatvecModel` through the matrix-vector products among ``rates`` of ``dtype`` (every dtype for None;
+    both classes: the stream is priced in bytes), minimising the mean absolute log error of the time, each entry weighted by its time to
     :data:`FIT_WEIGHT_POWER` as the GEMM fit weighs them: a grid over ``fixed_us`` in 0.25 us steps to 8 us and
     ``efficiency`` in 0.01 steps from 0.2 to 1.2 (deterministic). None with fewer than :data:`MATVEC_MIN_SAMPLES` of
     them or without a bandwidth."""
     rows = [(matmul_bytes(r.m, r.n, r.k, r.batch, r.dtype), 2.0 * r.batch * r.m * r.n * r.k / (r.tflops * 1e6))
-            for r in rates if is_matvec(r.m, r.n) and r.tflops > 0]
+            for r in rates if is_matvec(r.m, r.n) and r.tflops > 0 and (dtype is None or r.dtype == dtype)]
     if len(rows) < MATVEC_MIN_SAMPLES or bandwidth_gbps <= 0:
         return None
     best: tuple[float, float, float] | None = None
@@ -843,11 +845,13 @@ def fit_matvec_model(rates: Sequence[MatmulRate], bandwidth_gbps: float) -> Matv
     return MatvecModel(best[1], round(best[2], 2))
 
 
-def matvec_model(rates: Sequence[MatmulRate], bandwidth_gbps: float) -> MatvecModel | None:
-    """:func:`fit_matvec_model`, answered once per table and bandwidth."""
-    answers, key = _answers(rates), ("matvec", bandwidth_gbps)
+def matvec_model(rates: Sequence[MatmulRate], bandwidth_gbps: float, dtype: str) -> MatvecModel | None:
+    """:func:`fit_matvec_model` on the table's ``dtype`` entries, answered once per table, bandwidth and dtype. One
+    dtype's: pooled, the shipped tables' few bf16 single-row products (batch-1 Linear layers, 96-484 GB/s) were
+    priced at 0.33-0.49x their time by a stream fitted mostly on fp32 ones (a reviewer)."""
+    answers, key = _answers(rates), ("matvec", bandwidth_gbps, dtype)
     if key not in answers:
-        answers[key] = fit_matvec_model(rates, bandwidth_gbps)
+        answers[key] = fit_matvec_model(rates, bandwidth_gbps, dtype)
     return answers[key]
 
 
@@ -871,11 +875,11 @@ def matmul_time_us(rates: Sequence[MatmulRate], detail: str, m: int, n: int, k: 
     (benchmarks/results/h{100,200}/accuracy/matmul_layouts).
 
     A matrix-vector product (:func:`is_matvec`) given the spec's copy ``bandwidth_gbps`` is priced by
-    :class:`MatvecModel` where the table holds :data:`MATVEC_MIN_SAMPLES` of them (any class and dtype)."""
+    :class:`MatvecModel` where the table holds :data:`MATVEC_MIN_SAMPLES` of them in its dtype (either class)."""
     pool = _pool(rates, detail, dtype)
     if not pool:
         return None
-    if is_matvec(m, n) and (matvec := matvec_model(rates, bandwidth_gbps)) is not None:
+    if is_matvec(m, n) and (matvec := matvec_model(rates, bandwidth_gbps, dtype)) is not None:
         return matvec.time_us(matmul_bytes(m, n, k, batch, dtype), bandwidth_gbps)
     flops = 2.0 * batch * m * n * k
     if len(pool) < MODEL_MIN_SAMPLES:
