@@ -232,7 +232,7 @@ def _inductor_code(analysis, graphs, out_dir: Path, top: int, budget_s: float) -
 def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None) -> None:
     from rich.table import Table
 
-    from fusion_advisor.report.views import (analysis_model_routes, apply_command, matmul_peak_text,
+    from fusion_advisor.report.views import (analysis_model_routes, apply_command, apply_elsewhere, matmul_peak_text,
                                              plan_mismatches, predicted_compile_us, whole_model_note)
     from fusion_advisor.report.write import after_route_us as counted
     from fusion_advisor.report.write import chains_frame, read_plan, replaced_note, summary_rows
@@ -304,14 +304,10 @@ def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None)
     out_dir = Path(paths["html"]).parent
     plan, _ = read_plan(out_dir)
     if plan is None:
-        import torch
-
         # apply without --gpu prices what it measures on this machine: a CPU's, with the 'cpu' spec; with --gpu it
-        # routes by that GPU's spec, and still times this machine. Its report would replace this GPU analysis in
-        # the folder (a fresh user lost the H200 routes they had just read): a folder of its own
-        elsewhere = (analysis.device_spec or {}).get("kind", "gpu") != "cpu" and not torch.cuda.is_available()
-        own = out_dir if out_dir.name else out_dir.resolve()  # "." has no name to extend
-        command = apply_command(analysis, own.with_name(own.name + "-cpu") if elsewhere else out_dir)
+        # routes by that GPU's spec, and still times this machine; its report goes to a folder of its own there
+        elsewhere = apply_elsewhere(analysis)
+        command = apply_command(analysis, out_dir)
         out.print("next: " + _escape(command), highlight=False, soft_wrap=True)  # a command to copy: unwrapped
         if elsewhere:
             how = ("routes it with the 'cpu' spec: its routes and times are this CPU's"

@@ -59,6 +59,14 @@ def test_the_next_command_says_apply_runs_on_the_cpu_where_there_is_no_gpu(tmp_p
         out = tmp_path / spec
         nexts = [line for line in r.output.splitlines() if line.startswith("next: ")]  # one line, to copy
         assert len(nexts) == 1 and nexts[0].endswith(f"--out {out}-cpu" if spec != "cpu" else f"--out {out}"), nexts
+        html = (out / "report.html").read_text()  # the report's command is the terminal's (a reviewer)
+        assert html.count(f"--out {out}-cpu") == (spec != "cpu") and ("a folder of its own" in html) is (spec != "cpu")
+    from fusion_advisor.report.views import cpu_folder
+
+    assert cpu_folder(Path("reports/x")) == Path("reports/x-cpu")
+    assert cpu_folder(Path(".")) == Path.cwd().parent / f"{Path.cwd().name}-cpu"
+    assert cpu_folder(Path("..")) == Path.cwd().parent.parent / f"{Path.cwd().parent.name}-cpu"
+    assert cpu_folder(Path("/")) == Path("/report-cpu")
 
 
 def test_a_second_analysis_into_a_folder_says_it_replaced_the_first(tmp_path):

@@ -72,7 +72,8 @@ def test_group_span_text():
     assert views._span(["", ""]) == ""
 
 
-def test_first_screen_names_the_command_the_gain_and_the_opportunities(tmp_path):
+def test_first_screen_names_the_command_the_gain_and_the_opportunities(tmp_path, monkeypatch):
+    monkeypatch.setattr(views, "apply_elsewhere", lambda analysis: False)  # as on a GPU machine
     a = layered(4)
     frame = report.chains_frame(a)
     groups = views.chain_groups(frame)
@@ -131,7 +132,8 @@ def test_a_scan_takes_inductors_own_scan_under_compile_and_other_unfusible_items
     assert views.predicted_model_routes(frame)["best"] == "torch.compile"
 
 
-def test_command_quotes_paths_and_names_a_non_default_spec(tmp_path):
+def test_command_quotes_paths_and_names_a_non_default_spec(tmp_path, monkeypatch):
+    monkeypatch.setattr(views, "apply_elsewhere", lambda analysis: False)  # as on a GPU machine
     a = make_analysis()
     a.model_file = "/home/u/my model.py"
     a.device_spec = {**a.device_spec, "name": "a100"}
@@ -150,7 +152,8 @@ def test_command_quotes_paths_and_names_a_non_default_spec(tmp_path):
             "fusion-advisor apply m.py --verify --dtype bf16 --gpu '/home/u/my spec.yaml' --rules '/home/u/rules mine.yaml'"
 
 
-def test_command_leaves_out_the_cpu_spec_and_reruns_a_plans_own_flags():
+def test_command_leaves_out_the_cpu_spec_and_reruns_a_plans_own_flags(monkeypatch):
+    monkeypatch.setattr(views, "apply_elsewhere", lambda analysis: False)  # as on a GPU machine
     # a fresh user's report said "measure again (another GPU)" with --gpu cpu, the spec apply takes by itself on
     # a machine without a GPU (on a GPU it would send every kernel route to torch.compile), and without the
     # options the plan was made with

@@ -266,9 +266,28 @@ def _sum(frame: pd.DataFrame, col: str) -> float:
     return float(frame[col].astype(float).sum(skipna=True)) if len(frame) else 0.0
 
 
+def apply_elsewhere(analysis: Analysis) -> bool:
+    """Whether apply, run on this machine, runs the model on its CPU while the analysis priced a GPU: its report
+    must then go to a folder of its own (:func:`cpu_folder`): in the analysis' folder it would replace the GPU
+    analysis (a fresh user ran the suggested command and lost the H200 routes they had just read)."""
+    import torch
+
+    return (analysis.device_spec or {}).get("kind", "gpu") != "cpu" and not torch.cuda.is_available()
+
+
+def cpu_folder(out_dir: Path) -> Path:
+    """``<out_dir>-cpu`` beside ``out_dir`` (``reports/x`` -> ``reports/x-cpu``; ``.`` or ``..`` by their resolved
+    name)."""
+    if out_dir.name and out_dir.name not in (".", ".."):
+        return out_dir.with_name(out_dir.name + "-cpu")
+    full = out_dir.resolve()
+    return full.parent / f"{full.name or 'report'}-cpu"
+
+
 def apply_command(analysis: Analysis, out_dir: Path | None, flags: list[str] | None = None) -> str:
     """The shell command that carries the advice out on the analysed model: ``fusion-advisor apply ... --verify``
-    with the analysis' model file and dtype, writing into the report's folder (so the results join this report).
+    with the analysis' model file and dtype, writing into the report's folder (so the results join this report;
+    :func:`cpu_folder` of it where :func:`apply_elsewhere`).
 
     ``flags``: the flags of the apply run whose plan the report shows (plan.yaml's ``flags``): the command then
     reruns that search as it was asked for (its --candidates, --budget-s, --keep-unmeasured, ...), with --verify
@@ -302,7 +321,7 @@ def apply_command(analysis: Analysis, out_dir: Path | None, flags: list[str] | N
             if path and Path(path).name != "default.yaml":
                 parts += ["--rules", path]
     if out_dir is not None:
-        parts += ["--out", str(out_dir)]
+        parts += ["--out", str(cpu_folder(out_dir) if flags is None and apply_elsewhere(analysis) else out_dir)]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -373,6 +392,7 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
         "model_routes": model_routes,
         "breaks_caveat": breaks_caveat(model_routes),
         "command": apply_command(analysis, out_dir, (plan or {}).get("flags")),
+        "apply_elsewhere": plan is None and apply_elsewhere(analysis),
         "pred_eager_us": eager, "pred_advised_us": advised, "pred_compile_us": compiled,
         "pred_vs_eager": eager / advised if advised > 0 else float("nan"),
         "pred_vs_compile": compiled / advised if advised > 0 else float("nan"),
