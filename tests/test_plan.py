@@ -311,6 +311,21 @@ def test_a_swap_not_applied_says_why(planned, monkeypatch):
     assert any("cannot take this site: tensors on cpu" in p for p in patched.problems()), patched.problems()
     # and not, beside it, that the model has no such site (a fresh user read both for the same site)
     assert not any("found no site of that key" in p for p in patched.problems()), patched.problems()
+    # but a planned swap of the same kernel and module whose line moved is still named (a reviewer: keyed on the
+    # module alone, a refused site silenced it)
+    import dataclasses
+
+    from fusion_advisor.apply import PlannedModel, read_plan
+
+    spec = read_plan(path).chosen
+    first = spec.swaps[0]
+    ghost = dataclasses.replace(first, key=dataclasses.replace(first.key, source=first.key.source.rsplit(":", 1)[0]
+                                                               + ":999"))
+    model, inputs = _fresh(model_file)
+    moved = PlannedModel(model, dataclasses.replace(spec, swaps=tuple(spec.swaps) + (ghost,)))
+    with pytest.warns(RuntimeWarning):
+        moved(*inputs)
+    assert any(p.startswith(f"planned swap {ghost.key} found no site") for p in moved.problems()), moved.problems()
 
 
 KEYWORD_MODEL = MODEL.replace('''def get_inputs():

@@ -27,6 +27,7 @@ import concurrent.futures
 import contextlib
 import copy
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -396,11 +397,12 @@ class PlannedModel(nn.Module):
         # without TRITON_INTERPRET): say why, rather than leave "no matching site"
         missing_keys = self.missing_swaps()
         missing = {k.kernel for k in missing_keys}
-        refused: set[tuple[str, str]] = set()  # (kernel, module path) of the sites a kernel refused
+        refused: set[tuple[str, str, str]] = set()  # (kernel, module path, file:line) of the sites a kernel refused
         for g in self.backend.graphs:
             for nm in g.near_misses:
                 if nm.kind == "check" and nm.kernel in missing:
-                    refused.add((nm.kernel, nm.module_path))
+                    src = f"{Path(nm.source.file).name}:{nm.source.line}" if nm.source.file else ""
+                    refused.add((nm.kernel, nm.module_path, src))
                     where = nm.module_path or str(nm.source)
                     text = f"graph {g.index}: at {where}: {nm.reason}"
                     if text not in out:
@@ -410,8 +412,8 @@ class PlannedModel(nn.Module):
         planned = {s.key for s in self.spec.swaps}
         unplanned = [m.site.key for g in self.backend.graphs for m in g.matches if m.site.key not in planned]
         for k in (missing_keys if self.backend.graphs else []):  # (before the first call nothing is found yet)
-            if (k.kernel, k.module_path) in refused:  # found, and refused with its reason above (a fresh user read
-                continue  # "the model has no rmsnorm site" under the sites' own "tensors on cpu")
+            if (k.kernel, k.module_path, k.source) in refused:  # found, and refused with its reason above (a fresh
+                continue  # user read "the model has no rmsnorm site" under the sites' own "tensors on cpu")
             alike = [f for f in unplanned if f.kernel == k.kernel]
             out.append(f"planned swap {k} found no site of that key"
                        + (f"; the model's {k.kernel} sites now: {fmt_some(alike)} (a site is keyed by its module "
