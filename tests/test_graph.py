@@ -281,6 +281,10 @@ def test_matrix_vector_and_dot_products_count_their_flops(tmp_path):
     ops = [o for o in analyze(path, device="cpu").ops if o.category == "matmul"]
     flops = {o.target.split(".")[1]: o.flops for o in ops}
     assert flops == {"mv": 2 * 256 * 512, "dot": 2 * 512, "addmv": 2 * 256 * 512}, flops
+    empty = tmp_path / "mv0.py"  # an empty matrix: no FLOPs (a reviewer: 8192)
+    empty.write_text(path.read_text().replace("torch.randn(256, 512)", "torch.randn(0, 512)").replace(
+        "torch.randn(256)]", "torch.randn(0)]"))
+    assert all(o.flops == 0 for o in analyze(empty, device="cpu").ops if o.target.split(".")[1] in ("mv", "addmv"))
     # and a matrix-vector product is priced as one, from the table's matrix-vector entries
     from fusion_advisor.analyze.matmul_shapes import matmul_problem
     from fusion_advisor.analyze.roofline import price_source
@@ -302,9 +306,10 @@ def test_an_embedding_bag_reads_the_rows_of_every_index():
     from fusion_advisor.analyze.graph import build_op_graph
     from fusion_advisor.analyze.load import LoadedModel
 
-    bag = torch.nn.EmbeddingBag(1000, 64, mode="sum").eval()
     ids = torch.randint(0, 1000, (32, 10))
-    og = build_op_graph(capture(LoadedModel("m", "<test>", "test", bag, (ids,), "cpu", "")))
-    (op,) = [o for o in og.ops if o.category == "embedding"]
-    assert op.bytes_read >= 32 * 10 * 64 * 4 + ids.numel() * 8, op.bytes_read
-    assert op.flops == 32 * 10 * 64
+    for frozen in (False, True):  # frozen weights (inference) dispatch _embedding_bag_forward_only (a reviewer)
+        bag = torch.nn.EmbeddingBag(1000, 64, mode="sum").eval().requires_grad_(not frozen)
+        og = build_op_graph(capture(LoadedModel("m", "<test>", "test", bag, (ids,), "cpu", "")))
+        (op,) = [o for o in og.ops if o.category == "embedding"]
+        assert op.bytes_read >= 32 * 10 * 64 * 4 + ids.numel() * 8, op.bytes_read
+        assert op.flops == 32 * 10 * 64

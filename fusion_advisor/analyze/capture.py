@@ -368,7 +368,8 @@ def _capture_dynamo(model: torch.nn.Module, inputs: tuple[Any, ...], recurrent: 
 
 def skipped_frame_reason(messages: list[str]) -> str:
     """Why dynamo ran a whole forward eagerly, from its ``counters["unimplemented"]`` messages of the run: the first
-    break's user line and title (``"m.py:16: Data-dependent branching"``), and, where dynamo skipped the frame for a
+    break's title, after its user line where dynamo's message carries one (``"m.py:16: Data-dependent
+    branching"``; a ``Tensor.item()`` break's does not), and, where dynamo skipped the frame for a
     break inside a loop, that ``torch.compile(model)`` runs the whole forward eagerly; ``""`` without a message. A
     fresh user's loop with a data-dependent ``if`` read only "no method could capture the model"."""
     messages = [m.strip() for m in messages if m.strip()]

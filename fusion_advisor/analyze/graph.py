@@ -13,6 +13,7 @@ Bytes: each tensor input read once and each output written once, as if the op ra
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -25,7 +26,7 @@ from torch.utils.flop_counter import conv_flop_count, flop_registry
 from fusion_advisor.analyze.capture import Capture, source_of
 from fusion_advisor.analyze.composites import composite_record
 from fusion_advisor.devices.op_rates import RECURRENT_CELLS
-from fusion_advisor.dtypes import COMPLEX_NAMES, dtype_name, float_itemsize
+from fusion_advisor.dtypes import COMPLEX_NAMES, dtype_name
 from fusion_advisor.analyze.load import KEYWORD_WRAPPER_ATTR
 from fusion_advisor.analyze.records import OpInfo, SourceLoc, TensorMeta
 from fusion_advisor.analyze.sdpa import BACKEND_OF_TARGET, choose_backend, fused_kernels, math_kernels
@@ -62,7 +63,7 @@ _BY_NAME: dict[str, set[str]] = {
     "attention": {"attention", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                   "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
                   "_flash_attention_forward", "_efficient_attention_forward", "scaled_dot_product_attention"},
-    "embedding": {"embedding", "embedding_bag", "_embedding_bag"},
+    "embedding": {"embedding", "embedding_bag", "_embedding_bag", "_embedding_bag_forward_only"},
     # cuDNN's recurrent layer stacks: our opaque op (capture.py) and the aten ops a GPU trace names
     "recurrent": {"recurrent", "_cudnn_rnn", *RECURRENT_CELLS},
     "softmax": {"_softmax", "_safe_softmax", "_log_softmax", "softmax", "log_softmax"},
@@ -214,7 +215,7 @@ def _matmul_like_flops(target: Any, node: torch.fx.Node, out: Any) -> int:
         # mv [M, K] @ [K], dot [K] . [K], addmv(bias, [M, K], [K]), _int_mm [M, K] @ [K, N]: 2 per multiply-add
         a = meta_value(node.args[1 if name == "addmv" else 0])
         if isinstance(a, torch.Tensor) and isinstance(out, torch.Tensor) and a.dim() >= 1:
-            return 2 * max(out.numel(), 1) * a.shape[-1]
+            return 2 * out.numel() * a.shape[-1]  # an empty output: none (a 0-d one has numel 1)
         return 0
     if name == "matmul":  # an exported torch.matmul: [..., M, K] @ [..., K, N], 2 FLOPs per multiply-add
         a = meta_value(node.args[0])
@@ -647,12 +648,12 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
             flops = _matmul_like_flops(target, node, out_val) if category != "embedding" else 0
             if category == "embedding" and len(inputs) >= 2 and outputs:
                 read = inputs[1].nbytes + outputs[0].nbytes  # a gather reads only the selected rows
-                if name in ("embedding_bag", "_embedding_bag") and inputs[0].shape:
+                if name in ("embedding_bag", "_embedding_bag", "_embedding_bag_forward_only") and inputs[0].shape:
                     # one output row per bag, the rows of every index gathered: indices x row bytes, the indices,
                     # the offsets (the output alone read 42x under for 4096 bags of 50 ids; a reviewer)
                     row = inputs[0].nbytes // max(inputs[0].shape[0], 1)
-                    read = inputs[1].numel * row + sum(m.nbytes for m in inputs[1:3])
-                    flops = inputs[1].numel * (row // max(float_itemsize(inputs[0].dtype), 1))  # a sum per element
+                    read = inputs[1].numel * row + sum(m.nbytes for m in inputs[1:])  # offsets, per-sample weights
+                    flops = inputs[1].numel * math.prod(inputs[0].shape[1:])  # a sum per element gathered
         elif name in GATHERS and len(inputs) >= 2 and outputs:
             read = sum(m.nbytes for m in inputs[1:]) + outputs[0].nbytes  # the indices and the elements selected
             flops = 0
