@@ -32,7 +32,7 @@ def judge(spec_name: str) -> dict:
     spec = load_spec(spec_name)
     rates, bw = spec.matmul_rates, spec.memory_bandwidth_gbps
     rows = []
-    for i, r in enumerate(rates):
+    for r in rates:
         if not is_matvec(r.m, r.n):
             continue
         flops = 2.0 * r.batch * r.m * r.n * r.k
