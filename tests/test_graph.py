@@ -313,3 +313,21 @@ def test_an_embedding_bag_reads_the_rows_of_every_index():
         (op,) = [o for o in og.ops if o.category == "embedding"]
         assert op.bytes_read >= 32 * 10 * 64 * 4 + ids.numel() * 8, op.bytes_read
         assert op.flops == 32 * 10 * 64
+
+
+def test_an_op_reading_one_tensor_twice_reads_it_once():
+    """`x * x` counted x's bytes twice (a reviewer): the second load of each element hits the cache."""
+    import torch
+
+    from fusion_advisor.analyze.capture import capture
+    from fusion_advisor.analyze.graph import build_op_graph
+    from fusion_advisor.analyze.load import LoadedModel
+
+    class Square(torch.nn.Module):
+        def forward(self, x, y):
+            return x * x + y
+
+    x, y = torch.randn(64, 128), torch.randn(64, 128)
+    og = build_op_graph(capture(LoadedModel("m", "<test>", "test", Square(), (x, y), "cpu", "")))
+    mul, add = [o for o in og.ops if not o.is_view]
+    assert mul.bytes_read == x.nbytes and add.bytes_read == 2 * x.nbytes

@@ -610,6 +610,18 @@ def unused_ops(nodes: Iterable[torch.fx.Node]) -> list[OpInfo]:
     return [o for o in ops if not o.is_view]
 
 
+def _distinct_input_bytes(node: torch.fx.Node) -> int:
+    """Bytes of the tensors ``node`` reads, each argument node once: ``x * x`` reads ``x`` from memory once (the
+    second load of each element hits the cache; a reviewer found it counted twice)."""
+    seen: set[torch.fx.Node] = set()
+    total = 0
+    for a in _flat_nodes((node.args, node.kwargs)):
+        if a not in seen:
+            seen.add(a)
+            total += sum(tensor_meta(t).nbytes for t in tensor_leaves(meta_value(a)))
+    return total
+
+
 def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     target = node.target
     name = _op_name(target)
@@ -640,7 +652,7 @@ def _make_op(nid: str, gi: int, node: torch.fx.Node) -> OpInfo:
     if category == "view":
         flops, read, written = 0, 0, 0
     else:
-        read = sum(m.nbytes for m in inputs)
+        read = _distinct_input_bytes(node)
         written = sum(m.nbytes for m in outputs)
         if category == "recurrent":
             flops = recurrent_flops
