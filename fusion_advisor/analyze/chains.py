@@ -282,14 +282,14 @@ def _chain_bytes(og: OpGraph, member_ids: list[str]) -> tuple[int, int, str]:
                 io[o.dtype] += o.nbytes
     # per producer: the largest read, or its distinct pieces (OpGraph.data_reads: a split's parts) summed where
     # that is more, never more than the whole output
+    whole = {u: _whole_bytes(og, u) for u, _ in reads}
     largest: Counter[str] = Counter()
     partial: Counter[str] = Counter()
     for (u, via), nbytes in reads.items():
         largest[u] = max(largest[u], nbytes)
-        whole = _whole_bytes(og, u)
-        if via != u and 0 < nbytes < whole:
+        if via != u and 0 < nbytes < whole[u]:
             partial[u] += nbytes
-    per_producer = {u: min(max(largest[u], partial[u]), _whole_bytes(og, u) or largest[u]) for u in largest}
+    per_producer = {u: min(max(largest[u], partial[u]), whole[u] or largest[u]) for u in largest}
     floating = {d: n for d, n in io.items() if d in ("fp32", "fp16", "bf16", "fp64")}
     return eager, sum(per_producer.values()) + written, max(floating, key=floating.get) if floating else ""
 

@@ -65,8 +65,8 @@ from dataclasses import replace
 from typing import Callable, Collection
 
 from fusion_advisor.devices import DeviceSpec
-from fusion_advisor.devices.op_rates import (ConvGeometry, conv_kernels, conv_time_us, fastest_tflops, is_matvec,
-                                             matmul_time_us, matvec_model)
+from fusion_advisor.devices.op_rates import (ConvGeometry, conv_kernels, conv_time_us, fastest_tflops,
+                                             matmul_time_us, matvec_time_us)
 from fusion_advisor.devices.reduction_rates import REDUCE_OPS, reduction_time_us
 from fusion_advisor.dtypes import float_itemsize
 from fusion_advisor.analyze.composites import composite_host_launches, encoder_layer_parts
@@ -282,7 +282,8 @@ def measured_conv_us(op: OpInfo, spec: DeviceSpec, layout: str = "nchw") -> floa
 def measured_matmul_us(op: OpInfo, spec: DeviceSpec) -> float | None:
     """Eager device time of an ``mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` (or an exported ``linear`` or ``matmul``)
     from the spec's measured ``matmul_rates`` (us): the surface fitted through its class's measurements in the layout
-    of its second operand (:func:`matmul_layout`; :func:`fusion_advisor.devices.op_rates.matmul_time_us`), a
+    of its second operand (:func:`~fusion_advisor.analyze.matmul_shapes.matmul_layout`;
+    :func:`fusion_advisor.devices.op_rates.matmul_time_us`), a
     matrix-vector product as a stream at the spec's copy bandwidth (:class:`~fusion_advisor.devices.op_rates.
     MatvecModel`); None for other ops, or without a measured matmul of its class and dtype."""
     problem = matmul_problem(op) if spec.matmul_rates else None
@@ -475,10 +476,10 @@ def price_source(op: OpInfo, spec: DeviceSpec) -> str:
     measured = measured_op_us(op, spec)
     how = "roofline" if measured is None else "recurrent steps" if op.category == "recurrent" else (
         f"{op.category if op.category in ('matmul', 'conv') else 'reduction'} table")
-    if measured is not None and _priced_as_matvec(op, spec):
+    stream = measured is not None and _priced_as_matvec(op, spec)
+    if stream:
         how += " (matrix-vector stream)"
-    if spec.op_time_fits and pool_window_us(op, spec) <= 0 and not (measured is not None and
-                                                                  _priced_as_matvec(op, spec)):
+    if spec.op_time_fits and pool_window_us(op, spec) <= 0 and not stream:
         keys = fit_keys(op, rated=measured is not None)
         if spec.op_time_fit(keys, op.dtype) is not None:
             how += " x fit " + next(k for k in keys if k in spec.op_time_fits)
@@ -488,8 +489,8 @@ def price_source(op: OpInfo, spec: DeviceSpec) -> str:
 def _priced_as_matvec(op: OpInfo, spec: DeviceSpec) -> bool:
     """Whether :func:`measured_matmul_us` priced ``op`` as a matrix-vector stream (its table holds enough of them)."""
     problem = matmul_problem(op) if spec.matmul_rates else None
-    return (problem is not None and is_matvec(problem[1], problem[2])
-            and matvec_model(spec.matmul_rates, spec.memory_bandwidth_gbps, problem[5]) is not None)
+    return problem is not None and matvec_time_us(spec.matmul_rates, *problem[1:6],
+                                                  spec.memory_bandwidth_gbps) is not None
 
 
 def op_device_us(op: OpInfo, spec: DeviceSpec) -> float:

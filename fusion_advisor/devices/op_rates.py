@@ -790,15 +790,12 @@ class MatvecModel:
     """Device time of a matrix-vector product: a stream over its operands, ``fixed_us + bytes / (efficiency x copy
     bandwidth)``.
 
-    cuBLAS runs one as its gemv / dot kernels (the H100 profile of KernelBench's level-1 2048 x 1,048,576 product:
-    ``dot_kernel`` and ``reduce_1Block_kernel``, 2,763 us, 3.1 TB/s of the 3.0 measured for a copy), not as a tiled
-    GEMM, so the GEMM surface's tile-fill terms (:class:`ConvTimeModel`: N = 1 fills 1/(1 + n_half) of a tile, a
-    small M x N does not fill the SMs) priced it at 5,148 us there (this model: 2,938) and 10,141 on the H200, and a
-    batched dot product (M = N = 1, K = 262,144) at 16 GB/s. Over the shipped tables' fp32 matrix-vector entries (41
-    on the H100, 35 on the H200), each shape left out of the fits that price it, the median |log2 error| is 0.235
-    and 0.212 (within 30%: 32 and 27 of them), the surface's 0.809 and 0.724 (15 and 9)
-    (benchmarks/results/h100/accuracy/matvec/, ``benchmarks/accuracy/matvec_fit.py``). Fitted per dtype: the few
-    bf16 ones (8 and 4) stay with the surface.
+    cuBLAS runs one as its gemv / dot kernels (KernelBench's level-1 2048 x 1,048,576 product on the H100:
+    ``dot_kernel`` and ``reduce_1Block_kernel``, 2,763 us, 3.1 TB/s), not as a tiled GEMM, so the GEMM surface's
+    tile-fill terms (:class:`ConvTimeModel`) priced it at 5,148 us (this model: 2,938). Over the shipped tables' fp32
+    matrix-vector entries, each shape left out of the fits, median |log2 error| 0.235 (H100) and 0.212 (H200)
+    against the surface's 0.809 and 0.724; the few bf16 ones stay with the surface
+    (benchmarks/results/h100/accuracy/matvec/, ``benchmarks/accuracy/matvec_fit.py``).
 
     Attributes:
         fixed_us: time per call (us) beside the stream: the kernels' launch latency and a dot product's second,
@@ -824,10 +821,10 @@ def matmul_bytes(m: int, n: int, k: int, batch: int, dtype: str) -> float:
 def fit_matvec_model(rates: Sequence[MatmulRate], bandwidth_gbps: float, dtype: str | None = None
                      ) -> MatvecModel | None:
     """:class:`MatvecModel` through the matrix-vector products among ``rates`` of ``dtype`` (every dtype for None;
-    both classes: the stream is priced in bytes), minimising the mean absolute log error of the time, each entry weighted by its time to
-    :data:`FIT_WEIGHT_POWER` as the GEMM fit weighs them: a grid over ``fixed_us`` in 0.25 us steps to 8 us and
-    ``efficiency`` in 0.01 steps from 0.2 to 1.2 (deterministic). None with fewer than :data:`MATVEC_MIN_SAMPLES` of
-    them or without a bandwidth."""
+    both classes: the stream is priced in bytes), minimising the mean absolute log error of the time, each entry
+    weighted by its time to :data:`FIT_WEIGHT_POWER` as the GEMM fit weighs them: a grid over ``fixed_us`` in
+    0.25 us steps to 8 us and ``efficiency`` in 0.01 steps from 0.2 to 1.2 (deterministic). None with fewer than
+    :data:`MATVEC_MIN_SAMPLES` of them or without a bandwidth."""
     rows = [(matmul_bytes(r.m, r.n, r.k, r.batch, r.dtype), 2.0 * r.batch * r.m * r.n * r.k / (r.tflops * 1e6))
             for r in rates if is_matvec(r.m, r.n) and r.tflops > 0 and (dtype is None or r.dtype == dtype)]
     if len(rows) < MATVEC_MIN_SAMPLES or bandwidth_gbps <= 0:
@@ -845,14 +842,19 @@ def fit_matvec_model(rates: Sequence[MatmulRate], bandwidth_gbps: float, dtype: 
     return MatvecModel(best[1], round(best[2], 2))
 
 
-def matvec_model(rates: Sequence[MatmulRate], bandwidth_gbps: float, dtype: str) -> MatvecModel | None:
-    """:func:`fit_matvec_model` on the table's ``dtype`` entries, answered once per table, bandwidth and dtype. One
-    dtype's: pooled, the shipped tables' few bf16 single-row products (batch-1 Linear layers, 96-484 GB/s) were
-    priced at 0.33-0.49x their time by a stream fitted mostly on fp32 ones (a reviewer)."""
+def matvec_time_us(rates: Sequence[MatmulRate], m: int, n: int, k: int, batch: int, dtype: str,
+                   bandwidth_gbps: float) -> float | None:
+    """Device time (us) of a ``[batch, M, K] x [batch, K, N]`` matmul in ``dtype`` as a matrix-vector stream: the
+    :func:`fit_matvec_model` of the table's ``dtype`` entries (pooled, bf16 batch-1 Linear layers read 0.33-0.49x
+    their time; a reviewer), fitted once per table, bandwidth and dtype. None where it does not apply: not a
+    matrix-vector product (:func:`is_matvec`), no bandwidth, fewer than :data:`MATVEC_MIN_SAMPLES` of the dtype."""
+    if not is_matvec(m, n):
+        return None
     answers, key = _answers(rates), ("matvec", bandwidth_gbps, dtype)
     if key not in answers:
         answers[key] = fit_matvec_model(rates, bandwidth_gbps, dtype)
-    return answers[key]
+    model = answers[key]
+    return None if model is None else model.time_us(matmul_bytes(m, n, k, batch, dtype), bandwidth_gbps)
 
 
 def matmul_time_us(rates: Sequence[MatmulRate], detail: str, m: int, n: int, k: int, batch: int, dtype: str,
@@ -879,8 +881,8 @@ def matmul_time_us(rates: Sequence[MatmulRate], detail: str, m: int, n: int, k: 
     pool = _pool(rates, detail, dtype)
     if not pool:
         return None
-    if is_matvec(m, n) and (matvec := matvec_model(rates, bandwidth_gbps, dtype)) is not None:
-        return matvec.time_us(matmul_bytes(m, n, k, batch, dtype), bandwidth_gbps)
+    if (stream := matvec_time_us(rates, m, n, k, batch, dtype, bandwidth_gbps)) is not None:
+        return stream
     flops = 2.0 * batch * m * n * k
     if len(pool) < MODEL_MIN_SAMPLES:
         return flops / (_nearest_tflops(pool, matmul_features(m, n, k, batch, dtype), MATMUL_WEIGHTS) * 1e12) * 1e6

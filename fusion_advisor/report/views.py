@@ -71,8 +71,9 @@ def chain_groups(frame: pd.DataFrame) -> list[dict[str, Any]]:
     Each group: ``gid`` (``"g<first chain id>"``), ``count``, ``ids`` (member chain ids), ``first`` (the first
     member's row), ``members`` (every member's row), ``totals`` (the :data:`GROUP_SUMS` columns summed, NaN
     where every member lacks the value), ``module_pattern`` (``layers.*.mlp``), ``layers`` (the members' layer
-    indices, e.g. ``"0-31"``), ``saving_after_route_us`` (``est_eager_us - est_after_route_us``, each member's at least
-    0, summed: what the advised route buys; the opportunities and the chain table rank by it) and ``file`` (the source file's name, for the file filter).
+    indices, e.g. ``"0-31"``), ``saving_after_route_us`` (``est_eager_us - est_after_route_us``, each member's at
+    least 0, summed: what the advised route buys; the opportunities and the chain table rank by it) and ``file``
+    (the source file's name, for the file filter).
     """
     groups: dict[tuple, dict[str, Any]] = {}
     order: list[tuple] = []

@@ -528,8 +528,9 @@ def _fmt_pct(value: Any) -> str:
 
 def _sorted_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Groups by the total estimated saving of their route (``saving_after_route_us``, as the largest opportunities
-    rank them; the terminal's top chains by each chain's ``est_route_saving_us``), then total estimated eager time (descending, missing last). Ranked by the
-    saving of fusing, a 3xTF32 GEMM saving 159 us sat below a 21 us chain with "0.0" beside it (a fresh user)."""
+    rank them; the terminal's top chains by each chain's ``est_route_saving_us``), then total estimated eager time
+    (descending, missing last). Ranked by the saving of fusing, a 3xTF32 GEMM saving 159 us sat below a 21 us chain
+    with "0.0" beside it (a fresh user)."""
     def key(g: dict[str, Any]) -> tuple[float, float]:  # the opportunities' number (views.chain_groups)
         s, e = g["saving_after_route_us"], g["totals"]["est_eager_us"]
         return (-(s if is_num(s) else -math.inf), -(e if is_num(e) else -math.inf))
