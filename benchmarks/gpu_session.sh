@@ -10,6 +10,9 @@
 #   apply   apply vs eager / torch.compile on five level-2 files (apply/apply_h200.sh; about 250 s);
 #   callprobe  host time per call of eager, torch.compile and reduce-overhead on tiny models, in dispatch-probe
 #           units (host/compiled_call_probe.py; about 60 s);
+#   calibrate  the full fusion-advisor calibrate, timed from its process start ("part calibrate: N s"; its steps'
+#           seconds in the YAML; about 60 s), with the host time per compiled call and per reduce-overhead
+#           replay it now measures;
 #   sample  the same on a seeded draw of 3 level-2 and 3 level-3 files (SEED, default 41: files no earlier apply
 #           run drew; about 450 s).
 # Everything lands in $OUT, a folder or tarball per part.
@@ -44,6 +47,11 @@ for part in "$@"; do
         .kb/level2/63_Gemm_ReLU_Divide.py .kb/level2/24_Conv3d_Min_Softmax.py .kb/level2/56_Matmul_Sigmoid_Sum.py ;;
     callprobe)
       timeout 150 python benchmarks/host/compiled_call_probe.py --out "$OUT/callprobe_$SPEC" ;;
+    calibrate)
+      mkdir -p "$OUT/calibrate_$SPEC"
+      timeout 200 fusion-advisor calibrate --device cuda --out "$OUT/calibrate_$SPEC/calibrated.yaml" \
+        > "$OUT/calibrate_$SPEC/calibrate.log" 2>&1 || tail -5 "$OUT/calibrate_$SPEC/calibrate.log"
+      grep -E "^(compiled_call_us|graph_replay_us|launch_overhead_us):" "$OUT/calibrate_$SPEC/calibrated.yaml" ;;
     sample)
       APPLY_TIMEOUT=150 BUDGET_S=45 RUN=sample timeout 520 bash benchmarks/apply/apply_h200.sh 3 3 "${SEED:-41}" "" 0 400 ;;
     *) echo "unknown part: $part" ;;

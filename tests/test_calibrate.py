@@ -151,6 +151,29 @@ def test_gpu_spec_records_the_measured_attention_rate():
     assert "(2, 32, 2048, 128)" in data["attention_tflops_source"]
 
 
+def test_gpu_spec_records_the_host_time_per_compiled_call_and_graph_replay():
+    import dataclasses
+
+    from fusion_advisor.devices import parse_spec
+    from fusion_advisor.devices.host_costs import CompiledCallCost
+
+    assert "compiled_call_us" not in spec_dict(_gpu_cal("NVIDIA H200"))  # not measured: not written
+    cost = CompiledCallCost(19.5, 52.9, {"compiled": 4.0, "reduce-overhead": 8.14})
+    data = spec_dict(dataclasses.replace(_gpu_cal("NVIDIA H200"), compiled_call=cost))
+    assert data["compiled_call_us"] == 19.5 and data["graph_replay_us"] == 52.9
+    assert "(4 adds) less one launch" in data["compiled_call_source"]
+    assert "(8.14)" in data["graph_replay_source"]
+    spec = parse_spec(yaml.safe_load(render_spec(data)), "calibrated.yaml")
+    assert (spec.compiled_call_us, spec.graph_replay_us) == (19.5, 52.9)
+    # a host twice as fast (the profile's probe at half the launch) halves both
+    slow = spec.at_host_speed(spec.launch_overhead_us / 2)
+    assert (slow.compiled_call_us, slow.graph_replay_us) == pytest.approx((9.75, 26.45))
+    # a CPU calibration has no CUDA graphs: the replay is not written
+    cpu = CompiledCallCost(16.0, None, {"compiled": 8.4})
+    data = spec_dict(dataclasses.replace(_gpu_cal("NVIDIA H200"), compiled_call=cpu))
+    assert data["compiled_call_us"] == 16.0 and "graph_replay_us" not in data
+
+
 def test_closest_spec_of_an_unknown_gpu_is_by_bandwidth():
     assert closest_shipped_spec(_gpu_cal("NVIDIA L4", 250.0)).name == "l4"
     assert closest_shipped_spec(_gpu_cal("Some New GPU", 1900.0)).name == "a100"
@@ -242,7 +265,7 @@ def test_measure_attention_rates_on_gpu():
 
 @pytest.mark.gpu
 def test_elementwise_overhead_and_unaligned_rate_on_gpu():
-    from fusion_advisor.devices.calibrate import Sizes, measure_elementwise_overhead_us, measure_unaligned_matmul_tflops, _timer
+    from fusion_advisor.devices.calibrate import Sizes, measure_elementwise_overhead_us, measure_unaligned_matmul_tflops, timer_for
 
     sizes = Sizes.for_device("cuda", quick=True)
     t0 = measure_elementwise_overhead_us(3000.0, sizes, mib=(4, 16), kernels=4)
@@ -251,7 +274,7 @@ def test_elementwise_overhead_and_unaligned_rate_on_gpu():
 
     busy = measure_kernel_busy_overhead_us(3000.0, iters=10)  # the profiled kernel: no gap to the next one in it
     assert busy is not None and 0.0 < busy < t0 + 1.0
-    assert measure_unaligned_matmul_tflops("cuda", "bf16", sizes, _timer("cuda", sizes)) > 0
+    assert measure_unaligned_matmul_tflops("cuda", "bf16", sizes, timer_for("cuda", sizes)) > 0
 
 
 def test_quick_sizes_on_a_gpu_still_reach_the_ceilings():

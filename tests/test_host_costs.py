@@ -154,3 +154,32 @@ def test_the_host_cost_per_activity_is_the_slope_over_the_probes_as_a_share_of_t
     monkeypatch.setattr(bench, "device_kernels_per_call", lambda probe: 2.0)
     assert measure_activity_host_share("cuda") is None  # no spread: no slope
     assert measure_activity_host_share("cpu") is None
+
+
+def test_a_compiled_call_costs_its_ratio_to_the_add_less_one_launch(monkeypatch):
+    import fusion_advisor.devices.host_costs as hc
+
+    seen = []
+
+    def at_launch(device, body, launch_us, ops, repeats, numel=1024):
+        seen.append(body())  # the compiled chain runs: four multiply-adds of ones
+        return 4.0 * launch_us  # a compiled call: four adds of host time
+
+    monkeypatch.setattr(hc, "host_us_at_launch", at_launch)
+    cost = hc.measure_compiled_call("cpu", 10.0, backend="eager")
+    expected = torch.ones(1024)
+    for i in range(4):
+        expected = expected * 1.0001 + 0.001 * i
+    assert torch.equal(seen[0], expected)
+    assert cost.compiled_call_us == 30.0  # its fused kernel's launch is charged apart
+    assert cost.graph_replay_us is None and cost.probes == {"compiled": 4.0}  # no CUDA graphs on a CPU
+    with pytest.raises(ValueError, match="launch_us must be above 0"):
+        hc.measure_compiled_call("cpu", 0.0, backend="eager")
+
+
+def test_a_compiled_call_is_measured_through_dynamo():
+    # dynamo's guards and the compiled frame's call, here with the eager backend (no C++ compile in CI) running
+    # the chain's eight aten ops: more than twice an add
+    cost = host_costs.measure_compiled_call("cpu", 1.0, ops=50, repeats=3, backend="eager")
+    assert cost.probes["compiled"] > 2.0 and cost.compiled_call_us == pytest.approx(cost.probes["compiled"] - 1.0,
+                                                                                     abs=0.01)

@@ -123,6 +123,25 @@ def test_predicted_model_route_needs_a_gain_beyond_the_margin():
     assert math.isnan(r["reduce-overhead"]) and r["best"] == "torch.compile"
 
 
+def test_a_compiled_call_and_a_graph_replay_cost_host_time_per_captured_graph():
+    # a fresh user: three tiny integer ops predicted 41.1 us eager and 2.4 us under CUDA graphs. One H100 measured
+    # a compiled call at about 4 eager adds of host time and a reduce-overhead call at about 8
+    tiny = _frame([("fusible", 30.0, 10.0, 2.4)])
+    free = views.predicted_model_routes(tiny)
+    assert free["best"] == "reduce-overhead"  # what the routes said without the per-call costs
+    r = views.predicted_model_routes(tiny, compiled_call_us=30.0, graph_replay_us=80.0)
+    assert r["torch.compile"] == pytest.approx(40.0) and r["reduce-overhead"] == pytest.approx(82.4)
+    assert r["best"] == "eager"
+    # each captured graph (a graph break makes two) is a compiled call and a replay of its own
+    r2 = views.predicted_model_routes(tiny, compiled_call_us=30.0, graph_replay_us=80.0, graphs=2)
+    assert r2["torch.compile"] == pytest.approx(70.0) and r2["reduce-overhead"] == pytest.approx(162.4)
+    # a model of milliseconds keeps its route: the same costs are a few percent of it
+    big = _frame([("fusible", 3000.0, 1000.0, 990.0)] * 3)
+    assert views.predicted_model_routes(big, compiled_call_us=30.0, graph_replay_us=80.0)["best"] == "torch.compile"
+    # a CPU spec: the compiled call's cost without CUDA graphs
+    assert views.predicted_model_routes(tiny, gpu=False, compiled_call_us=30.0)["torch.compile"] == 40.0
+
+
 def test_a_scan_takes_inductors_own_scan_under_compile_and_other_unfusible_items_run_as_written():
     frame = pd.DataFrame([{"kind": "other", "pattern": "cumsum", "est_eager_us": 4500.0, "est_compile_us": 2500.0,
                            "est_cudagraphs_us": 4500.0},

@@ -232,6 +232,13 @@ class DeviceSpec:
             slicing), which launches no kernel; 0: not measured (views cost the host nothing in the replay).
         module_call_us: optional, measured host time (us) of entering one ``nn.Module`` call beyond the ops it
             runs; 0: not measured.
+        compiled_call_us: optional, measured host time (us) per call of a graph compiled by ``torch.compile``
+            beyond one launch per kernel (dynamo's guards, Inductor's wrapper;
+            :func:`fusion_advisor.devices.host_costs.measure_compiled_call`): the whole-model torch.compile
+            prediction charges it per captured graph. 0: not measured.
+        graph_replay_us: optional, measured host time (us) of one call under ``torch.compile(mode=
+            "reduce-overhead")`` (the CUDA-graph tree's replay): the whole-model reduce-overhead prediction takes at
+            least this per captured graph. 0: not measured.
         launch_overhead_us: time per eager kernel launch (dispatch plus launch), microseconds.
         launch_overhead_by_class: optional, measured host time per eager call (us) by op class key (``conv``,
             ``matmul``, ``normalization/native_group_norm``, ...: :func:`fusion_advisor.analyze.op_classes.op_class_keys`),
@@ -300,6 +307,8 @@ class DeviceSpec:
     reduction_rates: tuple[ReductionRate, ...] = ()
     view_overhead_us: float = 0.0
     module_call_us: float = 0.0
+    compiled_call_us: float = 0.0
+    graph_replay_us: float = 0.0
     launch_overhead_by_class: dict[str, float] = field(default_factory=dict)
     recurrent_step_us: dict[str, float] = field(default_factory=dict)
     pool_window_gelem_s: float = 0.0
@@ -322,15 +331,17 @@ class DeviceSpec:
 
     def at_host_speed(self, dispatch_us: float) -> "DeviceSpec":
         """This spec with its host costs (``launch_overhead_us``, ``launch_overhead_by_class``,
-        ``view_overhead_us``, ``module_call_us``) scaled to a host measured at ``dispatch_us``
-        per tiny eager op (the probe ``analyze --profile`` runs beside the model). Host speed differs between
-        machines with the same GPU far more than device rates do: five calibrations on H200 machines measured
-        7.9-11.5 us per eager add, four of them 25-47 us per cuDNN convolution call. Unchanged when either time is not above 0."""
+        ``view_overhead_us``, ``module_call_us``, ``compiled_call_us``, ``graph_replay_us``) scaled to a host
+        measured at ``dispatch_us`` per tiny eager op (the probe ``analyze --profile`` runs beside the model). Host
+        speed differs between machines with the same GPU far more than device rates do: five calibrations on H200
+        machines measured 7.9-11.5 us per eager add, four of them 25-47 us per cuDNN convolution call. Unchanged
+        when either time is not above 0."""
         if dispatch_us <= 0 or self.launch_overhead_us <= 0:
             return self
         k = dispatch_us / self.launch_overhead_us
         return replace(self, launch_overhead_us=dispatch_us, view_overhead_us=self.view_overhead_us * k,
-                       module_call_us=self.module_call_us * k,
+                       module_call_us=self.module_call_us * k, compiled_call_us=self.compiled_call_us * k,
+                       graph_replay_us=self.graph_replay_us * k,
                        launch_overhead_by_class={c: us * k for c, us in self.launch_overhead_by_class.items()})
 
     def efficiency(self, route: str, pattern: str) -> float:
@@ -475,6 +486,9 @@ def _parse(data: Any, origin: str) -> DeviceSpec:
         view_overhead_us=_number(data.get("view_overhead_us", 0.0), f"{origin}: view_overhead_us", "us",
                                  positive=False),
         module_call_us=_number(data.get("module_call_us", 0.0), f"{origin}: module_call_us", "us", positive=False),
+        compiled_call_us=_number(data.get("compiled_call_us", 0.0), f"{origin}: compiled_call_us", "us",
+                                 positive=False),
+        graph_replay_us=_number(data.get("graph_replay_us", 0.0), f"{origin}: graph_replay_us", "us", positive=False),
         launch_overhead_by_class=_parse_launch_by_class(data.get("launch_overhead_by_class"), origin),
         recurrent_step_us=_parse_recurrent_steps(data.get("recurrent_step_us"), origin),
         pool_window_gelem_s=_number(data.get("pool_window_gelem_s", 0.0), f"{origin}: pool_window_gelem_s",
@@ -585,7 +599,7 @@ def spec_fields(data: dict[str, Any]) -> dict[str, Any]:
     for key in ("attention_tflops", "attention_rates", "unaligned_tensor_tflops", "route_efficiency",
                 "op_time_fits", "op_time_fit_dtypes", "strided_bandwidth_gbps", "elementwise_overhead_us",
                 "kernel_busy_overhead_us", "conv_rates", "matmul_rates", "reduction_rates", "view_overhead_us",
-                "module_call_us", "launch_overhead_by_class",
+                "module_call_us", "compiled_call_us", "graph_replay_us", "launch_overhead_by_class",
                 "recurrent_step_us", "pool_window_gelem_s", "activity_host_share", "conv_probe_kernels",
                 "scan_bandwidth_gbps", "broadcast_bandwidth_gbps", "cat_sweep_gbps", "cat_sweep_cap_bytes"):
         if not data.get(key):

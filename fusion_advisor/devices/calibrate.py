@@ -47,14 +47,17 @@ from typing import Any, Callable
 import torch
 import yaml
 
-from fusion_advisor.kernel_tools.bench import Timing, device_time_and_kernels, time_cpu, time_cuda
 from fusion_advisor.devices import DeviceSpec, available_specs, load_spec, parse_spec
 from fusion_advisor.devices.attention_rates import (ATTENTION_MODEL_DIM, ATTENTION_REP_MS, ATTENTION_SHAPE,
                                                    ATTENTION_TOKENS, ATTENTION_WARMUP_MS, measure_attention_rates,
                                                    measure_attention_tflops)
-from fusion_advisor.devices.host_costs import (ActivityHostCost, add_probe, measure_activity_host_share,
-                                               measure_launch_by_class, measure_module_call_us, measure_view_us,
-                                               per_op_us)
+from fusion_advisor.devices.ceilings import (MEASURED_DTYPES, ELEMENTWISE_KERNELS, ELEMENTWISE_MIB, Sizes, timer_for,
+                                             kernel_timer, measure_copy_gbps, measure_elementwise_overhead_us,
+                                             measure_kernel_floor_us, measure_launch_us, measure_matmul_tflops,
+                                             measure_strided_copy_gbps, measure_unaligned_matmul_tflops)
+from fusion_advisor.devices.host_costs import (ActivityHostCost, CompiledCallCost, measure_activity_host_share,
+                                               measure_compiled_call, measure_launch_by_class, measure_module_call_us,
+                                               measure_view_us)
 from fusion_advisor.devices.op_rates import ConvRate, MatmulRate, fastest_tflops
 from fusion_advisor.devices.reduction_rates import ReductionRate, measure_reductions
 from fusion_advisor.devices.rate_sampling import (TABLE_KERNEL_CALLS, TABLE_REP_MS, TABLE_WARMUP_MS,
@@ -63,53 +66,11 @@ from fusion_advisor.devices.rate_sampling import (TABLE_KERNEL_CALLS, TABLE_REP_
 from fusion_advisor.devices.memory_rates import (BUSY_OVERHEAD_SOURCE, measure_kernel_busy_overhead_us,
                                                  measure_broadcast_gbps, measure_cat_sweep,
                                                  measure_pool_window_rate, measure_scan_gbps)
-from fusion_advisor.dtypes import TORCH_DTYPES
 from fusion_advisor.errors import CalibrationError
 from fusion_advisor import files
 
 #: First line of every spec calibrate writes; a file without it is not ours and is never overwritten.
 MARKER = "# fusion-advisor calibrate: measured device spec"
-
-#: the dtypes measured, by name (:mod:`fusion_advisor.dtypes`); tf32 is fp32 storage on TF32 tensor cores.
-_DTYPES = {**{name: TORCH_DTYPES[name] for name in ("fp32", "bf16", "fp16")}, "tf32": torch.float32}
-
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """Problem sizes of one calibration.
-
-    Attributes:
-        copy_bytes: bytes of each copy buffer (source and destination).
-        matmul_n: side of the square matmuls.
-        launch_ops: tiny ops issued in the launch-overhead loop.
-        launch_numel: elements of the tiny tensor.
-        warmup_ms, rep_ms: timer budgets per measurement (ms).
-    """
-
-    copy_bytes: int
-    matmul_n: int
-    launch_ops: int = 2000
-    launch_numel: int = 1024
-    warmup_ms: float = 25.0
-    rep_ms: float = 100.0
-
-    @classmethod
-    def for_device(cls, device: str, quick: bool = False, l2_bytes: int = 0) -> "Sizes":
-        """Defaults for ``device``: buffers at 8x L2 (at least 1 GiB) and n = 8192 on a GPU; 256 MiB and n = 1024 on
-        a CPU. ``quick``: shorter budgets, and on a GPU buffers of 4x L2 (at least 256 MiB) and n = 4096, sizes that
-        still reach the ceilings (a 16 MiB copy stays in an H200's 60 MiB L2 and a 256^3 matmul runs at a hundredth
-        of the tensor-core peak: a quick spec measured that way was 5 to 17 times off); on a CPU copy buffers of
-        64 MiB (at 16 MiB a new user's quick CPU copy ran in cache at 2.3x the full run's rate) and n = 1024."""
-        if quick and device == "cuda":
-            return cls(copy_bytes=max(4 * l2_bytes, 256 << 20), matmul_n=4096, launch_ops=300, warmup_ms=5.0,
-                       rep_ms=20.0)
-        if quick:  # a 256^3 CPU matmul ran at 1/17 of the 1024^3 one's rate (a fresh user): the full run's size
-            return cls(copy_bytes=64 << 20, matmul_n=1024, launch_ops=300, warmup_ms=5.0, rep_ms=20.0)
-        if device == "cuda":
-            return cls(copy_bytes=max(8 * l2_bytes, 1 << 30), matmul_n=8192)
-        return cls(copy_bytes=256 << 20, matmul_n=1024, rep_ms=200.0)
-
 
 @dataclass(frozen=True)
 class Calibration:
@@ -142,6 +103,8 @@ class Calibration:
         not_measured: spec fields or grid points not measured, with the reason (e.g. GPU only).
         view_us: host time of one eager view op (us, :func:`measure_view_us`).
         module_call_us: host time of entering one ``nn.Module`` call (us, :func:`measure_module_call_us`).
+        compiled_call: host time per call of a compiled model beyond its kernels
+            (:func:`fusion_advisor.devices.host_costs.measure_compiled_call`), None when not measured.
         conv_rates: measured convolutions by geometry (:func:`measure_convolutions`).
         matmul_rates: measured matmuls by shape (:func:`measure_matmuls`).
         reduction_rates: measured normalizations, softmaxes and reductions by shape
@@ -190,6 +153,7 @@ class Calibration:
     not_measured: dict[str, str] = field(default_factory=dict)
     view_us: float | None = None
     module_call_us: float | None = None
+    compiled_call: CompiledCallCost | None = None
     conv_rates: list[ConvRate] = field(default_factory=list)
     matmul_rates: list[MatmulRate] = field(default_factory=list)
     reduction_rates: list[ReductionRate] = field(default_factory=list)
@@ -258,164 +222,6 @@ def check_out_file(path: Path) -> None:
                          error=CalibrationError)
 
 
-def _timer(device: str, sizes: Sizes) -> Callable[[Callable[[], Any]], Timing]:
-    if device == "cuda":
-        return lambda fn: time_cuda(fn, warmup_ms=sizes.warmup_ms, rep_ms=sizes.rep_ms)
-    return lambda fn: time_cpu(fn, warmup_ms=sizes.warmup_ms, rep_ms=sizes.rep_ms)
-
-
-def kernel_timer(fn: Callable[[], Any]) -> Timing:
-    """The GPU timer of the convolution and matmul tables, the memory-kernel probes and the recurrent step: the summed durations of the kernels of one
-    call over :data:`TABLE_KERNEL_CALLS` profiled calls (L2 warm, no host time), as ``analyze --profile`` measures an
-    op inside a model."""
-    ms, kernels = device_time_and_kernels(fn, iters=TABLE_KERNEL_CALLS)
-    return Timing(ms, None, None, kernels)
-
-
-def measure_copy_gbps(device: str, sizes: Sizes, timer: Callable[[Callable[[], Any]], Timing]) -> float:
-    """Copy bandwidth in GB/s: ``2 * nbytes`` (read + write) over the median time of ``dst.copy_(src)``."""
-    n = sizes.copy_bytes // 4
-    src = torch.ones(n, device=device, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    t = timer(lambda: dst.copy_(src))
-    return 2 * n * 4 / (t.median_ms * 1e-3) / 1e9
-
-
-def measure_matmul_tflops(device: str, dtype: str, sizes: Sizes,
-                          timer: Callable[[Callable[[], Any]], Timing]) -> float:
-    """Matmul TFLOP/s of ``torch.mm`` on ``n x n`` operands of ``dtype`` (``2 n^3`` FLOPs over the median time).
-
-    ``fp32`` runs with TF32 off and ``tf32`` with it on (GPU); the previous setting is restored.
-
-    Raises:
-        RuntimeError: the device cannot run a matmul of that dtype.
-    """
-    # a CPU runs fp16 products in a slow fallback (~1 GFLOP/s): at n / 4 it is measured in well under a second
-    n = sizes.matmul_n // 4 if device == "cpu" and dtype == "fp16" else sizes.matmul_n
-    gen = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, dtype=_DTYPES[dtype], generator=gen)
-    b = torch.randn(n, n, device=device, dtype=_DTYPES[dtype], generator=gen)
-    out = torch.empty(n, n, device=device, dtype=_DTYPES[dtype])
-    previous = torch.backends.cuda.matmul.allow_tf32
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-        t = timer(lambda: torch.mm(a, b, out=out))
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
-    return 2 * n**3 / (t.median_ms * 1e-3) / 1e12
-
-
-def measure_unaligned_matmul_tflops(device: str, dtype: str, sizes: Sizes,
-                                    timer: Callable[[Callable[[], Any]], Timing]) -> float:
-    """Matmul TFLOP/s of ``torch.mm`` of ``[n, n] x [n, n - 1]`` operands of ``dtype``: output columns (and the
-    second operand's leading dimension) not a multiple of 16 bytes, as in GPT-2's 50257-column vocabulary
-    projection; ``2 n^2 (n - 1)`` FLOPs over the median time.
-
-    Raises:
-        RuntimeError: the device cannot run a matmul of that dtype.
-    """
-    # a CPU runs fp16 products in a slow fallback (~1 GFLOP/s): at n / 4 it is measured in well under a second
-    n = sizes.matmul_n // 4 if device == "cpu" and dtype == "fp16" else sizes.matmul_n
-    gen = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, dtype=_DTYPES[dtype], generator=gen)
-    b = torch.randn(n, n - 1, device=device, dtype=_DTYPES[dtype], generator=gen)
-    out = torch.empty(n, n - 1, device=device, dtype=_DTYPES[dtype])
-    t = timer(lambda: torch.mm(a, b, out=out))
-    return 2 * n * n * (n - 1) / (t.median_ms * 1e-3) / 1e12
-
-
-def measure_strided_copy_gbps(device: str, sizes: Sizes, timer: Callable[[Callable[[], Any]], Timing]) -> float:
-    """Bandwidth (GB/s) of an eager copy reading a permuted view: ``dst.copy_(x.transpose(1, 2))`` with x a bf16
-    ``[B, 2048, 32, 128]`` tensor (B so that x is about ``sizes.copy_bytes``, at least 1) and dst a contiguous
-    ``[B, 32, 2048, 128]``: ``2 * nbytes`` (read + written) over the median time. The layout of
-    ``proj(x).view(B, S, H, D).transpose(1, 2)`` feeding RoPE or a ``.contiguous()``."""
-    s, h, d = 2048, 32, 128
-    b = max(1, sizes.copy_bytes // (s * h * d * 2))
-    x = torch.ones(b, s, h, d, device=device, dtype=torch.bfloat16)
-    dst = torch.empty(b, h, s, d, device=device, dtype=torch.bfloat16)
-    view = x.transpose(1, 2)
-    t = timer(lambda: dst.copy_(view))
-    return 2 * x.numel() * 2 / (t.median_ms * 1e-3) / 1e9
-
-
-def measure_launch_us(device: str, sizes: Sizes, repeats: int = 5) -> float:
-    """Wall time per tiny eager op (``y = x + 1`` on ``launch_numel`` fp32 elements), us: ``launch_ops`` ops issued
-    in a loop, synchronised once at the end; the median of ``repeats`` loops after one warm-up loop
-    (:func:`fusion_advisor.devices.host_costs.add_probe`)."""
-    return per_op_us(device, add_probe(device, sizes.launch_numel), sizes.launch_ops, repeats)
-
-
-def _graph_replay_ms(body: Callable[[], Any], sizes: Sizes) -> float:
-    """Median ms per replay of a CUDA graph capturing ``body()`` (run once first on a side stream, as capture needs),
-    timed with ``time_cuda``: the device time of ``body``'s kernels with no host cost between them.
-
-    Raises:
-        RuntimeError: CUDA graphs unavailable, or ``body`` fails.
-    """
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        body()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    graph.replay()
-    torch.cuda.synchronize()
-    return time_cuda(graph.replay, warmup_ms=sizes.warmup_ms, rep_ms=sizes.rep_ms).median_ms
-
-
-def measure_kernel_floor_us(sizes: Sizes) -> float | None:
-    """GPU device time per back-to-back tiny kernel: ``launch_ops`` tiny adds captured in a CUDA graph, replayed and
-    timed with CUDA events (us). ``None`` when CUDA graphs are unavailable."""
-    try:
-        x = torch.ones(sizes.launch_numel, device="cuda")
-        ops = min(sizes.launch_ops, 1000)
-
-        def adds() -> None:
-            for _ in range(ops):
-                x.add_(0.0)
-
-        return _graph_replay_ms(adds, sizes) * 1e3 / ops
-    except Exception:  # noqa: BLE001 - an optional extra; the spec does not need it
-        return None
-
-
-#: Bytes per operand and kernels per CUDA graph of :func:`measure_elementwise_overhead_us`.
-ELEMENTWISE_MIB = (4, 16, 64)
-ELEMENTWISE_KERNELS = 8
-
-
-def measure_elementwise_overhead_us(copy_gbps: float, sizes: Sizes, mib: tuple[int, ...] = ELEMENTWISE_MIB,
-                                    kernels: int = ELEMENTWISE_KERNELS) -> float | None:
-    """Fixed device time per eager elementwise kernel beyond its bytes at copy bandwidth (us): ``torch.add(a, b,
-    out=c)`` on bf16 operands of ``mib`` MiB each, ``kernels`` adds on distinct buffers (more than the L2 holds)
-    captured in a CUDA graph and replayed (no host cost); per size ``time per kernel - 3 * bytes / copy_gbps``,
-    the median over sizes. It is the ramp-up and tail of a bandwidth-bound kernel (H200: a 33 MB add or
-    LayerNorm takes ~4 us more than its bytes at copy bandwidth; a DtoD memcpy does not). ``None`` when CUDA graphs
-    are unavailable."""
-    import statistics
-
-    try:
-        extra = []
-        for m in mib:
-            n = (m << 20) // 2
-            bufs = [tuple(torch.empty(n, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                    for _ in range(kernels)]
-
-            def adds(bufs: list[tuple[torch.Tensor, ...]] = bufs) -> None:
-                for a, b, c in bufs:
-                    torch.add(a, b, out=c)
-
-            per_kernel_us = _graph_replay_ms(adds, sizes) * 1e3 / kernels
-            extra.append(per_kernel_us - 3 * (m << 20) / (copy_gbps * 1e9) * 1e6)
-            del bufs, adds  # free this size's buffers before the next, larger one
-        torch.cuda.empty_cache()
-        return max(statistics.median(extra), 0.0)
-    except Exception:  # noqa: BLE001 - an optional extra; the spec does not need it
-        return None
-
-
 def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool = False,
             progress: Callable[[str], None] | None = None) -> Calibration:
     """Measure copy bandwidth, matmul throughput per dtype and per-op launch overhead on ``device``.
@@ -437,10 +243,10 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
     else:
         name = cpu_name()
     sizes = sizes or Sizes.for_device(device, quick=quick, l2_bytes=l2)
-    timer = _timer(device, sizes)
+    timer = timer_for(device, sizes)
     matmul_dtypes = ("fp32", "tf32", "bf16", "fp16") if device == "cuda" else ("fp32", "bf16", "fp16")
     steps = 1 + len(matmul_dtypes) + (2 if device == "cuda" else 0) + (3 if device == "cuda" and not quick else 0) \
-        + 2 + (2 if device == "cuda" else 0) + 5
+        + 2 + (2 if device == "cuda" else 0) + 5 + (0 if quick else 1)
     done = [0]
 
     seconds: dict[str, float] = {}
@@ -519,17 +325,17 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
                                                 if device != "cuda" else
                                                 "the convolution probes' activity counts spread too little for a slope")
         step("convolutions and matmuls by shape")
-        table_timer = _timer(device, replace(sizes, warmup_ms=TABLE_WARMUP_MS, rep_ms=TABLE_REP_MS))
+        table_timer = timer_for(device, replace(sizes, warmup_ms=TABLE_WARMUP_MS, rep_ms=TABLE_REP_MS))
         # on a GPU convolutions, matmuls and recurrent layers are timed by their kernels, as a profile measures an op
         conv_rates, conv_skipped = measure_convolutions(device, quick, kernel_timer if device == "cuda"
-                                                        else table_timer, _DTYPES)
+                                                        else table_timer, MEASURED_DTYPES)
         not_measured.update(conv_skipped)
         matmul_rates, matmul_skipped = measure_matmuls(device, quick, kernel_timer if device == "cuda"
-                                                       else table_timer, _DTYPES)
+                                                       else table_timer, MEASURED_DTYPES)
         not_measured.update(matmul_skipped)
         step("normalizations, softmaxes and reductions by shape")
         reduction_rates, reduction_skipped = measure_reductions(device, quick, kernel_timer if device == "cuda"
-                                                                else table_timer, _DTYPES)
+                                                                else table_timer, MEASURED_DTYPES)
         not_measured.update(reduction_skipped)
         step("pooling window reads and scans")
         pool_rate, pool_rows = measure_pool_window_rate(device, copy, quick, kernel_timer if device == "cuda"
@@ -565,6 +371,18 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
                                                        else "CUDA graphs unavailable")
         if busy_overhead is None:
             not_measured["kernel_busy_overhead_us"] = "GPU only (profiled tiny adds)"
+        compiled_call = None
+        if quick:
+            not_measured["compiled_call_us"] = "not measured with --quick (it compiles a model: a few seconds)"
+        else:  # last: Inductor's compile workers stay behind
+            step("host time per call of a compiled model")
+            try:
+                compiled_call = measure_compiled_call(device, launch)
+            except RuntimeError as e:  # no C++ compiler or Triton for this device
+                not_measured["compiled_call_us"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        if device != "cuda" or compiled_call is None or compiled_call.graph_replay_us is None:
+            not_measured["graph_replay_us"] = ("GPU only (torch.compile's CUDA graphs)" if device != "cuda"
+                                               else not_measured.get("compiled_call_us", "not measured"))
     seconds[clock[1]] = round(time.perf_counter() - clock[0], 2)
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -575,6 +393,7 @@ def measure(device: str | None = None, sizes: Sizes | None = None, quick: bool =
         broadcast_gbps=broadcast, cat_sweep=cat_sweep,
         unaligned_tflops=unaligned, elementwise_overhead_us=elementwise, kernel_busy_overhead_us=busy_overhead,
         not_measured=not_measured, view_us=view_us, module_call_us=module_us, conv_rates=conv_rates,
+        compiled_call=compiled_call,
         launch_by_class=launch_by_class, activity=activity, step_seconds=seconds,
         matmul_rates=matmul_rates, reduction_rates=reduction_rates, recurrent_step_us=recurrent,
         recurrent_probe=recurrent_probe(device, quick),
@@ -768,6 +587,18 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                    "of the launch's add interleaved 5 times, the median difference over the add "
                                    "times the launch overhead")}
            if cal.module_call_us is not None else {}),
+        **({"compiled_call_us": round(cal.compiled_call.compiled_call_us, 3),
+            "compiled_call_source": (f"{by}: a torch.compile'd chain of four multiply-adds on 1,024 floats (one fused "
+                                     "kernel; host_costs.measure_compiled_call) called in a loop beside a loop of "
+                                     "the launch's add, the median of 5 rounds' ratios "
+                                     f"({cal.compiled_call.probes['compiled']:g} adds) less one launch, times the "
+                                     "launch overhead")}
+           if cal.compiled_call is not None else {}),
+        **({"graph_replay_us": round(cal.compiled_call.graph_replay_us, 3),
+            "graph_replay_source": (f"{by}: the same chain under torch.compile(mode=\"reduce-overhead\"), the median "
+                                    "of 5 rounds' ratios to the add "
+                                    f"({cal.compiled_call.probes['reduce-overhead']:g}) times the launch overhead")}
+           if cal.compiled_call is not None and cal.compiled_call.graph_replay_us is not None else {}),
         **({"conv_rates": [asdict(r.rounded()) for r in cal.conv_rates],
             "conv_rates_source": (f"{by}: {len(cal.conv_rates)} seeded random convolutions "
                                   "(fusion_advisor.devices.rate_sampling.sample_plan: every class of CONV_CLASSES, half "

@@ -1,7 +1,9 @@
 """Host time of eager PyTorch beyond one launch per kernel, measured for ``calibrate``: per view op, per
 ``nn.Module`` call, and per call of the op classes whose calls cost the host more than an elementwise add (cuDNN and
 cuBLAS set up each call; the modules that issue them run Python of their own). The spec's ``view_overhead_us``,
-``module_call_us`` and ``launch_overhead_by_class`` (:func:`fusion_advisor.analyze.roofline.op_launch_us`).
+``module_call_us`` and ``launch_overhead_by_class`` (:func:`fusion_advisor.analyze.roofline.op_launch_us`). Also
+the host time per call of a compiled model beyond its kernels (:func:`measure_compiled_call`: the spec's
+``compiled_call_us`` and ``graph_replay_us``, which the whole-model route predictions charge).
 """
 
 from __future__ import annotations
@@ -270,3 +272,65 @@ def measure_activity_host_share(device: str, ops: int = 200, repeats: int = 7) -
     at_probe = intercept + slope * counts[0]
     return ActivityHostCost(counts[0], max(slope, 0.0) / at_probe if at_probe > 0 else 0.0,
                             tuple((round(a, 2), round(t, 2)) for a, t in zip(counts, times)))
+
+
+@dataclass(frozen=True)
+class CompiledCallCost:
+    """Host time per call of a whole model under ``torch.compile``, beyond the work of its kernels
+    (:func:`measure_compiled_call`).
+
+    Attributes:
+        compiled_call_us: default mode: dynamo's guards and Inductor's wrapper per call of a compiled graph, beyond
+            one launch per kernel (us).
+        graph_replay_us: ``mode="reduce-overhead"``: the host time of one call replaying the CUDA-graph tree (its
+            checks, the input copy's launch, the graph launch), us; None on a CPU (no CUDA graphs).
+        probes: the timed calls in units of the add probe beside them (``{"compiled": 4.1, "reduce-overhead":
+            8.1}``), for the spec's source line.
+    """
+
+    compiled_call_us: float
+    graph_replay_us: float | None
+    probes: dict[str, float]
+
+
+def _compiled_chain(x: torch.Tensor) -> torch.Tensor:
+    """The model :func:`measure_compiled_call` compiles: four multiply-adds (eight eager aten ops), one fused
+    kernel under Inductor."""
+    for i in range(4):
+        x = x * 1.0001 + 0.001 * i
+    return x
+
+
+def measure_compiled_call(device: str, launch_us: float, ops: int = 200, repeats: int = 5,
+                          backend: str = "inductor") -> CompiledCallCost:
+    """Host time per call of a compiled model beyond its kernels: :func:`_compiled_chain` on 1,024 floats (a
+    negligible kernel: the loop runs at the host's pace) compiled by ``torch.compile`` (``backend``), and on a GPU
+    also with ``mode="reduce-overhead"``, each timed as :func:`host_us_at_launch` times a class (``ops`` calls in a
+    loop beside an add loop, median of ``repeats`` rounds' ratios, times ``launch_us``). ``compiled_call_us`` is
+    the compiled call less one launch (its fused kernel's, which the roofline charges apart); ``graph_replay_us``
+    the reduce-overhead call whole. Measured on one H100 (benchmarks/results/h100/host/compiled_call_probe.json):
+    a compiled call cost about 4 adds whatever the chain's length (1, 4 or 16 multiply-adds), a reduce-overhead
+    call about 8; the whole-model route predictions had priced neither (a fresh user: three integer ops predicted
+    41.1 us eager, 2.4 us under CUDA graphs). Compiling takes a few seconds; dynamo's caches are reset after.
+
+    Raises:
+        RuntimeError: the backend cannot compile on ``device`` (no C++ compiler for Inductor's CPU code, no Triton;
+            dynamo's errors derive from it).
+        ValueError: ``launch_us`` not above 0.
+    """
+    if launch_us <= 0:
+        raise ValueError(f"launch_us must be above 0 (the add probe's host time), got {launch_us}")
+    x = torch.ones(1024, device=device)
+    probes: dict[str, float] = {}
+    try:
+        compiled = torch.compile(_compiled_chain, backend=backend, dynamic=False)
+        probes["compiled"] = host_us_at_launch(device, lambda: compiled(x), launch_us, ops, repeats) / launch_us
+        if device == "cuda" and backend == "inductor":
+            graphed = torch.compile(_compiled_chain, mode="reduce-overhead", dynamic=False)
+            probes["reduce-overhead"] = host_us_at_launch(device, lambda: graphed(x), launch_us, ops,
+                                                          repeats) / launch_us
+    finally:
+        torch._dynamo.reset()
+    replay = probes["reduce-overhead"] * launch_us if "reduce-overhead" in probes else None
+    return CompiledCallCost(max(probes["compiled"] - 1.0, 0.0) * launch_us, replay,
+                            {k: round(v, 2) for k, v in probes.items()})

@@ -196,17 +196,27 @@ def input_copy_us(analysis: Analysis) -> float:
 
 
 def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_copy_us: float = 0.0,
-                           unused_us: float = 0.0) -> dict[str, Any]:
+                           unused_us: float = 0.0, compiled_call_us: float = 0.0, graph_replay_us: float = 0.0,
+                           graphs: int = 1) -> dict[str, Any]:
     """The predicted time (us) of the whole model as written (``eager``: sum of ``est_eager_us`` plus
     ``unused_us``, the work no output uses that eager runs and dynamo drops, :attr:`Analysis.unused_us`), under
-    ``torch.compile(model)`` (:func:`predicted_compile_us`) and under ``torch.compile(model, mode="reduce-overhead")``
-    (Inductor's code replayed from CUDA graphs: every chain at ``est_cudagraphs_us``, the launch floor gone, but a
-    recurrent layer as written: dynamo breaks the graph there; plus
-    ``graph_input_copy_us``, :func:`input_copy_us`; GPU specs only), and ``best``: the route predicted fastest,
-    where a route counts as faster than a simpler one only beyond :data:`ROUTE_MARGIN`. Returns ``{"eager": us,
-    "torch.compile": us, "reduce-overhead": us or NaN, "best": name}``."""
+    ``torch.compile(model)`` (:func:`predicted_compile_us`, plus ``compiled_call_us`` per captured graph: the
+    guards and wrapper of each compiled graph's call, ``DeviceSpec.compiled_call_us``) and under
+    ``torch.compile(model, mode="reduce-overhead")`` (Inductor's code replayed from CUDA graphs: every chain at
+    ``est_cudagraphs_us``, the launch floor gone, but a recurrent layer as written: dynamo breaks the graph there;
+    plus ``graph_input_copy_us``, :func:`input_copy_us`, and ``graph_replay_us`` per captured graph, the host time
+    of a replay, ``DeviceSpec.graph_replay_us``; GPU specs only), and ``best``: the route predicted fastest, where a route counts as faster
+    than a simpler one only beyond :data:`ROUTE_MARGIN`. ``graphs``: the captured graphs one model call runs
+    (at least 1). Returns ``{"eager": us, "torch.compile": us, "reduce-overhead": us or NaN, "best": name}``.
+    Each call's fixed host cost is added to the device work, not hidden under it: on the H200's apply runs
+    reduce-overhead ran a median 34 us behind torch.compile on 28 level-2 models of 0.5-41 ms
+    (benchmarks/results/h200/apply_models), where its device work is no longer; and on one H100
+    (benchmarks/results/h100/host/compiled_call_probe.json) a compiled chain of 1-16 multiply-adds took about 4 eager
+    adds of host time per call, under reduce-overhead about 8, while eager ran 2 adds for one multiply-add."""
     compiled = predicted_compile_series(frame) if len(frame) else pd.Series(dtype=float)
-    times = {"eager": _sum(frame, "est_eager_us") + unused_us, "torch.compile": float(compiled.sum(skipna=True))}
+    graphs = max(graphs, 1)
+    times = {"eager": _sum(frame, "est_eager_us") + unused_us,
+             "torch.compile": float(compiled.sum(skipna=True)) + graphs * compiled_call_us}
     graphed = frame["est_cudagraphs_us"] if "est_cudagraphs_us" in frame else None
     if graphed is not None and "pattern" in frame:
         # torch.compile breaks its graph at nn.LSTM / nn.GRU / nn.RNN (dynamo's allow_rnn is off by default): the
@@ -214,7 +224,7 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
         # 45.9 ms eager, 46.0 under reduce-overhead); only a whole-model torch.cuda.graph (apply's) replays them
         graphed = graphed.where(frame["pattern"] != "recurrent", frame["est_eager_us"])
     times["reduce-overhead"] = (float(pd.concat([graphed.astype(float), compiled], axis=1).min(axis=1)
-                                      .sum(skipna=True)) + graph_input_copy_us
+                                      .sum(skipna=True)) + graph_input_copy_us + graphs * graph_replay_us
                                 if gpu and graphed is not None and len(frame) else float("nan"))
     best = "eager"
     for route in MODEL_ROUTES[1:]:
@@ -226,10 +236,15 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
 
 def analysis_model_routes(analysis: Analysis, frame: pd.DataFrame) -> dict[str, Any]:
     """:func:`predicted_model_routes` of an analysis (``frame``: its :func:`chains_frame`): CUDA graphs on a GPU
-    spec only, the input copy of :func:`input_copy_us`, the unused work's eager time; plus ``breaks``, the
-    capture's graph breaks, which the whole-model predictions do not price (:func:`whole_model_note`)."""
-    routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu",
-                                    graph_input_copy_us=input_copy_us(analysis), unused_us=analysis.unused_us)
+    spec only, the input copy of :func:`input_copy_us`, the unused work's eager time, the spec's host time per
+    compiled call and per graph replay for each captured graph; plus ``breaks``, the capture's graph breaks, which
+    the whole-model predictions do not otherwise price (:func:`whole_model_note`)."""
+    spec = analysis.device_spec or {}
+    routes = predicted_model_routes(frame, gpu=spec.get("kind", "gpu") == "gpu",
+                                    graph_input_copy_us=input_copy_us(analysis), unused_us=analysis.unused_us,
+                                    compiled_call_us=float(spec.get("compiled_call_us") or 0.0),
+                                    graph_replay_us=float(spec.get("graph_replay_us") or 0.0),
+                                    graphs=len({op.graph_index for op in analysis.ops}))
     return {**routes, "breaks": len(analysis.graph_breaks)}
 
 
