@@ -331,3 +331,33 @@ def test_an_op_reading_one_tensor_twice_reads_it_once():
     og = build_op_graph(capture(LoadedModel("m", "<test>", "test", Square(), (x, y), "cpu", "")))
     mul, add = [o for o in og.ops if not o.is_view]
     assert mul.bytes_read == x.nbytes and add.bytes_read == 2 * x.nbytes
+
+
+def test_batch_and_group_norms_reduce_what_their_statistics_cover(tmp_path):
+    """BatchNorm and GroupNorm were given the last dim's width as their rows (a reviewer): an eval BatchNorm is a
+    per-channel affine map (no reduction; Inductor fuses it with a following ReLU and spatial mean into one
+    reduction kernel), training BatchNorm and InstanceNorm reduce each channel over the batch and spatial dims,
+    GroupNorm each sample's group over C / groups x spatial."""
+    from fusion_advisor.analyze.pipeline import analyze
+
+    path = tmp_path / "norms.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.eval_bn, self.gn, self.inorm = nn.BatchNorm2d(32), nn.GroupNorm(4, 32), nn.InstanceNorm2d(32)\n"
+        "    def forward(self, x):\n"
+        "        head = torch.relu(self.eval_bn(x)).mean(dim=(2, 3))\n"
+        "        batch_stats = nn.functional.batch_norm(x, None, None, training=True)\n"
+        "        return head, batch_stats, self.gn(x), self.inorm(x)\n\n"
+        "def get_inputs():\n    return [torch.randn(8, 32, 16, 24)]\n\ndef get_init_inputs():\n    return []\n")
+    a = analyze(path)
+    norms = {o.module_path or o.source.line: o for o in a.ops if o.category == "normalization"}
+    assert norms["eval_bn"].reduction_elems == 0  # analyze runs the model in eval mode
+    train_bn = norms[10]  # the functional call's line
+    assert train_bn.reduction_elems == 8 * 16 * 24 and not train_bn.reduces_last_dim
+    assert norms["gn"].reduction_elems == 8 * 16 * 24  # 32 / 4 channels x 16 x 24
+    assert norms["inorm"].reduction_elems == 16 * 24
+    # the eval BatchNorm, its ReLU and the spatial mean: one chain, one kernel, as Inductor runs them
+    head = next(c for c in a.chains if "eval_bn" in {a_op.module_path for a_op in a.ops if a_op.id in c.op_ids})
+    assert {t.split(".")[1] for t in head.targets} >= {"_native_batch_norm_legit_no_training", "relu", "mean"}
+    assert head.row_elems == 16 * 24

@@ -354,6 +354,22 @@ def _reduction_geometry(node: torch.fx.Node, name: str, category: str,
         for s in node.args[1]:
             width *= int(s)
         return width, True
+    if name == "_native_batch_norm_legit_no_training" or (name in ("native_batch_norm", "batch_norm")
+                                                          and len(node.args) > 5 and node.args[5] is False):
+        # eval: the running statistics make it a per-channel affine map, no reduction (Inductor decomposes it to
+        # pointwise ops, and fuses it with a following ReLU and spatial mean into one reduction kernel)
+        return 0, True
+    if name.startswith("_native_batch_norm_legit") or name in ("native_batch_norm", "batch_norm",
+                                                                "cudnn_batch_norm"):
+        # training statistics per channel, over the batch and the spatial dims (InstanceNorm's too, on its input
+        # reshaped to 1 x N*C x ...): not the last dim's width
+        return (inputs[0].numel // max(shape[1], 1) if len(shape) > 1 else shape[-1]), len(shape) <= 2
+    if name in ("native_group_norm", "group_norm"):
+        # statistics per sample and group: C / groups x spatial elements, contiguous in NCHW
+        groups = node.args[6] if name == "native_group_norm" and len(node.args) > 6 else \
+            node.args[1] if name == "group_norm" and len(node.args) > 1 else 0
+        if isinstance(groups, int) and groups > 0 and len(shape) > 1:
+            return inputs[0].numel // max(shape[0] * groups, 1), True
     if category == "normalization" or name in ("nll_loss_forward", "nll_loss2d_forward"):
         return shape[-1], True
     out_numel = outputs[0].numel if outputs else 1
