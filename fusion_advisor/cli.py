@@ -232,8 +232,8 @@ def _inductor_code(analysis, graphs, out_dir: Path, top: int, budget_s: float) -
 def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None) -> None:
     from rich.table import Table
 
-    from fusion_advisor.report.views import (analysis_model_routes, apply_command, apply_elsewhere, matmul_peak_text,
-                                             plan_mismatches, predicted_compile_us, whole_model_note)
+    from fusion_advisor.report.views import (apply_command, apply_elsewhere, matmul_peak_text, plan_mismatches,
+                                             predicted_totals, whole_model_note)
     from fusion_advisor.report.write import after_route_us as counted
     from fusion_advisor.report.write import chains_frame, read_plan, replaced_note, summary_rows
 
@@ -294,13 +294,12 @@ def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None)
         t.add_row(*cells)
     if ranked:  # --top 0 (or a model without chains): no empty table
         out.print(t)
-    frame = chains_frame(analysis)
-    eager, advised = float(frame["est_eager_us"].sum()), float(frame["est_after_route_us"].sum())
+    totals = predicted_totals(analysis, chains_frame(analysis))  # the numbers report.html's first screen gives
+    eager, advised = totals["eager"], totals["advised"]
     if advised > 0:  # over the chains; the whole-model route (whole_model_note) also weighs the unused work
-        routes = analysis_model_routes(analysis, frame)
-        out.print(f"predicted: {eager / advised:.2f}x vs eager, {predicted_compile_us(frame) / advised:.2f}x vs "
-                  f"torch.compile(model) over the chains{whole_model_note(routes, advised)} (roofline estimates; "
-                  "apply measures them)", highlight=False)
+        out.print(f"predicted: {eager / advised:.2f}x vs eager, {totals['compiled'] / advised:.2f}x vs "
+                  f"torch.compile(model) over the chains{whole_model_note(totals['routes'], advised)} (roofline "
+                  "estimates; apply measures them)", highlight=False)
     out_dir = Path(paths["html"]).parent
     plan, _ = read_plan(out_dir)
     if plan is None:

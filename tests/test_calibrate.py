@@ -157,7 +157,6 @@ def test_gpu_spec_records_the_host_time_per_compiled_call_and_graph_replay():
     from fusion_advisor.devices import parse_spec
     from fusion_advisor.devices.host_costs import CompiledCallCost
 
-    assert "compiled_call_us" not in spec_dict(_gpu_cal("NVIDIA H200"))  # not measured: not written
     cost = CompiledCallCost(19.5, 52.9, {"compiled": 4.0, "reduce-overhead": 8.14})
     data = spec_dict(dataclasses.replace(_gpu_cal("NVIDIA H200"), compiled_call=cost))
     assert data["compiled_call_us"] == 19.5 and data["graph_replay_us"] == 52.9
@@ -166,12 +165,23 @@ def test_gpu_spec_records_the_host_time_per_compiled_call_and_graph_replay():
     spec = parse_spec(yaml.safe_load(render_spec(data)), "calibrated.yaml")
     assert (spec.compiled_call_us, spec.graph_replay_us) == (19.5, 52.9)
     # a host twice as fast (the profile's probe at half the launch) halves both
-    slow = spec.at_host_speed(spec.launch_overhead_us / 2)
-    assert (slow.compiled_call_us, slow.graph_replay_us) == pytest.approx((9.75, 26.45))
-    # a CPU calibration has no CUDA graphs: the replay is not written
-    cpu = CompiledCallCost(16.0, None, {"compiled": 8.4})
-    data = spec_dict(dataclasses.replace(_gpu_cal("NVIDIA H200"), compiled_call=cpu))
+    fast = spec.at_host_speed(spec.launch_overhead_us / 2)
+    assert (fast.compiled_call_us, fast.graph_replay_us) == pytest.approx((9.75, 26.45))
+    # CUDA graphs refused: the replay is not written
+    alone = CompiledCallCost(16.0, None, {"compiled": 8.4})
+    data = spec_dict(dataclasses.replace(_gpu_cal("NVIDIA H200"), compiled_call=alone))
     assert data["compiled_call_us"] == 16.0 and "graph_replay_us" not in data
+    # a CPU calibration that measured none: the shipped cpu spec's compiled call, no replay (no CUDA graphs)
+    cpu = dataclasses.replace(_gpu_cal("NVIDIA H200"), device="cpu", device_name="Some CPU")
+    data = spec_dict(cpu, base=load_spec("cpu"))
+    assert data["compiled_call_us"] > 0 and "graph_replay_us" not in data
+    # not measured (--quick): the shipped spec's, at this host's speed, and said so
+    quick = dataclasses.replace(_gpu_cal("NVIDIA H200"), not_measured={"compiled_call_us": "not measured with --quick"})
+    data = spec_dict(quick)
+    h200 = load_spec("h200")
+    assert data["compiled_call_us"] == pytest.approx(h200.compiled_call_us * 6.5 / h200.launch_overhead_us, abs=1e-3)
+    assert data["graph_replay_us"] == pytest.approx(h200.graph_replay_us * 6.5 / h200.launch_overhead_us, abs=1e-3)
+    assert data["compiled_call_source"].startswith("copied from the shipped spec h200 (not measured with --quick)")
 
 
 def test_closest_spec_of_an_unknown_gpu_is_by_bandwidth():

@@ -337,10 +337,10 @@ def test_unused_work_is_priced_named_and_paid_by_the_eager_route_only(tmp_path):
     frame = chains_frame(a)
     routes = views.analysis_model_routes(a, frame)
     assert routes["eager"] == pytest.approx(float(frame["est_eager_us"].sum()) + a.unused.eager_us)
-    # and torch.compile(model) pays the spec's host time per compiled call, once for its one graph
-    assert a.device_spec["compiled_call_us"] > 0
-    assert routes["torch.compile"] == pytest.approx(views.predicted_model_routes(frame)["torch.compile"]
-                                                    + a.device_spec["compiled_call_us"])
+    # and torch.compile(model) is priced with the spec's host costs per call, for its one graph
+    calls = views.HostCalls.of(a)
+    assert calls.compiled_call_us == a.device_spec["compiled_call_us"] > 0 and calls.graphs == 1
+    assert routes["torch.compile"] == pytest.approx(views.predicted_model_routes(frame, calls=calls)["torch.compile"])
     # on a cpu device the model is built again on meta and traced there: the same finding
     assert analyze(f, device="cpu", gpu="h200").unused == a.unused
     # work the trace's output does not show but dynamo keeps (a dataclass returned, a tensor kept on the module):

@@ -361,3 +361,29 @@ def test_batch_and_group_norms_reduce_what_their_statistics_cover(tmp_path):
     head = next(c for c in a.chains if "eval_bn" in {a_op.module_path for a_op in a.ops if a_op.id in c.op_ids})
     assert {t.split(".")[1] for t in head.targets} >= {"_native_batch_norm_legit_no_training", "relu", "mean"}
     assert head.row_elems == 16 * 24
+
+
+def test_reductions_of_equal_width_over_different_axes_do_not_share_a_chain(tmp_path):
+    """A training BatchNorm (per channel, over batch and spatial dims) then a GroupNorm (per sample and group) read
+    as one chain where the batch equalled the channels per group, both rows 3072 wide (a reviewer): Inductor needs
+    the batch statistics before the groups'. A 2-D training BatchNorm reduces dim 0, not the last."""
+    from fusion_advisor.analyze.pipeline import analyze
+
+    path = tmp_path / "bn_gn.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\nclass Model(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.gn = nn.GroupNorm(4, 32)\n"
+        "    def forward(self, x, v):\n"
+        "        y = torch.relu(F.batch_norm(x, None, None, training=True))\n"
+        "        return self.gn(y), F.batch_norm(v, None, None, training=True)\n\n"
+        "def get_inputs():\n    return [torch.randn(8, 32, 16, 24), torch.randn(16, 64)]\n\n"
+        "def get_init_inputs():\n    return []\n")
+    a = analyze(path)
+    rows = {o.id: o for o in a.ops if o.category == "normalization"}
+    assert sorted(o.reduction_elems for o in rows.values()) == [16, 3072, 3072]
+    flat = next(o for o in rows.values() if o.reduction_elems == 16)
+    assert not flat.reduces_last_dim  # its statistics run over the 16 rows
+    chain_of = {i: c.id for c in a.chains for i in c.op_ids}
+    bn, gn = (next(i for i, o in rows.items() if t in o.target and o.reduction_elems == 3072)
+              for t in ("batch_norm", "group_norm"))
+    assert chain_of[bn] != chain_of[gn]

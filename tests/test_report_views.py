@@ -123,23 +123,39 @@ def test_predicted_model_route_needs_a_gain_beyond_the_margin():
     assert math.isnan(r["reduce-overhead"]) and r["best"] == "torch.compile"
 
 
-def test_a_compiled_call_and_a_graph_replay_cost_host_time_per_captured_graph():
+def test_a_compiled_call_and_a_graph_replay_cost_host_time_that_device_work_hides():
     # a fresh user: three tiny integer ops predicted 41.1 us eager and 2.4 us under CUDA graphs. One H100 measured
     # a compiled call at about 4 eager adds of host time and a reduce-overhead call at about 8
-    tiny = _frame([("fusible", 30.0, 10.0, 2.4)])
-    free = views.predicted_model_routes(tiny)
-    assert free["best"] == "reduce-overhead"  # what the routes said without the per-call costs
-    r = views.predicted_model_routes(tiny, compiled_call_us=30.0, graph_replay_us=80.0)
-    assert r["torch.compile"] == pytest.approx(40.0) and r["reduce-overhead"] == pytest.approx(82.4)
-    assert r["best"] == "eager"
+    tiny = _frame([("fusible", 30.0, 10.0, 2.4)]).assign(launch_eager_us=30.0, pattern="pointwise")
+    assert views.predicted_model_routes(tiny)["best"] == "reduce-overhead"  # what was said without them
+    calls = views.HostCalls(launch_us=10.0, compiled_call_us=30.0, graph_replay_us=80.0)
+    r = views.predicted_model_routes(tiny, calls=calls)
+    assert r["torch.compile"] == pytest.approx(40.0)  # the call, then the fused kernel's launch
+    assert r["reduce-overhead"] == pytest.approx(80.0) and r["best"] == "eager"
     # each captured graph (a graph break makes two) is a compiled call and a replay of its own
-    r2 = views.predicted_model_routes(tiny, compiled_call_us=30.0, graph_replay_us=80.0, graphs=2)
-    assert r2["torch.compile"] == pytest.approx(70.0) and r2["reduce-overhead"] == pytest.approx(162.4)
-    # a model of milliseconds keeps its route: the same costs are a few percent of it
-    big = _frame([("fusible", 3000.0, 1000.0, 990.0)] * 3)
-    assert views.predicted_model_routes(big, compiled_call_us=30.0, graph_replay_us=80.0)["best"] == "torch.compile"
+    r2 = views.predicted_model_routes(tiny, calls=views.HostCalls(10.0, 30.0, 80.0, graphs=2))
+    assert r2["torch.compile"] == pytest.approx(70.0) and r2["reduce-overhead"] == pytest.approx(160.0)
+    # device work longer than the host's part hides it: the issue's next call is made while the GPU runs this one
+    big = _frame([("fusible", 3000.0, 1000.0, 990.0)] * 3).assign(launch_eager_us=30.0, pattern="pointwise")
+    rb = views.predicted_model_routes(big, calls=calls)
+    assert rb["torch.compile"] == pytest.approx(3000.0) and rb["reduce-overhead"] == pytest.approx(2970.0)
     # a CPU spec: the compiled call's cost without CUDA graphs
-    assert views.predicted_model_routes(tiny, gpu=False, compiled_call_us=30.0)["torch.compile"] == 40.0
+    assert views.predicted_model_routes(tiny, gpu=False, calls=calls)["torch.compile"] == pytest.approx(40.0)
+
+
+def test_the_advice_pays_the_host_time_the_whole_model_routes_pay():
+    # a fresh user's six tiny ops read 20x faster than torch.compile(model) when only the latter paid its call: the
+    # advised total is floored by its own host time, one launch per routed chain and the compiled call
+    tiny = _frame([("fusible", 30.0, 10.0, 2.4), ("fusible", 30.0, 10.0, 2.4)]).assign(
+        launch_eager_us=30.0, route=["torch.compile", "cudagraphs"], est_after_route_us=[10.0, 2.4])
+    calls = views.HostCalls(launch_us=10.0, compiled_call_us=30.0)
+    assert views.predicted_advised_us(tiny, calls) == pytest.approx(10.0 + 10.0 + 30.0)
+    # nothing compiled: no compiled call; a chain left to eager issues its eager kernels
+    kept = tiny.assign(route=["skip", "cudagraphs"], est_after_route_us=[30.0, 2.4])
+    assert views.predicted_advised_us(kept, calls) == pytest.approx(30.0 + 10.0)
+    # device work longer than that: the chains' sum
+    big = tiny.assign(est_after_route_us=[1000.0, 900.0])
+    assert views.predicted_advised_us(big, calls) == pytest.approx(1900.0)
 
 
 def test_a_scan_takes_inductors_own_scan_under_compile_and_other_unfusible_items_run_as_written():

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from fusion_advisor.analyze.graph import FUSIBLE, GATHERS, HEAVY, OpGraph
 from fusion_advisor.analyze.records import Chain, OpInfo
+from fusion_advisor.analyze.op_classes import short_target
 
 
 @dataclass
@@ -34,6 +35,7 @@ class _Group:
     domain: int  # elements of the iteration space
     row: int = 0  # row width of reductions in the group (0: none)
     member_set: set[str] = field(default_factory=set)
+    axes: str = ""  # what the rows span (_row_axes; "" without a reduction)
 
 
 def _domain(op: OpInfo) -> int:
@@ -42,6 +44,22 @@ def _domain(op: OpInfo) -> int:
 
 def _row_width(op: OpInfo) -> int:
     return op.reduction_elems if op.category in ("reduction", "softmax", "normalization") else 0
+
+
+def _row_axes(op: OpInfo) -> str:
+    """What a reducing op's rows span, so that reductions of equal width over different axes never merge (a
+    reviewer: a training BatchNorm, per channel over batch and spatial dims, and a GroupNorm, per sample and group,
+    joined one chain where the batch equalled the channels per group): ``"channel"`` (BatchNorm with batch
+    statistics, InstanceNorm), ``"group"`` (GroupNorm), else ``"last"`` or ``"inner"`` by whether the last dim is
+    reduced; ``""`` without a row."""
+    if not _row_width(op):
+        return ""
+    name = short_target(op.target)
+    if "batch_norm" in name:
+        return "channel"
+    if "group_norm" in name:
+        return "group"
+    return "last" if op.reduces_last_dim else "inner"
 
 
 def _levels(og: OpGraph) -> dict[str, int]:
@@ -72,7 +90,8 @@ class _Chainer:
         for op in og.ops:
             if op.category in FUSIBLE:
                 self.parent[op.id] = op.id
-                self.groups[op.id] = _Group([op.id], self.level[op.id], _domain(op), _row_width(op), {op.id})
+                self.groups[op.id] = _Group([op.id], self.level[op.id], _domain(op), _row_width(op), {op.id},
+                                            _row_axes(op))
 
     def find(self, x: str) -> str:
         while self.parent[x] != x:
@@ -84,7 +103,7 @@ class _Chainer:
         """Can a and b run as one kernel? Returns (ok, domain, row) of the union."""
         if a.level != b.level:
             return False, 0, 0
-        if a.row and b.row and a.row != b.row:
+        if a.row and b.row and (a.row != b.row or a.axes != b.axes):
             return False, 0, 0
         row = a.row or b.row
         if a.domain == b.domain:
@@ -130,7 +149,7 @@ class _Chainer:
         self.parent[rv] = ru
         a.members.extend(b.members)
         a.member_set |= b.member_set
-        a.domain, a.row = domain, row
+        a.domain, a.row, a.axes = domain, row, a.axes or b.axes
         del self.groups[rv]
 
     def run(self) -> list[list[str]]:

@@ -339,6 +339,24 @@ def module_path_of(node: torch.fx.Node) -> str:
     return path
 
 
+#: Where a BatchNorm overload takes its ``training`` flag (aten schemas): ``native_batch_norm`` and
+#: ``batch_norm``: (input, weight, bias, running_mean, running_var, training, ...); ``_native_batch_norm_legit``
+#: and its ``_functional`` form the same; its ``no_stats`` overload (input, weight, bias, training, ...).
+_BN_TRAINING_ARG = {"native_batch_norm": 5, "batch_norm": 5, "_native_batch_norm_legit": 5,
+                    "_native_batch_norm_legit_functional": 5}
+
+
+def _batch_statistics(node: torch.fx.Node, name: str) -> bool:
+    """Whether a BatchNorm node normalizes by its batch's statistics (training, or no running stats) rather than
+    its running ones: never for ``_native_batch_norm_legit_no_training``; else its ``training`` argument
+    (:data:`_BN_TRAINING_ARG`; the ``no_stats`` overload's at 3), True where it cannot be read."""
+    if name == "_native_batch_norm_legit_no_training":
+        return False
+    at = 3 if name == "_native_batch_norm_legit" and "no_stats" in str(node.target) else _BN_TRAINING_ARG.get(name)
+    flag = node.args[at] if at is not None and len(node.args) > at else node.kwargs.get("training", True)
+    return flag is not False
+
+
 def _reduction_geometry(node: torch.fx.Node, name: str, category: str,
                         inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...]) -> tuple[int, bool]:
     """(elements reduced per output, whether the reduction runs over the last dim) of a reducing op."""
@@ -354,16 +372,14 @@ def _reduction_geometry(node: torch.fx.Node, name: str, category: str,
         for s in node.args[1]:
             width *= int(s)
         return width, True
-    if name == "_native_batch_norm_legit_no_training" or (name in ("native_batch_norm", "batch_norm")
-                                                          and len(node.args) > 5 and node.args[5] is False):
-        # eval: the running statistics make it a per-channel affine map, no reduction (Inductor decomposes it to
-        # pointwise ops, and fuses it with a following ReLU and spatial mean into one reduction kernel)
-        return 0, True
-    if name.startswith("_native_batch_norm_legit") or name in ("native_batch_norm", "batch_norm",
-                                                                "cudnn_batch_norm"):
-        # training statistics per channel, over the batch and the spatial dims (InstanceNorm's too, on its input
-        # reshaped to 1 x N*C x ...): not the last dim's width
-        return (inputs[0].numel // max(shape[1], 1) if len(shape) > 1 else shape[-1]), len(shape) <= 2
+    if "batch_norm" in name:
+        if not _batch_statistics(node, name):
+            # eval: the running statistics make it a per-channel affine map, no reduction (Inductor decomposes it
+            # to pointwise ops, and fuses it with a following ReLU and spatial mean into one reduction kernel)
+            return 0, True
+        # statistics per channel over the batch and the spatial dims (InstanceNorm's too, on its input reshaped to
+        # 1 x N*C x ...): never a last-dim row, a 2-D input's included (it reduces dim 0)
+        return (inputs[0].numel // max(shape[1], 1) if len(shape) > 1 else shape[-1]), False
     if name in ("native_group_norm", "group_norm"):
         # statistics per sample and group: C / groups x spatial elements, contiguous in NCHW
         groups = node.args[6] if name == "native_group_norm" and len(node.args) > 6 else \

@@ -594,6 +594,7 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
                                      f"({cal.compiled_call.probes['compiled']:g} adds) less one launch, times the "
                                      "launch overhead")}
            if cal.compiled_call is not None else {}),
+        **(_copied_call_costs(cal, base) if cal.compiled_call is None else {}),
         **({"graph_replay_us": round(cal.compiled_call.graph_replay_us, 3),
             "graph_replay_source": (f"{by}: the same chain under torch.compile(mode=\"reduce-overhead\"), the median "
                                     "of 5 rounds' ratios to the add "
@@ -671,6 +672,26 @@ def spec_dict(cal: Calibration, base: DeviceSpec | None = None) -> dict[str, Any
         data["calibration"]["warnings"] = warnings
     parse_spec(data, "the spec calibrate measured (a calibrate bug: please report it)")  # the loader must take it
     return data
+
+
+def _copied_call_costs(cal: Calibration, base: DeviceSpec) -> dict[str, Any]:
+    """``base``'s host costs per compiled call and per graph replay, at this calibration's host speed (their ratio
+    to ``base``'s launch overhead times the measured one), labelled copied, for a calibration that did not measure
+    them (``--quick``, or a failed compile): without them a tiny model is priced under torch.compile without its
+    call (a fresh user's quick CPU spec predicted 4.74x where apply measured 1.05x). ``{}`` where ``base`` has
+    none."""
+    if base.launch_overhead_us <= 0 or cal.launch_us <= 0:
+        return {}
+    k, out = cal.launch_us / base.launch_overhead_us, {}
+    why = cal.not_measured.get("compiled_call_us", "not measured")
+    for name in ("compiled_call_us", "graph_replay_us"):
+        value = getattr(base, name)
+        if value > 0 and (name != "graph_replay_us" or cal.device == "cuda"):
+            out[name] = round(value * k, 3)
+            out[name[: -len("_us")] + "_source"] = (
+                f"copied from the shipped spec {base.name} ({why}): its {value:g} us at {base.launch_overhead_us:g} "
+                f"us per eager add, scaled to this host's {cal.launch_us:.3g} us")
+    return out
 
 
 def render_spec(data: dict[str, Any]) -> str:

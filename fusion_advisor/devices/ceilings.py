@@ -60,8 +60,6 @@ class Sizes:
 def timer_for(device: str, sizes: Sizes) -> Callable[[Callable[[], Any]], Timing]:
     """The ceilings' timer on ``device``: ``time_cuda`` (do_bench median, L2 flushed) on a GPU, ``time_cpu`` on a CPU,
     at ``sizes``' warm-up and timed budgets (ms)."""
-    """The timer of the ceilings: ``time_cuda`` (do_bench median, L2 flushed) on a GPU, ``time_cpu`` on a CPU, at
-    ``sizes``' warm-up and timed budgets."""
     if device == "cuda":
         return lambda fn: time_cuda(fn, warmup_ms=sizes.warmup_ms, rep_ms=sizes.rep_ms)
     return lambda fn: time_cpu(fn, warmup_ms=sizes.warmup_ms, rep_ms=sizes.rep_ms)

@@ -308,10 +308,11 @@ def measure_compiled_call(device: str, launch_us: float, ops: int = 200, repeats
     also with ``mode="reduce-overhead"``, each timed as :func:`host_us_at_launch` times a class (``ops`` calls in a
     loop beside an add loop, median of ``repeats`` rounds' ratios, times ``launch_us``). ``compiled_call_us`` is
     the compiled call less one launch (its fused kernel's, which the roofline charges apart); ``graph_replay_us``
-    the reduce-overhead call whole. Measured on one H100 (benchmarks/results/h100/host/compiled_call_probe.json):
+    the reduce-overhead call whole (None where CUDA graphs failed). Measured on one H100 (benchmarks/results/h100/host/compiled_call_probe.json):
     a compiled call cost about 4 adds whatever the chain's length (1, 4 or 16 multiply-adds), a reduce-overhead
     call about 8; the whole-model route predictions had priced neither (a fresh user: three integer ops predicted
-    41.1 us eager, 2.4 us under CUDA graphs). Compiling takes a few seconds; dynamo's caches are reset after.
+    41.1 us eager, 2.4 us under CUDA graphs). Compiling takes a few seconds; dynamo's caches are reset after,
+    for the whole process (a caller's compiled models compile again).
 
     Raises:
         RuntimeError: the backend cannot compile on ``device`` (no C++ compiler for Inductor's CPU code, no Triton;
@@ -326,11 +327,14 @@ def measure_compiled_call(device: str, launch_us: float, ops: int = 200, repeats
         compiled = torch.compile(_compiled_chain, backend=backend, dynamic=False)
         probes["compiled"] = host_us_at_launch(device, lambda: compiled(x), launch_us, ops, repeats) / launch_us
         if device == "cuda" and backend == "inductor":
-            graphed = torch.compile(_compiled_chain, mode="reduce-overhead", dynamic=False)
-            probes["reduce-overhead"] = host_us_at_launch(device, lambda: graphed(x), launch_us, ops,
-                                                          repeats) / launch_us
+            try:
+                graphed = torch.compile(_compiled_chain, mode="reduce-overhead", dynamic=False)
+                probes["reduce-overhead"] = host_us_at_launch(device, lambda: graphed(x), launch_us, ops,
+                                                              repeats) / launch_us
+            except RuntimeError:  # CUDA graphs refused here: the compiled call stands on its own
+                pass
     finally:
-        torch._dynamo.reset()
+        torch._dynamo.reset()  # process-wide: dynamo's caches and the CUDA-graph trees of every compiled model
     replay = probes["reduce-overhead"] * launch_us if "reduce-overhead" in probes else None
     return CompiledCallCost(max(probes["compiled"] - 1.0, 0.0) * launch_us, replay,
                             {k: round(v, 2) for k, v in probes.items()})

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -195,36 +196,77 @@ def input_copy_us(analysis: Analysis) -> float:
     return 2.0 * analysis.input_bytes / (bw * 1e9) * 1e6 if bw > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class HostCalls:
+    """The host time a model's call pays beyond its chains' own kernels, from its device spec (us).
+
+    Attributes:
+        launch_us: one kernel launch inside a model (``launch_overhead_us`` at the spec's ``host_time_scale``, as
+            the roofline charges a fused kernel).
+        compiled_call_us: per call of a graph compiled by ``torch.compile`` (``DeviceSpec.compiled_call_us``:
+            dynamo's guards, Inductor's wrapper).
+        graph_replay_us: per call under ``mode="reduce-overhead"`` (``DeviceSpec.graph_replay_us``: the CUDA-graph
+            tree's replay).
+        graphs: captured graphs one model call runs (at least 1).
+    """
+
+    launch_us: float = 0.0
+    compiled_call_us: float = 0.0
+    graph_replay_us: float = 0.0
+    graphs: int = 1
+
+    @classmethod
+    def of(cls, analysis: Analysis) -> "HostCalls":
+        """The costs of ``analysis``'s spec, for its captured graphs."""
+        spec = analysis.device_spec or {}
+        return cls(launch_us=float(spec.get("launch_overhead_us") or 0.0) * float(spec.get("host_time_scale") or 1.0),
+                   compiled_call_us=float(spec.get("compiled_call_us") or 0.0),
+                   graph_replay_us=float(spec.get("graph_replay_us") or 0.0),
+                   graphs=max(len({op.graph_index for op in analysis.ops}), 1))
+
+
+def _issued_us(frame: pd.DataFrame, one_launch: pd.Series, launch_us: float) -> float:
+    """Host time (us) issuing the chains' kernels: one launch (``launch_us``, never more than the chain's eager
+    host time) for each chain where ``one_launch``, the eager host time (``launch_eager_us``) of the others; 0 for
+    a frame without that column."""
+    if "launch_eager_us" not in frame or not len(frame):
+        return 0.0
+    host = frame["launch_eager_us"].astype(float)
+    return float(host.where(~one_launch, host.clip(upper=launch_us)).sum(skipna=True))
+
+
 def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_copy_us: float = 0.0,
-                           unused_us: float = 0.0, compiled_call_us: float = 0.0, graph_replay_us: float = 0.0,
-                           graphs: int = 1) -> dict[str, Any]:
+                           unused_us: float = 0.0, calls: HostCalls = HostCalls()) -> dict[str, Any]:
     """The predicted time (us) of the whole model as written (``eager``: sum of ``est_eager_us`` plus
     ``unused_us``, the work no output uses that eager runs and dynamo drops, :attr:`Analysis.unused_us`), under
-    ``torch.compile(model)`` (:func:`predicted_compile_us`, plus ``compiled_call_us`` per captured graph: the
-    guards and wrapper of each compiled graph's call, ``DeviceSpec.compiled_call_us``) and under
-    ``torch.compile(model, mode="reduce-overhead")`` (Inductor's code replayed from CUDA graphs: every chain at
-    ``est_cudagraphs_us``, the launch floor gone, but a recurrent layer as written: dynamo breaks the graph there;
-    plus ``graph_input_copy_us``, :func:`input_copy_us`, and ``graph_replay_us`` per captured graph, the host time
-    of a replay, ``DeviceSpec.graph_replay_us``; GPU specs only), and ``best``: the route predicted fastest, where a route counts as faster
-    than a simpler one only beyond :data:`ROUTE_MARGIN`. ``graphs``: the captured graphs one model call runs
-    (at least 1). Returns ``{"eager": us, "torch.compile": us, "reduce-overhead": us or NaN, "best": name}``.
-    Each call's fixed host cost is added to the device work, not hidden under it: on the H200's apply runs
-    reduce-overhead ran a median 34 us behind torch.compile on 28 level-2 models of 0.5-41 ms
-    (benchmarks/results/h200/apply_models), where its device work is no longer; and on one H100
-    (benchmarks/results/h100/host/compiled_call_probe.json) a compiled chain of 1-16 multiply-adds took about 4 eager
-    adds of host time per call, under reduce-overhead about 8, while eager ran 2 adds for one multiply-add."""
+    ``torch.compile(model)`` and under ``torch.compile(model, mode="reduce-overhead")`` (GPU specs only), and
+    ``best``: the route predicted fastest, where a route counts as faster than a simpler one only beyond
+    :data:`ROUTE_MARGIN`. Returns ``{"eager": us, "torch.compile": us, "reduce-overhead": us or NaN, "best": name}``.
+
+    torch.compile: the chains' times (:func:`predicted_compile_us`), or the host's part of a call where that is
+    longer: ``calls.compiled_call_us`` per captured graph plus one launch per fused chain and the eager host time
+    of the rest. reduce-overhead: Inductor's code replayed from CUDA graphs (every chain at ``est_cudagraphs_us``,
+    the launch floor gone, but a recurrent layer as written: dynamo breaks the graph there) plus
+    ``graph_input_copy_us`` (:func:`input_copy_us`), or ``calls.graph_replay_us`` per captured graph where that is
+    longer. A call's fixed host cost hides under device work that outlasts it (the host issues the next call while
+    the GPU runs this one): on one H100 a compiled call of a tiny chain cost about 4 eager adds of host time and a
+    reduce-overhead call about 8 whatever the chain's length (benchmarks/results/h100/host/compiled_call_probe.json),
+    while on the H200's level-2 apply runs (0.5-41 ms) reduce-overhead ran a median 34 us behind torch.compile
+    (benchmarks/results/h200/apply_models), far less than its replay's host time."""
     compiled = predicted_compile_series(frame) if len(frame) else pd.Series(dtype=float)
-    graphs = max(graphs, 1)
+    fused = compiled < frame["est_eager_us"].astype(float) if len(frame) else pd.Series(dtype=bool)
+    compile_host = calls.graphs * calls.compiled_call_us + _issued_us(frame, fused, calls.launch_us)
     times = {"eager": _sum(frame, "est_eager_us") + unused_us,
-             "torch.compile": float(compiled.sum(skipna=True)) + graphs * compiled_call_us}
+             "torch.compile": max(float(compiled.sum(skipna=True)), compile_host)}
     graphed = frame["est_cudagraphs_us"] if "est_cudagraphs_us" in frame else None
     if graphed is not None and "pattern" in frame:
         # torch.compile breaks its graph at nn.LSTM / nn.GRU / nn.RNN (dynamo's allow_rnn is off by default): the
         # layer runs eagerly under reduce-overhead, its host-bound steps included (measured on the H200: 37_LSTMCn
         # 45.9 ms eager, 46.0 under reduce-overhead); only a whole-model torch.cuda.graph (apply's) replays them
         graphed = graphed.where(frame["pattern"] != "recurrent", frame["est_eager_us"])
-    times["reduce-overhead"] = (float(pd.concat([graphed.astype(float), compiled], axis=1).min(axis=1)
-                                      .sum(skipna=True)) + graph_input_copy_us + graphs * graph_replay_us
+    times["reduce-overhead"] = (max(float(pd.concat([graphed.astype(float), compiled], axis=1).min(axis=1)
+                                          .sum(skipna=True)) + graph_input_copy_us,
+                                    calls.graphs * calls.graph_replay_us)
                                 if gpu and graphed is not None and len(frame) else float("nan"))
     best = "eager"
     for route in MODEL_ROUTES[1:]:
@@ -234,18 +276,40 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
     return {**times, "best": best}
 
 
+def predicted_advised_us(frame: pd.DataFrame, calls: HostCalls = HostCalls()) -> float:
+    """The predicted time (us) of the model with the advice carried out, over the chains: the sum of
+    ``est_after_route_us``, or the host's part of a call where that is longer (a chain left to eager issues its
+    eager kernels, ``launch_eager_us``; a routed one at least one launch, its fused kernel's, its library
+    kernel's or its region's graph replay; and ``calls.compiled_call_us`` per captured graph where any chain is
+    compiled), priced as :func:`predicted_model_routes` prices ``torch.compile(model)``, so that the two compare
+    like for like (a fresh user's six tiny ops read 20x faster than torch.compile(model) when only the latter paid
+    its call)."""
+    if not len(frame):
+        return 0.0
+    routed = ~frame["route"].isin(["skip", ""]) if "route" in frame else pd.Series(False, index=frame.index)
+    compiles = "route" in frame and bool((frame["route"] == "torch.compile").any())
+    host = _issued_us(frame, routed, calls.launch_us) + (calls.graphs * calls.compiled_call_us if compiles else 0.0)
+    return max(_sum(frame, "est_after_route_us"), host)
+
+
 def analysis_model_routes(analysis: Analysis, frame: pd.DataFrame) -> dict[str, Any]:
     """:func:`predicted_model_routes` of an analysis (``frame``: its :func:`chains_frame`): CUDA graphs on a GPU
-    spec only, the input copy of :func:`input_copy_us`, the unused work's eager time, the spec's host time per
-    compiled call and per graph replay for each captured graph; plus ``breaks``, the capture's graph breaks, which
-    the whole-model predictions do not otherwise price (:func:`whole_model_note`)."""
-    spec = analysis.device_spec or {}
-    routes = predicted_model_routes(frame, gpu=spec.get("kind", "gpu") == "gpu",
+    spec only, the input copy of :func:`input_copy_us`, the unused work's eager time, the spec's host costs per
+    call (:class:`HostCalls`); plus ``breaks``, the capture's graph breaks, which the whole-model predictions do
+    not otherwise price (:func:`whole_model_note`)."""
+    routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu",
                                     graph_input_copy_us=input_copy_us(analysis), unused_us=analysis.unused_us,
-                                    compiled_call_us=float(spec.get("compiled_call_us") or 0.0),
-                                    graph_replay_us=float(spec.get("graph_replay_us") or 0.0),
-                                    graphs=len({op.graph_index for op in analysis.ops}))
+                                    calls=HostCalls.of(analysis))
     return {**routes, "breaks": len(analysis.graph_breaks)}
+
+
+def predicted_totals(analysis: Analysis, frame: pd.DataFrame) -> dict[str, Any]:
+    """What the console's predicted line and report.html's first screen both say (us): ``eager`` (the chains'
+    eager sum), ``advised`` (:func:`predicted_advised_us`), ``compiled`` (``torch.compile(model)``,
+    :func:`predicted_model_routes`) and ``routes`` (:func:`analysis_model_routes`)."""
+    routes = analysis_model_routes(analysis, frame)
+    return {"eager": _sum(frame, "est_eager_us"), "advised": predicted_advised_us(frame, HostCalls.of(analysis)),
+            "compiled": routes["torch.compile"], "routes": routes}
 
 
 def whole_model_note(model_routes: dict[str, Any], advised_us: float) -> str:
@@ -398,11 +462,11 @@ def advice(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]], plan: dict[str, Any] | None,
             out_dir: Path | None) -> dict[str, Any]:
     """The first screen (see the module docstring). Times in us; speed-ups as ratios (old / new time)."""
-    model_routes = analysis_model_routes(analysis, frame)
+    totals = predicted_totals(analysis, frame)
+    model_routes = totals["routes"]
     # the advice's gain is over the chains: the unused work (in model_routes' eager) only torch.compile(model) or a
     # dynamo-based apply variant drops, never a chain's route
-    eager, compiled = _sum(frame, "est_eager_us"), model_routes["torch.compile"]
-    advised = _sum(frame, "est_after_route_us")
+    eager, compiled, advised = totals["eager"], totals["compiled"], totals["advised"]
     routed = frame[frame["route"].isin([r for r in ROUTES if r != "skip"])]
     out: dict[str, Any] = {
         "model_routes": model_routes,
