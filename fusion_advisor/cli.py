@@ -312,7 +312,7 @@ def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None)
             how = ("routes it with the 'cpu' spec: its routes and times are this CPU's"
                    if "--gpu" not in command.split() else "times it there: its times are this CPU's")
             out.print(f"  (on this machine, without a GPU, apply runs the model on the CPU and {how}, not the GPU's "
-                      f"above; it writes to a folder of its own, as in {out_dir} its report would replace this one)",
+                      f"above; it writes to a folder of its own, since in {out_dir} its report would replace this one)",
                       highlight=False)
     else:
         for note in plan_mismatches(plan, analysis, spec=False):

@@ -413,8 +413,8 @@ def test_the_predicted_line_names_a_whole_model_route_that_beats_the_chain_route
     # a capture with graph breaks: the whole-model predictions do not price them, and say so (a fresh user's model
     # with a branch on a mean and a nonzero read 6.68x under reduce-overhead without a word on them)
     assert views.whole_model_note({**routes, "breaks": 2}, 176.0) == (
-        "; faster still, the whole model with CUDA graphs (reduce-overhead): 6.07x vs eager (not pricing its 2 graph break(s): each "
-        "a graph call of its own, one on a tensor's value a wait for the GPU)")
+        "; faster still, the whole model with CUDA graphs (reduce-overhead): 6.07x vs eager (not pricing its 2 graph break(s) beyond "
+        "each graph's call: one on a tensor's value also makes the host wait for the GPU)")
 
 
 def test_the_report_says_the_whole_model_prediction_leaves_graph_breaks_unpriced(tmp_path):
@@ -426,7 +426,7 @@ def test_the_report_says_the_whole_model_prediction_leaves_graph_breaks_unpriced
     assert "graph break(s)" not in html
     a.graph_breaks = [GraphBreak(reason="generic_jump TensorVariable()", source=a.chains[0].source, graph_index=0)]
     html = report.write_report(a, tmp_path / "broken")["html"].read_text(encoding="utf-8")
-    assert "; not pricing its 1 graph break(s): each a graph call of its own" in html
+    assert "; not pricing its 1 graph break(s) beyond each graph&#39;s call" in html
 
 
 def test_advice_under_the_3_percent_a_route_needs_says_the_model_stays_eager():

@@ -236,6 +236,10 @@ def test_gpu_only_routes_fall_back_to_torch_compile_on_a_cpu_spec(tmp_path):
     assert alone.reason.startswith("left as written: torch.compile, the stand-in for the rule's triton route on "
                                    "this spec, is predicted at 30.0 us against eager's 30.0 us")
     assert "The rule's reason for its triton route" in alone.reason and "target GPUs" in alone.note
+    # left as written, its note no longer says the chain goes to torch.compile (a fresh user read skip and "goes to
+    # torch.compile instead" in one line)
+    assert "goes to torch.compile" not in alone.note and "torch.compile would take it instead" in alone.note
+    assert "the chain goes to torch.compile instead" in triton_on_cpu.note  # routed there, it does
 
 
 @pytest.mark.parametrize("compile_us,route", [(40.0, "skip"), (30.2, "torch.compile"), (12.0, "torch.compile")])

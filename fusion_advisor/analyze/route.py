@@ -126,6 +126,9 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
     reason = render_reason(rule, features, kernel=kernel or rule.kernel, route=route)
     left = _left_as_written(route, rule.route, est, device_kind, chain.kind)
     if left:
+        # the note said where the chain would go instead; it stays as written (a fresh user read "skip" and "goes to
+        # torch.compile instead" in one line)
+        note = note.replace("the chain goes to torch.compile instead", "torch.compile would take it instead")
         return Decision(chain.id, "skip", "", rule.id, rule.file,
                         f"{left} The rule's reason for its {rule.route} route: {reason}", rule.bound or est.bound,
                         note)

@@ -333,13 +333,13 @@ def whole_model_note(model_routes: dict[str, Any], advised_us: float) -> str:
 
 def breaks_caveat(model_routes: dict[str, Any]) -> str:
     """``"not pricing its N graph break(s) ..."`` where the capture broke its graph, else ``""`` (the console's
-    predicted line and the report's whole-model line both say it): the whole-model predictions price the captured
-    ops as one graph, but each break is a separate graph call (for CUDA graphs a replay of its own) and a break on
-    a value (``.item()``, ``.nonzero()``, a branch on a tensor) makes the host wait for the GPU there; a fresh
-    user's model with a branch on a mean and a nonzero read 6.68x under reduce-overhead without a word on them."""
+    predicted line and the report's whole-model line both say it): the whole-model predictions price each captured
+    graph's call (:class:`HostCalls`), but a break on a value (``.item()``, ``.nonzero()``, a branch on a tensor)
+    also makes the host wait for the GPU there; a fresh user's model with a branch on a mean and a nonzero read
+    6.68x under reduce-overhead without a word on them."""
     n = int(model_routes.get("breaks") or 0)
-    return (f"not pricing its {n} graph break(s): each a graph call of its own, one on a tensor's value a wait "
-            f"for the GPU") if n > 0 else ""
+    return (f"not pricing its {n} graph break(s) beyond each graph's call: one on a tensor's value also makes the "
+            f"host wait for the GPU") if n > 0 else ""
 
 
 def _sum(frame: pd.DataFrame, col: str) -> float:
