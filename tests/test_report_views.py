@@ -159,12 +159,20 @@ def test_the_advice_pays_the_host_time_the_whole_model_routes_pay():
 
 
 def test_a_scan_takes_inductors_own_scan_under_compile_and_other_unfusible_items_run_as_written():
+    # est_compile_us is the roofline's price of Inductor's code: a scan lowered to its own kernel, a sort as
+    # written, a convolution less its peeled bias pass; never above eager
     frame = pd.DataFrame([{"kind": "other", "pattern": "cumsum", "est_eager_us": 4500.0, "est_compile_us": 2500.0,
                            "est_cudagraphs_us": 4500.0},
-                          {"kind": "other", "pattern": "sort", "est_eager_us": 100.0, "est_compile_us": 50.0,
-                           "est_cudagraphs_us": 100.0}])
-    assert list(views.predicted_compile_series(frame)) == [2500.0, 100.0]
+                          {"kind": "other", "pattern": "sort", "est_eager_us": 100.0, "est_compile_us": 100.0,
+                           "est_cudagraphs_us": 100.0},
+                          {"kind": "heavy", "pattern": "conv", "est_eager_us": 900.0, "est_compile_us": 600.0,
+                           "est_cudagraphs_us": 600.0},
+                          {"kind": "fusible", "pattern": "gelu", "est_eager_us": 10.0, "est_compile_us": 12.0,
+                           "est_cudagraphs_us": 10.0}])
+    assert list(views.predicted_compile_series(frame)) == [2500.0, 100.0, 600.0, 10.0]
     assert views.predicted_model_routes(frame)["best"] == "torch.compile"
+    older = frame.drop(columns=["est_compile_us"]).assign(est_fused_us=[1.0, 1.0, 1.0, 5.0])  # an older report
+    assert list(views.predicted_compile_series(older)) == [4500.0, 100.0, 900.0, 5.0]
 
 
 def test_command_quotes_paths_and_names_a_non_default_spec(tmp_path, monkeypatch):

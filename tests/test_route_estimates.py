@@ -218,3 +218,60 @@ def test_a_fused_kernels_launch_floor_is_priced_at_the_host_scale_of_the_eager_l
     est = a.estimates[chain.id]
     one_launch = h200.launch_overhead_us * h200.host_time_scale
     assert est.compile_us == pytest.approx(one_launch) and est.eager_us == pytest.approx(2 * one_launch, rel=0.05)
+
+
+def _conv_model(tmp_path, tail: str, bias: bool = True) -> Path:
+    path = tmp_path / f"conv_{abs(hash((tail, bias)))}.py"
+    path.write_text(textwrap.dedent(f"""
+        import torch
+
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = torch.nn.Conv2d(8, 64, 3, bias={bias})
+
+            def forward(self, x):
+                return {tail}
+
+        def get_inputs():
+            return [torch.rand(32, 8, 128, 128)]
+
+        def get_init_inputs():
+            return []
+    """))
+    return path
+
+
+def test_inductor_peels_a_convolutions_bias_off_into_the_kernel_reading_it(tmp_path):
+    """Inductor calls cuDNN without the bias and adds it in the Triton kernel that reads the output next
+    (torch/_inductor/kernel/conv.py: "peel off the bias, cudnn is slower with it"): torch.compile(model) of
+    KernelBench's convolution files was predicted a median 1.46x slow with the eager bias pass kept."""
+    from fusion_advisor.analyze.roofline import CONV_BIAS_TRANSFERS
+    from fusion_advisor.report import views
+    from fusion_advisor.report.write import chains_frame
+
+    h200 = load_spec("h200")
+    a = analyze(_conv_model(tmp_path, "torch.relu(self.conv(x)) * 2.0"), gpu="h200")
+    conv = next(c for c in a.chains if "conv" in c.categories)
+    out = next(o for o in a.ops if o.category == "conv").outputs[0].nbytes
+    bias_us = CONV_BIAS_TRANSFERS * out / (h200.memory_bandwidth_gbps * 1e9) * 1e6
+    est = a.estimates[conv.id]
+    assert est.compile_us == pytest.approx(est.eager_us - bias_us, rel=1e-6)
+    assert est.cudagraphs_us == pytest.approx(est.eager_us - bias_us, rel=1e-6)
+    # torch.compile(model) takes it
+    frame = chains_frame(a)
+    row = frame.index[frame["chain_id"] == conv.id][0]
+    assert views.predicted_compile_series(frame)[row] == pytest.approx(est.compile_us)
+    # nothing pointwise reads the output alone (the model returns it): the add is a kernel of its own
+    bare = analyze(_conv_model(tmp_path, "self.conv(x)"), gpu="h200")
+    (only,) = bare.chains
+    e = bare.estimates[only.id]
+    own_add = 2 * out / (h200.memory_bandwidth_gbps * 1e9) * 1e6 / h200.efficiency("torch.compile", "pointwise")
+    assert e.compile_us == pytest.approx(e.eager_us - bias_us + own_add, rel=1e-6)
+    # no bias, or a CPU spec (Inductor's CPU convolution keeps its bias): as written
+    plain = analyze(_conv_model(tmp_path, "torch.relu(self.conv(x))", bias=False), gpu="h200")
+    assert all(plain.estimates[c.id].compile_us == plain.estimates[c.id].eager_us
+               for c in plain.chains if "conv" in c.categories)
+    cpu = analyze(_conv_model(tmp_path, "torch.relu(self.conv(x)) * 2.0"), gpu="cpu")
+    assert all(cpu.estimates[c.id].compile_us == cpu.estimates[c.id].eager_us
+               for c in cpu.chains if "conv" in c.categories)

@@ -779,13 +779,44 @@ def estimate_all(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec,
     busy, not idle."""
     by_id = {o.id: o for o in ops}
     in_model = in_model_times(chains, ops, spec, device_us)
+    fused_consumer = {c.epilogue_of for c in chains if c.epilogue_of}
     out = {}
     for c in chains:
         est = estimate(c, by_id, spec)
         busy, idle = in_model[c.id]
         bound = _bound(idle, busy, c.arithmetic_intensity, est.ridge_point) if busy + idle > 0 else est.bound
-        out[c.id] = est if bound == est.bound else replace(est, bound=bound)
+        est = est if bound == est.bound else replace(est, bound=bound)
+        change = _peeled_bias_change_us(c, by_id, spec, c.id in fused_consumer)
+        if change:
+            est = replace(est, compile_us=max(est.route_us("torch.compile") + change, 0.0),
+                          cudagraphs_us=max(est.route_us("cudagraphs") + change, 0.0))
+        out[c.id] = est
     return out
+
+
+def _peeled_bias_change_us(chain: Chain, by_id: dict[str, OpInfo], spec: DeviceSpec, fused_consumer: bool) -> float:
+    """How Inductor's code changes a convolution chain's time on a GPU (us, <= 0): it calls cuDNN without the bias
+    ("peel off the bias, cudnn is slower with it": torch/_inductor/kernel/conv.py, torch 2.11-2.13) and adds it in
+    the Triton kernel that reads the output next. The eager bias pass (:data:`CONV_BIAS_TRANSFERS` output-sized
+    transfers, in the table-priced convolution's time) goes; where no pointwise chain consumes the output alone
+    (``fused_consumer`` false: it goes to a graph output, another convolution or a reduction), the add is a kernel
+    of its own, a read and a write of the output at torch.compile's share of the roofline. On the H200's
+    level-2 apply runs torch.compile(model) of convolution models was predicted a median 1.46x slow
+    (benchmarks/results/h200/accuracy/route_prediction). 0 for other chains, a CPU spec (Inductor's CPU
+    convolution keeps its bias) and a convolution priced without a table."""
+    if spec.kind != "gpu" or chain.kind != "heavy" or "conv" not in chain.categories:
+        return 0.0
+    bw = spec.memory_bandwidth_gbps * 1e9
+    change = 0.0
+    for i in chain.op_ids:
+        op = by_id[i]
+        if op.category != "conv" or not has_bias(op) or not op.outputs or measured_conv_us(op, spec) is None:
+            continue
+        out_us = op.outputs[0].nbytes / bw * 1e6
+        change -= CONV_BIAS_TRANSFERS * out_us
+        if not fused_consumer:
+            change += 2.0 * out_us / spec.efficiency("torch.compile", "pointwise")
+    return change
 
 
 def eager_in_model_us(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> dict[str, float]:

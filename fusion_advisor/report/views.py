@@ -29,7 +29,6 @@ from typing import Any
 import pandas as pd
 
 from fusion_advisor.analyze.records import PARTIAL_COVERAGE, ROUTES, Analysis
-from fusion_advisor.analyze.roofline import SCAN_OPS
 from fusion_advisor.host import BUSY_CPU_REASON
 from fusion_advisor.units import fmt_speedup, fmt_us, is_num
 
@@ -159,15 +158,18 @@ def matmul_peak_text(analysis: Analysis) -> str:
 
 
 def predicted_compile_series(frame: pd.DataFrame) -> pd.Series:
-    """Per chain, the predicted time under ``torch.compile(model)`` (us): a fusible chain as one fused kernel at the
-    share of the roofline Inductor's code reaches on its kind (``min(est_eager_us, est_compile_us)``; a report
-    without that column: ``est_fused_us``), a heavy or unfusible item as it runs eagerly (Inductor calls cuBLAS /
-    cuDNN / SDPA for them), except where the roofline priced Inductor's own kernel for it below eager (a scan:
-    ``est_compile_us`` under ``est_eager_us``). NaN without an estimate."""
+    """Per chain, the predicted time under ``torch.compile(model)`` (us): the faster of ``est_eager_us`` and
+    ``est_compile_us``, the roofline's price of Inductor's code for it (a fusible chain as one fused kernel at the
+    share of the roofline Inductor's code reaches on its kind; a heavy item as it runs eagerly, Inductor calling
+    cuBLAS / cuDNN / SDPA for it, less what Inductor takes out of the call: a convolution's bias pass; a scan as
+    Inductor's own kernel). A report without ``est_compile_us``: a fusible chain at ``est_fused_us``, the rest as
+    written. NaN without an estimate."""
     eager = frame["est_eager_us"].astype(float)
-    fused = frame["est_compile_us" if "est_compile_us" in frame else "est_fused_us"].astype(float)
-    lowered = "est_compile_us" in frame and (frame["pattern"].isin(SCAN_OPS) if "pattern" in frame else False)
-    fusible = ((frame["kind"] == "fusible") | lowered) & fused.notna()
+    if "est_compile_us" in frame:
+        compiled = frame["est_compile_us"].astype(float)
+        return eager.where(compiled.isna(), pd.concat([eager, compiled], axis=1).min(axis=1))
+    fused = frame["est_fused_us"].astype(float)
+    fusible = (frame["kind"] == "fusible") & fused.notna()
     return eager.where(~fusible, pd.concat([eager, fused], axis=1).min(axis=1))
 
 
