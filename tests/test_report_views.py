@@ -150,9 +150,13 @@ def test_the_advice_pays_the_host_time_the_whole_model_routes_pay():
         launch_eager_us=30.0, route=["torch.compile", "cudagraphs"], est_after_route_us=[10.0, 2.4])
     calls = views.HostCalls(launch_us=10.0, compiled_call_us=30.0)
     assert views.predicted_advised_us(tiny, calls) == pytest.approx(10.0 + 10.0 + 30.0)
-    # nothing compiled: no compiled call; a chain left to eager issues its eager kernels
+    # a chain left to eager issues its eager kernels; apply carries any route out through dynamo (a compiled call)
+    # and CUDA-graph regions through cudagraph trees (a replay per graph)
     kept = tiny.assign(route=["skip", "cudagraphs"], est_after_route_us=[30.0, 2.4])
-    assert views.predicted_advised_us(kept, calls) == pytest.approx(30.0 + 10.0)
+    assert views.predicted_advised_us(kept, calls) == pytest.approx(30.0 + 10.0 + 30.0)
+    graphed = views.HostCalls(launch_us=10.0, compiled_call_us=30.0, graph_replay_us=80.0)
+    assert views.predicted_advised_us(kept, graphed) == pytest.approx(30.0 + 10.0 + 30.0 + 80.0)
+    assert views.predicted_advised_us(kept.assign(route="skip"), graphed) == pytest.approx(60.0)  # as written
     # device work longer than that: the chains' sum
     big = tiny.assign(est_after_route_us=[1000.0, 900.0])
     assert views.predicted_advised_us(big, calls) == pytest.approx(1900.0)

@@ -795,15 +795,18 @@ def estimate_all(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec,
 
 
 def _peeled_bias_change_us(chain: Chain, by_id: dict[str, OpInfo], spec: DeviceSpec, fused_consumer: bool) -> float:
-    """How Inductor's code changes a convolution chain's time on a GPU (us, <= 0): it calls cuDNN without the bias
-    ("peel off the bias, cudnn is slower with it": torch/_inductor/kernel/conv.py, torch 2.11-2.13) and adds it in
-    the Triton kernel that reads the output next. The eager bias pass (:data:`CONV_BIAS_TRANSFERS` output-sized
-    transfers, in the table-priced convolution's time) goes; where no pointwise chain consumes the output alone
-    (``fused_consumer`` false: it goes to a graph output, another convolution or a reduction), the add is a kernel
-    of its own, a read and a write of the output at torch.compile's share of the roofline. On the H200's
-    level-2 apply runs torch.compile(model) of convolution models was predicted a median 1.46x slow
-    (benchmarks/results/h200/accuracy/route_prediction). 0 for other chains, a CPU spec (Inductor's CPU
-    convolution keeps its bias) and a convolution priced without a table."""
+    """How Inductor's code changes a convolution chain's time on a GPU (us; negative where it saves): it calls
+    cuDNN without the bias ("peel off the bias, cudnn is slower with it": torch/_inductor/kernel/conv.py, torch
+    2.11-2.13) and adds it in the Triton kernel that reads the output next. Per biased convolution priced from the
+    table, its device time without the bias (the convolution priced again without that input, so a profile fit's
+    scale applies to both alike) replaces the one with it; where no pointwise chain consumes the output alone
+    (``fused_consumer`` false: a graph output, another convolution; a reduction too, which Inductor could fuse it
+    into, so this errs slow there), the add is a kernel of its own, a read and a write of the output at
+    torch.compile's share of the roofline. Each op keeps at least its host time: cuDNN is called as eagerly, a
+    host-bound convolution saves nothing. torch.compile(model) of the 25 convolution models of the H200's seed-0
+    route set was predicted a median 1.46x slow of measured with the bias pass kept (at 49b3a77;
+    benchmarks/results/h200/accuracy/route_prediction). 0 for other chains, a CPU spec (Inductor's CPU convolution
+    keeps its bias) and a convolution priced without a table."""
     if spec.kind != "gpu" or chain.kind != "heavy" or "conv" not in chain.categories:
         return 0.0
     bw = spec.memory_bandwidth_gbps * 1e9
@@ -812,10 +815,12 @@ def _peeled_bias_change_us(chain: Chain, by_id: dict[str, OpInfo], spec: DeviceS
         op = by_id[i]
         if op.category != "conv" or not has_bias(op) or not op.outputs or measured_conv_us(op, spec) is None:
             continue
-        out_us = op.outputs[0].nbytes / bw * 1e6
-        change -= CONV_BIAS_TRANSFERS * out_us
+        host = op_host_us(op, spec)
+        device = _op_time_us(op, spec)
+        peeled = _op_time_us(replace(op, inputs=op.inputs[:2]), spec)
         if not fused_consumer:
-            change += 2.0 * out_us / spec.efficiency("torch.compile", "pointwise")
+            peeled += 2.0 * op.outputs[0].nbytes / bw * 1e6 / spec.efficiency("torch.compile", "pointwise")
+        change += max(peeled, host) - max(device, host)
     return change
 
 

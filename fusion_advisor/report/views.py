@@ -246,8 +246,8 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
     :data:`ROUTE_MARGIN`. Returns ``{"eager": us, "torch.compile": us, "reduce-overhead": us or NaN, "best": name}``.
 
     torch.compile: the chains' times (:func:`predicted_compile_us`), or the host's part of a call where that is
-    longer: ``calls.compiled_call_us`` per captured graph plus one launch per fused chain and the eager host time
-    of the rest. reduce-overhead: Inductor's code replayed from CUDA graphs (every chain at ``est_cudagraphs_us``,
+    longer: ``calls.compiled_call_us`` per captured graph plus one launch per chain Inductor runs as a kernel of
+    its own and the eager host time of the rest (heavy items included: cuDNN and cuBLAS are called as eagerly). reduce-overhead: Inductor's code replayed from CUDA graphs (every chain at ``est_cudagraphs_us``,
     the launch floor gone, but a recurrent layer as written: dynamo breaks the graph there) plus
     ``graph_input_copy_us`` (:func:`input_copy_us`), or ``calls.graph_replay_us`` per captured graph where that is
     longer. A call's fixed host cost hides under device work that outlasts it (the host issues the next call while
@@ -256,8 +256,11 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
     while on the H200's level-2 apply runs (0.5-41 ms) reduce-overhead ran a median 34 us behind torch.compile
     (benchmarks/results/h200/apply_models), far less than its replay's host time."""
     compiled = predicted_compile_series(frame) if len(frame) else pd.Series(dtype=float)
-    fused = compiled < frame["est_eager_us"].astype(float) if len(frame) else pd.Series(dtype=bool)
-    compile_host = calls.graphs * calls.compiled_call_us + _issued_us(frame, fused, calls.launch_us)
+    # one launch where Inductor runs the chain as a kernel of its own; a heavy item is called as eagerly (cuDNN,
+    # cuBLAS: their host time), whatever Inductor takes out of it (a convolution's bias)
+    own_kernel = ((compiled < frame["est_eager_us"].astype(float)) & (frame["kind"] != "heavy")
+                  if len(frame) else pd.Series(dtype=bool))
+    compile_host = calls.graphs * calls.compiled_call_us + _issued_us(frame, own_kernel, calls.launch_us)
     times = {"eager": _sum(frame, "est_eager_us") + unused_us,
              "torch.compile": max(float(compiled.sum(skipna=True)), compile_host)}
     graphed = frame["est_cudagraphs_us"] if "est_cudagraphs_us" in frame else None
@@ -280,17 +283,23 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
 
 def predicted_advised_us(frame: pd.DataFrame, calls: HostCalls = HostCalls()) -> float:
     """The predicted time (us) of the model with the advice carried out, over the chains: the sum of
-    ``est_after_route_us``, or the host's part of a call where that is longer (a chain left to eager issues its
-    eager kernels, ``launch_eager_us``; a routed one at least one launch, its fused kernel's, its library
-    kernel's or its region's graph replay; and ``calls.compiled_call_us`` per captured graph where any chain is
-    compiled), priced as :func:`predicted_model_routes` prices ``torch.compile(model)``, so that the two compare
-    like for like (a fresh user's six tiny ops read 20x faster than torch.compile(model) when only the latter paid
-    its call)."""
+    ``est_after_route_us``, or the host's part of a call where that is longer, priced as
+    :func:`predicted_model_routes` prices ``torch.compile(model)`` so that the two compare like for like (a fresh
+    user's six tiny ops read 20x faster than torch.compile(model) when only the latter paid its call): a chain left
+    to eager issues its eager kernels (``launch_eager_us``), a routed one at least one launch; where any chain is
+    routed, ``calls.compiled_call_us`` per captured graph (apply carries routes out through a dynamo backend, each
+    graph a compiled call); where any is routed to CUDA graphs, ``calls.graph_replay_us`` per captured graph
+    (apply replays such regions through the CUDA-graph trees reduce-overhead uses; several regions of one graph
+    count once, so this is a floor)."""
     if not len(frame):
         return 0.0
-    routed = ~frame["route"].isin(["skip", ""]) if "route" in frame else pd.Series(False, index=frame.index)
-    compiles = "route" in frame and bool((frame["route"] == "torch.compile").any())
-    host = _issued_us(frame, routed, calls.launch_us) + (calls.graphs * calls.compiled_call_us if compiles else 0.0)
+    routes = frame["route"] if "route" in frame else pd.Series("skip", index=frame.index)
+    routed = ~routes.isin(["skip", ""])
+    host = _issued_us(frame, routed, calls.launch_us)
+    if routed.any():
+        host += calls.graphs * calls.compiled_call_us
+    if (routes == "cudagraphs").any():
+        host += calls.graphs * calls.graph_replay_us
     return max(_sum(frame, "est_after_route_us"), host)
 
 

@@ -111,7 +111,8 @@ CHAIN_COLUMNS: dict[str, str] = {
     "column's.",
     "est_compile_us": "Estimated time under torch.compile: the fused kernel at the share of the roofline Inductor's "
     "code reaches on this kind of chain (the device spec's measured route_efficiency) (us); est_eager_us when "
-    "there is nothing to fuse.",
+    "there is nothing to fuse, except a convolution with a bias on a GPU, which Inductor calls without it (the "
+    "bias added in the kernel that reads the output next, or in one of its own).",
     "est_triton_us": "The same for the library kernel's measured share (us); meaningful for chains a kernel replaces. "
     "The fp32 GEMM kernel (3xTF32): its measured share of the compute roofline, never under the eager GEMM's time "
     "over its best measured speed-up (1.56x): an upper bound on its gain.",
