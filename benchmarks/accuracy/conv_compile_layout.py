@@ -10,23 +10,12 @@ time is the channels-last layout and Inductor's other choices.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-
-
-def load(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    torch.manual_seed(0)
-    model = mod.Model(*mod.get_init_inputs()).cuda().eval()
-    inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in mod.get_inputs()]
-    return model, inputs
 
 
 def main() -> None:
@@ -37,18 +26,21 @@ def main() -> None:
     from triton.testing import do_bench
     import torch._inductor.config as inductor_config
 
+    from fusion_advisor.analyze.load import load_model
+
     rows = []
     for f in args.files:
-        model, inputs = load(f)
+        loaded = load_model(f, device="cuda")  # the file's model in eval mode and its inputs, as analyze loads them
+        model, inputs = loaded.module, loaded.inputs
         row = {"file": f.stem}
         with torch.no_grad():
-            row["eager_ms"] = do_bench(lambda: model(*inputs), warmup=50, rep=300)
+            row["eager_ms"] = do_bench(lambda m=model, xs=inputs: m(*xs), warmup=50, rep=300)
             for name, layout in (("compile_ms", True), ("compile_no_layout_opt_ms", False)):
                 torch._dynamo.reset()
                 inductor_config.layout_optimization = layout
                 compiled = torch.compile(model)
                 compiled(*inputs)
-                row[name] = do_bench(lambda: compiled(*inputs), warmup=50, rep=300)
+                row[name] = do_bench(lambda c=compiled, xs=inputs: c(*xs), warmup=50, rep=300)
             inductor_config.layout_optimization = True
         rows.append(row)
         print(json.dumps(row), flush=True)
