@@ -269,6 +269,11 @@ def test_inductor_peels_a_convolutions_bias_off_into_the_kernel_reading_it(tmp_p
     out = next(o for o in bare.ops if o.category == "conv").outputs[0].nbytes
     own_add = 2 * out / (h200.memory_bandwidth_gbps * 1e9) * 1e6 / h200.efficiency("torch.compile", "pointwise")
     assert bare.estimates[conv_chain(bare).id].compile_us == pytest.approx(twin.eager_us + own_add, rel=1e-6)
+    # a softmax reading it: Inductor adds the bias in the softmax's kernel, as in a pointwise one (a reviewer: only a
+    # pointwise consumer had counted)
+    soft = analyze(_conv_model(tmp_path, "torch.softmax(self.conv(x), dim=1)"), gpu="h200")
+    assert conv_chain(soft).output_fuses and not conv_chain(bare).output_fuses
+    assert soft.estimates[conv_chain(soft).id].compile_us == pytest.approx(twin.eager_us, rel=1e-6)
     # a CPU spec (Inductor's CPU convolution keeps its bias): as written
     cpu = analyze(_conv_model(tmp_path, "torch.relu(self.conv(x)) * 2.0"), gpu="cpu")
     assert cpu.estimates[conv_chain(cpu).id].compile_us == cpu.estimates[conv_chain(cpu).id].eager_us

@@ -400,6 +400,8 @@ def _mark_epilogues(og: OpGraph, chains: list[Chain], chain_of: dict[str, str]) 
     by_id = {c.id: c for c in chains}
     out = []
     for c in chains:
+        if c.kind == "heavy" and _output_fuses(og, c):
+            c = replace(c, output_fuses=True)
         if c.kind == "fusible" and c.pattern == "cross_entropy":
             head = _sole_matmul_producer(og, c)
             if head is not None:
@@ -423,6 +425,19 @@ def _mark_epilogues(og: OpGraph, chains: list[Chain], chain_of: dict[str, str]) 
         out.append(c)
     assert len(out) == len(by_id)
     return out
+
+
+def _output_fuses(og: OpGraph, chain: Chain) -> bool:
+    """Whether every op reading what a heavy item computes is one Inductor writes a kernel for (a :data:`FUSIBLE`
+    category, or a pool of :data:`INDUCTOR_POOLS`) and no graph output is it (:attr:`Chain.output_fuses`)."""
+    consumers = []
+    for m in chain.op_ids:
+        if og.is_graph_output(m):
+            return False
+        consumers += [og.g.nodes[v]["op"] for v in og.data_succs(m) if v not in chain.op_ids]
+    return bool(consumers) and all(
+        op is not None and not op.is_view and (op.category in FUSIBLE or short_target(op.target) in INDUCTOR_POOLS)
+        for op in consumers)
 
 
 #: Pooling ops Inductor lowers to a kernel of its own (``torch/_inductor/lowering.py``), reading their input through

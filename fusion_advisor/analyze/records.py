@@ -187,6 +187,9 @@ class Chain:
             once); 0 when :attr:`kernel_op_ids` is empty.
         out_numel: elements of the largest tensor the chain's ops write (a GEMM's output tiles come from it; the
             largest tensor of an nn.Linear, :attr:`numel`, is often its weight); 0 in reports written before it.
+        output_fuses: for a heavy item, every op that reads its output is one Inductor writes a kernel for (a
+            pointwise, reduction, normalization or softmax op, or a pool it lowers) and no graph output is it:
+            what Inductor takes out of the library call (a convolution's bias) joins that kernel.
     """
 
     id: str
@@ -211,6 +214,7 @@ class Chain:
     kernel_op_ids: tuple[str, ...] = ()
     kernel_bytes: int = 0
     out_numel: int = 0
+    output_fuses: bool = False
 
     @property
     def arithmetic_intensity(self) -> float:

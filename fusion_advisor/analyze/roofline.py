@@ -779,14 +779,13 @@ def estimate_all(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec,
     busy, not idle."""
     by_id = {o.id: o for o in ops}
     in_model = in_model_times(chains, ops, spec, device_us)
-    fused_consumer = {c.epilogue_of for c in chains if c.epilogue_of}
     out = {}
     for c in chains:
         est = estimate(c, by_id, spec)
         busy, idle = in_model[c.id]
         bound = _bound(idle, busy, c.arithmetic_intensity, est.ridge_point) if busy + idle > 0 else est.bound
         est = est if bound == est.bound else replace(est, bound=bound)
-        change = _peeled_bias_change_us(c, by_id, spec, c.id in fused_consumer)
+        change = _peeled_bias_change_us(c, by_id, spec, c.output_fuses)
         if change:
             est = replace(est, compile_us=max(est.route_us("torch.compile") + change, 0.0),
                           cudagraphs_us=max(est.route_us("cudagraphs") + change, 0.0))
@@ -794,15 +793,15 @@ def estimate_all(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec,
     return out
 
 
-def _peeled_bias_change_us(chain: Chain, by_id: dict[str, OpInfo], spec: DeviceSpec, fused_consumer: bool) -> float:
+def _peeled_bias_change_us(chain: Chain, by_id: dict[str, OpInfo], spec: DeviceSpec, output_fuses: bool) -> float:
     """How Inductor's code changes a convolution chain's time on a GPU (us; negative where it saves): it calls
     cuDNN without the bias ("peel off the bias, cudnn is slower with it": torch/_inductor/kernel/conv.py, torch
     2.11-2.13) and adds it in the Triton kernel that reads the output next. Per biased convolution priced from the
     table, its device time without the bias (the convolution priced again without that input, so a profile fit's
-    scale applies to both alike) replaces the one with it; where no pointwise chain consumes the output alone
-    (``fused_consumer`` false: a graph output, another convolution; a reduction too, which Inductor could fuse it
-    into, so this errs slow there), the add is a kernel of its own, a read and a write of the output at
-    torch.compile's share of the roofline. Each op keeps at least its host time: cuDNN is called as eagerly, a
+    scale applies to both alike) replaces the one with it; where not every op reading the output is one Inductor
+    writes a kernel for (``output_fuses``, :attr:`Chain.output_fuses`: a graph output reads it, or another
+    convolution, or a view), the add is a kernel of its own, a read and a write of the output at torch.compile's
+    share of the roofline. Each op keeps at least its host time: cuDNN is called as eagerly, a
     host-bound convolution saves nothing. torch.compile(model) of the 25 convolution models of the H200's seed-0
     route set was predicted a median 1.46x slow of measured with the bias pass kept (at 49b3a77;
     benchmarks/results/h200/accuracy/route_prediction). 0 for other chains, a CPU spec (Inductor's CPU convolution
@@ -818,7 +817,7 @@ def _peeled_bias_change_us(chain: Chain, by_id: dict[str, OpInfo], spec: DeviceS
         host = op_host_us(op, spec)
         device = _op_time_us(op, spec)
         peeled = _op_time_us(replace(op, inputs=op.inputs[:2]), spec)
-        if not fused_consumer:
+        if not output_fuses:
             peeled += 2.0 * op.outputs[0].nbytes / bw * 1e6 / spec.efficiency("torch.compile", "pointwise")
         change += max(peeled, host) - max(device, host)
     return change
