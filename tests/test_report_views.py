@@ -145,18 +145,19 @@ def test_a_compiled_call_and_a_graph_replay_cost_host_time_that_device_work_hide
 
 def test_the_advice_pays_the_host_time_the_whole_model_routes_pay():
     # a fresh user's six tiny ops read 20x faster than torch.compile(model) when only the latter paid its call: the
-    # advised total is floored by its own host time, one launch per routed chain and the compiled call
+    # advised total is floored by its own host time, priced as the whole-model routes price theirs
     tiny = _frame([("fusible", 30.0, 10.0, 2.4), ("fusible", 30.0, 10.0, 2.4)]).assign(
-        launch_eager_us=30.0, route=["torch.compile", "cudagraphs"], est_after_route_us=[10.0, 2.4])
-    calls = views.HostCalls(launch_us=10.0, compiled_call_us=30.0)
+        launch_eager_us=30.0, route=["torch.compile", "triton"], est_after_route_us=[10.0, 9.0])
+    calls = views.HostCalls(launch_us=10.0, compiled_call_us=30.0, graph_replay_us=80.0)
+    # routed chains issue one launch each; apply carries routes out through dynamo: one compiled call
     assert views.predicted_advised_us(tiny, calls) == pytest.approx(10.0 + 10.0 + 30.0)
-    # a chain left to eager issues its eager kernels; apply carries any route out through dynamo (a compiled call)
-    # and CUDA-graph regions through cudagraph trees (a replay per graph)
+    # a chain left to eager issues its eager kernels; one replayed from CUDA graphs issues nothing more than the
+    # replay, a whole reduce-overhead call (its guards included: no compiled call on top; a reviewer)
     kept = tiny.assign(route=["skip", "cudagraphs"], est_after_route_us=[30.0, 2.4])
-    assert views.predicted_advised_us(kept, calls) == pytest.approx(30.0 + 10.0 + 30.0)
-    graphed = views.HostCalls(launch_us=10.0, compiled_call_us=30.0, graph_replay_us=80.0)
-    assert views.predicted_advised_us(kept, graphed) == pytest.approx(30.0 + 10.0 + 30.0 + 80.0)
-    assert views.predicted_advised_us(kept.assign(route="skip"), graphed) == pytest.approx(60.0)  # as written
+    assert views.predicted_advised_us(kept, calls) == pytest.approx(30.0 + 80.0)
+    both = tiny.assign(route=["torch.compile", "cudagraphs"], est_after_route_us=[10.0, 2.4])
+    assert views.predicted_advised_us(both, calls) == pytest.approx(10.0 + 80.0)
+    assert views.predicted_advised_us(kept.assign(route="skip"), calls) == pytest.approx(60.0)  # as written
     # device work longer than that: the chains' sum
     big = tiny.assign(est_after_route_us=[1000.0, 900.0])
     assert views.predicted_advised_us(big, calls) == pytest.approx(1900.0)
@@ -452,3 +453,17 @@ def test_advice_under_the_3_percent_a_route_needs_says_the_model_stays_eager():
     html = report.render_html(a, "2026-12-01T00:00:00+00:00")
     first = html[:html.index('id="buys"')]
     assert "under the 3% a route needs to count as faster" in first
+
+
+def test_advice_the_host_time_outweighs_is_said_slower_than_eager(tmp_path):
+    # a reviewer: a tiny model's advice read "Together these save -85.5 us ... under the 3% a route needs"
+    a = make_analysis()
+    a.device_spec = {**a.device_spec, "compiled_call_us": 1e6}  # a call far longer than the model
+    html = report.write_report(a, tmp_path / "slow")["html"].read_text(encoding="utf-8")
+    assert "Together these are predicted" in html and "slower than eager" in html
+    assert "Together these save -" not in html
+    # the page says a convolution is compiled without its bias pass on GPU specs only
+    assert "without its bias pass" in html
+    a.device_spec = {**a.device_spec, "kind": "cpu"}
+    html = report.write_report(a, tmp_path / "cpu")["html"].read_text(encoding="utf-8")
+    assert "without its bias pass" not in html

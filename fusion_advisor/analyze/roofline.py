@@ -785,31 +785,33 @@ def estimate_all(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec,
         busy, idle = in_model[c.id]
         bound = _bound(idle, busy, c.arithmetic_intensity, est.ridge_point) if busy + idle > 0 else est.bound
         est = est if bound == est.bound else replace(est, bound=bound)
-        change = _peeled_bias_change_us(c, by_id, spec, c.output_fuses)
-        if change:
-            est = replace(est, compile_us=max(est.route_us("torch.compile") + change, 0.0),
-                          cudagraphs_us=max(est.route_us("cudagraphs") + change, 0.0))
+        compiled, graphed = _peeled_bias_change_us(c, by_id, spec, c.output_fuses)
+        if compiled or graphed:
+            est = replace(est, compile_us=max(est.route_us("torch.compile") + compiled, 0.0),
+                          cudagraphs_us=max(est.route_us("cudagraphs") + graphed, 0.0))
         out[c.id] = est
     return out
 
 
-def _peeled_bias_change_us(chain: Chain, by_id: dict[str, OpInfo], spec: DeviceSpec, output_fuses: bool) -> float:
-    """How Inductor's code changes a convolution chain's time on a GPU (us; negative where it saves): it calls
+def _peeled_bias_change_us(chain: Chain, by_id: dict[str, OpInfo], spec: DeviceSpec,
+                           output_fuses: bool) -> tuple[float, float]:
+    """How Inductor's code changes a convolution chain's time on a GPU, ``(compiled, replayed from a CUDA graph)``
+    (us; negative where it saves): it calls
     cuDNN without the bias ("peel off the bias, cudnn is slower with it": torch/_inductor/kernel/conv.py, torch
     2.11-2.13) and adds it in the Triton kernel that reads the output next. Per biased convolution priced from the
     table, its device time without the bias (the convolution priced again without that input, so a profile fit's
     scale applies to both alike) replaces the one with it; where not every op reading the output is one Inductor
     writes a kernel for (``output_fuses``, :attr:`Chain.output_fuses`: a graph output reads it, or another
     convolution, or a view), the add is a kernel of its own, a read and a write of the output at torch.compile's
-    share of the roofline. Each op keeps at least its host time: cuDNN is called as eagerly, a
-    host-bound convolution saves nothing. torch.compile(model) of the 25 convolution models of the H200's seed-0
+    share of the roofline (replayed, at least the graph's kernel floor). Compiled, each op keeps at least its host
+    time: cuDNN is called as eagerly, a host-bound convolution saves nothing; replayed, device time alone counts. torch.compile(model) of the 25 convolution models of the H200's seed-0
     route set was predicted a median 1.46x slow of measured with the bias pass kept (at 49b3a77;
     benchmarks/results/h200/accuracy/route_prediction). 0 for other chains, a CPU spec (Inductor's CPU convolution
     keeps its bias) and a convolution priced without a table."""
     if spec.kind != "gpu" or chain.kind != "heavy" or "conv" not in chain.categories:
-        return 0.0
+        return 0.0, 0.0
     bw = spec.memory_bandwidth_gbps * 1e9
-    change = 0.0
+    compiled = graphed = 0.0
     for i in chain.op_ids:
         op = by_id[i]
         if op.category != "conv" or not has_bias(op) or not op.outputs or measured_conv_us(op, spec) is None:
@@ -817,10 +819,12 @@ def _peeled_bias_change_us(chain: Chain, by_id: dict[str, OpInfo], spec: DeviceS
         host = op_host_us(op, spec)
         device = _op_time_us(op, spec)
         peeled = _op_time_us(replace(op, inputs=op.inputs[:2]), spec)
-        if not output_fuses:
-            peeled += 2.0 * op.outputs[0].nbytes / bw * 1e6 / spec.efficiency("torch.compile", "pointwise")
-        change += max(peeled, host) - max(device, host)
-    return change
+        add = 0.0 if output_fuses else max(2.0 * op.outputs[0].nbytes / bw * 1e6
+                                            / spec.efficiency("torch.compile", "pointwise"),
+                                            spec.elementwise_overhead_us or GRAPH_KERNEL_FLOOR_US)
+        compiled += max(peeled + add, host) - max(device, host)
+        graphed += peeled + add - device
+    return compiled, graphed
 
 
 def eager_in_model_us(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec) -> dict[str, float]:

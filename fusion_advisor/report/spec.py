@@ -89,6 +89,7 @@ def spec_view(analysis: Analysis) -> dict[str, Any]:
         sources = [str(sources)]
     return {
         "name": spec.get("name") or spec.get("device") or "(unnamed)",
+        "kind": spec.get("kind") or "gpu",
         "bandwidth_gbps": bw,
         "bandwidth_from": bw_from,
         "launch_overhead_us": first(spec, _LAUNCH_KEYS),

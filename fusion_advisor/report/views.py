@@ -11,9 +11,10 @@ plain dicts the template renders:
   run), the three largest opportunities with their source lines, and what was left alone and why;
 * :func:`apply_view`: apply's whole-model variants, swaps, regions and the plan, linked to the report's chains.
 
-Predicted times are sums of per-chain roofline estimates (us); what ``torch.compile(model)`` would take is
-predicted as every fusible chain fused into one kernel (Inductor fuses pointwise and reduction chains) and every
-library op (GEMM, attention, convolution) and unfusible op left as it is (:func:`predicted_compile_us`); fused
+Predicted times are sums of per-chain roofline estimates (us), or the host's part of a call where longer
+(:class:`HostCalls`); what ``torch.compile(model)`` would take is predicted as every fusible chain fused into one
+kernel (Inductor fuses pointwise and reduction chains) and every library op (GEMM, attention, convolution) and
+unfusible op called as written, a convolution on a GPU without its bias pass (:func:`predicted_compile_us`); fused
 chains are priced at the share of the roofline each route's code reaches (the device spec's measured
 ``route_efficiency``: Inductor's for torch.compile, the library kernel's for a Triton route).
 """
@@ -247,12 +248,14 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
 
     torch.compile: the chains' times (:func:`predicted_compile_us`), or the host's part of a call where that is
     longer: ``calls.compiled_call_us`` per captured graph plus one launch per chain Inductor runs as a kernel of
-    its own and the eager host time of the rest (heavy items included: cuDNN and cuBLAS are called as eagerly). reduce-overhead: Inductor's code replayed from CUDA graphs (every chain at ``est_cudagraphs_us``,
-    the launch floor gone, but a recurrent layer as written: dynamo breaks the graph there) plus
-    ``graph_input_copy_us`` (:func:`input_copy_us`), or ``calls.graph_replay_us`` per captured graph where that is
-    longer. A call's fixed host cost hides under device work that outlasts it (the host issues the next call while
-    the GPU runs this one): on one H100 a compiled call of a tiny chain cost about 4 eager adds of host time and a
-    reduce-overhead call about 8 whatever the chain's length (benchmarks/results/h100/host/compiled_call_probe.json),
+    its own and the eager host time of the rest (heavy items included: cuDNN and cuBLAS are called as eagerly).
+    reduce-overhead: Inductor's code replayed from CUDA graphs (every chain at ``est_cudagraphs_us``, the launch
+    floor gone, but a recurrent layer as written: dynamo breaks the graph there) plus ``graph_input_copy_us``
+    (:func:`input_copy_us`), or ``calls.graph_replay_us`` per captured graph where that is longer. A call's fixed
+    host cost hides under device work that outlasts it (the host issues the next call while the GPU runs this
+    one): on H100 hosts a compiled call of a tiny chain cost 3.7-4 eager adds of host time and a reduce-overhead
+    call 6.7-8 whatever the chain's length (benchmarks/results/h100/host/compiled_call_probe.json,
+    benchmarks/results/h100/accuracy/calibrate_compiled_call/),
     while on the H200's level-2 apply runs (0.5-41 ms) reduce-overhead ran a median 34 us behind torch.compile
     (benchmarks/results/h200/apply_models), far less than its replay's host time."""
     compiled = predicted_compile_series(frame) if len(frame) else pd.Series(dtype=float)
@@ -286,20 +289,22 @@ def predicted_advised_us(frame: pd.DataFrame, calls: HostCalls = HostCalls()) ->
     ``est_after_route_us``, or the host's part of a call where that is longer, priced as
     :func:`predicted_model_routes` prices ``torch.compile(model)`` so that the two compare like for like (a fresh
     user's six tiny ops read 20x faster than torch.compile(model) when only the latter paid its call): a chain left
-    to eager issues its eager kernels (``launch_eager_us``), a routed one at least one launch; where any chain is
-    routed, ``calls.compiled_call_us`` per captured graph (apply carries routes out through a dynamo backend, each
-    graph a compiled call); where any is routed to CUDA graphs, ``calls.graph_replay_us`` per captured graph
-    (apply replays such regions through the CUDA-graph trees reduce-overhead uses; several regions of one graph
-    count once, so this is a floor)."""
+    to eager issues its eager kernels (``launch_eager_us``), a routed one at least one launch; per captured graph,
+    where any chain is routed to CUDA graphs, ``calls.graph_replay_us`` (apply replays such regions through the
+    CUDA-graph trees reduce-overhead uses: the whole call, its guards included; the replayed chains issue nothing
+    more; several regions of one graph count once, so this is a floor), else, where any chain is routed,
+    ``calls.compiled_call_us`` (apply carries routes out through a dynamo backend, each graph a compiled call)."""
     if not len(frame):
         return 0.0
     routes = frame["route"] if "route" in frame else pd.Series("skip", index=frame.index)
     routed = ~routes.isin(["skip", ""])
-    host = _issued_us(frame, routed, calls.launch_us)
-    if routed.any():
-        host += calls.graphs * calls.compiled_call_us
-    if (routes == "cudagraphs").any():
+    graphed = routes == "cudagraphs"
+    # a replayed chain issues no launch of its own: the replay, a whole reduce-overhead call, is its host time
+    host = _issued_us(frame[~graphed], routed[~graphed], calls.launch_us)
+    if graphed.any():
         host += calls.graphs * calls.graph_replay_us
+    elif routed.any():
+        host += calls.graphs * calls.compiled_call_us
     return max(_sum(frame, "est_after_route_us"), host)
 
 
