@@ -300,6 +300,10 @@ def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None)
         out.print(f"predicted: {eager / advised:.2f}x vs eager, {totals['compiled'] / advised:.2f}x vs "
                   f"torch.compile(model) over the chains{whole_model_note(totals['routes'], advised)} (roofline "
                   "estimates; apply measures them)", highlight=False)
+        if advised > eager:  # report.html says it beside the advice; a fresh user saw 0.52x and no word on it
+            out.print(f"  (the advised routes are predicted {advised - eager:,.1f} us slower than eager: their "
+                      "per-call host time, a compiled call or a CUDA-graph replay, outweighs what their chains save; "
+                      "apply times the model as written too and keeps the faster)", highlight=False)
     out_dir = Path(paths["html"]).parent
     plan, _ = read_plan(out_dir)
     if plan is None:

@@ -313,3 +313,19 @@ def test_version_flag_prints_the_version():
 
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.strip() == f"fusion-advisor {fusion_advisor.__version__}"
+
+
+def test_advice_predicted_slower_than_eager_is_said_on_the_console(tmp_path):
+    # a fresh user: a tiny Linear + GELU read "predicted: 0.52x vs eager" with no word on why; report.html said it
+    model = tmp_path / "tiny_lin.py"
+    model.write_text("import torch\n\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                     "        self.fc = torch.nn.Linear(64, 64)\n\n    def forward(self, x):\n"
+                     "        return torch.nn.functional.gelu(self.fc(x))\n\ndef get_inputs():\n"
+                     "    return [torch.randn(8, 64)]\n\ndef get_init_inputs():\n    return []\n")
+    r = _run(str(model), "--out", str(tmp_path / "o"), "--gpu", "h200")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "x vs eager" in text and "slower than eager: their per-call host time" in text
+    # a model the advice speeds up says nothing of the kind
+    r = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(tmp_path / "p"), "--gpu", "h200")
+    assert "slower than eager: their per-call" not in " ".join(r.output.split())
