@@ -311,3 +311,28 @@ def test_a_host_bound_convolution_saves_nothing_by_losing_its_bias(tmp_path):
     assert len(convs) == 4 and all(a.estimates[c.id].compile_us == a.estimates[c.id].eager_us for c in convs)
     routes = views.analysis_model_routes(a, chains_frame(a))
     assert routes["torch.compile"] >= routes["eager"] and routes["best"] != "torch.compile"
+
+
+def test_a_pool_inductor_lowers_is_not_called_unfusible(tmp_path):
+    """A fresh user: 35_Conv2d's subtract + hardswish chain was priced as read through the max pool (its
+    prologue_of) while the pool's own reason said "not fusible by Inductor or our kernels"."""
+    path = tmp_path / "pool.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return torch.nn.functional.max_pool2d(torch.relu(x - 0.5), 2)
+
+        def get_inputs():
+            return [torch.rand(16, 32, 64, 64)]
+
+        def get_init_inputs():
+            return []
+    """))
+    a = analyze(path, gpu="h200")
+    pool = next(c for c in a.chains if c.pattern.startswith("max_pool2d"))
+    feeder = next(c for c in a.chains if c.prologue_of == pool.id)
+    d = a.decisions[pool.id]
+    assert (d.rule_id, d.route) == ("skip-pool", "skip") and "not fusible" not in d.reason
+    assert "reads its input through the pointwise ops before it" in d.reason and feeder.id != pool.id
