@@ -688,6 +688,8 @@ def estimate(chain: Chain, ops: dict[str, OpInfo], spec: DeviceSpec) -> Estimate
     # launches (KernelBench's LSTM/GRU files 3.4-8.8x eager on the H200); torch.compile's reduce-overhead does not
     # reach them (report.views.predicted_model_routes prices that route apart)
     cudagraphs_us = at(compile_eff, floor) if fusible else max(busy_us, kernels * floor)
+    peeled_compile_us, peeled_graph_us = _peeled_bias_change_us(chain, ops, spec)
+    compile_us, cudagraphs_us = max(compile_us + peeled_compile_us, 0.0), max(cudagraphs_us + peeled_graph_us, 0.0)
     if chain.prologue_of and any_work:  # Inductor reads the pool's input through this chain: no pass of its own
         compile_us = cudagraphs_us = compute_us
     ridge = peak_tflops * 1e12 / (spec.memory_bandwidth_gbps * 1e9)
@@ -784,28 +786,22 @@ def estimate_all(chains: list[Chain], ops: list[OpInfo], spec: DeviceSpec,
         est = estimate(c, by_id, spec)
         busy, idle = in_model[c.id]
         bound = _bound(idle, busy, c.arithmetic_intensity, est.ridge_point) if busy + idle > 0 else est.bound
-        est = est if bound == est.bound else replace(est, bound=bound)
-        compiled, graphed = _peeled_bias_change_us(c, by_id, spec, c.output_fuses)
-        if compiled or graphed:
-            est = replace(est, compile_us=max(est.route_us("torch.compile") + compiled, 0.0),
-                          cudagraphs_us=max(est.route_us("cudagraphs") + graphed, 0.0))
-        out[c.id] = est
+        out[c.id] = est if bound == est.bound else replace(est, bound=bound)
     return out
 
 
-def _peeled_bias_change_us(chain: Chain, by_id: dict[str, OpInfo], spec: DeviceSpec,
-                           output_fuses: bool) -> tuple[float, float]:
+def _peeled_bias_change_us(chain: Chain, by_id: dict[str, OpInfo], spec: DeviceSpec) -> tuple[float, float]:
     """How Inductor's code changes a convolution chain's time on a GPU, ``(compiled, replayed from a CUDA graph)``
-    (us; negative where it saves): it calls
-    cuDNN without the bias ("peel off the bias, cudnn is slower with it": torch/_inductor/kernel/conv.py, torch
-    2.11-2.13) and adds it in the Triton kernel that reads the output next. Per biased convolution priced from the
-    table, its device time without the bias (the convolution priced again without that input, so a profile fit's
-    scale applies to both alike) replaces the one with it; where not every op reading the output is one Inductor
-    writes a kernel for (``output_fuses``, :attr:`Chain.output_fuses`: a graph output reads it, or another
-    convolution, or a view), the add is a kernel of its own, a read and a write of the output at torch.compile's
-    share of the roofline (replayed, at least the graph's kernel floor). Compiled, each op keeps at least its host
-    time: cuDNN is called as eagerly, a host-bound convolution saves nothing; replayed, device time alone counts. torch.compile(model) of the 25 convolution models of the H200's seed-0
-    route set was predicted a median 1.46x slow of measured with the bias pass kept (at 49b3a77;
+    (us; negative where it saves): it calls cuDNN without the bias ("peel off the bias, cudnn is slower with it":
+    torch/_inductor/kernel/conv.py, torch 2.11-2.13) and adds it in the Triton kernel that reads the output next.
+    Per biased convolution priced from the table, its device time without the bias (the convolution priced again
+    without that input, so a profile fit's scale applies to both alike) replaces the one with it; where not every
+    op reading the output is one Inductor writes a kernel for (:attr:`Chain.output_fuses` false: a graph output
+    reads it, or another convolution), the add is a kernel of its own, a read and a write of the output at
+    torch.compile's share of the roofline (replayed, at least the graph's kernel floor). Compiled, each op keeps at
+    least its host time: cuDNN is called as eagerly, a host-bound convolution saves nothing; replayed, device time
+    alone counts. torch.compile(model) of the 25 convolution models of the H200's seed-0 route set was predicted a
+    median 1.46x slow of measured with the bias pass kept (at 49b3a77;
     benchmarks/results/h200/accuracy/route_prediction). 0 for other chains, a CPU spec (Inductor's CPU convolution
     keeps its bias) and a convolution priced without a table."""
     if spec.kind != "gpu" or chain.kind != "heavy" or "conv" not in chain.categories:
@@ -819,7 +815,7 @@ def _peeled_bias_change_us(chain: Chain, by_id: dict[str, OpInfo], spec: DeviceS
         host = op_host_us(op, spec)
         device = _op_time_us(op, spec)
         peeled = _op_time_us(replace(op, inputs=op.inputs[:2]), spec)
-        add = 0.0 if output_fuses else max(2.0 * op.outputs[0].nbytes / bw * 1e6
+        add = 0.0 if chain.output_fuses else max(2.0 * op.outputs[0].nbytes / bw * 1e6
                                             / spec.efficiency("torch.compile", "pointwise"),
                                             spec.elementwise_overhead_us or GRAPH_KERNEL_FLOOR_US)
         compiled += max(peeled + add, host) - max(device, host)

@@ -255,9 +255,9 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
     host cost hides under device work that outlasts it (the host issues the next call while the GPU runs this
     one): on H100 hosts a compiled call of a tiny chain cost 3.7-4 eager adds of host time and a reduce-overhead
     call 6.7-8 whatever the chain's length (benchmarks/results/h100/host/compiled_call_probe.json,
-    benchmarks/results/h100/accuracy/calibrate_compiled_call/),
-    while on the H200's level-2 apply runs (0.5-41 ms) reduce-overhead ran a median 34 us behind torch.compile
-    (benchmarks/results/h200/apply_models), far less than its replay's host time."""
+    benchmarks/results/h100/accuracy/calibrate_compiled_call/), while on the H200's level-2 apply runs (0.5-41 ms)
+    reduce-overhead ran a median 34 us behind torch.compile (benchmarks/results/h200/apply_models), far less than
+    its replay's host time."""
     compiled = predicted_compile_series(frame) if len(frame) else pd.Series(dtype=float)
     # one launch where Inductor runs the chain as a kernel of its own; a heavy item is called as eagerly (cuDNN,
     # cuBLAS: their host time), whatever Inductor takes out of it (a convolution's bias)
@@ -308,14 +308,14 @@ def predicted_advised_us(frame: pd.DataFrame, calls: HostCalls = HostCalls()) ->
     return max(_sum(frame, "est_after_route_us"), host)
 
 
-def analysis_model_routes(analysis: Analysis, frame: pd.DataFrame) -> dict[str, Any]:
+def analysis_model_routes(analysis: Analysis, frame: pd.DataFrame, calls: HostCalls | None = None) -> dict[str, Any]:
     """:func:`predicted_model_routes` of an analysis (``frame``: its :func:`chains_frame`): CUDA graphs on a GPU
     spec only, the input copy of :func:`input_copy_us`, the unused work's eager time, the spec's host costs per
-    call (:class:`HostCalls`); plus ``breaks``, the capture's graph breaks, which the whole-model predictions do
-    not otherwise price (:func:`whole_model_note`)."""
+    call (``calls``, by default :meth:`HostCalls.of` the analysis); plus ``breaks``, the capture's graph breaks,
+    which the whole-model predictions do not otherwise price (:func:`whole_model_note`)."""
     routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu",
                                     graph_input_copy_us=input_copy_us(analysis), unused_us=analysis.unused_us,
-                                    calls=HostCalls.of(analysis))
+                                    calls=calls or HostCalls.of(analysis))
     return {**routes, "breaks": len(analysis.graph_breaks)}
 
 
@@ -323,8 +323,9 @@ def predicted_totals(analysis: Analysis, frame: pd.DataFrame) -> dict[str, Any]:
     """What the console's predicted line and report.html's first screen both say (us): ``eager`` (the chains'
     eager sum), ``advised`` (:func:`predicted_advised_us`), ``compiled`` (``torch.compile(model)``,
     :func:`predicted_model_routes`) and ``routes`` (:func:`analysis_model_routes`)."""
-    routes = analysis_model_routes(analysis, frame)
-    return {"eager": _sum(frame, "est_eager_us"), "advised": predicted_advised_us(frame, HostCalls.of(analysis)),
+    calls = HostCalls.of(analysis)
+    routes = analysis_model_routes(analysis, frame, calls)
+    return {"eager": _sum(frame, "est_eager_us"), "advised": predicted_advised_us(frame, calls),
             "compiled": routes["torch.compile"], "routes": routes}
 
 
