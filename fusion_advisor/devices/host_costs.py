@@ -308,9 +308,10 @@ def measure_compiled_call(device: str, launch_us: float, ops: int = 200, repeats
     also with ``mode="reduce-overhead"``, each timed as :func:`host_us_at_launch` times a class (``ops`` calls in a
     loop beside an add loop, median of ``repeats`` rounds' ratios, times ``launch_us``). ``compiled_call_us`` is
     the compiled call less one launch (its fused kernel's, which the roofline charges apart); ``graph_replay_us``
-    the reduce-overhead call whole (None where CUDA graphs failed). Measured on one H100 (benchmarks/results/h100/host/compiled_call_probe.json):
-    a compiled call cost about 4 adds whatever the chain's length (1, 4 or 16 multiply-adds), a reduce-overhead
-    call about 8; the whole-model route predictions had priced neither (a fresh user: three integer ops predicted
+    the reduce-overhead call whole (None where CUDA graphs failed). Measured on one H100
+    (benchmarks/results/h100/host/compiled_call_probe.json): a compiled call cost about 4 adds whatever the chain's
+    length (1, 4 or 16 multiply-adds), a reduce-overhead call about 8; the whole-model route predictions had priced
+    neither (a fresh user: three integer ops predicted
     41.1 us eager, 2.4 us under CUDA graphs). Compiling takes a few seconds; dynamo's caches are reset after,
     for the whole process (a caller's compiled models compile again).
 
