@@ -43,9 +43,11 @@ def main() -> int:
     ap.add_argument("--margin", type=float, default=0.03)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    rows, seen = [], set()
+    rows, seen, gpus = [], set(), set()
     for res in args.results:
-        for rec in json.loads(res.read_text())["results"]:
+        data = json.loads(res.read_text())
+        gpus.add(data.get("meta", {}).get("gpu", "unknown GPU"))
+        for rec in data["results"]:
             if not rec.get("eval") or rec["name"] in seen:
                 continue
             seen.add(rec["name"])
@@ -63,14 +65,16 @@ def main() -> int:
             print(f"{rec['name']}: predicted {pred['best']}, measured best {best}, right={rows[-1]['right']}",
                   flush=True)
     right = sum(r["right"] for r in rows)
+    timed_on = " / ".join(sorted(gpus))
     result = {"date": datetime.date.today().isoformat(), "spec": args.gpu, "margin": args.margin,
-              "how": "static analyze (default device) on this machine vs the H200 timings of the results files",
+              "how": f"static analyze (default device) on this machine vs the {timed_on} timings of the results files",
               "models": len(rows), "right": right, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "route_prediction.json").write_text(json.dumps(result, indent=1))
     lines = [f"# Predicted vs measured best whole-model route ({args.gpu} spec, {result['date']})\n",
              f"{right} of {len(rows)} right (the predicted route measures within {args.margin:.0%} of the fastest "
-             "correct one). Predicted: static analysis; measured: the apply_models H200 runs named per row.\n",
+             "correct one). Predicted: static analysis; measured: the apply_models runs named per row "
+             f"({timed_on}).\n",
              "| model | predicted us (eager / compile / CUDA graphs) | predicted | measured ms (eager / compile / "
              "CUDA graphs) | measured best | right |", "|---|---|---|---|---|---|"]
     for r in rows:
