@@ -37,7 +37,7 @@ from fusion_advisor.errors import RulesError
 from fusion_advisor.analyze.records import BOUNDS, ROUTES, Chain, ChainMeasurement, Estimate
 from fusion_advisor.analyze.sdpa import BACKENDS as SDPA_BACKENDS
 from fusion_advisor.dtypes import COMPLEX_NAMES, FLOAT_NAMES
-from fusion_advisor.units import fmt_bytes, mib
+from fusion_advisor.units import fmt_bytes, fmt_flops, mib
 
 
 def _shipped_rules() -> Path:
@@ -103,6 +103,7 @@ def _features(chain: Chain, est: Estimate, measured: ChainMeasurement | None = N
         "fused_mib": mib(chain.fused_bytes),
         "saved_mib": mib(chain.bytes_saved),
         "gflop": chain.flops / 1e9,
+        "work": fmt_flops(chain.flops),
         # the roofline's time over the estimate: how near the chain runs to its ceiling (a table-priced GEMM of a
         # shape cuBLAS runs badly far below 100)
         "roofline_pct": 100.0 * max(est.compute_us, est.memory_fused_us) / est.eager_us if est.eager_us > 0 else 0.0,
@@ -112,7 +113,8 @@ def _features(chain: Chain, est: Estimate, measured: ChainMeasurement | None = N
 #: Fields a reason template may cite. Sizes: ``eager_size`` / ``fused_size`` / ``saved_size`` are text with a
 #: binary unit ("336.0 MiB", :func:`fusion_advisor.units.fmt_bytes`), ``*_mib`` the same in MiB (float);
 #: ``eager_bytes`` / ``fused_bytes`` / ``bytes_saved`` are raw byte counts (for conditions and CSVs: the shipped
-#: reasons quote the sized ones). ``gflop``: FLOPs / 1e9. Times are us, ``peak_tflops`` TFLOP/s. ``roofline_pct``:
+#: reasons quote the sized ones). ``gflop``: FLOPs / 1e9; ``work``: the FLOPs as text with a decimal prefix
+#: ("524.3 kFLOP", :func:`fusion_advisor.units.fmt_flops`: a tiny GEMM read "0.000 GFLOP"). Times are us, ``peak_tflops`` TFLOP/s. ``roofline_pct``:
 #: the roofline's time (the larger of ``compute_us`` and ``memory_fused_us``) as a percentage of ``eager_us``.
 #: ``attention_backend``: the SDPA backend of an attention item (``flash``, ``efficient``, ``cudnn``, ``math``; ``""``
 #: for other items).
@@ -123,7 +125,7 @@ TEMPLATE_FIELDS = (
     "module_path",
     "compile_us", "triton_us", "cudagraphs_us",
     "kernel", "route", "measured_bound", "measured_us", "attention_backend", "eager_size", "fused_size",
-    "saved_size", "eager_mib", "fused_mib", "saved_mib", "gflop", "roofline_pct",
+    "saved_size", "eager_mib", "fused_mib", "saved_mib", "gflop", "work", "roofline_pct",
 )
 
 
@@ -275,7 +277,7 @@ def _check_template(template: str, where: str) -> None:
             f"{where}: field 'reason': unknown placeholder(s) {', '.join(unknown)}; known: {', '.join(TEMPLATE_FIELDS)}"
         )
     text_fields = {"id", "kind", "pattern", "dtype", "bound", "epilogue_of", "prologue_of", "module_path", "kernel",
-                   "route", "measured_bound", "attention_backend", "eager_size", "fused_size", "saved_size"}
+                   "route", "measured_bound", "attention_backend", "eager_size", "fused_size", "saved_size", "work"}
     int_fields = {"eager_kernels", "numel", "row_elems", "flops", "eager_bytes", "fused_bytes", "bytes_saved"}
     sample = {k: ("x" if k in text_fields else False if k == "epilogue" else 1 if k in int_fields else 1.5)
               for k in TEMPLATE_FIELDS}
