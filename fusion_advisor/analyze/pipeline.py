@@ -23,6 +23,7 @@ from fusion_advisor.errors import ModelRunError
 from fusion_advisor.analyze.graph import build_op_graph, unused_ops
 from fusion_advisor.analyze.load import LoadedModel, load_model
 from fusion_advisor.analyze.records import Analysis, UnusedWork
+from fusion_advisor.analyze.model_call import HostCalls, weigh_model_call
 from fusion_advisor.analyze.roofline import eager_alone_us, estimate_all
 from fusion_advisor.analyze.table_range import beyond_table_note
 from fusion_advisor.units import fmt_some
@@ -357,6 +358,10 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
             measured = profile_fn(og, chains, estimates)
         with timed("route-measured"):  # again: rules may match the measured bound class
             decisions = route_all(chains, estimates, rules, device_kind=spec.kind, measured=measured.chains)
+    # the rules' verdict is what the all-skip check questions; the model's call may then leave chains as written
+    all_skip = _all_skip_check(chains, estimates, decisions)
+    decisions = weigh_model_call(chains, estimates, decisions,
+                                 HostCalls.from_spec(spec, len({op.graph_index for op in og.ops})))
     return Analysis(
         model_name=loaded.name,
         model_file=loaded.file,
@@ -369,7 +374,7 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
         graph_breaks=cap.breaks,
         warnings=(cap.warnings + loaded.notes + list(notes or []) + og.notes + _mixed_dtype_products(og.ops)
                   + _random_draws(og.ops) + _beyond_table(og.ops, spec)
-                  + _all_skip_check(chains, estimates, decisions) + ([unused_note(work, spec)] if work else [])
+                  + all_skip + ([unused_note(work, spec)] if work else [])
                   + ([] if measured is not None else [
                       f"rule {r.id} ({r.file}) matches on measured_bound, which only analyze --profile measures: "
                       f"it decided no chain here" for r in rules.profile_only()])),

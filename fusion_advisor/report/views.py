@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from fusion_advisor.analyze import model_call
+from fusion_advisor.analyze.model_call import HostCalls
 from fusion_advisor.analyze.records import PARTIAL_COVERAGE, ROUTES, Analysis
 from fusion_advisor.host import BUSY_CPU_REASON
 from fusion_advisor.units import fmt_speedup, fmt_us, is_num
@@ -199,45 +200,6 @@ def input_copy_us(analysis: Analysis) -> float:
     return 2.0 * analysis.input_bytes / (bw * 1e9) * 1e6 if bw > 0 else 0.0
 
 
-@dataclass(frozen=True)
-class HostCalls:
-    """The host time a model's call pays beyond its chains' own kernels, from its device spec (us).
-
-    Attributes:
-        launch_us: one kernel launch inside a model (``launch_overhead_us`` at the spec's ``host_time_scale``, as
-            the roofline charges a fused kernel).
-        compiled_call_us: per call of a graph compiled by ``torch.compile`` (``DeviceSpec.compiled_call_us``:
-            dynamo's guards, Inductor's wrapper).
-        graph_replay_us: per call under ``mode="reduce-overhead"`` (``DeviceSpec.graph_replay_us``: the CUDA-graph
-            tree's replay).
-        graphs: captured graphs one model call runs (at least 1).
-    """
-
-    launch_us: float = 0.0
-    compiled_call_us: float = 0.0
-    graph_replay_us: float = 0.0
-    graphs: int = 1
-
-    @classmethod
-    def of(cls, analysis: Analysis) -> "HostCalls":
-        """The costs of ``analysis``'s spec, for its captured graphs."""
-        spec = analysis.device_spec or {}
-        return cls(launch_us=float(spec.get("launch_overhead_us") or 0.0) * float(spec.get("host_time_scale") or 1.0),
-                   compiled_call_us=float(spec.get("compiled_call_us") or 0.0),
-                   graph_replay_us=float(spec.get("graph_replay_us") or 0.0),
-                   graphs=max(len({op.graph_index for op in analysis.ops}), 1))
-
-
-def _issued_us(frame: pd.DataFrame, one_launch: pd.Series, launch_us: float) -> float:
-    """Host time (us) issuing the chains' kernels: one launch (``launch_us``, never more than the chain's eager
-    host time) for each chain where ``one_launch``, the eager host time (``launch_eager_us``) of the others; 0 for
-    a frame without that column."""
-    if "launch_eager_us" not in frame or not len(frame):
-        return 0.0
-    host = frame["launch_eager_us"].astype(float)
-    return float(host.where(~one_launch, host.clip(upper=launch_us)).sum(skipna=True))
-
-
 def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_copy_us: float = 0.0,
                            unused_us: float = 0.0, calls: HostCalls = HostCalls()) -> dict[str, Any]:
     """The predicted time (us) of the whole model as written (``eager``: sum of ``est_eager_us`` plus
@@ -263,7 +225,8 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
     # cuBLAS: their host time), whatever Inductor takes out of it (a convolution's bias)
     own_kernel = ((compiled < frame["est_eager_us"].astype(float)) & (frame["kind"] != "heavy")
                   if len(frame) else pd.Series(dtype=bool))
-    compile_host = calls.graphs * calls.compiled_call_us + _issued_us(frame, own_kernel, calls.launch_us)
+    compile_host = calls.graphs * calls.compiled_call_us + (
+        model_call.issued_us(frame["launch_eager_us"], own_kernel, calls.launch_us) if "launch_eager_us" in frame else 0.0)
     times = {"eager": _sum(frame, "est_eager_us") + unused_us,
              "torch.compile": max(float(compiled.sum(skipna=True)), compile_host)}
     graphed = frame["est_cudagraphs_us"] if "est_cudagraphs_us" in frame else None
@@ -285,27 +248,16 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
 
 
 def predicted_advised_us(frame: pd.DataFrame, calls: HostCalls = HostCalls()) -> float:
-    """The predicted time (us) of the model with the advice carried out, over the chains: the sum of
-    ``est_after_route_us``, or the host's part of a call where that is longer, priced as
-    :func:`predicted_model_routes` prices ``torch.compile(model)`` so that the two compare like for like (a fresh
-    user's six tiny ops read 20x faster than torch.compile(model) when only the latter paid its call): a chain left
-    to eager issues its eager kernels (``launch_eager_us``), a routed one at least one launch; per captured graph,
-    where any chain is routed to CUDA graphs, ``calls.graph_replay_us`` (apply replays such regions through the
-    CUDA-graph trees reduce-overhead uses: the whole call, its guards included; the replayed chains issue nothing
-    more; several regions of one graph count once, so this is a floor), else, where any chain is routed,
-    ``calls.compiled_call_us`` (apply carries routes out through a dynamo backend, each graph a compiled call)."""
+    """The predicted time (us) of the model with the advice carried out, over the chains
+    (:func:`fusion_advisor.analyze.model_call.advised_us` of the frame's ``route``, ``est_after_route_us`` and
+    ``launch_eager_us``): the host's part of a call priced as :func:`predicted_model_routes` prices
+    ``torch.compile(model)``'s, so that the two compare like for like (a fresh user's six tiny ops read 20x faster
+    than torch.compile(model) when only the latter paid its call)."""
     if not len(frame):
         return 0.0
     routes = frame["route"] if "route" in frame else pd.Series("skip", index=frame.index)
-    routed = ~routes.isin(["skip", ""])
-    graphed = routes == "cudagraphs"
-    # a replayed chain issues no launch of its own: the replay, a whole reduce-overhead call, is its host time
-    host = _issued_us(frame[~graphed], routed[~graphed], calls.launch_us)
-    if graphed.any():
-        host += calls.graphs * calls.graph_replay_us
-    elif routed.any():
-        host += calls.graphs * calls.compiled_call_us
-    return max(_sum(frame, "est_after_route_us"), host)
+    host = frame["launch_eager_us"] if "launch_eager_us" in frame else pd.Series(0.0, index=frame.index)
+    return model_call.advised_us(list(routes), list(frame["est_after_route_us"]), list(host), calls)
 
 
 def analysis_model_routes(analysis: Analysis, frame: pd.DataFrame, calls: HostCalls | None = None) -> dict[str, Any]:

@@ -1,0 +1,99 @@
+"""The model's call weighed against the chains' routes (fusion_advisor/analyze/model_call.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from fusion_advisor.analyze.model_call import HostCalls, advised_us, weigh_model_call
+from fusion_advisor.analyze.records import Decision, Estimate
+
+# an H100-like host: a launch 10 us, a compiled call 30, a CUDA-graph tree's replay 80 (the measured ratios of
+# benchmarks/results/h100/host/compiled_call_probe.json: about 4 and 8 eager adds)
+CALLS = HostCalls(launch_us=10.0, compiled_call_us=30.0, graph_replay_us=80.0)
+
+
+def _est(eager: float, compiled: float, graphed: float, host: float | None = None) -> Estimate:
+    return Estimate(compute_us=0.0, memory_eager_us=0.0, memory_fused_us=0.0,
+                    launch_eager_us=eager if host is None else host, eager_us=eager, fused_us=compiled,
+                    saving_us=eager - compiled, ridge_point=1.0, bound="launch", peak_tflops=1.0,
+                    compile_us=compiled, cudagraphs_us=graphed)
+
+
+def _model(routes: list[str], est: list[Estimate]):
+    chains = [SimpleNamespace(id=f"c{i}") for i in range(len(routes))]
+    decisions = {c.id: Decision(c.id, r, "", f"rule-{r}", "rules.yaml", f"why {r}", "launch")
+                 for c, r in zip(chains, routes)}
+    return chains, {c.id: e for c, e in zip(chains, est)}, decisions
+
+
+def test_one_launch_bound_chain_is_compiled_rather_than_replayed():
+    # five launches (50 us) fused to one: compiled 30 + 10 us, replayed 80 us (the replay's host time)
+    chains, est, dec = _model(["cudagraphs"], [_est(50.0, 10.0, 1.0)])
+    out = weigh_model_call(chains, est, dec, CALLS)
+    d = out["c0"]
+    assert d.route == "torch.compile" and d.rule_id == "rule-cudagraphs"
+    assert d.reason.startswith("compiled instead of replayed from CUDA graphs")
+    assert "the rules' routes 80.0 us, CUDA-graph routes compiled instead 40.0 us, as written 50.0 us" in d.reason
+    assert d.reason.endswith("The rule's reason for its cudagraphs route: why cudagraphs")
+    assert dec["c0"].route == "cudagraphs"  # the input is not changed
+
+
+def test_many_launch_bound_chains_keep_their_cuda_graph_routes():
+    # twelve such chains: 12 launches compiled (120 + 30 us) against one replay (80 us)
+    chains, est, dec = _model(["cudagraphs"] * 12, [_est(50.0, 10.0, 1.0)] * 12)
+    assert weigh_model_call(chains, est, dec, CALLS) == dec
+
+
+def test_routes_that_save_less_than_the_call_costs_are_left_as_written():
+    # a GEMM left to cuBLAS (20 us) and a one-op chain compiled (10 -> 9 us): the compiled call costs 30 us
+    chains, est, dec = _model(["skip", "torch.compile"], [_est(20.0, 20.0, 20.0), _est(10.0, 9.0, 2.0)])
+    out = weigh_model_call(chains, est, dec, CALLS)
+    assert [d.route for d in out.values()] == ["skip", "skip"]
+    assert out["c0"] is dec["c0"]  # unchanged where the route was already skip
+    assert out["c1"].reason.startswith("left as written: carrying the routes out costs the model's call more")
+    # a CUDA-graph chain whose compiled code gains nothing is left as written when its replay does not pay
+    chains, est, dec = _model(["cudagraphs", "torch.compile"], [_est(12.0, 12.0, 1.0), _est(60.0, 10.0, 2.0)])
+    out = weigh_model_call(chains, est, dec, CALLS)
+    assert out["c0"].route == "skip" and "Inductor's code is predicted no faster than eager" in out["c0"].reason
+    assert out["c1"].route == "torch.compile"
+
+
+def test_device_work_that_outlasts_the_call_hides_it():
+    # a long chain: the host's part (one replay) hides under 2 ms of device time; the rules' routes stay
+    chains, est, dec = _model(["cudagraphs", "skip"], [_est(50.0, 10.0, 1.0), _est(2000.0, 2000.0, 2000.0, 10.0)])
+    assert weigh_model_call(chains, est, dec, CALLS) == dec
+    assert advised_us(["cudagraphs", "skip"], [1.0, 2000.0], [50.0, 10.0], CALLS) == pytest.approx(2001.0)
+
+
+def test_a_spec_without_call_costs_changes_nothing():
+    chains, est, dec = _model(["cudagraphs"], [_est(50.0, 10.0, 1.0)])
+    assert weigh_model_call(chains, est, dec, HostCalls(launch_us=10.0)) == dec
+
+
+def test_host_calls_read_a_spec_object_or_its_dict():
+    spec = {"launch_overhead_us": 5.0, "host_time_scale": 2.0, "compiled_call_us": 30.0, "graph_replay_us": 60.0}
+    assert HostCalls.from_spec(spec, 0) == HostCalls(10.0, 30.0, 60.0, 1)
+    assert HostCalls.from_spec(SimpleNamespace(**spec), 3) == HostCalls(10.0, 30.0, 60.0, 3)
+    assert HostCalls.from_spec({"launch_overhead_us": 5.0}, 2) == HostCalls(5.0, 0.0, 0.0, 2)
+
+
+def test_a_doubted_library_kernel_is_no_reason_to_leave_the_model_as_written():
+    # a triton route predicted slower than eager stays a candidate (route._kernel_doubt): the rules' routes then
+    # read slower than eager on the device, not for their call, and the model's call changes nothing (a level-3
+    # ViT's six routes had all been left "for the host time of the call" at 16.9 ms against 16.6 ms)
+    chains, est, dec = _model(["triton", "torch.compile"], [_est(4000.0, 3000.0, 3000.0), _est(100.0, 60.0, 55.0)])
+    est["c0"] = dataclasses.replace(est["c0"], triton_us=4300.0)
+    assert weigh_model_call(chains, est, dec, CALLS) == dec
+
+
+def test_a_change_says_where_the_specs_call_costs_were_not_measured():
+    calls = HostCalls.from_spec({"launch_overhead_us": 10.0, "compiled_call_us": 30.0, "graph_replay_us": 80.0,
+                                 "compiled_call_source": "not measured on an H200: the H100 hosts' measurement"}, 1)
+    assert calls.unmeasured == "not measured on an H200"
+    chains, est, dec = _model(["cudagraphs"], [_est(50.0, 10.0, 1.0)])
+    assert "; the spec's per-call costs are not measured on an H200)" in weigh_model_call(chains, est, dec,
+                                                                                           calls)["c0"].reason
+    assert HostCalls.from_spec({"compiled_call_source": "measured on H100 hosts: ..."}, 1).unmeasured == ""
