@@ -64,3 +64,23 @@ def test_breakdown_splits_each_bar_by_route_without_losing_time():
     for label, series in charts.breakdown_rows(frame, compile_us):
         by_route = sum(float(series[frame["route"] == r].sum(skipna=True)) for r in set(frame["route"]))
         assert by_route == pytest.approx(float(series.sum(skipna=True))), label
+
+
+def test_breakdown_draws_the_calls_host_time_beyond_the_chains():
+    # a fresh user: the advised bar read 35 us beside a verdict of 67 us (a compiled call's host time)
+    tiny = pd.DataFrame([{"kind": "fusible", "pattern": "pointwise", "bound": "launch", "est_eager_us": 30.0,
+                          "est_compile_us": 10.0, "est_cudagraphs_us": 2.4, "launch_eager_us": 30.0,
+                          "route": "torch.compile", "est_after_route_us": 10.0, "measured_us": float("nan")}])
+    calls = views.HostCalls(launch_us=10.0, compiled_call_us=30.0, graph_replay_us=80.0)
+    totals = {"compiled": views.predicted_model_routes(tiny, calls=calls)["torch.compile"],
+              "advised": views.predicted_advised_us(tiny, calls)}
+    beyond = views.call_host_beyond_chains(totals, tiny)
+    assert beyond == {"compiled": pytest.approx(30.0), "advised": pytest.approx(30.0)}  # 40 us of host, 10 of device
+    big = tiny.assign(est_eager_us=3000.0, est_compile_us=2000.0, est_after_route_us=2000.0)
+    assert views.call_host_beyond_chains({"compiled": 2000.0, "advised": 2000.0}, big) == {"compiled": 0.0,
+                                                                                        "advised": 0.0}
+    compile_us = views.predicted_compile_series(tiny)
+    plain = charts.breakdown_png(tiny, compile_us)
+    drawn = charts.breakdown_png(tiny, compile_us, call_host_us={charts.COMPILE_BAR: 30.0, charts.ADVISED_BAR: 30.0})
+    assert drawn.startswith(PNG) and drawn != plain
+    assert charts.breakdown_png(tiny, compile_us, call_host_us={charts.ADVISED_BAR: 0.0}) == plain

@@ -251,22 +251,35 @@ def roofline_png(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str,
 # --- time breakdown --------------------------------------------------------------------------------------------
 
 
+#: The breakdown's bars of the two predicted scenarios whose call may cost host time beyond their chains.
+COMPILE_BAR = "torch.compile(model) (predicted)"
+ADVISED_BAR = "advised routes (predicted)"
+
+
 def breakdown_rows(frame: pd.DataFrame, compile_us: pd.Series) -> list[tuple[str, pd.Series]]:
     """The bars of the breakdown: ``(label, per-chain time in us)``, one per scenario that has numbers."""
     rows = [("eager (predicted)", frame["est_eager_us"].astype(float)),
-            ("torch.compile(model) (predicted)", compile_us.astype(float)),
-            ("advised routes (predicted)", frame["est_after_route_us"].astype(float))]
+            (COMPILE_BAR, compile_us.astype(float)),
+            (ADVISED_BAR, frame["est_after_route_us"].astype(float))]
     measured = frame["measured_us"].astype(float)
     if measured.notna().any():
         rows.append(("eager (measured, --profile)", measured))
     return rows
 
 
+#: The breakdown's segment for the host time a whole-model call costs beyond its chains' device time.
+CALL_HOST_LABEL = "host's part of the call beyond the chains"
+CALL_HOST_COLOR = "#bdbdbd"
+
+
 def breakdown_png(frame: pd.DataFrame, compile_us: pd.Series, variants: list[dict[str, Any]] | None = None,
-                  what: str = "forward") -> bytes:
+                  what: str = "forward", call_host_us: dict[str, float] | None = None) -> bytes:
     """Stacked horizontal bars: each scenario's chain time (us) split by the chains' route (left) and bound
-    class (right); with ``variants`` (apply's rows: ``name``, ``ms``, ``status``) a panel below with each correct
-    variant's measured whole-model time (ms), the chosen one marked."""
+    class (right), plus, for a scenario named in ``call_host_us`` (bar label -> us), a grey segment for the host
+    time its call costs beyond the chains' device time (the totals the verdict quotes:
+    :func:`fusion_advisor.report.views.predicted_totals`; a tiny model's compiled call outlasts its kernels); with
+    ``variants`` (apply's rows: ``name``, ``ms``, ``status``) a panel below with each correct variant's measured
+    whole-model time (ms), the chosen one marked."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -290,13 +303,18 @@ def breakdown_png(frame: pd.DataFrame, compile_us: pd.Series, variants: list[dic
             widths = [float(series[sel].sum(skipna=True)) for _, series in bars]
             ax.barh(ypos, widths, left=left, color=colors.get(key, OTHER_COLOR), label=key or "(none)", height=0.6)
             left = [a + b for a, b in zip(left, widths)]
+        host = [max(float((call_host_us or {}).get(label, 0.0)), 0.0) for label in labels]
+        if any(h > 0 for h in host):
+            ax.barh(ypos, host, left=left, color=CALL_HOST_COLOR, hatch="//", label=CALL_HOST_LABEL, height=0.6)
+            left = [a + b for a, b in zip(left, host)]
+            keys = [*keys, CALL_HOST_LABEL]
         xmax = max(left) if left and max(left) > 0 else 1.0
         for y, total in zip(ypos, left):
             ax.text(total + xmax * 0.01, y, f"{total:,.0f} us", va="center", fontsize=8)
         ax.set_xlim(0, xmax * 1.22)
         ax.set_yticks(ypos)
         ax.set_yticklabels(labels if col == 0 else [""] * len(labels), fontsize=8.5)
-        ax.set_xlabel(f"time of the chains per {what} (us)", fontsize=8.5)
+        ax.set_xlabel(f"time per {what} (us)", fontsize=8.5)
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", labelsize=8)
         if keys:

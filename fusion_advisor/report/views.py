@@ -281,6 +281,17 @@ def predicted_totals(analysis: Analysis, frame: pd.DataFrame) -> dict[str, Any]:
             "compiled": routes["torch.compile"], "routes": routes}
 
 
+def call_host_beyond_chains(totals: dict[str, Any], frame: pd.DataFrame) -> dict[str, float]:
+    """The host time (us) a call costs beyond its chains' device time, of ``torch.compile(model)`` (``compiled``)
+    and of the advised routes (``advised``), from :func:`predicted_totals`'s ``totals``: 0 where device work
+    outlasts the call's host part (the breakdown chart draws the rest)."""
+    if not len(frame):
+        return {"compiled": 0.0, "advised": 0.0}
+    chains = {"compiled": float(predicted_compile_series(frame).sum(skipna=True)),
+              "advised": _sum(frame, "est_after_route_us")}
+    return {k: max(float(totals[k]) - v, 0.0) for k, v in chains.items()}
+
+
 def whole_model_note(model_routes: dict[str, Any], advised_us: float) -> str:
     """A clause for the predicted speed-up line when the whole model on its predicted best route
     (:func:`predicted_model_routes`) beats the advised per-chain routes beyond :data:`ROUTE_MARGIN`:

@@ -564,9 +564,13 @@ def render_html(analysis: Analysis, generated_at: str, plan: dict[str, Any] | No
     verdict = views.verdict(analysis, frame, groups, plan_view, out_dir)
     png, chart_notes = charts.roofline_png(analysis, frame, groups, [g["gid"] for g in verdict["opportunities"]])
     what = (plan_view or {}).get("measured", {}) or {}
+    # the verdict's totals: a call's host part where it outlasts the chains
+    beyond = views.call_host_beyond_chains(views.predicted_totals(analysis, frame), frame)
     breakdown = charts.breakdown_png(frame, views.predicted_compile_series(frame),
                                      (plan_view or {}).get("variants") or None,
-                                     what=str(what.get("what", "forward")) if plan_view else "forward")
+                                     what=str(what.get("what", "forward")) if plan_view else "forward",
+                                     call_host_us={charts.COMPILE_BAR: beyond["compiled"],
+                                                   charts.ADVISED_BAR: beyond["advised"]})
     missing_est = [c.id for c in analysis.chains if c.id not in analysis.estimates]
     missing_dec = [c.id for c in analysis.chains if c.id not in analysis.decisions]
     report_notes = []
