@@ -142,9 +142,8 @@ def weigh_model_call(chains: Sequence[Chain], estimates: dict[str, Estimate], de
     """``decisions`` with the model's call weighed in (module docstring): the rules' routes, or each CUDA-graph
     route compiled instead (or left as written) where that is predicted faster by :data:`CALL_MARGIN`, or every
     chain left as written where that is predicted faster than either and the call's host part sets the routed
-    time; the changed decisions say why (their rule
-    kept, its reason quoted). Chains without an estimate keep their decision. Returns a new dict; raises
-    nothing."""
+    time; the changed decisions say why (their rule kept, its reason quoted). Chains without an estimate keep
+    their decision. Returns a new dict; raises nothing."""
     priced = [c for c in chains if c.id in estimates and c.id in decisions]
     if not priced:
         return dict(decisions)
