@@ -76,6 +76,9 @@ def test_breakdown_draws_the_calls_host_time_beyond_the_chains():
               "advised": views.predicted_advised_us(tiny, calls)}
     beyond = views.call_host_beyond_chains(totals, tiny)
     assert beyond == {"compiled": pytest.approx(30.0), "advised": pytest.approx(30.0)}  # 40 us of host, 10 of device
+    kept = tiny.assign(route="skip", est_after_route_us=30.0)  # as written: 30 us of device, 30 of launches
+    totals = {"compiled": totals["compiled"], "advised": views.predicted_advised_us(kept, calls)}
+    assert views.call_host_beyond_chains(totals, kept) == {"compiled": pytest.approx(30.0), "advised": 0.0}
     big = tiny.assign(est_eager_us=3000.0, est_compile_us=2000.0, est_after_route_us=2000.0)
     assert views.call_host_beyond_chains({"compiled": 2000.0, "advised": 2000.0}, big) == {"compiled": 0.0,
                                                                                         "advised": 0.0}
@@ -84,3 +87,5 @@ def test_breakdown_draws_the_calls_host_time_beyond_the_chains():
     drawn = charts.breakdown_png(tiny, compile_us, call_host_us={charts.COMPILE_BAR: 30.0, charts.ADVISED_BAR: 30.0})
     assert drawn.startswith(PNG) and drawn != plain
     assert charts.breakdown_png(tiny, compile_us, call_host_us={charts.ADVISED_BAR: 0.0}) == plain
+    # each bar gets its own: the advised bar alone differs from both bars drawn
+    assert charts.breakdown_png(tiny, compile_us, call_host_us={charts.ADVISED_BAR: 30.0}) not in (plain, drawn)

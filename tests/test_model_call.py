@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fusion_advisor.analyze.model_call import HostCalls, advised_us, weigh_model_call
+from fusion_advisor.analyze.model_call import ChainCall, HostCalls, advised_us, call_parts, weigh_model_call
 from fusion_advisor.analyze.records import Decision, Estimate
 
 # an H100-like host: a launch 10 us, a compiled call 30, a CUDA-graph tree's replay 80 (the measured ratios of
@@ -22,11 +22,12 @@ def _est(eager: float, compiled: float, graphed: float, host: float | None = Non
                     compile_us=compiled, cudagraphs_us=graphed)
 
 
-def _model(routes: list[str], est: list[Estimate]):
-    chains = [SimpleNamespace(id=f"c{i}") for i in range(len(routes))]
-    decisions = {c.id: Decision(c.id, r, "", f"rule-{r}", "rules.yaml", f"why {r}", "launch")
-                 for c, r in zip(chains, routes)}
-    return chains, {c.id: e for c, e in zip(chains, est)}, decisions
+def _model(routes: list[str], est: list[Estimate], graphs: list[int] | None = None, kinds: list[str] | None = None):
+    chains = [SimpleNamespace(id=f"c{i}", graph_index=(graphs or [0] * len(routes))[i],
+                              kind=(kinds or ["fusible"] * len(routes))[i]) for i in range(len(routes))]
+    decisions = {c.id: Decision(c.id, r, "k" if r == "triton" else "", f"rule-{r}", "rules.yaml", f"why {r}",
+                                "launch", f"note {r}") for c, r in zip(chains, routes, strict=True)}
+    return chains, {c.id: e for c, e in zip(chains, est, strict=True)}, decisions
 
 
 def test_one_launch_bound_chain_is_compiled_rather_than_replayed():
@@ -65,7 +66,46 @@ def test_device_work_that_outlasts_the_call_hides_it():
     # a long chain: the host's part (one replay) hides under 2 ms of device time; the rules' routes stay
     chains, est, dec = _model(["cudagraphs", "skip"], [_est(50.0, 10.0, 1.0), _est(2000.0, 2000.0, 2000.0, 10.0)])
     assert weigh_model_call(chains, est, dec, CALLS) == dec
-    assert advised_us(["cudagraphs", "skip"], [1.0, 2000.0], [50.0, 10.0], CALLS) == pytest.approx(2001.0)
+    assert advised_us([ChainCall("cudagraphs", 1.0, 50.0), ChainCall("skip", 2000.0, 10.0)], CALLS) == \
+        pytest.approx(2001.0)
+
+
+def test_each_graph_pays_its_own_call():
+    # a replay where a graph holds a CUDA-graph chain, a compiled call where it holds another routed chain,
+    # nothing where nothing is routed (a reviewer: a replay for every graph as soon as one was graphed)
+    chains = [ChainCall("cudagraphs", 1.0, 50.0, graph=0), ChainCall("torch.compile", 5.0, 30.0, graph=1),
+              ChainCall("skip", 5.0, 20.0, graph=2)]
+    assert call_parts(chains, CALLS) == (pytest.approx(11.0), pytest.approx(80.0 + 10.0 + 30.0 + 20.0))
+    assert call_parts(chains[1:], CALLS)[1] == pytest.approx(10.0 + 30.0 + 20.0)
+    # torch.compile(model) compiles every graph, each a call
+    many = HostCalls(10.0, 30.0, 80.0, graphs=3)
+    assert call_parts(chains[1:], many, every_graph_compiled=True)[1] == pytest.approx(10.0 + 20.0 + 3 * 30.0)
+    # a heavy item compiled is still called as eagerly (cuBLAS, cuDNN); a library kernel is one launch
+    assert ChainCall("torch.compile", 5.0, 25.0, heavy=True).issue_us(10.0) == 25.0
+    assert ChainCall("triton", 5.0, 25.0, heavy=True).issue_us(10.0) == 10.0
+    # eight launch-bound chains in one graph keep their replay beside a chain left eager in another graph
+    chains, est, dec = _model(["cudagraphs"] * 8 + ["skip"], [_est(50.0, 10.0, 1.0)] * 8 + [_est(20.0, 20.0, 20.0)],
+                              graphs=[0] * 8 + [1])
+    assert weigh_model_call(chains, est, dec, CALLS) == dec
+
+
+def test_a_library_kernel_left_as_written_drops_its_kernel_and_its_note():
+    chains, est, dec = _model(["triton", "skip"], [_est(12.0, 11.0, 2.0), _est(20.0, 20.0, 20.0)])
+    est["c0"] = dataclasses.replace(est["c0"], triton_us=10.0)
+    out = weigh_model_call(chains, est, dec, CALLS)
+    assert out["c0"].route == "skip" and out["c0"].kernel == "" and out["c0"].note == ""
+    assert "CUDA-graph" not in out["c0"].reason  # no CUDA-graph route here: no replay price or way quoted
+    # a CPU spec's stand-in note says where the chain would have gone
+    cpu = dataclasses.replace(dec["c0"], route="torch.compile", kernel="",
+                              note="on a CPU device spec the chain goes to torch.compile instead")
+    out = weigh_model_call(chains, est, {**dec, "c0": cpu}, CALLS)
+    assert out["c0"].route == "skip" and out["c0"].note == "on a CPU device spec torch.compile would take it instead"
+
+
+def test_a_route_a_profile_decided_stays():
+    chains, est, dec = _model(["cudagraphs"], [_est(50.0, 10.0, 1.0)])
+    assert weigh_model_call(chains, est, dec, CALLS, fixed=frozenset({"c0"})) == dec
+    assert weigh_model_call(chains, est, dec, CALLS)["c0"].route == "torch.compile"
 
 
 def test_a_spec_without_call_costs_changes_nothing():
@@ -90,10 +130,65 @@ def test_a_doubted_library_kernel_is_no_reason_to_leave_the_model_as_written():
 
 
 def test_a_change_says_where_the_specs_call_costs_were_not_measured():
-    calls = HostCalls.from_spec({"launch_overhead_us": 10.0, "compiled_call_us": 30.0, "graph_replay_us": 80.0,
-                                 "compiled_call_source": "not measured on an H200: the H100 hosts' measurement"}, 1)
+    from fusion_advisor.devices import load_spec
+
+    calls = HostCalls.from_spec(load_spec("h200"), 1)  # the shipped H200 spec takes the H100 hosts' ratios
     assert calls.unmeasured == "not measured on an H200"
+    assert HostCalls.from_spec(load_spec("h200").to_dict(), 1).unmeasured == calls.unmeasured
+    assert HostCalls.from_spec(load_spec("h100"), 1).unmeasured == ""
     chains, est, dec = _model(["cudagraphs"], [_est(50.0, 10.0, 1.0)])
     assert "; the spec's per-call costs are not measured on an H200)" in weigh_model_call(chains, est, dec,
                                                                                            calls)["c0"].reason
     assert HostCalls.from_spec({"compiled_call_source": "measured on H100 hosts: ..."}, 1).unmeasured == ""
+
+
+TINY = '''import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range({n}))
+
+    def forward(self, x):
+        for lin in self.layers:
+            x = torch.sigmoid(lin(x) * 1.5 + 0.25) - 0.1
+        return x
+
+
+def get_inputs():
+    return [torch.randn(8, 64)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.parametrize("layers, route", [(1, "torch.compile"), (6, "cudagraphs")])
+def test_analyze_weighs_the_call_and_quotes_the_totals_the_console_prints(tmp_path, layers, route):
+    # Linear layers each followed by four pointwise ops on the H200 spec: one layer's launch-bound chain saves less
+    # by a replay than the replay costs over a compiled call; six layers' chains save more
+    from fusion_advisor.analyze.pipeline import analyze
+    from fusion_advisor.report.views import predicted_totals
+    from fusion_advisor.report.write import chains_frame
+
+    path = tmp_path / "layers.py"
+    path.write_text(TINY.format(n=layers))
+    a = analyze(path, gpu="h200")
+    fused = [d for d in a.decisions.values() if d.rule_id == "cudagraphs-launch-bound"]
+    assert len(fused) == layers and {d.route for d in fused} == {route}
+    totals = predicted_totals(a, chains_frame(a))
+    assert totals["advised"] <= totals["compiled"] and totals["advised"] < totals["eager"]
+    if route == "torch.compile":  # the way chosen is the advised total the console and report.html print
+        assert f"CUDA-graph routes compiled instead {totals['advised']:.1f} us" in fused[0].reason
+
+
+def test_the_model_as_written_pays_the_work_no_output_uses():
+    # a fresh user: 219 us of unused work, which a routed model (dynamo) drops, had left a tiny chain as written at
+    # 41.1 us while torch.compile(model) read 45.7 us for the whole model against 259.7 us as written
+    chains, est, dec = _model(["cudagraphs"], [_est(35.0, 10.0, 1.0)])
+    assert weigh_model_call(chains, est, dec, CALLS)["c0"].route == "skip"
+    out = weigh_model_call(chains, est, dec, CALLS, unused_us=219.0)
+    assert out["c0"].route == "torch.compile" and "as written 254.0 us" in out["c0"].reason

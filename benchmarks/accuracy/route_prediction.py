@@ -46,7 +46,7 @@ def main() -> int:
     rows, seen, gpus = [], set(), set()
     for res in args.results:
         data = json.loads(res.read_text())
-        gpus.add(data.get("meta", {}).get("gpu", "unknown GPU"))
+        gpus.add((data.get("meta") or {}).get("gpu") or "unknown GPU")
         for rec in data["results"]:
             if not rec.get("eval") or rec["name"] in seen:
                 continue

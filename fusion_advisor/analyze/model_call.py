@@ -12,26 +12,30 @@ a Linear and four pointwise ops on the H200 spec, predicted 0.88x eager advised 
 torch.compile(model)).
 
 :func:`weigh_model_call` prices the model three ways, each the longer of its chains' device time and its host's
-part (:func:`advised_us`): the rules' routes; the same with each CUDA-graph route a compiled one (where Inductor's
+part (:func:`call_parts`): the rules' routes; the same with each CUDA-graph route a compiled one (where Inductor's
 code beats eager, else as written); everything as written. The compiled way replaces the rules' where faster by
 :data:`CALL_MARGIN`; as written replaces either where predicted faster at all and the call's host part is what
-sets the routed time (advice is not predicted slower than the model as written for its calls; a library kernel
-the prediction doubts stays a candidate at its own price). The chains it changes say why, with the three times.
+sets the routed time (the advice is not predicted slower than the model as written for its calls). Leaving the
+model as written takes its library-kernel routes too: on a model whose host sets the pace a kernel's device time
+saves nothing, and apply then tries no swap (it times the model as written and torch.compile(model) whatever the
+routes). A chain routed on a profile's measured bound class keeps its route: the roofline it would be weighed
+with is what the measurement overrode. The chains it changes say why, with the three times.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fusion_advisor.analyze.records import Analysis, Chain, Decision, Estimate
+from fusion_advisor.analyze.route import SLOWER_SHARE, note_left_as_written
 
-#: A way of carrying the routes out replaces a simpler one only when predicted faster by more than this share
+#: A way of carrying the routes out replaces the rules' only when predicted faster by more than this share
 #: (route.SLOWER_SHARE's rounding margin).
-CALL_MARGIN = 0.01
+CALL_MARGIN = SLOWER_SHARE
 
 #: Routes carried out inside a compiled call (skip is the model as written).
 ROUTED = ("torch.compile", "triton", "cudagraphs")
@@ -62,17 +66,28 @@ class HostCalls:
     @classmethod
     def from_spec(cls, spec: Any, graphs: int) -> "HostCalls":
         """The costs of a device spec (a :class:`~fusion_advisor.devices.DeviceSpec` or its ``to_dict()``) for
-        ``graphs`` captured graphs; a field the spec lacks costs 0."""
+        ``graphs`` captured graphs; a field the spec lacks costs 0; ``unmeasured`` from the YAML's
+        ``compiled_call_source`` (:func:`_call_source`)."""
         get = spec.get if isinstance(spec, dict) else (lambda k: getattr(spec, k, None))
         return cls(launch_us=float(get("launch_overhead_us") or 0.0) * float(get("host_time_scale") or 1.0),
                    compiled_call_us=float(get("compiled_call_us") or 0.0),
                    graph_replay_us=float(get("graph_replay_us") or 0.0),
-                   graphs=max(graphs, 1), unmeasured=_unmeasured(str(get("compiled_call_source") or "")))
+                   graphs=max(graphs, 1),
+                   unmeasured=_unmeasured(_call_source(spec)))
 
     @classmethod
     def of(cls, analysis: Analysis) -> "HostCalls":
         """The costs of ``analysis``'s spec, for its captured graphs."""
         return cls.from_spec(analysis.device_spec or {}, len({op.graph_index for op in analysis.ops}))
+
+
+def _call_source(spec: Any) -> str:
+    """The spec's ``compiled_call`` source: ``sources["compiled_call"]`` of a DeviceSpec or of its ``to_dict()``
+    (a YAML mapping's ``compiled_call_source`` key); ``""`` where there is none."""
+    sources = spec.get("sources") if isinstance(spec, dict) else getattr(spec, "sources", None)
+    if isinstance(sources, dict):
+        return str(sources.get("compiled_call") or "")
+    return str(spec.get("compiled_call_source") or "") if isinstance(spec, dict) else ""
 
 
 def _unmeasured(source: str) -> str:
@@ -89,69 +104,112 @@ def _num(x: Any) -> float:
     return 0.0 if math.isnan(v) else v
 
 
-def issued_us(launch_eager_us: Iterable[Any], one_launch: Iterable[bool], launch_us: float) -> float:
-    """Host time (us) issuing chains' kernels: one launch (``launch_us``, never more than the chain's eager host
-    time) for each chain where ``one_launch``, its eager host time (``launch_eager_us``) for the others."""
-    return sum(min(_num(h), launch_us) if one else _num(h) for h, one in zip(launch_eager_us, one_launch))
+@dataclass(frozen=True)
+class ChainCall:
+    """One chain as the model's call issues it.
+
+    Attributes:
+        route: its route (:data:`~fusion_advisor.analyze.records.ROUTES`).
+        after_us: its predicted time on that route (us; :func:`after_route_us`).
+        host_us: the host time issuing its eager kernels (us; ``Estimate.launch_eager_us``).
+        heavy: a heavy item (GEMM, convolution, attention): compiled, Inductor still calls cuBLAS / cuDNN / SDPA
+            for it, as eagerly.
+        graph: the captured graph it lives in.
+    """
+
+    route: str
+    after_us: float
+    host_us: float
+    heavy: bool = False
+    graph: int = 0
+
+    def issue_us(self, launch_us: float) -> float:
+        """Host time issuing it (us): its eager kernels as written (and a heavy item compiled: Inductor calls
+        the vendor library as eagerly), one launch (never more than as written) for a fused or library kernel,
+        nothing replayed from a CUDA graph (the replay's own cost is the call's)."""
+        host = _num(self.host_us)
+        if self.route == "cudagraphs":
+            return 0.0
+        if self.route == "triton" or (self.route == "torch.compile" and not self.heavy):
+            return min(host, launch_us)
+        return host
 
 
-def call_parts(routes: Sequence[str], after_route_us: Sequence[Any], launch_eager_us: Sequence[Any],
-               calls: HostCalls) -> tuple[float, float]:
-    """``(device us, host us)`` of a model whose chains take ``routes`` (per chain, aligned with their predicted
-    ``after_route_us`` and eager host time ``launch_eager_us``): the chains' sum, and the host's part of a call. A
-    chain left as written issues its eager kernels, a routed one at least one launch; per captured graph, where
-    any chain is replayed from CUDA graphs, ``calls.graph_replay_us`` (apply replays such regions through the
-    CUDA-graph trees reduce-overhead uses: the whole call, its guards included, and the replayed chains issue
-    nothing more; several regions of one graph count once, so this is a floor), else, where any chain is routed,
-    ``calls.compiled_call_us``."""
-    graphed = [r == "cudagraphs" for r in routes]
-    routed = [r in ROUTED for r in routes]
-    host = issued_us((h for h, g in zip(launch_eager_us, graphed) if not g),
-                     (r for r, g in zip(routed, graphed) if not g), calls.launch_us)
-    if any(graphed):
-        host += calls.graphs * calls.graph_replay_us
-    elif any(routed):
+def after_route_us(route: str, est: Estimate | None) -> float:
+    """The chain's predicted time on its route (:meth:`Estimate.route_us`: the fused kernel at the share of the
+    roofline the route's code reaches; under CUDA graphs without the launch floor), its eager time on skip; NaN
+    without an estimate. A library kernel predicted slower than torch.compile or eager counts at the faster of
+    those: it stays routed as a candidate, and apply keeps a swap only where it measures faster, else the faster
+    whole-model variant (a fresh user's lone LayerNorm on h100 read "0.76x vs eager"; SwinMLP's LayerNorm chains,
+    the kernel computing the LayerNorm alone between window copies, read 0.99x vs torch.compile(model))."""
+    if est is None:
+        return float("nan")
+    t = est.route_us(route)
+    return min(t, est.eager_us, est.route_us("torch.compile")) if route == "triton" else t
+
+
+def call_parts(chains: Sequence[ChainCall], calls: HostCalls, every_graph_compiled: bool = False
+               ) -> tuple[float, float]:
+    """``(device us, host us)`` of one call of a model whose chains are ``chains``: their predicted times summed,
+    and the host's part of the call, each chain's :meth:`ChainCall.issue_us` plus, per captured graph holding a
+    chain replayed from CUDA graphs, ``calls.graph_replay_us`` (apply replays such regions through the CUDA-graph
+    trees reduce-overhead uses: the whole call, its guards included; several regions of one graph count once, so
+    this is a floor), per other graph holding a routed chain ``calls.compiled_call_us`` (apply carries routes out
+    through a dynamo backend). ``every_graph_compiled``: ``torch.compile(model)``, every one of ``calls.graphs``
+    graphs a compiled call (no chain graphed)."""
+    host = sum(c.issue_us(calls.launch_us) for c in chains)
+    if every_graph_compiled:
         host += calls.graphs * calls.compiled_call_us
-    return sum(_num(t) for t in after_route_us), host
+    else:
+        graphed = {c.graph for c in chains if c.route == "cudagraphs"}
+        compiled = {c.graph for c in chains if c.route in ROUTED} - graphed
+        host += len(graphed) * calls.graph_replay_us + len(compiled) * calls.compiled_call_us
+    return sum(_num(c.after_us) for c in chains), host
 
 
-def advised_us(routes: Sequence[str], after_route_us: Sequence[Any], launch_eager_us: Sequence[Any],
-               calls: HostCalls) -> float:
-    """The predicted time (us) of a model whose chains take ``routes``: the longer of its chains' device time and
+def advised_us(chains: Sequence[ChainCall], calls: HostCalls) -> float:
+    """The predicted time (us) of a model whose chains are ``chains``: the longer of its chains' device time and
     its host's part of a call (:func:`call_parts`). A call's fixed host cost hides under device work that outlasts
     it: the host issues the next call while the GPU runs this one."""
-    return max(call_parts(routes, after_route_us, launch_eager_us, calls))
+    return max(call_parts(chains, calls))
 
 
 def _priced(chains: Sequence[Chain], estimates: dict[str, Estimate], routes: dict[str, str],
-            calls: HostCalls) -> tuple[float, float]:
-    """:func:`call_parts` of ``chains`` on ``routes`` (chain id -> route)."""
-    est = [estimates[c.id] for c in chains]
-    rs = [routes[c.id] for c in chains]
-    return call_parts(rs, [e.route_us(r) for e, r in zip(est, rs)], [e.launch_eager_us for e in est], calls)
+            calls: HostCalls, unused_us: float = 0.0) -> tuple[float, float]:
+    """:func:`call_parts` of ``chains`` on ``routes`` (chain id -> route), plus ``unused_us`` of device time where
+    nothing is routed: the model as written runs the work no output uses, which a routed model, called through
+    dynamo, drops."""
+    device, host = call_parts([ChainCall(routes[c.id], after_route_us(routes[c.id], estimates[c.id]),
+                                         estimates[c.id].launch_eager_us, c.kind == "heavy", c.graph_index)
+                               for c in chains], calls)
+    return device + (unused_us if not any(r in ROUTED for r in routes.values()) else 0.0), host
 
 
 def _compiled_instead(est: Estimate) -> str:
     """A CUDA-graph chain's route where the model's call is a compiled one: torch.compile where Inductor's code is
-    predicted faster than eager, else as written."""
-    return "torch.compile" if est.route_us("torch.compile") < est.eager_us * (1.0 - CALL_MARGIN) else "skip"
+    predicted faster than eager (by route.SLOWER_SHARE), else as written."""
+    return "torch.compile" if est.route_us("torch.compile") < est.eager_us * (1.0 - SLOWER_SHARE) else "skip"
 
 
 def weigh_model_call(chains: Sequence[Chain], estimates: dict[str, Estimate], decisions: dict[str, Decision],
-                     calls: HostCalls) -> dict[str, Decision]:
+                     calls: HostCalls, fixed: frozenset[str] = frozenset(), unused_us: float = 0.0
+                     ) -> dict[str, Decision]:
     """``decisions`` with the model's call weighed in (module docstring): the rules' routes, or each CUDA-graph
     route compiled instead (or left as written) where that is predicted faster by :data:`CALL_MARGIN`, or every
     chain left as written where that is predicted faster than either and the call's host part sets the routed
     time; the changed decisions say why (their rule kept, its reason quoted). Chains without an estimate keep
-    their decision. Returns a new dict; raises nothing."""
+    their decision; so do the chains in ``fixed`` (ids: those routed on a profile's measured bound class), which
+    take their route in every way. ``unused_us``: the eager time of the work no output uses
+    (:attr:`Analysis.unused_us`), which only the model as written pays. Returns a new dict; raises nothing."""
     priced = [c for c in chains if c.id in estimates and c.id in decisions]
     if not priced:
         return dict(decisions)
     rules = {c.id: decisions[c.id].route for c in priced}
     ways = {"rules": rules,
-            "compiled": {i: (_compiled_instead(estimates[i]) if r == "cudagraphs" else r) for i, r in rules.items()},
-            "as written": {i: "skip" for i in rules}}
-    parts = {name: _priced(priced, estimates, routes, calls) for name, routes in ways.items()}
+            "compiled": {i: (_compiled_instead(estimates[i]) if r == "cudagraphs" and i not in fixed else r)
+                         for i, r in rules.items()},
+            "as written": {i: (r if i in fixed else "skip") for i, r in rules.items()}}
+    parts = {name: _priced(priced, estimates, routes, calls, unused_us) for name, routes in ways.items()}
     times = {name: max(p) for name, p in parts.items()}
     best = "rules"
     if ways["compiled"] != ways["rules"] and times["compiled"] < times["rules"] * (1.0 - CALL_MARGIN):
@@ -163,9 +221,13 @@ def weigh_model_call(chains: Sequence[Chain], estimates: dict[str, Estimate], de
         best = "as written"
     if best == "rules":
         return dict(decisions)
-    said = (f"the rules' routes {times['rules']:.1f} us, CUDA-graph routes compiled instead "
-            f"{times['compiled']:.1f} us, as written {times['as written']:.1f} us"
+    said = (f"the rules' routes {times['rules']:.1f} us, "
+            + (f"CUDA-graph routes compiled instead {times['compiled']:.1f} us, "
+               if ways["compiled"] != ways["rules"] else "")
+            + f"as written {times['as written']:.1f} us"
             + (f"; the spec's per-call costs are {calls.unmeasured}" if calls.unmeasured else ""))
+    costs = (f"{calls.compiled_call_us:.1f} us per compiled call"
+             + (f", {calls.graph_replay_us:.1f} us per CUDA-graph replay" if "cudagraphs" in rules.values() else ""))
     out = dict(decisions)
     for i, route in ways[best].items():
         d = decisions[i]
@@ -179,9 +241,9 @@ def weigh_model_call(chains: Sequence[Chain], estimates: dict[str, Estimate], de
                    else f"left as written: {replay}, and Inductor's code is predicted no faster than eager for it "
                         f"({said})")
         else:
-            why = (f"left as written: carrying the routes out costs the model's call more host time "
-                   f"({calls.compiled_call_us:.1f} us per compiled call, {calls.graph_replay_us:.1f} us per "
-                   f"CUDA-graph replay, each captured graph) than its chains save ({said})")
+            why = (f"left as written: carrying the routes out costs the model's call more host time ({costs}, "
+                   f"each captured graph) than its chains save ({said})")
         out[i] = dataclasses.replace(d, route=route, kernel="" if route != "triton" else d.kernel,
-                                     reason=f"{why}. The rule's reason for its {d.route} route: {d.reason}")
+                                     reason=f"{why}. The rule's reason for its {d.route} route: {d.reason}",
+                                     note=note_left_as_written(d.route, d.note) if route == "skip" else d.note)
     return out

@@ -360,8 +360,12 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
             decisions = route_all(chains, estimates, rules, device_kind=spec.kind, measured=measured.chains)
     # the rules' verdict is what the all-skip check questions; the model's call may then leave chains as written
     all_skip = _all_skip_check(chains, estimates, decisions)
+    # a route a profile's measured bound class decided stays: the roofline the weighing reads is what it overrode
+    on_measured = {r.id for r in rules.rules if "measured_bound" in r.match} if measured is not None else set()
+    fixed = frozenset(i for i, d in decisions.items() if d.rule_id in on_measured)
     decisions = weigh_model_call(chains, estimates, decisions,
-                                 HostCalls.from_spec(spec, len({op.graph_index for op in og.ops})))
+                                 HostCalls.from_spec(spec, len({op.graph_index for op in og.ops})), fixed,
+                                 unused_us=work.eager_us if work is not None else 0.0)
     return Analysis(
         model_name=loaded.name,
         model_file=loaded.file,

@@ -50,6 +50,15 @@ def _left_as_written(route: str, rule_route: str, est: Estimate, device_kind: st
     return ""
 
 
+def note_left_as_written(route: str, note: str) -> str:
+    """A decision's ``note`` once its chain, routed to ``route``, is left as written: a CPU stand-in's "the chain
+    goes to torch.compile instead" says where it would go; a library kernel's note (a doubt that keeps it a
+    candidate for apply) no longer holds and is dropped; any other note stays."""
+    if route == "triton":
+        return ""
+    return note.replace("the chain goes to torch.compile instead", "torch.compile would take it instead")
+
+
 def _kernel_doubt(chain: Chain, est: Estimate) -> str:
     """A note where the prediction doubts the library kernel the rule routed to: torch.compile or eager predicted
     faster (a kernel computing part of the chain, a softmax after a scale it does not fold, the rest left as
@@ -128,7 +137,7 @@ def route_chain(chain: Chain, est: Estimate, rules: RuleSet, kernels: dict, libr
     if left:
         # the note said where the chain would go instead; it stays as written (a fresh user read "skip" and "goes to
         # torch.compile instead" in one line)
-        note = note.replace("the chain goes to torch.compile instead", "torch.compile would take it instead")
+        note = note_left_as_written(route, note)
         return Decision(chain.id, "skip", "", rule.id, rule.file,
                         f"{left} The rule's reason for its {rule.route} route: {reason}", rule.bound or est.bound,
                         note)

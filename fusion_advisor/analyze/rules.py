@@ -114,8 +114,9 @@ def _features(chain: Chain, est: Estimate, measured: ChainMeasurement | None = N
 #: binary unit ("336.0 MiB", :func:`fusion_advisor.units.fmt_bytes`), ``*_mib`` the same in MiB (float);
 #: ``eager_bytes`` / ``fused_bytes`` / ``bytes_saved`` are raw byte counts (for conditions and CSVs: the shipped
 #: reasons quote the sized ones). ``gflop``: FLOPs / 1e9; ``work``: the FLOPs as text with a decimal prefix
-#: ("524.3 kFLOP", :func:`fusion_advisor.units.fmt_flops`: a tiny GEMM read "0.000 GFLOP"). Times are us, ``peak_tflops`` TFLOP/s. ``roofline_pct``:
-#: the roofline's time (the larger of ``compute_us`` and ``memory_fused_us``) as a percentage of ``eager_us``.
+#: ("524.3 kFLOP", :func:`fusion_advisor.units.fmt_flops`: a tiny GEMM read "0.000 GFLOP"). Times are us,
+#: ``peak_tflops`` TFLOP/s. ``roofline_pct``: the roofline's time (the larger of ``compute_us`` and
+#: ``memory_fused_us``) as a percentage of ``eager_us``.
 #: ``attention_backend``: the SDPA backend of an attention item (``flash``, ``efficient``, ``cudnn``, ``math``; ``""``
 #: for other items).
 TEMPLATE_FIELDS = (

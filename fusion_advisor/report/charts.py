@@ -306,7 +306,7 @@ def breakdown_png(frame: pd.DataFrame, compile_us: pd.Series, variants: list[dic
         host = [max(float((call_host_us or {}).get(label, 0.0)), 0.0) for label in labels]
         if any(h > 0 for h in host):
             ax.barh(ypos, host, left=left, color=CALL_HOST_COLOR, hatch="//", label=CALL_HOST_LABEL, height=0.6)
-            left = [a + b for a, b in zip(left, host)]
+            left = [a + b for a, b in zip(left, host, strict=True)]
             keys = [*keys, CALL_HOST_LABEL]
         xmax = max(left) if left and max(left) > 0 else 1.0
         for y, total in zip(ypos, left):

@@ -201,7 +201,7 @@ def input_copy_us(analysis: Analysis) -> float:
 
 
 def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_copy_us: float = 0.0,
-                           unused_us: float = 0.0, calls: HostCalls = HostCalls()) -> dict[str, Any]:
+                           unused_us: float = 0.0, calls: HostCalls | None = None) -> dict[str, Any]:
     """The predicted time (us) of the whole model as written (``eager``: sum of ``est_eager_us`` plus
     ``unused_us``, the work no output uses that eager runs and dynamo drops, :attr:`Analysis.unused_us`), under
     ``torch.compile(model)`` and under ``torch.compile(model, mode="reduce-overhead")`` (GPU specs only), and
@@ -220,13 +220,14 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
     benchmarks/results/h100/accuracy/calibrate_compiled_call/), while on the H200's level-2 apply runs (0.5-41 ms)
     reduce-overhead ran a median 34 us behind torch.compile (benchmarks/results/h200/apply_models), far less than
     its replay's host time."""
+    calls = calls or HostCalls()
     compiled = predicted_compile_series(frame) if len(frame) else pd.Series(dtype=float)
     # one launch where Inductor runs the chain as a kernel of its own; a heavy item is called as eagerly (cuDNN,
-    # cuBLAS: their host time), whatever Inductor takes out of it (a convolution's bias)
-    own_kernel = ((compiled < frame["est_eager_us"].astype(float)) & (frame["kind"] != "heavy")
-                  if len(frame) else pd.Series(dtype=bool))
-    compile_host = calls.graphs * calls.compiled_call_us + (
-        model_call.issued_us(frame["launch_eager_us"], own_kernel, calls.launch_us) if "launch_eager_us" in frame else 0.0)
+    # cuBLAS: their host time), whatever Inductor takes out of it (a convolution's bias): model_call prices the
+    # advised routes' calls alike
+    own_kernel = compiled < frame["est_eager_us"].astype(float) if len(frame) else pd.Series(dtype=bool)
+    routes = own_kernel.map({True: "torch.compile", False: "skip"})
+    _, compile_host = model_call.call_parts(_chain_calls(frame, routes, compiled), calls, every_graph_compiled=True)
     times = {"eager": _sum(frame, "est_eager_us") + unused_us,
              "torch.compile": max(float(compiled.sum(skipna=True)), compile_host)}
     graphed = frame["est_cudagraphs_us"] if "est_cudagraphs_us" in frame else None
@@ -247,7 +248,7 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
     return {**times, "best": best}
 
 
-def predicted_advised_us(frame: pd.DataFrame, calls: HostCalls = HostCalls()) -> float:
+def predicted_advised_us(frame: pd.DataFrame, calls: HostCalls | None = None) -> float:
     """The predicted time (us) of the model with the advice carried out, over the chains
     (:func:`fusion_advisor.analyze.model_call.advised_us` of the frame's ``route``, ``est_after_route_us`` and
     ``launch_eager_us``): the host's part of a call priced as :func:`predicted_model_routes` prices
@@ -256,8 +257,17 @@ def predicted_advised_us(frame: pd.DataFrame, calls: HostCalls = HostCalls()) ->
     if not len(frame):
         return 0.0
     routes = frame["route"] if "route" in frame else pd.Series("skip", index=frame.index)
+    return model_call.advised_us(_chain_calls(frame, routes, frame["est_after_route_us"]), calls or HostCalls())
+
+
+def _chain_calls(frame: pd.DataFrame, routes: pd.Series, after_us: pd.Series) -> list[model_call.ChainCall]:
+    """The frame's chains as :class:`~fusion_advisor.analyze.model_call.ChainCall` records on ``routes`` at
+    ``after_us`` (a frame without host times or graph indices: none, graph 0)."""
     host = frame["launch_eager_us"] if "launch_eager_us" in frame else pd.Series(0.0, index=frame.index)
-    return model_call.advised_us(list(routes), list(frame["est_after_route_us"]), list(host), calls)
+    heavy = frame["kind"] == "heavy" if "kind" in frame else pd.Series(False, index=frame.index)
+    graph = frame["graph_index"] if "graph_index" in frame else pd.Series(0, index=frame.index)
+    return [model_call.ChainCall(r, a, h, bool(k), int(g) if g == g else 0)
+            for r, a, h, k, g in zip(routes, after_us, host, heavy, graph, strict=True)]
 
 
 def analysis_model_routes(analysis: Analysis, frame: pd.DataFrame, calls: HostCalls | None = None) -> dict[str, Any]:
@@ -457,6 +467,7 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
         "pred_vs_eager": eager / advised if advised > 0 else float("nan"),
         "pred_vs_compile": compiled / advised if advised > 0 else float("nan"),
         "pred_saved_us": eager - advised, "pred_saved_vs_compile_us": compiled - advised,
+        "pred_unused_us": analysis.unused_us,
         "n_routed": int(len(routed)), "n_chains": int(len(frame)),
         "partial": next((w for w in analysis.warnings if w.startswith(PARTIAL_COVERAGE)), ""),
         "opportunities": opportunities(groups),

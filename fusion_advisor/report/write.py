@@ -48,6 +48,7 @@ import fusion_advisor
 from fusion_advisor.analyze.records import (  # route names and bound classes, in the order the report lists them
     BOUNDS, ROUTES, Analysis, Chain, ChainMeasurement, Decision, Estimate, OpInfo, SourceLoc, TensorMeta,
 )
+from fusion_advisor.analyze.model_call import after_route_us
 from fusion_advisor.analyze.op_classes import launches
 from fusion_advisor.analyze.roofline import op_device_us, op_host_us, price_source
 from fusion_advisor.errors import UserError
@@ -283,19 +284,6 @@ def _shapes(metas: tuple[TensorMeta, ...]) -> str:
 
 def _nan() -> float:
     return float("nan")
-
-
-def after_route_us(route: str, est: Estimate | None) -> float:
-    """The chain's predicted time on its route (:meth:`Estimate.route_us`: the fused kernel at the share of the
-    roofline the route's code reaches; under CUDA graphs without the launch floor), its eager time on skip. A
-    library kernel predicted slower than torch.compile or eager counts at the faster of those: it stays routed as
-    a candidate, and apply keeps a swap only where it measures faster, else the faster whole-model variant (a
-    fresh user's lone LayerNorm on h100 read "0.76x vs eager"; SwinMLP's LayerNorm chains, the kernel computing
-    the LayerNorm alone between window copies, read 0.99x vs torch.compile(model))."""
-    if est is None:
-        return _nan()
-    t = est.route_us(route)
-    return min(t, est.eager_us, est.route_us("torch.compile")) if route == "triton" else t
 
 
 def _ordered(present: list[str], canonical: tuple[str, ...]) -> list[str]:
