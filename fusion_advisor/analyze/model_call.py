@@ -228,14 +228,14 @@ def weigh_model_call(chains: Sequence[Chain], estimates: dict[str, Estimate], de
             + (f"; the spec's per-call costs are {calls.unmeasured}" if calls.unmeasured else ""))
     costs = (f"{calls.compiled_call_us:.1f} us per compiled call"
              + (f", {calls.graph_replay_us:.1f} us per CUDA-graph replay" if "cudagraphs" in rules.values() else ""))
+    replay = (f"a CUDA-graph replay costs {calls.graph_replay_us:.1f} us of host time per call of each captured "
+              f"graph against {calls.compiled_call_us:.1f} us for a compiled call, more than replaying saves on this "
+              f"model")
     out = dict(decisions)
     for i, route in ways[best].items():
         d = decisions[i]
         if route == d.route:
             continue
-        replay = (f"a CUDA-graph replay costs {calls.graph_replay_us:.1f} us of host time per call of each "
-                  f"captured graph against {calls.compiled_call_us:.1f} us for a compiled call, more than replaying "
-                  f"saves on this model")
         if best == "compiled":
             why = (f"compiled instead of replayed from CUDA graphs: {replay} ({said})" if route == "torch.compile"
                    else f"left as written: {replay}, and Inductor's code is predicted no faster than eager for it "

@@ -553,7 +553,8 @@ def render_html(analysis: Analysis, generated_at: str, plan: dict[str, Any] | No
     png, chart_notes = charts.roofline_png(analysis, frame, groups, [g["gid"] for g in verdict["opportunities"]])
     what = (plan_view or {}).get("measured", {}) or {}
     # the verdict's totals: a call's host part where it outlasts the chains
-    beyond = views.call_host_beyond_chains(views.predicted_totals(analysis, frame), frame)
+    beyond = views.call_host_beyond_chains({"compiled": verdict["pred_compile_us"],
+                                            "advised": verdict["pred_advised_us"]}, frame)
     breakdown = charts.breakdown_png(frame, views.predicted_compile_series(frame),
                                      (plan_view or {}).get("variants") or None,
                                      what=str(what.get("what", "forward")) if plan_view else "forward",
