@@ -89,6 +89,26 @@ def test_each_graph_pays_its_own_call():
     assert weigh_model_call(chains, est, dec, CALLS) == dec
 
 
+def test_a_graph_the_rules_graph_a_chain_of_is_replayed_whole():
+    # four launch-bound GEMMs left to cuBLAS between four chains routed to CUDA graphs, in one captured graph, beside
+    # a GEMM of another graph (20 us) and a recurrent layer (300 us): the rules' routes pay the four GEMMs' launches
+    # beside the replay (host 80 + 80 + 20 + 300 = 480 us), the compiled way 470 us, the graph replayed whole 400 us
+    # (a fresh user: VanillaRNNHidden advised 1.55x against reduce-overhead's predicted 5.83x). The other graph's
+    # GEMM and the recurrent layer (dynamo breaks the graph there) stay as the rules have them.
+    routes = ["skip", "cudagraphs"] * 4 + ["skip", "skip"]
+    est = [_est(20.0, 20.0, 2.0), _est(30.0, 10.0, 1.0)] * 4 + [_est(20.0, 20.0, 2.0), _est(300.0, 300.0, 300.0)]
+    chains, est, dec = _model(routes, est, graphs=[0] * 8 + [1, 0], kinds=["heavy", "fusible"] * 4 + ["heavy"] * 2)
+    chains[9].pattern = "recurrent"
+    out = weigh_model_call(chains, est, dec, CALLS)
+    assert [out[f"c{i}"].route for i in range(10)] == ["cudagraphs"] * 8 + ["skip", "skip"]
+    assert out["c1"] is dec["c1"] and out["c8"] is dec["c8"] and out["c9"] is dec["c9"]
+    why = out["c0"].reason
+    assert why.startswith("replayed from CUDA graphs with the rest of its captured graph")
+    assert ("the rules' routes 480.0 us, CUDA-graph routes compiled instead 470.0 us, their graphs replayed whole "
+            "400.0 us, as written 520.0 us") in why
+    assert why.endswith("The rule's reason for its skip route: why skip")
+
+
 def test_a_library_kernel_left_as_written_drops_its_kernel_and_its_note():
     chains, est, dec = _model(["triton", "skip"], [_est(12.0, 11.0, 2.0), _est(20.0, 20.0, 20.0)])
     est["c0"] = dataclasses.replace(est["c0"], triton_us=10.0)
@@ -183,6 +203,10 @@ def test_analyze_weighs_the_call_and_quotes_the_totals_the_console_prints(tmp_pa
     assert totals["advised"] <= totals["compiled"] and totals["advised"] < totals["eager"]
     if route == "torch.compile":  # the way chosen is the advised total the console and report.html print
         assert f"CUDA-graph routes compiled instead {totals['advised']:.1f} us" in fused[0].reason
+    else:  # the Linear layers' GEMMs are replayed with the graph they lie in
+        gemms = [d for d in a.decisions.values() if d.rule_id != "cudagraphs-launch-bound"]
+        assert len(gemms) == layers and {d.route for d in gemms} == {"cudagraphs"}
+        assert f"their graphs replayed whole {totals['advised']:.1f} us" in gemms[0].reason
 
 
 def test_the_model_as_written_pays_the_work_no_output_uses():

@@ -467,3 +467,21 @@ def test_advice_the_host_time_outweighs_is_said_slower_than_eager(tmp_path):
     a.device_spec = {**a.device_spec, "kind": "cpu"}
     html = report.write_report(a, tmp_path / "cpu")["html"].read_text(encoding="utf-8")
     assert "without its bias pass" not in html
+
+
+def test_torch_compile_breaks_its_graph_at_a_recurrent_layer():
+    # the analysis captures nn.LSTM with dynamo's allow_rnn on; torch.compile(model) has it off and breaks the graph
+    # there: chains before and after the layer are two graphs, each a compiled call and a replay, and the layer's
+    # host-issued steps run eagerly beside the replays (a fresh user: a 4-step LSTM read 1.21x under reduce-overhead)
+    rows = [("fusible", 30.0, 10.0, 2.4, "pointwise"), ("opaque", 70.0, 70.0, 20.0, "recurrent"),
+            ("fusible", 30.0, 10.0, 2.4, "pointwise")]
+    lstm = pd.DataFrame([dict(zip(["kind", "est_eager_us", "est_compile_us", "est_cudagraphs_us", "pattern"], r))
+                         for r in rows]).assign(launch_eager_us=[30.0, 70.0, 30.0], graph_index=0)
+    assert views.dynamo_graphs(lstm, 1) == 2
+    assert views.dynamo_graphs(lstm.iloc[[1]], 1) == 1  # the layer alone: at least one call
+    assert views.dynamo_graphs(lstm.iloc[[0, 2]], 1) == 1  # no recurrent layer: the captured graphs
+    assert views.dynamo_graphs(lstm.assign(graph_index=[0, 0, 1]), 2) == 2  # the layer ends graph 0
+    calls = views.HostCalls(launch_us=10.0, compiled_call_us=30.0, graph_replay_us=80.0)
+    r = views.predicted_model_routes(lstm, calls=calls)
+    assert r["torch.compile"] == pytest.approx(2 * 30.0 + 10.0 + 70.0 + 10.0)
+    assert r["reduce-overhead"] == pytest.approx(2 * 80.0 + 70.0) and r["best"] == "eager"

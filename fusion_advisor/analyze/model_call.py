@@ -11,15 +11,17 @@ calibrate_compiled_call/): on a small model they can outweigh what the routed ch
 a Linear and four pointwise ops on the H200 spec, predicted 0.88x eager advised against 1.34x under
 torch.compile(model)).
 
-:func:`weigh_model_call` prices the model three ways, each the longer of its chains' device time and its host's
+:func:`weigh_model_call` prices the model four ways, each the longer of its chains' device time and its host's
 part (:func:`call_parts`): the rules' routes; the same with each CUDA-graph route a compiled one (where Inductor's
-code beats eager, else as written); everything as written. The compiled way replaces the rules' where faster by
-:data:`CALL_MARGIN`; as written replaces either where predicted faster at all and the call's host part is what
-sets the routed time (the advice is not predicted slower than the model as written for its calls). Leaving the
-model as written takes its library-kernel routes too: on a model whose host sets the pace a kernel's device time
-saves nothing, and apply then tries no swap (it times the model as written and torch.compile(model) whatever the
-routes). A chain routed on a profile's measured bound class keeps its route: the roofline it would be weighed
-with is what the measurement overrode. The chains it changes say why, with the three times.
+code beats eager, else as written); the same with every chain of a captured graph the rules graph a chain of
+replayed too (the graph's call is a replay already, so its GEMMs and compiled chains cost no launches inside it:
+a recurrent model's every step); everything as written. The compiled or the replayed way replaces the rules'
+where faster by :data:`CALL_MARGIN`; as written replaces any where predicted faster at all and the call's host
+part is what sets the routed time (the advice is not predicted slower than the model as written for its calls).
+Leaving the model as written takes its library-kernel routes too: on a model whose host sets the pace a kernel's
+device time saves nothing, and apply then tries no swap (it times the model as written and torch.compile(model)
+whatever the routes). A chain routed on a profile's measured bound class keeps its route: the roofline it would
+be weighed with is what the measurement overrode. The chains it changes say why, with the ways' times.
 """
 
 from __future__ import annotations
@@ -191,29 +193,41 @@ def _compiled_instead(est: Estimate) -> str:
     return "torch.compile" if est.route_us("torch.compile") < est.eager_us * (1.0 - SLOWER_SHARE) else "skip"
 
 
+def _replayable(chain: Chain, route: str, graphed: set[int], fixed: frozenset[str]) -> bool:
+    """Whether the replayed way moves ``chain`` (on ``route``) to CUDA graphs: it lies in a captured graph the rules
+    graph a chain of (``graphed``: graph indices), is left as written or compiled, is not in ``fixed``, and is not a
+    recurrent layer (dynamo breaks its graph at nn.LSTM / GRU / RNN: the layer runs eagerly whatever the route)."""
+    return (route in ("skip", "torch.compile") and chain.graph_index in graphed and chain.id not in fixed
+            and getattr(chain, "pattern", "") != "recurrent")
+
+
 def weigh_model_call(chains: Sequence[Chain], estimates: dict[str, Estimate], decisions: dict[str, Decision],
                      calls: HostCalls, fixed: frozenset[str] = frozenset(), unused_us: float = 0.0
                      ) -> dict[str, Decision]:
     """``decisions`` with the model's call weighed in (module docstring): the rules' routes, or each CUDA-graph
-    route compiled instead (or left as written) where that is predicted faster by :data:`CALL_MARGIN`, or every
-    chain left as written where that is predicted faster than either and the call's host part sets the routed
-    time; the changed decisions say why (their rule kept, its reason quoted). Chains without an estimate keep
-    their decision; so do the chains in ``fixed`` (ids: those routed on a profile's measured bound class), which
-    take their route in every way. ``unused_us``: the eager time of the work no output uses
-    (:attr:`Analysis.unused_us`), which only the model as written pays. Returns a new dict; raises nothing."""
+    route compiled instead (or left as written), or every chain of a graph holding one replayed with it, where that
+    is predicted faster by :data:`CALL_MARGIN`, or every chain left as written where that is predicted faster
+    than the way chosen and the call's host part sets the routed time; the changed decisions say why (their rule
+    kept, its reason quoted). Chains without an estimate keep their decision; so do the chains in ``fixed`` (ids:
+    those routed on a profile's measured bound class), which take their route in every way. ``unused_us``: the
+    eager time of the work no output uses (:attr:`Analysis.unused_us`), which only the model as written pays. Returns a new dict; raises nothing."""
     priced = [c for c in chains if c.id in estimates and c.id in decisions]
     if not priced:
         return dict(decisions)
     rules = {c.id: decisions[c.id].route for c in priced}
+    graphed = {c.graph_index for c in priced if rules[c.id] == "cudagraphs"}
     ways = {"rules": rules,
             "compiled": {i: (_compiled_instead(estimates[i]) if r == "cudagraphs" and i not in fixed else r)
                          for i, r in rules.items()},
+            "replayed": {c.id: ("cudagraphs" if _replayable(c, rules[c.id], graphed, fixed) else rules[c.id])
+                         for c in priced},
             "as written": {i: (r if i in fixed else "skip") for i, r in rules.items()}}
     parts = {name: _priced(priced, estimates, routes, calls, unused_us) for name, routes in ways.items()}
     times = {name: max(p) for name, p in parts.items()}
     best = "rules"
-    if ways["compiled"] != ways["rules"] and times["compiled"] < times["rules"] * (1.0 - CALL_MARGIN):
-        best = "compiled"
+    for way in ("compiled", "replayed"):
+        if ways[way] != ways["rules"] and times[way] < times[best] * (1.0 - CALL_MARGIN):
+            best = way
     # the call's host part must be what makes the advice slower than eager: a library kernel the prediction doubts
     # stays a candidate at its own price (route._kernel_doubt), for apply to measure
     device, host = parts[best]
@@ -224,6 +238,8 @@ def weigh_model_call(chains: Sequence[Chain], estimates: dict[str, Estimate], de
     said = (f"the rules' routes {times['rules']:.1f} us, "
             + (f"CUDA-graph routes compiled instead {times['compiled']:.1f} us, "
                if ways["compiled"] != ways["rules"] else "")
+            + (f"their graphs replayed whole {times['replayed']:.1f} us, "
+               if ways["replayed"] != ways["rules"] else "")
             + f"as written {times['as written']:.1f} us"
             + (f"; the spec's per-call costs are {calls.unmeasured}" if calls.unmeasured else ""))
     costs = (f"{calls.compiled_call_us:.1f} us per compiled call"
@@ -236,7 +252,11 @@ def weigh_model_call(chains: Sequence[Chain], estimates: dict[str, Estimate], de
         d = decisions[i]
         if route == d.route:
             continue
-        if best == "compiled":
+        if best == "replayed":
+            why = (f"replayed from CUDA graphs with the rest of its captured graph: the graph's call is a CUDA-graph "
+                   f"replay ({calls.graph_replay_us:.1f} us of host time) for the chains the rules graphed, and "
+                   f"inside the replay this chain costs no launch ({said})")
+        elif best == "compiled":
             why = (f"compiled instead of replayed from CUDA graphs: {replay} ({said})" if route == "torch.compile"
                    else f"left as written: {replay}, and Inductor's code is predicted no faster than eager for it "
                         f"({said})")

@@ -21,6 +21,7 @@ chains are priced at the share of the roofline each route's code reaches (the de
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from pathlib import Path
@@ -220,7 +221,7 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
     benchmarks/results/h100/accuracy/calibrate_compiled_call/), while on the H200's level-2 apply runs (0.5-41 ms)
     reduce-overhead ran a median 34 us behind torch.compile (benchmarks/results/h200/apply_models), far less than
     its replay's host time."""
-    calls = calls or HostCalls()
+    calls = dataclasses.replace(calls or HostCalls(), graphs=dynamo_graphs(frame, (calls or HostCalls()).graphs))
     compiled = predicted_compile_series(frame) if len(frame) else pd.Series(dtype=float)
     # one launch where Inductor runs the chain as a kernel of its own; a heavy item is called as eagerly (cuDNN,
     # cuBLAS: their host time), whatever Inductor takes out of it (a convolution's bias): model_call prices the
@@ -231,14 +232,19 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
     times = {"eager": _sum(frame, "est_eager_us") + unused_us,
              "torch.compile": max(float(compiled.sum(skipna=True)), compile_host)}
     graphed = frame["est_cudagraphs_us"] if "est_cudagraphs_us" in frame else None
+    recurrent_host = 0.0
     if graphed is not None and "pattern" in frame:
         # torch.compile breaks its graph at nn.LSTM / nn.GRU / nn.RNN (dynamo's allow_rnn is off by default): the
         # layer runs eagerly under reduce-overhead, its host-bound steps included (measured on the H200: 37_LSTMCn
-        # 45.9 ms eager, 46.0 under reduce-overhead); only a whole-model torch.cuda.graph (apply's) replays them
-        graphed = graphed.where(frame["pattern"] != "recurrent", frame["est_eager_us"])
+        # 45.9 ms eager, 46.0 under reduce-overhead), its host time beside the replays'; only a whole-model
+        # torch.cuda.graph (apply's) replays them
+        recurrent = frame["pattern"] == "recurrent"
+        graphed = graphed.where(~recurrent, frame["est_eager_us"])
+        if "launch_eager_us" in frame:
+            recurrent_host = float(frame["launch_eager_us"].where(recurrent, 0.0).astype(float).sum(skipna=True))
     times["reduce-overhead"] = (max(float(pd.concat([graphed.astype(float), compiled], axis=1).min(axis=1)
                                           .sum(skipna=True)) + graph_input_copy_us,
-                                    calls.graphs * calls.graph_replay_us)
+                                    calls.graphs * calls.graph_replay_us + recurrent_host)
                                 if gpu and graphed is not None and len(frame) else float("nan"))
     best = "eager"
     for route in MODEL_ROUTES[1:]:
@@ -246,6 +252,23 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
         if is_num(t) and t < times[best] * (1.0 - ROUTE_MARGIN):
             best = route
     return {**times, "best": best}
+
+
+def dynamo_graphs(frame: pd.DataFrame, graphs: int) -> int:
+    """The graphs ``torch.compile(model)`` calls for a model whose analysis captured ``graphs`` (``frame``: its
+    chains in execution order): dynamo breaks its graph at each nn.LSTM / GRU / RNN (``allow_rnn`` is off by
+    default; the analysis captures with it on, :mod:`fusion_advisor.analyze.capture`), so within each captured graph
+    every run of chains between recurrent layers is a graph of its own, and one of recurrent layers alone is none;
+    at least 1."""
+    if not len(frame) or "pattern" not in frame or not (frame["pattern"] == "recurrent").any():
+        return graphs
+    index = frame["graph_index"] if "graph_index" in frame else pd.Series(0, index=frame.index)
+    extra = 0
+    for _, group in frame.groupby(index, sort=False):
+        recurrent = (group["pattern"] == "recurrent").tolist()
+        runs = sum(1 for i, r in enumerate(recurrent) if not r and (i == 0 or recurrent[i - 1]))
+        extra += runs - 1
+    return max(graphs + extra, 1)
 
 
 def predicted_advised_us(frame: pd.DataFrame, calls: HostCalls | None = None) -> float:
