@@ -301,11 +301,12 @@ def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None)
                   f"torch.compile(model) over the chains{whole_model_note(totals['routes'], advised)} (roofline "
                   "estimates; apply measures them)", highlight=False)
         unused = analysis.unused_us
-        if advised > eager and advised < eager + unused:  # routed: dynamo drops the work no output uses
+        slower = advised - eager > 1e-9 * eager  # not rounding noise: a model left as written read "0.0 us slower"
+        if slower and advised < eager + unused:  # routed: dynamo drops the work no output uses
             out.print(f"  (the advised routes are predicted {advised - eager:,.1f} us slower than eager over the "
                       f"chains, but the model as written also runs {unused:,.1f} us of work no output uses, which a "
                       "routed model, called through dynamo, drops)", highlight=False)
-        elif advised > eager:  # report.html says it beside the advice; a fresh user saw 0.52x and no word on it
+        elif slower:  # report.html says it beside the advice; a fresh user saw 0.52x and no word on it
             out.print(f"  (the advised routes are predicted {advised - eager:,.1f} us slower than eager: their "
                       "per-call host time, a compiled call or a CUDA-graph replay, outweighs what their chains save; "
                       "apply times the model as written too and keeps the faster)", highlight=False)

@@ -103,10 +103,58 @@ def test_a_graph_the_rules_graph_a_chain_of_is_replayed_whole():
     assert [out[f"c{i}"].route for i in range(10)] == ["cudagraphs"] * 8 + ["skip", "skip"]
     assert out["c1"] is dec["c1"] and out["c8"] is dec["c8"] and out["c9"] is dec["c9"]
     why = out["c0"].reason
-    assert why.startswith("replayed from CUDA graphs with the rest of its captured graph")
-    assert ("the rules' routes 480.0 us, CUDA-graph routes compiled instead 470.0 us, their graphs replayed whole "
-            "400.0 us, as written 520.0 us") in why
+    assert why.startswith("replayed from CUDA graphs with the chains the rules graph in its captured graph")
+    assert ("the rules' routes 480.0 us, CUDA-graph routes compiled instead 470.0 us, graphs with a replayed chain "
+            "replayed whole 400.0 us, every graph replayed 460.0 us, as written 520.0 us") in why
     assert why.endswith("The rule's reason for its skip route: why skip")
+
+
+def test_the_replayed_way_moves_compiled_and_eager_chains_only():
+    # in one graph beside a chain the rules graph: a GEMM and a compiled chain join the replay; a library kernel
+    # keeps its route (apply replays its region with the graph's, and call_parts charges it no launch there); a
+    # chain a profile's measured bound decided stays as it is; a recurrent layer and what follows it in its graph
+    # stay (torch.compile runs them as written)
+    routes = ["skip", "torch.compile", "triton", "cudagraphs", "skip", "skip", "torch.compile"]
+    est = [_est(20.0, 20.0, 2.0), _est(30.0, 10.0, 1.0), _est(30.0, 10.0, 1.0), _est(30.0, 10.0, 1.0),
+           _est(20.0, 20.0, 2.0), _est(300.0, 300.0, 300.0), _est(30.0, 10.0, 1.0)]
+    est[2] = dataclasses.replace(est[2], triton_us=1.0)
+    chains, est, dec = _model(routes, est * 1, kinds=["heavy", "fusible", "fusible", "fusible", "heavy", "heavy",
+                                                       "fusible"])
+    chains[5].pattern = "recurrent"
+    out = weigh_model_call(chains, est, dec, CALLS, fixed=frozenset({"c4"}))
+    assert [out[f"c{i}"].route for i in range(7)] == ["cudagraphs", "cudagraphs", "triton", "cudagraphs", "skip",
+                                                      "skip", "torch.compile"]
+    assert out["c2"] is dec["c2"] and out["c4"] is dec["c4"] and out["c6"] is dec["c6"]
+    assert call_parts([ChainCall("triton", 1.0, 30.0), ChainCall("cudagraphs", 1.0, 30.0)], CALLS)[1] == 80.0
+
+
+def test_a_host_bound_model_no_rule_graphed_is_replayed_whole_on_a_gpu():
+    # a fresh user: twelve Linear + ReLU layers, the GEMMs left to cuBLAS, each ReLU compiled as the GEMM's
+    # epilogue; no rule graphed a chain, so the advice read "leave this model as it is" beside a predicted
+    # reduce-overhead 5.16x. The rules' routes: host 12 x 20 + 12 x 10 + 30 = 390 us; replayed whole: 80 us
+    chains, est, dec = _model(["skip", "torch.compile"] * 12, [_est(20.0, 20.0, 2.0), _est(15.0, 5.0, 1.0)] * 12,
+                              kinds=["heavy", "fusible"] * 12)
+    out = weigh_model_call(chains, est, dec, CALLS)
+    assert {d.route for d in out.values()} == {"cudagraphs"}
+    why = out["c0"].reason
+    assert why.startswith("replayed from CUDA graphs with its whole captured graph: the host's launches set")
+    assert "the rules' routes 390.0 us, every graph replayed 80.0 us, as written 420.0 us" in why
+    # a spec without a replay price (a CPU spec) replays nothing
+    assert weigh_model_call(chains, est, dec, dataclasses.replace(CALLS, graph_replay_us=0.0)) == dec
+    # within the whole-model margin (3%) the rules' routes stay: device work of 400 us outlasts both calls
+    long = [_est(20.0, 20.0, 20.0), _est(15.0, 13.0, 12.5)] * 12
+    chains, est, dec = _model(["skip", "torch.compile"] * 12, long, kinds=["heavy", "fusible"] * 12)
+    assert weigh_model_call(chains, est, dec, CALLS) == dec
+
+
+def test_a_replayed_call_copies_the_models_inputs():
+    calls = dataclasses.replace(CALLS, input_copy_us=7.0)
+    graphed = [ChainCall("cudagraphs", 1.0, 50.0), ChainCall("skip", 5.0, 20.0)]
+    assert call_parts(graphed, calls)[0] == pytest.approx(13.0)
+    assert call_parts([ChainCall("torch.compile", 1.0, 50.0)], calls)[0] == pytest.approx(1.0)
+    # H200: 2 x 1 GiB of inputs read and written at 4,000 GB/s
+    spec = {"memory_bandwidth_gbps": 4000.0, "graph_replay_us": 80.0}
+    assert HostCalls.from_spec(spec, 1, 2**30).input_copy_us == pytest.approx(2 * 2**30 / 4e12 * 1e6)
 
 
 def test_a_library_kernel_left_as_written_drops_its_kernel_and_its_note():
@@ -206,7 +254,7 @@ def test_analyze_weighs_the_call_and_quotes_the_totals_the_console_prints(tmp_pa
     else:  # the Linear layers' GEMMs are replayed with the graph they lie in
         gemms = [d for d in a.decisions.values() if d.rule_id != "cudagraphs-launch-bound"]
         assert len(gemms) == layers and {d.route for d in gemms} == {"cudagraphs"}
-        assert f"their graphs replayed whole {totals['advised']:.1f} us" in gemms[0].reason
+        assert f"graphs with a replayed chain replayed whole {totals['advised']:.1f} us" in gemms[0].reason
 
 
 def test_the_model_as_written_pays_the_work_no_output_uses():

@@ -572,6 +572,25 @@ def test_cpu_choice_is_the_fastest_correct_variant_and_load_plan_rebuilds_it(reg
     assert not planned.problems(), planned.problems()
 
 
+def test_a_region_without_chains_runs_with_its_neighbour():
+    # a Linear + activation, an nn.Unflatten / nn.Flatten region holding no chain, three times: given eager, the
+    # view regions cut a graph the analysis replays whole into three CUDA-graph submodules (a reviewer)
+    def region(graph, path, routes):
+        return R.Region(RegionKey(graph, path), depth=1, n_ops=2, chain_ids=("c",) if routes else (), routes=routes)
+
+    graphed = (("cudagraphs", 2),)
+    regions = [region(0, "flat0", ()), region(0, "l0", graphed), region(0, "flat1", ()), region(0, "l1", graphed),
+               region(1, "head", (("skip", 1),)), region(1, "flat2", ())]
+    wanted = search_mod._region_executors(regions)
+    assert set(wanted[str(r.key)] for r in regions[:4]) == {"inductor+cudagraphs"}  # the first one takes the next
+    assert wanted[str(regions[5].key)] == "eager"  # graph 1 keeps its own neighbour's
+    assert search_mod._region_executors([region(0, "flat", ())]) == {"g0:flat#0": "eager"}
+    # a library kernel's region beside a replayed one is replayed with it; a region left as written is not
+    regions = [region(0, "l0", graphed), region(0, "norm", (("triton", 1),)), region(0, "gemm", (("skip", 1),))]
+    assert list(search_mod._region_executors(regions).values()) == ["inductor+cudagraphs", "inductor+cudagraphs",
+                                                                    "eager"]
+
+
 def _fake_outcome(name: str, ms: float | None, baseline: bool = False, correct: bool = True) -> R.VariantOutcome:
     spec = VariantSpec(name, R.AS_WRITTEN if name == "eager" else "inductor")
     check = R.VariantCheck(passed=correct)

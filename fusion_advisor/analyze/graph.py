@@ -82,6 +82,9 @@ _BY_NAME: dict[str, set[str]] = {
              "slice_scatter", "select_scatter", "diagonal_scatter", "index_select", "index", "gather", "take"},
     "view": {"_unsafe_view", "view", "reshape", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze",
              "slice", "select", "as_strided", "alias", "detach", "split", "split_with_sizes", "chunk", "unbind",
+             # the unsafe variants (aten.unsafe_split: what a GRU / LSTM cell's decomposition splits its gates with)
+             # return views as well
+             "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk", "tensor_split",
              "unflatten", "flatten", "narrow", "view_as", "expand_as", "_reshape_alias", "diagonal", "unfold",
              "_unsafe_index_put",
              # reads of a tensor's sizes and checks on them (data-dependent shapes): host-side, no kernel
@@ -399,7 +402,8 @@ def _reduction_geometry(node: torch.fx.Node, name: str, category: str,
 
 
 #: View ops returning several views (read through a getitem each): their pieces are distinct parts of the tensor.
-_MULTI_OUTPUT_VIEWS = frozenset({"split", "split_with_sizes", "chunk", "unbind", "tensor_split"})
+_MULTI_OUTPUT_VIEWS = frozenset({"split", "split_with_sizes", "chunk", "unbind", "tensor_split", "unsafe_split",
+                                 "unsafe_split_with_sizes", "unsafe_chunk"})
 
 
 @dataclass

@@ -11,12 +11,14 @@ calibrate_compiled_call/): on a small model they can outweigh what the routed ch
 a Linear and four pointwise ops on the H200 spec, predicted 0.88x eager advised against 1.34x under
 torch.compile(model)).
 
-:func:`weigh_model_call` prices the model four ways, each the longer of its chains' device time and its host's
+:func:`weigh_model_call` prices the model five ways, each the longer of its chains' device time and its host's
 part (:func:`call_parts`): the rules' routes; the same with each CUDA-graph route a compiled one (where Inductor's
 code beats eager, else as written); the same with every chain of a captured graph the rules graph a chain of
 replayed too (the graph's call is a replay already, so its GEMMs and compiled chains cost no launches inside it:
-a recurrent model's every step); everything as written. The compiled or the replayed way replaces the rules'
-where faster by :data:`CALL_MARGIN`; as written replaces any where predicted faster at all and the call's host
+a recurrent model's every step); on a GPU spec, every graph replayed (a host-bound model no rule graphed a chain
+of: twelve Linear + ReLU layers); everything as written. The compiled or the replayed way replaces the rules'
+where faster by :data:`CALL_MARGIN`, every graph replayed where the call's host part sets the time and replaying
+is faster by :data:`WHOLE_MARGIN` (as the whole-model reduce-overhead route needs); as written replaces any where predicted faster at all and the call's host
 part is what sets the routed time (the advice is not predicted slower than the model as written for its calls).
 Leaving the model as written takes its library-kernel routes too: on a model whose host sets the pace a kernel's
 device time saves nothing, and apply then tries no swap (it times the model as written and torch.compile(model)
@@ -39,6 +41,11 @@ from fusion_advisor.analyze.route import SLOWER_SHARE, note_left_as_written
 #: (route.SLOWER_SHARE's rounding margin).
 CALL_MARGIN = SLOWER_SHARE
 
+#: The way that replays every captured graph (no rule graphed a chain of some) replaces the others only when
+#: predicted faster by more than this share: the whole-model route margin (report.views.ROUTE_MARGIN), as the
+#: predicted reduce-overhead route needs.
+WHOLE_MARGIN = 0.03
+
 #: Routes carried out inside a compiled call (skip is the model as written).
 ROUTED = ("torch.compile", "triton", "cudagraphs")
 
@@ -55,6 +62,8 @@ class HostCalls:
         graph_replay_us: per call under ``mode="reduce-overhead"`` (``DeviceSpec.graph_replay_us``: the CUDA-graph
             tree's replay).
         graphs: captured graphs one model call runs (at least 1).
+        input_copy_us: device time a call replayed from CUDA graphs spends copying the model's inputs into the
+            graphs' static buffers (:func:`replay_input_copy_us`).
         unmeasured: where the spec's per-call costs were not measured on its GPU, the first clause of its
             ``compiled_call_source`` (the shipped h200 spec: "not measured on an H200"), else ``""``.
     """
@@ -63,24 +72,36 @@ class HostCalls:
     compiled_call_us: float = 0.0
     graph_replay_us: float = 0.0
     graphs: int = 1
+    input_copy_us: float = 0.0
     unmeasured: str = ""
 
     @classmethod
-    def from_spec(cls, spec: Any, graphs: int) -> "HostCalls":
+    def from_spec(cls, spec: Any, graphs: int, input_bytes: int = 0) -> "HostCalls":
         """The costs of a device spec (a :class:`~fusion_advisor.devices.DeviceSpec` or its ``to_dict()``) for
-        ``graphs`` captured graphs; a field the spec lacks costs 0; ``unmeasured`` from the YAML's
-        ``compiled_call_source`` (:func:`_call_source`)."""
+        ``graphs`` captured graphs and ``input_bytes`` of model inputs; a field the spec lacks costs 0;
+        ``unmeasured`` from the YAML's ``compiled_call_source`` (:func:`_call_source`)."""
         get = spec.get if isinstance(spec, dict) else (lambda k: getattr(spec, k, None))
         return cls(launch_us=float(get("launch_overhead_us") or 0.0) * float(get("host_time_scale") or 1.0),
                    compiled_call_us=float(get("compiled_call_us") or 0.0),
                    graph_replay_us=float(get("graph_replay_us") or 0.0),
                    graphs=max(graphs, 1),
+                   input_copy_us=replay_input_copy_us(input_bytes, float(get("memory_bandwidth_gbps") or 0.0)),
                    unmeasured=_unmeasured(_call_source(spec)))
 
     @classmethod
     def of(cls, analysis: Analysis) -> "HostCalls":
-        """The costs of ``analysis``'s spec, for its captured graphs."""
-        return cls.from_spec(analysis.device_spec or {}, len({op.graph_index for op in analysis.ops}))
+        """The costs of ``analysis``'s spec, for its captured graphs and inputs."""
+        return cls.from_spec(analysis.device_spec or {}, len({op.graph_index for op in analysis.ops}),
+                             analysis.input_bytes)
+
+
+def replay_input_copy_us(input_bytes: int, bandwidth_gbps: float) -> float:
+    """Device time (us) a call replayed through cudagraph trees (``mode="reduce-overhead"``, apply's CUDA-graph
+    regions) spends copying the model's inputs into the graphs' static buffers: cudagraph trees copy every input
+    that is not a parameter or buffer, ``input_bytes`` read and written at ``bandwidth_gbps``. Measured on the
+    H200: six single-op KernelBench files with large inputs ran 1.4-2.2x slower under reduce-overhead than under
+    torch.compile (benchmarks/results/h200/accuracy/cost_model/seed1_baselines.json). 0 without a bandwidth."""
+    return 2.0 * input_bytes / (bandwidth_gbps * 1e9) * 1e6 if bandwidth_gbps > 0 else 0.0
 
 
 def _call_source(spec: Any) -> str:
@@ -153,20 +174,27 @@ def after_route_us(route: str, est: Estimate | None) -> float:
 def call_parts(chains: Sequence[ChainCall], calls: HostCalls, every_graph_compiled: bool = False
                ) -> tuple[float, float]:
     """``(device us, host us)`` of one call of a model whose chains are ``chains``: their predicted times summed,
-    and the host's part of the call, each chain's :meth:`ChainCall.issue_us` plus, per captured graph holding a
-    chain replayed from CUDA graphs, ``calls.graph_replay_us`` (apply replays such regions through the CUDA-graph
-    trees reduce-overhead uses: the whole call, its guards included; several regions of one graph count once, so
-    this is a floor), per other graph holding a routed chain ``calls.compiled_call_us`` (apply carries routes out
-    through a dynamo backend). ``every_graph_compiled``: ``torch.compile(model)``, every one of ``calls.graphs``
-    graphs a compiled call (no chain graphed)."""
-    host = sum(c.issue_us(calls.launch_us) for c in chains)
+    and the host's part of the call, each chain's :meth:`ChainCall.issue_us` (none for a routed chain of a graph
+    that holds a chain replayed from CUDA graphs: apply replays its compiled regions with it) plus, per captured
+    graph holding a chain replayed from CUDA graphs, ``calls.graph_replay_us`` (apply replays such regions through
+    the CUDA-graph trees reduce-overhead uses: the whole call, its guards included; several regions of one graph
+    count once, so this is a floor), per other graph holding a routed chain ``calls.compiled_call_us`` (apply
+    carries routes out through a dynamo backend); where a chain is replayed, the device time adds
+    ``calls.input_copy_us`` (the inputs copied into the graphs' static buffers). ``every_graph_compiled``:
+    ``torch.compile(model)``, every one of ``calls.graphs`` graphs a compiled call (no chain graphed)."""
+    graphed = set() if every_graph_compiled else {c.graph for c in chains if c.route == "cudagraphs"}
+    # apply replays a graph's compiled regions and library kernels with its CUDA-graph regions
+    # (apply.search._region_executors): no launch of their own
+    host = sum(0.0 if c.graph in graphed and c.route in ROUTED else c.issue_us(calls.launch_us) for c in chains)
+    device = sum(_num(c.after_us) for c in chains)
     if every_graph_compiled:
         host += calls.graphs * calls.compiled_call_us
     else:
-        graphed = {c.graph for c in chains if c.route == "cudagraphs"}
         compiled = {c.graph for c in chains if c.route in ROUTED} - graphed
         host += len(graphed) * calls.graph_replay_us + len(compiled) * calls.compiled_call_us
-    return sum(_num(c.after_us) for c in chains), host
+        if graphed:
+            device += calls.input_copy_us
+    return device, host
 
 
 def advised_us(chains: Sequence[ChainCall], calls: HostCalls) -> float:
@@ -193,41 +221,72 @@ def _compiled_instead(est: Estimate) -> str:
     return "torch.compile" if est.route_us("torch.compile") < est.eager_us * (1.0 - SLOWER_SHARE) else "skip"
 
 
-def _replayable(chain: Chain, route: str, graphed: set[int], fixed: frozenset[str]) -> bool:
-    """Whether the replayed way moves ``chain`` (on ``route``) to CUDA graphs: it lies in a captured graph the rules
-    graph a chain of (``graphed``: graph indices), is left as written or compiled, is not in ``fixed``, and is not a
-    recurrent layer (dynamo breaks its graph at nn.LSTM / GRU / RNN: the layer runs eagerly whatever the route)."""
-    return (route in ("skip", "torch.compile") and chain.graph_index in graphed and chain.id not in fixed
-            and getattr(chain, "pattern", "") != "recurrent")
+def eager_tail(chains: Sequence[tuple[int, str]]) -> list[bool]:
+    """Per chain, given as ``(graph index, pattern)`` in execution order: whether torch.compile leaves it as
+    written. Dynamo stops at an nn.LSTM / GRU / RNN (``allow_rnn`` is off by default; the analysis captures with it
+    on): the layer and every chain after it in its captured graph run eagerly (torch 2.13: of a Linear + sin, an
+    LSTM, a Linear + cos, one graph of the Linear and the sin was compiled)."""
+    stopped: set[int] = set()
+    out = []
+    for graph, pattern in chains:
+        if pattern == "recurrent":
+            stopped.add(graph)
+        out.append(graph in stopped)
+    return out
+
+
+def _replayable(chain: Chain, route: str, graphs: set[int], fixed: frozenset[str], tail: frozenset[str]) -> bool:
+    """Whether a replayed way moves ``chain`` (on ``route``) to CUDA graphs: it lies in one of ``graphs`` (graph
+    indices), is left as written or compiled, is not in ``fixed``, and is not in ``tail`` (ids: a recurrent layer
+    and the chains after it in its graph, which torch.compile runs as written, :func:`eager_tail`; a layer the
+    rules route to CUDA graphs is replayed by apply's capture of the whole model, not through dynamo). A library
+    kernel keeps its route: apply replays it with the graph's CUDA-graph regions (:func:`call_parts`)."""
+    return (route in ("skip", "torch.compile") and chain.graph_index in graphs and chain.id not in fixed
+            and chain.id not in tail)
 
 
 def weigh_model_call(chains: Sequence[Chain], estimates: dict[str, Estimate], decisions: dict[str, Decision],
                      calls: HostCalls, fixed: frozenset[str] = frozenset(), unused_us: float = 0.0
                      ) -> dict[str, Decision]:
     """``decisions`` with the model's call weighed in (module docstring): the rules' routes, or each CUDA-graph
-    route compiled instead (or left as written), or every chain of a graph holding one replayed with it, where that
-    is predicted faster by :data:`CALL_MARGIN`, or every chain left as written where that is predicted faster
-    than the way chosen and the call's host part sets the routed time; the changed decisions say why (their rule
+    route compiled instead (or left as written), or every chain of a graph holding one replayed with it, each
+    taken in that order where predicted faster than the way chosen so far by :data:`CALL_MARGIN`; then every
+    graph replayed (a GPU spec only) where the host's part sets the time of the way chosen and replaying is faster
+    by :data:`WHOLE_MARGIN`; then every chain left as written where
+    that is predicted faster than the way chosen and the call's host part sets the routed time; the changed decisions say why (their rule
     kept, its reason quoted). Chains without an estimate keep their decision; so do the chains in ``fixed`` (ids:
     those routed on a profile's measured bound class), which take their route in every way. ``unused_us``: the
-    eager time of the work no output uses (:attr:`Analysis.unused_us`), which only the model as written pays. Returns a new dict; raises nothing."""
+    eager time of the work no output uses (:attr:`Analysis.unused_us`), which only the model as written pays.
+    Returns a new dict; raises nothing."""
     priced = [c for c in chains if c.id in estimates and c.id in decisions]
     if not priced:
         return dict(decisions)
     rules = {c.id: decisions[c.id].route for c in priced}
-    graphed = {c.graph_index for c in priced if rules[c.id] == "cudagraphs"}
+    tail = frozenset(c.id for c, t in zip(chains, eager_tail([(c.graph_index, getattr(c, "pattern", ""))
+                                                               for c in chains]), strict=True) if t)
+    graphed = {c.graph_index for c in priced if rules[c.id] == "cudagraphs" and c.id not in tail}
+    # every graph replayed: only where the spec prices a replay (a GPU spec measured it; a CPU spec has none)
+    every = {c.graph_index for c in priced} if calls.graph_replay_us > 0 else set()
     ways = {"rules": rules,
             "compiled": {i: (_compiled_instead(estimates[i]) if r == "cudagraphs" and i not in fixed else r)
                          for i, r in rules.items()},
-            "replayed": {c.id: ("cudagraphs" if _replayable(c, rules[c.id], graphed, fixed) else rules[c.id])
+            "replayed": {c.id: ("cudagraphs" if _replayable(c, rules[c.id], graphed, fixed, tail) else rules[c.id])
                          for c in priced},
+            "every graph replayed": {c.id: ("cudagraphs" if _replayable(c, rules[c.id], every, fixed, tail)
+                                            else rules[c.id]) for c in priced},
             "as written": {i: (r if i in fixed else "skip") for i, r in rules.items()}}
     parts = {name: _priced(priced, estimates, routes, calls, unused_us) for name, routes in ways.items()}
     times = {name: max(p) for name, p in parts.items()}
     best = "rules"
     for way in ("compiled", "replayed"):
-        if ways[way] != ways["rules"] and times[way] < times[best] * (1.0 - CALL_MARGIN):
+        if ways[way] != ways[best] and times[way] < times[best] * (1.0 - CALL_MARGIN):
             best = way
+    # every graph replayed where the host's launches set the pace (replaying a device-bound model drops only its
+    # kernels' launch floors, which the rules weigh chain by chain)
+    device, host = parts[best]
+    whole = "every graph replayed"
+    if ways[whole] != ways[best] and host > device and times[whole] < times[best] * (1.0 - WHOLE_MARGIN):
+        best = whole
     # the call's host part must be what makes the advice slower than eager: a library kernel the prediction doubts
     # stays a candidate at its own price (route._kernel_doubt), for apply to measure
     device, host = parts[best]
@@ -238,8 +297,10 @@ def weigh_model_call(chains: Sequence[Chain], estimates: dict[str, Estimate], de
     said = (f"the rules' routes {times['rules']:.1f} us, "
             + (f"CUDA-graph routes compiled instead {times['compiled']:.1f} us, "
                if ways["compiled"] != ways["rules"] else "")
-            + (f"their graphs replayed whole {times['replayed']:.1f} us, "
+            + (f"graphs with a replayed chain replayed whole {times['replayed']:.1f} us, "
                if ways["replayed"] != ways["rules"] else "")
+            + (f"every graph replayed {times['every graph replayed']:.1f} us, "
+               if ways["every graph replayed"] not in (ways["rules"], ways["replayed"]) else "")
             + f"as written {times['as written']:.1f} us"
             + (f"; the spec's per-call costs are {calls.unmeasured}" if calls.unmeasured else ""))
     costs = (f"{calls.compiled_call_us:.1f} us per compiled call"
@@ -252,10 +313,14 @@ def weigh_model_call(chains: Sequence[Chain], estimates: dict[str, Estimate], de
         d = decisions[i]
         if route == d.route:
             continue
-        if best == "replayed":
-            why = (f"replayed from CUDA graphs with the rest of its captured graph: the graph's call is a CUDA-graph "
-                   f"replay ({calls.graph_replay_us:.1f} us of host time) for the chains the rules graphed, and "
-                   f"inside the replay this chain costs no launch ({said})")
+        if best == "every graph replayed":
+            why = (f"replayed from CUDA graphs with its whole captured graph: the host's launches set this model's "
+                   f"pace, and one CUDA-graph replay per graph ({calls.graph_replay_us:.1f} us of host time) costs "
+                   f"less than them ({said})")
+        elif best == "replayed":
+            why = (f"replayed from CUDA graphs with the chains the rules graph in its captured graph: that graph is "
+                   f"replayed anyway ({calls.graph_replay_us:.1f} us of host time per call), and inside the replay "
+                   f"this chain costs no launch of its own ({said})")
         elif best == "compiled":
             why = (f"compiled instead of replayed from CUDA graphs: {replay} ({said})" if route == "torch.compile"
                    else f"left as written: {replay}, and Inductor's code is predicted no faster than eager for it "

@@ -29,7 +29,7 @@ from fusion_advisor.analyze.table_range import beyond_table_note
 from fusion_advisor.units import fmt_some
 from fusion_advisor.verification.trees import tensor_leaves
 from fusion_advisor.analyze.route import route_all
-from fusion_advisor.analyze.rules import load_rules
+from fusion_advisor.analyze.rules import SHIPPED_RULES, load_rules
 
 #: GPU name fragments -> shipped device spec, for picking a default spec on the present GPU.
 _GPU_SPECS = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("L4", "l4"))
@@ -360,11 +360,15 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
             decisions = route_all(chains, estimates, rules, device_kind=spec.kind, measured=measured.chains)
     # the rules' verdict is what the all-skip check questions; the model's call may then leave chains as written
     all_skip = _all_skip_check(chains, estimates, decisions)
-    # a route a profile's measured bound class decided stays: the roofline the weighing reads is what it overrode
+    # a route a profile's measured bound class decided stays (the roofline the weighing reads is what it overrode),
+    # and so does one the user's own rule decided (a rule keeping launch-bound chains eager had been overruled)
     on_measured = {r.id for r in rules.rules if "measured_bound" in r.match} if measured is not None else set()
-    fixed = frozenset(i for i, d in decisions.items() if d.rule_id in on_measured)
+    fixed = frozenset(i for i, d in decisions.items()
+                      if d.rule_id in on_measured or (d.rules_file and Path(d.rules_file) != Path(SHIPPED_RULES)))
+    input_bytes = sum(x.numel() * x.element_size() for x in tensor_leaves(loaded.inputs))
     decisions = weigh_model_call(chains, estimates, decisions,
-                                 HostCalls.from_spec(spec, len({op.graph_index for op in og.ops})), fixed,
+                                 HostCalls.from_spec(spec, len({op.graph_index for op in og.ops}), input_bytes),
+                                 fixed,
                                  unused_us=work.eager_us if work is not None else 0.0)
     return Analysis(
         model_name=loaded.name,
@@ -388,7 +392,7 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
         decisions=decisions,
         versions=versions(),
         profile=measured,
-        input_bytes=sum(x.numel() * x.element_size() for x in tensor_leaves(loaded.inputs)),
+        input_bytes=input_bytes,
         unused=work,
     )
 

@@ -448,7 +448,7 @@ def _routed_regions(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Varian
     """The analysis' routing carried out: each region with the executor its chains' routes ask for."""
     if not inp.use_regions or len(inp.regions) < 2:
         return None
-    wanted = {str(r.key): r.routed_executor for r in inp.regions}
+    wanted = _region_executors(inp.regions)
     if len(set(wanted.values())) < 2:
         return None  # one executor everywhere: a whole-model variant already is the routing
     best = _best(outcomes)
@@ -464,6 +464,27 @@ def _routed_regions(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Varian
                        why="the analysis' routes carried out region by region: "
                            f"{len(overrides)} of {len(wanted)} regions run {', '.join(sorted(set(wanted.values()) - {rest}))}, "
                            f"the rest {rest}")
+
+
+def _region_executors(regions: list[Region]) -> dict[str, str]:
+    """The executor each region's chains' routes ask for (:attr:`Region.routed_executor`), keyed by region; a region
+    holding no chain (views, a flatten between layers) runs with the region before it in its graph (the first
+    ones with the next): given ``eager`` it cut a graph the analysis replays whole into several CUDA-graph
+    submodules, each replayed on its own (a reviewer: three replays where the advice priced one). In a graph where
+    some region is replayed from CUDA graphs, the compiled regions are replayed too."""
+    wanted: dict[str, str | None] = {str(r.key): (r.routed_executor if r.chain_ids else None) for r in regions}
+    for graph in sorted({r.key.graph_index for r in regions}):
+        keys = [str(r.key) for r in regions if r.key.graph_index == graph]
+        last = next((wanted[k] for k in keys if wanted[k] is not None), "eager")
+        for k in keys:
+            last = wanted[k] = wanted[k] or last
+        # a graph that replays some regions replays its compiled ones too (a library kernel's, a fused chain's):
+        # adjacent regions of one executor then merge into one CUDA graph (model_call.call_parts prices it so)
+        if any(uses_cudagraphs(wanted[k] or "") for k in keys):
+            for k in keys:
+                if wanted[k] == "inductor":
+                    wanted[k] = with_cudagraphs("inductor", True)
+    return {k: e or "eager" for k, e in wanted.items()}
 
 
 def _depths(regions: list[Region]) -> tuple[tuple[int, int], ...]:

@@ -193,12 +193,10 @@ MODEL_ROUTES = ("eager", "torch.compile", "reduce-overhead")
 
 def input_copy_us(analysis: Analysis) -> float:
     """Time (us) CUDA-graph replay through ``mode="reduce-overhead"`` spends copying the model's inputs into its
-    static buffers each call (cudagraph trees copy every input that is not a parameter or buffer): the inputs'
-    bytes read and written at the spec's copy bandwidth. Measured on the H200: six single-op KernelBench files
-    with large inputs ran 1.4-2.2x slower under reduce-overhead than under torch.compile
-    (benchmarks/results/h200/accuracy/cost_model/seed1_baselines.json). 0 without a spec bandwidth."""
-    bw = float((analysis.device_spec or {}).get("memory_bandwidth_gbps") or 0.0)
-    return 2.0 * analysis.input_bytes / (bw * 1e9) * 1e6 if bw > 0 else 0.0
+    static buffers each call (:func:`fusion_advisor.analyze.model_call.replay_input_copy_us` of its inputs' bytes
+    at its spec's copy bandwidth)."""
+    return model_call.replay_input_copy_us(analysis.input_bytes,
+                                           float((analysis.device_spec or {}).get("memory_bandwidth_gbps") or 0.0))
 
 
 def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_copy_us: float = 0.0,
@@ -221,8 +219,16 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
     benchmarks/results/h100/accuracy/calibrate_compiled_call/), while on the H200's level-2 apply runs (0.5-41 ms)
     reduce-overhead ran a median 34 us behind torch.compile (benchmarks/results/h200/apply_models), far less than
     its replay's host time."""
-    calls = dataclasses.replace(calls or HostCalls(), graphs=dynamo_graphs(frame, (calls or HostCalls()).graphs))
+    calls = calls or HostCalls()
+    # torch.compile stops at an nn.LSTM / GRU / RNN (dynamo's allow_rnn is off by default; the analysis captures
+    # with it on): the layer and every chain after it in its graph run as written, and a graph that begins with one
+    # is no compiled call at all (model_call.eager_tail; torch 2.13 compiled a Linear + sin before an LSTM and
+    # nothing after it)
+    tail = _eager_tail(frame)
     compiled = predicted_compile_series(frame) if len(frame) else pd.Series(dtype=float)
+    if len(frame):
+        compiled = compiled.where(~tail, frame["est_eager_us"].astype(float))
+    calls = dataclasses.replace(calls, graphs=max(calls.graphs - _graphs_compiling_nothing(frame, tail), 0))
     # one launch where Inductor runs the chain as a kernel of its own; a heavy item is called as eagerly (cuDNN,
     # cuBLAS: their host time), whatever Inductor takes out of it (a convolution's bias): model_call prices the
     # advised routes' calls alike
@@ -232,19 +238,17 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
     times = {"eager": _sum(frame, "est_eager_us") + unused_us,
              "torch.compile": max(float(compiled.sum(skipna=True)), compile_host)}
     graphed = frame["est_cudagraphs_us"] if "est_cudagraphs_us" in frame else None
-    recurrent_host = 0.0
-    if graphed is not None and "pattern" in frame:
-        # torch.compile breaks its graph at nn.LSTM / nn.GRU / nn.RNN (dynamo's allow_rnn is off by default): the
-        # layer runs eagerly under reduce-overhead, its host-bound steps included (measured on the H200: 37_LSTMCn
-        # 45.9 ms eager, 46.0 under reduce-overhead), its host time beside the replays'; only a whole-model
-        # torch.cuda.graph (apply's) replays them
-        recurrent = frame["pattern"] == "recurrent"
-        graphed = graphed.where(~recurrent, frame["est_eager_us"])
+    tail_host = 0.0
+    if graphed is not None and len(frame):
+        # the eager tail runs as written under reduce-overhead too, its host-bound steps included (measured on the
+        # H200: 37_LSTMCn 45.9 ms eager, 46.0 under reduce-overhead), its host time beside the replays'; only a
+        # whole-model torch.cuda.graph (apply's) replays a recurrent layer
+        graphed = graphed.where(~tail, frame["est_eager_us"])
         if "launch_eager_us" in frame:
-            recurrent_host = float(frame["launch_eager_us"].where(recurrent, 0.0).astype(float).sum(skipna=True))
+            tail_host = float(frame["launch_eager_us"].where(tail, 0.0).astype(float).sum(skipna=True))
     times["reduce-overhead"] = (max(float(pd.concat([graphed.astype(float), compiled], axis=1).min(axis=1)
                                           .sum(skipna=True)) + graph_input_copy_us,
-                                    calls.graphs * calls.graph_replay_us + recurrent_host)
+                                    calls.graphs * calls.graph_replay_us + tail_host)
                                 if gpu and graphed is not None and len(frame) else float("nan"))
     best = "eager"
     for route in MODEL_ROUTES[1:]:
@@ -254,21 +258,22 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
     return {**times, "best": best}
 
 
-def dynamo_graphs(frame: pd.DataFrame, graphs: int) -> int:
-    """The graphs ``torch.compile(model)`` calls for a model whose analysis captured ``graphs`` (``frame``: its
-    chains in execution order): dynamo breaks its graph at each nn.LSTM / GRU / RNN (``allow_rnn`` is off by
-    default; the analysis captures with it on, :mod:`fusion_advisor.analyze.capture`), so within each captured graph
-    every run of chains between recurrent layers is a graph of its own, and one of recurrent layers alone is none;
-    at least 1."""
-    if not len(frame) or "pattern" not in frame or not (frame["pattern"] == "recurrent").any():
-        return graphs
-    index = frame["graph_index"] if "graph_index" in frame else pd.Series(0, index=frame.index)
-    extra = 0
-    for _, group in frame.groupby(index, sort=False):
-        recurrent = (group["pattern"] == "recurrent").tolist()
-        runs = sum(1 for i, r in enumerate(recurrent) if not r and (i == 0 or recurrent[i - 1]))
-        extra += runs - 1
-    return max(graphs + extra, 1)
+def _eager_tail(frame: pd.DataFrame) -> pd.Series:
+    """Per chain of ``frame`` (in execution order): whether it runs as written under torch.compile(model)
+    (:func:`fusion_advisor.analyze.model_call.eager_tail`)."""
+    if not len(frame) or "pattern" not in frame:
+        return pd.Series(False, index=frame.index, dtype=bool)
+    graph = frame["graph_index"] if "graph_index" in frame else pd.Series(0, index=frame.index)
+    return pd.Series(model_call.eager_tail(list(zip(graph, frame["pattern"], strict=True))), index=frame.index,
+                     dtype=bool)
+
+
+def _graphs_compiling_nothing(frame: pd.DataFrame, tail: pd.Series) -> int:
+    """Captured graphs of ``frame`` whose every chain runs as written (``tail``): no compiled call of their own."""
+    if not len(frame) or not tail.any():
+        return 0
+    graph = frame["graph_index"] if "graph_index" in frame else pd.Series(0, index=frame.index)
+    return int(tail.groupby(graph).all().sum())
 
 
 def predicted_advised_us(frame: pd.DataFrame, calls: HostCalls | None = None) -> float:
@@ -342,6 +347,21 @@ def whole_model_note(model_routes: dict[str, Any], advised_us: float) -> str:
             "reduce-overhead": "the whole model with CUDA graphs (reduce-overhead)"}.get(best, best)
     caveat = breaks_caveat(model_routes)
     return f"; faster still, {what}: {eager / t:.2f}x vs eager" + (f" ({caveat})" if caveat else "")
+
+
+def recurrent_graph_note(frame: pd.DataFrame) -> str:
+    """Where the advice replays a recurrent layer from a CUDA graph, why the whole-model line's reduce-overhead does
+    not (a fresh user read "predicted best route: eager" beside advice 3.60x faster than eager on an nn.LSTM model,
+    and would have tried reduce-overhead): dynamo breaks its graph at nn.LSTM / GRU / RNN, so only apply's capture of
+    the whole model in one ``torch.cuda.graph`` replays the layer's host-issued steps. ``""`` elsewhere."""
+    if "pattern" not in frame or "route" not in frame:
+        return ""
+    layers = frame[(frame["pattern"] == "recurrent") & (frame["route"] == "cudagraphs")]
+    if not len(layers):
+        return ""
+    return (f"the advice replays {len(layers)} recurrent layer(s) (nn.LSTM / GRU / RNN) from one CUDA graph of the "
+            f"whole model (apply's torch.cuda.graph capture); reduce-overhead does not, since torch.compile breaks "
+            f"its graph at the layer and runs it as written")
 
 
 def breaks_caveat(model_routes: dict[str, Any]) -> str:
@@ -472,6 +492,12 @@ def advice(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _no_noise(diff_us: float, of_us: float) -> float:
+    """``diff_us``, or 0 where it is rounding noise of summing ``of_us`` two ways (under a billionth of it): a
+    fresh user's model whose every chain was left as written read "-1.1e-13 us saved"."""
+    return 0.0 if is_num(diff_us) and is_num(of_us) and abs(diff_us) <= 1e-9 * abs(of_us) else diff_us
+
+
 def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]], plan: dict[str, Any] | None,
             out_dir: Path | None) -> dict[str, Any]:
     """The first screen (see the module docstring). Times in us; speed-ups as ratios (old / new time)."""
@@ -484,12 +510,14 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
     out: dict[str, Any] = {
         "model_routes": model_routes,
         "breaks_caveat": breaks_caveat(model_routes),
+        "recurrent_note": recurrent_graph_note(frame),
         "command": apply_command(analysis, out_dir, (plan or {}).get("flags")),
         "apply_elsewhere": plan is None and apply_elsewhere(analysis),
         "pred_eager_us": eager, "pred_advised_us": advised, "pred_compile_us": compiled,
         "pred_vs_eager": eager / advised if advised > 0 else float("nan"),
         "pred_vs_compile": compiled / advised if advised > 0 else float("nan"),
-        "pred_saved_us": eager - advised, "pred_saved_vs_compile_us": compiled - advised,
+        "pred_saved_us": _no_noise(eager - advised, eager),
+        "pred_saved_vs_compile_us": _no_noise(compiled - advised, compiled),
         "pred_unused_us": analysis.unused_us,
         "n_routed": int(len(routed)), "n_chains": int(len(frame)),
         "partial": next((w for w in analysis.warnings if w.startswith(PARTIAL_COVERAGE)), ""),
