@@ -477,7 +477,8 @@ def test_torch_compile_runs_a_recurrent_layer_and_what_follows_it_as_written():
     # fresh user: a 4-step LSTM read 1.21x under reduce-overhead)
     rows = [("fusible", 30.0, 10.0, 2.4, "pointwise"), ("opaque", 70.0, 70.0, 20.0, "recurrent"),
             ("fusible", 30.0, 10.0, 2.4, "pointwise")]
-    lstm = pd.DataFrame([dict(zip(["kind", "est_eager_us", "est_compile_us", "est_cudagraphs_us", "pattern"], r))
+    cols = ["kind", "est_eager_us", "est_compile_us", "est_cudagraphs_us", "pattern"]
+    lstm = pd.DataFrame([dict(zip(cols, r, strict=True))
                          for r in rows]).assign(launch_eager_us=[30.0, 70.0, 30.0], graph_index=0)
     assert views._eager_tail(lstm).tolist() == [False, True, True]
     assert views._eager_tail(lstm.assign(graph_index=[0, 0, 1])).tolist() == [False, True, False]
