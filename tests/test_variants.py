@@ -603,6 +603,18 @@ def _inputs() -> search_mod.SearchInputs:
     return search_mod.SearchInputs(harness=None, kernels={}, analysis=None, regions=[], swaps=[])
 
 
+def test_cudnn_benchmark_is_not_tried_on_cudagraph_trees():
+    # reduce-overhead +cudnn.benchmark failed its first call in the cudnn thread on each convolution model of an
+    # H100 apply draw; the whole-model torch.cuda.graph capture ran there
+    outcomes = [_fake_outcome("eager", 10.0, True), _fake_outcome("torch.compile", 8.0, True),
+                _fake_outcome("torch.compile reduce-overhead", 2.0, True), _fake_outcome("cuda-graph", 5.0)]
+    outcomes[2] = R.VariantOutcome(VariantSpec("torch.compile reduce-overhead", "inductor+cudagraphs"), R.CORRECT,
+                                   "", outcomes[2].check, outcomes[2].timing, baseline=True)
+    outcomes[3] = R.VariantOutcome(VariantSpec("cuda-graph", R.AS_WRITTEN, graphed=True), R.CORRECT, "",
+                                   outcomes[3].check, outcomes[3].timing)
+    assert [o.spec.name for o in search_mod._cudnn_benchmark_bases(outcomes)] == ["cuda-graph", "torch.compile"]
+
+
 def test_a_wrong_variant_is_never_chosen_however_fast():
     outcomes = [_fake_outcome("eager", 10.0, True), _fake_outcome("torch.compile", 8.0, True),
                 _fake_outcome("fast-but-wrong", 1.0, correct=False)]

@@ -314,7 +314,7 @@ def candidates(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[Va
     if routed is not None and fresh(routed):
         yield routed
     if cuda and feats["has_conv"]:
-        for base in _top(outcomes, 2):
+        for base in _cudnn_benchmark_bases(outcomes):
             spec = replace(base.spec, name=f"{base.spec.name} +cudnn.benchmark", cudnn_benchmark=True,
                            why="the model runs convolutions: cuDNN times its algorithms once per shape and keeps "
                                "the fastest (cudnn.benchmark)")
@@ -437,6 +437,14 @@ def _swap_set(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Iterator[Var
                                               f"passes without them: {detail}")
         return [p for p in current if p.key.kernel != culprit]
     return []
+
+
+def _cudnn_benchmark_bases(outcomes: list[VariantOutcome]) -> list[VariantOutcome]:
+    """The two fastest correct variants to try again with ``cudnn.benchmark``, none on cudagraph trees: such a
+    variant runs in a thread of its own (:func:`fusion_advisor.apply.variants.in_cudnn_thread`), and
+    reduce-overhead's trees, kept per thread, failed their first call there ("AssertionError: ", on each of the
+    three convolution models of the H100's seed-43 apply draw); a whole-model ``torch.cuda.graph`` works."""
+    return _top([o for o in outcomes if not (o.spec.cudagraphs and not o.spec.graphed)], 2)
 
 
 def _top(outcomes: list[VariantOutcome], n: int) -> list[VariantOutcome]:
