@@ -523,6 +523,7 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
         "partial": next((w for w in analysis.warnings if w.startswith(PARTIAL_COVERAGE)), ""),
         "opportunities": opportunities(groups),
         "advice": advice(groups),
+        "advice_saved_us": sum(e["saved_us"] for e in advice(groups)),
         "left_alone": left_alone(groups),
         "measured": [],
     }
