@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -302,3 +303,20 @@ def test_the_report_says_why_the_routes_savings_do_not_add_up_to_the_models(tmp_
     assert {d.route for d in a.decisions.values()} == {"cudagraphs"}
     html = write_report(a, tmp_path / "out")["html"].read_text()
     assert "Chain by chain these routes save" in html and "not the chains' savings added up" in html
+
+
+def test_a_copy_of_the_shipped_rules_is_weighed_as_they_are(tmp_path):
+    # a reviewer: `--rules mycopy.yaml` (the shipped file copied) had fixed every chain as the user's own, and the
+    # advice fell from 5.16x to 0.93x eager; a rule of the user's own still stays (test_cli_analyze's
+    # test_user_rules_come_first)
+    from fusion_advisor.analyze.pipeline import analyze
+    from fusion_advisor.analyze.rules import SHIPPED_RULES
+
+    path = tmp_path / "layers.py"
+    path.write_text(TINY.format(n=6))
+    copy = tmp_path / "mycopy.yaml"
+    copy.write_text(Path(SHIPPED_RULES).read_text())
+    plain = analyze(path, gpu="h200")
+    copied = analyze(path, gpu="h200", rules_files=[copy])
+    assert [d.route for d in copied.decisions.values()] == [d.route for d in plain.decisions.values()]
+    assert {d.route for d in plain.decisions.values()} == {"cudagraphs"}

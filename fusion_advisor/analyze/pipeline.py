@@ -29,7 +29,7 @@ from fusion_advisor.analyze.table_range import beyond_table_note
 from fusion_advisor.units import fmt_some
 from fusion_advisor.verification.trees import tensor_leaves
 from fusion_advisor.analyze.route import route_all
-from fusion_advisor.analyze.rules import SHIPPED_RULES, load_rules
+from fusion_advisor.analyze.rules import load_rules
 
 #: GPU name fragments -> shipped device spec, for picking a default spec on the present GPU.
 _GPU_SPECS = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("L4", "l4"))
@@ -363,8 +363,8 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
     # a route a profile's measured bound class decided stays (the roofline the weighing reads is what it overrode),
     # and so does one the user's own rule decided (a rule keeping launch-bound chains eager had been overruled)
     on_measured = {r.id for r in rules.rules if "measured_bound" in r.match} if measured is not None else set()
-    fixed = frozenset(i for i, d in decisions.items()
-                      if d.rule_id in on_measured or (d.rules_file and Path(d.rules_file) != Path(SHIPPED_RULES)))
+    users = rules.users_own()
+    fixed = frozenset(i for i, d in decisions.items() if d.rule_id in on_measured or (d.rule_id, d.rules_file) in users)
     input_bytes = sum(x.numel() * x.element_size() for x in tensor_leaves(loaded.inputs))
     decisions = weigh_model_call(chains, estimates, decisions,
                                  HostCalls.from_spec(spec, len({op.graph_index for op in og.ops}), input_bytes),

@@ -251,6 +251,19 @@ class RuleSet:
     rules: tuple[Rule, ...]
     files: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
+    def users_own(self) -> frozenset[tuple[str, str]]:
+        """``(rule id, file)`` of the rules the user's own files (``--rules``) add: not the shipped file's (paths
+        compared resolved: ``--rules rules/default.yaml`` is the shipped file), and not a copy of a shipped rule
+        (same id, match, route, kernel and bound: a copy of the shipped file decides nothing of its own)."""
+        shipped_file = Path(SHIPPED_RULES).resolve()
+        shipped = {r.id: r for r in self.rules if Path(r.file).resolve() == shipped_file}
+
+        def same(r: Rule, s: Rule | None) -> bool:
+            return s is not None and (r.match, r.route, r.kernel, r.bound) == (s.match, s.route, s.kernel, s.bound)
+
+        return frozenset((r.id, r.file) for r in self.rules
+                         if Path(r.file).resolve() != shipped_file and not same(r, shipped.get(r.id)))
+
     def profile_only(self) -> list[Rule]:
         """The user's rules (not the shipped file's) that match on ``measured_bound``: without ``--profile`` they
         match no chain."""

@@ -443,7 +443,8 @@ def _cudnn_benchmark_bases(outcomes: list[VariantOutcome]) -> list[VariantOutcom
     """The two fastest correct variants to try again with ``cudnn.benchmark``, none on cudagraph trees: such a
     variant runs in a thread of its own (:func:`fusion_advisor.apply.variants.in_cudnn_thread`), and
     reduce-overhead's trees, kept per thread, failed their first call there ("AssertionError: ", on each of the
-    three convolution models of the H100's seed-43 apply draw); a whole-model ``torch.cuda.graph`` works."""
+    three convolution models of the H100's seed-43 apply draw), so cudnn.benchmark is never tried on top of
+    reduce-overhead; a whole-model ``torch.cuda.graph`` works."""
     return _top([o for o in outcomes if not (o.spec.cudagraphs and not o.spec.graphed)], 2)
 
 
@@ -456,13 +457,16 @@ def _routed_regions(inp: SearchInputs, outcomes: list[VariantOutcome]) -> Varian
     """The analysis' routing carried out: each region with the executor its chains' routes ask for."""
     if not inp.use_regions or len(inp.regions) < 2:
         return None
-    wanted = _region_executors(inp.regions)
-    if len(set(wanted.values())) < 2:
-        return None  # one executor everywhere: a whole-model variant already is the routing
     best = _best(outcomes)
     cuda = inp.harness.device == "cuda"
     graphs = bool(best is not None and best.spec.cudagraphs)
-    wanted = {k: with_cudagraphs(e, cuda and (graphs or uses_cudagraphs(e))) for k, e in wanted.items()}
+    wanted = {k: with_cudagraphs(e, cuda and (graphs or uses_cudagraphs(e)))
+              for k, e in _region_executors(inp.regions).items()}
+    if len(set(wanted.values())) < 2:
+        # one executor everywhere (after CUDA graphs are dropped off a GPU): a whole-model variant already is the
+        # routing (a reviewer: on a CPU, inductor+cudagraphs and inductor regions had collapsed into a second
+        # torch.compile timed under another name)
+        return None
     counts: dict[str, int] = {}
     for e in wanted.values():
         counts[e] = counts.get(e, 0) + 1
