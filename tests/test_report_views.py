@@ -382,12 +382,12 @@ def test_reduce_overhead_pays_for_copying_the_inputs_into_its_static_buffers():
     # one big elementwise op: CUDA graphs remove one launch, but cudagraph trees copy the input every call
     one = _frame([("fusible", 3000.0, 3000.0, 2990.0)])
     assert views.predicted_model_routes(one)["reduce-overhead"] == pytest.approx(2990.0)
-    r = views.predicted_model_routes(one, graph_input_copy_us=3000.0)
+    r = views.predicted_model_routes(one, calls=views.HostCalls(input_copy_us=3000.0))
     assert r["reduce-overhead"] == pytest.approx(5990.0) and r["best"] == "eager"
     a = make_analysis()
     a.input_bytes = 6 * 10**9
     a.device_spec = {**a.device_spec, "memory_bandwidth_gbps": 4000.0}
-    assert views.input_copy_us(a) == pytest.approx(3000.0)  # 12 GB moved at 4 TB/s
+    assert views.HostCalls.of(a).input_copy_us == pytest.approx(3000.0)  # 12 GB moved at 4 TB/s
 
 
 def test_the_measured_line_quotes_the_confirmation_before_the_search(tmp_path):

@@ -18,12 +18,13 @@ replayed too (the graph's call is a replay already, so its GEMMs and compiled ch
 a recurrent model's every step); on a GPU spec, every graph replayed (a host-bound model no rule graphed a chain
 of: twelve Linear + ReLU layers); everything as written. The compiled or the replayed way replaces the rules'
 where faster by :data:`CALL_MARGIN`, every graph replayed where the call's host part sets the time and replaying
-is faster by :data:`WHOLE_MARGIN` (as the whole-model reduce-overhead route needs); as written replaces any where predicted faster at all and the call's host
-part is what sets the routed time (the advice is not predicted slower than the model as written for its calls).
-Leaving the model as written takes its library-kernel routes too: on a model whose host sets the pace a kernel's
-device time saves nothing, and apply then tries no swap (it times the model as written and torch.compile(model)
-whatever the routes). A chain routed on a profile's measured bound class keeps its route: the roofline it would
-be weighed with is what the measurement overrode. The chains it changes say why, with the ways' times.
+is faster by :data:`WHOLE_MARGIN` (as the whole-model reduce-overhead route needs); as written replaces any where
+predicted faster at all and the call's host part is what sets the routed time (the advice is not predicted
+slower than the model as written for its calls). Leaving the model as written takes its library-kernel routes
+too: on a model whose host sets the pace a kernel's device time saves nothing, and apply then tries no swap (it
+times the model as written and torch.compile(model) whatever the routes). A chain routed on a profile's measured
+bound class keeps its route (the roofline it would be weighed with is what the measurement overrode), and so does
+one a rule of the user's own decided. The chains it changes say why, with the ways' times.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from fusion_advisor.analyze.route import SLOWER_SHARE, note_left_as_written
 CALL_MARGIN = SLOWER_SHARE
 
 #: The way that replays every captured graph (no rule graphed a chain of some) replaces the others only when
-#: predicted faster by more than this share: the whole-model route margin (report.views.ROUTE_MARGIN), as the
-#: predicted reduce-overhead route needs.
+#: predicted faster by more than this share, as a whole-model route must beat a simpler one
+#: (report.views.ROUTE_MARGIN is this share): the margin apply's never-slower rule allows.
 WHOLE_MARGIN = 0.03
 
 #: Routes carried out inside a compiled call (skip is the model as written).
@@ -252,11 +253,12 @@ def weigh_model_call(chains: Sequence[Chain], estimates: dict[str, Estimate], de
     route compiled instead (or left as written), or every chain of a graph holding one replayed with it, each
     taken in that order where predicted faster than the way chosen so far by :data:`CALL_MARGIN`; then every
     graph replayed (a GPU spec only) where the host's part sets the time of the way chosen and replaying is faster
-    by :data:`WHOLE_MARGIN`; then every chain left as written where
-    that is predicted faster than the way chosen and the call's host part sets the routed time; the changed decisions say why (their rule
-    kept, its reason quoted). Chains without an estimate keep their decision; so do the chains in ``fixed`` (ids:
-    those routed on a profile's measured bound class), which take their route in every way. ``unused_us``: the
-    eager time of the work no output uses (:attr:`Analysis.unused_us`), which only the model as written pays.
+    by :data:`WHOLE_MARGIN`; then every chain left as written where that is predicted faster than the way chosen
+    and the call's host part sets the routed time; the changed decisions say why (their rule kept, its reason
+    quoted). Chains without an estimate keep their decision; so do the chains in ``fixed`` (ids: those routed on a
+    profile's measured bound class or by a rule of the user's own), which take their route in every way.
+    ``unused_us``: the eager time of the work no output uses (:attr:`Analysis.unused_us`), which only the model as
+    written pays.
     Returns a new dict; raises nothing."""
     priced = [c for c in chains if c.id in estimates and c.id in decisions]
     if not priced:

@@ -364,7 +364,8 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
     # and so does one the user's own rule decided (a rule keeping launch-bound chains eager had been overruled)
     on_measured = {r.id for r in rules.rules if "measured_bound" in r.match} if measured is not None else set()
     users = rules.users_own()
-    fixed = frozenset(i for i, d in decisions.items() if d.rule_id in on_measured or (d.rule_id, d.rules_file) in users)
+    fixed = frozenset(i for i, d in decisions.items()
+                      if d.rule_id in on_measured or (d.rule_id, d.rules_file) in users)
     input_bytes = sum(x.numel() * x.element_size() for x in tensor_leaves(loaded.inputs))
     decisions = weigh_model_call(chains, estimates, decisions,
                                  HostCalls.from_spec(spec, len({op.graph_index for op in og.ops}), input_bytes),

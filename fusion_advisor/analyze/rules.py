@@ -244,6 +244,11 @@ class Rule:
         return all(CONDITIONS[name][1](features, value) for name, value in self.match.items())
 
 
+def _is_shipped(file: str) -> bool:
+    """Whether a rule's ``file`` is the shipped rules file, by resolved path (``--rules rules/default.yaml`` too)."""
+    return Path(file).resolve() == Path(SHIPPED_RULES).resolve()
+
+
 @dataclass(frozen=True)
 class RuleSet:
     """Rules in match order, plus the files (with name and version) they came from."""
@@ -255,19 +260,18 @@ class RuleSet:
         """``(rule id, file)`` of the rules the user's own files (``--rules``) add: not the shipped file's (paths
         compared resolved: ``--rules rules/default.yaml`` is the shipped file), and not a copy of a shipped rule
         (same id, match, route, kernel and bound: a copy of the shipped file decides nothing of its own)."""
-        shipped_file = Path(SHIPPED_RULES).resolve()
-        shipped = {r.id: r for r in self.rules if Path(r.file).resolve() == shipped_file}
+        shipped = {r.id: r for r in self.rules if _is_shipped(r.file)}
 
         def same(r: Rule, s: Rule | None) -> bool:
             return s is not None and (r.match, r.route, r.kernel, r.bound) == (s.match, s.route, s.kernel, s.bound)
 
         return frozenset((r.id, r.file) for r in self.rules
-                         if Path(r.file).resolve() != shipped_file and not same(r, shipped.get(r.id)))
+                         if not _is_shipped(r.file) and not same(r, shipped.get(r.id)))
 
     def profile_only(self) -> list[Rule]:
         """The user's rules (not the shipped file's) that match on ``measured_bound``: without ``--profile`` they
         match no chain."""
-        return [r for r in self.rules if "measured_bound" in r.match and Path(r.file) != Path(SHIPPED_RULES)]
+        return [r for r in self.rules if "measured_bound" in r.match and not _is_shipped(r.file)]
 
     def first_match(self, chain: Chain, est: Estimate,
                     measured: ChainMeasurement | None = None) -> tuple[Rule | None, dict[str, Any]]:

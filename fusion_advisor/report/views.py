@@ -185,22 +185,14 @@ def predicted_compile_us(frame: pd.DataFrame) -> float:
 #: A faster whole-model route is predicted only when it beats the simpler one by more than this share: the margin
 #: apply's never-slower rule allows, and about the spread of its timings (the simpler route: eager, then
 #: torch.compile, then CUDA graphs).
-ROUTE_MARGIN = 0.03
+ROUTE_MARGIN = model_call.WHOLE_MARGIN
 
 #: The whole-model routes :func:`predicted_model_routes` prices, simplest first.
 MODEL_ROUTES = ("eager", "torch.compile", "reduce-overhead")
 
 
-def input_copy_us(analysis: Analysis) -> float:
-    """Time (us) CUDA-graph replay through ``mode="reduce-overhead"`` spends copying the model's inputs into its
-    static buffers each call (:func:`fusion_advisor.analyze.model_call.replay_input_copy_us` of its inputs' bytes
-    at its spec's copy bandwidth)."""
-    return model_call.replay_input_copy_us(analysis.input_bytes,
-                                           float((analysis.device_spec or {}).get("memory_bandwidth_gbps") or 0.0))
-
-
-def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_copy_us: float = 0.0,
-                           unused_us: float = 0.0, calls: HostCalls | None = None) -> dict[str, Any]:
+def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, unused_us: float = 0.0,
+                           calls: HostCalls | None = None) -> dict[str, Any]:
     """The predicted time (us) of the whole model as written (``eager``: sum of ``est_eager_us`` plus
     ``unused_us``, the work no output uses that eager runs and dynamo drops, :attr:`Analysis.unused_us`), under
     ``torch.compile(model)`` and under ``torch.compile(model, mode="reduce-overhead")`` (GPU specs only), and
@@ -211,12 +203,13 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
     longer: ``calls.compiled_call_us`` per captured graph plus one launch per chain Inductor runs as a kernel of
     its own and the eager host time of the rest (heavy items included: cuDNN and cuBLAS are called as eagerly).
     reduce-overhead: Inductor's code replayed from CUDA graphs (every chain at ``est_cudagraphs_us``, the launch
-    floor gone, but a recurrent layer as written: dynamo breaks the graph there) plus ``graph_input_copy_us``
-    (:func:`input_copy_us`), or ``calls.graph_replay_us`` per captured graph where that is longer. A call's fixed
-    host cost hides under device work that outlasts it (the host issues the next call while the GPU runs this
-    one): on H100 hosts a compiled call of a tiny chain cost 3.7-4 eager adds of host time and a reduce-overhead
-    call 6.7-8 whatever the chain's length (benchmarks/results/h100/host/compiled_call_probe.json,
-    benchmarks/results/h100/accuracy/calibrate_compiled_call/), while on the H200's level-2 apply runs (0.5-41 ms)
+    floor gone, but a recurrent layer and what follows it in its graph as written: dynamo stops there) plus
+    ``calls.input_copy_us`` (the inputs copied into the graphs' static buffers), or ``calls.graph_replay_us`` per
+    captured graph where that is longer. A call's fixed host cost hides under device work that outlasts it (the
+    host issues the next call while the GPU runs this one): on H100 hosts a compiled call of a tiny chain cost
+    3.7-4 eager adds of host time and a reduce-overhead call 6.7-8 whatever the chain's length
+    (benchmarks/results/h100/host/compiled_call_probe.json, benchmarks/results/h100/accuracy/
+    calibrate_compiled_call/), while on the H200's level-2 apply runs (0.5-41 ms)
     reduce-overhead ran a median 34 us behind torch.compile (benchmarks/results/h200/apply_models), far less than
     its replay's host time."""
     calls = calls or HostCalls()
@@ -247,7 +240,7 @@ def predicted_model_routes(frame: pd.DataFrame, gpu: bool = True, graph_input_co
         if "launch_eager_us" in frame:
             tail_host = float(frame["launch_eager_us"].where(tail, 0.0).astype(float).sum(skipna=True))
     times["reduce-overhead"] = (max(float(pd.concat([graphed.astype(float), compiled], axis=1).min(axis=1)
-                                          .sum(skipna=True)) + graph_input_copy_us,
+                                          .sum(skipna=True)) + calls.input_copy_us,
                                     calls.graphs * calls.graph_replay_us + tail_host)
                                 if gpu and graphed is not None and len(frame) else float("nan"))
     best = "eager"
@@ -300,12 +293,11 @@ def _chain_calls(frame: pd.DataFrame, routes: pd.Series, after_us: pd.Series) ->
 
 def analysis_model_routes(analysis: Analysis, frame: pd.DataFrame, calls: HostCalls | None = None) -> dict[str, Any]:
     """:func:`predicted_model_routes` of an analysis (``frame``: its :func:`chains_frame`): CUDA graphs on a GPU
-    spec only, the input copy of :func:`input_copy_us`, the unused work's eager time, the spec's host costs per
+    spec only, the unused work's eager time, the spec's host costs per call and the input copy of a replayed
     call (``calls``, by default :meth:`HostCalls.of` the analysis); plus ``breaks``, the capture's graph breaks,
     which the whole-model predictions do not otherwise price (:func:`whole_model_note`)."""
     routes = predicted_model_routes(frame, gpu=(analysis.device_spec or {}).get("kind", "gpu") == "gpu",
-                                    graph_input_copy_us=input_copy_us(analysis), unused_us=analysis.unused_us,
-                                    calls=calls or HostCalls.of(analysis))
+                                    unused_us=analysis.unused_us, calls=calls or HostCalls.of(analysis))
     return {**routes, "breaks": len(analysis.graph_breaks)}
 
 
@@ -507,6 +499,7 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
     # dynamo-based apply variant drops, never a chain's route
     eager, compiled, advised = totals["eager"], totals["compiled"], totals["advised"]
     routed = frame[frame["route"].isin([r for r in ROUTES if r != "skip"])]
+    by_route = advice(groups)
     out: dict[str, Any] = {
         "model_routes": model_routes,
         "breaks_caveat": breaks_caveat(model_routes),
@@ -522,8 +515,8 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
         "n_routed": int(len(routed)), "n_chains": int(len(frame)),
         "partial": next((w for w in analysis.warnings if w.startswith(PARTIAL_COVERAGE)), ""),
         "opportunities": opportunities(groups),
-        "advice": advice(groups),
-        "advice_saved_us": sum(e["saved_us"] for e in advice(groups)),
+        "advice": by_route,
+        "advice_saved_us": sum(e["saved_us"] for e in by_route),
         "left_alone": left_alone(groups),
         "measured": [],
     }
