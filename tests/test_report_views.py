@@ -415,6 +415,24 @@ def test_the_measured_line_quotes_the_confirmation_before_the_search(tmp_path):
         assert f"confirmed in interleaved rounds; the search read {search}" in buys
 
 
+def test_the_profiled_line_predicts_the_model_as_the_cost_model_is_judged(tmp_path):
+    # the line set the measured wall time beside the chains each priced alone at the spec's host speed (ResNet-101:
+    # 8.82 ms, 6.58 measured on an H200) while the in-model prediction the cost model is judged on read 6.41 ms
+    from fusion_advisor.analyze.records import ChainMeasurement, Profile
+
+    a = make_analysis()
+    chains = {c.id: ChainMeasurement(c.id, 100.0, 60.0, 40.0, 3.0, 1.0, 1.0, 50.0, "memory", 70.0 + i, 0.7, False)
+              for i, c in enumerate(a.chains)}
+    a.profile = Profile(device="cuda", device_name="NVIDIA H200 <test>", runs=3, warmup_runs=2, total_us=5000.0,
+                        attributed_us=4500.0, unattributed_us=500.0, wall_us=6000.0, eager_wall_us=5200.0,
+                        setup="", compared="", chains=chains)
+    frame = report.chains_frame(a)
+    line = views.verdict(a, frame, views.chain_groups(frame), None, tmp_path)["measured"][0]["text"]
+    in_model = sum(70.0 + i for i in range(len(a.chains))) + a.unused_us
+    assert f"predicted {views.fmt_us(in_model)} ({in_model / 5200.0:.2f}x the measured)" in line
+    assert f"{views.fmt_us(frame['est_eager_us'].sum())} with each priced alone at the spec's host speed" in line
+
+
 def test_the_predicted_line_names_a_whole_model_route_that_beats_the_chain_routes():
     # a model of lone launch-bound kernels: every chain skipped (1.00x), one CUDA graph over the model 6x
     routes = {"eager": 176.0, "torch.compile": 176.0, "reduce-overhead": 29.0, "best": "reduce-overhead"}

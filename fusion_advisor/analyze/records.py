@@ -397,8 +397,9 @@ class ChainMeasurement:
         bound: measured bound class: ``"launch"`` when ``idle_us > busy_us``, else ``"compute"`` or ``"memory"``
             by which ceiling the chain's busy time comes closer to (FLOP/s over peak vs bytes/s over bandwidth);
             ``""`` when nothing was measured.
-        predicted_us: the prediction it is compared with: the roofline's EAGER time (``Estimate.eager_us``), since
-            the profiled model runs unfused.
+        predicted_us: the prediction it is compared with: the chain's eager time inside the model (device plus the
+            host's idle time, :func:`fusion_advisor.analyze.roofline.in_model_times`) at the profiled host's measured
+            speed, per run (times its graph's calls), since the profiled model runs unfused.
         ratio: ``predicted_us / time_us`` (NaN when nothing was measured).
         flagged: prediction and measurement differ by more than 2x (ratio above 2 or below 0.5).
         kernel_names: GPU: the distinct device kernels its ops ran, longest total time first; empty on a CPU.
