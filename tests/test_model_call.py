@@ -122,7 +122,8 @@ def test_the_replayed_way_moves_compiled_and_eager_chains_only():
     chains, est, dec = _model(routes, est * 1, kinds=["heavy", "fusible", "fusible", "fusible", "heavy", "heavy",
                                                        "fusible"])
     chains[5].pattern = "recurrent"
-    out = weigh_model_call(chains, est, dec, CALLS, fixed=frozenset({"c4"}))
+    dec["c4"] = dataclasses.replace(dec["c4"], fixed=True)
+    out = weigh_model_call(chains, est, dec, CALLS)
     assert [out[f"c{i}"].route for i in range(7)] == ["cudagraphs", "cudagraphs", "triton", "cudagraphs", "skip",
                                                       "skip", "torch.compile"]
     assert out["c2"] is dec["c2"] and out["c4"] is dec["c4"] and out["c6"] is dec["c6"]
@@ -173,7 +174,8 @@ def test_a_library_kernel_left_as_written_drops_its_kernel_and_its_note():
 
 def test_a_route_a_profile_decided_stays():
     chains, est, dec = _model(["cudagraphs"], [_est(50.0, 10.0, 1.0)])
-    assert weigh_model_call(chains, est, dec, CALLS, fixed=frozenset({"c0"})) == dec
+    kept = {"c0": dataclasses.replace(dec["c0"], fixed=True)}
+    assert weigh_model_call(chains, est, kept, CALLS) == kept
     assert weigh_model_call(chains, est, dec, CALLS)["c0"].route == "torch.compile"
 
 
@@ -320,3 +322,11 @@ def test_a_copy_of_the_shipped_rules_is_weighed_as_they_are(tmp_path):
     copied = analyze(path, gpu="h200", rules_files=[copy])
     assert [d.route for d in copied.decisions.values()] == [d.route for d in plain.decisions.values()]
     assert {d.route for d in plain.decisions.values()} == {"cudagraphs"}
+    assert not any(d.fixed for a in (plain, copied) for d in a.decisions.values())
+    # a rule of the user's own is fixed (apply's regions keep it: Region.fixed_route), the shipped ones are not
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("version: 1\nrules:\n  - id: mine\n    match: {kind: heavy}\n    route: torch.compile\n"
+                    "    reason: x\n")
+    own = analyze(path, gpu="h200", rules_files=[mine])
+    assert ({(d.rule_id, d.fixed) for d in own.decisions.values()}
+            == {("mine", True), ("cudagraphs-launch-bound", False)})

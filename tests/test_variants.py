@@ -11,6 +11,7 @@ import re
 import statistics
 
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -589,6 +590,12 @@ def test_a_region_without_chains_runs_with_its_neighbour():
     regions = [region(0, "l0", graphed), region(0, "norm", (("triton", 1),)), region(0, "gemm", (("skip", 1),))]
     assert list(search_mod._region_executors(regions).values()) == ["inductor+cudagraphs", "inductor+cudagraphs",
                                                                     "eager"]
+    # a region a user's own rule sent to torch.compile stays compiled, unreplayed, beside a replayed one (a reviewer)
+    compiled = (("torch.compile", 1),)
+    regions = [region(0, "l0", graphed), region(0, "mine", compiled), region(0, "also", compiled)]
+    regions[1] = replace(regions[1], fixed_route=True)
+    assert list(search_mod._region_executors(regions).values()) == ["inductor+cudagraphs", "inductor",
+                                                                    "inductor+cudagraphs"]
 
 
 def _fake_outcome(name: str, ms: float | None, baseline: bool = False, correct: bool = True) -> R.VariantOutcome:

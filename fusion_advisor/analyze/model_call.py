@@ -247,16 +247,16 @@ def _replayable(chain: Chain, route: str, graphs: set[int], fixed: frozenset[str
 
 
 def weigh_model_call(chains: Sequence[Chain], estimates: dict[str, Estimate], decisions: dict[str, Decision],
-                     calls: HostCalls, fixed: frozenset[str] = frozenset(), unused_us: float = 0.0
-                     ) -> dict[str, Decision]:
+                     calls: HostCalls, unused_us: float = 0.0) -> dict[str, Decision]:
     """``decisions`` with the model's call weighed in (module docstring): the rules' routes, or each CUDA-graph
     route compiled instead (or left as written), or every chain of a graph holding one replayed with it, each
     taken in that order where predicted faster than the way chosen so far by :data:`CALL_MARGIN`; then every
     graph replayed (a GPU spec only) where the host's part sets the time of the way chosen and replaying is faster
     by :data:`WHOLE_MARGIN`; then every chain left as written where that is predicted faster than the way chosen
     and the call's host part sets the routed time; the changed decisions say why (their rule kept, its reason
-    quoted). Chains without an estimate keep their decision; so do the chains in ``fixed`` (ids: those routed on a
-    profile's measured bound class or by a rule of the user's own), which take their route in every way.
+    quoted). Chains without an estimate keep their decision; so do the chains whose decision is
+    :attr:`~fusion_advisor.analyze.records.Decision.fixed` (routed on a profile's measured bound class or by a rule
+    of the user's own), which take their route in every way.
     ``unused_us``: the eager time of the work no output uses (:attr:`Analysis.unused_us`), which only the model as
     written pays.
     Returns a new dict; raises nothing."""
@@ -264,6 +264,7 @@ def weigh_model_call(chains: Sequence[Chain], estimates: dict[str, Estimate], de
     if not priced:
         return dict(decisions)
     rules = {c.id: decisions[c.id].route for c in priced}
+    fixed = frozenset(c.id for c in priced if decisions[c.id].fixed)
     tail = frozenset(c.id for c, t in zip(chains, eager_tail([(c.graph_index, getattr(c, "pattern", ""))
                                                                for c in chains]), strict=True) if t)
     graphed = {c.graph_index for c in priced if rules[c.id] == "cudagraphs" and c.id not in tail}

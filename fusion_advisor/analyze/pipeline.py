@@ -10,6 +10,7 @@ import contextlib
 import platform
 from collections import Counter
 from pathlib import Path
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -364,12 +365,11 @@ def analyze_capture(loaded: LoadedModel, cap: Capture, spec: DeviceSpec, rules: 
     # and so does one the user's own rule decided (a rule keeping launch-bound chains eager had been overruled)
     on_measured = {r.id for r in rules.rules if "measured_bound" in r.match} if measured is not None else set()
     users = rules.users_own()
-    fixed = frozenset(i for i, d in decisions.items()
-                      if d.rule_id in on_measured or (d.rule_id, d.rules_file) in users)
+    decisions = {i: (replace(d, fixed=True) if d.rule_id in on_measured or (d.rule_id, d.rules_file) in users
+                     else d) for i, d in decisions.items()}
     input_bytes = sum(x.numel() * x.element_size() for x in tensor_leaves(loaded.inputs))
     decisions = weigh_model_call(chains, estimates, decisions,
                                  HostCalls.from_spec(spec, len({op.graph_index for op in og.ops}), input_bytes),
-                                 fixed,
                                  unused_us=work.eager_us if work is not None else 0.0)
     return Analysis(
         model_name=loaded.name,

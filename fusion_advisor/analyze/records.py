@@ -303,6 +303,10 @@ class Decision:
         reason: the rule's reason template rendered with the chain's numbers.
         bound: bound class after the rule (rules may override the roofline's class).
         note: extra remark, e.g. a fallback because the named kernel is not in the library.
+        fixed: the route stays as its rule decided, whatever the model's call weighs
+            (:func:`fusion_advisor.analyze.model_call.weigh_model_call`) and however apply groups its regions
+            (:func:`fusion_advisor.apply.search`): a rule of the user's own decided it
+            (:meth:`fusion_advisor.analyze.rules.RuleSet.users_own`), or a rule on a profile's measured bound class.
     """
 
     chain_id: str
@@ -313,6 +317,7 @@ class Decision:
     reason: str
     bound: str
     note: str = ""
+    fixed: bool = False
 
 
 @dataclass(frozen=True)

@@ -365,6 +365,9 @@ class Region:
         launch_us: predicted launch overhead of the region's eager kernels, us (what CUDA graphs remove; shared
             the same way).
         source: where its first op comes from.
+        fixed_route: a chain in it keeps a route other than CUDA graphs that a rule fixed
+            (:attr:`fusion_advisor.analyze.records.Decision.fixed`: a rule of the user's own, a measured bound
+            class): the routes variant never replays the region with its graph's CUDA-graph regions.
     """
 
     key: RegionKey
@@ -375,6 +378,7 @@ class Region:
     compile_gain_us: float = 0.0
     launch_us: float = 0.0
     source: SourceLoc = field(default_factory=SourceLoc)
+    fixed_route: bool = False
 
     @property
     def routed_executor(self) -> str:

@@ -129,12 +129,14 @@ def describe_regions(graphs: Sequence[tuple[int, torch.fx.GraphModule]], chain_o
         ids = list(here)  # first-seen order
         routes: dict[str, int] = {}
         gain = launch = 0.0
+        fixed = False
         for cid in ids:
             d = analysis.decisions.get(cid)
             est = analysis.estimates.get(cid)
             share = here[cid] / chain_nodes[cid]
             if d is not None:
                 routes[d.route] = routes.get(d.route, 0) + 1
+                fixed = fixed or (d.fixed and d.route != "cudagraphs")
             if est is not None:
                 launch += est.launch_eager_us * share
                 if d is not None and d.route in ("torch.compile", "triton", "cudagraphs"):
@@ -143,7 +145,7 @@ def describe_regions(graphs: Sequence[tuple[int, torch.fx.GraphModule]], chain_o
         src = source_of(first) if first.meta.get("stack_trace") else SourceLoc()
         out.append(Region(key=run.key, depth=depth, n_ops=len(run.nodes), chain_ids=tuple(ids),
                           routes=tuple(sorted(routes.items())), compile_gain_us=gain, launch_us=launch,
-                          source=src))
+                          source=src, fixed_route=fixed))
     return out
 
 

@@ -483,8 +483,10 @@ def _region_executors(regions: list[Region]) -> dict[str, str]:
     holding no chain (views, a flatten between layers) runs with the region before it in its graph (the first
     ones with the next): given ``eager`` it cut a graph the analysis replays whole into several CUDA-graph
     submodules, each replayed on its own (a reviewer: three replays where the advice priced one). In a graph where
-    some region is replayed from CUDA graphs, the compiled regions are replayed too."""
+    some region is replayed from CUDA graphs, the compiled regions are replayed too, but for one whose route a rule
+    fixed (:attr:`Region.fixed_route`: a user's own rule sent a chain of it to torch.compile)."""
     wanted: dict[str, str | None] = {str(r.key): (r.routed_executor if r.chain_ids else None) for r in regions}
+    fixed = {str(r.key): r.fixed_route for r in regions}
     for graph in sorted({r.key.graph_index for r in regions}):
         keys = [str(r.key) for r in regions if r.key.graph_index == graph]
         last = next((wanted[k] for k in keys if wanted[k] is not None), "eager")
@@ -494,7 +496,7 @@ def _region_executors(regions: list[Region]) -> dict[str, str]:
         # adjacent regions of one executor then merge into one CUDA graph (model_call.call_parts prices it so)
         if any(uses_cudagraphs(wanted[k] or "") for k in keys):
             for k in keys:
-                if wanted[k] == "inductor":
+                if wanted[k] == "inductor" and not fixed[k]:
                     wanted[k] = with_cudagraphs("inductor", True)
     return {k: e or "eager" for k, e in wanted.items()}
 
