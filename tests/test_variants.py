@@ -645,6 +645,40 @@ def test_a_faster_variant_must_win_the_interleaved_confirmation(monkeypatch, con
         assert "did not confirm against torch.compile" in outcomes[2].reason
 
 
+def test_the_next_fastest_variant_is_confirmed_when_the_fastest_does_not(monkeypatch):
+    # a fresh user: channels-last (fastest in the search) lost its confirmation and the plan fell back to
+    # torch.compile, while a region variant 1.9x faster than torch.compile was never confirmed
+    outcomes = [_fake_outcome("eager", 400.0, True), _fake_outcome("torch.compile", 340.0, True),
+                _fake_outcome("channels-last", 71.4), _fake_outcome("regions", 178.8),
+                _fake_outcome("slower", 339.0)]
+    asked = []
+
+    def confirm(inp, a, b):
+        asked.append(a.spec.name)
+        won = a.spec.name == "regions"
+        return search_mod.Confirmation(won, "rounds", None, 1.9 if won else 0.78, 0.02)
+
+    monkeypatch.setattr(search_mod, "_confirm", confirm)
+    result = search_mod._choose(_inputs(), outcomes)
+    assert asked == ["channels-last", "regions"] and result.chosen.spec.name == "regions"
+    assert result.confirmed == ("torch.compile", 1.9)
+    assert "the fastest correct variant that confirmed" in result.reason and "channels-last was faster" in result.reason
+    # neither confirms: the baseline, both named; a variant within 1% of the baseline is never a runner-up
+    asked.clear()
+    monkeypatch.setattr(search_mod, "_confirm", lambda inp, a, b: asked.append(a.spec.name) or
+                        search_mod.Confirmation(False, "rounds", None, 0.9, 0.02))
+    result = search_mod._choose(_inputs(), outcomes)
+    assert asked == ["channels-last", "regions"] and result.chosen.spec.name == "torch.compile"
+    assert result.confirmed is None and "regions was faster in the search" in result.reason
+    # past apply's time limit, the runner-up is named as not confirmed
+    asked.clear()
+    late = search_mod.SearchInputs(harness=None, kernels={}, analysis=None, regions=[], swaps=[], deadline=0.0,
+                                   time_limit_s=240.0)
+    result = search_mod._choose(late, outcomes)
+    assert result.chosen.spec.name == "torch.compile" and asked == ["channels-last"]
+    assert "regions was not confirmed: apply's --time-limit-s of 240 s had passed" in result.reason
+
+
 class _RoundsHarness:
     """A harness whose rounds are given: each round of ``round_timer`` returns the next time of the model's list (ms)."""
 
