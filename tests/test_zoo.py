@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from fusion_advisor.analyze.pipeline import analyze
 from fusion_advisor.report.write import write_report
@@ -97,3 +98,21 @@ def test_keyword_inputs_training_mode_note_reads_the_users_module(tmp_path):
     train = path.read_text().replace("return M().eval()", "return M()")
     path.write_text(train)
     assert any("training mode" in n for n in load_model(path, device="cpu").notes)
+
+
+def test_every_load_makes_the_same_weights_and_inputs_and_leaves_the_callers_random_state():
+    # a fresh user's model branching on h.mean() > 0 was cut into other chains on a second run: the analysis
+    # followed whichever branch that run's random inputs took
+    from fusion_advisor.analyze.load import load_model
+
+    torch.manual_seed(123)
+    state = torch.random.get_rng_state()
+    a, b = (load_model(MODELS / "value_branch.py", device="cpu") for _ in range(2))
+    assert torch.equal(torch.random.get_rng_state(), state)
+    for x, y in zip(a.inputs, b.inputs, strict=True):
+        assert torch.equal(x, y)
+    for p, q in zip(a.module.parameters(), b.module.parameters(), strict=True):
+        assert torch.equal(p, q)
+    analysis = analyze(MODELS / "value_branch.py")
+    assert any("only the branches these inputs take (made under torch.manual_seed(0))" in w
+               for w in analysis.warnings), analysis.warnings

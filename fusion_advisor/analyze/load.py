@@ -48,6 +48,10 @@ CONVENTION_NAMES = {
 DTYPES = {name: TORCH_DTYPES[name] for name in CAST_NAMES}
 
 BUILTIN_DEFAULT = "fusion_advisor.models.llama"
+
+#: The random seed the model's weights and inputs are made under (:func:`load_model`): every run of the tool sees
+#: the same model and inputs, so a model whose Python branches on tensor values is cut into the same chains.
+LOAD_SEED = 0
 _RETRY = object()
 
 
@@ -209,6 +213,30 @@ def _convert(x: Any, device: str, dtype: torch.dtype | None) -> Any:
     return x
 
 
+def _build(module: ModuleType, inner: str, device: str, origin: str, file_path: Path | None) -> tuple[Any, Any]:
+    """The model and its raw inputs as the file makes them (``inner``: its convention), built under ``device``.
+
+    Raises:
+        ModelLoadError, ModelRunError: as :func:`_call_user` and :func:`_make_raw_inputs` raise them.
+    """
+    with torch.device(device):
+        if inner == "kernelbench":
+            init = _call_user(module.get_init_inputs, "get_init_inputs()", origin, file_path)
+            if isinstance(init, dict):
+                model = _call_user(lambda: module.Model(**init), "Model(**get_init_inputs())", origin, file_path)
+            elif isinstance(init, (list, tuple)):
+                model = _call_user(lambda: module.Model(*init), "Model(*get_init_inputs())", origin, file_path)
+            else:
+                raise ModelLoadError(f"{origin}: get_init_inputs() must return a list (or a dict of keyword "
+                                     f"arguments), got {type(init).__name__}")
+        elif inner == "get_model":
+            model = _call_user(module.get_model, "get_model()", origin, file_path)
+        else:
+            model = _FunctionModule(module.reference_fn)
+    inputs = _make_raw_inputs(module, device, origin, file_path)
+    return model, inputs
+
+
 def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -> LoadedModel:
     """Load the model in ``path`` (``None``: the built-in default model) with example inputs on ``device``.
 
@@ -243,22 +271,14 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
         name = file_path.stem
 
     # Build the model and make the inputs under the target device, so meta needs no memory at all. Inputs that
-    # cannot be made there (a CPU generator, say) are made as the file writes them, then moved.
-    with torch.device(device):
-        if inner == "kernelbench":
-            init = _call_user(module.get_init_inputs, "get_init_inputs()", origin, file_path)
-            if isinstance(init, dict):
-                model = _call_user(lambda: module.Model(**init), "Model(**get_init_inputs())", origin, file_path)
-            elif isinstance(init, (list, tuple)):
-                model = _call_user(lambda: module.Model(*init), "Model(*get_init_inputs())", origin, file_path)
-            else:
-                raise ModelLoadError(f"{origin}: get_init_inputs() must return a list (or a dict of keyword "
-                                     f"arguments), got {type(init).__name__}")
-        elif inner == "get_model":
-            model = _call_user(module.get_model, "get_model()", origin, file_path)
-        else:
-            model = _FunctionModule(module.reference_fn)
-    inputs = _make_raw_inputs(module, device, origin, file_path)
+    # cannot be made there (a CPU generator, say) are made as the file writes them, then moved. Under a fixed seed
+    # (LOAD_SEED; the caller's random state restored after): the weights and inputs, and so the branches a model
+    # that reads tensor values takes, are the same in every run (a fresh user's model branching on h.mean() > 0
+    # was cut into other chains on a second run)
+    devices = [torch.cuda.current_device()] if device == "cuda" and torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(LOAD_SEED)
+        model, inputs = _build(module, inner, device, origin, file_path)
 
     if not isinstance(model, nn.Module):
         raise ModelLoadError(f"{origin}: the model is a {type(model).__name__}, not a torch.nn.Module")

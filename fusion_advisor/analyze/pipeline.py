@@ -22,7 +22,7 @@ from fusion_advisor.analyze.chains import build_chains
 from fusion_advisor.devices import DeviceSpec, load_spec, spec_file
 from fusion_advisor.errors import ModelRunError
 from fusion_advisor.analyze.graph import build_op_graph, unused_ops
-from fusion_advisor.analyze.load import LoadedModel, load_model
+from fusion_advisor.analyze.load import LOAD_SEED, LoadedModel, load_model
 from fusion_advisor.analyze.records import Analysis, UnusedWork
 from fusion_advisor.analyze.model_call import HostCalls, weigh_model_call
 from fusion_advisor.analyze.roofline import eager_alone_us, estimate_all
@@ -239,7 +239,9 @@ def _on_cpu_instead(model_path: str | Path | None, dtype: str, meta: LoadedModel
     loaded = load_model(model_path, device="cpu", dtype=dtype)
     why = ("makes tensors on the CPU while it runs, which meet the meta device's there (give them the input's "
            "device, e.g. torch.zeros(..., device=x.device), or the model fails on a GPU too)"
-           if makes_cpu_tensors(e) else "reads tensor values while it runs")
+           if makes_cpu_tensors(e) else
+           f"reads tensor values while it runs, and where its Python branches on them, only the branches these "
+           f"inputs take (made under torch.manual_seed({LOAD_SEED})) are analysed")
     loaded.notes.append(f"{loaded.file}: analysed on the CPU, not the meta device: the model {why} "
                         f"({_first_words(e)}); its weights ({need / 2**20:.0f} MiB) fit in memory")
     return loaded
