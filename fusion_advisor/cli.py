@@ -87,6 +87,16 @@ def near_miss_line(near_misses: list) -> str:
         f"{text} (x{count})" if count > 1 else text for text, count in list(said.items())[:3])
 
 
+def _launch_text(spec: dict) -> str:
+    """The spec's host time per eager launch for the console's header: the tight-loop price, and where the spec
+    scales it for ops inside a model (``host_time_scale``), what an op is charged there (a fresh user read "launch
+    12 us" while every op of the chains was charged 13.7)."""
+    launch = float(spec.get("launch_overhead_us") or 0.0)
+    scale = float(spec.get("host_time_scale") or 1.0)
+    text = f"{launch:.3g} us"
+    return text if abs(scale - 1.0) < 0.005 or launch <= 0 else f"{text}, {launch * scale:.3g} us inside a model"
+
+
 def _escape(text: str) -> str:
     from rich.markup import escape
 
@@ -247,7 +257,7 @@ def _print_summary(analysis, paths: dict, top: int, replaced: str | None = None)
         f"[bold]{_escape(analysis.model_name)}[/]: {len(analysis.ops)} ops, {len(analysis.chains)} chains/items, "
         f"captured by {analysis.capture_method} on {analysis.device}; roofline of {spec['display_name']} "
         f"({spec['memory_bandwidth_gbps']:.4g} GB/s{matmul_peak_text(analysis)}, launch "
-        f"{spec['launch_overhead_us']:.3g} us). "
+        f"{_launch_text(spec)}). "
         + ("est. times are estimates; measured times from torch.profiler." if analysis.profile else
            "All times are estimates.")
     )

@@ -34,6 +34,12 @@ def test_analyze_writes_reports(tmp_path):
     # the matmul ceiling of the dtype doing the model's FLOPs beside the bandwidth (a fresh user)
     header = " ".join(r.output.split())
     assert "(2039 GB/s, fp32 matmul 19.5 TFLOP/s, launch 12 us)" in header, header[:400]
+    # where the spec scales host time inside a model, what an op is charged there (a fresh user read "launch 12 us"
+    # beside ops charged 13.7)
+    from fusion_advisor.cli import _launch_text
+
+    assert _launch_text({"launch_overhead_us": 12.0, "host_time_scale": 1.1416}) == "12 us, 13.7 us inside a model"
+    assert _launch_text({"launch_overhead_us": 2.507}) == "2.51 us"
     # --spec names the same option (a fresh user's calibrated CPU spec went in as "--gpu cpu.yaml"; "--spec" was
     # refused with "Possible options: --dtype")
     r = _run(str(DATA / "models" / "tiny_pointwise.py"), "--out", str(tmp_path / "cpu"), "--spec", "cpu")

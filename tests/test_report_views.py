@@ -509,3 +509,15 @@ def test_torch_compile_runs_a_recurrent_layer_and_what_follows_it_as_written():
     alone = lstm.iloc[[1, 2]]
     r = views.predicted_model_routes(alone, calls=calls)
     assert r["torch.compile"] == pytest.approx(r["eager"]) and r["reduce-overhead"] == pytest.approx(r["eager"])
+
+
+def test_the_advice_says_which_kernel_routes_it_counts_at_another_routes_time():
+    # a fresh user read "triton add_layernorm 33.5 us" where the kernel's own estimate saved 21.4: the chain stays
+    # routed to the kernel for apply to measure, and the advice counts it at torch.compile's predicted time
+    a = make_analysis()
+    frame = report.chains_frame(a)
+    assert all(e["note"] == "" for e in views.advice(views.chain_groups(frame)))
+    row = frame.index[frame["chain_id"] == "c1"][0]
+    frame.loc[row, "est_triton_us"] = frame.loc[row, "est_after_route_us"] * 2.0
+    triton = next(e for e in views.advice(views.chain_groups(frame)) if e["route"] == "triton")
+    assert triton["note"].startswith("1 of them counted at torch.compile's or eager's time")

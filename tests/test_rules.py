@@ -76,6 +76,18 @@ def test_invalid_rules_name_file_rule_and_field(tmp_path, body, fragment):
     assert fragment in str(e.value)
 
 
+def test_every_invalid_rule_of_a_file_is_named_at_once(tmp_path):
+    # a fresh user mended a file of several mistakes one run at a time
+    path = _write(tmp_path, "version: 1\nrules:\n  - id: a\n    route: nowhere\n    reason: x\n"
+                            "  - id: ok\n    route: skip\n    reason: x\n"
+                            "  - id: b\n    route: skip\n    match: {colour: red}\n    reason: x\n")
+    with pytest.raises(RulesError) as e:
+        load_rules_file(path)
+    lines = str(e.value).splitlines()
+    assert lines[0] == "2 invalid rules:" and len(lines) == 3
+    assert "rule 'a': field 'route'" in lines[1] and "rule 'b': field 'match.colour'" in lines[2]
+
+
 def test_missing_rules_file(tmp_path):
     with pytest.raises(RulesError, match="cannot read rules file"):
         load_rules([tmp_path / "nope.yaml"])

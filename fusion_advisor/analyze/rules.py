@@ -374,8 +374,8 @@ def load_rules_file(path: str | Path) -> tuple[list[Rule], dict[str, Any]]:
     """Parse and validate one rules file; return its rules and ``{"file", "name", "version", "rules"}``.
 
     Raises:
-        RulesError: unreadable file, invalid YAML (with line), wrong schema version, or an invalid rule
-            (the message names the file, the rule id and the field).
+        RulesError: unreadable file, invalid YAML (with line), wrong schema version, or invalid rules (the
+            message names the file, the rule id and the field of each invalid rule's first problem, a line each).
     """
     path = Path(path)
     file = str(path)
@@ -394,7 +394,17 @@ def load_rules_file(path: str | Path) -> tuple[list[Rule], dict[str, Any]]:
     version = data.get("version")
     if version != SCHEMA_VERSION:
         raise RulesError(f"{file}: field 'version': {version!r} is not supported (this tool reads version {SCHEMA_VERSION})")
-    rules = [_parse_rule(raw, i, file) for i, raw in enumerate(data["rules"])]
+    # every rule checked, each one's first problem said: a file with several mistakes is mended in one go (a fresh
+    # user met them one run at a time)
+    rules, problems = [], []
+    for i, raw in enumerate(data["rules"]):
+        try:
+            rules.append(_parse_rule(raw, i, file))
+        except RulesError as e:
+            problems.append(str(e))
+    if problems:
+        raise RulesError("\n".join(problems) if len(problems) == 1 else
+                         f"{len(problems)} invalid rules:\n" + "\n".join(problems))
     info = {"file": file, "name": str(data.get("name", path.stem)), "version": version, "rules": len(rules)}
     return rules, info
 
