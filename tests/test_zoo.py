@@ -100,19 +100,28 @@ def test_keyword_inputs_training_mode_note_reads_the_users_module(tmp_path):
     assert any("training mode" in n for n in load_model(path, device="cpu").notes)
 
 
-def test_every_load_makes_the_same_weights_and_inputs_and_leaves_the_callers_random_state():
+def test_every_load_makes_the_same_weights_and_inputs_and_leaves_the_callers_random_state(monkeypatch, tmp_path):
     # a fresh user's model branching on h.mean() > 0 was cut into other chains on a second run: the analysis
     # followed whichever branch that run's random inputs took
     from fusion_advisor.analyze.load import load_model
 
-    torch.manual_seed(123)
+    def reseeds_every_gpu(seed):  # torch.manual_seed's way: a caller's GPU streams (a reviewer)
+        raise AssertionError("load_model reseeded every GPU's generator")
+
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", reseeds_every_gpu)
+    path = tmp_path / "unseeded.py"  # value_branch.py seeds itself
+    path.write_text("import torch\n"
+                    "def get_model():\n    return torch.nn.Linear(16, 16)\n"
+                    "def get_inputs():\n    return [torch.randn(8, 16)]\n")
+    torch.default_generator.manual_seed(123)
     state = torch.random.get_rng_state()
-    a, b = (load_model(MODELS / "value_branch.py", device="cpu") for _ in range(2))
+    a, b = (load_model(path, device="cpu") for _ in range(2))
     assert torch.equal(torch.random.get_rng_state(), state)
     for x, y in zip(a.inputs, b.inputs, strict=True):
         assert torch.equal(x, y)
     for p, q in zip(a.module.parameters(), b.module.parameters(), strict=True):
         assert torch.equal(p, q)
+    monkeypatch.undo()
     analysis = analyze(MODELS / "value_branch.py")
-    assert any("only the branches these inputs take (made under torch.manual_seed(0))" in w
+    assert any("only the branches these inputs take are analysed (made under seed 0" in w
                for w in analysis.warnings), analysis.warnings

@@ -15,13 +15,14 @@ inputs have shapes and dtypes but no storage, so a 7B-parameter model needs no r
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -68,7 +69,7 @@ class LoadedModel:
         device: ``"meta"``, ``"cpu"`` or ``"cuda"``.
         dtype: dtype override applied (``"bf16"``...), or ``""``.
         notes: facts the report should state (e.g. a model handed over in training mode is analysed in eval mode).
-        make_inputs: ``make_inputs(seed)`` calls the file's ``get_inputs()`` again under ``torch.manual_seed(seed)``
+        make_inputs: ``make_inputs(seed)`` calls the file's ``get_inputs()`` again under ``seed`` (:func:`seeded`)
             (the caller's RNG state restored after) and returns inputs like :attr:`inputs`: fresh values with the
             structure the user's own code gives them (masks, labels, index tensors). ``None`` when not available.
         user_module: the user's own ``nn.Module`` (``module`` is a :class:`KeywordCall` around it for keyword
@@ -213,6 +214,20 @@ def _convert(x: Any, device: str, dtype: torch.dtype | None) -> Any:
     return x
 
 
+@contextlib.contextmanager
+def seeded(device: str, seed: int) -> Iterator[None]:
+    """Run the body with the random generators a model built on ``device`` draws from seeded with ``seed`` (the CPU's,
+    and on ``"cuda"`` the current GPU's), every other generator untouched and these restored after:
+    ``torch.manual_seed`` would reseed every GPU's generator, the caller's too (a training script's dropout
+    stream). The values differ between devices: a CPU and a GPU generator given one seed draw different numbers."""
+    devices = [torch.cuda.current_device()] if device.startswith("cuda") and torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.default_generator.manual_seed(seed)
+        if devices:
+            torch.cuda.manual_seed(seed)
+        yield
+
+
 def _build(module: ModuleType, inner: str, device: str, origin: str, file_path: Path | None) -> tuple[Any, Any]:
     """The model and its raw inputs as the file makes them (``inner``: its convention), built under ``device``.
 
@@ -275,9 +290,7 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
     # (LOAD_SEED; the caller's random state restored after): the weights and inputs, and so the branches a model
     # that reads tensor values takes, are the same in every run (a fresh user's model branching on h.mean() > 0
     # was cut into other chains on a second run)
-    devices = [torch.cuda.current_device()] if device == "cuda" and torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(LOAD_SEED)
+    with seeded(device, LOAD_SEED):
         model, inputs = _build(module, inner, device, origin, file_path)
 
     if not isinstance(model, nn.Module):
@@ -311,9 +324,7 @@ def load_model(path: str | Path | None, device: str = "meta", dtype: str = "") -
     model.eval()
 
     def make_inputs(seed: int) -> tuple[Any, ...]:
-        devices = [torch.cuda.current_device()] if device == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
+        with seeded(device, seed):
             raw = _make_raw_inputs(module, device, origin, file_path)
         return tuple(_convert(x, device, torch_dtype) for x in _positional(raw, keywords))
 

@@ -241,7 +241,8 @@ def _on_cpu_instead(model_path: str | Path | None, dtype: str, meta: LoadedModel
            "device, e.g. torch.zeros(..., device=x.device), or the model fails on a GPU too)"
            if makes_cpu_tensors(e) else
            f"reads tensor values while it runs, and where its Python branches on them, only the branches these "
-           f"inputs take (made under torch.manual_seed({LOAD_SEED})) are analysed")
+           f"inputs take are analysed (made under seed {LOAD_SEED}, the same in every analysis on the CPU; a "
+           f"GPU's generator draws other values)")
     loaded.notes.append(f"{loaded.file}: analysed on the CPU, not the meta device: the model {why} "
                         f"({_first_words(e)}); its weights ({need / 2**20:.0f} MiB) fit in memory")
     return loaded
