@@ -89,12 +89,12 @@ def near_miss_line(near_misses: list) -> str:
 
 def _launch_text(spec: dict) -> str:
     """The spec's host time per eager launch for the console's header: the tight-loop price, and where the spec
-    scales it for ops inside a model (``host_time_scale``), what an op is charged there (a fresh user read "launch
-    12 us" while every op of the chains was charged 13.7)."""
+    scales host times inside a model (``host_time_scale``), that factor (a fresh user read "launch 12 us" while
+    every pointwise op of the chains was charged 13.7; convolutions and GEMMs have prices of their own)."""
     launch = float(spec.get("launch_overhead_us") or 0.0)
     scale = float(spec.get("host_time_scale") or 1.0)
     text = f"{launch:.3g} us"
-    return text if abs(scale - 1.0) < 0.005 or launch <= 0 else f"{text}, {launch * scale:.3g} us inside a model"
+    return text if abs(scale - 1.0) < 0.005 or launch <= 0 else f"{text}, x{scale:.2f} inside a model"
 
 
 def _escape(text: str) -> str:
@@ -502,7 +502,8 @@ def apply_cmd(
 ) -> None:
     """Carry the routing out on a model: library kernels swapped in, regions compiled by Inductor or replayed
     from CUDA graphs, every variant checked against float64 and timed in the whole model; the fastest correct one
-    becomes plan.yaml (rebuild it with fusion_advisor.load_plan). Writes plan.yaml, variants.csv, swaps.csv and
+    that confirms its win over the best baseline in interleaved rounds becomes plan.yaml (rebuild it with
+    fusion_advisor.load_plan). Writes plan.yaml, variants.csv, swaps.csv and
     the folder's report.html (the analysis with apply's results; one report per model folder)."""
     if device != "cuda":  # before anything imports triton.language: the interpreter is chosen at import time
         from fusion_advisor.kernel_tools.verify import use_triton_interpreter_if_no_gpu

@@ -38,7 +38,7 @@ def test_analyze_writes_reports(tmp_path):
     # beside ops charged 13.7)
     from fusion_advisor.cli import _launch_text
 
-    assert _launch_text({"launch_overhead_us": 12.0, "host_time_scale": 1.1416}) == "12 us, 13.7 us inside a model"
+    assert _launch_text({"launch_overhead_us": 12.0, "host_time_scale": 1.1416}) == "12 us, x1.14 inside a model"
     assert _launch_text({"launch_overhead_us": 2.507}) == "2.51 us"
     # --spec names the same option (a fresh user's calibrated CPU spec went in as "--gpu cpu.yaml"; "--spec" was
     # refused with "Possible options: --dtype")

@@ -128,6 +128,10 @@ def test_the_replayed_way_moves_compiled_and_eager_chains_only():
                                                       "skip", "torch.compile"]
     assert out["c2"] is dec["c2"] and out["c4"] is dec["c4"] and out["c6"] is dec["c6"]
     assert call_parts([ChainCall("triton", 1.0, 30.0), ChainCall("cudagraphs", 1.0, 30.0)], CALLS)[1] == 80.0
+    # a chain a user's rule sent to torch.compile is not replayed with its graph (apply.search._region_executors):
+    # it pays its launch, a compiled call, and the replay it splits in two (a reviewer)
+    own = [ChainCall("torch.compile", 1.0, 30.0, fixed=True), ChainCall("cudagraphs", 1.0, 30.0)]
+    assert call_parts(own, CALLS)[1] == pytest.approx(10.0 + 30.0 + 2 * 80.0)
 
 
 def test_a_host_bound_model_no_rule_graphed_is_replayed_whole_on_a_gpu():

@@ -430,7 +430,12 @@ def test_the_profiled_line_predicts_the_model_as_the_cost_model_is_judged(tmp_pa
     line = views.verdict(a, frame, views.chain_groups(frame), None, tmp_path)["measured"][0]["text"]
     in_model = sum(70.0 + i for i in range(len(a.chains))) + a.unused_us
     assert f"predicted {views.fmt_us(in_model)} ({in_model / 5200.0:.2f}x the measured)" in line
-    assert f"{views.fmt_us(frame['est_eager_us'].sum())} with each priced alone at the spec's host speed" in line
+    assert f"{views.fmt_us(frame['est_eager_us'].sum() + a.unused_us)} with each priced alone at the spec's host " \
+           f"speed" in line
+    assert "inside the model at this host's measured speed" in line
+    a.profile.device = "cpu"  # a CPU profile's prediction is not scaled to the host (profile.py scales CUDA's)
+    line = views.verdict(a, frame, views.chain_groups(frame), None, tmp_path)["measured"][0]["text"]
+    assert "inside the model at the spec's host speed" in line
 
 
 def test_the_predicted_line_names_a_whole_model_route_that_beats_the_chain_routes():

@@ -139,6 +139,8 @@ class ChainCall:
         heavy: a heavy item (GEMM, convolution, attention): compiled, Inductor still calls cuBLAS / cuDNN / SDPA
             for it, as eagerly.
         graph: the captured graph it lives in.
+        fixed: its route a rule fixed (:attr:`~fusion_advisor.analyze.records.Decision.fixed`): apply never
+            replays its region with the graph's CUDA-graph regions (apply.search._region_executors).
     """
 
     route: str
@@ -146,6 +148,7 @@ class ChainCall:
     host_us: float
     heavy: bool = False
     graph: int = 0
+    fixed: bool = False
 
     def issue_us(self, launch_us: float) -> float:
         """Host time issuing it (us): its eager kernels as written (and a heavy item compiled: Inductor calls
@@ -176,23 +179,29 @@ def call_parts(chains: Sequence[ChainCall], calls: HostCalls, every_graph_compil
                ) -> tuple[float, float]:
     """``(device us, host us)`` of one call of a model whose chains are ``chains``: their predicted times summed,
     and the host's part of the call, each chain's :meth:`ChainCall.issue_us` (none for a routed chain of a graph
-    that holds a chain replayed from CUDA graphs: apply replays its compiled regions with it) plus, per captured
-    graph holding a chain replayed from CUDA graphs, ``calls.graph_replay_us`` (apply replays such regions through
-    the CUDA-graph trees reduce-overhead uses: the whole call, its guards included; several regions of one graph
-    count once, so this is a floor), per other graph holding a routed chain ``calls.compiled_call_us`` (apply
-    carries routes out through a dynamo backend); where a chain is replayed, the device time adds
+    that holds a chain replayed from CUDA graphs: apply replays its compiled regions with it, but for a chain whose
+    route a rule fixed) plus, per captured graph holding a chain replayed from CUDA graphs,
+    ``calls.graph_replay_us`` (apply replays such regions through the CUDA-graph trees reduce-overhead uses: the
+    whole call, its guards included; several regions of one graph count once, so this is a floor), per other graph
+    holding a routed chain ``calls.compiled_call_us`` (apply carries routes out through a dynamo backend), and per
+    graph holding both a replayed chain and a fixed compiled one, that compiled call and a second replay (the
+    fixed region runs between the replayed ones); where a chain is replayed, the device time adds
     ``calls.input_copy_us`` (the inputs copied into the graphs' static buffers). ``every_graph_compiled``:
     ``torch.compile(model)``, every one of ``calls.graphs`` graphs a compiled call (no chain graphed)."""
     graphed = set() if every_graph_compiled else {c.graph for c in chains if c.route == "cudagraphs"}
     # apply replays a graph's compiled regions and library kernels with its CUDA-graph regions
-    # (apply.search._region_executors): no launch of their own
-    host = sum(0.0 if c.graph in graphed and c.route in ROUTED else c.issue_us(calls.launch_us) for c in chains)
+    # (apply.search._region_executors): no launch of their own, but for a region a rule fixed
+    inside = [c.graph in graphed and c.route in ROUTED and not (c.fixed and c.route != "cudagraphs") for c in chains]
+    host = sum(0.0 if replayed else c.issue_us(calls.launch_us) for c, replayed in zip(chains, inside, strict=True))
     device = sum(_num(c.after_us) for c in chains)
     if every_graph_compiled:
         host += calls.graphs * calls.compiled_call_us
     else:
         compiled = {c.graph for c in chains if c.route in ROUTED} - graphed
-        host += len(graphed) * calls.graph_replay_us + len(compiled) * calls.compiled_call_us
+        split = {c.graph for c in chains if c.graph in graphed and c.fixed and c.route in ROUTED
+                 and c.route != "cudagraphs"}
+        host += ((len(graphed) + len(split)) * calls.graph_replay_us
+                 + (len(compiled) + len(split)) * calls.compiled_call_us)
         if graphed:
             device += calls.input_copy_us
     return device, host
@@ -206,12 +215,13 @@ def advised_us(chains: Sequence[ChainCall], calls: HostCalls) -> float:
 
 
 def _priced(chains: Sequence[Chain], estimates: dict[str, Estimate], routes: dict[str, str],
-            calls: HostCalls, unused_us: float = 0.0) -> tuple[float, float]:
-    """:func:`call_parts` of ``chains`` on ``routes`` (chain id -> route), plus ``unused_us`` of device time where
-    nothing is routed: the model as written runs the work no output uses, which a routed model, called through
-    dynamo, drops."""
+            calls: HostCalls, unused_us: float = 0.0, fixed: frozenset[str] = frozenset()) -> tuple[float, float]:
+    """:func:`call_parts` of ``chains`` on ``routes`` (chain id -> route; ``fixed``: the ids whose route a rule
+    fixed), plus ``unused_us`` of device time where nothing is routed: the model as written runs the work no output
+    uses, which a routed model, called through dynamo, drops."""
     device, host = call_parts([ChainCall(routes[c.id], after_route_us(routes[c.id], estimates[c.id]),
-                                         estimates[c.id].launch_eager_us, c.kind == "heavy", c.graph_index)
+                                         estimates[c.id].launch_eager_us, c.kind == "heavy", c.graph_index,
+                                         c.id in fixed)
                                for c in chains], calls)
     return device + (unused_us if not any(r in ROUTED for r in routes.values()) else 0.0), host
 
@@ -278,7 +288,7 @@ def weigh_model_call(chains: Sequence[Chain], estimates: dict[str, Estimate], de
             "every graph replayed": {c.id: ("cudagraphs" if _replayable(c, rules[c.id], every, fixed, tail)
                                             else rules[c.id]) for c in priced},
             "as written": {i: (r if i in fixed else "skip") for i, r in rules.items()}}
-    parts = {name: _priced(priced, estimates, routes, calls, unused_us) for name, routes in ways.items()}
+    parts = {name: _priced(priced, estimates, routes, calls, unused_us, fixed) for name, routes in ways.items()}
     times = {name: max(p) for name, p in parts.items()}
     best = "rules"
     for way in ("compiled", "replayed"):

@@ -40,7 +40,8 @@ import torch
 
 from fusion_advisor.stages import Stage, no_progress
 from fusion_advisor.apply.executors import CudagraphSkips, reset_compiled_state
-from fusion_advisor.apply.measure import ModelHarness, quieter_sets, should_time_again, summarize_rounds
+from fusion_advisor.apply.measure import (LONG_CALL_MS, MIN_TIMED_CALLS, ROUND_REP_MS, ModelHarness, quieter_sets,
+                                          should_time_again, summarize_rounds)
 from fusion_advisor.apply.records import (
     AS_WRITTEN, CHOSEN, CORRECT, FAILED, NOISY_SPREAD, NOT_TIMED, SKIPPED, WRONG, PlannedSwap, Region, SwapSite,
     VariantOutcome, VariantSpec, VariantTiming, uses_cudagraphs, with_cudagraphs,
@@ -97,7 +98,8 @@ class SearchInputs:
         considered: filled by the search: the name of every variant :meth:`wanted` was asked about, in order.
         deadline: ``time.perf_counter()`` seconds after which no candidate is started whose estimated cost would
             end past it (apply's ``--time-limit-s``; ``time_limit_s`` names it in the reasons); the baselines and
-            the final confirmation still run.
+            the fastest variant's confirmation still run, a runner-up's only where it is expected to end in time
+            (:func:`_confirmation_s`).
     """
 
     harness: ModelHarness
@@ -673,14 +675,18 @@ def _choose(inp: SearchInputs, outcomes: list[VariantOutcome]) -> SearchResult:
                          and o.ms < best_base.ms * (1.0 - MIN_WIN)), key=lambda o: o.ms)
     challengers = [best, *runners_up][:MAX_CONFIRMATIONS]
     failed: list[str] = []
+    spreads: list[float] = []  # every confirmation's: a noisy first one is often why the fastest lost
     for i, challenger in enumerate(challengers):
-        if i and time.perf_counter() > inp.deadline:
-            failed.append(f"{challenger.spec.name} was not confirmed: apply's --time-limit-s of "
-                          f"{inp.time_limit_s:g} s had passed")
+        cost = _confirmation_s(challenger, best_base)
+        if i and time.perf_counter() + cost > inp.deadline:
+            failed.append(f"{challenger.spec.name} was not confirmed: it would take about {cost:.1f} s, past "
+                          f"apply's --time-limit-s of {inp.time_limit_s:g} s")
             break
         with inp.progress(f"confirming {challenger.spec.name} against {best_base.spec.name} ({CONFIRM_ROUNDS} "
                           f"interleaved rounds)"):
             won, line, planned, ratio, spread = _confirm(inp, challenger, best_base)
+        spreads += [spread] if spread is not None else []
+        worst = max(spreads) if spreads else None
         if won:
             challenger.status = CHOSEN
             rank = "the fastest correct variant" + ("" if challenger is best else " that confirmed")
@@ -688,13 +694,24 @@ def _choose(inp: SearchInputs, outcomes: list[VariantOutcome]) -> SearchResult:
                       f"{best_base.spec.name} in the search; confirmed in interleaved rounds: {line}"
                       + (f" ({'; '.join(failed)})" if failed else ""))
             return SearchResult(outcomes, challenger, reason, baseline, planned,
-                                confirmed=(best_base.spec.name, ratio), confirmation_spread=spread)
+                                confirmed=(best_base.spec.name, ratio), confirmation_spread=worst)
         challenger.reason += f"; not chosen: it did not confirm against {best_base.spec.name}: {line}"
         failed.append(f"{challenger.spec.name} was faster in the search ({challenger.ms:.4g} vs {best_base.ms:.4g} "
                       f"ms) but did not confirm in interleaved rounds ({line})")
     best_base.status = CHOSEN
     reason = f"{best_base.spec.name}: the best baseline; " + "; ".join(failed)
-    return SearchResult(outcomes, best_base, reason, baseline, None, confirmed=None, confirmation_spread=spread)
+    return SearchResult(outcomes, best_base, reason, baseline, None, confirmed=None,
+                        confirmation_spread=max(spreads) if spreads else None)
+
+
+def _confirmation_s(a: VariantOutcome, b: VariantOutcome) -> float:
+    """Seconds a confirmation of ``a`` against ``b`` is expected to take: both built again (their first calls, as
+    the search measured them) and :data:`CONFIRM_ROUNDS` rounds of each (a round at least the harness's round
+    budget, or one call of a long step)."""
+    first = sum((o.timing.first_call_s or 0.0) if o.timing is not None else 0.0 for o in (a, b))
+    steps = [o.ms or 0.0 for o in (a, b)]
+    per_round = sum(ms if ms >= LONG_CALL_MS else max(ROUND_REP_MS, MIN_TIMED_CALLS * ms) for ms in steps) / 1e3
+    return first + 2 * CONFIRM_ROUNDS * per_round
 
 
 def _interleaved(round_a: Callable[[], float], round_b: Callable[[], float]) -> tuple[list[float], list[float]]:

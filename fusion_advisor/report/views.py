@@ -283,12 +283,13 @@ def predicted_advised_us(frame: pd.DataFrame, calls: HostCalls | None = None) ->
 
 def _chain_calls(frame: pd.DataFrame, routes: pd.Series, after_us: pd.Series) -> list[model_call.ChainCall]:
     """The frame's chains as :class:`~fusion_advisor.analyze.model_call.ChainCall` records on ``routes`` at
-    ``after_us`` (a frame without host times or graph indices: none, graph 0)."""
+    ``after_us`` (a frame without host times, graph indices or fixed routes: none, graph 0, none fixed)."""
     host = frame["launch_eager_us"] if "launch_eager_us" in frame else pd.Series(0.0, index=frame.index)
     heavy = frame["kind"] == "heavy" if "kind" in frame else pd.Series(False, index=frame.index)
     graph = frame["graph_index"] if "graph_index" in frame else pd.Series(0, index=frame.index)
-    return [model_call.ChainCall(r, a, h, bool(k), int(g) if g == g else 0)
-            for r, a, h, k, g in zip(routes, after_us, host, heavy, graph, strict=True)]
+    fixed = frame["route_fixed"] if "route_fixed" in frame else pd.Series(False, index=frame.index)
+    return [model_call.ChainCall(r, a, h, bool(k), int(g) if g == g else 0, f is True or f == 1)
+            for r, a, h, k, g, f in zip(routes, after_us, host, heavy, graph, fixed, strict=True)]
 
 
 def analysis_model_routes(analysis: Analysis, frame: pd.DataFrame, calls: HostCalls | None = None) -> dict[str, Any]:
@@ -535,16 +536,19 @@ def verdict(analysis: Analysis, frame: pd.DataFrame, groups: list[dict[str, Any]
         # (ChainMeasurement.predicted_us), not the first screen's chains each priced alone at the spec's host speed
         # (KernelBench's ResNet-101 on the H200's shipped profile: 8.82 ms alone at the h200 spec's 12 us per
         # launch, 6.41 in the model at the 7.7 us the profile's probe measured, 6.58 measured)
-        in_model = sum(m.predicted_us for m in prof.chains.values()) + analysis.unused_us
-        measured = wall or prof.total_us
+        # both with the work no output uses, which the model as written runs (fit_profiles.residuals' model total)
+        unused = analysis.unused_us
+        in_model = sum(m.predicted_us for m in prof.chains.values()) + unused
+        measured = prof.model_eager_us
+        speed = "at this host's measured speed" if prof.device == "cuda" else "at the spec's host speed"
         out["measured"].append({
             "what": f"eager, profiled on {prof.device_name}",
             "text": (f"{fmt_us(wall)} per run, the plain model's wall time; the profiled run " if wall else "")
                     + f"{fmt_us(prof.total_us)} per run ({fmt_us(prof.attributed_us)} attributed to chains); "
                     f"predicted {fmt_us(in_model)}"
                     + (f" ({in_model / measured:.2f}x the measured)" if measured > 0 else "")
-                    + f" with each chain priced inside the model at this host's measured speed, {fmt_us(eager)} "
-                    f"with each priced alone at the spec's host speed, as the routes above are",
+                    + f" with each chain priced inside the model {speed}, {fmt_us(eager + unused)} with each "
+                    f"priced alone at the spec's host speed, as the routes above are",
             "source": "analyze --profile"})
     if plan is not None and plan.get("measured") and plan["measured"]["timed"]:
         m = plan["measured"]

@@ -84,6 +84,8 @@ CHAIN_COLUMNS: dict[str, str] = {
     "kernel": "Library kernel name for 'triton' routes, else empty.",
     "rule_id": "Id of the routing rule that decided (first match wins).",
     "rules_file": "The rules file that rule came from (a user's --rules file or the shipped rules/default.yaml).",
+    "route_fixed": "True where the route stays as its rule decided: a rule of the user's own or one on the measured "
+                   "bound class (the model-call weighing and apply's regions leave it as the rule says).",
     "bound": "Bound class after routing: 'compute', 'memory' or 'launch' (the roofline's class unless a rule "
     "overrides it).",
     "reason": "The deciding rule's reason, rendered with the chain's numbers.",
@@ -351,6 +353,7 @@ def _chain_row(chain: Chain, est: Estimate | None, dec: Decision | None, inducto
         "kernel": dec.kernel if dec else "",
         "rule_id": dec.rule_id if dec else "",
         "rules_file": dec.rules_file if dec else "",
+        "route_fixed": bool(dec.fixed) if dec else False,
         "bound": dec.bound if dec else (est.bound if est else ""),
         "reason": dec.reason if dec else "",
         "note": dec.note if dec else "",
