@@ -132,6 +132,40 @@ class _Run:
     structure: tuple[str, ...] = ()  # the output's tensors and numbers by label (output[0], output['logits'])
 
 
+#: Minor page faults per step of a CPU variant from which apply says its CPU timings depend on the process: 4,096
+#: faults map 16 MiB (4 KiB pages) afresh every call. A new user's three pointwise ops on 64 MiB tensors took 49,155
+#: faults per call in a plain loop (150 ms) and about 17,500 inside apply's timing (55 ms), so eager and
+#: torch.compile ranked one way in apply (18.6 vs 41.6 ms) and the other in a fresh process (136 vs 45): glibc
+#: returns large freed blocks to the OS, and whether the next call maps them again depends on the allocator's state.
+PAGE_FAULTS_PER_STEP = 4096
+
+PAGE_FAULT_NOTE_START = "on this CPU the model's steps page-fault"
+
+
+def _minor_faults() -> int | None:
+    """The process's minor page faults so far (``getrusage``), or None where the platform does not count them."""
+    try:
+        import resource
+    except ImportError:  # not on Unix
+        return None
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+
+
+def page_fault_note(faults: int, wall_ms: float, step_ms: float) -> str:
+    """A note where a CPU variant's timed rounds page-faulted :data:`PAGE_FAULTS_PER_STEP` times or more per step
+    (``faults`` over ``wall_ms`` of rounds whose steps took ``step_ms``), else ``""``."""
+    if wall_ms <= 0 or step_ms <= 0:
+        return ""
+    per_step = faults / wall_ms * step_ms
+    if per_step < PAGE_FAULTS_PER_STEP:
+        return ""
+    return (f"{PAGE_FAULT_NOTE_START} (about {per_step:,.0f} minor faults per step: its large tensors' memory is "
+            f"returned to the OS and mapped again on every call): a step's time then depends on the process's "
+            f"allocator state, and these CPU times and ratios may not hold in another process (on a model of three "
+            f"pointwise ops over 64 MiB tensors eager read 18.6 ms here and 136 ms in a fresh one); time on a GPU, "
+            f"whose caching allocator keeps its memory")
+
+
 class ModelHarness:
     """The model, its input sets, its eager outputs and float64 reference: shared by every variant's check and
     timing (see the module docstring).
@@ -495,6 +529,7 @@ class ModelHarness:
         timing.timer = self.timer
         try:
             one_round = self.round_timer(fn)
+            faults, start = _minor_faults(), time.perf_counter()
             with RecompileWatch() as watch:
                 for _ in range(rounds):
                     timing.rounds_ms.append(one_round())
@@ -507,6 +542,10 @@ class ModelHarness:
             timing.steady_state_recompiles = watch.report.to_dict()
             if self.device == "cuda":
                 self._memory_and_device_time(fn, timing)
+            elif faults is not None and timing.ms:
+                note = page_fault_note(_minor_faults() - faults, (time.perf_counter() - start) * 1e3, timing.ms)
+                if note and not any(n.startswith(PAGE_FAULT_NOTE_START) for n in self.memory_notes):
+                    self.memory_notes.append(note)
         except Exception as e:  # a variant that fails while timed (out of memory, ...) has no number
             timing.ms = None
             timing.error = f"{type(e).__name__}: {first_line(str(e))}"
