@@ -490,8 +490,9 @@ def _region_executors(regions: list[Region]) -> dict[str, str]:
     holding no chain (views, a flatten between layers) runs with the region before it in its graph (the first
     ones with the next): given ``eager`` it cut a graph the analysis replays whole into several CUDA-graph
     submodules, each replayed on its own (a reviewer: three replays where the advice priced one). In a graph where
-    some region is replayed from CUDA graphs, the compiled regions are replayed too, but for one whose route a rule
-    fixed (:attr:`Region.fixed_route`: a user's own rule sent a chain of it to torch.compile)."""
+    some region is replayed from CUDA graphs, the compiled regions are replayed too, but for one holding a chain a
+    rule fixed outside CUDA graphs (:attr:`Region.fixed_route`: a user's own rule sent it to torch.compile or kept
+    it eager)."""
     wanted: dict[str, str | None] = {str(r.key): (r.routed_executor if r.chain_ids else None) for r in regions}
     fixed = {str(r.key): r.fixed_route for r in regions}
     for graph in sorted({r.key.graph_index for r in regions}):
@@ -707,7 +708,7 @@ def _choose(inp: SearchInputs, outcomes: list[VariantOutcome]) -> SearchResult:
 def _confirmation_s(a: VariantOutcome, b: VariantOutcome) -> float:
     """Seconds a confirmation of ``a`` against ``b`` is expected to take: both built again (their first calls, as
     the search measured them) and :data:`CONFIRM_ROUNDS` rounds of each (a round at least the harness's round
-    budget, or one call of a long step)."""
+    budget, or one call of a long step), twice over where noisy rounds are timed again."""
     first = sum((o.timing.first_call_s or 0.0) if o.timing is not None else 0.0 for o in (a, b))
     steps = [o.ms or 0.0 for o in (a, b)]
     per_round = sum(ms if ms >= LONG_CALL_MS else max(ROUND_REP_MS, MIN_TIMED_CALLS * ms) for ms in steps) / 1e3
