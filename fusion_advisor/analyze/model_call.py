@@ -128,6 +128,13 @@ def _num(x: Any) -> float:
     return 0.0 if math.isnan(v) else v
 
 
+def kept_from_replay(route: str, fixed: bool) -> bool:
+    """Whether a chain on ``route`` runs apart from its graph's CUDA-graph replay in apply: its route a rule fixed
+    (:attr:`~fusion_advisor.analyze.records.Decision.fixed`) and not to CUDA graphs (apply.search._region_executors
+    keeps its region unreplayed; :func:`call_parts` prices it so)."""
+    return fixed and route != "cudagraphs"
+
+
 @dataclass(frozen=True)
 class ChainCall:
     """One chain as the model's call issues it.
@@ -149,6 +156,11 @@ class ChainCall:
     heavy: bool = False
     graph: int = 0
     fixed: bool = False
+
+    @property
+    def kept_from_replay(self) -> bool:
+        """:func:`kept_from_replay` of its route."""
+        return kept_from_replay(self.route, self.fixed)
 
     def issue_us(self, launch_us: float) -> float:
         """Host time issuing it (us): its eager kernels as written (and a heavy item compiled: Inductor calls
@@ -191,15 +203,15 @@ def call_parts(chains: Sequence[ChainCall], calls: HostCalls, every_graph_compil
     graphed = set() if every_graph_compiled else {c.graph for c in chains if c.route == "cudagraphs"}
     # apply replays a graph's compiled regions and library kernels with its CUDA-graph regions
     # (apply.search._region_executors): no launch of their own, but for a region a rule fixed
-    inside = [c.graph in graphed and c.route in ROUTED and not (c.fixed and c.route != "cudagraphs") for c in chains]
-    host = sum(0.0 if replayed else c.issue_us(calls.launch_us) for c, replayed in zip(chains, inside, strict=True))
+    in_graphed = [c.graph in graphed and c.route in ROUTED for c in chains]
+    host = sum(0.0 if inside and not c.kept_from_replay else c.issue_us(calls.launch_us)
+               for c, inside in zip(chains, in_graphed, strict=True))
     device = sum(_num(c.after_us) for c in chains)
     if every_graph_compiled:
         host += calls.graphs * calls.compiled_call_us
     else:
         compiled = {c.graph for c in chains if c.route in ROUTED} - graphed
-        split = {c.graph for c in chains if c.graph in graphed and c.fixed and c.route in ROUTED
-                 and c.route != "cudagraphs"}
+        split = {c.graph for c, inside in zip(chains, in_graphed, strict=True) if inside and c.kept_from_replay}
         host += ((len(graphed) + len(split)) * calls.graph_replay_us
                  + (len(compiled) + len(split)) * calls.compiled_call_us)
         if graphed:

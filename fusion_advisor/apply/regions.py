@@ -28,6 +28,7 @@ from fusion_advisor.apply.executors import compile_graph, inherit_dynamo_metadat
 from fusion_advisor.apply.records import Region, RegionKey
 from fusion_advisor.analyze.capture import source_of
 from fusion_advisor.analyze.graph import module_path_of
+from fusion_advisor.analyze.model_call import kept_from_replay
 from fusion_advisor.analyze.records import SourceLoc
 
 #: At most this many regions per graph: the depth is chosen so; more would make the search long and each region
@@ -136,7 +137,7 @@ def describe_regions(graphs: Sequence[tuple[int, torch.fx.GraphModule]], chain_o
             share = here[cid] / chain_nodes[cid]
             if d is not None:
                 routes[d.route] = routes.get(d.route, 0) + 1
-                fixed = fixed or (d.fixed and d.route != "cudagraphs")
+                fixed = fixed or kept_from_replay(d.route, d.fixed)
             if est is not None:
                 launch += est.launch_eager_us * share
                 if d is not None and d.route in ("torch.compile", "triton", "cudagraphs"):
